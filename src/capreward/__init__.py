@@ -1,0 +1,35 @@
+"""capreward: caption-quality metrics as fast, batched rewards and validation scores.
+
+Scorers are imported lazily so that ``import capreward`` stays cheap and a missing optional
+dependency only matters for the scorer that needs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "EMScore": "capreward.scorers.emscore",
+    "EMScoreResult": "capreward.scorers.emscore",
+    "MatchScores": "capreward.scorers.results",
+    "CLIPScore": "capreward.scorers.clipscore",
+    "CLIPScoreResult": "capreward.scorers.clipscore",
+    "PACScore": "capreward.scorers.clipscore",
+    "CLIPBackbone": "capreward.backbones.clip",
+    "FLEUR": "capreward.scorers.fleur",
+    "MediaError": "capreward.media.errors",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'capreward' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))

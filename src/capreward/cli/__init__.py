@@ -1,0 +1,1 @@
+"""The ``capreward`` command line."""

@@ -1,0 +1,10 @@
+"""Errors raised for bad visual input; every message names the offending item."""
+
+
+class MediaError(ValueError):
+    """An image or video that cannot be used, with the item's name and the reason."""
+
+    def __init__(self, item: str, problem: str):
+        self.item = item
+        self.problem = problem
+        super().__init__(f"{item}: {problem}")

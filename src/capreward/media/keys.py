@@ -1,0 +1,53 @@
+"""Cache keys for visual inputs: an explicit id, or a key derived from the content.
+
+A path is keyed by its resolved location, size and modification time, so a cache hit never needs
+to decode the file; in-memory pixels are keyed by a BLAKE2 hash of their bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+
+def hash_bytes(data: Any) -> str:
+    """Hex BLAKE2b-128 digest of a bytes-like object."""
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def media_key(item: Any, explicit_id: str | None = None) -> str | None:
+    """A string that identifies ``item``'s pixels, or None if it cannot be keyed cheaply.
+
+    ``explicit_id`` wins when given. Returns None for unsupported types (the caller then loads the
+    item, which raises the appropriate error).
+    """
+    if explicit_id is not None:
+        return f"id:{explicit_id}"
+    if isinstance(item, (str, os.PathLike)):
+        path = os.path.realpath(os.fspath(item))
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return f"path:{path}:{st.st_size}:{st.st_mtime_ns}"
+    if isinstance(item, torch.Tensor):
+        item = item.detach().cpu().contiguous().numpy()
+    if isinstance(item, np.ndarray):
+        array = np.ascontiguousarray(item)
+        return f"array:{array.dtype}:{array.shape}:{hash_bytes(array.data)}"
+    if isinstance(item, Image.Image):
+        array = np.ascontiguousarray(np.asarray(item.convert("RGB")))
+        return f"array:{array.dtype}:{array.shape}:{hash_bytes(array.data)}"
+    if isinstance(item, (list, tuple)) and item and all(isinstance(f, (Image.Image, np.ndarray)) for f in item):
+        h = hashlib.blake2b(digest_size=16)
+        for frame in item:
+            a = np.ascontiguousarray(np.asarray(frame.convert("RGB") if isinstance(frame, Image.Image) else frame))
+            h.update(str(a.shape).encode())
+            h.update(a.data)
+        return f"frames:{len(item)}:{h.hexdigest()}"
+    return None
