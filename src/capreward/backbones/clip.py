@@ -1,0 +1,253 @@
+"""CLIP towers for the matching metrics: per-token and pooled text embeddings, frame embeddings.
+
+All embeddings come back L2-normalised, in fp32, on the backbone's device. Visual embeddings are
+cached (LRU) by an explicit id or a content key, so the video of a GRPO group is encoded once.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..media import frames_to_pil, load_image, load_video, media_key
+from .cache import LRUCache
+from .clip_loading import DEFAULT_CLIP, load_clip
+
+
+@dataclass
+class TokenBatch:
+    """Token ids of a batch of captions, SOS..EOS then zero padding."""
+
+    ids: torch.Tensor  # LongTensor [N, L]
+    lengths: torch.Tensor  # LongTensor [N]: number of tokens from SOS to EOS inclusive
+    truncated: list[bool]  # True where the caption was cut to fit the context (EOS kept)
+
+
+@dataclass
+class TextEmbeddings:
+    """Per-token and pooled caption embeddings."""
+
+    tokens: torch.Tensor  # [N, L, D], L2-normalised per position; zero at padded positions
+    pooled: torch.Tensor  # [N, D], the EOS position's embedding (CLIP's caption embedding)
+    mask: torch.Tensor  # BoolTensor [N, L], True for SOS..EOS
+
+
+class CLIPBackbone:
+    """A CLIP model with the encoders EMScore and CLIP-S need.
+
+    ``model`` accepts every specification of :func:`capreward.backbones.clip_loading.load_clip`.
+    ``trim_text=True`` runs the text tower only up to the longest caption of each batch, which is exact
+    under CLIP's causal mask; ``False`` always runs the full context (the reference implementations'
+    behaviour, kept for benchmarks).
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike | Callable[[], tuple] = DEFAULT_CLIP,
+        device: str | torch.device = "cpu",
+        precision: str | None = None,
+        cache_size: int = 512,
+        image_batch_size: int = 64,
+        trim_text: bool = True,
+    ):
+        self.device = torch.device(device)
+        self.model, self.preprocess, self.tokenizer = load_clip(model, self.device, precision)
+        for attr in ("token_embedding", "positional_embedding", "transformer", "ln_final", "text_projection"):
+            if not hasattr(self.model, attr):
+                raise TypeError(
+                    f"per-token text embeddings need a CLIP with a built-in text tower; "
+                    f"{type(self.model).__name__} has no '{attr}'"
+                )
+        for attr in ("encode", "sot_token_id", "eot_token_id"):
+            if not hasattr(self.tokenizer, attr):
+                raise TypeError(f"the tokenizer must be CLIP's BPE tokenizer; it has no '{attr}'")
+        self.model.requires_grad_(False)
+        self.context_length = int(self.model.positional_embedding.shape[0])
+        self.vocab_size = int(self.model.token_embedding.weight.shape[0])
+        self.sot_id = int(self.tokenizer.sot_token_id)
+        self.eot_id = int(self.tokenizer.eot_token_id)
+        self.image_batch_size = image_batch_size
+        self.trim_text = trim_text
+        self.cache = LRUCache(cache_size)
+
+    # ------------------------------------------------------------------ text
+    def token_ids(self, caption: str) -> tuple[list[int], bool]:
+        """SOS + BPE ids + EOS, cut to the context keeping EOS; and whether it was cut."""
+        if not isinstance(caption, str):
+            raise TypeError(f"captions must be str, got {type(caption).__name__}")
+        ids = [self.sot_id, *self.tokenizer.encode(caption), self.eot_id]
+        if len(ids) <= self.context_length:
+            return ids, False
+        return ids[: self.context_length - 1] + [self.eot_id], True
+
+    def tokenize(self, captions: Sequence[str], pad_to_context: bool | None = None) -> TokenBatch:
+        """Token ids padded to the longest caption (or the full context when not trimming)."""
+        rows, truncated = zip(*(self.token_ids(c) for c in captions)) if captions else ((), ())
+        full = (not self.trim_text) if pad_to_context is None else pad_to_context
+        width = self.context_length if full else max((len(r) for r in rows), default=1)
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
+        return TokenBatch(ids=ids, lengths=lengths, truncated=list(truncated))
+
+    def context_rows(self, captions: Sequence[str]) -> list[list[int]]:
+        """Each caption as the full padded context row (as ``clip.tokenize`` gives), for idf counting."""
+        rows = []
+        for c in captions:
+            ids, _ = self.token_ids(c)
+            rows.append(ids + [0] * (self.context_length - len(ids)))
+        return rows
+
+    def _text_tower(self, x: torch.Tensor, lengths: torch.Tensor) -> TextEmbeddings:
+        """Run token embeddings ``x`` [N, L, W] through the text tower; normalised per position."""
+        m = self.model
+        n, width = x.shape[0], x.shape[1]
+        cast = m.transformer.get_cast_dtype()
+        x = x.to(cast) + m.positional_embedding[:width].to(cast)
+        attn_mask = m.attn_mask[:width, :width] if m.attn_mask is not None else None
+        x = m.transformer(x, attn_mask=attn_mask)
+        x = m.ln_final(x)
+        if isinstance(m.text_projection, torch.nn.Linear):
+            x = m.text_projection(x)
+        else:
+            x = x @ m.text_projection
+        x = F.normalize(x.float(), dim=-1)
+        positions = torch.arange(width, device=x.device)
+        mask = positions[None, :] < lengths.to(x.device)[:, None]
+        tokens = x * mask[..., None]
+        pooled = x[torch.arange(n, device=x.device), lengths.to(x.device) - 1]
+        return TextEmbeddings(tokens=tokens, pooled=pooled, mask=mask)
+
+    def encode_text(self, ids: torch.Tensor, lengths: torch.Tensor) -> TextEmbeddings:
+        """Embeddings of every position SOS..EOS (ln_final, then projection) and of EOS (pooled)."""
+        ids = ids.to(self.device)
+        return self._text_tower(self.model.token_embedding(ids), lengths)
+
+    def encode_text_soft(self, probs: torch.Tensor, lengths: torch.Tensor) -> TextEmbeddings:
+        """Like :meth:`encode_text` for soft captions: ``probs`` [N, L, V] are distributions over the
+        vocabulary at each position (SOS..EOS, then padding); the input embedding of a position is the
+        probability-weighted mix of token embeddings, so gradients flow to ``probs``."""
+        if probs.ndim != 3 or probs.shape[-1] != self.vocab_size:
+            raise ValueError(f"soft captions must have shape (N, L, {self.vocab_size}), got {tuple(probs.shape)}")
+        weight = self.model.token_embedding.weight
+        x = probs.to(device=self.device, dtype=weight.dtype) @ weight
+        return self._text_tower(x, lengths)
+
+    def decode_token(self, token_id: int) -> str:
+        """The text of one BPE token, e.g. ``'dog'``; special tokens as ``<sos>``/``<eos>``."""
+        if token_id == self.sot_id:
+            return "<sos>"
+        if token_id == self.eot_id:
+            return "<eos>"
+        return self.tokenizer.decode([int(token_id)]).strip()
+
+    # ---------------------------------------------------------------- images
+    def encode_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
+        """L2-normalised image embeddings [n, D] (fp32) of preprocessed pixels [n, 3, H, W]."""
+        outs = []
+        dtype = next(self.model.visual.parameters()).dtype
+        for start in range(0, pixels.shape[0], self.image_batch_size):
+            chunk = pixels[start : start + self.image_batch_size].to(self.device, dtype)
+            outs.append(F.normalize(self.model.encode_image(chunk).float(), dim=-1))
+        return torch.cat(outs)
+
+    def pixels_of(self, frames: np.ndarray) -> torch.Tensor:
+        """CLIP preprocessing (resize, centre crop, normalise) of uint8 frames (k, H, W, 3)."""
+        return torch.stack([self.preprocess(im) for im in frames_to_pil(frames)])
+
+    def visual_embeddings(
+        self,
+        items: Sequence[Any],
+        kind: str = "video",
+        frames: int | None = 10,
+        ids: Sequence[str | None] | None = None,
+    ) -> list[torch.Tensor]:
+        """Frame embeddings [k, D] for each visual item (an image is a one-frame video).
+
+        Each distinct item is decoded and encoded once per call, and kept in the LRU cache keyed by
+        its explicit id or content key (together with ``kind`` and ``frames``). Raises
+        :class:`~capreward.media.MediaError` naming the first unusable item.
+        """
+        if kind not in ("video", "image"):
+            raise ValueError(f"kind must be 'video' or 'image', got {kind!r}")
+        if ids is not None and len(ids) != len(items):
+            raise ValueError(f"got {len(ids)} ids for {len(items)} {kind}s")
+        results: list[torch.Tensor | None] = [None] * len(items)
+        pending: dict[Any, list[int]] = {}
+        pending_frames: dict[Any, np.ndarray] = {}
+        for i, item in enumerate(items):
+            base = media_key(item, None if ids is None else ids[i])
+            key = None if base is None else (kind, frames if kind == "video" else None, base)
+            if key is not None and key in pending:
+                pending[key].append(i)
+                continue
+            cached = self.cache.get(key)
+            if cached is not None:
+                results[i] = cached
+                continue
+            if kind == "video":
+                array = load_video(item, frames=frames, index=i)
+            else:
+                array = np.asarray(load_image(item, index=i))[None]
+            pending_key = key if key is not None else ("uncached", i)
+            pending[pending_key] = [i]
+            pending_frames[pending_key] = array
+        if pending_frames:
+            keys = list(pending_frames)
+            pixels = [self.pixels_of(pending_frames[k]) for k in keys]
+            counts = [p.shape[0] for p in pixels]
+            # no_grad rather than inference_mode: cached frames may later meet tensors that need grad
+            with torch.no_grad():
+                embeds = self.encode_pixels(torch.cat(pixels))
+            for key, chunk in zip(keys, torch.split(embeds, counts)):
+                chunk = chunk.clone()
+                if key[0] != "uncached":
+                    self.cache.put(key, chunk)
+                for i in pending[key]:
+                    results[i] = chunk
+        return results  # type: ignore[return-value]
+
+
+@dataclass
+class CaptionEmbeddings:
+    """Embeddings of a list of captions, in input order."""
+
+    tokens: list[torch.Tensor]  # [L_i, D] per caption, SOS..EOS, L2-normalised
+    ids: list[torch.Tensor]  # LongTensor [L_i] per caption
+    pooled: torch.Tensor  # [N, D]
+    truncated: list[bool]
+
+
+def embed_captions(backbone: CLIPBackbone, captions: Sequence[str], batch_size: int = 64) -> CaptionEmbeddings:
+    """Encode captions in length-sorted batches, each distinct caption once; results in input order."""
+    unique = list(dict.fromkeys(captions))
+    order = sorted(range(len(unique)), key=lambda i: len(backbone.token_ids(unique[i])[0]))
+    tokens: dict[str, torch.Tensor] = {}
+    ids: dict[str, torch.Tensor] = {}
+    pooled: dict[str, torch.Tensor] = {}
+    truncated: dict[str, bool] = {}
+    for start in range(0, len(order), batch_size):
+        chunk = [unique[i] for i in order[start : start + batch_size]]
+        batch = backbone.tokenize(chunk)
+        with torch.no_grad():
+            emb = backbone.encode_text(batch.ids, batch.lengths)
+        for j, caption in enumerate(chunk):
+            n = int(batch.lengths[j])
+            tokens[caption] = emb.tokens[j, :n]
+            ids[caption] = batch.ids[j, :n]
+            pooled[caption] = emb.pooled[j]
+            truncated[caption] = batch.truncated[j]
+    if not captions:
+        raise ValueError("no captions to encode")
+    return CaptionEmbeddings(
+        tokens=[tokens[c] for c in captions],
+        ids=[ids[c] for c in captions],
+        pooled=torch.stack([pooled[c] for c in captions]),
+        truncated=[truncated[c] for c in captions],
+    )

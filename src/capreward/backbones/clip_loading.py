@@ -1,0 +1,148 @@
+"""Resolve a CLIP model specification into ``(model, preprocess, tokenizer)``.
+
+Accepted specifications (``model=`` of every CLIP-based scorer):
+
+- ``"ViT-B-32/openai"``: an open_clip architecture name and pretrained tag (downloaded or taken from
+  the local cache by open_clip). ``"ViT-B-32//abs/path/epoch_10.pt"`` or ``"ViT-B-32/ckpt.pt"``: the
+  architecture with a local open_clip checkpoint.
+- ``"hf-hub:org/repo"`` and ``"local-dir:/path"``: passed to open_clip as they are.
+- a path to an OpenAI-format ``.pt`` file (a JIT archive or a plain state dict such as OpenAI's
+  ``ViT-B-32.pt`` or PAC-S's ``clip_ViT-B-32.pth``): the architecture is inferred from the weights.
+- a path to a directory: treated as ``local-dir:``.
+- a zero-argument callable returning ``(model, preprocess, tokenizer)``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+DEFAULT_CLIP = "ViT-B-32/openai"
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors")
+
+OFFLINE_HINT = (
+    "If the weights cannot be downloaded on this machine, point model= at a local file instead: an "
+    "OpenAI-format state dict (e.g. model='/models/ViT-B-32.pt'), an open_clip checkpoint with its "
+    "architecture (model='ViT-B-32//models/open_clip_epoch_32.pt'), a local open_clip directory "
+    "(model='local-dir:/models/clip'), or a factory returning (model, preprocess, tokenizer)."
+)
+
+
+class ModelLoadError(RuntimeError):
+    """A CLIP model could not be loaded; the message says how to point at a local file."""
+
+
+def precision_for(device: str | torch.device, precision: str | None) -> str:
+    """open_clip precision string: fp32 on CPU unless asked otherwise, fp32 by default elsewhere too."""
+    if precision is None:
+        return "fp32"
+    allowed = {"fp32", "fp16", "bf16", "pure_fp16", "pure_bf16"}
+    if precision not in allowed:
+        raise ValueError(f"precision must be one of {sorted(allowed)}, got {precision!r}")
+    if torch.device(device).type == "cpu" and precision in {"fp16", "pure_fp16"}:
+        raise ValueError("fp16 is not supported on CPU; use fp32 or bf16")
+    return precision
+
+
+def _unwrap_state_dict(obj: Any) -> dict[str, torch.Tensor]:
+    if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
+        obj = obj["state_dict"]
+    if not isinstance(obj, dict):
+        raise ModelLoadError(f"expected a state dict, got {type(obj).__name__}")
+    if obj and all(k.startswith("module.") for k in obj):
+        obj = {k[len("module."):]: v for k, v in obj.items()}
+    return obj
+
+
+def load_openai_format(path: str | os.PathLike, device: str | torch.device, precision: str):
+    """Load an OpenAI-format CLIP file (JIT archive or state dict); architecture inferred from weights."""
+    import open_clip
+    from open_clip.model import build_model_from_openai_state_dict, convert_weights_to_lp, get_cast_dtype
+
+    path = os.fspath(path)
+    try:
+        state = torch.jit.load(path, map_location="cpu").state_dict()
+    except Exception:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise ModelLoadError(f"cannot read CLIP checkpoint {path!r}: {exc}") from exc
+    state = _unwrap_state_dict(state)
+    if "text_projection" not in state or "token_embedding.weight" not in state:
+        raise ModelLoadError(
+            f"{path!r} is not an OpenAI-format CLIP state dict (no text_projection/token_embedding); "
+            "for an open_clip checkpoint pass model='ARCH//path/to/checkpoint.pt'"
+        )
+    state = {k: v for k, v in state.items() if k not in ("input_resolution", "context_length", "vocab_size")}
+    model = build_model_from_openai_state_dict(dict(state), cast_dtype=get_cast_dtype(precision))
+    model = model.to(device)
+    model.float()
+    if precision in ("bf16", "pure_bf16"):
+        convert_weights_to_lp(model, dtype=torch.bfloat16)
+    elif precision in ("fp16", "pure_fp16"):
+        convert_weights_to_lp(model, dtype=torch.float16)
+    model.visual.image_mean = open_clip.OPENAI_DATASET_MEAN
+    model.visual.image_std = open_clip.OPENAI_DATASET_STD
+    preprocess = open_clip.image_transform(model.visual.image_size, is_train=False)
+    tokenizer = open_clip.tokenizer.SimpleTokenizer(context_length=model.context_length)
+    return model.eval(), preprocess, tokenizer
+
+
+def split_name_and_pretrained(spec: str) -> tuple[str, str | None]:
+    """``"ViT-B-32/openai"`` → ``("ViT-B-32", "openai")``; a bare name → ``(name, None)``."""
+    if spec.startswith(("hf-hub:", "local-dir:")):
+        return spec, None
+    name, sep, pretrained = spec.partition("/")
+    return name, (pretrained if sep else None)
+
+
+def load_open_clip(spec: str, device: str | torch.device, precision: str):
+    """Load an open_clip model by name (+ pretrained tag or checkpoint path)."""
+    import open_clip
+
+    name, pretrained = split_name_and_pretrained(spec)
+    if pretrained is None and not spec.startswith(("hf-hub:", "local-dir:")):
+        raise ModelLoadError(
+            f"model={spec!r} names an architecture without weights; use 'NAME/TAG' such as "
+            f"'{name}/openai', or 'NAME/random' for randomly initialised weights. {OFFLINE_HINT}"
+        )
+    if pretrained == "random":
+        pretrained = None
+    try:
+        model, _, preprocess = open_clip.create_model_and_transforms(
+            name, pretrained=pretrained, device=device, precision=precision
+        )
+    except Exception as exc:
+        raise ModelLoadError(f"cannot load CLIP model {spec!r}: {exc}. {OFFLINE_HINT}") from exc
+    tokenizer = open_clip.get_tokenizer(name)
+    return model.eval(), preprocess, tokenizer
+
+
+def load_clip(model: str | os.PathLike | Callable[[], tuple], device: str | torch.device = "cpu",
+              precision: str | None = None):
+    """Return ``(model, preprocess, tokenizer)`` for any accepted specification (see module doc)."""
+    precision = precision_for(device, precision)
+    if callable(model) and not isinstance(model, (str, os.PathLike)):
+        loaded = model()
+        if not (isinstance(loaded, tuple) and len(loaded) == 3):
+            raise ModelLoadError("a model factory must return (model, preprocess, tokenizer)")
+        clip_model, preprocess, tokenizer = loaded
+        clip_model = clip_model.to(device).eval()
+        if precision in ("bf16", "pure_bf16"):
+            clip_model = clip_model.to(torch.bfloat16)
+        elif precision in ("fp16", "pure_fp16"):
+            clip_model = clip_model.to(torch.float16)
+        return clip_model, preprocess, tokenizer
+    spec = os.fspath(model)
+    path = Path(spec)
+    if path.is_file():
+        return load_openai_format(path, device, precision)
+    if path.is_dir():
+        return load_open_clip(f"local-dir:{path}", device, precision)
+    bare_file = split_name_and_pretrained(spec)[1] is None and spec.endswith(CHECKPOINT_SUFFIXES)
+    if spec.startswith(("/", "./", "../", "~")) or bare_file:
+        raise ModelLoadError(f"CLIP checkpoint {spec!r} does not exist. {OFFLINE_HINT}")
+    return load_open_clip(spec, device, precision)

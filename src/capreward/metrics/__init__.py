@@ -1,0 +1,1 @@
+"""Pure tensor math of the metrics: no model code is imported here."""

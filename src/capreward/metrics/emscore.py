@@ -1,0 +1,95 @@
+"""EMScore's matching math on embeddings (Shi et al., "EMScore: Evaluating Video Captioning via
+Coarse-Grained and Fine-Grained Embedding Matching", CVPR 2022).
+
+All inputs are L2-normalised embeddings. Padded positions are excluded from every max with a mask
+(never multiplied by zero, which would clamp negative maxima to 0 as the released code does), so a
+score never depends on what else is in the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class FineMatch:
+    """Fine-grained precision, recall, F (Tensor[N] each, in [-1, 1]) and, for each candidate
+    position, the index of its best-matching target (frame or reference token), -1 at padding."""
+
+    p: torch.Tensor
+    r: torch.Tensor
+    f: torch.Tensor
+    best_target: torch.Tensor  # LongTensor [N, Lc]
+    best_similarity: torch.Tensor  # [N, Lc]
+
+
+def masked_weighted_mean(values: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Σ w·v / Σ w over the positions where ``mask`` is True (last dimension)."""
+    w = weights * mask
+    return (values * w).sum(-1) / w.sum(-1).clamp_min(torch.finfo(values.dtype).tiny)
+
+
+def f_measure(p: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """Harmonic mean 2PR/(P+R); 0 where P+R == 0."""
+    denom = p + r
+    safe = torch.where(denom == 0, torch.ones_like(denom), denom)
+    return torch.where(denom == 0, torch.zeros_like(denom), 2 * p * r / safe)
+
+
+def greedy_match(
+    cand: torch.Tensor,
+    cand_mask: torch.Tensor,
+    cand_weight: torch.Tensor,
+    target: torch.Tensor,
+    target_mask: torch.Tensor,
+    target_weight: torch.Tensor,
+) -> FineMatch:
+    """Token-to-target greedy matching of EMScore's fine-grained score.
+
+    cand: [N, Lc, D] candidate token embeddings; target: [N, Lt, D] frame embeddings (video) or
+    reference token embeddings; masks [N, L*] are True on real positions; weights [N, L*] are the idf
+    weights (uniform for frames).
+
+    P = Σ_i w_i max_j s_ij / Σ_i w_i, R = Σ_j w*_j max_i s_ij / Σ_j w*_j, F = 2PR/(P+R), each in [-1, 1].
+    """
+    sim = torch.bmm(cand, target.transpose(1, 2))  # [N, Lc, Lt]
+    pair_mask = cand_mask[:, :, None] & target_mask[:, None, :]
+    sim = sim.masked_fill(~pair_mask, float("-inf"))
+    best_sim, best_target = sim.max(dim=2)
+    recall_sim = sim.max(dim=1).values
+    best_sim = best_sim.masked_fill(~cand_mask, 0.0)
+    recall_sim = recall_sim.masked_fill(~target_mask, 0.0)
+    p = masked_weighted_mean(best_sim, cand_weight, cand_mask)
+    r = masked_weighted_mean(recall_sim, target_weight, target_mask)
+    return FineMatch(
+        p=p,
+        r=r,
+        f=f_measure(p, r),
+        best_target=best_target.masked_fill(~cand_mask, -1),
+        best_similarity=best_sim,
+    )
+
+
+def video_embedding(frames: torch.Tensor, frame_mask: torch.Tensor) -> torch.Tensor:
+    """f_V = normalise(mean of the (normalised) frame embeddings over real frames); [N, D]."""
+    m = frame_mask[..., None].to(frames.dtype)
+    mean = (frames * m).sum(1) / m.sum(1).clamp_min(1.0)
+    return torch.nn.functional.normalize(mean, dim=-1)
+
+
+def coarse_score(caption: torch.Tensor, visual: torch.Tensor) -> torch.Tensor:
+    """cos(f_X, f_V) of normalised embeddings [N, D], unscaled and unclipped; in [-1, 1]."""
+    return (caption * visual).sum(-1)
+
+
+def pad_stack(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack [L_i, D] tensors into [N, max L, D] with a BoolTensor [N, max L] marking real rows."""
+    width = max(r.shape[0] for r in rows)
+    out = rows[0].new_zeros(len(rows), width, rows[0].shape[-1])
+    mask = torch.zeros(len(rows), width, dtype=torch.bool, device=rows[0].device)
+    for i, r in enumerate(rows):
+        out[i, : r.shape[0]] = r
+        mask[i, : r.shape[0]] = True
+    return out, mask

@@ -1,0 +1,123 @@
+"""CLIP-S / RefCLIP-S (Hessel et al., EMNLP 2021) and PAC-S / RefPAC-S (Sarto et al., CVPR 2023).
+
+The caption is prefixed with "A photo depicts " (references too), as in the released code.
+CLIP-S = w · max(cos(image, caption), 0); RefCLIP-S = harmonic mean of CLIP-S and the best
+(unscaled, unclipped) cosine between the caption and its references.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..backbones.clip import CLIPBackbone, embed_captions
+from ..backbones.clip_loading import DEFAULT_CLIP
+from ..media import DEFAULT_FRAMES
+from ..metrics.clipscore import clip_s, ref_clip_s, reference_similarity
+from ..metrics.emscore import pad_stack, video_embedding
+from .validation import check_captions, check_references, check_same_length
+
+CLIPS_PREFIX = "A photo depicts "
+
+
+@dataclass
+class CLIPScoreResult:
+    """Tensor[N] each: ``clip_s`` in [0, w]; ``ref_clip_s`` and ``ref_similarity`` (max cosine to the
+    references, in [-1, 1]) when references were given, else None."""
+
+    clip_s: torch.Tensor
+    ref_clip_s: torch.Tensor | None
+    ref_similarity: torch.Tensor | None
+    truncated: list[bool]
+
+    @property
+    def score(self) -> torch.Tensor:
+        """RefCLIP-S when references were given, else CLIP-S."""
+        return self.ref_clip_s if self.ref_clip_s is not None else self.clip_s
+
+    def rows(self) -> list[dict[str, float]]:
+        out = []
+        for i in range(len(self.clip_s)):
+            row = {"clip_s": float(self.clip_s[i])}
+            if self.ref_clip_s is not None:
+                row["ref_clip_s"] = float(self.ref_clip_s[i])
+            out.append(row)
+        return out
+
+
+class CLIPScore:
+    """CLIP-S and RefCLIP-S on images, or on videos through their mean frame embedding.
+
+    Args: model (any CLIP specification), device, w (2.5 for CLIP-S), prefix, batch_size,
+    cache_size, precision, frames (for videos), backbone (share an existing CLIPBackbone).
+    """
+
+    default_w = 2.5
+
+    def __init__(
+        self,
+        model: str | os.PathLike | Callable[[], tuple] = DEFAULT_CLIP,
+        device: str | torch.device = "cpu",
+        w: float | None = None,
+        prefix: str = CLIPS_PREFIX,
+        batch_size: int = 64,
+        cache_size: int = 512,
+        precision: str | None = None,
+        frames: int | None = DEFAULT_FRAMES,
+        backbone: CLIPBackbone | None = None,
+    ):
+        self.backbone = backbone or CLIPBackbone(model, device=device, precision=precision, cache_size=cache_size)
+        self.w = self.default_w if w is None else float(w)
+        self.prefix = prefix
+        self.batch_size = batch_size
+        self.frames = frames
+
+    def score(
+        self,
+        candidates: Sequence[str],
+        images: Sequence[Any] | None = None,
+        references: Sequence[Sequence[str]] | None = None,
+        *,
+        videos: Sequence[Any] | None = None,
+        image_ids: Sequence[str | None] | None = None,
+    ) -> CLIPScoreResult:
+        """Score each candidate against its image (or video) and optionally its references."""
+        candidates = check_captions(candidates)
+        n = len(candidates)
+        if (images is None) == (videos is None):
+            raise ValueError("CLIP-S needs exactly one of images or videos")
+        visuals = list(images if images is not None else videos)
+        check_same_length(n, visuals, "images" if images is not None else "videos")
+        check_same_length(n, image_ids, "image_ids")
+        refs = check_references(references, n)
+
+        kind = "image" if images is not None else "video"
+        frame_list = self.backbone.visual_embeddings(visuals, kind=kind, frames=self.frames, ids=image_ids)
+        frames, frame_mask = pad_stack(frame_list)
+        visual = video_embedding(frames, frame_mask)  # a single frame's embedding for images
+
+        text = embed_captions(self.backbone, [self.prefix + c for c in candidates], self.batch_size)
+        scores = clip_s(visual, text.pooled.to(visual.device), self.w)
+        if refs is None:
+            return CLIPScoreResult(scores, None, None, text.truncated)
+        flat = [self.prefix + r for rs in refs for r in rs]
+        ref_text = embed_captions(self.backbone, flat, self.batch_size)
+        per_candidate, ref_mask = pad_stack(list(torch.split(ref_text.pooled, [len(rs) for rs in refs])))
+        sim = reference_similarity(text.pooled, per_candidate, ref_mask)
+        return CLIPScoreResult(scores, ref_clip_s(scores, sim), sim, text.truncated)
+
+
+class PACScore(CLIPScore):
+    """PAC-S / RefPAC-S: CLIP-S with the PAC-S fine-tuned checkpoint and w = 2.0.
+
+    ``model`` must point at the PAC-S weights, e.g. the released ``clip_ViT-B-32.pth`` (an
+    OpenAI-format state dict under a ``state_dict`` key; the architecture is inferred).
+    """
+
+    default_w = 2.0
+
+    def __init__(self, model: str | os.PathLike | Callable[[], tuple], **kwargs):
+        super().__init__(model, **kwargs)

@@ -1,0 +1,276 @@
+"""EMScore and EMScore_ref: a CLIP backbone + the matching math + batching and caching.
+
+Definitions (DESIGN.md, EMScore section): fine-grained token↔frame greedy matching with idf on
+precision, coarse cos(f_X, f_V), full = (fine + coarse) / 2; references take the place of frames
+(idf on both sides), each component maxed over references; with both, video and reference parts
+are averaged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from ..backbones.clip import CLIPBackbone, embed_captions
+from ..backbones.clip_loading import DEFAULT_CLIP
+from ..media import DEFAULT_FRAMES
+from ..metrics.emscore import FineMatch, coarse_score, greedy_match, pad_stack, video_embedding
+from ..metrics.idf import IdfTable, idf_from_mapping, idf_from_rows
+from .results import MatchScores
+from .validation import check_captions, check_references, check_same_length
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TokenAlignment:
+    """For one candidate: its tokens (SOS..EOS) and, per token, the best-matching frame (Figure 7 of
+    the paper), that cosine similarity, and the token's idf weight."""
+
+    tokens: list[str]
+    token_ids: list[int]
+    best_frame: list[int]
+    similarity: list[float]
+    weight: list[float]
+
+
+@dataclass
+class EMScoreResult:
+    """Per-candidate EMScore results.
+
+    ``score`` is the full F of EMScore(X, V, X*) when videos and references are both given, else of
+    whichever was given. ``video``/``reference``/``combined`` are None when not computed.
+    ``alignment`` is given with videos; ``truncated[i]`` says whether candidate i exceeded the context.
+    """
+
+    score: torch.Tensor
+    video: MatchScores | None
+    reference: MatchScores | None
+    combined: MatchScores | None
+    alignment: list[TokenAlignment] | None
+    truncated: list[bool]
+
+    def rows(self) -> list[dict[str, float]]:
+        """One flat dict per candidate: ``score`` and every computed component (``video.fine_p`` …)."""
+        out = []
+        for i in range(len(self.score)):
+            row = {"score": float(self.score[i])}
+            for name in ("video", "reference", "combined"):
+                part = getattr(self, name)
+                if part is not None:
+                    row.update({f"{name}.{k}": v for k, v in part.row(i).items()})
+            out.append(row)
+        return out
+
+
+@dataclass
+class CandidateText:
+    """Candidate token embeddings padded to a common length, with masks and idf weights."""
+
+    tokens: torch.Tensor  # [N, L, D]
+    mask: torch.Tensor  # [N, L]
+    weights: torch.Tensor  # [N, L]
+    pooled: torch.Tensor  # [N, D]
+    ids: list[torch.Tensor] | None  # per candidate, None for soft captions
+
+
+class EMScore:
+    """EMScore (video), EMScore_ref (references) and their combination.
+
+    Args:
+        model: CLIP specification (name/tag, OpenAI-format ``.pt``, open_clip checkpoint, factory).
+        device, precision: where and in which precision the CLIP runs (fp32 on CPU).
+        idf: ``False`` (every token weight 1, the default), a list of captions (the released idf
+            procedure over that fixed corpus), a dict token id → weight (used as given, ``idf_default``
+            for missing ids; the dict's largest weight when None), or ``"batch"`` to recompute idf from
+            each call's references (else candidates) as the released code does. ``"batch"`` makes a
+            score depend on the rest of the batch, so do not use it for rewards.
+        frames: frames sampled per video (10: the paper's VATEX-EVAL protocol; None: all frames).
+        batch_size: captions per text-encoder batch. cache_size: visual embeddings kept (LRU).
+        trim_text: run the text tower only to the longest caption of a batch (exact; faster).
+        backbone: an existing :class:`CLIPBackbone` to share (then model/device/precision are ignored).
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike | Callable[[], tuple] = DEFAULT_CLIP,
+        device: str | torch.device = "cpu",
+        idf: bool | str | Sequence[str] | Mapping[int, float] = False,
+        idf_default: float | None = None,
+        frames: int | None = DEFAULT_FRAMES,
+        batch_size: int = 64,
+        cache_size: int = 512,
+        precision: str | None = None,
+        trim_text: bool = True,
+        backbone: CLIPBackbone | None = None,
+    ):
+        self.backbone = backbone or CLIPBackbone(
+            model, device=device, precision=precision, cache_size=cache_size, trim_text=trim_text
+        )
+        self.frames = frames
+        self.batch_size = batch_size
+        self.batch_idf = False
+        self.idf_table: IdfTable | None = None
+        if idf is True:
+            raise ValueError("idf=True is ambiguous: pass a corpus (list of captions), a dict, or 'batch'")
+        if isinstance(idf, str):
+            if idf != "batch":
+                raise ValueError(f"idf must be False, 'batch', a list of captions or a dict; got {idf!r}")
+            self.batch_idf = True
+        elif isinstance(idf, Mapping):
+            self.idf_table = idf_from_mapping(idf, idf_default)
+        elif idf is not False and idf is not None:
+            corpus = check_captions(idf, what="idf corpus")
+            self.idf_table = idf_from_rows(self.backbone.context_rows(corpus), self.backbone.eot_id)
+        self._idf_vector = None if self.idf_table is None else self.idf_table.vector(self.backbone.vocab_size)
+
+    # ----------------------------------------------------------------- public
+    def score(
+        self,
+        candidates: Sequence[str],
+        videos: Sequence[Any] | None = None,
+        references: Sequence[Sequence[str]] | None = None,
+        *,
+        images: Sequence[Any] | None = None,
+        video_ids: Sequence[str | None] | None = None,
+    ) -> EMScoreResult:
+        """Score ``candidates`` against ``videos`` (or ``images``, one-frame videos) and/or
+        ``references`` (one list of reference captions per candidate)."""
+        candidates = check_captions(candidates)
+        n = len(candidates)
+        visuals, kind = self._visual_inputs(n, videos, images, video_ids)
+        refs = check_references(references, n)
+        text = embed_captions(self.backbone, candidates, self.batch_size)
+        if any(text.truncated):
+            logger.warning(
+                "EMScore: candidates %s exceed CLIP's %d-token context and were truncated (EOS kept)",
+                [i for i, t in enumerate(text.truncated) if t], self.backbone.context_length,
+            )
+        idf_vector = self._batch_idf_vector(refs, candidates) if self.batch_idf else self._idf_vector
+        tokens, mask = pad_stack(text.tokens)
+        weights = self._weights_for(pad_ids(text.ids), mask, idf_vector)
+        cand = CandidateText(tokens=tokens, mask=mask, weights=weights, pooled=text.pooled, ids=text.ids)
+        result = self._score_text(cand, visuals, kind, video_ids, refs, idf_vector)
+        result.truncated = text.truncated
+        return result
+
+    def score_soft(
+        self,
+        probs: torch.Tensor,
+        lengths: torch.Tensor,
+        videos: Sequence[Any] | None = None,
+        references: Sequence[Sequence[str]] | None = None,
+        *,
+        images: Sequence[Any] | None = None,
+        video_ids: Sequence[str | None] | None = None,
+    ) -> EMScoreResult:
+        """Differentiable EMScore of soft captions.
+
+        ``probs`` [N, L, V] holds a distribution over CLIP's vocabulary at each position (position 0 is
+        SOS, position ``lengths[i]-1`` is EOS, later positions are ignored). Token embeddings are the
+        probability-weighted mix of CLIP's token embeddings and idf weights are expected idf, so the
+        returned tensors carry gradients to ``probs``.
+        """
+        n = probs.shape[0]
+        lengths = torch.as_tensor(lengths, dtype=torch.long)
+        check_same_length(n, lengths, "lengths")
+        if int(lengths.min()) < 2 or int(lengths.max()) > probs.shape[1]:
+            raise ValueError("each length must count SOS..EOS (>= 2) and fit in the probs' length")
+        visuals, kind = self._visual_inputs(n, videos, images, video_ids)
+        refs = check_references(references, n)
+        if self.batch_idf:
+            raise ValueError("idf='batch' needs caption strings; give a fixed corpus or dict for soft captions")
+        emb = self.backbone.encode_text_soft(probs, lengths)
+        if self._idf_vector is None:
+            weights = emb.mask.float()
+        else:
+            weights = (probs.float() @ self._idf_vector.to(probs.device)) * emb.mask
+        cand = CandidateText(tokens=emb.tokens, mask=emb.mask, weights=weights, pooled=emb.pooled, ids=None)
+        return self._score_text(cand, visuals, kind, video_ids, refs, self._idf_vector)
+
+    # --------------------------------------------------------------- internals
+    def _visual_inputs(self, n, videos, images, video_ids):
+        if videos is not None and images is not None:
+            raise ValueError("give videos or images, not both")
+        visuals = videos if videos is not None else images
+        if visuals is not None:
+            if isinstance(visuals, (str, os.PathLike)):
+                raise TypeError("videos/images must be a list with one entry per candidate")
+            visuals = list(visuals)
+            check_same_length(n, visuals, "videos" if videos is not None else "images")
+        check_same_length(n, video_ids, "video_ids")
+        return visuals, ("video" if videos is not None else "image")
+
+    def _batch_idf_vector(self, refs, candidates) -> torch.Tensor:
+        corpus = [r for rs in refs for r in rs] if refs is not None else candidates
+        table = idf_from_rows(self.backbone.context_rows(corpus), self.backbone.eot_id)
+        return table.vector(self.backbone.vocab_size)
+
+    def _weights_for(self, ids: torch.Tensor, mask: torch.Tensor, idf_vector: torch.Tensor | None) -> torch.Tensor:
+        if idf_vector is None:
+            return mask.float()
+        return idf_vector[ids.cpu()].to(mask.device) * mask
+
+    def _score_text(self, cand: CandidateText, visuals, kind, video_ids, refs, idf_vector) -> EMScoreResult:
+        if visuals is None and refs is None:
+            raise ValueError("EMScore needs videos (or images) and/or references")
+        video = reference = combined = None
+        alignment = None
+        if visuals is not None:
+            frame_list = self.backbone.visual_embeddings(visuals, kind=kind, frames=self.frames, ids=video_ids)
+            frames, frame_mask = pad_stack([f.to(cand.tokens.device) for f in frame_list])
+            fine = greedy_match(cand.tokens, cand.mask, cand.weights, frames, frame_mask, frame_mask.float())
+            coarse = coarse_score(cand.pooled, video_embedding(frames, frame_mask))
+            video = MatchScores.from_parts(coarse, fine.p, fine.r, fine.f)
+            if cand.ids is not None:
+                alignment = self._alignments(cand, fine)
+        if refs is not None:
+            reference = self._reference_scores(cand, refs, idf_vector)
+        if video is not None and reference is not None:
+            combined = MatchScores.average(video, reference)
+        main = combined or video or reference
+        truncated = [False] * cand.tokens.shape[0]
+        return EMScoreResult(main.full_f, video, reference, combined, alignment, truncated)
+
+    def _reference_scores(self, cand: CandidateText, refs: list[list[str]], idf_vector) -> MatchScores:
+        flat = [r for rs in refs for r in rs]
+        owner = torch.tensor([i for i, rs in enumerate(refs) for _ in rs], device=cand.tokens.device)
+        ref_text = embed_captions(self.backbone, flat, self.batch_size)
+        ref_tokens, ref_mask = pad_stack([t.to(cand.tokens.device) for t in ref_text.tokens])
+        ref_weights = self._weights_for(pad_ids(ref_text.ids), ref_mask, idf_vector)
+        fine = greedy_match(
+            cand.tokens[owner], cand.mask[owner], cand.weights[owner], ref_tokens, ref_mask, ref_weights
+        )
+        coarse = coarse_score(cand.pooled[owner], ref_text.pooled.to(cand.tokens.device))
+        n = cand.tokens.shape[0]
+        return MatchScores.from_parts(*(group_max(v, owner, n) for v in (coarse, fine.p, fine.r, fine.f)))
+
+    def _alignments(self, cand: CandidateText, fine: FineMatch) -> list[TokenAlignment]:
+        out = []
+        for i, ids in enumerate(cand.ids):
+            n = len(ids)
+            out.append(
+                TokenAlignment(
+                    tokens=[self.backbone.decode_token(int(t)) for t in ids],
+                    token_ids=[int(t) for t in ids],
+                    best_frame=fine.best_target[i, :n].tolist(),
+                    similarity=fine.best_similarity[i, :n].tolist(),
+                    weight=cand.weights[i, :n].tolist(),
+                )
+            )
+        return out
+
+
+def group_max(values: torch.Tensor, owner: torch.Tensor, n: int) -> torch.Tensor:
+    """For each group g in [0, n), the max of ``values`` where ``owner == g`` (differentiable)."""
+    out = values.new_full((n,), float("-inf"))
+    return out.scatter_reduce(0, owner, values, reduce="amax", include_self=True)
+
+
+def pad_ids(rows: list[torch.Tensor]) -> torch.Tensor:
+    """Stack LongTensor [L_i] rows into [N, max L], zero-padded."""
+    return torch.nn.utils.rnn.pad_sequence([r.cpu() for r in rows], batch_first=True)
