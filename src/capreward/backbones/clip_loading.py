@@ -15,6 +15,7 @@ Accepted specifications (``model=`` of every CLIP-based scorer):
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -64,7 +65,9 @@ def load_openai_format(path: str | os.PathLike, device: str | torch.device, prec
 
     path = os.fspath(path)
     try:
-        state = torch.jit.load(path, map_location="cpu").state_dict()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch.jit.load's deprecation notice
+            state = torch.jit.load(path, map_location="cpu").state_dict()
     except Exception:
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)

@@ -1,0 +1,61 @@
+"""Shared fixtures: the tiny CLIP, scorers built on it, the sample clips and synthetic videos."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+VIDEO_DIR = SHARED / "data" / "videos"
+
+
+def sample_clips() -> list[Path]:
+    return sorted(VIDEO_DIR.glob("*.mp4")) if VIDEO_DIR.is_dir() else []
+
+
+@pytest.fixture(scope="session")
+def real_clips() -> list[Path]:
+    clips = sample_clips()
+    if not clips:
+        pytest.skip(f"sample clips not found in {VIDEO_DIR}")
+    return clips
+
+
+@pytest.fixture(scope="session")
+def tiny_backbone():
+    from capreward.backbones import CLIPBackbone
+    from capreward.testing import tiny_clip_factory
+
+    return CLIPBackbone(tiny_clip_factory(seed=0))
+
+
+@pytest.fixture(scope="session")
+def tiny_clip_path(tmp_path_factory) -> Path:
+    from capreward.testing import save_tiny_clip_openai
+
+    return save_tiny_clip_openai(tmp_path_factory.mktemp("clip") / "tiny_openai.pt", seed=0)
+
+
+def random_video(seed: int, frames: int = 12, height: int = 40, width: int = 56) -> np.ndarray:
+    """A uint8 (T, H, W, 3) clip of smooth random colour fields (so CLIP features differ per frame)."""
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 256, size=(frames, 4, 4, 3)).astype(np.float32)
+    up = np.kron(base, np.ones((1, height // 4 + 1, width // 4 + 1, 1), dtype=np.float32))[:, :height, :width]
+    noise = rng.normal(0, 8, size=up.shape)
+    return np.clip(up + noise, 0, 255).astype(np.uint8)
+
+
+def write_mp4(path: Path, frames: np.ndarray, fps: int = 10) -> Path:
+    """Encode uint8 frames (T, H, W, 3) to an H.264 mp4 with imageio-ffmpeg."""
+    import imageio_ffmpeg
+
+    t, h, w, _ = frames.shape
+    writer = imageio_ffmpeg.write_frames(str(path), (w, h), fps=fps, macro_block_size=1, output_params=["-loglevel", "error"])
+    writer.send(None)
+    for frame in frames:
+        writer.send(np.ascontiguousarray(frame))
+    writer.close()
+    return path
