@@ -12,6 +12,7 @@ import sys
 
 SUBCOMMAND_MODULES = [
     "capreward.cli.demo",
+    "capreward.cli.score",
 ]
 
 

@@ -1,0 +1,1 @@
+"""Offline scoring jobs: manifests in, incremental resumable results out."""
