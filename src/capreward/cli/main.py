@@ -13,6 +13,7 @@ import sys
 SUBCOMMAND_MODULES = [
     "capreward.cli.demo",
     "capreward.cli.score",
+    "capreward.cli.report",
 ]
 
 

@@ -18,7 +18,7 @@ def run(args: argparse.Namespace) -> int:
         metrics=[m.strip().replace("-", "_") for m in args.metrics.split(",") if m.strip()],
         clip_model=args.clip_model, pac_model=args.pac_model, fleur_model=args.fleur_model,
         device=args.device, precision=precision, batch_size=args.batch_size,
-        frames=None if args.frames == 0 else args.frames,
+        frames=None if args.frames == 0 else args.frames, alignment=args.alignment,
     )
     summary = run_job(args.manifest, args.out, options, idf=args.idf, engine=args.engine,
                       num_actors=args.num_actors, csv=args.csv, progress=not args.no_progress)
@@ -42,5 +42,6 @@ def add_parser(subparsers) -> None:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--engine", default="local", choices=["local", "ray"])
     p.add_argument("--num-actors", type=int, default=2, help="Ray actors (one model copy each)")
+    p.add_argument("--alignment", action="store_true", help="store EMScore's token -> frame alignment (for reports)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)

@@ -33,6 +33,7 @@ class ScoreOptions:
     batch_size: int = 64
     frames: int | None = 10
     idf_corpus: list[str] | None = None  # fixed for the whole job, so results do not depend on batching
+    alignment: bool = False  # store EMScore's token -> best-frame alignment per row (for reports)
 
     def __post_init__(self):
         unknown = [m for m in self.metrics if m not in METRICS]
@@ -74,8 +75,12 @@ class ManifestScorer:
                     continue
                 visual = {"videos" if kind == "video" else "images": [rows[i].path for i in idx]}
                 res = scorer.score([rows[i].caption for i in idx], references=[refs[i] for i in idx] if has_refs else None, **visual)
-                for j, flat in zip(idx, res.rows()):
+                for pos, (j, flat) in enumerate(zip(idx, res.rows())):
                     out[j] = {"emscore": flat.pop("score"), **{f"emscore.{k}": v for k, v in flat.items()}}
+                    if self.options.alignment and res.alignment is not None:
+                        a = res.alignment[pos]
+                        out[j]["alignment"] = {"tokens": a.tokens, "best_frame": a.best_frame,
+                                               "similarity": a.similarity, "weight": a.weight}
             return out
 
         return run
