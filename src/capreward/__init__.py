@@ -19,6 +19,12 @@ _LAZY = {
     "PACScore": "capreward.scorers.clipscore",
     "CLIPBackbone": "capreward.backbones.clip",
     "FLEUR": "capreward.scorers.fleur",
+    "FLEURResult": "capreward.scorers.fleur",
+    "RemoteFLEUR": "capreward.scorers.fleur_remote",
+    "VisCE2": "capreward.scorers.visce2",
+    "VisCE2Result": "capreward.scorers.visce2",
+    "GVEval": "capreward.scorers.gveval",
+    "GVEvalResult": "capreward.scorers.gveval",
     "MediaError": "capreward.media.errors",
 }
 

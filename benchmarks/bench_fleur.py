@@ -1,0 +1,271 @@
+"""FLEUR throughput: the batched prefix-sharing path against per-sample ``generate``.
+
+GRPO-shaped work: ``--images`` images with ``--captions`` captions each (4 x 8 by default) scored by a
+LLaVA-architecture judge with random weights (nothing is downloaded). ``--arch small`` (default) is a
+~110M-parameter LLaVA-1.5-shaped model (576 image tokens from a 336 px / 14 px-patch CLIP tower, LLaMA
+decoder of width 768 x 8 layers, 32064-token embedding) that runs in a few minutes on 2 CPU cores;
+``--arch llava-7b`` has the real LLaVA-1.5-7B shapes (CLIP ViT-L/14-336 + LLaMA-7B) for a GPU in
+float16.
+
+Both paths run the same prompts and the same greedy decoding budget (``--max-new-tokens``; a random
+model rarely ends early); the script checks that they pick the same tokens and prints captions/s, their
+ratio and the peak memory each needed on top of the loaded model.
+
+    python benchmarks/bench_fleur.py                      # CPU, ~100M params, 4 x 8
+    python benchmarks/bench_fleur.py --images 2 --captions 4 --text-layers 4   # quicker
+    python benchmarks/bench_fleur.py --arch llava-7b --device cuda --dtype float16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import torch
+from PIL import Image
+
+from capreward import FLEUR
+from capreward.judges import mean_background, pad_to_square
+from capreward.testing import TinyLlavaSpec, build_tiny_llava
+
+ARCHS = {
+    "small": dict(
+        text_hidden=768, text_layers=8, text_heads=12, text_kv_heads=12, text_intermediate=2048,
+        vision_hidden=256, vision_layers=4, vision_heads=4, vision_intermediate=1024,
+    ),
+    "llava-7b": dict(
+        text_hidden=4096, text_layers=32, text_heads=32, text_kv_heads=32, text_intermediate=11008,
+        vision_hidden=1024, vision_layers=24, vision_heads=16, vision_intermediate=4096,
+    ),
+}
+COMMON = dict(max_positions=4096, image_size=336, patch_size=14, vocab_size=32064)
+
+WORDS = (
+    "man woman child dog cat bicycle street park beach ball red blue green white black small large young old "
+    "running riding sitting standing playing holding walking jumping wearing looking near under over next front "
+    "group people two three grass water snow field road building tree sky shirt hat car bus train table"
+).split()
+GLUE = ("a", "the", "in", "on", "with", "of", "is", "and", "while", "at", "down", "across")
+
+
+def make_captions(rng: random.Random, n: int) -> list[str]:
+    """GRPO-like sampled captions: 10-18 words each, different openings."""
+    out = []
+    for _ in range(n):
+        words = [rng.choice(WORDS) if i % 2 else rng.choice(GLUE) for i in range(rng.randint(10, 18))]
+        out.append(" ".join(words).capitalize())
+    return out
+
+
+def make_images(rng: random.Random, n: int) -> list[Image.Image]:
+    sizes = [(640, 480), (500, 375), (480, 640), (512, 512)]
+    arrays = [np.random.default_rng(rng.getrandbits(32)).integers(0, 256, (h, w, 3), dtype=np.uint8) for w, h in sizes]
+    return [Image.fromarray(arrays[i % len(arrays)]) for i in range(n)]
+
+
+class PeakMemory:
+    """Peak memory above the level at entry: CUDA allocator statistics, or process RSS sampled every 10 ms."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.peak = 0
+
+    @staticmethod
+    def _rss() -> int:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.start = torch.cuda.memory_allocated()
+        else:
+            self.start = self._rss()
+            self._stop = threading.Event()
+            self._high = self.start
+
+            def sample():
+                while not self._stop.is_set():
+                    self._high = max(self._high, self._rss())
+                    time.sleep(0.01)
+
+            self._thread = threading.Thread(target=sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            self.peak = torch.cuda.max_memory_allocated() - self.start
+        else:
+            self._stop.set()
+            self._thread.join()
+            self.peak = max(self._high, self._rss()) - self.start
+
+
+def per_sample_generate(scorer: FLEUR, captions, images, max_new_tokens: int):
+    """The straightforward way: one ``generate(..., output_logits=True)`` per caption, image processed
+    each time. Returns the generated token ids and the digit distributions of every step."""
+    model, processor = scorer.judge.model, scorer.judge.processor
+    background = mean_background(processor.image_processor.image_mean)
+    digit_ids = torch.tensor(scorer.digit_ids)
+    tokens, digits = [], []
+    for prompt, image in zip(scorer.prompts(captions), images):
+        inputs = processor(images=pad_to_square(image, background), text=prompt, return_tensors="pt")
+        inputs = {k: v.to(model.device) for k, v in inputs.items()}
+        inputs["pixel_values"] = inputs["pixel_values"].to(model.dtype)
+        with torch.inference_mode():
+            out = model.generate(
+                **inputs,
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
+        gen = out.sequences[0, inputs["input_ids"].shape[1] :].tolist()
+        tokens.append(gen)
+        logits = torch.stack([step[0].float() for step in out.logits])
+        digits.append(torch.softmax(logits, dim=-1)[:, digit_ids.to(logits.device)].cpu())
+    return tokens, digits
+
+
+def workload(args) -> tuple[FLEUR, list[str], list[Image.Image], float]:
+    """The judge (random weights) and the GRPO-shaped captions/images; also the build time in seconds."""
+    device = torch.device(args.device)
+    dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[args.dtype]
+    dims = dict(ARCHS[args.arch], **COMMON)
+    if args.text_layers is not None:
+        dims["text_layers"] = args.text_layers
+    rng = random.Random(args.seed)
+    images = make_images(rng, args.images)
+    captions, group_images = [], []
+    for image in images:
+        captions += make_captions(rng, args.captions)
+        group_images += [image] * args.captions
+    vocabulary = tuple(WORDS) + GLUE + tuple(w.capitalize() for w in GLUE + tuple(WORDS))
+    spec = TinyLlavaSpec(words=vocabulary, **dims)
+    t0 = time.perf_counter()
+    model, processor = build_tiny_llava(spec, dtype=dtype, device=device)
+    built = time.perf_counter() - t0
+    scorer = FLEUR((model, processor), batch_size=args.batch_size, max_new_tokens=args.max_new_tokens)
+    return scorer, captions, group_images, built
+
+
+def run_one_path(args) -> dict:
+    """Build the judge and time one path (``args.path``) in this process. Memory is measured from
+    before the warm-up call (so memory the warm-up leaves in the allocator still counts) to the end."""
+    device = torch.device(args.device)
+    scorer, captions, images, built = workload(args)
+    n = len(captions)
+    with PeakMemory(device) as mem:
+        if args.path == "batched":
+            scorer.plan(captions[:2], images[:2])  # warm-up: first-call allocations, lazy initialisation
+            fn = lambda: scorer.plan(captions, images).tokens  # noqa: E731
+        else:
+            per_sample_generate(scorer, captions[:1], images[:1], 2)
+            fn = lambda: per_sample_generate(scorer, captions, images, args.max_new_tokens)[0]  # noqa: E731
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        tokens = fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+    model = scorer.judge.model
+    n_image = int(model.config.image_seq_length)
+    lengths = [len(p) for p in scorer.judge.encode_prompts(scorer.prompts(captions), n_image)]
+    return {
+        "path": args.path,
+        "captions": n,
+        "seconds": seconds,
+        "captions_per_s": n / seconds,
+        "peak_bytes": mem.peak,
+        "tokens": tokens,
+        "params": sum(p.numel() for p in model.parameters()),
+        "weight_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+        "image_tokens": n_image,
+        "prompt_tokens": [min(lengths), max(lengths)],
+        "built_s": built,
+        "threads": torch.get_num_threads(),
+        "eos": sorted(scorer.judge.eos_token_ids),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", choices=sorted(ARCHS), default="small")
+    parser.add_argument("--images", type=int, default=4)
+    parser.add_argument("--captions", type=int, default=8, help="captions per image")
+    parser.add_argument("--text-layers", type=int, default=None, help="override the decoder depth")
+    parser.add_argument("--max-new-tokens", type=int, default=10)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--skip-generate", action="store_true", help="time only the batched path")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--path", choices=["both", "batched", "generate"], default="both",
+                        help="internal: time one path in this process and print its JSON")
+    args = parser.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if args.path != "both":
+        print(json.dumps(run_one_path(args)))
+        return {}
+
+    # Each path runs in its own process, so that neither inherits the other's allocator state and
+    # the peak memory of each is its own.
+    base = [a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("--path")]
+    paths = ["batched"] if args.skip_generate else ["batched", "generate"]
+    results = {}
+    for path in paths:
+        out = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), *base, "--path", path],
+            check=True, capture_output=True, text=True,
+        )
+        results[path] = json.loads(out.stdout.strip().splitlines()[-1])
+    fast = results["batched"]
+    n = fast["captions"]
+    print(
+        f"judge: LLaVA architecture '{args.arch}', {fast['params'] / 1e6:.1f}M parameters "
+        f"({fast['weight_bytes'] / 2**20:.0f} MiB of weights, random, built in {fast['built_s']:.1f}s), "
+        f"{fast['image_tokens']} image tokens, {args.dtype} on {args.device}, torch threads {fast['threads']}"
+    )
+    print(
+        f"work: {args.images} images x {args.captions} captions = {n} captions; prompts of "
+        f"{fast['prompt_tokens'][0]}-{fast['prompt_tokens'][1]} tokens; greedy budget {args.max_new_tokens} new tokens"
+    )
+    report = {"batched_captions_per_s": fast["captions_per_s"], "batched_peak_bytes": fast["peak_bytes"]}
+    print(f"batched prefix-sharing path: {fast['captions_per_s']:8.2f} captions/s  ({fast['seconds']:7.2f} s, "
+          f"{fast['seconds'] / n:.3f} s/caption)  peak memory +{fast['peak_bytes'] / 2**20:8.1f} MiB")
+    if "generate" in results:
+        slow = results["generate"]
+        speedup = slow["seconds"] / fast["seconds"]
+        report.update(
+            {"generate_captions_per_s": slow["captions_per_s"], "generate_peak_bytes": slow["peak_bytes"], "speedup": speedup}
+        )
+        print(f"per-sample generate:         {slow['captions_per_s']:8.2f} captions/s  ({slow['seconds']:7.2f} s, "
+              f"{slow['seconds'] / n:.3f} s/caption)  peak memory +{slow['peak_bytes'] / 2**20:8.1f} MiB")
+        print(f"speed-up: {speedup:.2f}x (target >= 4x)")
+        eos = set(fast["eos"])
+        same = 0
+        for ours, theirs in zip(fast["tokens"], slow["tokens"]):
+            end = next((i for i, t in enumerate(theirs) if t in eos), len(theirs))
+            same += ours == theirs[:end]
+        print(f"greedy tokens identical in {same}/{n} captions")
+        report["identical"] = same
+    if args.arch == "llava-7b" and args.device.startswith("cuda"):
+        print("paper (FLEUR, 13B, RTX 3090): 0.70 s/caption")
+    return report
+
+
+if __name__ == "__main__":
+    main()

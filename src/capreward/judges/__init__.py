@@ -1,0 +1,62 @@
+"""VLM judges: local transformers models (LLaVA) that answer prompts about images.
+
+The local backend exposes greedy text, token distributions at chosen steps and cheap continuation from
+a cached, shared prefix; the LLM-judged metrics (FLEUR, VisCE², G-VEval) build on it. Its API is the
+contract between them, kept stable:
+
+- ``LocalJudge.conversation(turns)`` / ``encode_prompts(prompts, n_image_tokens)``: LLaVA v1 text -> ids;
+- ``preprocess(images)`` -> ``pixel_values``; ``image_features(pixel_values)`` (differentiable);
+- ``start(prompt_ids, features, image_index, share_prefix=True)`` -> :class:`DecodeState` (one batched
+  prefill, the common prefix run once per distinct image);
+- ``step(state, tokens)`` (in place), ``select(state, rows)`` (branch), ``greedy(state, budget)`` ->
+  :class:`GreedyOutput` with the logits of every step;
+- chat backends for VisCE² and G-VEval: :class:`LocalChatJudge` (local LLaVA, exact score distributions)
+  and :class:`OpenAIJudge` (any OpenAI-compatible server), both speaking :class:`JudgeBackend`;
+- ``teacher_forcing_inputs(...)`` + ``logits_at(inputs, features, image_index, text_embeds=None)``: one
+  differentiable pass returning the logits at chosen answer steps.
+"""
+
+from .images import mean_background, pad_to_square
+from .loading import DEFAULT_LLAVA, JudgeLoadError, load_llava, resolve_device, resolve_dtype
+from .local import DecodeState, GreedyOutput, LocalJudge, TeacherForcing, common_prefix_length
+from .local_chat import LocalChatJudge
+from .protocol import ChatRequest, ChatResponse, ChatTurn, JudgeBackend, TokenLogprob, assistant_turn, user_turn
+from .remote import OpenAIJudge
+from .prompts import (
+    FLEUR_EXPLAIN_PROMPT,
+    FLEUR_PROMPT,
+    LLAVA_V1_SYSTEM,
+    REF_FLEUR_PROMPT,
+    fleur_prompt,
+    llava_v1_conversation,
+)
+
+__all__ = [
+    "ChatRequest",
+    "ChatResponse",
+    "ChatTurn",
+    "JudgeBackend",
+    "LocalChatJudge",
+    "OpenAIJudge",
+    "TokenLogprob",
+    "assistant_turn",
+    "user_turn",
+    "DEFAULT_LLAVA",
+    "DecodeState",
+    "FLEUR_EXPLAIN_PROMPT",
+    "FLEUR_PROMPT",
+    "GreedyOutput",
+    "JudgeLoadError",
+    "LLAVA_V1_SYSTEM",
+    "LocalJudge",
+    "REF_FLEUR_PROMPT",
+    "TeacherForcing",
+    "common_prefix_length",
+    "fleur_prompt",
+    "llava_v1_conversation",
+    "load_llava",
+    "mean_background",
+    "pad_to_square",
+    "resolve_device",
+    "resolve_dtype",
+]

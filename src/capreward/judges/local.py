@@ -1,0 +1,512 @@
+"""A local VLM judge on transformers: prompt + image -> greedy text and token distributions.
+
+:class:`LocalJudge` wraps a ``LlavaForConditionalGeneration`` (or a model built the same way: a
+forward taking ``inputs_embeds``, ``attention_mask``, ``position_ids``, ``past_key_values`` and
+``logits_to_keep``, ``get_image_features``, a ``.model`` returning hidden states and an output
+embedding) and its processor. It offers the building blocks the
+LLM-judged metrics need:
+
+- :meth:`LocalJudge.start`: one batched prefill. Captions that share an image (a GRPO group) share the
+  image and the prompt text before the caption: that prefix is run once per image and its key/value
+  cache is expanded to every row; only each row's remaining tokens are run on top of it.
+- :meth:`LocalJudge.step` / :meth:`LocalJudge.select`: cheap continuation from the cached state, one
+  token per row, and forking rows (for trees of decode steps).
+- :meth:`LocalJudge.greedy`: greedy decoding with the full logits of every step.
+- :meth:`LocalJudge.logits_at`: one differentiable teacher-forced pass that returns the logits at chosen
+  steps, with gradients to ``inputs_embeds`` and ``pixel_values``.
+
+Batches are left padded; positions are counted over real tokens only, so a row's results do not depend
+on what else is in the batch. Everything that is not explicitly differentiable runs under
+``torch.inference_mode()``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+from PIL import Image
+
+from .cache import growing_cache
+from .images import mean_background, pad_to_square
+from .loading import DEFAULT_LLAVA, load_llava, resolve_device, resolve_dtype
+from .prompts import IMAGE_PLACEHOLDER, LLAVA_V1_SYSTEM, llava_v1_conversation
+
+
+@dataclass
+class DecodeState:
+    """A batch of N sequences in the middle of decoding.
+
+    ``cache`` holds the keys/values of every position so far (``DynamicCache``, N rows);
+    ``attention_mask`` (N, K) marks real positions with 1 and padding with 0; ``next_position`` (N,) is
+    each row's position id for its next token; ``logits`` (N, V) float32 are the next-token logits.
+    :meth:`LocalJudge.step` extends the cache in place: keep using the returned state, or
+    :meth:`LocalJudge.select` rows first to branch.
+    """
+
+    cache: Any
+    attention_mask: torch.Tensor
+    next_position: torch.Tensor
+    logits: torch.Tensor
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.attention_mask.shape[0])
+
+
+@dataclass
+class GreedyOutput:
+    """Result of :meth:`LocalJudge.greedy` for N rows.
+
+    ``tokens[n]`` are row n's generated ids up to, not including, the end-of-sequence token;
+    ``finished[n]`` says whether it produced one within the step budget; ``logits`` is
+    (N, T, V) float32, the raw next-token logits at each of the T steps run (None if not kept).
+    """
+
+    tokens: list[list[int]]
+    finished: list[bool]
+    logits: torch.Tensor | None
+
+
+def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
+    """Length of the longest common prefix of the integer sequences ``rows`` (0 for no rows)."""
+    if not rows:
+        return 0
+    first = rows[0]
+    n = min(len(r) for r in rows)
+    for i in range(n):
+        t = first[i]
+        if any(r[i] != t for r in rows):
+            return i
+    return n
+
+
+def select_cache_rows(cache: Any, rows: torch.Tensor, reserve: int = 16) -> Any:
+    """A new cache (:func:`~capreward.judges.cache.growing_cache`) holding the given batch rows of
+    ``cache`` (rows may repeat), with room for ``reserve`` more positions."""
+    data = []
+    for layer in cache.layers:
+        keys, values = layer.keys, layer.values
+        index = rows.to(keys.device)
+        data.append((keys.index_select(0, index), values.index_select(0, index)))
+    return growing_cache(data, len(data), reserve)
+
+
+class LocalJudge:
+    """A LLaVA-style judge running locally with transformers.
+
+    ``model``: a hub name or local directory (default ``llava-hf/llava-1.5-13b-hf``; the 7b and any
+    ``save_pretrained`` directory work), a ``(model, processor)`` pair, or a model object with
+    ``processor`` given. ``device``/``dtype``: where and in what precision to run (None: CUDA+float16 if
+    available, else CPU+float32 when loading by name; a passed model is moved only when they are given).
+    ``pad_to_square``: LLaVA-1.5's padding of images to a square in the processor's mean colour.
+    ``system``: the conversation's system sentence (LLaVA v1's by default).
+    """
+
+    def __init__(
+        self,
+        model: Any = DEFAULT_LLAVA,
+        processor: Any = None,
+        *,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
+        pad_to_square: bool = True,
+        system: str = LLAVA_V1_SYSTEM,
+        local_files_only: bool | None = None,
+        attn_implementation: str | None = None,
+    ):
+        if isinstance(model, (tuple, list)):
+            if len(model) != 2 or processor is not None:
+                raise TypeError("pass model=(model, processor), or model=... and processor=... separately")
+            model, processor = model
+        if isinstance(model, (str, os.PathLike)):
+            dev = resolve_device(device)
+            model, processor = load_llava(
+                model,
+                dtype=resolve_dtype(dtype, dev),
+                device=dev,
+                local_files_only=local_files_only,
+                attn_implementation=attn_implementation,
+            )
+        else:
+            if processor is None:
+                raise TypeError("a model object needs its processor: pass model=(model, processor)")
+            if device is not None or dtype is not None:
+                dev = resolve_device(device) if device is not None else next(model.parameters()).device
+                target = resolve_dtype(dtype, dev) if dtype is not None else next(model.parameters()).dtype
+                model.to(device=dev, dtype=target)
+            model.eval()
+        self.model = model
+        self.processor = processor
+        self.tokenizer = getattr(processor, "tokenizer", processor)
+        self.pad_to_square = pad_to_square
+        self.system = system
+        self._digit_ids: list[int] | None = None
+        self._check_image_token()
+
+    # ----------------------------------------------------------------------------------------- facts
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def image_token_id(self) -> int:
+        return int(self.model.config.image_token_id)
+
+    @property
+    def image_placeholder(self) -> str:
+        return getattr(self.processor, "image_token", IMAGE_PLACEHOLDER)
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        """Ids that end an answer: the generation config's ``eos_token_id`` (one or several), else the
+        tokenizer's."""
+        eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        if eos is None:
+            raise ValueError("the judge's tokenizer and generation config define no end-of-sequence token")
+        return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
+
+    @property
+    def pad_token_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        if pad is None:
+            pad = getattr(getattr(self.model, "generation_config", None), "pad_token_id", None)
+        if pad is None:
+            pad = min(self.eos_token_ids)
+        return int(pad)
+
+    @property
+    def context_length(self) -> int:
+        """Most positions the language model was built for (``max_position_embeddings``)."""
+        text_config = self.model.config.get_text_config()
+        return int(getattr(text_config, "max_position_embeddings", 4096))
+
+    def _check_image_token(self) -> None:
+        ids = self.tokenizer.encode(self.image_placeholder, add_special_tokens=False)
+        if ids != [self.image_token_id]:
+            raise ValueError(
+                f"the tokenizer encodes the image placeholder {self.image_placeholder!r} as {ids}, but the model's "
+                f"image_token_id is {self.image_token_id}; the model and processor do not belong together"
+            )
+
+    def digit_token_ids(self) -> list[int]:
+        """Token ids of the digits 0-9, from the tokenizer: ``encode(str(d))[-1]`` as FLEUR's code does.
+
+        Each is checked to decode to exactly its digit, i.e. digits are single tokens. Returns 10 ids.
+        """
+        if self._digit_ids is None:
+            ids = []
+            for d in range(10):
+                tid = self.tokenizer.encode(str(d))[-1]
+                text = self.tokenizer.decode([tid]).strip()
+                if text != str(d):
+                    raise ValueError(
+                        f"the tokenizer has no single token for the digit {d} (encode({str(d)!r})[-1] = {tid} "
+                        f"decodes to {text!r}); digit-distribution metrics need a tokenizer that splits digits"
+                    )
+                ids.append(int(tid))
+            if len(set(ids)) != 10:
+                raise ValueError(f"digit token ids are not distinct: {ids}")
+            self._digit_ids = ids
+        return list(self._digit_ids)
+
+    # ------------------------------------------------------------------------------------- text side
+    def conversation(self, turns: Sequence[tuple[str, str | None]]) -> str:
+        """The LLaVA v1 prompt for ``turns`` with the image placeholder before the first message."""
+        return llava_v1_conversation(turns, system=self.system, image_placeholder=self.image_placeholder)
+
+    def encode_prompts(self, prompts: Sequence[str], num_image_tokens: int) -> list[list[int]]:
+        """Token ids of each prompt (BOS included), the image placeholder expanded to ``num_image_tokens``
+        copies, as the processor does. Raises if a prompt does not hold exactly one placeholder."""
+        encoded = self.tokenizer(list(prompts), add_special_tokens=True)["input_ids"]
+        out = []
+        for i, ids in enumerate(encoded):
+            count = sum(1 for t in ids if t == self.image_token_id)
+            if count != 1:
+                raise ValueError(f"prompt {i} holds {count} image placeholders; exactly one is needed")
+            at = ids.index(self.image_token_id)
+            out.append(list(ids[:at]) + [self.image_token_id] * num_image_tokens + list(ids[at + 1 :]))
+        return out
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        """The text of generated ``tokens`` (special tokens dropped), stripped of outer whitespace."""
+        return self.tokenizer.decode(list(tokens), skip_special_tokens=True).strip()
+
+    def prefix_texts(self, tokens: Sequence[int]) -> list[str]:
+        """``[decode(tokens[:1]), decode(tokens[:2]), ...]`` without stripping: which step wrote what."""
+        return [self.tokenizer.decode(list(tokens[: k + 1]), skip_special_tokens=True) for k in range(len(tokens))]
+
+    # ----------------------------------------------------------------------------------- image side
+    def preprocess(self, images: Sequence[Image.Image]) -> torch.Tensor:
+        """``pixel_values`` (U, 3, H, W) for RGB images, on the judge's device and dtype.
+
+        Each image is padded to a square in the mean colour first when ``pad_to_square`` is set.
+        """
+        image_processor = self.processor.image_processor
+        if self.pad_to_square:
+            background = mean_background(image_processor.image_mean)
+            images = [pad_to_square(im, background) for im in images]
+        pixel_values = image_processor(images=list(images), return_tensors="pt")["pixel_values"]
+        return pixel_values.to(device=self.device, dtype=self.dtype)
+
+    def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """Projected image features (U, n_image_tokens, hidden) for ``pixel_values``. Differentiable."""
+        out = self.model.get_image_features(pixel_values=pixel_values.to(device=self.device, dtype=self.dtype))
+        feats = getattr(out, "pooler_output", out)
+        if isinstance(feats, (list, tuple)):
+            feats = torch.stack(list(feats))
+        return feats
+
+    def embed(
+        self,
+        input_ids: torch.Tensor,
+        features: torch.Tensor | None = None,
+        feature_start: int = 0,
+        text_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Input embeddings (B, L, hidden) of ``input_ids`` (B, L) with image features in place.
+
+        The k-th image placeholder of row b takes ``features[b, feature_start + k]``. ``text_embeds``,
+        when given, replaces the token-embedding lookup (to differentiate with respect to it).
+        Differentiable in ``features`` and ``text_embeds``.
+        """
+        emb = self.model.get_input_embeddings()(input_ids) if text_embeds is None else text_embeds
+        mask = input_ids == self.image_token_id
+        if features is None:
+            if bool(mask.any()):
+                raise ValueError("the inputs hold image placeholders but no image features were given")
+            return emb
+        if features.shape[0] != input_ids.shape[0]:
+            raise ValueError(f"{features.shape[0]} feature rows for {input_ids.shape[0]} sequences")
+        counts = mask.sum(dim=1)
+        if bool((counts + feature_start > features.shape[1]).any()):
+            raise ValueError(
+                f"a row holds {int(counts.max())} image placeholders from offset {feature_start} but the image "
+                f"gives {features.shape[1]} features"
+            )
+        index = (mask.long().cumsum(dim=1) - 1 + feature_start).clamp(min=0, max=features.shape[1] - 1)
+        gathered = features.gather(1, index.unsqueeze(-1).expand(-1, -1, features.shape[-1]))
+        return torch.where(mask.unsqueeze(-1), gathered.to(emb.dtype), emb)
+
+    # ------------------------------------------------------------------------------------- decoding
+    def _forward(self, embeds, attention_mask, position_ids, cache, logits_to_keep=1):
+        return self.model(
+            inputs_embeds=embeds,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=logits_to_keep,
+        )
+
+    @torch.inference_mode()
+    def start(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        features: torch.Tensor | None,
+        image_index: Sequence[int],
+        share_prefix: bool = True,
+        reserve: int = 16,
+    ) -> DecodeState:
+        """Prefill N prompts in one batch and return the state ready for the first generated token.
+
+        ``prompt_ids[n]`` (from :meth:`encode_prompts`) uses image ``image_index[n]`` of ``features``
+        (U, n_image_tokens, hidden). With ``share_prefix`` the longest common token prefix of the prompts
+        (system text, image, prompt text before the caption) is run once per distinct image and its cache
+        expanded to the rows; then every row's remaining tokens run on top, left padded. The cache keeps
+        room for ``reserve`` more tokens per row (it grows in place, and doubles when that runs out).
+        """
+        n_rows = len(prompt_ids)
+        if n_rows == 0:
+            raise ValueError("no prompts to run")
+        if len(image_index) != n_rows:
+            raise ValueError(f"{len(image_index)} image indices for {n_rows} prompts")
+        device = self.device
+        lengths = [len(p) for p in prompt_ids]
+        if min(lengths) == 0:
+            raise ValueError("empty prompt")
+        shared = min(common_prefix_length(prompt_ids), min(lengths) - 1) if share_prefix else 0
+        rows_image = torch.tensor(list(image_index), dtype=torch.long, device=device)
+
+        suffix_len = max(lengths) - shared
+        n_layers = int(self.model.config.get_text_config().num_hidden_layers)
+        placeholders_in_prefix = 0
+        if shared > 0:
+            # The shared prefix, once per distinct image, then its cache copied to every row of that image.
+            used, inverse = torch.unique(rows_image, sorted=True, return_inverse=True)
+            prefix = torch.tensor(list(prompt_ids[0][:shared]), dtype=torch.long, device=device)
+            prefix = prefix.unsqueeze(0).expand(len(used), -1)
+            placeholders_in_prefix = int((prefix[0] == self.image_token_id).sum())
+            feats = features.index_select(0, used) if features is not None else None
+            embeds = self.embed(prefix, feats if placeholders_in_prefix else None)
+            positions = torch.arange(shared, device=device).unsqueeze(0).expand(len(used), -1)
+            prefix_cache = growing_cache(None, n_layers, reserve=1)
+            self._forward(embeds, torch.ones_like(prefix), positions, prefix_cache)
+            prefix_kv = [(layer.keys, layer.values) for layer in prefix_cache.layers]
+            cache = growing_cache(prefix_kv, n_layers, suffix_len + reserve, rows=inverse.tolist())
+            del prefix_cache, prefix_kv
+        else:
+            cache = growing_cache(None, n_layers, suffix_len + reserve)
+
+        ids = torch.full((n_rows, suffix_len), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((n_rows, shared + suffix_len), dtype=torch.long)
+        mask[:, :shared] = 1
+        positions = torch.ones((n_rows, suffix_len), dtype=torch.long)
+        for n, p in enumerate(prompt_ids):
+            tail = list(p[shared:])
+            ids[n, suffix_len - len(tail) :] = torch.tensor(tail, dtype=torch.long)
+            mask[n, shared + suffix_len - len(tail) :] = 1
+            positions[n, suffix_len - len(tail) :] = torch.arange(shared, len(p))
+        ids, mask, positions = ids.to(device), mask.to(device), positions.to(device)
+        row_features = None
+        if features is not None and bool((ids == self.image_token_id).any()):
+            row_features = features.index_select(0, rows_image)
+        embeds = self.embed(ids, row_features, feature_start=placeholders_in_prefix)
+        out = self._forward(embeds, mask, positions, cache)
+        return DecodeState(
+            cache=out.past_key_values,
+            attention_mask=mask,
+            next_position=torch.tensor(lengths, dtype=torch.long, device=device),
+            logits=out.logits[:, -1, :].float(),
+        )
+
+    @torch.inference_mode()
+    def step(self, state: DecodeState, tokens: torch.Tensor) -> DecodeState:
+        """Feed one token per row (``tokens`` (N,)) and return the state with the next logits.
+
+        The cache is extended in place (the old state must not be stepped again).
+        """
+        tokens = tokens.to(self.device).view(-1, 1)
+        if tokens.shape[0] != state.batch_size:
+            raise ValueError(f"{tokens.shape[0]} tokens for {state.batch_size} rows")
+        mask = torch.cat([state.attention_mask, torch.ones_like(tokens)], dim=1)
+        out = self._forward(self.embed(tokens), mask, state.next_position.view(-1, 1), state.cache)
+        return DecodeState(out.past_key_values, mask, state.next_position + 1, out.logits[:, -1, :].float())
+
+    @torch.inference_mode()
+    def select(self, state: DecodeState, rows: Sequence[int] | torch.Tensor, reserve: int = 16) -> DecodeState:
+        """A new state made of ``rows`` of ``state`` (repeats allowed): branch decoding cheaply. The new
+        cache is a copy with room for ``reserve`` more tokens; ``state`` stays usable."""
+        index = torch.as_tensor(rows, dtype=torch.long, device=state.attention_mask.device)
+        return DecodeState(
+            cache=select_cache_rows(state.cache, index, reserve),
+            attention_mask=state.attention_mask.index_select(0, index),
+            next_position=state.next_position.index_select(0, index),
+            logits=state.logits.index_select(0, index),
+        )
+
+    @torch.inference_mode()
+    def greedy(
+        self, state: DecodeState, max_new_tokens: int | Sequence[int], keep_logits: bool = True
+    ) -> GreedyOutput:
+        """Greedy decoding from ``state`` (argmax, ties to the lowest id, like ``generate(do_sample=False)``).
+
+        ``max_new_tokens``: one budget for all rows or one per row; decoding stops once every row has
+        ended or used its budget.
+        """
+        n_rows = state.batch_size
+        budgets = [int(max_new_tokens)] * n_rows if isinstance(max_new_tokens, int) else [int(b) for b in max_new_tokens]
+        if len(budgets) != n_rows:
+            raise ValueError(f"{len(budgets)} token budgets for {n_rows} rows")
+        if min(budgets) < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {min(budgets)}")
+        device = state.logits.device
+        eos = torch.tensor(sorted(self.eos_token_ids), device=device)
+        budget = torch.tensor(budgets, device=device)
+        finished = torch.zeros(n_rows, dtype=torch.bool, device=device)
+        generated: list[torch.Tensor] = []
+        kept: list[torch.Tensor] = []
+        for t in range(max(budgets)):
+            if keep_logits:
+                kept.append(state.logits)
+            nxt = state.logits.argmax(dim=-1)
+            nxt = torch.where(finished, torch.full_like(nxt, self.pad_token_id), nxt)
+            generated.append(nxt)
+            finished = finished | torch.isin(nxt, eos) | (budget <= t + 1)
+            if bool(finished.all()):
+                break
+            state = self.step(state, nxt)
+        steps = torch.stack(generated, dim=1).tolist()
+        eos_set = self.eos_token_ids
+        tokens, done = [], []
+        for row, limit in zip(steps, budgets):
+            row = row[:limit]
+            end = next((i for i, t in enumerate(row) if t in eos_set), None)
+            tokens.append(row if end is None else row[:end])
+            done.append(end is not None)
+        logits = torch.stack(kept, dim=1) if keep_logits else None
+        return GreedyOutput(tokens=tokens, finished=done, logits=logits)
+
+    # ---------------------------------------------------------------------------- differentiable pass
+    def teacher_forcing_inputs(
+        self, prompt_ids: Sequence[Sequence[int]], answers: Sequence[Sequence[int]], read_steps: Sequence[Sequence[int]]
+    ) -> "TeacherForcing":
+        """Left-padded inputs for one pass over prompt + answer that yields the logits of the answer's
+        steps ``read_steps[n]`` (indices into ``answers[n]``; rows may read different numbers of steps,
+        missing ones repeat the last prompt position)."""
+        width = max(1, max((len(s) for s in read_steps), default=1))
+        seqs = []
+        for p, a, s in zip(prompt_ids, answers, read_steps):
+            upto = max(s) if s else 0  # logits of step t come from the position before answer token t
+            seqs.append(list(p) + list(a[:upto]))
+        length = max(len(s) for s in seqs)
+        n_rows = len(seqs)
+        ids = torch.full((n_rows, length), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((n_rows, length), dtype=torch.long)
+        positions = torch.ones((n_rows, length), dtype=torch.long)
+        read = torch.zeros((n_rows, width), dtype=torch.long)
+        for n, (seq, p, s) in enumerate(zip(seqs, prompt_ids, read_steps)):
+            offset = length - len(seq)
+            ids[n, offset:] = torch.tensor(seq, dtype=torch.long)
+            mask[n, offset:] = 1
+            positions[n, offset:] = torch.arange(len(seq))
+            wanted = [offset + len(p) - 1 + t for t in s] or [offset + len(p) - 1]
+            wanted += [wanted[-1]] * (width - len(wanted))
+            read[n] = torch.tensor(wanted, dtype=torch.long)
+        device = self.device
+        return TeacherForcing(ids.to(device), mask.to(device), positions.to(device), read.to(device))
+
+    def logits_at(
+        self,
+        inputs: "TeacherForcing",
+        features: torch.Tensor | None,
+        image_index: Sequence[int] | torch.Tensor,
+        text_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """One forward pass over ``inputs``; returns (N, R, V) float logits at ``inputs.read_index``.
+
+        ``features`` (U, n, hidden) are indexed by ``image_index``; ``text_embeds`` (N, L, hidden), when
+        given, replaces the token-embedding lookup. Runs with autograd as the caller has it (wrap it in
+        ``torch.enable_grad()`` and pass tensors that require grad to differentiate).
+        """
+        index = torch.as_tensor(image_index, dtype=torch.long, device=self.device)
+        row_features = features.index_select(0, index) if features is not None else None
+        embeds = self.embed(inputs.input_ids, row_features, text_embeds=text_embeds)
+        hidden = self.model.model(
+            inputs_embeds=embeds,
+            attention_mask=inputs.attention_mask,
+            position_ids=inputs.position_ids,
+            use_cache=False,
+        ).last_hidden_state
+        picked = hidden.gather(1, inputs.read_index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+        logits = self.model.get_output_embeddings()(picked)
+        return logits if logits.dtype == torch.float64 else logits.float()
+
+
+@dataclass
+class TeacherForcing:
+    """Left-padded inputs of a teacher-forced pass: ``input_ids``, ``attention_mask``, ``position_ids``
+    (N, L) and ``read_index`` (N, R), the positions whose output logits are wanted."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    read_index: torch.Tensor

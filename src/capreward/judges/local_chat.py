@@ -1,0 +1,307 @@
+"""The chat protocol (:mod:`capreward.judges.protocol`) on a local LLaVA-style judge.
+
+:class:`LocalChatJudge` turns :class:`~capreward.judges.protocol.ChatRequest` s into LLaVA v1
+conversations, runs them in batches through :class:`~capreward.judges.local.LocalJudge` (prefill with
+prefix sharing, then one cached step per token) and answers with the text, each token's log-probability
+and its top alternatives, as an OpenAI-compatible server would. Its responses also carry the generated
+token ids (:class:`LocalChatResponse`), which :meth:`LocalChatJudge.integer_distributions` uses to read the
+*exact* distribution over the answers "0".."100" at a score position, digit by digit (local tokenizers
+split numbers into digits, so no single token carries "85").
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from ..metrics.gveval import NUM_SCORES, digit_tree_distribution
+from .local import LocalJudge
+from .protocol import ChatRequest, ChatResponse, SyncBackendMixin, TokenLogprob
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LocalChatResponse(ChatResponse):
+    """A :class:`ChatResponse` that also holds the generated token ids (``tokens[i]`` is ``token_ids[i]``)."""
+
+    token_ids: tuple[int, ...] = ()
+
+
+class LocalChatJudge(SyncBackendMixin):
+    """A :class:`~capreward.judges.protocol.JudgeBackend` on a local model.
+
+    ``judge``: a :class:`LocalJudge`, or anything ``LocalJudge`` accepts as its model (a name, a
+    directory, a ``(model, processor)`` pair). ``batch_size``: requests per prefill. ``seed``: for
+    sampled decoding (``temperature > 0``). ``name``: the model identifier used in cache keys (default:
+    the model's ``name_or_path``). Reported log-probabilities are those of the model's distribution
+    (before temperature), as vLLM reports them.
+
+    Conversations must alternate user/assistant turns, start and end with a user turn, and hold exactly
+    one image, in the first user turn (LLaVA-1.5's format); other requests get a response with
+    ``error`` set. Generation stops at the end-of-sequence token, a ``stop`` string or ``max_tokens``.
+    """
+
+    def __init__(self, judge: Any, *, batch_size: int = 8, seed: int = 0, name: str | None = None):
+        self.judge = judge if isinstance(judge, LocalJudge) else LocalJudge(judge)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        self.batch_size = int(batch_size)
+        self.seed = int(seed)
+        config_name = getattr(self.judge.model.config, "_name_or_path", "") or "local-llava"
+        self.name = name or f"local:{config_name}"
+
+    # ------------------------------------------------------------------------------------ prompts
+    def render(self, request: ChatRequest) -> str:
+        """The LLaVA v1 prompt text of ``request`` (ends with ``"ASSISTANT:"``). Raises ValueError when the
+        conversation does not fit the format (see the class docstring)."""
+        turns = request.turns
+        if not turns:
+            raise ValueError("the request has no turns")
+        n_images = sum(len(t.images) for t in turns)
+        if n_images != 1 or not turns[0].images:
+            raise ValueError(f"a local LLaVA judge needs exactly one image, in the first user turn (got {n_images})")
+        pairs: list[tuple[str, str | None]] = []
+        for i, turn in enumerate(turns):
+            expected = "user" if i % 2 == 0 else "assistant"
+            if turn.role != expected:
+                raise ValueError(f"turn {i} has role {turn.role!r}; turns must alternate user/assistant from a user turn")
+            if expected == "user":
+                pairs.append((turn.text, None))
+            else:
+                pairs[-1] = (pairs[-1][0], turn.text)
+        if turns[-1].role != "user":
+            raise ValueError("the last turn must be a user turn")
+        return self.judge.conversation(pairs)
+
+    def _prepare(self, requests: Sequence[ChatRequest]):
+        """Prompt ids and image features for the valid requests; errors for the others."""
+        judge = self.judge
+        images, image_keys, image_index, prompts, errors = [], {}, [], [], []
+        for request in requests:
+            try:
+                prompts.append(self.render(request))
+                errors.append(None)
+            except ValueError as exc:
+                prompts.append(None)
+                errors.append(str(exc))
+                image_index.append(-1)
+                continue
+            image = request.turns[0].images[0].convert("RGB")
+            key = id(request.turns[0].images[0])
+            if key not in image_keys:
+                image_keys[key] = len(images)
+                images.append(image)
+            image_index.append(image_keys[key])
+        features = judge.image_features(judge.preprocess(images)) if images else None
+        n_image = int(features.shape[1]) if features is not None else 0
+        prompt_ids: list[list[int] | None] = [None] * len(requests)
+        valid = [i for i, p in enumerate(prompts) if p is not None]
+        if valid:
+            encoded = judge.encode_prompts([prompts[i] for i in valid], n_image)
+            for i, ids in zip(valid, encoded):
+                if len(ids) + requests[i].max_tokens > judge.context_length:
+                    errors[i] = (
+                        f"prompt of {len(ids)} tokens plus max_tokens={requests[i].max_tokens} exceeds the judge's "
+                        f"context of {judge.context_length} positions"
+                    )
+                else:
+                    prompt_ids[i] = ids
+        return prompt_ids, features, image_index, errors
+
+    # ---------------------------------------------------------------------------------- generation
+    def generate(self, requests: Sequence[ChatRequest]) -> list[ChatResponse]:
+        """Answer every request (``result[i]`` for ``requests[i]``); see the class docstring."""
+        requests = list(requests)
+        out: list[ChatResponse] = []
+        for start in range(0, len(requests), self.batch_size):
+            out.extend(self._generate_batch(requests[start : start + self.batch_size], start))
+        return out
+
+    @torch.inference_mode()
+    def _generate_batch(self, requests: list[ChatRequest], offset: int) -> list[ChatResponse]:
+        judge = self.judge
+        prompt_ids, features, image_index, errors = self._prepare(requests)
+        rows = [i for i, p in enumerate(prompt_ids) if p is not None]
+        responses: list[ChatResponse] = [ChatResponse(text="", error=e) for e in errors]
+        if not rows:
+            return responses
+        budgets = [requests[i].max_tokens for i in rows]
+        temps = torch.tensor([requests[i].temperature for i in rows], dtype=torch.float32)
+        k = max(requests[i].top_logprobs for i in rows)
+        generator = torch.Generator().manual_seed(self.seed + offset)
+        eos = torch.tensor(sorted(judge.eos_token_ids))
+        state = judge.start([prompt_ids[i] for i in rows], features, [image_index[i] for i in rows])
+        chosen, chosen_logp, top_ids, top_logp = [], [], [], []
+        finished = torch.zeros(len(rows), dtype=torch.bool)
+        for t in range(max(budgets)):
+            logits = state.logits.float().cpu()
+            logp = torch.log_softmax(logits, dim=-1)
+            nxt = logits.argmax(dim=-1)
+            sampled = temps > 0
+            if bool(sampled.any()):
+                scaled = torch.softmax(logits[sampled] / temps[sampled, None], dim=-1)
+                nxt[sampled] = torch.multinomial(scaled, 1, generator=generator).view(-1)
+            nxt = torch.where(finished, torch.full_like(nxt, judge.pad_token_id), nxt)
+            chosen.append(nxt)
+            chosen_logp.append(logp.gather(1, nxt.view(-1, 1)).view(-1))
+            if k > 0:
+                values, ids = logp.topk(k, dim=-1)
+                top_ids.append(ids)
+                top_logp.append(values)
+            finished = finished | torch.isin(nxt, eos) | (torch.tensor(budgets) <= t + 1)
+            if bool(finished.all()):
+                break
+            state = judge.step(state, nxt)
+        steps = torch.stack(chosen, dim=1).tolist()
+        steps_logp = torch.stack(chosen_logp, dim=1).tolist()
+        tops = (torch.stack(top_ids, dim=1).tolist(), torch.stack(top_logp, dim=1).tolist()) if k > 0 else None
+        eos_set = judge.eos_token_ids
+        for r, i in enumerate(rows):
+            request = requests[i]
+            row = steps[r][: budgets[r]]
+            end = next((j for j, tok in enumerate(row) if tok in eos_set), None)
+            tokens = row if end is None else row[:end]
+            reason = "stop" if end is not None else "length"
+            tokens, text, stopped = self._apply_stop(tokens, request.stop)
+            if stopped:
+                reason = "stop"
+            context = list(prompt_ids[i][-3:])
+            logprobs = []
+            for j, tok in enumerate(tokens):
+                before = context + tokens[max(0, j - 3) : j] if j < 3 else tokens[j - 3 : j]
+                top: dict[str, float] = {}
+                if tops is not None and request.top_logprobs > 0:
+                    for alt, lp in zip(tops[0][r][j][: request.top_logprobs], tops[1][r][j][: request.top_logprobs]):
+                        top.setdefault(self._piece(before, alt), lp)
+                logprobs.append(TokenLogprob(self._piece(before, tok), steps_logp[r][j], top))
+            responses[i] = LocalChatResponse(
+                text=text, tokens=tuple(logprobs), finish_reason=reason, token_ids=tuple(int(t) for t in tokens)
+            )
+        return responses
+
+    def _piece(self, before: list[int], token: int) -> str:
+        """The text ``token`` adds after the tokens ``before`` (keeps its leading space, as OpenAI-style
+        token strings do)."""
+        tok = self.judge.tokenizer
+        head = tok.decode(before, skip_special_tokens=True)
+        full = tok.decode(list(before) + [int(token)], skip_special_tokens=True)
+        if full.startswith(head):
+            return full[len(head) :]
+        return tok.decode([int(token)], skip_special_tokens=True)
+
+    def _apply_stop(self, tokens: list[int], stop: Sequence[str]) -> tuple[list[int], str, bool]:
+        """Cut the answer at the first stop string: the text ends before it; the tokens end with the one
+        that completed it."""
+        text = self.judge.decode(tokens)
+        hits = [text.find(s) for s in stop if s and s in text]
+        if not hits:
+            return tokens, text, False
+        cut = min(hits)
+        for n in range(1, len(tokens) + 1):
+            if len(self.judge.decode(tokens[:n])) > cut:
+                return tokens[:n], text[:cut].rstrip(), True
+        return tokens, text[:cut].rstrip(), True
+
+    # ---------------------------------------------------------------------- exact score distribution
+    def number_prefix(self, token_ids: Sequence[int], marker: str | None = None) -> list[int] | None:
+        """The generated tokens before the number to read: after the first token at which the decoded
+        answer contains ``marker`` (None: from the start), up to the first digit token. Returns None when
+        there is no marker or no digit after it."""
+        digits = set(self.judge.digit_token_ids())
+        ids = [int(t) for t in token_ids]
+        start = 0
+        if marker is not None:
+            start = next((n for n in range(1, len(ids) + 1) if marker in self.judge.decode(ids[:n])), None)
+            if start is None:
+                return None
+        at = next((j for j in range(start, len(ids)) if ids[j] in digits), None)
+        return None if at is None else ids[:at]
+
+    @torch.inference_mode()
+    def integer_distributions(
+        self, requests: Sequence[ChatRequest], prefixes: Sequence[Sequence[int]], max_branch_rows: int = 64
+    ) -> np.ndarray:
+        """Exact probabilities (N, 101) float64 of each answer "0".."100" being written next.
+
+        Row n continues ``requests[n]`` with the generated tokens ``prefixes[n]`` (e.g. up to "$"), then
+        asks for the probability that the model writes the digits of k and then any non-digit token, for
+        every k in 0..100 (:func:`~capreward.metrics.gveval.digit_tree_distribution`). The tree needs, per
+        row, the state after the prefix, after each first digit (10 branches), after each two-digit number
+        (90 branches) and after "100"; each branch holds a copy of the prompt's key/value cache, so branches
+        run ``max_branch_rows`` rows at a time (lower it for a large model and a long prompt). Rows sum to
+        at most 1. Raises ValueError naming the request that cannot be run.
+        """
+        judge = self.judge
+        if len(prefixes) != len(requests):
+            raise ValueError(f"{len(prefixes)} prefixes for {len(requests)} requests")
+        out = np.zeros((len(requests), NUM_SCORES), dtype=np.float64)
+        for start in range(0, len(requests), self.batch_size):
+            batch = list(requests[start : start + self.batch_size])
+            prompt_ids, features, image_index, errors = self._prepare(batch)
+            for j, err in enumerate(errors):
+                if err is not None:
+                    raise ValueError(f"request {start + j}: {err}")
+            ids = [list(p) + [int(t) for t in prefixes[start + j]] for j, p in enumerate(prompt_ids)]
+            state = judge.start(ids, features, image_index, reserve=4)
+            out[start : start + len(batch)] = self._tree(state, max_branch_rows)
+        return out
+
+    def _tree(self, state, max_branch_rows: int) -> np.ndarray:
+        """The digit tree for every row of ``state``. Level-1 branches (row, first digit) are run
+        ``max_branch_rows`` at a time and each chunk's level-2 branches right after it, so at most one
+        chunk of each level holds a copy of the prompt's cache at any time."""
+        judge = self.judge
+        digits = torch.tensor(judge.digit_token_ids(), device=state.logits.device)
+        digit_list = [int(d) for d in digits.tolist()]
+        n = state.batch_size
+        chunk = max(1, int(max_branch_rows))
+
+        def digit_probs(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            """p(each digit) (.., 10) and p(end) = p(any non-digit) (..,), float64."""
+            p = torch.softmax(logits.double(), dim=-1).index_select(-1, digits)
+            return p, (1.0 - p.sum(-1)).clamp(min=0.0)
+
+        def fork(parent, rows: list[int], tokens: list[int]):
+            """Copies of ``rows`` of ``parent`` (repeats allowed), each fed one token."""
+            child = judge.select(parent, rows, reserve=2)
+            return judge.step(child, torch.tensor(tokens, device=digits.device))
+
+        first, _ = digit_probs(state.logits)  # (n, 10)
+        second = torch.zeros((n, 10, 10), dtype=torch.float64)
+        end1 = torch.zeros((n, 10), dtype=torch.float64)
+        end2 = torch.zeros((n, 10, 10), dtype=torch.float64)
+        third_zero = torch.zeros(n, dtype=torch.float64)
+        end3 = torch.zeros(n, dtype=torch.float64)
+        level1 = [(r, a) for r in range(n) for a in range(10)]  # row r followed by digit a
+        for s1 in range(0, len(level1), chunk):
+            part = level1[s1 : s1 + chunk]
+            one = fork(state, [r for r, _ in part], [digit_list[a] for _, a in part])
+            p1, e1 = digit_probs(one.logits)
+            for m, (r, a) in enumerate(part):
+                second[r, a], end1[r, a] = p1[m].cpu(), e1[m].cpu()
+            # Level 2: (row, a, b) for a >= 1 ("05" is not a number), children of this chunk only.
+            level2 = [(m, b) for m, (_, a) in enumerate(part) if a > 0 for b in range(10)]
+            for s2 in range(0, len(level2), chunk):
+                sub = level2[s2 : s2 + chunk]
+                two = fork(one, [m for m, _ in sub], [digit_list[b] for _, b in sub])
+                p2, e2 = digit_probs(two.logits)
+                for k, (m, b) in enumerate(sub):
+                    r, a = part[m]
+                    end2[r, a, b] = float(e2[k])
+                    if a == 1 and b == 0:  # "10" -> "100"
+                        third_zero[r] = float(p2[k, 0])
+                        three = fork(two, [k], [digit_list[0]])
+                        end3[r] = float(digit_probs(three.logits)[1][0])
+                del two
+            del one
+        out = np.zeros((n, NUM_SCORES), dtype=np.float64)
+        for r in range(n):
+            out[r] = digit_tree_distribution(
+                first[r].cpu().numpy(), end1[r].numpy(), second[r].numpy(), end2[r].numpy(), float(third_zero[r]), float(end3[r])
+            )
+        return out

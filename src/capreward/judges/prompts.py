@@ -1,0 +1,76 @@
+"""Prompt text for the VLM judges and the LLaVA v1 conversation template.
+
+FLEUR and RefFLEUR prompts are the ones published with FLEUR (Lee et al., "FLEUR: An Explainable
+Reference-Free Evaluation Metric for Image Captioning Using a Large Multimodal Model", ACL 2024) and
+used by the authors' released code. The conversation follows LLaVA v1 (``conv_llava_v1``): the
+system sentence, a space, then ``"USER: <msg> ASSISTANT:"`` turns, the assistant's finished answers
+closed by ``</s>``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+LLAVA_V1_SYSTEM = (
+    "A chat between a curious human and an artificial intelligence assistant. "
+    "The assistant gives helpful, detailed, and polite answers to the human's questions."
+)
+LLAVA_V1_ROLES = ("USER", "ASSISTANT")
+LLAVA_V1_SEP = " "
+LLAVA_V1_SEP2 = "</s>"
+IMAGE_PLACEHOLDER = "<image>"
+
+FLEUR_PROMPT = (
+    "Your task is to evaluate and rate the caption on a scale of 0.0 to 1.0 based on the given Grading "
+    "Criteria. (Print Real Number Score ONLY)\n\nGrading Criteria:\n\n0.0: The caption does not describe "
+    "the image at all.\n1.0: The caption accurately and clearly describes the image.\n\n"
+    "Caption: {caption}\n\nScore(Choose a rating from 0.0 to 1.0):"
+)
+
+REF_FLEUR_PROMPT = (
+    "Your task is to evaluate and rate the candidate caption on a scale of 0.0 to 1.0 based on the given "
+    "Grading Criteria. (Print Real Number Score ONLY)\n\nGrading Criteria:\n\n0.0: The caption does not "
+    "describe the image at all.\n1.0: The caption accurately and clearly describes the image.\n\n"
+    "Reference Captions: {references}\n\nCandidate Caption: {caption}\n\nScore(Choose a rating from 0.0 to 1.0):"
+)
+
+FLEUR_EXPLAIN_PROMPT = "Why? Tell me the reason."
+
+
+def fleur_prompt(caption: str, references: Sequence[str] | None = None) -> str:
+    """The FLEUR user message for ``caption``; the RefFLEUR one when ``references`` are given.
+
+    References are joined by newlines, as in the released ``reffleur.py``.
+    """
+    if references is None:
+        return FLEUR_PROMPT.format(caption=caption)
+    return REF_FLEUR_PROMPT.format(caption=caption, references="\n".join(references))
+
+
+def llava_v1_conversation(
+    turns: Sequence[tuple[str, str | None]],
+    system: str = LLAVA_V1_SYSTEM,
+    image_placeholder: str | None = IMAGE_PLACEHOLDER,
+) -> str:
+    """Render ``turns`` = [(user message, assistant answer or None), ...] in the LLaVA v1 format.
+
+    The image placeholder and a newline go before the first user message (as LLaVA's CLI and the FLEUR
+    code do); ``image_placeholder=None`` renders a text-only conversation. Every turn but the last must
+    have an answer; a last answer of None ends the prompt with ``"ASSISTANT:"`` (nothing after it), so
+    the model writes the next answer. Returns the prompt string (special tokens as text, e.g. ``</s>``).
+    """
+    if not turns:
+        raise ValueError("a conversation needs at least one user turn")
+    user, assistant = LLAVA_V1_ROLES
+    parts = [system + LLAVA_V1_SEP]
+    for i, (message, answer) in enumerate(turns):
+        if i == 0 and image_placeholder is not None:
+            message = f"{image_placeholder}\n{message}"
+        parts.append(f"{user}: {message}{LLAVA_V1_SEP}")
+        if answer is None:
+            if i != len(turns) - 1:
+                raise ValueError(f"turn {i} has no answer but is not the last turn")
+            parts.append(f"{assistant}:")
+        else:
+            parts.append(f"{assistant}: {answer}{LLAVA_V1_SEP2}")
+    return "".join(parts)

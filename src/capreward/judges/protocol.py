@@ -1,0 +1,104 @@
+"""The chat-level interface every judge backend offers (local transformers or a remote server).
+
+VisCE², G-VEval and FLEUR-on-a-server speak to a judge through :class:`ChatRequest` →
+:class:`ChatResponse`: one conversation (user/assistant turns, images attached to the first user
+turn), greedy or sampled decoding, and for every generated token the top alternatives with their
+log-probabilities (what OpenAI-compatible servers return as ``logprobs.content[i].top_logprobs``).
+
+A backend never drops or reorders requests: ``generate(requests)[i]`` answers ``requests[i]``, and a
+request that failed after the backend's retries gets a response with ``error`` set and no text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence, runtime_checkable
+
+from PIL import Image
+
+
+@dataclass(frozen=True)
+class ChatTurn:
+    """One message: ``role`` is ``"user"`` or ``"assistant"``; ``images`` go before the text."""
+
+    role: str
+    text: str
+    images: tuple[Image.Image, ...] = ()
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """A conversation to continue with the assistant's next message.
+
+    ``max_tokens``: generation budget; ``temperature`` 0 means greedy; ``top_logprobs``: how many
+    alternatives to report per generated token (0: none; OpenAI allows up to 20, as does vLLM);
+    ``stop``: strings that end the answer (not included in it).
+    """
+
+    turns: tuple[ChatTurn, ...]
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_logprobs: int = 0
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token: its text, its log-probability, and the top alternatives
+    (text → log-probability, the generated token included when it is among them)."""
+
+    token: str
+    logprob: float
+    top: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ChatResponse:
+    """The assistant's answer to one request.
+
+    ``text``: the answer ("" when ``error`` is set); ``tokens``: per generated token, with alternatives
+    when they were asked for (empty if the backend could not report them); ``error``: None, or why this
+    request has no answer (after the backend's retries); ``finish_reason``: ``"stop"``, ``"length"`` or
+    None.
+    """
+
+    text: str
+    tokens: tuple[TokenLogprob, ...] = ()
+    error: str | None = None
+    finish_reason: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@runtime_checkable
+class JudgeBackend(Protocol):
+    """What the judge-based scorers need from a backend."""
+
+    name: str  # model identifier, used in cache keys (never an API key)
+
+    def generate(self, requests: Sequence[ChatRequest]) -> list[ChatResponse]:
+        """Answer every request; ``result[i]`` belongs to ``requests[i]``."""
+
+    async def agenerate(self, requests: Sequence[ChatRequest]) -> list[ChatResponse]:
+        """The same, awaitable (remote backends run requests concurrently)."""
+
+
+def user_turn(text: str, images: Sequence[Image.Image] = ()) -> ChatTurn:
+    """A user message with its images."""
+    return ChatTurn(role="user", text=text, images=tuple(images))
+
+
+def assistant_turn(text: str) -> ChatTurn:
+    """A finished assistant message (for multi-turn prompts such as FLEUR's explanation)."""
+    return ChatTurn(role="assistant", text=text)
+
+
+class SyncBackendMixin:
+    """``agenerate`` for a backend whose work is synchronous (a local model): runs ``generate`` in a
+    worker thread so an event loop stays responsive."""
+
+    async def agenerate(self, requests: Sequence[ChatRequest]) -> list[ChatResponse]:
+        return await asyncio.to_thread(self.generate, list(requests))

@@ -1,0 +1,287 @@
+"""The chat protocol (:mod:`capreward.judges.protocol`) on an OpenAI-compatible server (OpenAI, vLLM).
+
+:class:`OpenAIJudge` sends each :class:`ChatRequest` to ``POST {base_url}/chat/completions`` with the
+official ``openai`` client (``AsyncOpenAI``): images as PNG data-URI ``image_url`` parts, greedy or
+sampled decoding, ``logprobs=True`` with ``top_logprobs=k`` (capped at 20, the limit of OpenAI and of
+vLLM's default ``max_logprobs``).
+
+Robustness, because a reward batch must never lose or shift a sample:
+
+- at most ``max_concurrency`` requests in flight (an ``asyncio.Semaphore``);
+- every attempt has a hard ``timeout``;
+- 408/409/429/5xx answers, connection errors, timeouts and malformed bodies (not JSON, no choices) are
+  retried up to ``max_retries`` times with exponential backoff and jitter (a server's ``Retry-After`` is
+  honoured up to ``max_backoff``); the client's own retries are switched off (``max_retries=0``) so that
+  these are the only ones;
+- other 4xx answers (a bad request) are not retried;
+- ``result[i]`` always answers ``requests[i]``: results are stored by index, never by completion order,
+  and a request that still fails gets a :class:`ChatResponse` with ``error`` naming the failure.
+
+The API key is read from the environment variable ``api_key_env`` and never logged, shown in a repr or
+put in an error message (any occurrence in a server's message is masked).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import concurrent.futures
+import io
+import logging
+import os
+import random
+from typing import Any, Sequence
+
+from PIL import Image
+
+from .protocol import ChatRequest, ChatResponse, ChatTurn, TokenLogprob
+
+log = logging.getLogger(__name__)
+
+#: OpenAI's and vLLM's (default ``max_logprobs``) limit on ``top_logprobs``.
+TOP_LOGPROBS_CAP = 20
+#: HTTP statuses worth retrying: timeout, conflict, rate limit, server errors.
+RETRY_STATUSES = frozenset({408, 409, 429})
+
+
+class MalformedResponse(Exception):
+    """The server answered 2xx with a body that is not a usable chat completion."""
+
+
+def image_data_uri(image: Image.Image) -> str:
+    """``data:image/png;base64,...`` of ``image`` converted to RGB (lossless, so a server sees the
+    exact pixels)."""
+    buffer = io.BytesIO()
+    image.convert("RGB").save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def to_messages(turns: Sequence[ChatTurn], system: str | None = None, encode=image_data_uri) -> list[dict]:
+    """OpenAI chat ``messages`` for ``turns``: a user turn with images becomes content parts (the
+    ``image_url`` parts first, then the text), other turns plain strings. ``encode`` maps an image to
+    its URL."""
+    messages: list[dict] = [{"role": "system", "content": system}] if system else []
+    for turn in turns:
+        if turn.role not in ("user", "assistant"):
+            raise ValueError(f"turn role must be 'user' or 'assistant', got {turn.role!r}")
+        if turn.images:
+            if turn.role != "user":
+                raise ValueError("only user turns can carry images")
+            parts = [{"type": "image_url", "image_url": {"url": encode(im)}} for im in turn.images]
+            parts.append({"type": "text", "text": turn.text})
+            messages.append({"role": turn.role, "content": parts})
+        else:
+            messages.append({"role": turn.role, "content": turn.text})
+    return messages
+
+
+def parse_completion(completion: Any) -> ChatResponse:
+    """A :class:`ChatResponse` from an ``openai`` ``ChatCompletion`` object: the first choice's text,
+    finish reason and per-token log-probabilities (top alternatives as text -> logprob; when a server
+    lists one text twice the first, most likely, entry is kept). Raises :class:`MalformedResponse` when
+    the object is not a chat completion."""
+    try:
+        choices = completion.choices
+        if not choices:
+            raise MalformedResponse("the response has no choices")
+        choice = choices[0]
+        text = choice.message.content or ""
+        tokens = []
+        content = choice.logprobs.content if choice.logprobs is not None else None
+        for item in content or ():
+            top: dict[str, float] = {}
+            for alt in item.top_logprobs or ():
+                top.setdefault(alt.token, float(alt.logprob))
+            tokens.append(TokenLogprob(item.token, float(item.logprob), top))
+    except MalformedResponse:
+        raise
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise MalformedResponse(f"the response is not a chat completion ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(text, str):
+        raise MalformedResponse(f"message content is {type(text).__name__}, not text")
+    return ChatResponse(text=text, tokens=tuple(tokens), finish_reason=choice.finish_reason)
+
+
+class OpenAIJudge:
+    """A :class:`~capreward.judges.protocol.JudgeBackend` on an OpenAI-compatible chat-completions server.
+
+    ``base_url``: e.g. ``"http://localhost:8000/v1"`` for vLLM (None: OpenAI's). ``model``: the served
+    model name (also this backend's ``name``, used in cache keys). ``api_key_env``: the environment
+    variable holding the key (None, or unset for a local server: the placeholder ``"EMPTY"`` that vLLM
+    accepts). ``max_concurrency``: requests in flight. ``timeout``: seconds per attempt.
+    ``max_retries``: retries after the first attempt. ``backoff``/``max_backoff``: the n-th retry waits
+    ``min(max_backoff, backoff * 2**n)`` seconds times a random factor in [0.5, 1]. ``system``: an
+    optional system message. ``extra_body``: extra request fields (e.g. vLLM's
+    ``{"top_k": 1}``). ``token_limit_param``: ``"max_tokens"`` (vLLM, older OpenAI models) or
+    ``"max_completion_tokens"`` (newer OpenAI models). ``seed``: seeds the jitter.
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        model: str = "gpt-4o",
+        *,
+        api_key_env: str | None = "OPENAI_API_KEY",
+        max_concurrency: int = 8,
+        timeout: float = 60.0,
+        max_retries: int = 5,
+        backoff: float = 0.5,
+        max_backoff: float = 30.0,
+        top_logprobs_cap: int = TOP_LOGPROBS_CAP,
+        system: str | None = None,
+        extra_body: dict | None = None,
+        token_limit_param: str = "max_tokens",
+        seed: int | None = None,
+    ):
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be at least 1, got {max_concurrency}")
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be non-negative, got {max_retries}")
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive, got {timeout}")
+        if token_limit_param not in ("max_tokens", "max_completion_tokens"):
+            raise ValueError(f"token_limit_param must be 'max_tokens' or 'max_completion_tokens', got {token_limit_param!r}")
+        self.base_url = base_url
+        self.model = model
+        self.name = model
+        self.api_key_env = api_key_env
+        self.max_concurrency = int(max_concurrency)
+        self.timeout = float(timeout)
+        self.max_retries = int(max_retries)
+        self.backoff = float(backoff)
+        self.max_backoff = float(max_backoff)
+        self.top_logprobs_cap = int(top_logprobs_cap)
+        self.system = system
+        self.extra_body = dict(extra_body or {})
+        self.token_limit_param = token_limit_param
+        self._rng = random.Random(seed)
+
+    def __repr__(self) -> str:
+        return (
+            f"OpenAIJudge(base_url={self.base_url!r}, model={self.model!r}, api_key_env={self.api_key_env!r}, "
+            f"max_concurrency={self.max_concurrency}, timeout={self.timeout}, max_retries={self.max_retries})"
+        )
+
+    # ----------------------------------------------------------------------------------- public API
+    def generate(self, requests: Sequence[ChatRequest]) -> list[ChatResponse]:
+        """Answer every request (``result[i]`` for ``requests[i]``). Works with or without a running event
+        loop in this thread (inside one, the requests run on a fresh loop in a worker thread)."""
+        requests = list(requests)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self.agenerate(requests))
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+            return pool.submit(asyncio.run, self.agenerate(requests)).result()
+
+    async def agenerate(self, requests: Sequence[ChatRequest]) -> list[ChatResponse]:
+        """Answer every request concurrently (at most ``max_concurrency`` in flight); ``result[i]`` answers
+        ``requests[i]``."""
+        from openai import AsyncOpenAI
+
+        requests = list(requests)
+        results: list[ChatResponse | None] = [None] * len(requests)
+        if not requests:
+            return []
+        key = self._api_key()
+        semaphore = asyncio.Semaphore(self.max_concurrency)
+        uris: dict[int, str] = {}  # one PNG encoding per distinct image object in this call
+
+        def encode(image: Image.Image) -> str:
+            if id(image) not in uris:
+                uris[id(image)] = image_data_uri(image)
+            return uris[id(image)]
+
+        async with AsyncOpenAI(base_url=self.base_url, api_key=key, max_retries=0, timeout=self.timeout) as client:
+
+            async def run(index: int, request: ChatRequest) -> None:
+                try:
+                    body = self._body(request, encode)
+                except ValueError as exc:
+                    results[index] = ChatResponse(text="", error=f"invalid request: {exc}")
+                    return
+                async with semaphore:
+                    results[index] = await self._complete(client, index, body, key)
+
+            await asyncio.gather(*(run(i, r) for i, r in enumerate(requests)))
+        return [r if r is not None else ChatResponse(text="", error="internal error: no result") for r in results]
+
+    # ------------------------------------------------------------------------------------ internals
+    def _api_key(self) -> str:
+        value = os.environ.get(self.api_key_env) if self.api_key_env else None
+        return value or "EMPTY"
+
+    def _body(self, request: ChatRequest, encode) -> dict:
+        """The request fields for one :class:`ChatRequest` (``top_logprobs`` capped)."""
+        if request.max_tokens < 1:
+            raise ValueError(f"max_tokens must be positive, got {request.max_tokens}")
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": to_messages(request.turns, self.system, encode),
+            "temperature": float(request.temperature),
+            self.token_limit_param: int(request.max_tokens),
+        }
+        if request.top_logprobs > 0:
+            body["logprobs"] = True
+            body["top_logprobs"] = min(int(request.top_logprobs), self.top_logprobs_cap)
+        if request.stop:
+            body["stop"] = list(request.stop)
+        return body
+
+    async def _complete(self, client: Any, index: int, body: dict, key: str) -> ChatResponse:
+        """One request with retries; never raises for server or network failures."""
+        import openai
+
+        body = dict(body)
+        extra = self.extra_body or None
+        last = "no attempt made"
+        for attempt in range(self.max_retries + 1):
+            retry_after = None
+            try:
+                completion = await asyncio.wait_for(
+                    client.chat.completions.create(**body, extra_body=extra), timeout=self.timeout
+                )
+                return parse_completion(completion)
+            except (asyncio.TimeoutError, openai.APITimeoutError):
+                last = f"timed out after {self.timeout:g} s"
+            except openai.APIConnectionError as exc:
+                last = f"connection error ({exc})"
+            except openai.APIStatusError as exc:
+                last = f"HTTP {exc.status_code} ({_short(exc.message)})"
+                if not (exc.status_code in RETRY_STATUSES or exc.status_code >= 500):
+                    return ChatResponse(text="", error=_mask(f"request {index} failed: {last}", key))
+                retry_after = _retry_after(exc.response)
+            except (MalformedResponse, openai.APIResponseValidationError, ValueError) as exc:
+                # json.JSONDecodeError is a ValueError: a 2xx body that is not JSON
+                last = f"malformed response ({_short(str(exc))})"
+            if attempt < self.max_retries:
+                delay = min(self.max_backoff, self.backoff * 2**attempt) * (0.5 + 0.5 * self._rng.random())
+                if retry_after is not None:
+                    delay = min(self.max_backoff, max(delay, retry_after))
+                log.warning(
+                    "%s: request %d attempt %d/%d failed: %s; retrying in %.2f s",
+                    self.model, index, attempt + 1, self.max_retries + 1, _mask(last, key), delay,
+                )
+                await asyncio.sleep(delay)
+        error = _mask(f"request {index} failed after {self.max_retries + 1} attempts: {last}", key)
+        log.error("%s: %s", self.model, error)
+        return ChatResponse(text="", error=error)
+
+
+def _short(text: str, limit: int = 200) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _mask(text: str, key: str) -> str:
+    """``text`` with any occurrence of the API key replaced (a server may echo it back)."""
+    return text.replace(key, "***") if key and key != "EMPTY" else text
+
+
+def _retry_after(response: Any) -> float | None:
+    """Seconds from a ``Retry-After`` header in seconds form, else None."""
+    try:
+        value = response.headers.get("retry-after")
+        return max(0.0, float(value)) if value is not None else None
+    except (AttributeError, TypeError, ValueError):
+        return None

@@ -1,0 +1,334 @@
+"""FLEUR and RefFLEUR on any chat backend (an OpenAI-compatible server, or a local one), from top-logprobs.
+
+A server does not hand out logits, only each generated token's top-k alternatives with their
+log-probabilities (OpenAI and vLLM: k <= 20). :class:`RemoteFLEUR` asks the FLEUR prompt
+(:func:`~capreward.judges.prompts.fleur_prompt`) greedily with ``top_logprobs=k``, reads the answer with
+the same rules as the local scorer (:mod:`capreward.metrics.fleur`: which steps hold the decimals, the
+"1.0" rule, unreadable answers get NaN and a reason) and takes p("0".."9") at those steps from the
+alternatives. The digits are looked up as the greedy token's leading whitespace plus the digit, so a
+tokenizer that writes ``" 8"`` is read at ``" 8"``, ``" 0"``, ...
+
+Exactness (:func:`read_step`):
+
+- When every digit the rule weighs (decimals: 1..9; "1.0": 0 and 1) is among the alternatives, the
+  probabilities are the full-vocabulary ones, not renormalised, and the score equals the local FLEUR
+  score (to float rounding; checked in the tests through a real server).
+- Otherwise (k too small for the vocabulary) the listed digits' probabilities are **renormalised to sum
+  to 1** (G-VEval's convention for top-k alternatives) and the unlisted ones count 0. This is an
+  approximation; ``result.bound[n]`` is a worst-case bound on its distance to the exact score, from
+  the fact that an unlisted token is no more likely than the least likely listed one (top-k lists are
+  sorted): at each read step with weights w, listed digit mass P and listed weighted mass Z, the
+  renormalisation adds ``Z (1/P - 1)`` and the unlisted digits remove at most
+  ``max(w unlisted) * M``, M = min(1 - listed mass, unlisted digits * least listed probability); the
+  bound sums ``max`` of the two over the read steps. ``bound`` is 0 where the score is exact.
+
+The answer must write one digit per token (as LLaMA/LLaVA tokenizers do); a tokenizer that writes
+"85" as one token gives NaN with that reason (FLEUR is defined per digit).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+from PIL import Image
+
+from ..judges.prompts import FLEUR_EXPLAIN_PROMPT, fleur_prompt
+from ..judges.protocol import ChatRequest, ChatResponse, JudgeBackend, TokenLogprob, assistant_turn, user_turn
+from ..media import MediaError, describe, load_image, media_key
+from ..media.composite import video_composite
+from ..metrics.fleur import (
+    ONE,
+    ONE_DECIMAL,
+    TWO_DECIMALS,
+    FleurReading,
+    char_steps_from_prefixes,
+    fleur_from_digit_probs,
+    parse_fleur_answer,
+    raw_scores,
+)
+from .fleur import FLEURResult
+from .validation import check_references
+
+DIGITS = tuple(str(d) for d in range(10))
+
+
+def rule_weights(rule: str) -> torch.Tensor:
+    """(2, 10) float64: the weight FLEUR gives p(d) at the first and second read step under ``rule``
+    (read off :func:`~capreward.metrics.fleur.fleur_from_digit_probs`, so both scorers share one
+    definition)."""
+    basis = torch.zeros(20, 2, 10, dtype=torch.float64)
+    basis.view(20, 20)[torch.arange(20), torch.arange(20)] = 1.0
+    return fleur_from_digit_probs(basis, [rule] * 20).view(2, 10)
+
+
+_WEIGHTS = {rule: rule_weights(rule) for rule in (ONE_DECIMAL, TWO_DECIMALS, ONE)}
+
+
+# ------------------------------------------------------------------------------------- pure math
+def read_answer(tokens: Sequence[TokenLogprob]) -> FleurReading:
+    """Where FLEUR reads a greedy answer given as generated tokens (their texts): the local scorer's
+    rules (:func:`~capreward.metrics.fleur.parse_fleur_answer`), plus the check that each read step's
+    token is the digit alone (whitespace before it allowed). Returns a :class:`FleurReading`."""
+    if not tokens:
+        return FleurReading(value=None, rule=None, error="the answer has no tokens (the backend reported no logprobs)")
+    prefixes, text = [], ""
+    for t in tokens:
+        text += t.token
+        prefixes.append(text)
+    text, char_steps = char_steps_from_prefixes(prefixes)
+    reading = parse_fleur_answer(text, char_steps)
+    if not reading.ok:
+        return reading
+    for step, digit in zip(reading.steps, reading.digits):
+        token = tokens[step].token
+        if token.strip() != str(digit) or token[:-1].strip():
+            return FleurReading(
+                value=reading.value,
+                rule=None,
+                error=f"digit {digit} at step {step} comes in the token {token!r}; FLEUR needs one token per digit",
+            )
+    return reading
+
+
+@dataclass(frozen=True)
+class StepRead:
+    """p("0".."9") at one read step: ``probs`` (10,) float64 as used in the score (renormalised when
+    not ``exact``), NaN for digits not among the alternatives; ``exact``: every weighted digit was
+    listed; ``bound``: worst-case |contribution - exact contribution| (0 when exact)."""
+
+    probs: torch.Tensor
+    exact: bool
+    bound: float
+    listed: int
+
+
+def read_step(token: TokenLogprob, weights: torch.Tensor) -> StepRead:
+    """The digit probabilities at a read step from the token's top alternatives (see the module
+    docstring for the exact and renormalised cases and the bound). ``weights`` (10,) are the rule's
+    weights at this step. Raises ValueError when no digit is listed at all."""
+    lead = token.token[:-1]  # the whitespace written before the digit
+    listed = {d: math.exp(token.top[lead + s]) for d, s in enumerate(DIGITS) if lead + s in token.top}
+    if not listed:
+        raise ValueError(f"no digit among the {len(token.top)} alternatives of the token {token.token!r}")
+    probs = torch.full((10,), float("nan"), dtype=torch.float64)
+    for d, p in listed.items():
+        probs[d] = p
+    missing = [d for d in range(10) if d not in listed]
+    if all(weights[d] == 0 for d in missing):
+        return StepRead(probs, True, 0.0, len(listed))
+    mass = sum(listed.values())
+    weighted = sum(float(weights[d]) * p for d, p in listed.items())
+    all_listed = [math.exp(v) for v in token.top.values()]
+    unlisted = min(max(0.0, 1.0 - sum(all_listed)), len(missing) * min(all_listed))
+    added = weighted * (1.0 / mass - 1.0)
+    removed = max(float(weights[d]) for d in missing) * unlisted
+    return StepRead(probs / mass, False, max(added, removed), len(listed))
+
+
+# ------------------------------------------------------------------------------------------ scorer
+@dataclass
+class RemoteFLEURResult(FLEURResult):
+    """:class:`~capreward.scorers.fleur.FLEURResult` plus how exact each score is.
+
+    - ``exact``: per sample, True when every weighted digit was among the alternatives at every read
+      step (the score then equals the local FLEUR score); False where renormalised or not scored.
+    - ``bound``: (N,) worst-case |score - exact FLEUR score|; 0 where exact, NaN where no score.
+    - ``responses``: the backend's raw :class:`~capreward.judges.protocol.ChatResponse` per sample (None
+      where no request was sent).
+    """
+
+    exact: list[bool] = field(default_factory=list)
+    bound: torch.Tensor | None = None
+    responses: list[ChatResponse | None] = field(default_factory=list)
+
+
+class RemoteFLEUR:
+    """FLEUR / RefFLEUR on a :class:`~capreward.judges.protocol.JudgeBackend` (e.g.
+    :class:`~capreward.judges.remote.OpenAIJudge`).
+
+    ``top_logprobs``: alternatives asked per token (20, the most OpenAI and vLLM give).
+    ``max_tokens``: budget of the greedy answer (an unfinished answer has no score).
+    """
+
+    name = "FLEUR"
+
+    def __init__(self, backend: JudgeBackend, *, top_logprobs: int = 20, max_tokens: int = 10, explain_max_tokens: int = 256):
+        if not 1 <= top_logprobs <= 20:
+            raise ValueError(f"top_logprobs must be in [1, 20], got {top_logprobs}")
+        self.backend = backend
+        self.top_logprobs = int(top_logprobs)
+        self.max_tokens = int(max_tokens)
+        self.explain_max_tokens = int(explain_max_tokens)
+
+    def requests(
+        self, candidates: Sequence[str], visuals: Sequence[Image.Image], references: list[list[str]] | None = None
+    ) -> list[ChatRequest]:
+        """The greedy FLEUR (RefFLEUR with references) request of each candidate about ``visuals[n]``."""
+        return [
+            ChatRequest(
+                turns=(user_turn(fleur_prompt(c, references[n] if references is not None else None), [visuals[n]]),),
+                max_tokens=self.max_tokens,
+                temperature=0.0,
+                top_logprobs=self.top_logprobs,
+            )
+            for n, c in enumerate(candidates)
+        ]
+
+    def score(
+        self,
+        candidates: Sequence[str],
+        images: Sequence[Any] | None = None,
+        references: Sequence[Sequence[str] | str] | None = None,
+        *,
+        videos: Sequence[Any] | None = None,
+    ) -> RemoteFLEURResult:
+        """Score each candidate against its image (or video, on its three-frame composite) and, for
+        RefFLEUR, its references. Returns a :class:`RemoteFLEURResult`: ``score`` (N,) in [0, 1], NaN with
+        a reason in ``error`` for empty captions, failed requests and unreadable answers. Raises
+        ``MediaError``/``TypeError``/``ValueError`` naming the item for unusable inputs."""
+        candidates, refs, visuals = self._inputs(candidates, images, references, videos)
+        sent = [n for n, c in enumerate(candidates) if c.strip()]
+        requests = self.requests([candidates[n] for n in sent], [visuals[n] for n in sent], [refs[n] for n in sent] if refs else None)
+        answers = self.backend.generate(requests)
+        if len(answers) != len(requests):
+            raise RuntimeError(f"the backend answered {len(answers)} of {len(requests)} requests")
+        responses: list[ChatResponse | None] = [None] * len(candidates)
+        for n, answer in zip(sent, answers):
+            responses[n] = answer
+        return self.read(responses)
+
+    def read(self, responses: Sequence[ChatResponse | None]) -> RemoteFLEURResult:
+        """The result for the backend's answers (None: an empty caption, not sent)."""
+        n = len(responses)
+        probs = torch.full((n, 2, 10), float("nan"), dtype=torch.float64)
+        bound = torch.full((n,), float("nan"), dtype=torch.float64)
+        readings, errors, raw, exact = [], [], [], []
+        for i, response in enumerate(responses):
+            reading, err = self._reading(response)
+            if reading.ok:
+                weights = _WEIGHTS[reading.rule]
+                try:
+                    steps = [read_step(response.tokens[s], weights[j]) for j, s in enumerate(reading.steps)]
+                except ValueError as exc:
+                    reading, err = FleurReading(value=reading.value, rule=None, error=str(exc)), str(exc)
+                else:
+                    for j, step in enumerate(steps):
+                        probs[i, j] = step.probs
+                    bound[i] = sum(step.bound for step in steps)
+            readings.append(reading)
+            errors.append(err)
+            raw.append(response.text if response is not None else "")
+            exact.append(bool(reading.ok and bound[i] == 0))
+        rules = [r.rule for r in readings]
+        score = fleur_from_digit_probs(torch.nan_to_num(probs), rules).float()
+        return RemoteFLEURResult(
+            score=score,
+            raw_score=raw_scores(readings),
+            raw=raw,
+            error=errors,
+            rule=rules,
+            digit_probs=probs.float(),
+            exact=exact,
+            bound=bound.float(),
+            responses=list(responses),
+        )
+
+    async def ascore(self, candidates, images=None, references=None, *, videos=None) -> RemoteFLEURResult:
+        """:meth:`score`, awaitable (the requests run concurrently on a remote backend)."""
+        candidates, refs, visuals = self._inputs(candidates, images, references, videos)
+        sent = [n for n, c in enumerate(candidates) if c.strip()]
+        requests = self.requests([candidates[n] for n in sent], [visuals[n] for n in sent], [refs[n] for n in sent] if refs else None)
+        answers = await self.backend.agenerate(requests)
+        responses: list[ChatResponse | None] = [None] * len(candidates)
+        for n, answer in zip(sent, answers):
+            responses[n] = answer
+        return self.read(responses)
+
+    def explain(
+        self,
+        candidates: Sequence[str],
+        images: Sequence[Any] | None = None,
+        references: Sequence[Sequence[str] | str] | None = None,
+        scores: Sequence[float] | torch.Tensor | None = None,
+        *,
+        videos: Sequence[Any] | None = None,
+    ) -> list[ChatResponse]:
+        """The judge's explanation of each score: the FLEUR prompt, the score (``str(float(score))``;
+        without ``scores`` they are computed first, and an unscored sample keeps its raw answer) as the
+        assistant's answer, then "Why? Tell me the reason.". Returns one response per candidate (its
+        ``error`` set where the request failed)."""
+        candidates, refs, visuals = self._inputs(candidates, images, references, videos)
+        if scores is None:
+            result = self.score(candidates, images, references, videos=videos)
+            first = [r if math.isnan(s) else str(s) for s, r in zip(result.score.tolist(), result.raw)]
+        else:
+            values = scores.tolist() if isinstance(scores, torch.Tensor) else list(scores)
+            if len(values) != len(candidates):
+                raise ValueError(f"got {len(values)} scores for {len(candidates)} candidates")
+            first = [str(float(s)) for s in values]
+        requests = [
+            ChatRequest(
+                turns=(
+                    user_turn(fleur_prompt(c, refs[n] if refs is not None else None), [visuals[n]]),
+                    assistant_turn(first[n]),
+                    user_turn(FLEUR_EXPLAIN_PROMPT),
+                ),
+                max_tokens=self.explain_max_tokens,
+            )
+            for n, c in enumerate(candidates)
+        ]
+        return self.backend.generate(requests)
+
+    # ---------------------------------------------------------------------------------- plumbing
+    def _reading(self, response: ChatResponse | None) -> tuple[FleurReading, str | None]:
+        if response is None:
+            error = "empty caption"
+        elif response.error is not None:
+            error = f"judge request failed: {response.error}"
+        elif response.finish_reason == "length":
+            error = f"the answer did not end within max_tokens={self.max_tokens} tokens: {response.text!r}"
+        else:
+            reading = read_answer(response.tokens)
+            return reading, reading.error
+        return FleurReading(value=None, rule=None, error=error), error
+
+    def _inputs(self, candidates, images, references, videos) -> tuple[list[str], list[list[str]] | None, list[Image.Image]]:
+        if isinstance(candidates, str):
+            raise TypeError("candidates must be a list of captions, got a single str")
+        candidates = list(candidates)
+        for i, c in enumerate(candidates):
+            if not isinstance(c, str):
+                raise TypeError(f"candidates[{i}] must be str, got {type(c).__name__}")
+        refs = check_references(references, len(candidates))
+        return candidates, refs, load_visuals(images, videos, len(candidates))
+
+
+def load_visuals(images: Sequence[Any] | None, videos: Sequence[Any] | None, n: int) -> list[Image.Image]:
+    """One RGB image per sample (three-frame composites for videos); samples that pass the same object
+    or the same content share one decoded image. Raises ``MediaError`` naming a missing or unusable item."""
+    if (images is None) == (videos is None):
+        raise ValueError("give exactly one of images= or videos=")
+    items = list(images if images is not None else videos)
+    what = "images" if images is not None else "videos"
+    if len(items) != n:
+        raise ValueError(f"got {len(items)} {what} for {n} candidates; give one per candidate")
+    by_object: dict[int, Image.Image] = {}
+    by_key: dict[str, Image.Image] = {}
+    out = []
+    for i, item in enumerate(items):
+        if item is None:
+            raise MediaError(describe(item, i), f"{what[:-1]} is missing (None)")
+        if id(item) not in by_object:
+            key = media_key(item)
+            if key is not None and key in by_key:
+                by_object[id(item)] = by_key[key]
+            else:
+                visual = load_image(item, i) if images is not None else video_composite(item, i)
+                by_object[id(item)] = visual
+                if key is not None:
+                    by_key[key] = visual
+        out.append(by_object[id(item)])
+    return out

@@ -1,0 +1,231 @@
+"""VisCE²: a VLM writes a visual context for each image, then rates each caption 0-100 given it.
+
+Maeda et al., "Vision Language Model-based Caption Evaluation Method Leveraging Visual Context
+Extraction" (2024). Stage 1 asks the judge for the image's objects, their features and relationships
+(:data:`~capreward.judges.vlm_prompts.VISCE2_CONTEXT_PROMPT`), once per distinct image; the answer is
+cached in memory and, with ``cache_dir``, on disk, keyed by the image's pixels, the backend's model name
+and :data:`~capreward.judges.vlm_prompts.VISCE2_PROMPT_VERSION`. Stage 2 asks for the rating; the score
+is the first integer of the answer, 0 (with the reason in ``error``) when there is none, as in the paper.
+With ``expected=True`` the expected score Σ n·p(n) over 0..100 is also read at the first number: exactly
+on a local judge, from the renormalised top alternatives on a server.
+
+Works with any :class:`~capreward.judges.protocol.JudgeBackend`. A failed request never shifts other
+samples: its sample gets score NaN and the backend's reason.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..judges.protocol import ChatRequest, JudgeBackend, user_turn
+from ..judges.vlm_prompts import VISCE2_CONTEXT_PROMPT, VISCE2_PROMPT_VERSION, visce2_prompt
+from ..media import MediaError, load_image, media_key
+from ..media.keys import hash_bytes
+from ..metrics.gveval import expected_score
+from ..metrics.visce2 import parse_visce2_answer
+from .vlm_common import score_distributions
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class VisCE2Result:
+    """Per-sample VisCE² results for N candidates.
+
+    - ``score``: (N,) float64 in [0, 100]: the first integer of the answer; 0 when the answer has none
+      (``error`` says so); NaN when the sample could not be run (bad image, backend failure).
+    - ``context``: the visual context used for each sample ("" when there is none).
+    - ``raw``: the rating answers as text ("" when not run).
+    - ``error``: None, or why the score is 0 or NaN.
+    - ``expected``: with ``expected=True``, (N,) expected scores in [0, 100] from the token distribution
+      (NaN where unavailable; ``expected_error`` says why); else None.
+    """
+
+    score: np.ndarray
+    context: list[str]
+    raw: list[str]
+    error: list[str | None]
+    expected: np.ndarray | None = None
+    expected_error: list[str | None] | None = None
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+
+class ContextCache:
+    """Visual contexts by key, in memory and optionally as JSON files under ``directory``."""
+
+    def __init__(self, directory: str | os.PathLike | None = None):
+        self.memory: dict[str, str] = {}
+        self.directory = Path(directory) if directory is not None else None
+        if self.directory is not None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        return self.directory / f"{hash_bytes(key.encode())}.json"  # type: ignore[operator]
+
+    def get(self, key: str) -> str | None:
+        if key in self.memory:
+            return self.memory[key]
+        if self.directory is not None:
+            path = self._path(key)
+            if path.exists():
+                try:
+                    entry = json.loads(path.read_text())
+                except (OSError, ValueError) as exc:
+                    log.warning("ignoring unreadable visual-context cache file %s: %s", path, exc)
+                    return None
+                if entry.get("key") == key:
+                    self.memory[key] = entry["context"]
+                    return entry["context"]
+        return None
+
+    def put(self, key: str, context: str) -> None:
+        self.memory[key] = context
+        if self.directory is not None:
+            path = self._path(key)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"key": key, "context": context}))
+            os.replace(tmp, path)
+
+
+class VisCE2:
+    """VisCE² on any chat judge backend.
+
+    ``backend``: a :class:`~capreward.judges.protocol.JudgeBackend` (a
+    :class:`~capreward.judges.local_chat.LocalChatJudge`, a remote server backend, ...).
+    ``expected``: also compute the expected score from the token distribution. ``cache_dir``: keep
+    visual contexts on disk too. ``context_max_tokens`` / ``max_tokens``: generation budgets of the two
+    stages. ``top_logprobs``: alternatives asked of non-local backends for the expected score (vLLM and
+    OpenAI allow up to 20).
+    """
+
+    def __init__(
+        self,
+        backend: JudgeBackend,
+        *,
+        expected: bool = False,
+        cache_dir: str | os.PathLike | None = None,
+        context_max_tokens: int = 256,
+        max_tokens: int = 32,
+        top_logprobs: int = 20,
+    ):
+        self.backend = backend
+        self.expected = expected
+        self.cache = ContextCache(cache_dir)
+        self.context_max_tokens = context_max_tokens
+        self.max_tokens = max_tokens
+        self.top_logprobs = top_logprobs
+
+    def context_key(self, image_key: str) -> str:
+        """The cache key of an image's visual context: pixels, model name and prompt version."""
+        return f"{image_key}|{self.backend.name}|{VISCE2_PROMPT_VERSION}"
+
+    def contexts(self, images: Sequence[Any], image_ids: Sequence[str] | None = None) -> tuple[list[str | None], list[str | None]]:
+        """Visual contexts for ``images`` (one per item, generated once per distinct image): returns
+        ``(contexts, errors)``, a context None where its image or request failed."""
+        contexts, errors, _ = self._contexts(images, image_ids)
+        return contexts, errors
+
+    def _contexts(self, images: Sequence[Any], image_ids: Sequence[str] | None):
+        contexts: list[str | None] = [None] * len(images)
+        errors: list[str | None] = [None] * len(images)
+        pil: dict[str, Any] = {}
+        keys: list[str | None] = []
+        for i, item in enumerate(images):
+            try:
+                image = load_image(item, i)
+            except MediaError as exc:
+                errors[i] = str(exc)
+                keys.append(None)
+                continue
+            explicit = image_ids[i] if image_ids is not None else None
+            key = self.context_key(media_key(image, explicit) or f"object:{id(item)}")
+            pil.setdefault(key, image)
+            keys.append(key)
+        missing = [k for k in dict.fromkeys(k for k in keys if k is not None) if self.cache.get(k) is None]
+        if missing:
+            requests = [
+                ChatRequest(turns=(user_turn(VISCE2_CONTEXT_PROMPT, [pil[k]]),), max_tokens=self.context_max_tokens)
+                for k in missing
+            ]
+            failed: dict[str, str] = {}
+            for key, response in zip(missing, self.backend.generate(requests)):
+                if response.ok:
+                    self.cache.put(key, response.text)
+                else:
+                    failed[key] = f"visual context failed: {response.error}"
+                    log.warning("VisCE² visual context failed: %s", response.error)
+        else:
+            failed = {}
+        for i, key in enumerate(keys):
+            if key is None:
+                continue
+            if key in failed:
+                errors[i] = failed[key]
+            else:
+                contexts[i] = self.cache.get(key)
+        row_images = [pil[k] if k is not None else None for k in keys]
+        return contexts, errors, row_images
+
+    def score(self, candidates: Sequence[str], images: Sequence[Any], *, image_ids: Sequence[str] | None = None) -> VisCE2Result:
+        """Score each ``candidates[n]`` against ``images[n]`` (paths, PIL images, arrays or tensors)."""
+        candidates = list(candidates)
+        if len(images) != len(candidates):
+            raise ValueError(f"{len(candidates)} candidates but {len(images)} images")
+        if image_ids is not None and len(image_ids) != len(candidates):
+            raise ValueError(f"{len(candidates)} candidates but {len(image_ids)} image ids")
+        for i, c in enumerate(candidates):
+            if not isinstance(c, str):
+                raise TypeError(f"candidate {i} is {type(c).__name__}, not a string")
+        n = len(candidates)
+        contexts, errors, row_images = self._contexts(images, image_ids)
+        scores = np.full(n, np.nan)
+        raw = [""] * n
+        rows = [i for i in range(n) if contexts[i] is not None]
+        top = self.top_logprobs if self.expected else 0
+        requests = [
+            ChatRequest(
+                turns=(user_turn(visce2_prompt(candidates[i], contexts[i]), [row_images[i]]),),
+                max_tokens=self.max_tokens,
+                top_logprobs=top,
+            )
+            for i in rows
+        ]
+        responses = self.backend.generate(requests) if requests else []
+        if len(responses) != len(requests):
+            raise RuntimeError(f"the backend answered {len(responses)} of {len(requests)} requests")
+        for i, response in zip(rows, responses):
+            if not response.ok:
+                errors[i] = f"rating failed: {response.error}"
+                continue
+            raw[i] = response.text
+            scores[i], errors[i] = parse_visce2_answer(response.text)
+        expected = expected_error = None
+        if self.expected:
+            expected = np.full(n, np.nan)
+            expected_error = [e if contexts[i] is None else None for i, e in enumerate(errors)]
+            probs, reasons = score_distributions(self.backend, requests, responses, [None] * len(rows))
+            for i, p, why in zip(rows, probs, reasons):
+                if p is None:
+                    expected_error[i] = why
+                else:
+                    expected[i] = expected_score(p)
+        for i, e in enumerate(errors):
+            if e is not None:
+                log.info("VisCE² sample %d: %s", i, e)
+        return VisCE2Result(
+            score=scores,
+            context=[c or "" for c in contexts],
+            raw=raw,
+            error=errors,
+            expected=expected,
+            expected_error=expected_error,
+        )

@@ -1,0 +1,96 @@
+"""Helpers shared by the chat-judge scorers (VisCE², G-VEval): reading score distributions from a
+backend's answer, whichever backend it is.
+
+- A local backend (:class:`~capreward.judges.local_chat.LocalChatJudge`) gives the exact distribution
+  over 0..100 at the score position from a tree of cached decode steps.
+- Any other backend (an OpenAI-compatible server) gives the top alternatives of each generated token;
+  the token after the marker is read as G-VEval's released code does.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..judges.protocol import ChatRequest, ChatResponse
+from ..metrics.gveval import alternatives_after_marker, alternatives_distribution
+
+log = logging.getLogger(__name__)
+
+
+def is_exact_backend(backend: Any) -> bool:
+    """Whether ``backend`` can compute exact integer distributions (a local judge)."""
+    return callable(getattr(backend, "integer_distributions", None)) and callable(getattr(backend, "number_prefix", None))
+
+
+def exact_distributions(
+    backend: Any, requests: Sequence[ChatRequest], responses: Sequence[ChatResponse], markers: Sequence[str | None]
+) -> tuple[list[np.ndarray | None], list[str | None]]:
+    """For each (request, response, marker): the exact (101,) distribution of the number written after
+    ``marker`` (None: the first number of the answer), or None and a reason."""
+    probs: list[np.ndarray | None] = [None] * len(requests)
+    reasons: list[str | None] = [None] * len(requests)
+    todo, prefixes = [], []
+    for i, (request, response, marker) in enumerate(zip(requests, responses, markers)):
+        ids = getattr(response, "token_ids", None)
+        if not response.ok or ids is None:
+            reasons[i] = response.error or "the local backend returned no token ids"
+            continue
+        prefix = backend.number_prefix(ids, marker)
+        if prefix is None:
+            reasons[i] = f"no number after {marker!r} in the answer" if marker else "no number in the answer"
+            continue
+        todo.append(i)
+        prefixes.append(prefix)
+    if todo:
+        table = backend.integer_distributions([requests[i] for i in todo], prefixes)
+        for row, i in enumerate(todo):
+            if table[row].sum() > 0:
+                probs[i] = table[row]
+            else:
+                reasons[i] = "the judge puts no probability on any integer 0..100 at the score position"
+    return probs, reasons
+
+
+def alternative_distributions(
+    responses: Sequence[ChatResponse], markers: Sequence[str | None]
+) -> tuple[list[np.ndarray | None], list[str | None]]:
+    """For each response: the renormalised top-alternative distribution at the score token, or None and
+    a reason. With a marker, the token after the first token containing it (G-VEval's released rule);
+    without, the first token holding a digit, alternatives compared after stripping whitespace."""
+    probs: list[np.ndarray | None] = []
+    reasons: list[str | None] = []
+    for response, marker in zip(responses, markers):
+        if not response.ok:
+            probs.append(None)
+            reasons.append(response.error)
+            continue
+        texts = [t.token for t in response.tokens]
+        tops = [t.top for t in response.tokens]
+        if not texts:
+            probs.append(None)
+            reasons.append("the backend returned no token log-probabilities")
+            continue
+        if marker is not None:
+            p, why = alternatives_after_marker(texts, tops, marker)
+        else:
+            at = next((j for j, t in enumerate(texts) if any(c.isdigit() for c in t)), None)
+            if at is None:
+                p, why = None, "no number in the answer"
+            else:
+                p = alternatives_distribution(tops[at], strip=True) if tops[at] else None
+                why = None if p is not None else "no alternative of the score token is an integer 0..100"
+        probs.append(p)
+        reasons.append(why)
+    return probs, reasons
+
+
+def score_distributions(
+    backend: Any, requests: Sequence[ChatRequest], responses: Sequence[ChatResponse], markers: Sequence[str | None]
+) -> tuple[list[np.ndarray | None], list[str | None]]:
+    """Exact distributions on a local backend, renormalised top alternatives elsewhere."""
+    if is_exact_backend(backend):
+        return exact_distributions(backend, requests, responses, markers)
+    return alternative_distributions(responses, markers)

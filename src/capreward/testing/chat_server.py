@@ -1,0 +1,514 @@
+"""A real OpenAI/vLLM-compatible chat-completions HTTP server for tests, with fault injection.
+
+Run as a process (``python chat_server.py --port 8001 --backend local --judge-dir DIR``), or start and
+control one from a test with :class:`ChatServer`. It listens on 127.0.0.1 and serves
+
+- ``GET /health`` and ``GET /v1/models`` (readiness);
+- ``POST /v1/chat/completions`` following the documented OpenAI / vLLM schema: ``messages`` whose
+  ``content`` is a string or a list of ``text`` / ``image_url`` (data-URI) parts, ``max_tokens`` or
+  ``max_completion_tokens``, ``temperature``, ``logprobs``, ``top_logprobs`` (at most 20, as vLLM's
+  default ``max_logprobs``), ``stop``; the answer has ``choices[0].message.content``, ``finish_reason`` and
+  ``logprobs.content[i] = {token, logprob, bytes, top_logprobs: [{token, logprob, bytes}, ...]}``;
+- ``POST /control`` (fault injection) and ``GET /stats`` (requests seen, faults served).
+
+Backends: ``local`` answers with :class:`~capreward.judges.local_chat.LocalChatJudge` over a saved LLaVA
+judge directory (the tiny trained judge in tests), one request at a time; ``echo`` answers
+``"echo: <last user text>"`` word by word with fixed log-probabilities and needs no model (fault tests).
+
+Faults (``POST /control`` with a JSON object, or the same keys as ``--fault`` JSON on the command line,
+so that a restarted server can start faulty): ``{"status": 429, "count": k}`` answers the next k chat
+requests with that HTTP status (with a ``Retry-After`` header when ``"retry_after": s`` is given); ``{"malformed": k}`` answers them 200 with a truncated JSON body;
+``{"delay": s, "count": k}`` sleeps s seconds before answering them; ``{"latency": s}`` delays every
+answer by s seconds; ``{"jitter": s}`` adds a random delay in [0, s] to every answer (so answers finish
+out of order); ``{"reset": true}`` clears all faults and the counters of ``GET /stats``. Faults queue up and are used in order.
+
+``--api-key KEY`` makes the server require ``Authorization: Bearer KEY`` (as ``vllm serve --api-key``
+does); on purpose, its 401 message repeats the key it was given, so that tests can check a client masks
+keys a server echoes back.
+
+Only the standard library is imported at module level, so the process starts fast (the ``local``
+backend imports torch and the judge when it is chosen).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import io
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections import deque
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Sequence
+
+MAX_TOP_LOGPROBS = 20
+
+
+class BadRequest(ValueError):
+    """The request does not follow the chat-completions schema (answered with HTTP 400)."""
+
+
+# ------------------------------------------------------------------------------------- backends
+class EchoBackend:
+    """A model-free backend: answers ``"echo: <last user text>"``; token i (a word, with its leading
+    space after the first) has log-probability ``-0.01 * (i + 1)`` and alternatives ``"alt0".."altk"``
+    below it. Deterministic, so a client can check every answer belongs to its request."""
+
+    name = "echo"
+
+    def answer(self, turns: list[dict], max_tokens: int, top_logprobs: int, stop: Sequence[str]) -> dict:
+        last = next((t["text"] for t in reversed(turns) if t["role"] == "user"), "")
+        words = ("echo: " + last).split(" ")
+        pieces = [w if i == 0 else " " + w for i, w in enumerate(words)]
+        finish = "stop"
+        if len(pieces) > max_tokens:
+            pieces, finish = pieces[:max_tokens], "length"
+        text = "".join(pieces)
+        for s in stop:
+            if s and s in text:
+                text, finish = text[: text.index(s)], "stop"
+        tokens = []
+        for i, piece in enumerate(pieces):
+            lp = -0.01 * (i + 1)
+            top = {piece: lp, **{f"alt{j}": lp - 1.0 - j for j in range(max(0, top_logprobs - 1))}}
+            tokens.append((piece, lp, dict(list(top.items())[:top_logprobs])))
+        return {"text": text, "tokens": tokens, "finish_reason": finish}
+
+
+class LocalBackend:
+    """:class:`~capreward.judges.local_chat.LocalChatJudge` over a saved judge directory, float32 on CPU."""
+
+    def __init__(self, judge_dir: str, threads: int = 1):
+        import torch
+
+        from capreward.judges.loading import load_llava
+        from capreward.judges.local_chat import LocalChatJudge
+
+        torch.set_num_threads(threads)
+        model, processor = load_llava(judge_dir, dtype=torch.float32, device=torch.device("cpu"), local_files_only=True)
+        self.judge = LocalChatJudge((model, processor), batch_size=1)
+        self.name = self.judge.name
+        self.lock = threading.Lock()  # the model is not thread-safe; requests run one at a time
+
+    def answer(self, turns: list[dict], max_tokens: int, top_logprobs: int, stop: Sequence[str]) -> dict:
+        from capreward.judges.protocol import ChatRequest, ChatTurn
+
+        request = ChatRequest(
+            turns=tuple(ChatTurn(t["role"], t["text"], tuple(t["images"])) for t in turns),
+            max_tokens=max_tokens,
+            temperature=0.0,
+            top_logprobs=top_logprobs,
+            stop=tuple(stop),
+        )
+        with self.lock:
+            response = self.judge.generate([request])[0]
+        if response.error is not None:
+            raise BadRequest(response.error)
+        tokens = [(t.token, t.logprob, t.top) for t in response.tokens]
+        return {"text": response.text, "tokens": tokens, "finish_reason": response.finish_reason}
+
+
+# ------------------------------------------------------------------------------ request parsing
+def decode_image(url: str) -> Any:
+    """A PIL image from a ``data:image/...;base64,`` URL (remote URLs are refused: no network)."""
+    from PIL import Image
+
+    if not url.startswith("data:") or ";base64," not in url:
+        raise BadRequest("image_url must be a base64 data URI (this server does not fetch URLs)")
+    try:
+        return Image.open(io.BytesIO(base64.b64decode(url.split(";base64,", 1)[1]))).convert("RGB")
+    except Exception as exc:  # noqa: BLE001 - any decoding failure is the client's
+        raise BadRequest(f"image_url does not decode as an image: {exc}") from exc
+
+
+def parse_messages(messages: Any, with_images: bool) -> list[dict]:
+    """``[{role, text, images}]`` from OpenAI ``messages`` (string content or text/image_url parts)."""
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list")
+    turns = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant", "system"):
+            raise BadRequest(f"messages[{i}] must be an object with role user, assistant or system")
+        content = message.get("content")
+        texts, images = [], []
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, list):
+            for j, part in enumerate(content):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind == "text":
+                    texts.append(str(part.get("text", "")))
+                elif kind == "image_url":
+                    url = part.get("image_url", {})
+                    url = url.get("url") if isinstance(url, dict) else url
+                    images.append(decode_image(str(url)) if with_images else str(url))
+                else:
+                    raise BadRequest(f"messages[{i}].content[{j}] has unsupported type {kind!r}")
+        else:
+            raise BadRequest(f"messages[{i}].content must be a string or a list of parts")
+        if message["role"] == "system":
+            raise BadRequest("system messages are not supported by this judge")
+        turns.append({"role": message["role"], "text": "".join(texts), "images": images})
+    return turns
+
+
+def completion_body(model: str, answer: dict, logprobs: bool) -> dict:
+    """The ``chat.completion`` JSON object for a backend answer."""
+    content = None
+    if logprobs:
+        content = [
+            {
+                "token": tok,
+                "logprob": lp,
+                "bytes": list(tok.encode("utf-8")),
+                "top_logprobs": [
+                    {"token": t, "logprob": v, "bytes": list(t.encode("utf-8"))}
+                    for t, v in sorted(top.items(), key=lambda kv: -kv[1])
+                ],
+            }
+            for tok, lp, top in answer["tokens"]
+        ]
+    n = len(answer["tokens"])
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": answer["text"]},
+                "logprobs": {"content": content} if logprobs else None,
+                "finish_reason": answer["finish_reason"],
+            }
+        ],
+        "usage": {"prompt_tokens": 0, "completion_tokens": n, "total_tokens": n},
+    }
+
+
+# ---------------------------------------------------------------------------------------- server
+class Faults:
+    """The queue of injected faults and the request counters (thread-safe)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.queue: deque[dict] = deque()
+        self.latency = 0.0
+        self.jitter = 0.0
+        self.rng = random.Random(0)
+        self.in_flight = 0
+        self.stats = {"chat_requests": 0, "answered": 0, "faults": 0, "max_in_flight": 0}
+
+    def add(self, spec: dict) -> None:
+        with self.lock:
+            if spec.get("reset"):
+                self.queue.clear()
+                self.latency = self.jitter = 0.0
+                self.stats = dict.fromkeys(self.stats, 0)
+            if "latency" in spec:
+                self.latency = float(spec["latency"])
+            if "jitter" in spec:
+                self.jitter = float(spec["jitter"])
+            if "status" in spec:
+                fault = {"status": int(spec["status"]), "retry_after": spec.get("retry_after")}
+                self.queue.extend(dict(fault) for _ in range(int(spec.get("count", 1))))
+            if "malformed" in spec:
+                self.queue.extend({"malformed": True} for _ in range(int(spec["malformed"])))
+            if "delay" in spec:
+                self.queue.extend({"delay": float(spec["delay"])} for _ in range(int(spec.get("count", 1))))
+
+    def next(self) -> tuple[dict | None, float]:
+        """The fault for the request that just arrived (None: answer normally) and its delay."""
+        with self.lock:
+            self.stats["chat_requests"] += 1
+            fault = self.queue.popleft() if self.queue else None
+            if fault is not None:
+                self.stats["faults"] += 1
+            return fault, self.latency + self.rng.uniform(0.0, self.jitter)
+
+    def enter(self) -> None:
+        with self.lock:
+            self.in_flight += 1
+            self.stats["max_in_flight"] = max(self.stats["max_in_flight"], self.in_flight)
+
+    def leave(self) -> None:
+        with self.lock:
+            self.in_flight -= 1
+
+
+def make_handler(backend: Any, model: str, faults: Faults, api_key: str | None = None, quiet: bool = True):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+            if not quiet:
+                super().log_message(format, *args)
+
+        def _send(self, status: int, payload: Any = None, raw: bytes | None = None, headers: dict | None = None) -> None:
+            body = raw if raw is not None else json.dumps(payload).encode()
+            self.send_response(status)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _error(self, status: int, message: str, kind: str, headers: dict | None = None) -> None:
+            self._send(status, {"error": {"message": message, "type": kind, "code": status}}, headers=headers)
+
+        def do_GET(self) -> None:  # noqa: N802 - stdlib name
+            if self.path in ("/health", "/v1/health"):
+                self._send(200, {"status": "ok"})
+            elif self.path == "/v1/models":
+                self._send(200, {"object": "list", "data": [{"id": model, "object": "model", "owned_by": "capreward"}]})
+            elif self.path == "/stats":
+                with faults.lock:
+                    self._send(200, dict(faults.stats, pending_faults=len(faults.queue), in_flight=faults.in_flight))
+            else:
+                self._error(404, f"no route {self.path}", "NotFoundError")
+
+        def _read_json(self) -> Any:
+            length = int(self.headers.get("Content-Length") or 0)
+            try:
+                return json.loads(self.rfile.read(length) or b"{}")
+            except json.JSONDecodeError as exc:
+                raise BadRequest(f"the body is not JSON: {exc}") from exc
+
+        def do_POST(self) -> None:  # noqa: N802 - stdlib name
+            try:
+                body = self._read_json()
+                if self.path == "/control":
+                    faults.add(body)
+                    self._send(200, {"ok": True})
+                elif self.path == "/v1/chat/completions":
+                    faults.enter()
+                    try:
+                        self._chat(body)
+                    finally:
+                        faults.leave()
+                else:
+                    self._error(404, f"no route {self.path}", "NotFoundError")
+            except BadRequest as exc:
+                self._error(400, str(exc), "BadRequestError")
+            except Exception as exc:  # noqa: BLE001 - a backend failure is the server's (HTTP 500)
+                self._error(500, f"{type(exc).__name__}: {exc}", "InternalServerError")
+
+        def _chat(self, body: dict) -> None:
+            if api_key is not None:
+                given = self.headers.get("Authorization", "")
+                if given != f"Bearer {api_key}":
+                    return self._error(401, f"invalid API key: {given.removeprefix('Bearer ')}", "AuthenticationError")
+            fault, delay = faults.next()
+            if delay:
+                time.sleep(delay)
+            if fault is not None:
+                if "status" in fault:
+                    status = fault["status"]
+                    wait = fault.get("retry_after")
+                    headers = {"Retry-After": f"{float(wait):g}"} if wait is not None else None
+                    return self._error(status, f"injected fault: HTTP {status}", "InjectedFault", headers)
+                if "malformed" in fault:
+                    return self._send(200, raw=b'{"id": "chatcmpl-broken", "choices": [{"index": 0, "mess')
+                if "delay" in fault:
+                    time.sleep(fault["delay"])
+            request_model = body.get("model")
+            if request_model != model:
+                return self._error(404, f"the model {request_model!r} does not exist", "NotFoundError")
+            max_tokens = body.get("max_completion_tokens", body.get("max_tokens")) or 16
+            logprobs = bool(body.get("logprobs"))
+            top = int(body.get("top_logprobs") or 0)
+            if top and not logprobs:
+                raise BadRequest("top_logprobs requires logprobs=true")
+            if not 0 <= top <= MAX_TOP_LOGPROBS:
+                raise BadRequest(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top}")
+            if float(body.get("temperature", 1.0)) != 0.0 and isinstance(backend, LocalBackend):
+                raise BadRequest("this test server only decodes greedily (temperature 0)")
+            stop = body.get("stop") or []
+            stop = [stop] if isinstance(stop, str) else list(stop)
+            turns = parse_messages(body.get("messages"), with_images=isinstance(backend, LocalBackend))
+            answer = backend.answer(turns, int(max_tokens), top, stop)
+            with faults.lock:
+                faults.stats["answered"] += 1
+            self._send(200, completion_body(model, answer, logprobs))
+
+    return Handler
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256  # the stdlib's 5 refuses connections under a burst of concurrent clients
+
+
+def serve(port: int, backend: Any, model: str, faults: Faults, host: str = "127.0.0.1", api_key: str | None = None) -> None:
+    """Serve until SIGTERM/SIGINT."""
+    server = _Server((host, port), make_handler(backend, model, faults, api_key))
+    # A test server holds nothing worth a slow interpreter shutdown (torch can take seconds): exit now.
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    try:
+        server.serve_forever(poll_interval=0.05)
+    finally:
+        server.server_close()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="OpenAI-compatible chat-completions test server")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--backend", choices=("echo", "local"), default="echo")
+    parser.add_argument("--judge-dir", help="saved LLaVA judge directory (backend local)")
+    parser.add_argument("--model", default=None, help="served model name (default: the backend's name)")
+    parser.add_argument("--api-key", default=None, help="require this bearer token")
+    parser.add_argument("--fault", action="append", default=[], help="a fault spec as JSON (see POST /control)")
+    args = parser.parse_args(argv)
+    if args.backend == "local":
+        if not args.judge_dir:
+            parser.error("--backend local needs --judge-dir")
+        backend: Any = LocalBackend(args.judge_dir)
+    else:
+        backend = EchoBackend()
+    faults = Faults()
+    for spec in args.fault:
+        faults.add(json.loads(spec))
+    serve(args.port, backend, args.model or backend.name, faults, args.host, args.api_key)
+
+
+# ------------------------------------------------------------------------------ test-side control
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free right now."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+class ChatServer:
+    """Starts, controls, kills and restarts a server process on 127.0.0.1.
+
+    ``backend``: ``"echo"`` or ``"local"`` (then ``judge_dir``). ``port``: None picks a free one (kept
+    across restarts). ``faults``: fault specs the process starts with. ``log_path``: where its
+    stdout/stderr go (default: discarded). Use as a context manager; ``base_url`` is what
+    :class:`~capreward.judges.remote.OpenAIJudge` takes.
+    """
+
+    def __init__(
+        self,
+        backend: str = "echo",
+        *,
+        judge_dir: str | os.PathLike | None = None,
+        model: str = "test-judge",
+        port: int | None = None,
+        faults: Sequence[dict] = (),
+        log_path: str | os.PathLike | None = None,
+        start_timeout: float = 120.0,
+        api_key: str | None = None,
+    ):
+        self.api_key = api_key
+        self.backend, self.judge_dir, self.model = backend, judge_dir, model
+        self.host = "127.0.0.1"
+        self.port = port or free_port(self.host)
+        self.faults = list(faults)
+        self.log_path = log_path
+        self.start_timeout = start_timeout
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def command(self, faults: Sequence[dict] | None = None) -> list[str]:
+        cmd = [sys.executable, os.path.abspath(__file__), "--port", str(self.port), "--backend", self.backend]
+        cmd += ["--model", self.model]
+        if self.judge_dir is not None:
+            cmd += ["--judge-dir", str(self.judge_dir)]
+        if self.api_key is not None:
+            cmd += ["--api-key", self.api_key]
+        for spec in self.faults if faults is None else faults:
+            cmd += ["--fault", json.dumps(spec)]
+        return cmd
+
+    def start(self, faults: Sequence[dict] | None = None, wait: bool = True) -> "ChatServer":
+        """Start the process (with ``faults``, default the constructor's) and, with ``wait``, block until
+        ``/health`` answers. Raises RuntimeError when it exits or does not answer in time."""
+        if self.process is not None and self.process.poll() is None:
+            raise RuntimeError(f"the server on port {self.port} is already running")
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        try:
+            self.process = subprocess.Popen(self.command(faults), stdout=out, stderr=subprocess.STDOUT)
+        finally:
+            if out is not subprocess.DEVNULL:
+                out.close()
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"the chat server exited with status {self.process.returncode} (log: {self.log_path})")
+            try:
+                self.get("/health", timeout=1.0)
+                return
+            except (OSError, urllib.error.URLError):
+                time.sleep(0.05)
+        raise RuntimeError(f"the chat server on port {self.port} did not become ready in {self.start_timeout} s")
+
+    def kill(self) -> None:
+        """SIGKILL the process (no clean shutdown: connections in flight break) and reap it."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def stop(self) -> None:
+        """Terminate the process cleanly (SIGKILL after 10 s)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def restart(self, faults: Sequence[dict] | None = None, wait: bool = True) -> "ChatServer":
+        """Kill and start again on the same port."""
+        self.kill()
+        return self.start(faults, wait)
+
+    def get(self, path: str, timeout: float = 5.0) -> dict:
+        with urllib.request.urlopen(f"http://{self.host}:{self.port}{path}", timeout=timeout) as response:
+            return json.loads(response.read())
+
+    def control(self, **spec: Any) -> dict:
+        """Inject faults (see the module docstring), e.g. ``control(status=429, count=3)``."""
+        request = urllib.request.Request(
+            f"http://{self.host}:{self.port}/control",
+            data=json.dumps(spec).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=5.0) as response:
+            return json.loads(response.read())
+
+    def stats(self) -> dict:
+        return self.get("/stats")
+
+    def __enter__(self) -> "ChatServer":
+        if self.process is None or self.process.poll() is not None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+if __name__ == "__main__":
+    main()
