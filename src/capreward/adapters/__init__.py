@@ -1,0 +1,29 @@
+"""Adapters of capreward's rewards to other RL stacks.
+
+- :mod:`capreward.adapters.verl`: veRL custom reward functions (``compute_score``, batch variant).
+- :mod:`capreward.adapters.openrlhf`: an OpenRLHF-compatible HTTP reward server (``capreward serve``).
+- :mod:`capreward.adapters.labels`: the per-sample label format both use to name visuals and references.
+"""
+
+from .factory import REWARD_NAMES, RewardOptions, build_reward
+from .labels import Label, LabelError, parse_label
+from .openrlhf import RewardHTTPServer, RewardService, ServerLimits, make_server
+from .scoring import ScoredBatch, score_labelled
+from .verl import VerlScorer, make_compute_score
+
+__all__ = [
+    "REWARD_NAMES",
+    "Label",
+    "LabelError",
+    "RewardHTTPServer",
+    "RewardOptions",
+    "RewardService",
+    "ScoredBatch",
+    "ServerLimits",
+    "VerlScorer",
+    "build_reward",
+    "make_compute_score",
+    "make_server",
+    "parse_label",
+    "score_labelled",
+]

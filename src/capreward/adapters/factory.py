@@ -1,0 +1,141 @@
+"""Build a capreward reward by name, with the options the adapters expose (CLI flags, env variables)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..backbones.clip_loading import DEFAULT_CLIP
+
+REWARD_NAMES = ("clip_s", "emscore", "fleur", "hallucination", "composite")
+ALIASES = {"clip-s": "clip_s", "clipscore": "clip_s", "clip_score": "clip_s", "em": "emscore",
+           "hallucination_penalty": "hallucination"}
+CLIP_BASED = ("clip_s", "emscore", "hallucination")
+DEFAULT_FLEUR = "llava-hf/llava-1.5-13b-hf"
+VISUAL_ID_COLUMN = "visual_id"  # the adapters pass label ids under this column name
+
+
+@dataclass
+class RewardOptions:
+    """Options of the adapters' rewards.
+
+    ``clip_model``: CLIP for clip_s/emscore (name/tag, OpenAI-format ``.pt`` path, ...);
+    ``fleur_model``: LLaVA judge for fleur; ``idf``: a file with one caption per line (EMScore's idf
+    corpus) or None for uniform weights; ``frames``: frames per video; ``w``: CLIP-S scale;
+    ``composite``: ``"name=weight,..."`` terms of the composite reward.
+    """
+
+    clip_model: str = DEFAULT_CLIP
+    fleur_model: str = DEFAULT_FLEUR
+    device: str = "cpu"
+    precision: str | None = None
+    dtype: str | None = None
+    idf: str | None = None
+    frames: int | None = 10
+    w: float | None = None
+    composite: str = "emscore=1.0,hallucination=1.0"
+
+    @classmethod
+    def from_env(cls, prefix: str = "CAPREWARD_") -> "RewardOptions":
+        """Options from ``CAPREWARD_CLIP_MODEL``, ``CAPREWARD_FLEUR_MODEL``, ``CAPREWARD_DEVICE``,
+        ``CAPREWARD_PRECISION``, ``CAPREWARD_DTYPE``, ``CAPREWARD_IDF``, ``CAPREWARD_FRAMES`` (0 = all),
+        ``CAPREWARD_W`` and ``CAPREWARD_COMPOSITE``; unset ones keep their defaults."""
+        env = os.environ
+        opts = cls()
+        for name in ("clip_model", "fleur_model", "device", "precision", "dtype", "idf", "composite"):
+            value = env.get(prefix + name.upper())
+            if value:
+                setattr(opts, name, value)
+        if env.get(prefix + "FRAMES"):
+            frames = int(env[prefix + "FRAMES"])
+            opts.frames = None if frames == 0 else frames
+        if env.get(prefix + "W"):
+            opts.w = float(env[prefix + "W"])
+        return opts
+
+
+def canonical_name(name: str) -> str:
+    """``name`` as one of :data:`REWARD_NAMES` (aliases such as ``clip-s`` accepted); ValueError otherwise."""
+    key = name.strip().lower()
+    key = ALIASES.get(key, key)
+    if key not in REWARD_NAMES:
+        raise ValueError(f"unknown reward {name!r}; choose one of {list(REWARD_NAMES)}")
+    return key
+
+
+def read_idf_corpus(path: str | os.PathLike) -> list[str]:
+    """Non-empty lines of a text file (EMScore's idf corpus); ValueError if missing or empty."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"idf corpus file {os.fspath(path)!r} does not exist")
+    lines = [line.strip() for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not lines:
+        raise ValueError(f"idf corpus file {os.fspath(path)!r} has no captions")
+    return lines
+
+
+def parse_terms(spec: str) -> list[tuple[str, float]]:
+    """``"emscore=1,clip_s=0.5"`` → ``[("emscore", 1.0), ("clip_s", 0.5)]`` (a bare name has weight 1)."""
+    terms = []
+    for part in spec.split(","):
+        if not part.strip():
+            continue
+        name, _, weight = part.partition("=")
+        try:
+            terms.append((name.strip(), float(weight) if weight.strip() else 1.0))
+        except ValueError:
+            raise ValueError(f"composite term {part!r}: the weight must be a number") from None
+    if not terms:
+        raise ValueError(f"composite spec {spec!r} has no terms")
+    return terms
+
+
+def build_reward(name: str, options: RewardOptions | None = None, *, backbone: Any = None, **overrides: Any):
+    """A capreward reward for ``name`` (``clip_s``, ``emscore``, ``fleur``, ``hallucination`` or
+    ``composite``).
+
+    Rewards read label ids from the ``visual_id`` column and build their model lazily on first use,
+    except a composite, which loads the CLIP its CLIP-based terms share at once. ``backbone``: an
+    existing :class:`~capreward.backbones.CLIPBackbone` for the CLIP-based rewards (then
+    ``clip_model``/``precision`` are not used). ``overrides`` replace fields of ``options``.
+    """
+    from ..rewards import CLIPScoreReward, EMScoreReward, FLEURReward, HallucinationPenalty
+
+    opts = options or RewardOptions()
+    for key, value in overrides.items():
+        if not hasattr(opts, key):
+            raise TypeError(f"unknown reward option {key!r}")
+        setattr(opts, key, value)
+    kind = canonical_name(name)
+    if kind == "composite":
+        return build_composite(opts)
+    common: dict[str, Any] = dict(visual_id_column=VISUAL_ID_COLUMN)
+    if kind in CLIP_BASED:
+        model = dict(backbone=backbone) if backbone is not None else dict(
+            model=opts.clip_model, precision=opts.precision, device=opts.device)
+        common.update(model, frames=opts.frames)
+    if kind == "clip_s":
+        return CLIPScoreReward(**({} if opts.w is None else {"w": opts.w}), **common)
+    if kind == "emscore":
+        return EMScoreReward(idf=read_idf_corpus(opts.idf) if opts.idf else False, **common)
+    if kind == "hallucination":
+        return HallucinationPenalty(idf=read_idf_corpus(opts.idf) if opts.idf else False, **common)
+    return FLEURReward(model=opts.fleur_model, device=opts.device,
+                       **({} if opts.dtype is None else {"dtype": opts.dtype}), **common)
+
+
+def build_composite(opts: RewardOptions):
+    """``CompositeReward`` of the terms in ``opts.composite`` with the default guards (repetition,
+    truncation, over-length); its CLIP-based terms share one CLIP backbone."""
+    from ..backbones import CLIPBackbone
+    from ..rewards import CompositeReward
+
+    terms = [(canonical_name(term), weight) for term, weight in parse_terms(opts.composite)]
+    if any(kind == "composite" for kind, _ in terms):
+        raise ValueError("a composite reward cannot contain another composite")
+    shared = None
+    if sum(kind in CLIP_BASED for kind, _ in terms) > 1:
+        shared = CLIPBackbone(opts.clip_model, device=opts.device, precision=opts.precision)
+    return CompositeReward([(build_reward(kind, opts, backbone=shared), weight) for kind, weight in terms])

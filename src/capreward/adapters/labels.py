@@ -1,0 +1,124 @@
+"""Per-sample labels of the RL-stack adapters: which visual a completion describes, and its references.
+
+Neither veRL nor OpenRLHF carries images through their reward hooks, so a sample names its visual by
+path (or cache id). A label is a dict, or a JSON string encoding one::
+
+    {"video": "clips/abc.mp4", "references": ["a man cooks", "someone fries eggs"], "visual_id": "abc"}
+    {"image": "/data/coco/123.jpg", "references": "a dog on a sofa"}
+    {"references": ["a man cooks"]}          # reference-only scoring (EMScore_ref, RefCLIP-S text side)
+
+Keys: ``video`` or ``image`` (a path; ``images``, a list of paths, is read as its first entry),
+``references`` (a str or a list of str; optional), ``visual_id`` (optional cache key). Relative paths
+are resolved against ``media_root`` when one is given.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+LABEL_KEYS = ("image", "images", "video", "references", "visual_id")
+
+
+class LabelError(ValueError):
+    """A malformed label; the message names the offending item (e.g. ``labels[3]``)."""
+
+
+@dataclass
+class Label:
+    """One parsed label: at most one of ``image``/``video`` (a path), ``references`` (None or a
+    non-empty list of non-empty strings) and an optional cache id."""
+
+    image: str | None = None
+    video: str | None = None
+    references: list[str] | None = None
+    visual_id: str | None = None
+
+    @property
+    def has_input(self) -> bool:
+        return self.image is not None or self.video is not None or self.references is not None
+
+
+def _tolist(value: Any) -> Any:
+    """numpy arrays (how parquet-backed datasets hand over lists) as Python lists; others unchanged."""
+    return value.tolist() if hasattr(value, "tolist") and not isinstance(value, (str, bytes)) else value
+
+
+def parse_references(value: Any, where: str) -> list[str] | None:
+    """A str or list of str as a list of non-empty references (None when there are none).
+
+    A str that holds a JSON list (``'["a", "b"]'``) is decoded. Raises :class:`LabelError` naming
+    ``where`` for other types.
+    """
+    value = _tolist(value)
+    if value is None:
+        return None
+    if isinstance(value, str):
+        stripped = value.strip()
+        if stripped.startswith("["):
+            try:
+                value = json.loads(stripped)
+            except json.JSONDecodeError as exc:
+                raise LabelError(f"{where}: references look like a JSON list but do not parse: {exc}") from None
+        else:
+            value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise LabelError(f"{where}: references must be a str or a list of str, got {type(value).__name__}")
+    refs = []
+    for j, r in enumerate(value):
+        if not isinstance(r, str):
+            raise LabelError(f"{where}: references[{j}] must be a str, got {type(r).__name__}")
+        if r.strip():
+            refs.append(r)
+    return refs or None
+
+
+def _path(value: Any, key: str, where: str, media_root: str | os.PathLike | None) -> str | None:
+    value = _tolist(value)
+    if key == "images" and isinstance(value, (list, tuple)):
+        value = value[0] if value else None
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value).strip():
+        raise LabelError(f"{where}: {key!r} must be a non-empty path string, got {value!r}")
+    path = Path(os.fspath(value)).expanduser()
+    if media_root is not None and not path.is_absolute():
+        path = Path(media_root) / path
+    return os.fspath(path)
+
+
+def parse_label(label: Any, where: str = "label", media_root: str | os.PathLike | None = None) -> Label:
+    """Parse one label (dict or JSON string of a dict); see the module docstring for the keys.
+
+    Raises :class:`LabelError` naming ``where`` when the label is not a dict/JSON object, has unknown
+    keys, gives both an image and a video, has values of the wrong type, or names nothing to score
+    against. Whether the named files exist is not checked here (the scorer reports that per sample).
+    """
+    if isinstance(label, (str, bytes)):
+        try:
+            label = json.loads(label)
+        except json.JSONDecodeError as exc:
+            raise LabelError(f"{where} is not valid JSON ({exc}); expected an object such as "
+                             '{"video": "clip.mp4", "references": ["..."]}') from None
+    if not isinstance(label, dict):
+        raise LabelError(f"{where} must be an object with image/video/references keys, got {type(label).__name__}")
+    unknown = sorted(set(label) - set(LABEL_KEYS))
+    if unknown:
+        raise LabelError(f"{where} has unknown keys {unknown}; allowed: {list(LABEL_KEYS)}")
+    image = _path(label.get("image"), "image", where, media_root)
+    if image is None:
+        image = _path(label.get("images"), "images", where, media_root)
+    video = _path(label.get("video"), "video", where, media_root)
+    if image is not None and video is not None:
+        raise LabelError(f"{where} gives both an image and a video; give one")
+    visual_id = label.get("visual_id")
+    if visual_id is not None and not isinstance(visual_id, (str, int)):
+        raise LabelError(f"{where}: visual_id must be a str, got {type(visual_id).__name__}")
+    parsed = Label(image=image, video=video, references=parse_references(label.get("references"), where),
+                   visual_id=None if visual_id is None else str(visual_id))
+    if not parsed.has_input:
+        raise LabelError(f"{where} names no image, video or references to score against")
+    return parsed

@@ -1,0 +1,77 @@
+"""Score (caption, label) pairs with a capreward reward, for adapters that have no dataset columns.
+
+Turns parsed :class:`~capreward.adapters.labels.Label` objects into the TRL-style columns the reward
+reads (``image``/``video``/``references``/visual id, under the reward's own column names) and returns
+one value or None per sample with the reason, plus the per-sample sub-scores.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from ..rewards.inputs import Columns
+from .labels import Label
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ScoredBatch:
+    """Per sample: ``values`` (None = unscored), ``reasons`` (why a value is None) and sub-score
+    ``metrics`` (name -> one float per sample, NaN where undefined)."""
+
+    values: list[float | None]
+    reasons: list[str | None]
+    metrics: dict[str, list[float]] = field(default_factory=dict)
+
+    def filled(self, fallback: float) -> list[float]:
+        """``values`` with ``fallback`` in place of None (RL stacks need a number for every sample)."""
+        return [fallback if v is None else v for v in self.values]
+
+
+def label_columns(labels: Sequence[Label], columns: Columns) -> dict[str, list[Any]]:
+    """The keyword columns a :class:`~capreward.rewards.CaptionReward` reads, one entry per label."""
+    out: dict[str, list[Any]] = {
+        columns.image: [lab.image for lab in labels],
+        columns.video: [lab.video for lab in labels],
+        columns.references: [lab.references for lab in labels],
+    }
+    if columns.visual_id is not None:
+        out[columns.visual_id] = [lab.visual_id for lab in labels]
+    return out
+
+
+def score_labelled(reward: Any, captions: Sequence[str], labels: Sequence[Label]) -> ScoredBatch:
+    """Score ``captions[i]`` against ``labels[i]`` with ``reward`` (a capreward reward, or any TRL-style
+    callable returning one float or None per completion).
+
+    Returns a :class:`ScoredBatch`; samples the reward cannot score get None and a reason, which is
+    also logged. Raises ValueError when the lengths differ.
+    """
+    if len(captions) != len(labels):
+        raise ValueError(f"got {len(labels)} labels for {len(captions)} completions")
+    if not captions:
+        return ScoredBatch([], [])
+    # rewards without their own column names (a composite, a plain TRL function) get ids as "visual_id"
+    columns = getattr(reward, "columns", None) or Columns(visual_id="visual_id")
+    kwargs = label_columns(labels, columns)
+    if hasattr(reward, "compute"):
+        out = reward.compute(None, list(captions), **kwargs)
+        values, reasons, metrics = list(out.values), list(out.reasons), dict(out.metrics)
+    else:
+        values = list(reward(None, list(captions), **kwargs))
+        reasons = [None if v is not None else "the reward returned None" for v in values]
+        metrics = {}
+    if len(values) != len(captions):
+        raise RuntimeError(f"the reward returned {len(values)} values for {len(captions)} completions")
+    for i, v in enumerate(values):
+        if v is not None and not math.isfinite(float(v)):
+            values[i], reasons[i] = None, f"the reward returned {v}"
+    bad = [i for i, v in enumerate(values) if v is None]
+    if bad:
+        logger.warning("%d/%d samples unscored: %s", len(bad), len(values),
+                       "; ".join(f"[{i}] {reasons[i]}" for i in bad[:8]))
+    return ScoredBatch([None if v is None else float(v) for v in values], reasons, metrics)

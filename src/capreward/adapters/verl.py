@@ -1,0 +1,205 @@
+"""veRL adapter: capreward rewards as veRL custom reward functions.
+
+veRL calls ``compute_score(data_source, solution_str, ground_truth, extra_info=None, **reward_kwargs)``
+once per response (``reward_model.reward_manager=naive``, the default) and expects a number, or a
+dict whose ``"score"`` entry is the reward and whose other entries are logged as extra reward info.
+With ``reward_model.reward_manager=batch`` it calls
+``compute_score(data_sources=, solution_strs=, ground_truths=, extra_infos=)`` once per batch and
+expects a list; :func:`compute_score_batch` is that entry point and scores the batch together.
+
+The visual comes from ``extra_info`` (``{"video": path}`` or ``{"image": path}``, optional
+``"visual_id"``; see :mod:`capreward.adapters.labels`) and the references from ``ground_truth`` (a
+str, a list of str, or ``extra_info["references"]``).
+
+Two ways to configure it:
+
+- Environment variables, with this file as the custom reward function::
+
+      custom_reward_function.path=$(python -c "import capreward.adapters.verl as m; print(m.__file__)")
+      custom_reward_function.name=compute_score          # or compute_score_batch
+      CAPREWARD_REWARD=emscore CAPREWARD_CLIP_MODEL=/models/ViT-B-32.pt CAPREWARD_IDF=corpus.txt \\
+      CAPREWARD_FALLBACK=0.0 CAPREWARD_RETURN_DICT=1 CAPREWARD_SUBSCORES=video/fine_p,video/fine_r \\
+      python -m verl.trainer.main_ppo ...
+
+  (see :meth:`capreward.adapters.factory.RewardOptions.from_env` for the model variables, and
+  ``CAPREWARD_MEDIA_ROOT`` for relative paths). The reward is built once per worker process, on first
+  call.
+- In your own reward file: ``compute_score = make_compute_score(EMScoreReward(model=..., idf=...))``.
+
+Unscorable samples: veRL needs a number for every response, so a sample that cannot be scored (empty
+response, unreadable video, malformed extra_info) gets ``fallback`` (0.0 by default) and the reason is
+logged with ``logging`` (logger ``capreward.adapters.verl``); in dict mode ``"unscored"`` is 1.0 for it.
+
+veRL loads the file with ``importlib`` as a standalone module, so this file uses absolute imports only.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+from typing import Any, Sequence
+
+from capreward.adapters.factory import RewardOptions, build_reward
+from capreward.adapters.labels import Label, LabelError, parse_label, parse_references
+from capreward.adapters.scoring import ScoredBatch, score_labelled
+
+logger = logging.getLogger("capreward.adapters.verl")
+
+
+def sample_label(ground_truth: Any, extra_info: Any, media_root: str | None = None, where: str = "sample") -> Label:
+    """The :class:`Label` of one veRL sample: visual (and optional id/references) from ``extra_info``,
+    references from ``ground_truth`` when it holds any. Raises LabelError naming ``where``."""
+    info = {} if extra_info is None else extra_info
+    if not isinstance(info, dict):
+        raise LabelError(f"{where}: extra_info must be a dict with an image or video path, got {type(info).__name__}")
+    fields = {k: info[k] for k in ("image", "images", "video", "visual_id", "references") if info.get(k) is not None}
+    refs = parse_references(ground_truth, f"{where} ground_truth")
+    if refs is not None:
+        fields["references"] = refs
+    return parse_label(fields, f"{where} extra_info", media_root)
+
+
+class VerlScorer:
+    """Callable in both veRL forms; see the module docstring.
+
+    Args:
+        reward: a capreward reward (it loads its model lazily, on the first scored batch).
+        fallback: the value returned for an unscorable sample.
+        return_dict: return ``{"score": value, "unscored": 0/1, <sub-scores>...}`` instead of a float.
+        subscores: in dict mode, the reward's sub-scores to add (e.g. ``["video/fine_p",
+            "reference/full_f"]``). veRL collects every key over the batch, so each result has exactly
+            these keys; a sub-score a sample lacks gets ``fallback``.
+        media_root: directory that relative image/video paths are resolved against.
+    """
+
+    def __init__(self, reward: Any, fallback: float = 0.0, return_dict: bool = False,
+                 subscores: Sequence[str] = (), media_root: str | None = None):
+        if not math.isfinite(float(fallback)):
+            raise ValueError(f"fallback must be a finite number, got {fallback}")
+        reserved = {"score", "unscored"} & set(subscores)
+        if reserved:
+            raise ValueError(f"sub-score names {sorted(reserved)} clash with the result's own keys")
+        self.reward = reward
+        self.fallback = float(fallback)
+        self.return_dict = return_dict
+        self.subscores = list(subscores)
+        self.media_root = media_root
+
+    def score_batch(
+        self,
+        solution_strs: Sequence[str],
+        ground_truths: Sequence[Any],
+        extra_infos: Sequence[Any] | None = None,
+    ) -> list[float | dict[str, float]]:
+        """One result per response (float, or dict in ``return_dict`` mode)."""
+        n = len(solution_strs)
+        extra_infos = [None] * n if extra_infos is None else list(extra_infos)
+        if len(ground_truths) != n or len(extra_infos) != n:
+            raise ValueError(f"got {n} responses, {len(ground_truths)} ground truths and {len(extra_infos)} extra_infos")
+        labels: list[Label | None] = []
+        reasons: list[str | None] = []
+        for i in range(n):
+            try:
+                labels.append(sample_label(ground_truths[i], extra_infos[i], self.media_root, where=f"sample {i}"))
+                reasons.append(None)
+            except LabelError as exc:
+                labels.append(None)
+                reasons.append(str(exc))
+        ok = [i for i in range(n) if labels[i] is not None]
+        scored = score_labelled(self.reward, [str(solution_strs[i]) for i in ok], [labels[i] for i in ok])
+        values: list[float | None] = [None] * n
+        metrics: dict[str, list[float]] = {}
+        for j, i in enumerate(ok):
+            values[i], reasons[i] = scored.values[j], scored.reasons[j]
+        for key, column in scored.metrics.items():
+            metrics[key] = [math.nan] * n
+            for j, i in enumerate(ok):
+                metrics[key][i] = column[j]
+        for i in range(n):
+            if values[i] is None:
+                logger.warning("unscored sample %d gets %s: %s", i, self.fallback, reasons[i] or "no score")
+        return self._results(ScoredBatch(values, reasons, metrics))
+
+    def _results(self, batch: ScoredBatch) -> list[float | dict[str, float]]:
+        filled = batch.filled(self.fallback)
+        if not self.return_dict:
+            return filled
+        out = []
+        for i, value in enumerate(filled):
+            row = {"score": value, "unscored": float(batch.values[i] is None)}
+            for key in self.subscores:
+                v = batch.metrics.get(key, [math.nan] * len(filled))[i]
+                row[key] = float(v) if math.isfinite(v) else self.fallback
+            out.append(row)
+        return out
+
+    def __call__(self, data_source: Any, solution_str: str, ground_truth: Any, extra_info: Any = None,
+                 **kwargs: Any) -> float | dict[str, float]:
+        """veRL's per-sample signature; extra ``reward_kwargs`` are accepted and ignored."""
+        return self.score_batch([solution_str], [ground_truth], [extra_info])[0]
+
+    def batch(self, data_sources: Sequence[Any], solution_strs: Sequence[str], ground_truths: Sequence[Any],
+              extra_infos: Sequence[Any] | None = None, **kwargs: Any) -> list[float | dict[str, float]]:
+        """veRL's batch-manager signature."""
+        return self.score_batch(solution_strs, ground_truths, extra_infos)
+
+
+def make_compute_score(reward: Any, fallback: float = 0.0, return_dict: bool = False,
+                       subscores: Sequence[str] = (), media_root: str | None = None) -> VerlScorer:
+    """A veRL ``compute_score`` for ``reward`` (a capreward reward object); options as for
+    :class:`VerlScorer`. The returned object is callable with veRL's per-sample signature; its
+    ``.batch`` method has the batch-manager signature."""
+    return VerlScorer(reward, fallback=fallback, return_dict=return_dict, subscores=subscores,
+                      media_root=media_root)
+
+
+_default: VerlScorer | None = None
+_default_lock = threading.Lock()
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def default_scorer() -> VerlScorer:
+    """The process-wide scorer configured from ``CAPREWARD_*`` environment variables (built once)."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            env = os.environ
+            reward = build_reward(env.get("CAPREWARD_REWARD", "emscore"), RewardOptions.from_env())
+            _default = VerlScorer(
+                reward,
+                fallback=float(env.get("CAPREWARD_FALLBACK", "0.0")),
+                return_dict=_truthy(env.get("CAPREWARD_RETURN_DICT")),
+                subscores=[k.strip() for k in env.get("CAPREWARD_SUBSCORES", "").split(",") if k.strip()],
+                media_root=env.get("CAPREWARD_MEDIA_ROOT") or None,
+            )
+        return _default
+
+
+def reset_default_scorer() -> None:
+    """Forget the environment-configured scorer (the next call re-reads the environment)."""
+    global _default
+    with _default_lock:
+        _default = None
+
+
+def compute_score(data_source: Any, solution_str: str, ground_truth: Any, extra_info: Any = None,
+                  **kwargs: Any) -> float | dict[str, float]:
+    """veRL custom reward function (per sample), configured by ``CAPREWARD_*`` environment variables."""
+    return default_scorer()(data_source, solution_str, ground_truth, extra_info, **kwargs)
+
+
+def compute_score_batch(data_sources: Sequence[Any], solution_strs: Sequence[str], ground_truths: Sequence[Any],
+                        extra_infos: Sequence[Any] | None = None, **kwargs: Any) -> list[float | dict[str, float]]:
+    """veRL custom reward function for ``reward_manager=batch``, configured like :func:`compute_score`."""
+    return default_scorer().batch(data_sources, solution_strs, ground_truths, extra_infos, **kwargs)
+
+
+__all__: list[str] = [
+    "VerlScorer", "compute_score", "compute_score_batch", "default_scorer", "make_compute_score",
+    "reset_default_scorer", "sample_label",
+]

@@ -1,0 +1,72 @@
+"""``capreward serve``: an OpenRLHF-compatible reward server (POST /get_reward) on a capreward reward."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+from ..backbones.clip_loading import DEFAULT_CLIP
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..adapters.factory import DEFAULT_FLEUR, RewardOptions, build_reward
+    from ..adapters.openrlhf import ServerLimits, make_server
+
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    options = RewardOptions(
+        clip_model=args.clip_model, fleur_model=args.fleur_model or DEFAULT_FLEUR, device=args.device,
+        precision=None if args.precision == "fp32" else args.precision, dtype=args.dtype, idf=args.idf,
+        frames=None if args.frames == 0 else args.frames, w=args.w, composite=args.composite,
+    )
+    reward = build_reward(args.reward, options)
+    limits = ServerLimits(max_body_bytes=args.max_body_bytes, max_items=args.max_items,
+                          max_concurrent=args.max_concurrent, queue_timeout=args.queue_timeout)
+    server = make_server(reward, args.host, args.port, fallback=args.fallback, media_root=args.media_root,
+                         limits=limits)
+
+    def stop(signum, _frame):
+        # shutdown() waits for serve_forever to return, so it must run outside the serving thread
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    print(f"capreward serve: ready on {server.url}/get_reward (reward {args.reward})", file=sys.stderr, flush=True)
+    try:
+        server.serve_forever(poll_interval=0.2)
+    finally:
+        if not server.close_gracefully():
+            print("capreward serve: requests still running at shutdown were dropped", file=sys.stderr, flush=True)
+    print("capreward serve: stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "serve", help="serve a reward over HTTP for OpenRLHF (--remote_rm_url http://HOST:PORT/get_reward)",
+        description=__doc__,
+    )
+    p.add_argument("--reward", default="emscore", help="clip_s | emscore | fleur | hallucination | composite")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=5000, help="0: pick a free port (printed on stderr when ready)")
+    p.add_argument("--clip-model", default=DEFAULT_CLIP, help="CLIP for clip_s/emscore: name/tag, .pt path, ...")
+    p.add_argument("--fleur-model", help="LLaVA judge for fleur: hub name or local directory")
+    p.add_argument("--composite", default="emscore=1.0,hallucination=1.0",
+                   help="terms of --reward composite: name=weight,... (plus repetition/truncation/length guards)")
+    p.add_argument("--idf", help="EMScore idf corpus: a text file with one caption per line (default: no idf)")
+    p.add_argument("--frames", type=int, default=10, help="frames per video (0: all)")
+    p.add_argument("--w", type=float, help="CLIP-S scale (default 2.5)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"], help="CLIP precision")
+    p.add_argument("--dtype", help="judge dtype for fleur (e.g. float16)")
+    p.add_argument("--media-root", help="directory that relative image/video paths in labels are resolved against")
+    p.add_argument("--fallback", type=float, default=0.0, help="reward of a sample that cannot be scored")
+    p.add_argument("--max-body-bytes", type=int, default=16 * 1024 * 1024, help="larger requests get 413")
+    p.add_argument("--max-items", type=int, default=4096, help="more queries per request get 413")
+    p.add_argument("--max-concurrent", type=int, default=4, help="requests scored at once; others wait")
+    p.add_argument("--queue-timeout", type=float, default=120.0, help="seconds a request waits for a slot before 503")
+    p.add_argument("--verbose", action="store_true", help="log every request")
+    p.set_defaults(func=run)

@@ -1,0 +1,41 @@
+"""Caption-quality rewards for RL fine-tuning (TRL's reward-function contract).
+
+``EMScoreReward``, ``CLIPScoreReward``/``PACScoreReward`` and ``FLEURReward``, ``VisCE2Reward`` and ``GVEvalReward``
+wrap the scorers;
+``HallucinationPenalty`` penalises caption words the visuals do not support; ``CompositeReward`` sums
+weighted rewards with guards against reward hacking (repetition, truncation, over-length).
+"""
+
+from .base import AsyncReward, CaptionReward, GroupScores, RewardFunction, RewardOutput
+from .clip_family import CLIPScoreReward, EMScoreReward, PACScoreReward
+from .composite import CompositeReward
+from .fleur import FLEURReward
+from .guards import Guards, length_penalty, repetition_penalty, truncation_penalty
+from .hallucination import DEFAULT_THRESHOLD, HallucinationPenalty
+from .judges import GVEvalReward, VisCE2Reward
+from .inputs import Columns, collect_inputs, completion_text, prompt_images
+
+__all__ = [
+    "AsyncReward",
+    "CLIPScoreReward",
+    "CaptionReward",
+    "Columns",
+    "CompositeReward",
+    "DEFAULT_THRESHOLD",
+    "EMScoreReward",
+    "FLEURReward",
+    "GVEvalReward",
+    "GroupScores",
+    "Guards",
+    "HallucinationPenalty",
+    "PACScoreReward",
+    "RewardFunction",
+    "RewardOutput",
+    "VisCE2Reward",
+    "collect_inputs",
+    "completion_text",
+    "length_penalty",
+    "prompt_images",
+    "repetition_penalty",
+    "truncation_penalty",
+]

@@ -1,0 +1,295 @@
+"""The reward-function base: TRL's call contract, lazy scorers, per-sample failures, logging.
+
+A :class:`CaptionReward` is a plain picklable callable (not an ``nn.Module``, which TRL would treat as
+a sequence-classification reward model). TRL names it by its ``__name__`` attribute, so its metrics
+appear as ``rewards/<__name__>/mean``. Subclasses implement :meth:`CaptionReward._build` (construct the
+scorer) and :meth:`CaptionReward.score_group` (score a batch of valid samples that share a visual
+kind); this module does the rest: reading TRL's arguments, grouping, isolating samples whose visual
+cannot be loaded, and reporting unscored samples.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from ..media import MediaError, describe, media_key
+from .inputs import Columns, RewardInputs, Sample, collect_inputs
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class GroupScores:
+    """What :meth:`CaptionReward.score_group` returns for k samples: ``scores`` (k floats; NaN or None
+    where a sample has no score), ``reasons`` (k entries, None or why a sample has no score) and
+    ``metrics`` (sub-score name -> k floats, NaN where undefined), logged as batch means."""
+
+    scores: list[float | None]
+    reasons: list[str | None] | None = None
+    metrics: dict[str, list[float]] = field(default_factory=dict)
+
+
+@dataclass
+class RewardOutput:
+    """One reward call's results, one entry per completion: ``values`` (None = unscored), ``reasons``
+    (None or why the value is None) and per-sample sub-score ``metrics``."""
+
+    values: list[float | None]
+    reasons: list[str | None]
+    metrics: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def unscored(self) -> list[int]:
+        return [i for i, v in enumerate(self.values) if v is None]
+
+
+def _nanmean(values: Sequence[float]) -> float:
+    finite = [v for v in values if v is not None and not math.isnan(v)]
+    return sum(finite) / len(finite) if finite else float("nan")
+
+
+class RewardFunction:
+    """Common behaviour of every capreward reward: the TRL name, reporting and the async variant.
+
+    ``name`` overrides the class-level ``__name__`` for this instance (TRL's metric prefix).
+    ``log_subscores``: also log the batch mean of every sub-score via TRL's ``log_metric``.
+    """
+
+    __name__ = "reward"
+
+    def __init__(self, name: str | None = None, log_subscores: bool = True):
+        if name is not None:
+            self.__name__ = name
+        self.log_subscores = log_subscores
+
+    @property
+    def name(self) -> str:
+        return self.__name__
+
+    def compute(self, prompts: Sequence[Any] | None, completions: Sequence[Any], **kwargs: Any) -> RewardOutput:
+        """Score the completions without logging anything (see :meth:`__call__`)."""
+        raise NotImplementedError
+
+    def __call__(
+        self, prompts: Sequence[Any] | None, completions: Sequence[Any], completion_ids: Any = None, **kwargs: Any
+    ) -> list[float | None]:
+        """TRL's reward-function contract: one float (or None for an unscorable sample) per completion.
+
+        ``kwargs`` are the dataset columns (lists, one entry per completion) plus TRL's
+        ``trainer_state``/``log_extra``/``log_metric``/``environments``. Reasons for None values go to
+        the ``logging`` module always and to ``log_extra``/``log_metric`` when TRL provides them.
+        """
+        log_extra = kwargs.pop("log_extra", None)
+        log_metric = kwargs.pop("log_metric", None)
+        out = self.compute(prompts, completions, **kwargs)
+        if len(out.values) != len(completions):  # a subclass bug; TRL would raise a less clear error
+            raise RuntimeError(f"{self.name} returned {len(out.values)} values for {len(completions)} completions")
+        self.report(out, log_extra, log_metric)
+        return out.values
+
+    def report(self, out: RewardOutput, log_extra: Callable | None = None, log_metric: Callable | None = None) -> None:
+        """Log unscored samples (logging module, ``log_extra`` column ``<name>/error``) and the batch's
+        unscored fraction and sub-score means (``log_metric`` as ``rewards/<name>/<metric>``)."""
+        bad = out.unscored
+        if bad:
+            shown = "; ".join(f"[{i}] {out.reasons[i] or 'no score'}" for i in bad[:8])
+            more = f"; ... {len(bad) - 8} more" if len(bad) > 8 else ""
+            logger.warning("%s: %d/%d samples unscored (None): %s%s", self.name, len(bad), len(out.values), shown, more)
+            if log_extra is not None:
+                log_extra(f"{self.name}/error", [r if v is None else None for r, v in zip(out.reasons, out.values)])
+        if log_metric is not None and out.values:
+            log_metric(f"rewards/{self.name}/unscored_frac", len(bad) / len(out.values))
+            if self.log_subscores:
+                for key, values in out.metrics.items():
+                    mean = _nanmean(values)
+                    if not math.isnan(mean):
+                        log_metric(f"rewards/{self.name}/{key}", mean)
+
+    def as_async(self) -> "AsyncReward":
+        """This reward as an ``async`` callable (TRL gathers async reward functions concurrently)."""
+        return AsyncReward(self)
+
+
+class AsyncReward:
+    """An async wrapper: ``await reward(...)`` runs the wrapped reward in a worker thread.
+
+    TRL 1.x detects it via ``inspect.iscoroutinefunction(obj.__call__)`` and awaits it together with
+    the other async rewards, so a slow judge does not serialise with them. The wrapped reward's lock
+    keeps one scorer from running two batches at once.
+    """
+
+    def __init__(self, reward: RewardFunction):
+        self.reward = reward
+        self.__name__ = reward.__name__
+
+    async def __call__(
+        self, prompts: Sequence[Any] | None, completions: Sequence[Any], completion_ids: Any = None, **kwargs: Any
+    ) -> list[float | None]:
+        return await asyncio.to_thread(self.reward, prompts, completions, completion_ids, **kwargs)
+
+
+def _visual_group_key(sample: Sample) -> Any:
+    key = media_key(sample.visual, sample.visual_id) if sample.visual is not None else None
+    return key if key is not None else ("object", id(sample.visual))
+
+
+class CaptionReward(RewardFunction):
+    """Base of the scorer-backed caption rewards.
+
+    Args:
+        scorer: an already built scorer to use (pickled along with the reward); else one is built on
+            first call from ``scorer_kwargs`` and dropped when pickling (rebuilt lazily after).
+        image_column, images_column, video_column, references_column, visual_id_column: dataset column
+            names (see :func:`capreward.rewards.inputs.collect_inputs` for how a visual is chosen).
+        use_references: score against the references column when a sample has references.
+        name, log_subscores: see :class:`RewardFunction`.
+        scorer_kwargs: keyword arguments of the scorer class (``model=``, ``device=``, ``backbone=``...).
+
+    Subclasses set ``needs_visual`` (False when references alone can be scored) and implement
+    :meth:`_build` and :meth:`score_group`.
+    """
+
+    needs_visual = True
+    #: exceptions that mean "this sample's input is unusable", not "the code is broken"
+    sample_errors: tuple[type[BaseException], ...] = (MediaError, ValueError, TypeError)
+
+    def __init__(
+        self,
+        *,
+        scorer: Any = None,
+        image_column: str = "image",
+        images_column: str = "images",
+        video_column: str = "video",
+        references_column: str = "references",
+        visual_id_column: str | None = None,
+        use_references: bool = True,
+        name: str | None = None,
+        log_subscores: bool = True,
+        **scorer_kwargs: Any,
+    ):
+        super().__init__(name=name, log_subscores=log_subscores)
+        self.columns = Columns(image_column, images_column, video_column, references_column, visual_id_column)
+        self.use_references = use_references
+        self.scorer_kwargs = scorer_kwargs
+        self._given_scorer = scorer
+        self._scorer = scorer
+        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------- the scorer
+    def _build(self) -> Any:
+        """Construct the scorer from ``self.scorer_kwargs`` (called once, on first use)."""
+        raise NotImplementedError
+
+    @property
+    def scorer(self) -> Any:
+        """The scorer, built on first access."""
+        with self._lock:
+            if self._scorer is None:
+                self._scorer = self._build()
+            return self._scorer
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state.pop("_lock", None)
+        if self._given_scorer is None:
+            state["_scorer"] = None  # models are rebuilt lazily in the receiving process
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
+
+    # ---------------------------------------------------------------- scoring
+    def score_group(
+        self,
+        captions: list[str],
+        visuals: list[Any] | None,
+        kind: str | None,
+        references: list[list[str]] | None,
+        visual_ids: list[str | None] | None,
+    ) -> GroupScores:
+        """Score k valid samples sharing a visual ``kind`` ("image", "video"; None = no visuals, only
+        when ``needs_visual`` is False) and, when ``references`` is given, each having references."""
+        raise NotImplementedError
+
+    def compute(self, prompts: Sequence[Any] | None, completions: Sequence[Any], **kwargs: Any) -> RewardOutput:
+        """Score each completion; see :meth:`RewardFunction.__call__`. Returns a :class:`RewardOutput`."""
+        inputs = collect_inputs(prompts, completions, kwargs, self.columns)
+        return self.score_inputs(inputs)
+
+    def score_inputs(self, inputs: RewardInputs) -> RewardOutput:
+        """Score collected samples: invalid ones get None, the rest are scored in groups that share a
+        visual kind and reference availability."""
+        n = len(inputs)
+        values: list[float | None] = [None] * n
+        reasons: list[str | None] = [s.error for s in inputs.samples]
+        metrics: dict[str, list[float]] = {}
+        groups: dict[tuple, list[int]] = {}
+        for i, s in enumerate(inputs.samples):
+            if s.error is not None:
+                continue
+            refs = s.references if self.use_references else None
+            if s.visual is None and (self.needs_visual or refs is None):
+                reasons[i] = "no image or video for this sample" + ("" if self.needs_visual else " and no references")
+                continue
+            groups.setdefault((s.kind, refs is not None), []).append(i)
+        with self._lock:
+            if groups:
+                self.scorer  # build outside the per-sample error handling: a bad config must raise
+            for (kind, with_refs), rows in groups.items():
+                self._score_rows(inputs.samples, rows, kind, with_refs, values, reasons, metrics, n)
+        return RewardOutput(values, reasons, metrics)
+
+    def _score_rows(self, samples, rows, kind, with_refs, values, reasons, metrics, n) -> None:
+        """Score ``rows`` together; if an input error escapes, retry per distinct visual, then per row,
+        so only the samples with the unusable input get None."""
+        try:
+            result = self._call_group(samples, rows, kind, with_refs)
+        except self.sample_errors as exc:
+            if len(rows) == 1:
+                reasons[rows[0]] = self._describe_error(samples[rows[0]], exc)
+                return
+            by_visual: dict[Any, list[int]] = {}
+            for i in rows:
+                by_visual.setdefault(_visual_group_key(samples[i]), []).append(i)
+            parts = list(by_visual.values()) if len(by_visual) > 1 else [[i] for i in rows]
+            for part in parts:
+                self._score_rows(samples, part, kind, with_refs, values, reasons, metrics, n)
+            return
+        for j, i in enumerate(rows):
+            v = result.scores[j]
+            if v is None or math.isnan(float(v)):
+                reason = result.reasons[j] if result.reasons else None
+                reasons[i] = reason or f"{self.name} gave no score"
+            else:
+                values[i] = float(v)
+        for key, column in result.metrics.items():
+            target = metrics.setdefault(key, [float("nan")] * n)
+            for j, i in enumerate(rows):
+                target[i] = float(column[j])
+
+    def _call_group(self, samples, rows, kind, with_refs) -> GroupScores:
+        group = [samples[i] for i in rows]
+        visuals = None if kind is None else [s.visual for s in group]
+        ids = [s.visual_id for s in group]
+        result = self.score_group(
+            [s.caption for s in group],
+            visuals,
+            kind,
+            [s.references for s in group] if with_refs else None,
+            ids if any(x is not None for x in ids) else None,
+        )
+        if len(result.scores) != len(rows):
+            raise RuntimeError(f"{type(self).__name__}.score_group returned {len(result.scores)} scores for {len(rows)} samples")
+        return result
+
+    @staticmethod
+    def _describe_error(sample: Sample, exc: BaseException) -> str:
+        if isinstance(exc, MediaError) and sample.visual is not None:
+            return f"{sample.kind} {describe(sample.visual)}: {exc.problem}"
+        return f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,45 @@
+"""FLEUR (a LLaVA judge's probability-weighted score) as a reward."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..scorers.fleur import FLEUR
+from .base import CaptionReward, GroupScores
+
+
+class FLEURReward(CaptionReward):
+    """FLEUR as a reward, in [0, 1] (RefFLEUR when the sample has references).
+
+    Constructor: ``model`` (hub name, local directory, ``(model, processor)`` pair or a
+    :class:`~capreward.judges.LocalJudge`), ``device``, ``dtype``, ``batch_size``, ``max_new_tokens``
+    and the other :class:`~capreward.scorers.FLEUR` options, plus the column options of
+    :class:`CaptionReward`. Videos are judged on their three-frame composite. A sample whose answer
+    does not read as a score (unfinished or unparseable) gets None with the judge's reason. The judge is
+    slow: use :meth:`as_async` so TRL runs it concurrently with the other rewards. ``raw_score`` (the
+    greedy answer read as a number) is logged as a sub-score.
+    """
+
+    __name__ = "fleur"
+
+    def _build(self) -> FLEUR:
+        return FLEUR(**self.scorer_kwargs)
+
+    def score_group(self, captions, visuals, kind, references, visual_ids) -> GroupScores:
+        result = self.scorer.score(
+            captions,
+            images=visuals if kind == "image" else None,
+            videos=visuals if kind == "video" else None,
+            references=references,
+        )
+        scores = [float(s) for s in result.score.tolist()]
+        reasons = [
+            (err or f"judge answer {raw!r} has no score") if math.isnan(s) else None
+            for s, err, raw in zip(scores, result.error, result.raw)
+        ]
+        return GroupScores(
+            scores=[None if math.isnan(s) else s for s in scores],
+            reasons=reasons,
+            metrics={"raw_score": [float(v) for v in result.raw_score.tolist()]},
+        )

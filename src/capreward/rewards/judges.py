@@ -1,0 +1,101 @@
+"""VisCE² and G-VEval (chat-VLM judges) as rewards.
+
+Both work on any :class:`~capreward.judges.protocol.JudgeBackend` (a local
+:class:`~capreward.judges.local_chat.LocalChatJudge` or a remote OpenAI-compatible server). Judges are
+slow: wrap the reward with :meth:`~capreward.rewards.base.RewardFunction.as_async` so TRL runs it
+concurrently with the other rewards. Values are the metric's 0..100 score times ``scale`` (0.01 by
+default, so rewards lie in [0, 1]); a sample the judge could not score (failed request, unreadable
+visual, no score in the answer) gets None with the reason logged.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..scorers.gveval import GVEval
+from ..scorers.visce2 import VisCE2
+from .base import CaptionReward, GroupScores
+
+
+def _floats(values) -> list[float]:
+    return [float(v) for v in values]
+
+
+class VisCE2Reward(CaptionReward):
+    """VisCE² as a reward (images; reference-free).
+
+    ``backend`` and the other :class:`~capreward.scorers.visce2.VisCE2` options (``expected``,
+    ``cache_dir``, ``context_max_tokens``, ``max_tokens``, ``top_logprobs``) go to the scorer, or pass a
+    built ``scorer``. As in the paper an answer without an integer scores 0 (its reason is logged in the
+    ``parsed`` sub-score, 1 or 0). With ``use_expected=True`` (and ``expected=True``) the reward is the
+    expected score instead of the written one. Visual contexts are cached across calls, so a GRPO group
+    sharing an image asks for its context once.
+    """
+
+    __name__ = "visce2"
+
+    def __init__(self, *, scale: float = 0.01, use_expected: bool = False, use_references: bool = False, **kwargs: Any):
+        super().__init__(use_references=use_references, **kwargs)
+        self.scale = float(scale)
+        self.use_expected = use_expected
+        if use_expected and self._given_scorer is None:
+            self.scorer_kwargs.setdefault("expected", True)
+
+    def _build(self) -> VisCE2:
+        return VisCE2(**self.scorer_kwargs)
+
+    def score_group(self, captions, visuals, kind, references, visual_ids) -> GroupScores:
+        if kind != "image":
+            reason = f"VisCE² scores images, got a {kind or 'sample without visual'}"
+            return GroupScores(scores=[None] * len(captions), reasons=[reason] * len(captions))
+        result = self.scorer.score(captions, visuals, image_ids=visual_ids if visual_ids and all(visual_ids) else None)
+        values = result.expected if self.use_expected and result.expected is not None else result.score
+        reasons = list(result.error)
+        if self.use_expected and result.expected_error is not None:
+            reasons = [e or r for e, r in zip(result.expected_error, reasons)]
+        scores = [None if math.isnan(v) else v * self.scale for v in _floats(values)]
+        metrics = {"parsed": [1.0 if e is None else 0.0 for e in result.error]}
+        if result.expected is not None:
+            metrics["expected"] = _floats(result.expected)
+        return GroupScores(scores=scores, reasons=[None if s is not None else r for s, r in zip(scores, reasons)], metrics=metrics)
+
+
+class GVEvalReward(CaptionReward):
+    """G-VEval as a reward (images or videos; ``mode`` "ref-free", "ref-only" or "combined").
+
+    ``backend``, ``mode``, ``accr`` and the other :class:`~capreward.scorers.gveval.GVEval` options go to
+    the scorer, or pass a built ``scorer``. Videos are judged on the three-frame composite. With ACCR the
+    reward is the mean of the four dimensions, each logged as a sub-score.
+    """
+
+    __name__ = "gveval"
+
+    def __init__(self, *, scale: float = 0.01, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.scale = float(scale)
+        mode = self._given_scorer.mode if self._given_scorer is not None else self.scorer_kwargs.get("mode", "ref-free")
+        self.mode = mode
+        self.needs_visual = mode != "ref-only"
+        self.use_references = self.use_references and mode != "ref-free"
+
+    def _build(self) -> GVEval:
+        return GVEval(**self.scorer_kwargs)
+
+    def score_group(self, captions, visuals, kind, references, visual_ids) -> GroupScores:
+        if self.mode != "ref-free" and references is None:
+            reason = f"G-VEval mode {self.mode!r} needs references for this sample"
+            return GroupScores(scores=[None] * len(captions), reasons=[reason] * len(captions))
+        result = self.scorer.score(
+            captions,
+            images=visuals if kind == "image" else None,
+            videos=visuals if kind == "video" else None,
+            references=references,
+        )
+        scores = [None if math.isnan(v) else v * self.scale for v in _floats(result.score)]
+        metrics = {"parsed": _floats(result.parsed)}
+        if self.scorer.accr:
+            for name in ("accuracy", "completeness", "conciseness", "relevance"):
+                metrics[name] = _floats(getattr(result, name))
+        reasons = [None if s is not None else e for s, e in zip(scores, result.error)]
+        return GroupScores(scores=scores, reasons=reasons, metrics=metrics)

@@ -1,0 +1,205 @@
+"""HallucinationPenalty: the pure math by hand, properties on real alignments, TRL contract, and the
+foil behaviour with a CLIP trained on colour words."""
+
+from __future__ import annotations
+
+import math
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from capreward.rewards import HallucinationPenalty
+from capreward.rewards.support import STOP_WORDS, content_mask, quantile_threshold, support_report
+from capreward.scorers.emscore import TokenAlignment
+
+from conftest import random_video, sample_clips
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ------------------------------------------------------------------------------ pure math
+def test_content_mask_ignores_specials_punctuation_and_function_words():
+    tokens = ["<sos>", "a", "man", "is", "riding", "the", "horse", ".", "<eos>"]
+    assert content_mask(tokens) == [False, False, True, False, True, False, True, False, False]
+    # with idf weights, frequency decides: "man" here is as frequent as a function word
+    weights = [1.0, 0.1, 0.5, 0.2, 2.0, 0.1, 3.0, 0.1, 1.5]
+    assert content_mask(tokens, weights, idf_threshold=0.6) == [False, False, False, False, True, False, True, False, False]
+
+
+def test_support_report_by_hand():
+    tokens = ["<sos>", "a", "red", "dog", "runs", "<eos>"]
+    sims = [0.9, 0.1, 0.30, 0.15, 0.25, 0.9]
+    content = content_mask(tokens)
+    r = support_report(tokens, sims, 0.2, content)
+    assert r.tokens == ["red", "dog", "runs"] and r.flagged == ["dog"]
+    assert r.index == [2, 3, 4] and r.flagged_index == [3]  # positions in the full token list (SOS at 0)
+    assert r.penalty == pytest.approx(-1 / 3)
+    # idf weights: dog carries 2 of the 2 + 1 + 1 content weight
+    w = [1.0, 0.1, 1.0, 2.0, 1.0, 1.0]
+    assert support_report(tokens, sims, 0.2, content, w).penalty == pytest.approx(-2 / 4)
+    assert support_report(tokens, sims, 0.31, content).penalty == -1.0
+    assert support_report(tokens, sims, 0.15, content).penalty == 0.0  # strictly below the threshold
+    # no content token: nothing unsupported
+    assert support_report(["<sos>", "the", "<eos>"], [0.0, -1.0, 0.0], 0.5, [False] * 3).penalty == 0.0
+    with pytest.raises(ValueError, match="one entry per token"):
+        support_report(tokens, sims[:-1], 0.2, content)
+
+
+def test_quantile_threshold():
+    assert quantile_threshold([0.1, 0.2, 0.3, 0.4, 0.5], 0.25) == pytest.approx(0.2)
+    assert quantile_threshold([0.3], 0.05) == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="no content tokens"):
+        quantile_threshold([], 0.05)
+    with pytest.raises(ValueError, match="quantile"):
+        quantile_threshold([0.1], 1.5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sims=st.lists(st.floats(-1, 1), min_size=1, max_size=12),
+    t1=st.floats(-1.1, 1.1),
+    t2=st.floats(-1.1, 1.1),
+    data=st.data(),
+)
+def test_penalty_in_range_and_monotone_in_threshold(sims, t1, t2, data):
+    content = data.draw(st.lists(st.booleans(), min_size=len(sims), max_size=len(sims)))
+    weights = data.draw(st.lists(st.floats(0, 5), min_size=len(sims), max_size=len(sims)))
+    tokens = [f"w{j}" for j in range(len(sims))]
+    lo, hi = sorted((t1, t2))
+    for w in (None, weights):
+        p_lo = support_report(tokens, sims, lo, content, w).penalty
+        p_hi = support_report(tokens, sims, hi, content, w).penalty
+        assert -1.0 <= p_hi <= p_lo <= 0.0  # a higher bar flags at least as much
+
+
+# ------------------------------------------------------------------------------ on real alignments
+@pytest.fixture(scope="module")
+def penalty(tiny_clip_path):
+    return HallucinationPenalty(model=str(tiny_clip_path))
+
+
+CAPTIONS = ["a man is cooking in the kitchen.", "the dog and the cat are on a sofa", "people dancing"]
+
+
+def test_thresholds_order_penalties_and_function_words_never_flagged(penalty):
+    videos = [random_video(i) for i in range(3)]
+    alignments = penalty.alignments(CAPTIONS, videos)
+    all_sims = [s for a in alignments for s in a.similarity]
+    for a in alignments:
+        strict = penalty.report_for(a, threshold=max(all_sims) + 1)
+        lenient = penalty.report_for(a, threshold=min(all_sims) - 1)
+        mid = penalty.report_for(a, threshold=float(np.median(all_sims)))
+        assert strict.penalty == -1.0 and lenient.penalty == 0.0
+        assert strict.penalty <= mid.penalty <= lenient.penalty
+        # every flagged token is a content word: function words and punctuation never count
+        assert strict.tokens and not set(strict.tokens) & STOP_WORDS
+        assert all(any(ch.isalpha() for ch in t) for t in strict.tokens)
+    # the penalty is exactly the fraction of content tokens below the threshold, read off the alignment
+    a = alignments[0]
+    threshold = float(np.median(all_sims))
+    content = [t for t in a.tokens if t in {"man", "cooking", "kitchen"}]
+    sims = {t: s for t, s in zip(a.tokens, a.similarity)}
+    expected = -sum(sims[t] < threshold for t in content) / len(content)
+    assert penalty.report_for(a, threshold).penalty == pytest.approx(expected)
+
+
+def test_calibrate_sets_quantile_of_good_caption_similarities(penalty):
+    videos = [random_video(i) for i in range(3)]
+    p = pickle.loads(pickle.dumps(penalty))
+    low = p.calibrate(CAPTIONS, videos, quantile=0.0)
+    assert all(r.penalty == 0.0 for r in p.reports(CAPTIONS, videos))  # nothing below the minimum
+    high = p.calibrate(CAPTIONS, videos, quantile=1.0)
+    assert high > low and p.threshold == high
+    sims = [s for r in p.reports(CAPTIONS, videos) for s in r.similarity]
+    assert p.calibrate(CAPTIONS, videos, quantile=0.5) == pytest.approx(float(np.quantile(sims, 0.5)))
+
+
+def test_trl_contract_values_and_bad_inputs(penalty, tmp_path):
+    videos = [random_video(i) for i in range(3)]
+    penalty.threshold = 0.0
+    expected = [r.penalty for r in penalty.reports(CAPTIONS, videos)]
+    logged = {}
+    conv = [[{"role": "assistant", "content": c}] for c in CAPTIONS]
+    values = penalty(None, conv, video=videos, log_metric=logged.__setitem__)
+    assert values == pytest.approx(expected)
+    assert all(-1.0 <= v <= 0.0 for v in values)
+    assert logged["rewards/hallucination/content_tokens"] == pytest.approx((3 + 3 + 2) / 3)
+    bad = penalty(None, ["a cat.", "", "a dog."], video=[videos[0], videos[1], str(tmp_path / "nope.mp4")])
+    assert bad[0] is not None and bad[1] is None and bad[2] is None
+    assert penalty(None, ["a cat."], references=[["a cat"]]) == [None]  # references alone do not say what is visible
+
+
+def test_idf_decides_function_words(tiny_clip_path):
+    corpus = ["a man in a kitchen", "a dog on a sofa", "a woman on a horse", "a car in a street"]
+    p = HallucinationPenalty(model=str(tiny_clip_path), idf=corpus, threshold=10.0)  # flag every content token
+    report = p.reports(["a man on a horse"], [random_video(0)])[0]
+    # "a" is in every caption (idf ln(5/5) = 0), "on" in two (ln(5/3) < ln 2): not content
+    assert report.tokens == ["man", "horse"] and report.penalty == -1.0
+
+
+def test_report_for_a_constructed_alignment(penalty):
+    a = TokenAlignment(
+        tokens=["<sos>", "a", "purple", "elephant", "<eos>"],
+        token_ids=[0, 1, 2, 3, 4],
+        best_frame=[0, 0, 1, 2, 0],
+        similarity=[0.9, 0.05, 0.31, 0.12, 0.8],
+        weight=[1.0] * 5,
+    )
+    report = penalty.report_for(a, threshold=0.2)
+    assert report.flagged == ["elephant"] and report.penalty == pytest.approx(-0.5)
+    assert report.flagged_index == [3] and a.tokens[3] == "elephant"
+
+
+# ------------------------------------------------------------------------------ foils, trained CLIP
+@pytest.mark.slow
+def test_foil_captions_on_sample_clips_with_a_colour_clip():
+    """Colour-tinted frames of the sample clips; true caption names the tint, the foil swaps the colour.
+    The threshold is calibrated on other true captions of the same clips (5% quantile). Calibration
+    captions name the colour before every other content word: this CLIP only knows colour words, and
+    under its causal text tower a word before the colour ("the picture is red") has not seen it, so its
+    similarity is meaningless and would drag the quantile down."""
+    from capreward.media import load_video
+    from capreward.testing.trained_clip import COLOURS, trained_clip_path
+
+    clips = sample_clips()
+    if not clips:
+        pytest.skip("sample clips not available")
+    frames = [load_video(c, frames=6) for c in clips]
+
+    def tinted(base, colour, alpha=0.7):
+        rgb = np.array(COLOURS[colour], dtype=np.float64)
+        return np.clip(alpha * rgb + (1 - alpha) * base.astype(np.float64), 0, 255).astype(np.uint8)
+
+    colours = list(COLOURS)
+    videos, truth, foils, calib = [], [], [], []
+    for base in frames:
+        for k, c in enumerate(colours):
+            videos.append(tinted(base, c))
+            truth.append(f"a {c} image.")
+            foils.append(f"a {colours[(k + 1) % len(colours)]} image.")
+            calib.append(f"a {c} picture.")
+    p = HallucinationPenalty(model=str(trained_clip_path()), frames=None)
+    threshold = p.calibrate(calib, videos, quantile=0.05)
+    true_reports, foil_reports = p.reports(truth, videos), p.reports(foils, videos)
+    true_pen = np.array([r.penalty for r in true_reports])
+    foil_pen = np.array([r.penalty for r in foil_reports])
+    # every foil is penalised more than its true caption, and its swapped colour word is flagged
+    assert (foil_pen < true_pen).all(), (true_pen, foil_pen, threshold)
+    for r, caption in zip(foil_reports, foils):
+        assert caption.split()[1] in r.flagged
+    for r, caption in zip(true_reports, truth):
+        assert caption.split()[1] not in r.flagged
+    assert true_pen.mean() > -0.1 and foil_pen.mean() < -0.9
+    # the same through the reward call
+    values = p(None, foils[:2] + truth[:2], video=videos[:2] * 2)
+    assert values == pytest.approx(list(foil_pen[:2]) + list(true_pen[:2]))

@@ -1,0 +1,261 @@
+"""``capreward serve`` as a real subprocess on 127.0.0.1: OpenRLHF's /get_reward protocol, values equal
+to the rewards called directly, 400s naming the bad item, fallback for unscorable samples, request
+bounds (413/503) and a clean shutdown on SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from capreward.adapters.openrlhf import END_MARKERS, ServerLimits, completion_of, make_server, post_json
+from capreward.rewards import CLIPScoreReward, EMScoreReward
+
+from conftest import random_video, write_mp4
+
+CAPTIONS = ["a man is cooking food in a kitchen", "a dog runs across the grass", "two people dance on a stage"]
+REFS = [["a person cooks dinner", "a chef prepares a meal"], ["a dog playing outside"], ["people dance"]]
+PROMPT = "<|user|> <image> Describe the picture in one sentence. <|assistant|> "
+
+
+@pytest.fixture(scope="module")
+def media(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("serve_media")
+    for i in range(2):
+        write_mp4(root / f"v{i}.mp4", random_video(60 + i, frames=12))
+        Image.fromarray(random_video(70 + i, frames=1)[0]).save(root / f"i{i}.png")
+    return root
+
+
+class Server:
+    """A ``capreward serve`` subprocess; ``url`` is read from its readiness line on stderr."""
+
+    def __init__(self, args: list[str], timeout: float = 180.0):
+        cmd = [sys.executable, "-m", "capreward.cli.main", "serve", "--host", "127.0.0.1", "--port", "0", *args]
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+        self.lines: list[str] = []
+        ready = threading.Event()
+        self.url = None
+
+        def read():
+            for line in self.proc.stderr:
+                self.lines.append(line)
+                m = re.search(r"ready on (http://127\.0\.0\.1:\d+)/get_reward", line)
+                if m:
+                    self.url = m.group(1)
+                    ready.set()
+            ready.set()
+
+        self.reader = threading.Thread(target=read, daemon=True)
+        self.reader.start()
+        if not ready.wait(timeout) or self.url is None:
+            self.proc.kill()
+            raise RuntimeError("server did not become ready:\n" + "".join(self.lines))
+
+    def post(self, payload, path="/get_reward"):
+        return post_json(self.url + path, payload, timeout=120)
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=60)
+        self.reader.join(timeout=10)
+        return code
+
+
+def query(caption: str, end: str = "") -> str:
+    return PROMPT + caption + end
+
+
+@pytest.fixture(scope="module")
+def clip_server(tiny_clip_path, media):
+    server = Server(["--reward", "clip_s", "--clip-model", str(tiny_clip_path), "--media-root", str(media),
+                     "--max-body-bytes", "20000", "--max-items", "16", "--fallback", "-1"])
+    yield server
+    # an idle keep-alive connection must not hold the shutdown up
+    host, port = server.url.removeprefix("http://").split(":")
+    idle = socket.create_connection((host, int(port)), timeout=10)
+    start = time.monotonic()
+    assert server.stop() == 0
+    idle.close()
+    assert time.monotonic() - start < 30
+    assert any("stopped" in line for line in server.lines)
+
+
+@pytest.fixture(scope="module")
+def em_server(tiny_clip_path, media, tmp_path_factory):
+    corpus = tmp_path_factory.mktemp("idf") / "corpus.txt"
+    corpus.write_text("\n".join(r for rs in REFS for r in rs) + "\n")
+    server = Server(["--reward", "emscore", "--clip-model", str(tiny_clip_path), "--idf", str(corpus)])
+    yield server, corpus
+    assert server.stop() == 0
+
+
+def test_health(clip_server):
+    with urllib.request.urlopen(clip_server.url + "/health", timeout=30) as resp:
+        assert json.loads(resp.read()) == {"status": "ok", "reward": "clipscore"}
+
+
+def test_clip_s_rewards_equal_the_reward_called_directly(clip_server, tiny_clip_path, media):
+    labels = [
+        json.dumps({"image": "i0.png", "references": REFS[0]}),  # JSON string, relative to --media-root
+        {"image": str(media / "i1.png"), "references": REFS[1]},  # object, absolute path
+        json.dumps({"image": "i1.png"}),  # no references: CLIP-S
+    ]
+    status, body = clip_server.post({
+        "query": [query(CAPTIONS[0], "</s>"), query(CAPTIONS[1], "<|im_end|>"), query(CAPTIONS[2])],
+        "prompts": [PROMPT] * 3,
+        "labels": labels,
+    })
+    assert status == 200, body
+    reward = CLIPScoreReward(model=str(tiny_clip_path))
+    with_refs = reward(None, CAPTIONS[:2], image=[str(media / "i0.png"), str(media / "i1.png")], references=REFS[:2])
+    plain = reward(None, CAPTIONS[2:], image=[str(media / "i1.png")])
+    assert body["rewards"] == pytest.approx(with_refs + plain, abs=1e-6)
+    assert body["scores"] == body["rewards"]
+    assert body["errors"] == [None, None, None]
+    assert body["extra_logs"]["unscored"] == [0.0, 0.0, 0.0]
+    assert len(body["extra_logs"]["clip_s"]) == 3
+
+
+def test_emscore_video_rewards_equal_the_reward_called_directly(em_server, tiny_clip_path, media):
+    server, corpus = em_server
+    videos = [str(media / "v0.mp4"), str(media / "v1.mp4"), str(media / "v0.mp4")]
+    labels = [{"video": v, "references": r, "visual_id": Path(v).stem} for v, r in zip(videos, REFS)]
+    status, body = server.post({"query": [query(c) for c in CAPTIONS], "prompts": [PROMPT] * 3, "labels": labels})
+    assert status == 200, body
+    reward = EMScoreReward(model=str(tiny_clip_path), idf=corpus.read_text().split("\n")[:-1])
+    direct = reward(None, CAPTIONS, video=videos, references=REFS)
+    assert body["rewards"] == pytest.approx(direct, abs=1e-6)
+    assert {"video/fine_p", "reference/full_f", "unscored"} <= set(body["extra_logs"])
+
+
+def test_concurrent_requests_all_answer_consistently(em_server, media):
+    server, _ = em_server
+    payload = {"query": [query(c) for c in CAPTIONS], "prompts": [PROMPT] * 3,
+               "labels": [{"video": str(media / "v1.mp4")}] * 3}
+    with ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(lambda _: server.post(payload), range(6)))
+    assert all(status == 200 for status, _ in results)
+    first = results[0][1]["rewards"]
+    for _, body in results[1:]:
+        assert body["rewards"] == pytest.approx(first, abs=1e-6)
+
+
+def test_unscorable_samples_get_the_fallback_with_a_reason(clip_server, media, tiny_clip_path):
+    status, body = clip_server.post({
+        "query": [query(CAPTIONS[0]), query(""), query(CAPTIONS[2])],
+        "prompts": [PROMPT] * 3,
+        "labels": [{"image": "missing.png"}, {"image": "i0.png"}, {"image": "i0.png"}],
+    })
+    assert status == 200, body
+    assert body["rewards"][:2] == [-1.0, -1.0]
+    assert "missing.png" in body["errors"][0] and "does not exist" in body["errors"][0]
+    assert "empty" in body["errors"][1]
+    assert body["errors"][2] is None
+    direct = CLIPScoreReward(model=str(tiny_clip_path))(None, [CAPTIONS[2]], image=[str(media / "i0.png")])
+    assert body["rewards"][2] == pytest.approx(direct[0], abs=1e-6)
+    assert body["extra_logs"]["unscored"] == [1.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    "payload, status, message",
+    [
+        ({"query": [query("a dog")], "labels": ["{not json"]}, 400, r"labels\[0\] is not valid JSON"),
+        ({"query": [query("a"), query("b")], "labels": [{"image": "i0.png"}, {"imag": "x"}]}, 400,
+         r"labels\[1\] has unknown keys \['imag'\]"),
+        ({"query": [query("a")]}, 400, "missing 'labels'"),
+        ({"labels": [{"image": "i0.png"}]}, 400, "missing 'query'"),
+        ({"query": [query("a")], "prompts": [PROMPT, PROMPT], "labels": [{"image": "i0.png"}]}, 400,
+         "'prompts' has 2 entries for 1 queries"),
+        ({"query": ["something else"], "prompts": [PROMPT], "labels": [{"image": "i0.png"}]}, 400,
+         r"query\[0\]: the query does not contain its prompt"),
+        ({"query": [query("a"), 5], "labels": [{"image": "i0.png"}] * 2}, 400, r"query\[1\] must be a str"),
+        (["not", "an", "object"], 400, "must be a JSON object"),
+        ({"query": [query("a")] * 17, "labels": [{"image": "i0.png"}] * 17}, 413, "at most 16"),
+    ],
+)
+def test_bad_requests_are_refused_naming_the_item(clip_server, payload, status, message):
+    got_status, body = clip_server.post(payload)
+    assert got_status == status, body
+    assert re.search(message, body["error"]), body["error"]
+
+
+def test_oversized_body_gets_413_and_unknown_paths_404(clip_server):
+    big = {"query": [query("x" * 30000)], "labels": [{"image": "i0.png"}]}
+    status, body = clip_server.post(big)
+    assert status == 413 and "exceeds the limit of 20000" in body["error"]
+    status, body = clip_server.post({"query": []}, path="/score")
+    assert status == 404
+    status, body = clip_server.post({"query": [], "labels": []})
+    assert status == 200 and body["rewards"] == []
+
+
+def test_bounded_concurrency_503_and_graceful_close(tiny_clip_path, media):
+    """In process: with every slot taken, a request waits ``queue_timeout`` and is refused."""
+    server = make_server(CLIPScoreReward(model=str(tiny_clip_path)), "127.0.0.1", 0, media_root=str(media),
+                         limits=ServerLimits(max_concurrent=1, queue_timeout=0.2))
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        payload = {"query": [CAPTIONS[0]], "labels": [{"image": "i0.png"}]}
+        assert server.slots.acquire(timeout=1)
+        start = time.monotonic()
+        status, body = post_json(server.url + "/get_reward", payload)
+        assert status == 503 and "busy" in body["error"]
+        assert time.monotonic() - start >= 0.2
+        server.slots.release()
+        status, body = post_json(server.url + "/get_reward", payload)
+        assert status == 200 and len(body["rewards"]) == 1
+        # graceful close waits for requests being scored (a held slot) and reports a timeout
+        assert server.slots.acquire(timeout=1)
+        server.shutdown()
+        assert server.close_gracefully(timeout=0.2) is False
+        server.slots.release()
+        assert server.close_gracefully(timeout=1) is True
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def test_completion_extraction():
+    assert completion_of(PROMPT + "a cat</s>", PROMPT, "q") == "a cat"
+    assert completion_of("<pad><pad>" + PROMPT + " a cat <|im_end|></s>", PROMPT, "q") == "a cat"
+    assert completion_of("a cat", None, "q") == "a cat"
+    assert "</s>" in END_MARKERS
+
+
+def test_composite_service_equals_the_composite_called_directly(tiny_clip_path, media):
+    """The composite built by the factory (shared CLIP, default guards) through the service."""
+    from capreward.adapters import RewardOptions, RewardService, build_reward
+    from capreward.rewards import CompositeReward, HallucinationPenalty
+
+    composite = build_reward("composite", RewardOptions(clip_model=str(tiny_clip_path),
+                                                        composite="emscore=1.0,clip_s=0.5,hallucination=2"))
+    backbones = {id(func.scorer.backbone) for _, func, _ in composite.components}
+    assert len(backbones) == 1  # one CLIP for the three terms
+    service = RewardService(composite, fallback=-3.0, media_root=str(media))
+    captions = ["a man is cooking food in a kitchen.", "a dog a dog a dog a dog", "two people dance on a"]
+    answer = service.handle({
+        "query": [query(c) for c in captions], "prompts": [PROMPT] * 3,
+        "labels": [{"video": "v0.mp4", "references": REFS[0]}, {"video": "v1.mp4"}, {"video": "nope.mp4"}],
+    })
+    path = str(tiny_clip_path)
+    direct = CompositeReward([
+        (EMScoreReward(model=path), 1.0), (CLIPScoreReward(model=path), 0.5), (HallucinationPenalty(model=path), 2.0),
+    ])(None, captions[:2], video=[str(media / "v0.mp4"), str(media / "v1.mp4")], references=[REFS[0], None])
+    assert answer["rewards"][:2] == pytest.approx(direct, abs=1e-6)
+    assert answer["rewards"][2] == -3.0 and "nope.mp4" in answer["errors"][2]
+    assert answer["extra_logs"]["guard/repetition"][1] < 0  # the repeated caption is penalised
+    assert {"emscore", "clipscore", "hallucination"} <= set(answer["extra_logs"])
