@@ -1,0 +1,41 @@
+"""Validation scoring during training: torchmetrics metrics, a Lightning callback and a transformers
+``TrainerCallback``.
+
+- :class:`EMScoreMetric`, :class:`CLIPScoreMetric`, :class:`FLEURMetric` (``tm_metrics``),
+  :class:`VisCE2Metric`, :class:`GVEvalMetric` (``tm_judges``): torchmetrics
+  Metrics over the scorers, per-sample states synced with ``dist_reduce_fx="cat"``.
+- :class:`CaptionScoreCallback` (``lightning``): scores the captions returned by ``validation_step``
+  and logs ``val/<metric>`` through ``pl_module.log`` (monitorable by ModelCheckpoint/EarlyStopping).
+- :class:`CaptionEvalCallback` (``transformers``): at each evaluation of a transformers/TRL trainer,
+  generates captions for a held-out set on all processes, scores them and logs through the trainer.
+
+Imports are lazy so that using one integration never imports the other framework.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {
+    "CaptionMetric": "capreward.callbacks.tm_metrics",
+    "EMScoreMetric": "capreward.callbacks.tm_metrics",
+    "CLIPScoreMetric": "capreward.callbacks.tm_metrics",
+    "FLEURMetric": "capreward.callbacks.tm_metrics",
+    "VisCE2Metric": "capreward.callbacks.tm_judges",
+    "GVEvalMetric": "capreward.callbacks.tm_judges",
+    "CaptionScores": "capreward.callbacks.summary",
+    "CaptionScoreCallback": "capreward.callbacks.lightning",
+    "CaptionEvalCallback": "capreward.callbacks.transformers",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'capreward.callbacks' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))

@@ -1,0 +1,446 @@
+"""torchmetrics ``Metric`` classes wrapping the scorers: EMScore, CLIP-S / RefCLIP-S and FLEUR.
+
+Each metric keeps, per caption, one row of values (the main score and its sub-scores, see
+``columns``) and optionally a sample id, in list states with ``dist_reduce_fx="cat"``, so syncing
+across processes is torchmetrics' own. :meth:`CaptionMetric.compute` returns the mean score (and on
+request the sub-score means and the per-sample values); :meth:`CaptionMetric.summary` returns the
+synced per-sample table as :class:`~capreward.callbacks.summary.CaptionScores`.
+
+Sample ids (dataset indices) make the result independent of the number of processes: rows are ordered
+by id and the samples a ``DistributedSampler`` repeats to pad the last batch are counted once.
+
+The scorer (and its CLIP backbone or VLM judge) is held by reference, outside the module tree: it is
+not part of ``state_dict()`` (checkpoints stay small and strict loading works), ``metric.to(device)``
+moves only the metric's states, and copies of the metric (``clone()``, ``deepcopy``) share the same
+scorer. Build several metrics on one :class:`~capreward.backbones.CLIPBackbone` with ``backbone=``.
+
+Empty captions (what a young captioner often produces) are not sent to the scorer: they score
+``empty_score`` (0.0 by default; None gives NaN, i.e. left out of the mean) and are counted in the
+``"empty"`` column.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Mapping
+from typing import Any, Callable, Sequence
+
+import torch
+from torchmetrics import Metric
+from torchmetrics.utilities.data import dim_zero_cat
+
+from ..backbones.clip import CLIPBackbone
+from ..backbones.clip_loading import DEFAULT_CLIP
+from ..media import DEFAULT_FRAMES
+from .sources import as_captions, as_references
+from .sources import per_sample as split_per_sample
+from .summary import NO_ID, CaptionScores, check_ids, nanmean, summarize
+
+logger = logging.getLogger(__name__)
+
+_MATCH_FIELDS = ("coarse", "fine_p", "fine_r", "fine_f", "full_p", "full_r", "full_f")
+_VISUAL_KINDS = ("video", "image")
+
+
+class _Shared:
+    """Holds an object by reference: deep copies (``Metric.clone``) keep pointing at the same object,
+    and ``nn.Module`` does not register it, so it never enters ``state_dict`` or ``.to()``."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any):
+        self.obj = obj
+
+    def __deepcopy__(self, memo: dict) -> "_Shared":
+        return self
+
+
+class CaptionMetric(Metric):
+    """Base class: per-caption rows of ``columns`` accumulated over ``update`` calls.
+
+    Subclasses set ``columns`` (``"score"`` first, ``"empty"`` second) and implement
+    :meth:`_score_rows`. ``compute()`` returns a 0-d float32 tensor with the mean of ``"score"`` over
+    the samples that have one (NaN when none); with ``sub_scores=True`` or ``per_sample=True`` a flat
+    dict instead: ``"score"`` (the mean), each other column's mean under its own name, and with
+    ``per_sample=True`` ``"per_sample/<column>"`` Tensor [N] plus ``"per_sample/id"`` LongTensor [N]
+    when ids were given. Extra keyword arguments go to ``torchmetrics.Metric`` (``sync_on_compute``,
+    ``process_group``, ``compute_on_cpu`` …).
+    """
+
+    is_differentiable = False
+    higher_is_better = True
+    full_state_update = False
+    columns: tuple[str, ...] = ("score", "empty")
+    default_name = "caption_score"
+
+    def __init__(
+        self,
+        scorer: Any,
+        *,
+        visual: str | None,
+        empty_score: float | None = 0.0,
+        per_sample: bool = False,
+        sub_scores: bool = False,
+        name: str | None = None,
+        **kwargs: Any,
+    ):
+        super().__init__(**kwargs)
+        if visual is not None and visual not in _VISUAL_KINDS:
+            raise ValueError(f"visual must be 'video', 'image' or None, got {visual!r}")
+        self._scorer = _Shared(scorer)
+        self.visual = visual
+        self.empty_score = math.nan if empty_score is None else float(empty_score)
+        self.per_sample = per_sample
+        self.sub_scores = sub_scores
+        self.name = name or self.default_name
+        self._mode: tuple[bool, bool] | None = None
+        self._mode_across_reset: tuple[bool, bool] | None = None
+        self.add_state("ids", default=[], dist_reduce_fx="cat")
+        self.add_state("values", default=[], dist_reduce_fx="cat")
+
+    @property
+    def scorer(self) -> Any:
+        """The wrapped scorer (shared, never copied or moved by the metric)."""
+        return self._scorer.obj
+
+    # ------------------------------------------------------------------------------- torchmetrics
+    def update(
+        self,
+        candidates: Sequence[str],
+        visuals: Any = None,
+        references: Sequence[Sequence[str] | str] | None = None,
+        *,
+        ids: Sequence[int] | torch.Tensor | None = None,
+        visual_ids: Sequence[str | None] | None = None,
+    ) -> None:
+        """Score a batch and keep its per-caption rows.
+
+        ``visuals``: one video (or image, per ``visual=``) per caption: a list, or a batched tensor/array
+        split along dim 0. ``references``: one caption or list of captions per candidate. ``ids``: one
+        int sample id per caption (dataset index), needed for exact results under a DistributedSampler.
+        ``visual_ids``: optional cache keys for the visuals.
+        """
+        candidates = as_captions(candidates, what="candidates")
+        n = len(candidates)
+        if n == 0:
+            return
+        visuals = None if visuals is None else split_per_sample(visuals, n, "visuals")
+        refs = None if references is None else as_references(references, n)
+        if visual_ids is not None:
+            visual_ids = split_per_sample(visual_ids, n, "visual_ids")
+        id_tensor = torch.full((n,), NO_ID) if ids is None else check_ids(ids, n)
+        self._check_mode(visuals is not None, refs is not None)
+
+        rows = torch.full((n, len(self.columns)), math.nan, dtype=torch.float32)
+        empty = [not c.strip() for c in candidates]
+        keep = [i for i in range(n) if not empty[i]]
+        if keep:
+            pick = lambda xs: None if xs is None else [xs[i] for i in keep]  # noqa: E731
+            scored = self._score_rows([candidates[i] for i in keep], pick(visuals), pick(refs), pick(visual_ids))
+            rows[keep] = scored.to(torch.float32).cpu()
+        if len(keep) < n:
+            drop = [i for i in range(n) if empty[i]]
+            rows[drop] = self._empty_row(visuals is not None, refs is not None)
+        rows[:, 1] = torch.tensor(empty, dtype=torch.float32)
+        self.ids.append(id_tensor.to(self.device))
+        self.values.append(rows.reshape(-1).to(self.device))
+        self._mode = (visuals is not None, refs is not None)
+
+    def compute(self) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The mean score (0-d float32), or a dict (see the class docstring)."""
+        scores = self._summarize()
+        mean = torch.tensor(scores.mean, dtype=torch.float32)
+        if not (self.per_sample or self.sub_scores):
+            return mean
+        out = {"score": mean}
+        if self.sub_scores:
+            out.update({k: torch.tensor(v, dtype=torch.float32) for k, v in scores.means().items() if k != "score"})
+        if self.per_sample:
+            out.update({f"per_sample/{k}": v for k, v in scores.values.items()})
+            if scores.ids is not None:
+                out["per_sample/id"] = scores.ids
+        return out
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The batch's value (as ``compute`` would give on this batch alone); also accumulates it.
+
+        torchmetrics' ``forward`` resets the metric around the batch update; the inputs mode of the
+        earlier updates is carried through that reset so that mixing modes is still refused.
+        """
+        self._mode_across_reset = self._mode
+        try:
+            return super().forward(*args, **kwargs)
+        finally:
+            self._mode_across_reset = None
+
+    def reset(self) -> None:
+        super().reset()
+        self._mode = getattr(self, "_mode_across_reset", None)
+
+    # ---------------------------------------------------------------------------------- results
+    def summary(self) -> CaptionScores:
+        """Per-sample scores over every process (synced like ``compute``), repeats removed by id."""
+        if self._is_synced or not self.sync_on_compute:
+            return self._summarize()
+        with self.sync_context(dist_sync_fn=self.dist_sync_fn, should_sync=True, should_unsync=True):
+            return self._summarize()
+
+    def _summarize(self) -> CaptionScores:
+        ids = _cat(self.ids)
+        values = _cat(self.values)
+        return summarize(self.name, self.columns, ids, values)
+
+    # ------------------------------------------------------------------------------ for subclasses
+    def _score_rows(self, candidates: list[str], visuals, references, visual_ids) -> torch.Tensor:
+        """Rows [n, len(columns)] for non-empty captions (column 1, ``empty``, is filled by update)."""
+        raise NotImplementedError
+
+    def _parts(self, has_visuals: bool, has_refs: bool) -> list[str]:
+        """Columns that get ``empty_score`` for an empty caption, given which inputs were present."""
+        return [c for c in self.columns if c not in ("empty", "truncated", "parsed")]
+
+    def _empty_row(self, has_visuals: bool, has_refs: bool) -> torch.Tensor:
+        row = torch.full((len(self.columns),), math.nan)
+        for c in self._parts(has_visuals, has_refs):
+            row[self.columns.index(c)] = self.empty_score
+        if "truncated" in self.columns:
+            row[self.columns.index("truncated")] = 0.0
+        return row
+
+    def _check_mode(self, has_visuals: bool, has_refs: bool) -> None:
+        if not has_visuals and not has_refs:
+            raise ValueError(f"{self.name}: update needs visuals and/or references")
+        if has_visuals and self.visual is None:
+            raise ValueError(f"{self.name}: got visuals but the metric was built with visual=None")
+        mode = (has_visuals, has_refs)
+        if self._mode is not None and mode != self._mode:
+            raise ValueError(
+                f"{self.name}: this update has visuals={has_visuals}, references={has_refs} but earlier updates "
+                f"had visuals={self._mode[0]}, references={self._mode[1]}; the main score would mix different "
+                "definitions. Give the same inputs every time, or use separate metrics."
+            )
+
+    def _row_tensor(self, columns: dict[str, torch.Tensor], n: int) -> torch.Tensor:
+        rows = torch.full((n, len(self.columns)), math.nan, dtype=torch.float32)
+        for name, col in columns.items():
+            rows[:, self.columns.index(name)] = col.detach().float().cpu()
+        return rows
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, visual={self.visual!r})"
+
+
+def named_metrics(metrics: Sequence[CaptionMetric] | Mapping[str, CaptionMetric]) -> dict[str, CaptionMetric]:
+    """Metrics keyed by log name: a mapping as given, a list by each metric's ``name``.
+
+    Raises ValueError for no metrics or two with the same name, TypeError for a non-CaptionMetric.
+    """
+    if isinstance(metrics, Mapping):
+        named = dict(metrics)
+    else:
+        named = {}
+        for m in metrics:
+            if not isinstance(m, CaptionMetric):
+                raise TypeError(f"metrics must be capreward CaptionMetrics, got {type(m).__name__}")
+            if m.name in named:
+                raise ValueError(f"two metrics are named {m.name!r}; pass a mapping name -> metric")
+            named[m.name] = m
+    if not named:
+        raise ValueError("at least one metric is needed")
+    for name, m in named.items():
+        if not isinstance(m, CaptionMetric):
+            raise TypeError(f"metric {name!r} must be a capreward CaptionMetric, got {type(m).__name__}")
+    return named
+
+
+def _cat(state: Any) -> torch.Tensor:
+    if isinstance(state, torch.Tensor):
+        return state
+    return dim_zero_cat(state) if len(state) else torch.zeros(0)
+
+
+# ------------------------------------------------------------------------------------------ EMScore
+class EMScoreMetric(CaptionMetric):
+    """EMScore as a torchmetrics Metric: the mean full F of EMScore(X, V), EMScore(X, X*) or
+    EMScore(X, V, X*) depending on what ``update`` gets (in [-1, 1]; higher is better).
+
+    Columns: ``score``, ``empty`` (1 for an empty caption), ``truncated`` (1 when the caption was cut
+    to CLIP's context) and ``<part>.<component>`` for part in video/reference/combined and component in
+    coarse, fine_p/r/f, full_p/r/f (NaN for parts not computed).
+
+    Args: ``model`` (any CLIP specification) or ``backbone`` (a shared :class:`CLIPBackbone`) or
+    ``scorer`` (a configured :class:`~capreward.EMScore`); ``idf``, ``frames``, ``batch_size`` as for
+    the scorer; ``visual``: ``"video"`` (default) or ``"image"``; see :class:`CaptionMetric` for the rest.
+    """
+
+    columns = ("score", "empty", "truncated") + tuple(
+        f"{part}.{f}" for part in ("video", "reference", "combined") for f in _MATCH_FIELDS
+    )
+    default_name = "emscore"
+    plot_lower_bound = -1.0
+    plot_upper_bound = 1.0
+
+    def __init__(
+        self,
+        model: str | os.PathLike | Callable[[], tuple] = DEFAULT_CLIP,
+        *,
+        backbone: CLIPBackbone | None = None,
+        scorer: Any = None,
+        device: str | torch.device = "cpu",
+        idf: Any = False,
+        frames: int | None = DEFAULT_FRAMES,
+        batch_size: int = 64,
+        visual: str | None = "video",
+        **kwargs: Any,
+    ):
+        if scorer is None:
+            from ..scorers.emscore import EMScore
+
+            scorer = EMScore(model, device=device, idf=idf, frames=frames, batch_size=batch_size, backbone=backbone)
+        elif backbone is not None:
+            raise ValueError("give either scorer= or backbone=, not both")
+        super().__init__(scorer, visual=visual, **kwargs)
+
+    def _score_rows(self, candidates, visuals, references, visual_ids):
+        kw = {}
+        if visuals is not None:
+            kw["videos" if self.visual == "video" else "images"] = visuals
+            kw["video_ids"] = visual_ids
+        res = self.scorer.score(candidates, references=references, **kw)
+        cols = {"score": res.score, "truncated": torch.tensor(res.truncated, dtype=torch.float32)}
+        for part in ("video", "reference", "combined"):
+            scores = getattr(res, part)
+            if scores is not None:
+                cols.update({f"{part}.{k}": v for k, v in scores.as_dict().items()})
+        return self._row_tensor(cols, len(candidates))
+
+    def _parts(self, has_visuals, has_refs):
+        parts = ["score"]
+        present = [p for p, on in (("video", has_visuals), ("reference", has_refs)) if on]
+        if has_visuals and has_refs:
+            present.append("combined")
+        return parts + [f"{p}.{f}" for p in present for f in _MATCH_FIELDS]
+
+
+# ------------------------------------------------------------------------------------------- CLIP-S
+class CLIPScoreMetric(CaptionMetric):
+    """CLIP-S (or RefCLIP-S when ``update`` gets references) as a torchmetrics Metric; in [0, w]
+    (w = 2.5; PAC-S: pass ``scorer=PACScore(...)``), higher is better.
+
+    Columns: ``score`` (RefCLIP-S with references, else CLIP-S), ``empty``, ``truncated``, ``clip_s``,
+    ``ref_clip_s`` and ``ref_similarity`` (max cosine to the references, in [-1, 1]).
+
+    Args: ``model``/``backbone``/``scorer`` as for :class:`EMScoreMetric`; ``w``; ``frames`` (for
+    videos, scored through their mean frame embedding); ``visual``: ``"image"`` (default) or ``"video"``.
+    """
+
+    columns = ("score", "empty", "truncated", "clip_s", "ref_clip_s", "ref_similarity")
+    default_name = "clip_s"
+    plot_lower_bound = 0.0
+    plot_upper_bound = 2.5
+
+    def __init__(
+        self,
+        model: str | os.PathLike | Callable[[], tuple] = DEFAULT_CLIP,
+        *,
+        backbone: CLIPBackbone | None = None,
+        scorer: Any = None,
+        device: str | torch.device = "cpu",
+        w: float | None = None,
+        frames: int | None = DEFAULT_FRAMES,
+        batch_size: int = 64,
+        visual: str = "image",
+        **kwargs: Any,
+    ):
+        if scorer is None:
+            from ..scorers.clipscore import CLIPScore
+
+            scorer = CLIPScore(model, device=device, w=w, frames=frames, batch_size=batch_size, backbone=backbone)
+        elif backbone is not None:
+            raise ValueError("give either scorer= or backbone=, not both")
+        if visual is None:
+            raise ValueError("CLIP-S needs visuals: visual must be 'image' or 'video'")
+        super().__init__(scorer, visual=visual, **kwargs)
+
+    def _check_mode(self, has_visuals, has_refs):
+        if not has_visuals:
+            raise ValueError(f"{self.name}: CLIP-S needs visuals (images or videos) in every update")
+        super()._check_mode(has_visuals, has_refs)
+
+    def _score_rows(self, candidates, visuals, references, visual_ids):
+        key = "videos" if self.visual == "video" else "images"
+        res = self.scorer.score(candidates, references=references, image_ids=visual_ids, **{key: visuals})
+        cols = {"score": res.score, "clip_s": res.clip_s, "truncated": torch.tensor(res.truncated, dtype=torch.float32)}
+        if res.ref_clip_s is not None:
+            cols["ref_clip_s"] = res.ref_clip_s
+            cols["ref_similarity"] = res.ref_similarity
+        return self._row_tensor(cols, len(candidates))
+
+    def _parts(self, has_visuals, has_refs):
+        return ["score", "clip_s"] + (["ref_clip_s", "ref_similarity"] if has_refs else [])
+
+
+# -------------------------------------------------------------------------------------------- FLEUR
+class FLEURMetric(CaptionMetric):
+    """FLEUR (or RefFLEUR when ``update`` gets references) as a torchmetrics Metric; in [0, 1],
+    higher is better.
+
+    Columns: ``score`` (NaN where the judge's answer did not parse, so left out of the mean), ``empty``
+    and ``parsed`` (1 when the answer parsed; its mean is the parse rate).
+
+    Args: ``model`` (a LLaVA name or directory, a ``(model, processor)`` pair or a LocalJudge) or
+    ``scorer`` (a configured :class:`~capreward.FLEUR`); ``device``, ``dtype``; ``visual``:
+    ``"image"`` (default) or ``"video"`` (scored on FLEUR's three-frame composite).
+    """
+
+    columns = ("score", "empty", "parsed")
+    default_name = "fleur"
+    plot_lower_bound = 0.0
+    plot_upper_bound = 1.0
+
+    def __init__(
+        self,
+        model: Any = None,
+        *,
+        scorer: Any = None,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
+        visual: str = "image",
+        **kwargs: Any,
+    ):
+        if scorer is None:
+            from ..scorers.fleur import FLEUR
+
+            scorer = FLEUR(model, device=device, dtype=dtype) if model is not None else FLEUR(device=device, dtype=dtype)
+        elif model is not None:
+            raise ValueError("give either scorer= or model=, not both")
+        if visual is None:
+            raise ValueError("FLEUR needs visuals: visual must be 'image' or 'video'")
+        super().__init__(scorer, visual=visual, **kwargs)
+
+    def _check_mode(self, has_visuals, has_refs):
+        if not has_visuals:
+            raise ValueError(f"{self.name}: FLEUR needs an image (or video) for every caption")
+        super()._check_mode(has_visuals, has_refs)
+
+    def _score_rows(self, candidates, visuals, references, visual_ids):
+        key = "videos" if self.visual == "video" else "images"
+        res = self.scorer.score(candidates, references=references, **{key: visuals})
+        score = torch.as_tensor(res.score, dtype=torch.float32)
+        parsed = (~torch.isnan(score)).float()
+        errors = [(i, e) for i, e in enumerate(getattr(res, "error", None) or []) if e is not None]
+        if errors:
+            i, reason = errors[0]
+            logger.info(
+                "%s: %d of %d judge answers gave no score (left out of the mean); first: candidate %r: %s",
+                self.name, len(errors), len(candidates), candidates[i], reason,
+            )
+        return self._row_tensor({"score": score, "parsed": parsed}, len(candidates))
+
+    def _parts(self, has_visuals, has_refs):
+        return ["score"]
+
+
+__all__ = ["CaptionMetric", "CaptionScores", "CLIPScoreMetric", "EMScoreMetric", "FLEURMetric", "named_metrics", "nanmean"]
