@@ -14,6 +14,9 @@ SUBCOMMAND_MODULES = [
     "capreward.cli.demo",
     "capreward.cli.score",
     "capreward.cli.report",
+    "capreward.cli.meta_eval",
+    "capreward.cli.explain",
+    "capreward.cli.serve",
 ]
 
 

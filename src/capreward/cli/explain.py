@@ -1,0 +1,158 @@
+"""``capreward explain``: the judge's reasons for its scores, for every row of a manifest.
+
+Writes one JSONL row per manifest row (resumable like ``capreward score``: rerun to continue, no row
+twice): ``id``, ``caption``, ``image``/``video``, ``references`` (with ``--references``), ``metric``, the
+score under the metric's name (``fleur`` / ``gveval``, null when there is none), the judge's first
+answer (``<metric>.raw``), ``explanation`` (null when there is no score to explain) and ``errors``.
+
+Metrics: ``fleur`` (FLEUR, or RefFLEUR with ``--references``: the score, then the follow-up question
+"Why? Tell me the reason.") and ``gveval`` (G-VEval: the judge writes its reasoning before the score;
+that reasoning is the explanation). Each is an :class:`Explainer` in :data:`EXPLAINERS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Callable
+
+Explainer = Callable[[list], list[dict]]  # manifest rows -> one result dict per row
+
+
+def _split_by_kind(rows: list) -> dict[str, list[int]]:
+    kinds: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        kinds.setdefault(r.kind, []).append(i)
+    return kinds
+
+
+def fleur_explainer(args: argparse.Namespace) -> Explainer:
+    """FLEUR score and explanation per row; a row without a score gets the reason and no explanation."""
+    from ..scorers.fleur import FLEUR
+
+    scorer = FLEUR(model=args.judge_model, device=args.device, dtype=args.dtype, batch_size=args.batch_size,
+                   explain_max_new_tokens=args.max_new_tokens)
+
+    def run(rows: list) -> list[dict]:
+        out: list[dict] = [{} for _ in rows]
+        for kind, idx in _split_by_kind(rows).items():
+            caps = [rows[i].caption for i in idx]
+            visual = {"images" if kind == "image" else "videos": [rows[i].path for i in idx]}
+            refs = [rows[i].references for i in idx] if args.references else None
+            if refs is not None and any(r is None for r in refs):
+                missing = next(rows[i].id for i in idx if rows[i].references is None)
+                raise ValueError(f"--references: row {missing!r} has no references")
+            res = scorer.score(caps, references=refs, **visual)
+            scores = res.score.tolist()
+            ok = [k for k, s in enumerate(scores) if not math.isnan(s)]
+            explanations: dict[int, str] = {}
+            if ok:
+                sub = {key: [v[k] for k in ok] for key, v in visual.items()}
+                texts = scorer.explain([caps[k] for k in ok], references=[refs[k] for k in ok] if refs else None,
+                                       scores=[scores[k] for k in ok], **sub)
+                explanations = dict(zip(ok, texts))
+            for k, i in enumerate(idx):
+                row = {"fleur": None if math.isnan(scores[k]) else scores[k], "fleur.raw": res.raw[k],
+                       "explanation": explanations.get(k)}
+                if res.error[k]:
+                    row["_error"] = res.error[k]
+                out[i] = row
+        return out
+
+    return run
+
+
+def gveval_explainer(args: argparse.Namespace) -> Explainer:
+    """G-VEval score per row with the judge's written reasoning as the explanation."""
+    from ..judges.local import LocalJudge
+    from ..judges.local_chat import LocalChatJudge
+    from ..scorers.gveval import GVEval
+
+    judge = LocalJudge(args.judge_model, device=args.device, dtype=args.dtype)
+    scorer = GVEval(LocalChatJudge(judge, batch_size=args.batch_size), mode="combined" if args.references else "ref-free",
+                    max_tokens=args.max_new_tokens)
+
+    def run(rows: list) -> list[dict]:
+        out: list[dict] = [{} for _ in rows]
+        for kind, idx in _split_by_kind(rows).items():
+            visual = {"images" if kind == "image" else "videos": [rows[i].path for i in idx]}
+            refs = [rows[i].references or [] for i in idx] if args.references else None
+            res = scorer.score([rows[i].caption for i in idx], references=refs, **visual)
+            for k, i in enumerate(idx):
+                score = float(res.score[k])
+                row = {"gveval": None if math.isnan(score) else score, "gveval.raw": res.raw[k],
+                       "explanation": res.raw[k] or None}
+                if res.error[k]:
+                    row["_error"] = res.error[k]
+                out[i] = row
+        return out
+
+    return run
+
+
+EXPLAINERS: dict[str, Callable[[argparse.Namespace], Explainer]] = {
+    "fleur": fleur_explainer,
+    "gveval": gveval_explainer,
+}
+
+
+def explain_manifest(args: argparse.Namespace) -> dict:
+    """Explain every manifest row not yet in ``args.out``; returns counts {total, skipped, written, errors}."""
+    from tqdm import tqdm
+
+    from ..jobs.results_file import ResultsWriter, read_results
+    from ..jobs.runners import base_fields, isolate_errors
+    from ..jobs.score_job import batches, pending_rows
+
+    rows, todo = pending_rows(args.manifest, args.out)
+    written = 0
+    if todo:
+        explain = EXPLAINERS[args.metric](args)
+        with ResultsWriter(args.out) as writer, tqdm(total=len(todo), unit="row", file=sys.stderr,
+                                                      disable=args.no_progress, desc="explaining") as bar:
+            for batch in batches(todo, args.batch_size):
+                results = []
+                for row, fields in zip(batch, isolate_errors(explain, batch, args.metric)):
+                    result = base_fields(row)
+                    if not args.references:
+                        result.pop("references", None)
+                    result["metric"] = args.metric
+                    err = fields.pop("_error", None)
+                    result.update({args.metric: None, "explanation": None, **fields})
+                    result["errors"] = {args.metric: err} if err else None
+                    results.append(result)
+                writer.write(results)
+                written += len(results)
+                bar.update(len(results))
+    results = read_results(args.out)
+    return {"total": len(rows), "skipped": len(rows) - len(todo), "written": written,
+            "errors": sum(1 for r in results if r.get("errors"))}
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..jobs.manifest import ManifestError
+
+    try:
+        summary = explain_manifest(args)
+    except ManifestError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary), file=sys.stderr)
+    return 0
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("explain", help="judge explanations (FLEUR, G-VEval) for a manifest (resumable)")
+    p.add_argument("manifest", help="JSONL rows: caption, image|video, optional references, id")
+    p.add_argument("--out", required=True, help="explanations JSONL (appended to; rerun to resume)")
+    p.add_argument("--metric", default="fleur", choices=sorted(EXPLAINERS))
+    p.add_argument("--references", action="store_true", help="use the rows' references (RefFLEUR / G-VEval combined)")
+    p.add_argument("--judge-model", default="llava-hf/llava-1.5-13b-hf", help="LLaVA hub name or local directory")
+    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"], help="default: float16 on GPU, float32 on CPU")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=512, help="length budget of an explanation")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run)

@@ -1,0 +1,37 @@
+"""Meta-evaluation: how well a metric's scores agree with human judgments, per benchmark protocol.
+
+``meta_evaluate("flickr8k-expert", "flickr8k.json", "scores.jsonl")`` reads the judgments with the
+benchmark's reader, matches scores by image and whitespace-normalised caption, and applies the protocol
+(see :mod:`capreward.metaeval.protocols`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .judgments import Judgments, JudgmentError, PairItem, RatedItem, normalize_caption, visual_aliases
+from .protocols import MetaEvalResult, run_protocol
+from .readers import BENCHMARKS, read_judgments
+from .scores import ScoreIndex, ScoreRow, index_scores, read_scores
+from .stats import kendall, pairwise_accuracy, pairwise_outcomes, pearson, spearman
+
+
+def meta_evaluate(benchmark: str, judgments: str | Path | Judgments, scores: str | Path | list[ScoreRow],
+                  score_field: str | None = None) -> MetaEvalResult:
+    """The protocol's measures (percent) for ``scores`` (a JSONL path or rows) against ``judgments``
+    (a path read with ``benchmark``'s reader, or already read). Raises :class:`JudgmentError` for
+    unusable files."""
+    if not isinstance(judgments, Judgments):
+        judgments = read_judgments(benchmark, judgments)
+    elif judgments.benchmark != benchmark:
+        raise ValueError(f"judgments are for {judgments.benchmark!r}, not {benchmark!r}")
+    rows = scores if isinstance(scores, list) else read_scores(scores, score_field)
+    return run_protocol(judgments, index_scores(rows, judgments))
+
+
+__all__ = [
+    "BENCHMARKS", "JudgmentError", "Judgments", "MetaEvalResult", "PairItem", "RatedItem", "ScoreIndex",
+    "ScoreRow", "index_scores", "kendall", "meta_evaluate", "normalize_caption", "pairwise_accuracy",
+    "pairwise_outcomes", "pearson", "read_judgments", "read_scores", "run_protocol", "spearman",
+    "visual_aliases",
+]

@@ -1,0 +1,71 @@
+"""The statistics of the meta-evaluation protocols (plain numbers in, plain numbers out).
+
+Correlations come from scipy and are returned as coefficients in [-1, 1] (NaN when undefined, e.g. a
+constant input); the protocols turn them into percent.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+from scipy import stats
+
+
+def _pair(x: Sequence[float], y: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"need two 1-D sequences of equal length, got shapes {x.shape} and {y.shape}")
+    if len(x) < 2:
+        raise ValueError(f"a correlation needs at least 2 points, got {len(x)}")
+    return x, y
+
+
+def kendall(x: Sequence[float], y: Sequence[float], variant: str = "c") -> float:
+    """Kendall's tau-b or tau-c (``variant``) of ``x`` and ``y``, in [-1, 1]."""
+    if variant not in ("b", "c"):
+        raise ValueError(f"variant must be 'b' or 'c', got {variant!r}")
+    x, y = _pair(x, y)
+    return float(stats.kendalltau(x, y, variant=variant).statistic)
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman's rank correlation, in [-1, 1]."""
+    x, y = _pair(x, y)
+    return float(stats.spearmanr(x, y).statistic)
+
+
+def pearson(x: Sequence[float], y: Sequence[float]) -> float:
+    """Pearson's linear correlation, in [-1, 1]."""
+    x, y = _pair(x, y)
+    return float(stats.pearsonr(x, y).statistic)
+
+
+def pairwise_outcomes(preferred: Sequence[float | None], other: Sequence[float | None]) -> dict[str, int]:
+    """Counts of pairs where the human-preferred caption scores strictly higher (``hits``), equally
+    (``ties``), lower (``wrong``), or lacks a score on either side (``unscored``)."""
+    out = {"hits": 0, "ties": 0, "wrong": 0, "unscored": 0}
+    for p, o in zip(preferred, other, strict=True):
+        if p is None or o is None or math.isnan(p) or math.isnan(o):
+            out["unscored"] += 1
+        elif p > o:
+            out["hits"] += 1
+        elif p == o:
+            out["ties"] += 1
+        else:
+            out["wrong"] += 1
+    return out
+
+
+def pairwise_accuracy(preferred: Sequence[float | None], other: Sequence[float | None]) -> float:
+    """Share of pairs, in [0, 1], where the preferred caption scores strictly higher; ties and pairs
+    without both scores count as misses (the denominator is every pair). NaN for no pairs."""
+    counts = pairwise_outcomes(preferred, other)
+    total = sum(counts.values())
+    return counts["hits"] / total if total else math.nan
+
+
+def percent(x: float) -> float:
+    """A coefficient or share in [-1, 1] as the papers print it: times 100, NaN kept."""
+    return x * 100.0
