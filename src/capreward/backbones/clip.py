@@ -181,8 +181,15 @@ class CLIPBackbone:
         results: list[torch.Tensor | None] = [None] * len(items)
         pending: dict[Any, list[int]] = {}
         pending_frames: dict[Any, np.ndarray] = {}
+        # A GRPO group repeats the same object many times; hash its pixels once per call, not per sample.
+        key_of_object: dict[int, str | None] = {}
         for i, item in enumerate(items):
-            base = media_key(item, None if ids is None else ids[i])
+            if ids is None or ids[i] is None:
+                if id(item) not in key_of_object:
+                    key_of_object[id(item)] = media_key(item, None)
+                base = key_of_object[id(item)]
+            else:
+                base = media_key(item, ids[i])
             key = None if base is None else (kind, frames if kind == "video" else None, base)
             if key is not None and key in pending:
                 pending[key].append(i)
