@@ -48,7 +48,7 @@ def _label_font() -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
 def resize_bilinear(frame: np.ndarray, width: int, height: int) -> np.ndarray:
     """uint8 (H, W, 3) -> uint8 (height, width, 3) by bilinear interpolation with half-pixel centres and
     no antialiasing, the sampling of OpenCV's ``cv2.resize(..., INTER_LINEAR)``."""
-    x = torch.from_numpy(np.ascontiguousarray(frame)).permute(2, 0, 1)[None].float()
+    x = torch.from_numpy(np.array(frame, dtype=np.uint8)).permute(2, 0, 1)[None].float()  # a copy: inputs may be read-only
     y = F.interpolate(x, size=(height, width), mode="bilinear", align_corners=False, antialias=False)
     return y[0].permute(1, 2, 0).round().clamp(0, 255).to(torch.uint8).numpy()
 
