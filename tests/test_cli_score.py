@@ -139,3 +139,315 @@ def test_ray_engine_matches_local(tmp_path, media, tiny_clip_path):
         for k, v in row.items():
             if isinstance(v, float):
                 assert remote[rid][k] == pytest.approx(v, abs=1e-6), (rid, k)
+
+
+# ------------------------------------------------------------------------------ hallucination
+HALLUCINATION_THRESHOLD = 0.5  # the colour CLIP puts correct colour words above 0.9 and foils below 0.4
+
+
+@pytest.fixture(scope="module")
+def colour_clip():
+    from capreward.testing.trained_clip import trained_clip_path
+
+    return trained_clip_path()  # trained once (about a minute), then cached on disk
+
+
+@pytest.fixture(scope="module")
+def hallucination_job(tmp_path_factory, colour_clip):
+    """True captions ("a red image.") and foils (the colour swapped) on colour images and a colour video,
+    scored by `capreward score` with emscore (for `alignment`) and hallucination on the colour CLIP."""
+    import random
+
+    from capreward.testing.trained_clip import COLOURS, colour_image
+
+    d = tmp_path_factory.mktemp("hallucination")
+    colours = list(COLOURS)
+    rows = []
+    for k, colour in enumerate(colours[:3] + ["purple"]):
+        foil = colours[(colours.index(colour) + 1) % len(colours)]
+        if colour == "purple":  # a video row
+            frames = np.stack([np.asarray(colour_image(colour, random.Random(f"v{t}"), size=(40, 32))) for t in range(6)])
+            visual = {"video": str(write_mp4(d / f"{colour}.mp4", frames))}
+        else:
+            path = d / f"{colour}.png"
+            colour_image(colour, random.Random(f"cli-{colour}")).save(path)
+            visual = {"image": str(path)}
+        rows.append({"id": f"{colour}-true", "caption": f"a {colour} image.", **visual})
+        rows.append({"id": f"{colour}-foil", "caption": f"a {foil} image.", **visual, "foil": foil})
+    manifest = d / "m.jsonl"
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = d / "scores.jsonl"
+    proc = cli("score", manifest, "--out", out, "--metrics", "emscore,hallucination", "--clip-model", colour_clip,
+               "--alignment", "--frames", "4", "--idf", "none", "--hallucination-threshold", HALLUCINATION_THRESHOLD,
+               "--batch-size", "3", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    return d, out, rows, by_id(read_results(out))
+
+
+def test_hallucination_equals_the_penalty_called_directly(hallucination_job, colour_clip):
+    from capreward.rewards import HallucinationPenalty
+
+    _, _, rows, scored = hallucination_job
+    direct = HallucinationPenalty(model=str(colour_clip), frames=4, threshold=HALLUCINATION_THRESHOLD)
+    for kind in ("image", "video"):
+        mine = [r for r in rows if kind in r]
+        reports = direct.reports([r["caption"] for r in mine], [r[kind] for r in mine], kind=kind)
+        for r, report in zip(mine, reports):
+            got = scored[r["id"]]
+            assert got["errors"] is None
+            assert got["hallucination"] == pytest.approx(report.penalty, abs=1e-6)
+            assert got["hallucination.flagged"] == report.flagged_index
+            assert -1.0 <= got["hallucination"] <= 0.0
+
+
+def test_hallucination_flags_index_the_alignment_tokens(hallucination_job):
+    _, _, rows, scored = hallucination_job
+    for r in rows:
+        got = scored[r["id"]]
+        tokens, sims = got["alignment"]["tokens"], got["alignment"]["similarity"]
+        flagged = got["hallucination.flagged"]
+        assert tokens[0] == "<sos>" and tokens[-1] == "<eos>"
+        # the indices are positions in alignment.tokens: exactly the content tokens below the threshold
+        assert flagged == [j for j in (2, 3) if sims[j] < HALLUCINATION_THRESHOLD]  # "colour", "image"
+        if "foil" in r:
+            assert tokens[2] == r["foil"] and 2 in flagged
+            assert got["hallucination"] < 0
+        else:
+            assert flagged == [] and got["hallucination"] == 0.0
+
+
+def test_report_outlines_the_flagged_tokens(hallucination_job):
+    import re
+
+    d, out, rows, scored = hallucination_job
+    page = d / "report.html"
+    proc = cli("report", out, "--out", page, "--frames", "4")
+    assert proc.returncode == 0, proc.stderr
+    text = page.read_text()
+    for r in rows:
+        section = text.split(f'id="sample-{r["id"]}"', 1)[1].split('<div class="sample"', 1)[0]
+        outlined = re.findall(r'<span class="token flagged"[^>]*data-index="(\d+)"[^>]*>([^<]*)<sup>', section)
+        flagged = scored[r["id"]]["hallucination.flagged"]
+        assert [int(i) for i, _ in outlined] == flagged
+        assert [t for _, t in outlined] == [scored[r["id"]]["alignment"]["tokens"][j] for j in flagged]
+        if "foil" in r:
+            assert (str(2), r["foil"]) in outlined
+
+
+def test_hallucination_alone_writes_the_same_alignment_as_emscore(tmp_path, media, tiny_clip_path):
+    from capreward.jobs.manifest import read_manifest
+    from capreward.jobs.runners import ManifestScorer, ScoreOptions
+    from capreward.rewards import DEFAULT_THRESHOLD, HallucinationPenalty
+
+    rows = read_manifest(make_manifest(tmp_path / "m.jsonl", media, 5))
+    common = dict(clip_model=str(tiny_clip_path), alignment=True, frames=4)
+    alone = ManifestScorer(ScoreOptions(metrics=["hallucination"], **common)).score_rows(rows)
+    both = ManifestScorer(ScoreOptions(metrics=["emscore", "hallucination"], **common)).score_rows(rows)
+    direct = HallucinationPenalty(model=str(tiny_clip_path), frames=4)
+    assert direct.threshold == DEFAULT_THRESHOLD  # the default when no threshold is given
+    for row, a, b in zip(rows, alone, both):
+        assert a["alignment"]["tokens"] == b["alignment"]["tokens"]
+        np.testing.assert_allclose(a["alignment"]["similarity"], b["alignment"]["similarity"], atol=1e-6)
+        report = direct.reports([row.caption], [row.path], kind=row.kind)[0]
+        assert a["hallucination"] == pytest.approx(report.penalty) and a["hallucination.flagged"] == report.flagged_index
+        assert "emscore" not in a
+
+
+# ------------------------------------------------------------------------------ VisCE² and G-VEval
+JUDGE_ROWS = [  # (id, kind, colour, caption): every answer format of the tiny judge
+    ("green", "image", "green", "a green ball"),
+    ("blue", "image", "blue", "a blue kite"),
+    ("yellow", "image", "yellow", "a photo of a kite"),  # VisCE² "no idea" (0), G-VEval no score (null)
+    ("many", "image", "red", "many red cars"),  # VisCE² "150" (out of range: 0)
+    ("vid-red", "video", "red", "a red car"),
+    ("vid-blue", "video", "blue", "a blue kite"),
+]
+
+
+@pytest.fixture(scope="module")
+def vlm_dir():
+    from capreward.testing.tiny_vlm_judges import tiny_vlm_judge_dir
+
+    return tiny_vlm_judge_dir()  # trained once (a few minutes), then cached on disk
+
+
+@pytest.fixture(scope="module")
+def chat(vlm_dir):
+    """The tiny judge as the local chat backend, for calling the scorers directly."""
+    import torch
+
+    from capreward.judges import LocalChatJudge
+    from capreward.testing.tiny_vlm_judges import tiny_vlm_judge
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield LocalChatJudge(tiny_vlm_judge())
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def judge_manifest(tmp_path_factory):
+    from capreward.testing.tiny_vlm_judges import probe_image, synthetic_video
+
+    d = tmp_path_factory.mktemp("judges")
+    rows = []
+    for rid, kind, colour, caption in JUDGE_ROWS:
+        path = d / f"{rid}.{'png' if kind == 'image' else 'mp4'}"
+        if kind == "image":
+            probe_image("visce2", colour).save(path)
+        else:
+            write_mp4(path, synthetic_video(colour))
+        rows.append({"id": rid, "caption": caption, kind: str(path), "references": [f"a {colour} square"]})
+    manifest = d / "m.jsonl"
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return manifest, rows
+
+
+def judge_score(manifest, out, *args, env=None):
+    proc = cli("score", manifest, "--out", out, "--metrics", "visce2,gveval", "--no-progress", *args, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, by_id(read_results(out))
+
+
+@pytest.fixture(scope="module")
+def judged(tmp_path_factory, judge_manifest, vlm_dir):
+    manifest, _ = judge_manifest
+    return judge_score(manifest, tmp_path_factory.mktemp("judged") / "scores.jsonl", "--judge-model", vlm_dir)[1]
+
+
+def nan_to_none(x):
+    return None if np.isnan(x) else float(x)
+
+
+def approx_or_none(x, **tolerance):
+    """What `capreward score` writes for the score ``x``: null for NaN, else ``x`` (approximately)."""
+    return None if np.isnan(x) else pytest.approx(float(x), **tolerance)
+
+
+def assert_gveval_rows(scored, rows, result, accr=False):
+    for pos, r in enumerate(rows):
+        got = scored[r["id"]]
+        assert got["gveval"] == approx_or_none(result.score[pos], rel=1e-5)
+        assert got["gveval.raw"] == result.raw[pos]
+        assert (got["errors"] or {}).get("gveval") == result.error[pos]
+        for name in ("accuracy", "completeness", "conciseness", "relevance"):
+            if accr:
+                assert got[f"gveval.{name}"] == approx_or_none(getattr(result, name)[pos], rel=1e-5)
+            else:
+                assert f"gveval.{name}" not in got
+
+
+def test_visce2_equals_the_scorer_called_directly(judged, judge_manifest, chat):
+    from capreward import VisCE2
+
+    _, rows = judge_manifest
+    images = [r for r in rows if "image" in r]
+    want = VisCE2(chat).score([r["caption"] for r in images], [r["image"] for r in images])
+    for pos, r in enumerate(images):
+        got = judged[r["id"]]
+        assert got["visce2"] == nan_to_none(want.score[pos])
+        assert got["visce2.raw"] == want.raw[pos] and got["visce2.context"] == want.context[pos]
+        assert (got["errors"] or {}).get("visce2") == want.error[pos]
+    assert judged["green"]["visce2"] == 85 and judged["green"]["errors"] is None
+    assert judged["yellow"]["visce2"] == 0 and "no integer" in judged["yellow"]["errors"]["visce2"]
+    for rid in ("vid-red", "vid-blue"):  # image-only metric: an error on the video rows, no crash
+        assert "visce2" not in judged[rid] and "images only" in judged[rid]["errors"]["visce2"]
+
+
+def test_gveval_equals_the_scorer_called_directly(judged, judge_manifest, chat):
+    from capreward import GVEval
+
+    _, rows = judge_manifest
+    scorer = GVEval(chat)
+    for kind in ("image", "video"):
+        mine = [r for r in rows if kind in r]
+        want = scorer.score([r["caption"] for r in mine], **{f"{kind}s": [r[kind] for r in mine]})
+        assert_gveval_rows(judged, mine, want)
+    assert judged["yellow"]["gveval"] is None and "no score" in judged["yellow"]["errors"]["gveval"]
+    assert judged["vid-red"]["gveval"] is not None and judged["green"]["gveval"] > 90
+
+
+def test_gveval_accr_and_reference_modes(judge_manifest, vlm_dir, chat):
+    from capreward import GVEval
+    from capreward.jobs.manifest import read_manifest
+    from capreward.jobs.runners import ManifestScorer, ScoreOptions
+
+    manifest, rows = judge_manifest
+    manifest_rows = read_manifest(manifest)
+    manifest_rows[-1].references = None  # a video row without references
+    options = ScoreOptions(metrics=["gveval"], judge_model=str(vlm_dir), gveval_mode="ref-only", gveval_accr=True)
+    scored = by_id(ManifestScorer(options).score_rows(manifest_rows))
+    video = rows[-2:-1]
+    want = GVEval(chat, mode="ref-only", accr=True).score(
+        [r["caption"] for r in video], videos=[r["video"] for r in video], references=[r["references"] for r in video])
+    assert_gveval_rows(scored, video, want, accr=True)
+    assert scored["vid-red"]["gveval.accuracy"] is not None
+    assert "needs references" in scored["vid-blue"]["errors"]["gveval"] and "gveval" not in scored["vid-blue"]
+    for r in rows[:4]:  # the released ACCR prompts are for videos only
+        assert "videos only" in scored[r["id"]]["errors"]["gveval"] and "gveval" not in scored[r["id"]]
+
+
+class AsServer:
+    """The local backend's answers without token ids: what a server sends (text and top alternatives)."""
+
+    def __init__(self, inner):
+        self.inner, self.name = inner, inner.name
+
+    def generate(self, requests):
+        from capreward.judges.protocol import ChatResponse
+
+        return [ChatResponse(a.text, a.tokens, a.error, a.finish_reason) for a in self.inner.generate(requests)]
+
+
+def test_judges_through_an_openai_compatible_server(tmp_path, judge_manifest, vlm_dir, judged, chat):
+    from capreward import GVEval
+    from capreward.testing.chat_server import ChatServer
+
+    manifest, rows = judge_manifest
+    key = "sk-test-do-not-print-4242"
+    with ChatServer("local", judge_dir=vlm_dir, model="tiny-vlm", api_key=key, log_path=tmp_path / "server.log") as s:
+        env = dict(os.environ, OPENAI_API_KEY=key)
+        proc, scored = judge_score(manifest, tmp_path / "remote.jsonl", "--judge-base-url", s.base_url,
+                                   "--judge-api-model", "tiny-vlm", env=env)
+    assert key not in proc.stdout + proc.stderr + (tmp_path / "remote.jsonl").read_text()
+    for r in rows:  # VisCE² reads the written integer: the same as on the local judge
+        for field_ in ("visce2", "visce2.raw", "visce2.context"):
+            assert scored[r["id"]].get(field_) == judged[r["id"]].get(field_)
+        assert (scored[r["id"]]["errors"] or {}).get("visce2") == (judged[r["id"]]["errors"] or {}).get("visce2")
+    # G-VEval on a server reads the top alternatives after "$" (the released rule)
+    images = [r for r in rows if "image" in r]
+    want = GVEval(AsServer(chat)).score([r["caption"] for r in images], images=[r["image"] for r in images])
+    for pos, r in enumerate(images):
+        assert scored[r["id"]]["gveval"] == approx_or_none(want.score[pos], rel=1e-5)
+        assert scored[r["id"]]["gveval.raw"] == want.raw[pos]
+
+
+def test_fleur_scores_image_and_video_rows_like_the_scorer(judge_manifest):
+    """One batch mixing image and video rows: images as they are, videos on the three-frame composite,
+    each equal to FLEUR called directly (a video row no longer fails the batch)."""
+    import torch
+
+    from capreward import FLEUR
+    from capreward.jobs.manifest import read_manifest
+    from capreward.jobs.runners import ManifestScorer, ScoreOptions
+    from capreward.testing import FLEUR_RECIPE, tiny_judge_dir
+
+    manifest, _ = judge_manifest
+    rows = read_manifest(manifest)
+    assert {r.kind for r in rows} == {"image", "video"}
+    judge = str(tiny_judge_dir(FLEUR_RECIPE))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        scored = ManifestScorer(ScoreOptions(metrics=["fleur"], judge_model=judge)).score_rows(rows)
+        direct = FLEUR(model=judge, device="cpu")
+        for kind in ("image", "video"):
+            part = [(r, s) for r, s in zip(rows, scored) if r.kind == kind]
+            res = direct.score([r.caption for r, _ in part], references=[r.references for r, _ in part],
+                               **{f"{kind}s": [r.path for r, _ in part]})
+            for j, (_, s) in enumerate(part):
+                assert s["fleur.raw"] == res.raw[j]
+                assert s["fleur"] == approx_or_none(float(res.score[j]), abs=1e-6)
+                assert (s["errors"] or {}).get("fleur") == res.error[j]
+    finally:
+        torch.set_num_threads(threads)

@@ -1,4 +1,26 @@
-"""``capreward score``: score a JSONL manifest into a resumable JSONL (and optional CSV) file."""
+"""``capreward score``: score a JSONL manifest into a resumable JSONL (and optional CSV) file.
+
+Metrics (``--metrics``, comma-separated; ``-`` and ``_`` are interchangeable) and the fields each
+writes per row (details in ``capreward.jobs.runners``):
+
+- ``emscore``: ``emscore``, ``emscore.<part>.<component>``; ``--alignment`` adds ``alignment``
+  (tokens SOS..EOS, best frame, similarity, idf weight).
+- ``clip-s`` / ``pac-s``: ``clip_s`` / ``pac_s`` (``ref_clip_s`` / ``ref_pac_s`` with references).
+- ``hallucination``: ``hallucination`` in [-1, 0] (minus the weighted fraction of the caption's content
+  words without a matching frame: 0 all supported, -1 none) and ``hallucination.flagged`` (positions of
+  the flagged tokens in ``alignment.tokens``, outlined by ``capreward report``). Threshold:
+  ``--hallucination-threshold``; uses the CLIP of ``--clip-model`` and the idf of ``--idf``.
+- ``fleur``: ``fleur`` in [0, 1], ``fleur.raw`` (images; local LLaVA of ``--judge-model``).
+- ``visce2``: ``visce2`` in [0, 100], ``visce2.raw``, ``visce2.context`` (images only; a video row gets
+  an error).
+- ``gveval``: ``gveval`` in [0, 100], ``gveval.raw``; ``--gveval-accr`` adds ``gveval.accuracy``,
+  ``gveval.completeness``, ``gveval.conciseness``, ``gveval.relevance`` (videos only). ``--gveval-mode``.
+
+visce2 and gveval run on the local LLaVA of ``--judge-model``, or on an OpenAI-compatible server
+(vLLM, OpenAI) when ``--judge-base-url`` or ``--judge-api-model`` is given; the API key is read from
+``$OPENAI_API_KEY`` and never printed. A score that cannot be computed is null with the reason in
+``errors[metric]``; the other rows and metrics are unaffected.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +38,10 @@ def run(args: argparse.Namespace) -> int:
     precision = {"fp32": None}.get(args.precision, args.precision)
     options = ScoreOptions(
         metrics=[m.strip().replace("-", "_") for m in args.metrics.split(",") if m.strip()],
-        clip_model=args.clip_model, pac_model=args.pac_model, fleur_model=args.fleur_model,
+        clip_model=args.clip_model, pac_model=args.pac_model, judge_model=args.judge_model,
+        judge_base_url=args.judge_base_url, judge_api_model=args.judge_api_model,
+        gveval_mode=args.gveval_mode, gveval_accr=args.gveval_accr,
+        hallucination_threshold=args.hallucination_threshold,
         device=args.device, precision=precision, batch_size=args.batch_size,
         frames=None if args.frames == 0 else args.frames, alignment=args.alignment,
     )
@@ -27,21 +52,42 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("score", help="score a JSONL manifest (resumable)")
+    p = subparsers.add_parser("score", help="score a JSONL manifest (resumable)", description=__doc__.replace("``", ""),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("manifest", help="JSONL rows: caption, image|video, optional references, id")
     p.add_argument("--out", required=True, help="results JSONL (appended to; rerun to resume)")
     p.add_argument("--csv", help="also write the results as CSV")
-    p.add_argument("--metrics", default="emscore", help="comma-separated: emscore, clip-s, pac-s, fleur")
-    p.add_argument("--clip-model", default=DEFAULT_CLIP, help="CLIP for emscore/clip-s: name/tag, .pt path, ...")
+    p.add_argument("--metrics", default="emscore",
+                   help="comma-separated: emscore, clip-s, pac-s, hallucination, fleur, visce2, gveval")
+    p.add_argument("--clip-model", default=DEFAULT_CLIP,
+                   help="CLIP for emscore/clip-s/hallucination (one shared copy): name/tag, .pt path, ...")
     p.add_argument("--pac-model", help="PAC-S checkpoint path (for pac-s)")
-    p.add_argument("--fleur-model", default="llava-hf/llava-1.5-13b-hf", help="LLaVA name or local dir (for fleur)")
-    p.add_argument("--idf", default="auto", help="auto | refs | none | FILE (one caption per line)")
+    p.add_argument("--judge-model", "--fleur-model", dest="judge_model", default="llava-hf/llava-1.5-13b-hf",
+                   help="local LLaVA name or dir for fleur, and for visce2/gveval unless a server is given "
+                        "(one shared copy)")
+    p.add_argument("--judge-base-url",
+                   help="OpenAI-compatible server for visce2/gveval, e.g. http://localhost:8000/v1 (vLLM); "
+                        "API key from $OPENAI_API_KEY (unset: a placeholder, fine for vLLM); fleur stays local")
+    p.add_argument("--judge-api-model",
+                   help="model name on that server (alone: OpenAI's API with this model)")
+    p.add_argument("--gveval-mode", default="ref-free", choices=["ref-free", "ref-only", "combined"],
+                   help="G-VEval inputs: visual only, references (+ visual), or both; ref-only/combined need "
+                        "references on every row")
+    p.add_argument("--gveval-accr", action="store_true",
+                   help="G-VEval's four ACCR scores (accuracy, completeness, conciseness, relevance; videos only)")
+    p.add_argument("--hallucination-threshold", type=float, default=None,
+                   help="token->frame similarity below which a content word is flagged (default: "
+                        "capreward.rewards.hallucination.DEFAULT_THRESHOLD, uncalibrated; set it from "
+                        "HallucinationPenalty.calibrate on known-good captions)")
+    p.add_argument("--idf", default="auto",
+                   help="idf corpus of emscore/hallucination: auto | refs | none | FILE (one caption per line)")
     p.add_argument("--frames", type=int, default=10, help="frames per video (0: all)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"])
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--engine", default="local", choices=["local", "ray"])
     p.add_argument("--num-actors", type=int, default=2, help="Ray actors (one model copy each)")
-    p.add_argument("--alignment", action="store_true", help="store EMScore's token -> frame alignment (for reports)")
+    p.add_argument("--alignment", action="store_true",
+                   help="store EMScore's token -> frame alignment (for reports; also with hallucination alone)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)

@@ -1,7 +1,31 @@
 """Metric runners for offline jobs: manifest rows in, one flat result dict per row out.
 
-A batch is scored at once; if that fails on a bad item, its rows are scored one by one so that the
-error is recorded on the offending row only (``errors[metric] = reason``) and nothing else is lost.
+One runner per metric, built by ``ManifestScorer._build_<metric>``; the fields each writes:
+
+- ``emscore``: ``emscore`` and ``emscore.<part>.<component>`` (``video.fine_p``, ``reference.full_f``, ...);
+  with ``alignment=True`` also ``alignment`` = {tokens (SOS..EOS), best_frame, similarity, weight}.
+- ``clip_s`` / ``pac_s``: ``clip_s`` / ``pac_s`` (and ``ref_clip_s`` / ``ref_pac_s`` with references).
+- ``hallucination``: ``hallucination``, the penalty of
+  :class:`~capreward.rewards.hallucination.HallucinationPenalty` in [-1, 0] (0: every content word of the
+  caption has a matching frame; -1: none has; more negative is worse), and ``hallucination.flagged``,
+  the positions of the flagged tokens in the caption's token list, the same list as ``alignment.tokens``
+  (SOS at 0), which ``capreward report`` outlines. With ``alignment=True`` and no ``emscore`` runner it
+  writes ``alignment`` itself.
+- ``fleur``: ``fleur`` in [0, 1] and ``fleur.raw`` (images only).
+- ``visce2``: ``visce2`` in [0, 100], ``visce2.raw`` (the rating answer) and ``visce2.context`` (the
+  visual context). Images only: a video row gets an error. An answer without an integer scores 0, as in
+  the paper, with the reason in ``errors``.
+- ``gveval``: ``gveval`` in [0, 100] and ``gveval.raw``; with ACCR also ``gveval.accuracy``,
+  ``gveval.completeness``, ``gveval.conciseness``, ``gveval.relevance`` (ACCR: videos only). Videos are
+  judged on their three-frame composite.
+
+CLIP-based metrics (emscore, clip_s, hallucination) share one CLIP backbone; judge metrics (fleur,
+visce2, gveval) share one local LLaVA, or visce2/gveval use an OpenAI-compatible server when
+``judge_base_url`` or ``judge_api_model`` is set (key from ``$OPENAI_API_KEY``; fleur stays local).
+
+A score that is NaN or missing is written as null with the reason in ``errors[metric]``. A batch is
+scored at once; if that fails on a bad item, its rows are scored one by one so that the error is
+recorded on the offending row only (``errors[metric] = reason``) and nothing else is lost.
 """
 
 from __future__ import annotations
@@ -17,7 +41,9 @@ from .manifest import ManifestRow
 
 logger = logging.getLogger(__name__)
 
-METRICS = ("emscore", "clip_s", "pac_s", "fleur")
+METRICS = ("emscore", "clip_s", "pac_s", "fleur", "hallucination", "visce2", "gveval")
+#: Metrics computed on the shared CLIP backbone.
+CLIP_METRICS = ("emscore", "clip_s", "hallucination")
 
 
 @dataclass
@@ -27,7 +53,12 @@ class ScoreOptions:
     metrics: list[str] = field(default_factory=lambda: ["emscore"])
     clip_model: str = DEFAULT_CLIP
     pac_model: str | None = None
-    fleur_model: str = "llava-hf/llava-1.5-13b-hf"
+    judge_model: str = "llava-hf/llava-1.5-13b-hf"  # local LLaVA (name or dir) for fleur, visce2, gveval
+    judge_base_url: str | None = None  # OpenAI-compatible server for visce2/gveval (key: $OPENAI_API_KEY)
+    judge_api_model: str | None = None  # the served model's name (None: OpenAIJudge's default)
+    gveval_mode: str = "ref-free"  # ref-free | ref-only | combined
+    gveval_accr: bool = False  # the four ACCR dimensions (video rows only)
+    hallucination_threshold: float | None = None  # None: capreward.rewards.hallucination.DEFAULT_THRESHOLD
     device: str = "cpu"
     precision: str | None = None
     batch_size: int = 64
@@ -40,19 +71,26 @@ class ScoreOptions:
         if unknown:
             raise ValueError(f"unknown metrics {unknown}; choose from {list(METRICS)}")
 
+    @property
+    def remote_judge(self) -> bool:
+        """Whether visce2/gveval ask an OpenAI-compatible server instead of the local LLaVA."""
+        return bool(self.judge_base_url or self.judge_api_model)
+
 
 def finite_or_none(x: float) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
 
 
 class ManifestScorer:
-    """Builds the chosen scorers once (sharing one CLIP) and scores batches of manifest rows."""
+    """Builds the chosen scorers once (sharing one CLIP, and one judge) and scores batches of manifest rows."""
 
     def __init__(self, options: ScoreOptions):
         self.options = options
         self._runners: dict[str, Callable[[list[ManifestRow]], list[dict]]] = {}
+        self._judge = None  # the local LLaVA judge, loaded on first use (see _local_judge)
+        self._chat = None  # the chat backend of visce2/gveval (see _chat_backend)
         backbone = None
-        if {"emscore", "clip_s"} & set(options.metrics):
+        if set(CLIP_METRICS) & set(options.metrics):
             from ..backbones.clip import CLIPBackbone
 
             backbone = CLIPBackbone(options.clip_model, device=options.device, precision=options.precision)
@@ -78,9 +116,7 @@ class ManifestScorer:
                 for pos, (j, flat) in enumerate(zip(idx, res.rows())):
                     out[j] = {"emscore": flat.pop("score"), **{f"emscore.{k}": v for k, v in flat.items()}}
                     if self.options.alignment and res.alignment is not None:
-                        a = res.alignment[pos]
-                        out[j]["alignment"] = {"tokens": a.tokens, "best_frame": a.best_frame,
-                                               "similarity": a.similarity, "weight": a.weight}
+                        out[j]["alignment"] = alignment_fields(res.alignment[pos])
             return out
 
         return run
@@ -118,23 +154,135 @@ class ManifestScorer:
                           batch_size=self.options.batch_size, frames=self.options.frames)
         return self._clip_like(scorer, "pac_s")
 
+    def _build_hallucination(self, backbone):
+        from ..rewards.hallucination import DEFAULT_THRESHOLD, HallucinationPenalty
+
+        threshold = self.options.hallucination_threshold
+        penalty = HallucinationPenalty(
+            backbone=backbone, idf=self.options.idf_corpus or False, frames=self.options.frames,
+            batch_size=self.options.batch_size, threshold=DEFAULT_THRESHOLD if threshold is None else threshold,
+        )
+        write_alignment = self.options.alignment and "emscore" not in self.options.metrics
+
+        def run(rows: list[ManifestRow]) -> list[dict]:
+            out: list[dict] = [{} for _ in rows]
+            for kind in ("video", "image"):
+                idx = [i for i, r in enumerate(rows) if r.kind == kind]
+                if not idx:
+                    continue
+                alignments = penalty.alignments([rows[i].caption for i in idx], [rows[i].path for i in idx], kind)
+                for j, a in zip(idx, alignments):
+                    report = penalty.report_for(a)
+                    out[j] = {"hallucination": report.penalty, "hallucination.flagged": report.flagged_index}
+                    if write_alignment:
+                        out[j]["alignment"] = alignment_fields(a)
+            return out
+
+        return run
+
+    def _local_judge(self):
+        """The local LLaVA judge (``judge_model``), loaded once and shared by fleur, visce2 and gveval."""
+        if self._judge is None:
+            from ..judges.local import LocalJudge
+
+            self._judge = LocalJudge(self.options.judge_model, device=self.options.device)
+        return self._judge
+
+    def _chat_backend(self):
+        """The chat backend of visce2 and gveval: an OpenAI-compatible server when ``judge_base_url`` or
+        ``judge_api_model`` is set (API key from ``$OPENAI_API_KEY``), else the shared local judge."""
+        if self._chat is None:
+            if self.options.remote_judge:
+                from ..judges.remote import OpenAIJudge
+
+                model = {"model": self.options.judge_api_model} if self.options.judge_api_model else {}
+                self._chat = OpenAIJudge(self.options.judge_base_url, api_key_env="OPENAI_API_KEY", **model)
+            else:
+                from ..judges.local_chat import LocalChatJudge
+
+                self._chat = LocalChatJudge(self._local_judge())
+        return self._chat
+
     def _build_fleur(self, backbone):
         from ..scorers.fleur import FLEUR
 
-        scorer = FLEUR(model=self.options.fleur_model, device=self.options.device)
+        scorer = FLEUR(model=self._local_judge())
 
         def run(rows: list[ManifestRow]) -> list[dict]:
-            if any(r.kind != "image" for r in rows):
-                raise ValueError("FLEUR scores images; video rows need the composite option")
+            out: list[dict] = [{} for _ in rows]
             refs = [r.references for r in rows]
-            res = scorer.score([r.caption for r in rows], [r.path for r in rows],
-                               references=refs if all(x is not None for x in refs) else None)
-            out = []
-            for i in range(len(rows)):
-                row = {"fleur": finite_or_none(float(res.score[i])), "fleur.raw": res.raw[i]}
-                if res.error[i]:
-                    row["_error"] = res.error[i]
-                out.append(row)
+            has_refs = all(x is not None for x in refs)
+            for kind in ("image", "video"):  # videos are judged on G-VEval's three-frame composite
+                idx = [i for i, r in enumerate(rows) if r.kind == kind]
+                if not idx:
+                    continue
+                visual = {"images" if kind == "image" else "videos": [rows[i].path for i in idx]}
+                res = scorer.score([rows[i].caption for i in idx], references=[refs[i] for i in idx] if has_refs else None,
+                                   **visual)
+                for j, k in enumerate(idx):
+                    out[k] = {"fleur": finite_or_none(float(res.score[j])), "fleur.raw": res.raw[j]}
+                    if res.error[j]:
+                        out[k]["_error"] = res.error[j]
+            return out
+
+        return run
+
+    def _build_visce2(self, backbone):
+        from ..scorers.visce2 import VisCE2
+
+        scorer = VisCE2(self._chat_backend())
+
+        def run(rows: list[ManifestRow]) -> list[dict]:
+            out: list[dict] = [
+                {} if r.kind == "image" else {"_error": "VisCE² scores images only (its visual context describes one image)"}
+                for r in rows
+            ]
+            idx = [i for i, r in enumerate(rows) if r.kind == "image"]
+            if not idx:
+                return out
+            res = scorer.score([rows[i].caption for i in idx], [rows[i].path for i in idx])
+            for pos, i in enumerate(idx):
+                out[i] = {"visce2": finite_or_none(float(res.score[pos])), "visce2.raw": res.raw[pos],
+                          "visce2.context": res.context[pos]}
+                if res.error[pos]:
+                    out[i]["_error"] = res.error[pos]
+            return out
+
+        return run
+
+    def _build_gveval(self, backbone):
+        from ..metrics.gveval import ACCR_MARKERS
+        from ..scorers.gveval import GVEval
+
+        mode, accr = self.options.gveval_mode, self.options.gveval_accr
+        scorer = GVEval(self._chat_backend(), mode=mode, accr=accr)
+        needs_refs = mode != "ref-free"
+
+        def run(rows: list[ManifestRow]) -> list[dict]:
+            out: list[dict] = [{} for _ in rows]
+            for kind in ("image", "video"):
+                idx = []
+                for i, r in enumerate(rows):
+                    if r.kind != kind:
+                        continue
+                    if needs_refs and not r.references:
+                        out[i] = {"_error": f"G-VEval mode {mode!r} needs references; the row has none"}
+                    elif accr and kind == "image":
+                        out[i] = {"_error": "G-VEval's ACCR prompts are for videos only; score images without --gveval-accr"}
+                    else:
+                        idx.append(i)
+                if not idx:
+                    continue
+                visual = {"images" if kind == "image" else "videos": [rows[i].path for i in idx]}
+                res = scorer.score([rows[i].caption for i in idx],
+                                   references=[rows[i].references for i in idx] if needs_refs else None, **visual)
+                for pos, i in enumerate(idx):
+                    out[i] = {"gveval": finite_or_none(float(res.score[pos])), "gveval.raw": res.raw[pos]}
+                    if accr:
+                        for name in ACCR_MARKERS:
+                            out[i][f"gveval.{name}"] = finite_or_none(float(getattr(res, name)[pos]))
+                    if res.error[pos]:
+                        out[i]["_error"] = res.error[pos]
             return out
 
         return run
@@ -152,6 +300,11 @@ class ManifestScorer:
             if not r["errors"]:
                 r["errors"] = None
         return results
+
+
+def alignment_fields(a) -> dict:
+    """The ``alignment`` field of a row from a :class:`~capreward.scorers.emscore.TokenAlignment`."""
+    return {"tokens": a.tokens, "best_frame": a.best_frame, "similarity": a.similarity, "weight": a.weight}
 
 
 def base_fields(row: ManifestRow) -> dict:

@@ -45,7 +45,8 @@ def run_job(manifest: str | Path, out: str | Path, options: ScoreOptions, idf: s
             engine: str = "local", num_actors: int = 2, csv: str | Path | None = None, progress: bool = True) -> dict:
     """Score every manifest row not yet in ``out``; returns counts {total, skipped, written, errors}."""
     rows, todo = pending_rows(manifest, out)
-    options.idf_corpus = idf_corpus_from(idf, rows) if "emscore" in options.metrics else None
+    uses_idf = {"emscore", "hallucination"} & set(options.metrics)  # the same fixed idf for both
+    options.idf_corpus = idf_corpus_from(idf, rows) if uses_idf else None
     if engine == "local":
         written = run_local(todo, options, out, progress)
     elif engine == "ray":

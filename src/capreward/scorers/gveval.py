@@ -203,7 +203,7 @@ class GVEval:
                     if self.expected:
                         log.info("G-VEval sample %d (%s): no distribution (%s); using the written number", i, name, why)
                 else:
-                    errors[i] = errors[i] or f"no {name} score: {why if self.expected else f'no integer after {marker!r}'}"
+                    errors[i] = errors[i] or f"no {name if name == 'score' else name + ' score'}: {why if self.expected else f'no integer after {marker!r}'}"
         stacked = np.stack([dims[k] for k in self.markers])
         score = stacked.mean(axis=0)
         parsed = np.stack([parsed_dims[k] for k in self.markers]).mean(axis=0)
