@@ -10,7 +10,8 @@ writes per row (details in ``capreward.jobs.runners``):
   words without a matching frame: 0 all supported, -1 none) and ``hallucination.flagged`` (positions of
   the flagged tokens in ``alignment.tokens``, outlined by ``capreward report``). Threshold:
   ``--hallucination-threshold``; uses the CLIP of ``--clip-model`` and the idf of ``--idf``.
-- ``fleur``: ``fleur`` in [0, 1], ``fleur.raw`` (images; local LLaVA of ``--judge-model``).
+- ``fleur``: ``fleur`` in [0, 1], ``fleur.raw`` (local LLaVA of ``--judge-model``; videos on
+  G-VEval's three-frame composite).
 - ``visce2``: ``visce2`` in [0, 100], ``visce2.raw``, ``visce2.context`` (images only; a video row gets
   an error).
 - ``gveval``: ``gveval`` in [0, 100], ``gveval.raw``; ``--gveval-accr`` adds ``gveval.accuracy``,

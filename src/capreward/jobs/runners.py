@@ -11,7 +11,7 @@ One runner per metric, built by ``ManifestScorer._build_<metric>``; the fields e
   the positions of the flagged tokens in the caption's token list, the same list as ``alignment.tokens``
   (SOS at 0), which ``capreward report`` outlines. With ``alignment=True`` and no ``emscore`` runner it
   writes ``alignment`` itself.
-- ``fleur``: ``fleur`` in [0, 1] and ``fleur.raw`` (images only).
+- ``fleur``: ``fleur`` in [0, 1] and ``fleur.raw`` (videos judged on G-VEval's three-frame composite).
 - ``visce2``: ``visce2`` in [0, 100], ``visce2.raw`` (the rating answer) and ``visce2.context`` (the
   visual context). Images only: a video row gets an error. An answer without an integer scores 0, as in
   the paper, with the reason in ``errors``.
