@@ -140,7 +140,7 @@ def test_seq2seq_trainer_logs_caption_metrics_and_selects_the_best_checkpoint(tm
     for h in ours:  # logged after (not into) the trainer's own eval entry of the same step
         own = [i for i, e in enumerate(history) if "eval_loss" in e and e["step"] == h["step"]]
         assert own and own[0] < history.index(h)
-        assert {"eval_clip_s", "eval_emscore/video.fine_p", "eval_emscore/reference.full_f"} <= set(h)
+        assert {"eval_clip_s", "eval_emscore.video.fine_p", "eval_emscore.reference.full_f"} <= set(h)
 
     # the trainer tracked the best checkpoint by eval_emscore (first of equal values, like Trainer)
     values = [h["eval_emscore"] for h in ours]
@@ -223,7 +223,7 @@ def test_grpo_trainer_logs_caption_metrics(tmp_path, tiny_backbone):
     history = trainer.state.log_history
     ours = [h for h in history if "eval_emscore" in h]
     assert [h["step"] for h in ours] == [1, 2]
-    assert all(math.isfinite(h["eval_emscore"]) and "eval_emscore/empty" in h for h in ours)
+    assert all(math.isfinite(h["eval_emscore"]) and "eval_emscore.empty" in h for h in ours)
     for h in ours:  # GRPO's own evaluation ran first (its loss and rewards on eval_dataset)
         own = [e for e in history[: history.index(h)] if "eval_loss" in e and e["step"] == h["step"]]
         assert own and "eval_reward" in own[0]

@@ -3,8 +3,9 @@
 Per validation batch the callback reads the generated captions from ``validation_step``'s output and
 the visuals, references and sample ids from the batch, and updates its metrics. At epoch end it
 computes them (synced across processes by torchmetrics) and logs ``val/<metric>`` and
-``val/<metric>/<sub-score>`` through ``pl_module.log``, so ``ModelCheckpoint(monitor="val/emscore")``
-and ``EarlyStopping`` work. Optionally it writes every sample's caption and scores to
+``val/<metric>.<sub-score>`` through ``pl_module.log``, so ``ModelCheckpoint(monitor="val/emscore")``
+and ``EarlyStopping`` work. (A dot, not a slash, before the sub-score: MLflow's file store cannot
+hold a metric ``val/emscore`` and a folder of the same name.) Optionally it writes every sample's caption and scores to
 ``<log_dir>/captions/val-epoch=NNN.jsonl`` (or ``.csv``) and sends the best and worst captions as a
 text table to the loggers that take text (TensorBoard, Weights & Biases, MLflow, Comet).
 
@@ -243,7 +244,7 @@ class CaptionScoreCallback(Callback):
             means = s.means()
             logged[f"{prefix}{name}"] = means.pop("score")
             if self.log_sub_scores:
-                logged.update({f"{prefix}{name}/{k}": v for k, v in means.items()})
+                logged.update({f"{prefix}{name}.{k}": v for k, v in means.items()})
         for key, value in logged.items():
             # Values are already identical on every process (synced by torchmetrics): a max-reduce keeps
             # them exact and tells Lightning they are synced.
@@ -276,7 +277,7 @@ class CaptionScoreCallback(Callback):
             logger.info("caption scores written to %s", path)
         if self.examples > 0:
             best, worst = best_and_worst(rows, self.rank_by, self.examples)
-            log_text(trainer.loggers, f"{self.prefixes[stage]}captions", best, worst, self.rank_by, trainer.global_step)
+            log_text(trainer.loggers, f"{self.prefixes[stage]}captions", best, worst, self.rank_by, _logger_step(trainer))
 
 
 def log_text(loggers: Sequence[Any], tag: str, best: list[dict], worst: list[dict], key: str, step: int) -> list[str]:
@@ -309,6 +310,17 @@ def log_text(loggers: Sequence[Any], tag: str, best: list[dict], worst: list[dic
             continue
         done.append(kind)
     return done
+
+
+def _logger_step(trainer) -> int:
+    """The step Lightning gives the loggers for this epoch's logged values (``val/<metric>`` …).
+
+    Validation inside ``fit`` runs before the step counter of the loggers moves on, so the epoch-end
+    values go to the loggers at ``global_step - 1``; the text table goes to the same step, beside the
+    scores it ranks. Falls back to ``global_step`` where the trainer has no such counter.
+    """
+    step = getattr(getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None), "_batches_that_stepped", None)
+    return int(step) if isinstance(step, int) else int(trainer.global_step)
 
 
 def _has_field(batch: Any, key: str) -> bool:

@@ -1,7 +1,7 @@
 """Per-sample score tables: joining captions with metric scores, best/worst examples, files, text.
 
 A table is a list of flat dicts, one per sample: ``id``, ``caption``, ``references`` (when known),
-``<metric>`` (the main score) and ``<metric>/<column>`` (its sub-scores).
+``<metric>`` (the main score) and ``<metric>.<column>`` (its sub-scores).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def score_table(records: Sequence[dict], scores: Mapping[str, CaptionScores], su
         cols = {k: v.tolist() for k, v in s.values.items() if sub_scores or k == "score"}
         for r, n in zip(rows, index):
             for k, v in cols.items():
-                r[name if k == "score" else f"{name}/{k}"] = v[n]
+                r[name if k == "score" else f"{name}.{k}"] = v[n]
     return rows
 
 
@@ -99,7 +99,8 @@ def example_columns(rows: Sequence[dict], key: str) -> list[str]:
     cols = ["id", "caption"]
     if rows and rows[0].get("references") is not None:
         cols.append("references")
-    metrics = [c for c in rows[0] if c not in ("id", "caption", "references") and "/" not in c] if rows else []
+    # sub-score columns are "<metric>.<column>"; the main scores are the bare metric names
+    metrics = [c for c in rows[0] if c not in ("id", "caption", "references") and "." not in c] if rows else []
     return cols + sorted(metrics, key=lambda c: c != key)
 
 

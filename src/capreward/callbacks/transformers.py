@@ -5,7 +5,7 @@ trainer's model, split across processes with ``accelerator.split_between_process
 every process runs the same number of batches, which DeepSpeed ZeRO-3 generation needs), scores each
 process's share with the metrics (synced by torchmetrics; the padding repeats are dropped by sample id),
 gathers the captions with ``accelerate.utils.gather_object`` and logs ``eval_<metric>`` and
-``eval_<metric>/<sub-score>`` through ``trainer.log`` on every process, as ``Trainer.evaluate`` does.
+``eval_<metric>.<sub-score>`` through ``trainer.log`` on every process, as ``Trainer.evaluate`` does.
 
 ``on_evaluate`` runs after ``Trainer.evaluate`` has logged its own metrics, so values added to the
 ``metrics`` dict there are never logged; that is why this callback calls ``trainer.log``. With
@@ -150,7 +150,7 @@ class CaptionEvalCallback(TrainerCallback):
         """Generate, score and log now (on every process); return the logged values.
 
         Values are means over the held-out set: ``<prefix><metric>`` in the metric's range and
-        ``<prefix><metric>/<column>`` for its sub-scores; NaN values are not logged.
+        ``<prefix><metric>.<column>`` for its sub-scores; NaN values are not logged.
         """
         trainer = self.trainer
         accelerator = trainer.accelerator
@@ -183,7 +183,7 @@ class CaptionEvalCallback(TrainerCallback):
             means = s.means()
             logs[f"{self.prefix}{name}"] = means.pop("score")
             if self.log_sub_scores:
-                logs.update({f"{self.prefix}{name}/{k}": v for k, v in means.items()})
+                logs.update({f"{self.prefix}{name}.{k}": v for k, v in means.items()})
         logs = {k: float(v) for k, v in logs.items() if not math.isnan(v)}  # JSON loggers reject NaN
         trainer.log(dict(logs))  # Trainer.log adds "epoch" to the dict it gets
         step = trainer.state.global_step
