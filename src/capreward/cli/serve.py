@@ -53,7 +53,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=5000, help="0: pick a free port (printed on stderr when ready)")
     p.add_argument("--clip-model", default=DEFAULT_CLIP, help="CLIP for clip_s/emscore: name/tag, .pt path, ...")
-    p.add_argument("--fleur-model", help="LLaVA judge for fleur: hub name or local directory")
+    p.add_argument("--judge-model", "--fleur-model", dest="fleur_model", metavar="MODEL", help="LLaVA judge for fleur: hub name or local directory")
     p.add_argument("--composite", default="emscore=1.0,hallucination=1.0",
                    help="terms of --reward composite: name=weight,... (plus repetition/truncation/length guards)")
     p.add_argument("--idf", help="EMScore idf corpus: a text file with one caption per line (default: no idf)")
