@@ -7,9 +7,10 @@ manifest's folder), optionally ``references`` (list of str) and ``id``. Rows wit
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ..jsonl import json_lines
 
 
 class ManifestError(ValueError):
@@ -54,21 +55,13 @@ def read_manifest(path: str | Path) -> list[ManifestRow]:
     path = Path(path)
     rows: list[ManifestRow] = []
     seen: dict[str, int] = {}
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ManifestError(f"{where}: invalid JSON ({exc.msg})") from exc
-            row = parse_row(obj, where, path.parent)
-            row.id = str(obj["id"]) if obj.get("id") is not None else f"line-{lineno}"
-            if row.id in seen:
-                raise ManifestError(f"{where}: duplicate id {row.id!r} (first on line {seen[row.id]})")
-            seen[row.id] = lineno
-            rows.append(row)
+    for lineno, where, obj in json_lines(path, ManifestError):
+        row = parse_row(obj, where, path.parent)
+        row.id = str(obj["id"]) if obj.get("id") is not None else f"line-{lineno}"
+        if row.id in seen:
+            raise ManifestError(f"{where}: duplicate id {row.id!r} (first on line {seen[row.id]})")
+        seen[row.id] = lineno
+        rows.append(row)
     if not rows:
         raise ManifestError(f"{path}: the manifest has no rows")
     return rows

@@ -27,6 +27,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Callable
 
+from ..jsonl import json_lines
 from .judgments import Judgments, JudgmentError, PairItem, RatedItem, as_rating, visual_aliases
 
 log = logging.getLogger(__name__)
@@ -49,23 +50,13 @@ def read_jsonl_objects(path: Path, what: str = "judgments") -> list[tuple[str, d
     """``(where, object)`` for every non-blank line of a JSONL file, ``where`` being ``path:line``.
     Raises JudgmentError naming the file (missing: "no such <what> file") or the line (invalid JSON,
     not an object)."""
+    if not path.exists():
+        raise JudgmentError(f"{path}: no such {what} file")
     rows = []
-    try:
-        f = path.open(encoding="utf-8")
-    except FileNotFoundError:
-        raise JudgmentError(f"{path}: no such {what} file") from None
-    with f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise JudgmentError(f"{where}: invalid JSON ({exc.msg})") from None
-            if not isinstance(obj, dict):
-                raise JudgmentError(f"{where}: expected a JSON object")
-            rows.append((where, obj))
+    for _, where, obj in json_lines(path, JudgmentError):
+        if not isinstance(obj, dict):
+            raise JudgmentError(f"{where}: expected a JSON object")
+        rows.append((where, obj))
     return rows
 
 
