@@ -59,3 +59,16 @@ def write_mp4(path: Path, frames: np.ndarray, fps: int = 10) -> Path:
         writer.send(np.ascontiguousarray(frame))
     writer.close()
     return path
+
+
+def import_script(path: Path, name: str):
+    """Import a standalone script (a recipe or an experiment) as the module ``name``, registered in
+    ``sys.modules`` so that its dataclasses and pickled objects resolve; returns the module."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

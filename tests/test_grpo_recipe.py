@@ -5,7 +5,6 @@ reward cannot score (None) leave training running, and the command-line surface.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import re
@@ -15,18 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import write_mp4
+from conftest import import_script, write_mp4
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "grpo_captioner.py"
 
 
 @pytest.fixture(scope="module")
 def recipe():
-    spec = importlib.util.spec_from_file_location("grpo_captioner", RECIPE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["grpo_captioner"] = module
-    spec.loader.exec_module(module)
-    yield module
+    yield import_script(RECIPE, "grpo_captioner")
     sys.modules.pop("grpo_captioner", None)
 
 
@@ -246,9 +241,7 @@ def test_colour_toy_experiment_runs_end_to_end(tmp_path, capsys):
     """experiments/grpo_colour_toy.py at toy size (its figures come from a full run, see its docstring):
     before/after evaluation, per-step trajectory and the summary over seeds are produced and consistent."""
     path = RECIPE.parents[1] / "experiments" / "grpo_colour_toy.py"
-    spec = importlib.util.spec_from_file_location("grpo_colour_toy", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = import_script(path, "grpo_colour_toy")
     out = module.main(
         ["--seeds", "0", "1", "--steps", "2", "--sft-steps", "2", "--batch-size", "8", "--num-generations", "4",
          "--train-images", "4", "--eval-images", "4", "--eval-samples", "2", "--out", str(tmp_path),

@@ -5,7 +5,6 @@ epoch by val/emscore, which an independent re-scoring of that checkpoint's capti
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -16,17 +15,14 @@ import torch
 from capreward import EMScore
 from capreward.backbones import CLIPBackbone
 from capreward.testing import tiny_clip_factory
+from conftest import import_script
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "lightning_captioner.py"
 
 
 @pytest.fixture(scope="module")
 def recipe():
-    spec = importlib.util.spec_from_file_location("lightning_captioner", RECIPE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["lightning_captioner"] = module
-    spec.loader.exec_module(module)
-    yield module
+    yield import_script(RECIPE, "lightning_captioner")
     sys.modules.pop("lightning_captioner", None)
 
 
