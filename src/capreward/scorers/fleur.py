@@ -41,7 +41,7 @@ from ..metrics.fleur import (
     parse_fleur_answer,
     raw_scores,
 )
-from .validation import check_references
+from .validation import caption_list, check_references
 
 
 @dataclass
@@ -102,14 +102,42 @@ class FLEURPlan:
         return [n for n, r in enumerate(self.readings) if r.ok]
 
 
-def _check_candidates(candidates: Any) -> list[str]:
-    if isinstance(candidates, str):
-        raise TypeError("candidates must be a list of captions, got a single str")
-    candidates = list(candidates)
-    for i, c in enumerate(candidates):
-        if not isinstance(c, str):
-            raise TypeError(f"candidates[{i}] must be str, got {type(c).__name__}")
-    return candidates
+def judge_visuals(images: Sequence[Any] | None, videos: Sequence[Any] | None, n: int) -> tuple[list[Image.Image], list[int]]:
+    """Distinct visuals shown to a judge (RGB images; three-frame composites for videos) and each
+    sample's index into them.
+
+    Samples share a visual when they pass the same object or the same content (``media_key``). Raises
+    ``ValueError`` unless exactly one of ``images``/``videos`` has ``n`` items, and ``MediaError``
+    naming a missing or unusable item.
+    """
+    if (images is None) == (videos is None):
+        raise ValueError("give exactly one of images= or videos=")
+    items = list(images if images is not None else videos)
+    what = "images" if images is not None else "videos"
+    if len(items) != n:
+        raise ValueError(f"got {len(items)} {what} for {n} candidates; give one per candidate")
+    by_object: dict[int, int] = {}
+    by_key: dict[str, int] = {}
+    visuals: list[Image.Image] = []
+    index: list[int] = []
+    for i, item in enumerate(items):
+        if item is None:
+            raise MediaError(describe(item, i), f"{what[:-1]} is missing (None)")
+        if id(item) in by_object:
+            index.append(by_object[id(item)])
+            continue
+        key = media_key(item)
+        if key is not None and key in by_key:
+            slot = by_key[key]
+        else:
+            visual = load_image(item, i) if images is not None else video_composite(item, i)
+            slot = len(visuals)
+            visuals.append(visual)
+            if key is not None:
+                by_key[key] = slot
+        by_object[id(item)] = slot
+        index.append(slot)
+    return visuals, index
 
 
 class FLEUR:
@@ -228,13 +256,13 @@ class FLEUR:
         the first turn. Returns one explanation per candidate (greedy, at most ``max_new_tokens``
         tokens, default ``explain_max_new_tokens``). Raises for empty captions or prompts that do not fit.
         """
-        candidates = _check_candidates(candidates)
+        candidates = caption_list(candidates)
         n = len(candidates)
         for i, c in enumerate(candidates):
             if not c.strip():
                 raise ValueError(f"candidates[{i}] is an empty caption; there is nothing to explain")
         refs = check_references(references, n)
-        visuals, image_index = self._load_visuals(images, videos, n)
+        visuals, image_index = judge_visuals(images, videos, n)
         if scores is None:
             result = self.score(candidates, images, references, videos=videos)
             first = [r if math.isnan(s) else str(s) for s, r in zip(result.score.tolist(), result.raw)]
@@ -258,7 +286,7 @@ class FLEUR:
 
     def prompts(self, candidates: Sequence[str], references: Sequence[Sequence[str] | str] | None = None) -> list[str]:
         """The full conversation strings the judge is asked (with the image placeholder)."""
-        candidates = _check_candidates(candidates)
+        candidates = caption_list(candidates)
         refs = check_references(references, len(candidates))
         return [
             self.judge.conversation([(fleur_prompt(c, refs[i] if refs is not None else None), None)])
@@ -275,10 +303,10 @@ class FLEUR:
         videos: Sequence[Any] | None = None,
     ) -> FLEURPlan:
         """Run the batched greedy pass and read every answer; no gradients. Returns a :class:`FLEURPlan`."""
-        candidates = _check_candidates(candidates)
+        candidates = caption_list(candidates)
         n = len(candidates)
         refs = check_references(references, n)
-        visuals, image_index = self._load_visuals(images, videos, n)
+        visuals, image_index = judge_visuals(images, videos, n)
         prompts = self.prompts(candidates, refs)
         error: list[str | None] = [None] * n
         for i, c in enumerate(candidates):
@@ -361,41 +389,6 @@ class FLEUR:
             return out.to(scores.dtype).index_put((index,), scores)
 
     # ------------------------------------------------------------------------------------- plumbing
-    def _load_visuals(
-        self, images: Sequence[Any] | None, videos: Sequence[Any] | None, n: int
-    ) -> tuple[list[Image.Image], list[int]]:
-        """Distinct visuals (RGB images; three-frame composites for videos) and each sample's index.
-
-        Samples share a visual when they pass the same object or the same content (``media_key``).
-        """
-        if (images is None) == (videos is None):
-            raise ValueError("give exactly one of images= or videos=")
-        items = list(images if images is not None else videos)
-        what = "images" if images is not None else "videos"
-        if len(items) != n:
-            raise ValueError(f"got {len(items)} {what} for {n} candidates; give one per candidate")
-        by_object: dict[int, int] = {}
-        by_key: dict[str, int] = {}
-        visuals: list[Image.Image] = []
-        index: list[int] = []
-        for i, item in enumerate(items):
-            if item is None:
-                raise MediaError(describe(item, i), f"{what[:-1]} is missing (None)")
-            if id(item) in by_object:
-                index.append(by_object[id(item)])
-                continue
-            key = media_key(item)
-            if key is not None and key in by_key:
-                slot = by_key[key]
-            else:
-                visual = load_image(item, i) if images is not None else video_composite(item, i)
-                slot = len(visuals)
-                visuals.append(visual)
-                if key is not None:
-                    by_key[key] = slot
-            by_object[id(item)] = slot
-            index.append(slot)
-        return visuals, index
 
     def _generate(
         self,

@@ -37,8 +37,6 @@ from PIL import Image
 
 from ..judges.prompts import FLEUR_EXPLAIN_PROMPT, fleur_prompt
 from ..judges.protocol import ChatRequest, ChatResponse, JudgeBackend, TokenLogprob, assistant_turn, user_turn
-from ..media import MediaError, describe, load_image, media_key
-from ..media.composite import video_composite
 from ..metrics.fleur import (
     ONE,
     ONE_DECIMAL,
@@ -49,8 +47,8 @@ from ..metrics.fleur import (
     parse_fleur_answer,
     raw_scores,
 )
-from .fleur import FLEURResult
-from .validation import check_references
+from .fleur import FLEURResult, judge_visuals
+from .validation import caption_list, check_references
 
 DIGITS = tuple(str(d) for d in range(10))
 
@@ -296,39 +294,13 @@ class RemoteFLEUR:
         return FleurReading(value=None, rule=None, error=error), error
 
     def _inputs(self, candidates, images, references, videos) -> tuple[list[str], list[list[str]] | None, list[Image.Image]]:
-        if isinstance(candidates, str):
-            raise TypeError("candidates must be a list of captions, got a single str")
-        candidates = list(candidates)
-        for i, c in enumerate(candidates):
-            if not isinstance(c, str):
-                raise TypeError(f"candidates[{i}] must be str, got {type(c).__name__}")
+        candidates = caption_list(candidates)
         refs = check_references(references, len(candidates))
         return candidates, refs, load_visuals(images, videos, len(candidates))
 
 
 def load_visuals(images: Sequence[Any] | None, videos: Sequence[Any] | None, n: int) -> list[Image.Image]:
-    """One RGB image per sample (three-frame composites for videos); samples that pass the same object
-    or the same content share one decoded image. Raises ``MediaError`` naming a missing or unusable item."""
-    if (images is None) == (videos is None):
-        raise ValueError("give exactly one of images= or videos=")
-    items = list(images if images is not None else videos)
-    what = "images" if images is not None else "videos"
-    if len(items) != n:
-        raise ValueError(f"got {len(items)} {what} for {n} candidates; give one per candidate")
-    by_object: dict[int, Image.Image] = {}
-    by_key: dict[str, Image.Image] = {}
-    out = []
-    for i, item in enumerate(items):
-        if item is None:
-            raise MediaError(describe(item, i), f"{what[:-1]} is missing (None)")
-        if id(item) not in by_object:
-            key = media_key(item)
-            if key is not None and key in by_key:
-                by_object[id(item)] = by_key[key]
-            else:
-                visual = load_image(item, i) if images is not None else video_composite(item, i)
-                by_object[id(item)] = visual
-                if key is not None:
-                    by_key[key] = visual
-        out.append(by_object[id(item)])
-    return out
+    """One RGB image per sample (three-frame composites for videos), shared between samples with the
+    same object or content; see :func:`~capreward.scorers.fleur.judge_visuals` for the errors."""
+    visuals, index = judge_visuals(images, videos, n)
+    return [visuals[k] for k in index]

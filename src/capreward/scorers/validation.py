@@ -5,16 +5,24 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 
-def check_captions(captions: Any, what: str = "candidates") -> list[str]:
-    """Return ``captions`` as a list of str, or raise naming the first bad item."""
+def caption_list(captions: Any, what: str = "candidates") -> list[str]:
+    """``captions`` as a list of str (possibly empty, blank captions allowed); raises TypeError for a
+    single str or naming the first item that is not a str."""
     if isinstance(captions, str):
         raise TypeError(f"{what} must be a list of captions, got a single str")
     captions = list(captions)
-    if not captions:
-        raise ValueError(f"{what} is empty")
     for i, c in enumerate(captions):
         if not isinstance(c, str):
             raise TypeError(f"{what}[{i}] must be str, got {type(c).__name__}")
+    return captions
+
+
+def check_captions(captions: Any, what: str = "candidates") -> list[str]:
+    """Return ``captions`` as a non-empty list of non-blank str, or raise naming the first bad item."""
+    captions = caption_list(captions, what)
+    if not captions:
+        raise ValueError(f"{what} is empty")
+    for i, c in enumerate(captions):
         if not c.strip():
             raise ValueError(f"{what}[{i}] is an empty caption")
     return captions
