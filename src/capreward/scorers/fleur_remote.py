@@ -187,16 +187,15 @@ class RemoteFLEUR:
         RefFLEUR, its references. Returns a :class:`RemoteFLEURResult`: ``score`` (N,) in [0, 1], NaN with
         a reason in ``error`` for empty captions, failed requests and unreadable answers. Raises
         ``MediaError``/``TypeError``/``ValueError`` naming the item for unusable inputs."""
+        n, sent, requests = self._score_requests(candidates, images, references, videos)
+        return self.read(_placed(n, sent, self.backend.generate(requests)))
+
+    def _score_requests(self, candidates, images, references, videos) -> tuple[int, list[int], list[ChatRequest]]:
+        """The number of candidates, the positions of the non-empty ones and their requests (in order)."""
         candidates, refs, visuals = self._inputs(candidates, images, references, videos)
         sent = [n for n, c in enumerate(candidates) if c.strip()]
         requests = self.requests([candidates[n] for n in sent], [visuals[n] for n in sent], [refs[n] for n in sent] if refs else None)
-        answers = self.backend.generate(requests)
-        if len(answers) != len(requests):
-            raise RuntimeError(f"the backend answered {len(answers)} of {len(requests)} requests")
-        responses: list[ChatResponse | None] = [None] * len(candidates)
-        for n, answer in zip(sent, answers):
-            responses[n] = answer
-        return self.read(responses)
+        return len(candidates), sent, requests
 
     def read(self, responses: Sequence[ChatResponse | None]) -> RemoteFLEURResult:
         """The result for the backend's answers (None: an empty caption, not sent)."""
@@ -236,14 +235,8 @@ class RemoteFLEUR:
 
     async def ascore(self, candidates, images=None, references=None, *, videos=None) -> RemoteFLEURResult:
         """:meth:`score`, awaitable (the requests run concurrently on a remote backend)."""
-        candidates, refs, visuals = self._inputs(candidates, images, references, videos)
-        sent = [n for n, c in enumerate(candidates) if c.strip()]
-        requests = self.requests([candidates[n] for n in sent], [visuals[n] for n in sent], [refs[n] for n in sent] if refs else None)
-        answers = await self.backend.agenerate(requests)
-        responses: list[ChatResponse | None] = [None] * len(candidates)
-        for n, answer in zip(sent, answers):
-            responses[n] = answer
-        return self.read(responses)
+        n, sent, requests = self._score_requests(candidates, images, references, videos)
+        return self.read(_placed(n, sent, await self.backend.agenerate(requests)))
 
     def explain(
         self,
@@ -297,6 +290,17 @@ class RemoteFLEUR:
         candidates = caption_list(candidates)
         refs = check_references(references, len(candidates))
         return candidates, refs, load_visuals(images, videos, len(candidates))
+
+
+def _placed(n: int, sent: list[int], answers: Sequence[ChatResponse]) -> list[ChatResponse | None]:
+    """One entry per candidate: the answer to each sent request at its candidate's position, None for
+    the candidates not sent. Raises RuntimeError when the backend did not answer every request."""
+    if len(answers) != len(sent):
+        raise RuntimeError(f"the backend answered {len(answers)} of {len(sent)} requests")
+    responses: list[ChatResponse | None] = [None] * n
+    for position, answer in zip(sent, answers):
+        responses[position] = answer
+    return responses
 
 
 def load_visuals(images: Sequence[Any] | None, videos: Sequence[Any] | None, n: int) -> list[Image.Image]:
