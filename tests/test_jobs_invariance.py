@@ -8,6 +8,7 @@ are SIGKILLed at exact points (the results writer's fault-injection hook) and re
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -179,3 +180,44 @@ def test_every_row_survives_kill_and_resume(reference, tmp_path, tiny_clip_path)
     assert third.returncode == 0, third.stderr[-2000:]
     assert record_path(out).read_bytes() == idf_record  # the idf was computed once and reused
     assert_same_rows(by_id(out), want)
+
+
+def test_fleur_rows_are_independent_of_their_batch(tmp_path):
+    """FLEUR and RefFLEUR rows (images and a video) mixed in one batch: each row equals its score alone,
+    whatever the batch size and order (RefFLEUR rows keep their references next to FLEUR rows)."""
+    import torch
+
+    from capreward.jobs.manifest import read_manifest
+    from capreward.jobs.runners import ManifestScorer, ScoreOptions
+    from capreward.testing import FLEUR_RECIPE, tiny_judge_dir
+    from capreward.testing.tiny_llava import fleur_task_image
+
+    rows = []
+    for k, (colour, caption, refs) in enumerate([
+        ("red", "a red car", ["a red square"]), ("blue", "a red kite", None), ("green", "a green ball", None),
+        ("red", "the kite is blue", ["a blue kite", "a kite"]), ("yellow", "a photo of a ball", None),
+    ]):
+        path = tmp_path / f"im{k}.png"
+        fleur_task_image(colour).save(path)
+        rows.append({"id": f"f{k}", "caption": caption, "image": str(path), **({"references": refs} if refs else {})})
+    rows.append({"id": "video", "caption": "a red car", "video": str(write_mp4(tmp_path / "v.mp4", random_video(5, frames=6))),
+                 "references": ["a car"]})
+    rows.append({"id": "missing", "caption": "a red car", "image": str(tmp_path / "missing.png")})
+    manifest = write_manifest(tmp_path / "m.jsonl", rows)
+    manifest_rows = read_manifest(manifest)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        scorer = ManifestScorer(ScoreOptions(metrics=["fleur"], judge_model=str(tiny_judge_dir(FLEUR_RECIPE))))
+        alone = {r.id: scorer.score_rows([r])[0] for r in manifest_rows}
+        together = {r["id"]: r for r in scorer.score_rows(manifest_rows)}
+        reversed_ = {r["id"]: r for r in scorer.score_rows(manifest_rows[::-1])}
+        without_refs = [scorer.score_rows([dataclasses.replace(manifest_rows[k], references=None)])[0] for k in (0, 3)]
+    finally:
+        torch.set_num_threads(threads)
+    assert alone["f0"]["fleur"] is not None and alone["f1"]["fleur"] is not None
+    # RefFLEUR differs from FLEUR on these rows, so losing a row's references would show
+    assert [r["fleur"] for r in without_refs] != [alone["f0"]["fleur"], alone["f3"]["fleur"]]
+    assert "does not exist" in alone["missing"]["errors"]["fleur"]
+    assert_same_rows(together, alone)
+    assert_same_rows(reversed_, alone)

@@ -344,10 +344,13 @@ def row_problem(row: ManifestRow) -> str | None:
 
 
 def row_error(row: ManifestRow, exc: Exception) -> str:
-    """The error recorded on ``row`` when scoring it alone raised ``exc``: ``"row '<id>': <reason>"``."""
+    """The error recorded on ``row`` when scoring it alone raised ``exc``: ``"row '<id>': <reason>"``
+    (just ``"<type>: <message>"`` when the message already names the row)."""
+    name = f"row {row.id!r}"
     if isinstance(exc, MediaError):
-        return f"row {row.id!r}: {exc.problem} ({row.path})"
-    return f"row {row.id!r}: {type(exc).__name__}: {exc}"
+        return f"{name}: {exc.problem} ({row.path})"
+    reason = f"{type(exc).__name__}: {exc}"
+    return reason if name in str(exc) else f"{name}: {reason}"
 
 
 def isolate_errors(run, rows: list[ManifestRow], metric: str) -> list[dict]:
