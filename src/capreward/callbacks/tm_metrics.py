@@ -272,7 +272,10 @@ class EMScoreMetric(CaptionMetric):
 
     Args: ``model`` (any CLIP specification) or ``backbone`` (a shared :class:`CLIPBackbone`) or
     ``scorer`` (a configured :class:`~capreward.EMScore`); ``idf``, ``frames``, ``batch_size`` as for
-    the scorer; ``visual``: ``"video"`` (default) or ``"image"``; see :class:`CaptionMetric` for the rest.
+    the scorer (``idf`` defaults to ``False``, no idf, where the released ``score()`` uses each batch's
+    idf: pass a fixed corpus for idf weights that do not change with the validation batches, or
+    ``idf="batch"`` for the release's default); ``visual``: ``"video"`` (default) or ``"image"``; see
+    :class:`CaptionMetric` for the rest.
     """
 
     columns = ("score", "empty", "truncated") + tuple(
