@@ -54,7 +54,8 @@ class VisCE2Reward(CaptionReward):
         reasons = list(result.error)
         if self.use_expected and result.expected_error is not None:
             reasons = [e or r for e, r in zip(result.expected_error, reasons)]
-        scores = [None if math.isnan(v) else v * self.scale for v in _floats(values)]
+        # range guard: the scorer returns a first integer above 100 as the release does; no reward for it
+        scores = [None if math.isnan(v) or not 0 <= v <= 100 else v * self.scale for v in _floats(values)]
         metrics = {"parsed": [1.0 if e is None else 0.0 for e in result.error]}
         if result.expected is not None:
             metrics["expected"] = _floats(result.expected)
