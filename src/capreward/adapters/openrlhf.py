@@ -212,14 +212,24 @@ class RewardService:
             if any(math.isfinite(float(v)) for v in column)
         }
         extra["unscored"] = [float(v is None) for v in batch.values]
-        errors = [None if v is not None else self.paths.redact(r or "no score")
-                  for v, r in zip(batch.values, batch.reasons)]
+        errors = [None if v is not None else self.paths.redact(_local_index(r or "no score", j))
+                  for j, (v, r) in enumerate(zip(batch.values, batch.reasons))]
         return {"rewards": rewards, "scores": list(rewards), "extra_logs": extra, "errors": errors}
 
     def handle(self, payload: Any) -> dict[str, Any]:
         """The ``/get_reward`` response for a decoded JSON body, scored alone (RequestError for bad
         requests)."""
         return self.respond(self.score(*self.parse(payload)))
+
+
+_BATCH_INDEX = re.compile(r"^(completions|candidates|references)\[\d+\]")
+
+
+def _local_index(reason: str, j: int) -> str:
+    """A reason that names the sample by its index in the scored batch (``completions[12] is empty``)
+    renamed to the request's own item (``query[1] is empty``): a merged batch's index means nothing
+    to the client and would make the answer depend on what it was merged with."""
+    return _BATCH_INDEX.sub(lambda m: f"query[{j}]" if m.group(1) != "references" else f"labels[{j}] references", reason)
 
 
 _LENGTH = re.compile(r"[0-9]{1,18}")
