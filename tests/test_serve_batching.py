@@ -229,8 +229,8 @@ def test_batched_http_server_in_process_matches_unbatched(reward, media):
 
 
 def test_scored_batch_slices_keep_metrics_aligned():
-    from capreward.adapters.batching import _slice
+    from capreward.adapters.batching import slice_batch
 
     batch = ScoredBatch([1.0, None, 3.0], [None, "x", None], {"m": [0.1, float("nan"), 0.3]})
-    part = _slice(batch, 1, 3)
+    part = slice_batch(batch, 1, 3)
     assert part.values == [None, 3.0] and part.reasons == ["x", None] and part.metrics["m"][1] == 0.3

@@ -43,7 +43,8 @@ class _Job:
     error: BaseException | None = None
 
 
-def _slice(batch: ScoredBatch, start: int, stop: int) -> ScoredBatch:
+def slice_batch(batch: ScoredBatch, start: int, stop: int) -> ScoredBatch:
+    """Samples ``start:stop`` of ``batch`` (values, reasons and every metric column)."""
     return ScoredBatch(batch.values[start:stop], batch.reasons[start:stop],
                        {key: list(column[start:stop]) for key, column in batch.metrics.items()})
 
@@ -158,7 +159,7 @@ class DynamicBatcher:
             self.samples += len(captions)
         start = 0
         for job in jobs:
-            job.result = _slice(merged, start, start + len(job.captions))
+            job.result = slice_batch(merged, start, start + len(job.captions))
             start += len(job.captions)
             job.done.set()
 
@@ -182,4 +183,4 @@ class DynamicBatcher:
         return True
 
 
-__all__ = ["Busy", "DynamicBatcher"]
+__all__ = ["Busy", "DynamicBatcher", "slice_batch"]
