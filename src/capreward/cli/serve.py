@@ -71,8 +71,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--fallback", type=float, default=0.0, help="reward of a sample that cannot be scored")
     p.add_argument("--max-body-bytes", type=int, default=16 * 1024 * 1024, help="larger requests get 413")
     p.add_argument("--max-items", type=int, default=4096, help="more queries per request get 413")
-    p.add_argument("--max-concurrent", type=int, default=4, help="requests scored at once; others wait")
-    p.add_argument("--queue-timeout", type=float, default=120.0, help="seconds a request waits for a slot before 503")
+    p.add_argument("--max-concurrent", type=int, default=4, help="batches scored at once (each in its own thread); others wait")
+    p.add_argument("--queue-timeout", type=float, default=120.0, help="seconds a request waits for its batch to start before 503")
     p.add_argument("--read-timeout", type=float, default=30.0,
                    help="seconds of client silence before its connection is closed; a body must arrive within it")
     p.add_argument("--max-connections", type=int, default=64, help="connections served at once; more get 503")
