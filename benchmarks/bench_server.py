@@ -5,8 +5,8 @@ request scored alone, at most ``--max-concurrent`` at once: the server as it was
 with batching on (``--max-batch-size``/``--max-wait-ms``) — and drives each with 8..32 concurrent
 loopback clients (keep-alive connections), each sending requests of ``--samples`` captions about one
 image (a GRPO group's shape), as OpenRLHF's workers do. Printed per client count: requests/s, p50 and
-p99 latency, the throughput ratio on/off, and whether every answer is identical (1e-6) between the
-two servers.
+p99 latency of the best of ``--repeats`` interleaved runs, the throughput ratio on/off, and whether
+every answer is identical (1e-6) between the two servers.
 
 The default model is the tiny CLIP of ``capreward.testing`` (fast to build, no download); pass
 ``--clip-model`` (a name/tag or an OpenAI-format ``.pt``) for a real one.
@@ -117,6 +117,7 @@ def main() -> None:
     parser.add_argument("--max-batch-size", type=int, default=64)
     parser.add_argument("--max-wait-ms", type=float, default=5.0)
     parser.add_argument("--max-concurrent", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per setting (interleaved); the best is shown")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -135,17 +136,23 @@ def main() -> None:
                  "on": ["--max-batch-size", str(args.max_batch_size), "--max-wait-ms", str(args.max_wait_ms)]}
         rows = []
         answers: dict[tuple[str, int], list] = {}
-        for mode, flags in modes.items():
-            server = Server(common + flags)
-            try:
+        servers = {mode: Server(common + flags) for mode, flags in modes.items()}
+        try:
+            for server in servers.values():
                 drive(server, make_payloads(4, 2, args.samples, images, seed=99))  # warm-up
-                for clients in args.clients:
-                    payloads = make_payloads(clients, args.requests, args.samples, images, seed=clients)
-                    rate, lat, got = drive(server, payloads)
-                    answers[mode, clients] = got
-                    rows.append({"mode": mode, "clients": clients, "requests_per_s": rate,
-                                 "p50_ms": 1000 * statistics.median(lat), "p99_ms": 1000 * percentile(lat, 99)})
-            finally:
+            for clients in args.clients:
+                payloads = make_payloads(clients, args.requests, args.samples, images, seed=clients)
+                best: dict[str, dict] = {}
+                for _ in range(args.repeats):  # interleaved, so that load drifts hit both modes alike
+                    for mode, server in servers.items():
+                        rate, lat, got = drive(server, payloads)
+                        answers[mode, clients] = got
+                        if mode not in best or rate > best[mode]["requests_per_s"]:
+                            best[mode] = {"mode": mode, "clients": clients, "requests_per_s": rate,
+                                          "p50_ms": 1000 * statistics.median(lat), "p99_ms": 1000 * percentile(lat, 99)}
+                rows.extend(best.values())
+        finally:
+            for server in servers.values():
                 server.stop()
     by = {(r["mode"], r["clients"]): r for r in rows}
     for clients in args.clients:
@@ -158,7 +165,7 @@ def main() -> None:
         return
     print(f"reward {args.reward}, model {args.clip_model or 'tiny CLIP'}, {args.samples} samples/request, "
           f"{args.requests} requests/client, batching on = --max-batch-size {args.max_batch_size} "
-          f"--max-wait-ms {args.max_wait_ms}, --max-concurrent {args.max_concurrent}")
+          f"--max-wait-ms {args.max_wait_ms}, --max-concurrent {args.max_concurrent}, best of {args.repeats}")
     print(f"{'clients':>7} {'mode':>4} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'on/off':>7} identical")
     for clients in args.clients:
         for mode in ("off", "on"):
