@@ -53,7 +53,7 @@ from typing import Any, Sequence
 from .batching import Busy, DynamicBatcher
 from .labels import Label, LabelError, parse_label
 from .paths import MediaPaths
-from .scoring import ScoredBatch, score_labelled
+from .scoring import ScoredBatch, concat_batches, score_labelled
 
 logger = logging.getLogger(__name__)
 
@@ -196,10 +196,7 @@ class RewardService:
             if len(captions) == 1:
                 logger.exception("scoring a sample failed")
                 return ScoredBatch([None], [f"{type(exc).__name__}: {exc}"])
-        parts = [self.score([c], [lab]) for c, lab in zip(captions, labels)]
-        keys = sorted({key for part in parts for key in part.metrics})
-        return ScoredBatch([p.values[0] for p in parts], [p.reasons[0] for p in parts],
-                           {key: [p.metrics.get(key, [math.nan])[0] for p in parts] for key in keys})
+        return concat_batches([self.score([c], [lab]) for c, lab in zip(captions, labels)])
 
     def respond(self, batch: ScoredBatch) -> dict[str, Any]:
         """The ``/get_reward`` answer for one request's scored samples. ``extra_logs`` has a column for

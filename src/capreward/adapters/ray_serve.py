@@ -30,23 +30,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 from typing import Any, Callable
 
 from .batching import slice_batch
 from .labels import Label
 from .openrlhf import RequestError, RewardService, ServerLimits
-from .scoring import ScoredBatch
-
-
-def concat(parts: list[ScoredBatch]) -> ScoredBatch:
-    """One request's samples, scored in possibly different batches, joined back in order."""
-    keys = sorted({key for part in parts for key in part.metrics})
-    return ScoredBatch(
-        [v for part in parts for v in part.values],
-        [r for part in parts for r in part.reasons],
-        {key: [v for part in parts for v in part.metrics.get(key, [math.nan] * len(part.values))] for key in keys},
-    )
+from .scoring import ScoredBatch, concat_batches
 
 
 def reward_app(reward_factory: Callable[[], Any], *, fallback: float = 0.0, media_root: str | None = None,
@@ -101,9 +90,9 @@ def reward_app(reward_factory: Callable[[], Any], *, fallback: float = 0.0, medi
             except RequestError as exc:
                 return JSONResponse({"error": exc.message}, exc.status)
             parts = await asyncio.gather(*(self.score_samples((c, lab)) for c, lab in zip(captions, labels)))
-            return JSONResponse(self.service.respond(concat(list(parts))))
+            return JSONResponse(self.service.respond(concat_batches(parts)))
 
     return CaptionRewardReplica.bind()
 
 
-__all__ = ["concat", "reward_app"]
+__all__ = ["reward_app"]

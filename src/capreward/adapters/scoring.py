@@ -32,6 +32,17 @@ class ScoredBatch:
         return [fallback if v is None else v for v in self.values]
 
 
+def concat_batches(parts: Sequence[ScoredBatch]) -> ScoredBatch:
+    """``parts`` joined in order; a metric some part lacks is NaN for that part's samples."""
+    keys = sorted({key for part in parts for key in part.metrics})
+    return ScoredBatch(
+        [v for part in parts for v in part.values],
+        [r for part in parts for r in part.reasons],
+        {key: [float(v) for part in parts for v in part.metrics.get(key, [math.nan] * len(part.values))]
+         for key in keys},
+    )
+
+
 def label_columns(labels: Sequence[Label], columns: Columns) -> dict[str, list[Any]]:
     """The keyword columns a :class:`~capreward.rewards.CaptionReward` reads, one entry per label."""
     out: dict[str, list[Any]] = {
