@@ -5,9 +5,11 @@ the body, stalled clients dropped, connections bounded, deeply nested JSON answe
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
+import select
 import time
 from pathlib import Path
 
@@ -178,8 +180,8 @@ def test_deeply_nested_json_gets_400(server):
 
 
 def test_stalled_clients_are_dropped(server):
-    """--read-timeout 2: a client stalled inside its headers, or inside its body, is disconnected
-    (generous bound: 60 s), and the server goes on serving."""
+    """--read-timeout 2: a client stalled inside its headers or its body, an idle one and one that
+    trickles bytes are disconnected (generous bounds: 60 s), and the server goes on serving."""
     with server.connect(60) as sock:
         sock.sendall(b"POST /get_reward HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # headers never finished
         start = time.monotonic()
@@ -193,6 +195,23 @@ def test_stalled_clients_are_dropped(server):
         assert answer.startswith(b"HTTP/1.1 408")
     with server.connect(60) as sock:  # a connection that never sends anything is closed too
         assert sock.recv(65536) == b""
+    # a client trickling its headers a byte at a time (each byte well within the timeout) is cut off
+    # at the request's deadline; the loop is bounded, and ends at once when the server closes
+    closed = False
+    with server.connect(60) as sock:
+        for byte in itertools.islice(itertools.cycle(b"POST /get_reward HTTP/1.1\r\nX-Slow: aaaa"), 120):
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:
+                closed = True
+                break
+            if select.select([sock], [], [], 0.5)[0]:
+                try:
+                    closed = sock.recv(65536) == b""
+                except OSError:
+                    closed = True
+                break
+    assert closed
     status, body = server.post({"query": [CAPTION], "labels": [{"image": "i0.png"}]})
     assert status == 200 and body["errors"] == [None]
 

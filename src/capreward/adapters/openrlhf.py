@@ -28,8 +28,9 @@ every path is refused, unless the operator passes ``allow_any_path``.
 Limits (:class:`ServerLimits`): bodies need a ``Content-Length`` (missing: 411; negative, non-numeric
 or repeated with different values: 400; chunked bodies: 411) and bodies over ``max_body_bytes`` get
 413, all without reading the body; more than ``max_items`` queries get 413; JSON nested too deeply 400.
-A connection that sends nothing for ``read_timeout`` seconds is closed (while idle, or inside its
-headers), a body must arrive within ``read_timeout`` (408 otherwise), and at most ``max_connections``
+A request must arrive whole (request line, headers and body) within ``read_timeout`` seconds of the
+server starting to wait for it, however slowly its bytes trickle in: otherwise the connection is
+closed (408 when the headers were complete), idle keep-alive connections included. At most ``max_connections``
 connections are served at once (others get 503 and are closed). Concurrent requests are merged into
 one scorer call (:mod:`capreward.adapters.batching`: up to ``max_batch_size`` samples or ``max_wait``
 seconds); ``max_concurrent`` batches are scored at once, and a request whose batch has not started
@@ -39,6 +40,7 @@ number of batches and samples scored so far.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import math
@@ -74,8 +76,8 @@ class ServerLimits:
     """Bounds on what one server accepts (see the module docstring).
 
     ``max_body_bytes``/``max_items``: per request; ``max_concurrent``: batches scored at once;
-    ``queue_timeout``: seconds a request may wait for its batch to start; ``read_timeout``: seconds of
-    client silence before its connection is closed, and the time a whole body may take;
+    ``queue_timeout``: seconds a request may wait for its batch to start; ``read_timeout``: seconds a
+    whole request (line, headers, body) may take to arrive, idle keep-alive time included;
     ``max_connections``: connections served at once; ``max_batch_size`` (samples, 0 = no merging) and
     ``max_wait`` (seconds): dynamic batching.
     """
@@ -234,22 +236,47 @@ _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\
          b"Content-Length: 46\r\n\r\n" + b'{"error": "server busy: too many connections"}')
 
 
+class _DeadlineReader(io.RawIOBase):
+    """A connection's bytes, every read bounded by what is left of the handler's ``deadline``: a
+    client that trickles a byte at a time cannot hold its connection past it."""
+
+    def __init__(self, sock: socket.socket, handler: "_Handler"):
+        self.sock, self.handler = sock, handler
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        remaining = self.handler.deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("the request did not arrive in time")
+        self.sock.settimeout(remaining)
+        return self.sock.recv_into(buffer)
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: "RewardHTTPServer"
     protocol_version = "HTTP/1.1"
+    # headers and body go out in two writes: with Nagle's algorithm and the client's delayed ACK
+    # every keep-alive answer would wait ~40 ms
+    disable_nagle_algorithm = True
 
     def setup(self) -> None:
-        self.timeout = self.server.service.limits.read_timeout  # applied to the socket by setup()
         super().setup()
-        # headers and body go out in two writes: without this, Nagle + the client's delayed ACK add
-        # ~40 ms to every keep-alive answer
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.deadline = time.monotonic() + self.server.service.limits.read_timeout
+        self.rfile = io.BufferedReader(_DeadlineReader(self.connection, self))
+
+    def handle_one_request(self) -> None:
+        # waiting for the request, its headers and its body: read_timeout in all
+        self.deadline = time.monotonic() + self.server.service.limits.read_timeout
+        super().handle_one_request()
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         logger.info("%s - %s", self.address_string(), format % args)
 
     def _send(self, status: int, body: dict[str, Any], close: bool = False) -> None:
         data = json.dumps(body, allow_nan=False).encode("utf-8")
+        self.connection.settimeout(self.server.service.limits.read_timeout)  # for the writes
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -287,28 +314,17 @@ class _Handler(BaseHTTPRequestHandler):
         return size
 
     def _read_body(self, size: int, limits: ServerLimits) -> bytes | None:
-        """``size`` bytes within ``read_timeout`` seconds, or None after answering 408."""
-        deadline = time.monotonic() + limits.read_timeout
-        chunks, got = [], 0
-        while got < size:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            self.connection.settimeout(min(remaining, limits.read_timeout))
-            try:
-                chunk = self.rfile.read1(min(size - got, 1 << 16))
-            except (TimeoutError, socket.timeout):
-                break
-            if not chunk:
-                self.close_connection = True
-                return None
-            chunks.append(chunk)
-            got += len(chunk)
-        self.connection.settimeout(limits.read_timeout)
-        if got < size:
-            self._send(408, {"error": f"the body did not arrive within {limits.read_timeout} s"}, close=True)
+        """The body, or None after answering 408 (not complete within the request's deadline) or
+        when the client hung up."""
+        try:
+            body = self.rfile.read(size)
+        except (TimeoutError, socket.timeout):
+            self._send(408, {"error": f"the request did not arrive within {limits.read_timeout} s"}, close=True)
             return None
-        return b"".join(chunks)
+        if len(body) < size:
+            self.close_connection = True
+            return None
+        return body
 
     def do_POST(self) -> None:  # noqa: N802
         if self.path.rstrip("/") != "/get_reward":

@@ -74,7 +74,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max-concurrent", type=int, default=4, help="batches scored at once (each in its own thread); others wait")
     p.add_argument("--queue-timeout", type=float, default=120.0, help="seconds a request waits for its batch to start before 503")
     p.add_argument("--read-timeout", type=float, default=30.0,
-                   help="seconds of client silence before its connection is closed; a body must arrive within it")
+                   help="seconds a whole request (headers and body) may take to arrive; idle connections are closed after it")
     p.add_argument("--max-connections", type=int, default=64, help="connections served at once; more get 503")
     p.add_argument("--max-batch-size", type=int, default=64,
                    help="most samples of concurrent requests merged into one scorer call (0: no merging)")
