@@ -345,8 +345,8 @@ def grpo_summary(r: GRPOResult) -> str:
         f"words per caption {w0:.1f} -> {w1:.1f}; {guard}"
     )
     if r1 > r0 and c1 - c0 < 0.05:
-        line += (". The reward rose without the captions naming the right colour much more often: it was"
-                 " gained elsewhere (reward hacking, what the penalty and guards are there to limit)")
+        line += (". The reward rose but the captions did not name the right colour much more often: this"
+                 " short run did not teach the task (experiments/grpo_colour_toy.py has longer runs)")
     elif r1 > r0:
         line += ". The captions name the right colour more often as the reward rises"
     return line
