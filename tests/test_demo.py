@@ -61,7 +61,16 @@ def test_grpo_part_prints_steps_and_an_honest_summary(clip, tmp_path):
     assert set(r.components) >= {"emscore", "clipscore", "hallucination", "guard/truncation"}
     assert "composite" not in r.components and "total" not in r.components  # no column repeats the reward
     table = demo.format_grpo(r).splitlines()
-    assert table[0].split()[:3] == ["step", "reward", "EMScore"] and len(table) == 4
+    assert table[0].split()[:3] == ["steps", "reward", "EMScore"] and len(table) == 4
+    assert [line.split()[0] for line in table[2:]] == ["1", "2"]
+    assert float(table[2].split()[1]) == pytest.approx(r.reward[0], abs=1e-3)
+    # long runs are folded into blocks of consecutive steps, each the mean of its steps
+    import dataclasses
+
+    five = dataclasses.replace(r, reward=[0.0, 1.0, 2.0, 3.0, 4.0], right=[0.0] * 5, words=[3.0] * 5,
+                               components={k: [0.0] * 5 for k in r.components})
+    folded = demo.format_grpo(five, rows=2).splitlines()[2:]
+    assert [(line.split()[0], float(line.split()[1])) for line in folded] == [("1-3", 1.0), ("4-5", 3.5)]
     summary = demo.grpo_summary(r)
     expected = "rose" if round(r.reward[1], 3) > round(r.reward[0], 3) else ("fell" if round(r.reward[1], 3) < round(r.reward[0], 3) else "stayed level")
     assert summary.startswith(f"GRPO: mean reward {expected}, {r.reward[0]:.3f} (first 1 steps) -> {r.reward[1]:.3f} (last 1)")

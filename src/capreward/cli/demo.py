@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
 import statistics
 import tempfile
 import time
@@ -309,19 +310,27 @@ COLUMN_TITLES = {"emscore": "EMScore", "clipscore": "CLIP-S", "hallucination": "
                  "guard/truncation": "trunc", "guard/length": "length"}
 
 
-def format_grpo(r: GRPOResult) -> str:
-    """One line per step: the composite reward, each logged component/guard mean (weighted as they
-    enter the reward for guards; raw for components), right colour share and mean words."""
+def format_grpo(r: GRPOResult, rows: int = 16) -> str:
+    """The per-step figures as at most ``rows`` lines: each line averages a block of consecutive steps
+    (one step per line for short runs): the composite reward, each logged component/guard mean,
+    the share of captions naming the right colour and their mean length in words."""
     names = list(r.components)
     titles = [COLUMN_TITLES.get(n, n) for n in names]
     width = max([8] + [len(t) + 1 for t in titles])
-    head = f"{'step':>4} {'reward':>8}" + "".join(f"{t:>{width}}" for t in titles) + f"{'right':>7}{'words':>7}"
+    head = f"{'steps':>7} {'reward':>8}" + "".join(f"{t:>{width}}" for t in titles) + f"{'right':>7}{'words':>7}"
     lines = [head, "-" * len(head)]
-    for i, total in enumerate(r.reward):
-        cells = "".join(f"{r.components[n][i]:>{width}.3f}" for n in names)
-        right = f"{r.right[i]:.0%}" if i < len(r.right) else "-"
-        words = f"{r.words[i]:.1f}" if i < len(r.words) else "-"
-        lines.append(f"{i + 1:>4} {total:>8.3f}{cells}{right:>7}{words:>7}")
+    n = len(r.reward)
+    size = max(1, -(-n // rows))
+    for lo in range(0, n, size):
+        hi = min(n, lo + size)
+
+        def mean(values):
+            part = values[lo:hi]
+            return statistics.fmean(part) if part else math.nan
+
+        label = f"{lo + 1}" if hi - lo == 1 else f"{lo + 1}-{hi}"
+        cells = "".join(f"{mean(r.components[name]):>{width}.3f}" for name in names)
+        lines.append(f"{label:>7} {mean(r.reward):>8.3f}{cells}{mean(r.right):>7.0%}{mean(r.words):>7.1f}")
     return "\n".join(lines)
 
 
@@ -346,7 +355,7 @@ def grpo_summary(r: GRPOResult) -> str:
     )
     if r1 > r0 and c1 - c0 < 0.05:
         line += (". The reward rose but the captions did not name the right colour much more often: this"
-                 " short run did not teach the task (experiments/grpo_colour_toy.py has longer runs)")
+                 " run did not teach the task (experiments/grpo_colour_toy.py has longer runs)")
     elif r1 > r0:
         line += ". The captions name the right colour more often as the reward rises"
     return line
@@ -388,6 +397,7 @@ def run(args: argparse.Namespace) -> int:
                   "reward = EMScore + 0.5 CLIP-S + 0.5 penalty + guards")
             grpo = run_grpo(clip, args.steps, out, seed=args.seed)
             print(format_grpo(grpo))
+            print("(each line: the mean over those steps; per step 16 images x 4 sampled captions)")
             summary.append(grpo_summary(grpo))
             print(summary[-1])
         print(f"\nWhat the numbers showed ({time.perf_counter() - start:.0f} s):")
@@ -401,7 +411,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--videos", default=str(default_video_dir()), help="folder of video clips to tint (default: %(default)s)")
     p.add_argument("--frames", type=int, default=10, help="frames sampled per video (default: %(default)s)")
     p.add_argument("--no-table", action="store_true", help="skip the colour-foil table")
-    p.add_argument("--steps", type=int, default=30, help="GRPO steps; 0 skips the GRPO part (default: %(default)s)")
+    p.add_argument("--steps", type=int, default=80, help="GRPO steps; 0 skips the GRPO part (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the policy and data (default: %(default)s)")
     p.add_argument("--out", default=None, help="GRPO output folder (default: a temporary one)")
     p.set_defaults(func=run)
