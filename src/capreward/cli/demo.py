@@ -355,7 +355,7 @@ def grpo_summary(r: GRPOResult) -> str:
     )
     if r1 > r0 and c1 - c0 < 0.05:
         line += (". The reward rose but the captions did not name the right colour much more often: this"
-                 " run did not teach the task (experiments/grpo_colour_toy.py has longer runs)")
+                 " run did not teach the task (experiments/grpo_colour_toy.py measures this over seeds and longer runs)")
     elif r1 > r0:
         line += ". The captions name the right colour more often as the reward rises"
     return line
