@@ -3,7 +3,8 @@ local models, and the set-up commands are exactly what CI runs.
 
 How a block is run: the string replacements of :data:`SUBSTITUTIONS` (real model names, devices and
 paths -> tiny local models and files) are applied, then the block is executed in a namespace holding
-:data:`INPUTS` (the user's data a block refers to without defining it: captions, a video, a dataset).
+what the ``inputs`` fixture, :func:`policy_and_data` and :func:`judges` provide (the tiny models, and the
+user's data a block refers to without defining it: captions, a video, images, a dataset).
 New blocks run by default; a block that cannot run must be listed in :data:`NOT_RUN` with the reason.
 """
 
