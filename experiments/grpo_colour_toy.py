@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import random
 import statistics
 import sys
 import time
@@ -54,10 +53,17 @@ from typing import Any, Sequence
 
 import torch
 
+from capreward.testing.colour_task import (
+    WORDS,
+    EmptyIsWorst,
+    colour_rows,
+    grpo_dataset,
+    prompt_text,
+    right_colour,
+    sft_random_colours,
+)
+
 REPO = Path(__file__).resolve().parents[1]
-TASK_COLOURS = ("red", "green", "blue", "yellow")
-PROMPT = "Describe the image"
-WORDS = ("a", "image", "Describe", "the") + TASK_COLOURS
 
 
 def load_recipe() -> Any:
@@ -70,57 +76,6 @@ def load_recipe() -> Any:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
-
-
-# ------------------------------------------------------------------------------------------- data
-def colour_rows(n: int, seed: int) -> list[dict[str, Any]]:
-    """``n`` examples cycling through :data:`TASK_COLOURS`: {"colour", "image"} (a PIL image)."""
-    from capreward.testing.trained_clip import colour_image
-
-    rng = random.Random(seed)
-    return [{"colour": c, "image": colour_image(c, rng)} for c in (TASK_COLOURS[i % len(TASK_COLOURS)] for i in range(n))]
-
-
-def grpo_dataset(rows: Sequence[dict[str, Any]]) -> Any:
-    """TRL's conversational VLM format: a user turn with the prompt, and the image."""
-    from datasets import Dataset
-
-    return Dataset.from_list([{"prompt": [{"role": "user", "content": PROMPT}], "image": r["image"]} for r in rows])
-
-
-def prompt_text(processor: Any) -> str:
-    """The prompt exactly as TRL renders it for the policy (chat template + generation prompt)."""
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT}]}]
-    return processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-
-
-# ------------------------------------------------------------------------------------------- SFT
-def sft_random_colours(model: Any, processor: Any, steps: int, seed: int, batch_size: int = 16, lr: float = 3e-3) -> float:
-    """Teach the policy the answer format "a <colour> image" with a colour drawn independently of the
-    image (so it cannot learn which colour is right). Returns the final loss (about ln 4 = 1.39 per
-    colour token when the colours are uniform)."""
-    rng = random.Random(seed)
-    prompt = prompt_text(processor)
-    pool = colour_rows(64, seed + 1000)
-    n_prompt = processor(images=[pool[0]["image"]], text=[prompt], return_tensors="pt")["input_ids"].shape[1]
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    loss = torch.tensor(float("nan"))
-    for _ in range(steps):
-        batch = [rng.choice(pool) for _ in range(batch_size)]
-        texts = [f"{prompt} a {rng.choice(TASK_COLOURS)} image</s>" for _ in batch]
-        enc = processor(images=[b["image"] for b in batch], text=texts, return_tensors="pt", padding=True)
-        labels = enc["input_ids"].clone()
-        # left padding: every prompt ends at the same column, so the answer starts at -(answer length)
-        answer_len = enc["input_ids"].shape[1] - n_prompt
-        labels[:, :-answer_len] = -100
-        out = model(**enc, labels=labels)
-        optimizer.zero_grad(set_to_none=True)
-        out.loss.backward()
-        optimizer.step()
-        loss = out.loss.detach()
-    model.eval()
-    return float(loss)
 
 
 # ------------------------------------------------------------------------------------------- eval
@@ -138,28 +93,13 @@ def evaluate(model: Any, processor: Any, reward: Any, rows: Sequence[dict[str, A
     values = reward(None, captions, image=images)
     scored = [v for v in values if v is not None]
     truth = [r["colour"] for r in rows for _ in range(samples)]
-    right = sum({w for w in c.lower().split() if w in TASK_COLOURS} == {t} for c, t in zip(captions, truth))
+    right = sum(map(right_colour, captions, truth))
     return {
         "reward": sum(scored) / max(1, len(scored)),
         "right_colour": right / len(captions),
         "unscored": len(values) - len(scored),
         "example": captions[0],
     }
-
-
-# ------------------------------------------------------------------------------------------- run
-class EmptyIsWorst:
-    """A TRL reward wrapping ``reward``: samples it cannot score (here: empty captions, which CLIP-S
-    refuses) get ``floor`` instead of None. TRL gives unscorable samples zero advantage, so without
-    this a policy drifting towards empty answers would never be pushed back."""
-
-    def __init__(self, reward: Any, floor: float = -1.0):
-        self.reward, self.floor = reward, floor
-        self.__name__ = reward.__name__
-
-    def __call__(self, prompts, completions, completion_ids=None, **kwargs):
-        values = self.reward(prompts, completions, completion_ids, **kwargs)
-        return [self.floor if v is None else v for v in values]
 
 
 def run_seed(args: argparse.Namespace, seed: int, clip_path: Path) -> dict[str, Any]:
@@ -198,7 +138,7 @@ def run_seed(args: argparse.Namespace, seed: int, clip_path: Path) -> dict[str, 
         "sft_loss": sft_loss,
         "before": before,
         "after": after,
-        "trajectory": [r[reward.__name__] for r in result["trajectory"]],
+        "trajectory": [r["total"] for r in result["trajectory"]],
         "seconds": time.perf_counter() - start,
     }
 

@@ -5,7 +5,8 @@ JSONL manifest ``--num-generations`` times per step; every caption is scored by 
 (EMScore, CLIP-S, FLEUR and the hallucination penalty, weighted as ``--rewards`` says, summed by a
 ``CompositeReward`` that adds guards against repetition, truncated endings and over-length captions)
 and the policy's LoRA adapters follow the group-normalised advantages. At the end the reward trajectory
-(per step mean of the total, of every reward and of every guard term) is printed.
+(per step mean of the total, of every reward and of every guard term) is printed, and the trained
+adapter (or, with ``--lora-r 0``, the whole model) and the processor are saved in ``--out``.
 
 Runs offline on tiny, locally built models (a seeded tiny LLaVA policy, the tiny CLIP of
 ``capreward.testing`` and a generated manifest of solid-colour images and short clips)::
@@ -126,7 +127,8 @@ def trajectory_columns(reward_funcs: Sequence[Any]) -> dict[str, str]:
     columns = {"total": "reward"}
     for func in reward_funcs:
         name = getattr(func, "__name__", type(func).__name__)
-        columns[name] = f"rewards/{name}/mean"
+        if len(reward_funcs) > 1:  # a single reward's mean is the total (times its weight): no column
+            columns[name] = f"rewards/{name}/mean"
         for label, _, _ in getattr(func, "components", ()):
             columns[label] = f"rewards/{name}/{label}"
         guards = getattr(func, "guards", None)
@@ -364,10 +366,14 @@ def train(
     model_and_processor: tuple[Any, Any] | None = None,
     dataset: Any = None,
     callbacks: Sequence[Any] = (),
+    save: bool = True,
 ) -> dict[str, Any]:
     """Run GRPO; the optional arguments replace what ``args`` would build (tests and experiments pass
     their own rewards, policy or dataset; ``reward_weights`` defaults to 1 each for given rewards).
-    Returns ``{"trajectory": RewardTrajectory.rows, "log_history", "trainer"}``."""
+    With ``save`` the trained policy (the LoRA adapter, or the whole model with ``--lora-r 0``) and its
+    processor are written to ``args.out`` (see :func:`save_policy`).
+    Returns ``{"trajectory": RewardTrajectory.rows, "log_history", "trainer", "saved"}`` (``saved``: the
+    folder, or None)."""
     from trl import GRPOTrainer
 
     if reward_funcs is None:
@@ -394,7 +400,20 @@ def train(
 
         trainer.remove_callback(PrinterCallback)
     trainer.train()
-    return {"trajectory": trajectory.rows, "log_history": trainer.state.log_history, "trainer": trainer}
+    saved = save_policy(trainer, processor, args.out) if save else None
+    return {"trajectory": trajectory.rows, "log_history": trainer.state.log_history, "trainer": trainer, "saved": saved}
+
+
+def save_policy(trainer: Any, processor: Any, out: str | os.PathLike) -> Path:
+    """Write the trained policy and its processor to ``out``: with LoRA the adapter
+    (``adapter_config.json``, ``adapter_model.safetensors``; load it with
+    ``PeftModel.from_pretrained(base_model, out)``), else the full model (``from_pretrained(out)``).
+    Returns ``out``."""
+    out = Path(out)
+    trainer.save_model(str(out))
+    if trainer.is_world_process_zero():
+        processor.save_pretrained(str(out))
+    return out
 
 
 # ----------------------------------------------------------------------------------------- CLI
@@ -462,6 +481,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     result = train(args)
     print(f"reward trajectory ({args.steps} GRPO steps; per-step mean of each reward):")
     print(format_trajectory(result["trajectory"]))
+    if result["saved"] is not None:
+        kind = "LoRA adapter" if args.lora_r > 0 else "model"
+        print(f"{kind} and processor saved in {result['saved']}")
     return result
 
 

@@ -16,7 +16,9 @@ With a real CLIP and data: ``--clip ViT-B-32/openai --train data/train.jsonl --v
 where each JSONL line is ``{"video": "clip.mp4", "captions": ["a man ...", ...]}`` (the first caption
 is the training target, all of them are the validation references).
 
-Outputs under ``--out``: ``checkpoints/best-epoch=NN.ckpt`` (monitor ``val/emscore``, mode max), the CSV
+Outputs under ``--out``: ``checkpoints/best-epoch=NN.ckpt`` (monitor ``val/emscore``, mode max),
+``final.ckpt`` (the last epoch; both hold the vocabulary in their hyperparameters, so
+``TinyCaptioner.load_from_checkpoint(path).generate(features)`` captions on its own), the CSV
 logs (``val/emscore``, ``val/clip_s`` and their sub-scores per epoch) and one JSONL table of every
 validation caption and its scores per epoch in ``<log_dir>/captions``.
 """
@@ -235,7 +237,8 @@ def build_backbone(spec: str, device: str) -> CLIPBackbone:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Train and validate; return ``best_model_path``, ``best_score`` (val/emscore), ``history``."""
+    """Train and validate; return ``final_model_path``, ``model`` (the trained module), ``best_model_path``,
+    ``best_score`` (val/emscore), ``history`` and ``log_dir``."""
     args = parse_args(argv)
     lp.seed_everything(args.seed, workers=True)
     out = Path(args.out)
@@ -266,14 +269,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         DataLoader(train, batch_size=args.batch_size, shuffle=True, collate_fn=collate),
         DataLoader(val, batch_size=args.batch_size, shuffle=False, collate_fn=collate),
     )
+    final = out / "final.ckpt"
+    trainer.save_checkpoint(final)  # the last epoch, whatever its score (the best one is kept by ``best``)
     result = {
+        "final_model_path": str(final),
+        "model": model,
         "best_model_path": best.best_model_path,
         "best_score": None if best.best_model_score is None else float(best.best_model_score),
         "history": scores.history,
         "log_dir": trainer.log_dir,
     }
     if trainer.is_global_zero:
-        print(json.dumps({k: v for k, v in result.items() if k != "history"}, indent=2))
+        print(json.dumps({k: v for k, v in result.items() if k not in ("history", "model")}, indent=2))
     return result
 
 

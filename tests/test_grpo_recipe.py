@@ -148,17 +148,18 @@ def test_main_composite_reward_prints_the_trajectory(recipe, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "reward trajectory (2 GRPO steps" in out
     table = out[out.index("reward trajectory") :].splitlines()
-    header = ["step", "total", "composite", "clipscore", "emscore", "guard/repetition", "guard/truncation", "guard/length"]
+    # one reward function: its mean is the total, so no separate "composite" column
+    header = ["step", "total", "clipscore", "emscore", "guard/repetition", "guard/truncation", "guard/length"]
     assert table[1].split() == header
     printed = [[float(x) for x in line.split()] for line in table[3:5]]
     assert [int(r[0]) for r in printed] == [1, 2]
     logs = step_logs(result["log_history"])
     for row, h in zip(printed, logs):
-        assert row[2] == pytest.approx(h["rewards/composite/mean"], abs=1e-4)
-        assert row[3] == pytest.approx(h["rewards/composite/clipscore"], abs=1e-4)
+        assert row[1] == pytest.approx(h["rewards/composite/mean"], abs=1e-4)
+        assert row[2] == pytest.approx(h["rewards/composite/clipscore"], abs=1e-4)
         # batch means of the terms add up to the composite's mean when no sample is unscored
         if h["rewards/composite/unscored_frac"] == 0:
-            assert row[2] == pytest.approx(0.5 * row[3] + row[4] + sum(row[5:]), abs=1e-3)
+            assert row[1] == pytest.approx(0.5 * row[2] + row[3] + sum(row[4:]), abs=1e-3)
     # the generated manifest holds images and videos
     manifest = tmp_path / "tiny_data" / "manifest.jsonl"
     kinds = [("video" in json.loads(line)) for line in manifest.read_text().splitlines()]
@@ -225,16 +226,53 @@ def test_videos_are_shown_to_the_policy_as_composite_or_middle_frame(recipe, tmp
     assert np.array_equal(np.asarray(middle[1]["image"]), load_video(video, frames=3)[1])
 
 
-def test_demo_command_runs_the_recipe(tmp_path, capsys):
-    """``capreward demo`` (its GRPO part) runs the recipe on tiny models and prints the trajectory."""
-    from capreward.cli.main import main
+def test_trained_adapter_and_processor_are_saved_and_load_back(recipe, tmp_path, capsys):
+    """The recipe keeps what it trains: the LoRA adapter and the processor in --out; loading them onto a
+    fresh base model (PeftModel.from_pretrained) gives the trained policy's logits and captions."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoProcessor
 
-    assert main(["demo", "--no-table", "--steps", "1", "--rewards", "clipscore", "--out", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
-    assert "GRPO: tiny LLaVA captioner + LoRA, 1 steps" in out
-    lines = out[out.index("reward trajectory") :].splitlines()
-    assert lines[1].split()[:4] == ["step", "total", "composite", "clipscore"] and lines[3].split()[0] == "1"
-    assert (tmp_path / "tiny_data" / "manifest.jsonl").is_file()
+    from capreward.testing import TinyLlavaSpec, build_tiny_llava
+
+    out = tmp_path / "run"
+    result = recipe.main([*ARGS, "--steps", "1", "--rewards", "clipscore", "--lr", "5e-2", "--out", str(out)])
+    assert result["saved"] == out and "LoRA adapter and processor saved in" in capsys.readouterr().out
+    assert (out / "adapter_config.json").is_file() and (out / "adapter_model.safetensors").is_file()
+    trained = result["trainer"].model.eval()
+    base, _ = build_tiny_llava(TinyLlavaSpec(words=recipe.TINY_WORDS, seed=0))
+    untouched, _ = build_tiny_llava(TinyLlavaSpec(words=recipe.TINY_WORDS, seed=0))
+    loaded = PeftModel.from_pretrained(base, str(out)).eval()
+    processor = AutoProcessor.from_pretrained(str(out))
+    assert processor.tokenizer.get_vocab() == result["trainer"].processing_class.tokenizer.get_vocab()
+
+    rows = recipe.read_manifest(out / "tiny_data" / "manifest.jsonl")
+    image = recipe.policy_image(rows[0], "composite")
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe the image"}]}]
+    prompt = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    enc = processor(images=[image], text=[prompt], return_tensors="pt")
+    with torch.no_grad():
+        logits = {name: m(**enc).logits for name, m in (("trained", trained), ("loaded", loaded), ("base", untouched.eval()))}
+        captions = {name: m.generate(**enc, do_sample=False, max_new_tokens=6)[0].tolist() for name, m in (("trained", trained), ("loaded", loaded))}
+    assert torch.allclose(logits["loaded"], logits["trained"], atol=1e-5)
+    assert not torch.allclose(logits["loaded"], logits["base"], atol=1e-4)  # the adapter did change the policy
+    assert captions["loaded"] == captions["trained"]
+
+
+def test_full_fine_tuning_saves_the_whole_model(recipe, tmp_path):
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    out = tmp_path / "full"
+    args = recipe.parse_args([*ARGS, "--steps", "1", "--rewards", "clipscore", "--lora-r", "0", "--out", str(out)])
+    trained = recipe.train(args)["trainer"].model.eval()
+    loaded = AutoModelForImageTextToText.from_pretrained(str(out)).eval()
+    processor = AutoProcessor.from_pretrained(str(out))
+    image = recipe.policy_image(recipe.read_manifest(out / "tiny_data" / "manifest.jsonl")[0], "composite")
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe the image"}]}]
+    enc = processor(images=[image], text=[processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)], return_tensors="pt")
+    with torch.no_grad():
+        assert torch.allclose(loaded(**enc).logits, trained(**enc).logits, atol=1e-5)
 
 
 def test_colour_toy_experiment_runs_end_to_end(tmp_path, capsys):

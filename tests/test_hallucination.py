@@ -169,25 +169,14 @@ def test_foil_captions_on_sample_clips_with_a_colour_clip():
     under its causal text tower a word before the colour ("the picture is red") has not seen it, so its
     similarity is meaningless and would drag the quantile down."""
     from capreward.media import load_video
+    from capreward.testing.colour_task import colour_foils
     from capreward.testing.trained_clip import COLOURS, trained_clip_path
 
     clips = sample_clips()
     if not clips:
         pytest.skip("sample clips not available")
-    frames = [load_video(c, frames=6) for c in clips]
-
-    def tinted(base, colour, alpha=0.7):
-        rgb = np.array(COLOURS[colour], dtype=np.float64)
-        return np.clip(alpha * rgb + (1 - alpha) * base.astype(np.float64), 0, 255).astype(np.uint8)
-
-    colours = list(COLOURS)
-    videos, truth, foils, calib = [], [], [], []
-    for base in frames:
-        for k, c in enumerate(colours):
-            videos.append(tinted(base, c))
-            truth.append(f"a {c} image.")
-            foils.append(f"a {colours[(k + 1) % len(colours)]} image.")
-            calib.append(f"a {c} picture.")
+    task = colour_foils([load_video(c, frames=6) for c in clips], colours=list(COLOURS))
+    videos, truth, foils, calib = task.videos, task.truth, task.foils, task.calibration
     p = HallucinationPenalty(model=str(trained_clip_path()), frames=None)
     threshold = p.calibrate(calib, videos, quantile=0.05)
     true_reports, foil_reports = p.reports(truth, videos), p.reports(foils, videos)

@@ -1,6 +1,7 @@
 """recipes/lightning_captioner.py end to end on the tiny CLIP and synthetic clips (CPU): it trains
 (cross-entropy falls), validates every epoch through the callback, and the kept checkpoint is the best
-epoch by val/emscore, which an independent re-scoring of that checkpoint's captions confirms."""
+epoch by val/emscore, which an independent re-scoring of that checkpoint's captions confirms; the final
+model is saved as well and loads back to the trained one."""
 
 from __future__ import annotations
 
@@ -56,6 +57,12 @@ def test_recipe_trains_and_keeps_the_best_epoch_by_emscore(recipe, tmp_path):
     clips = recipe.synthetic_clips(6, seed=1, frames=4)
     val = recipe.CaptionDataset(clips, backbone, recipe.Vocab(["unused"]), frames=4)
     captions = model.generate(val.features)
+    # the final model is kept too, and loads back to the trained module's captions and weights
+    final = recipe.TinyCaptioner.load_from_checkpoint(result["final_model_path"], map_location="cpu").eval()
+    trained = result["model"].eval()
+    assert final.vocab_words == trained.vocab_words
+    assert all(torch.equal(a, b) for a, b in zip(final.state_dict().values(), trained.state_dict().values()))
+    assert final.generate(val.features) == trained.generate(val.features)
     table = [json.loads(line) for line in tables[best_epoch].read_text().splitlines()]
     assert [r["caption"] for r in table] == captions
     keep = [i for i, c in enumerate(captions) if c]

@@ -1,25 +1,35 @@
-"""``capreward demo``: the library end to end on tiny, locally built models.
+"""``capreward demo``: what the rewards see, and a GRPO run that optimises them, on tiny local models.
 
-1. EMScore of the sample clips with a seeded tiny CLIP, as a table (decoding, frame sampling,
-   caching, EMScore components, token→frame alignment); ``--no-table`` skips it.
-2. The GRPO recipe (``recipes/grpo_captioner.py --tiny``): a tiny LLaVA captioner trained with LoRA for
-   ``--steps`` GRPO steps on EMScore + CLIP-S + the hallucination penalty, then its reward trajectory.
+Nothing is downloaded: the CLIP is the tiny one of :mod:`capreward.testing` trained for a few seconds to
+know colour words (:mod:`capreward.testing.trained_clip`, cached), so its scores mean something on a
+toy task (:mod:`capreward.testing.colour_task`):
 
-No weights are downloaded: every model is built from a seed (``capreward.testing``), so the numbers
-show the machinery, not caption quality (see experiments/grpo_colour_toy.py for a task where the
-reward means something and moves).
+1. **Foils.** The sample clips tinted red, green, blue and yellow; each tinted clip gets its true
+   caption ("a red image.") and a foil that swaps the colour word. EMScore and CLIP-S score both, and
+   the hallucination penalty (threshold calibrated on other true captions) lists the words it flags.
+2. **GRPO.** A tiny LLaVA captioner, first taught the answer format with colours drawn at random, is
+   trained with TRL's ``GRPOTrainer`` (``recipes/grpo_captioner.py``) on images of one colour, rewarded
+   by a ``CompositeReward`` of EMScore + CLIP-S + the penalty behind the anti-hacking guards. The
+   per-step reward and the share of captions naming the right colour are printed.
+
+A closing line says what the numbers showed (computed from them, whichever way they went).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
+import math
+import statistics
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Sequence
 
-DEMO_CAPTIONS = [
-    "a man is cooking food in a kitchen",
-    "a person plays a guitar on stage",
-    "a dog runs across a grassy field",
-]
+VIDEO_SUFFIXES = {".mp4", ".avi", ".mkv", ".webm", ".mov"}
 
 
 def default_video_dir() -> Path:
@@ -39,69 +49,369 @@ def load_recipe(path: Path | None = None):
     import sys
 
     path = path or recipe_path()
+    if "grpo_captioner" in sys.modules and getattr(sys.modules["grpo_captioner"], "__file__", None) == str(path):
+        return sys.modules["grpo_captioner"]
     if not path.is_file():
         raise FileNotFoundError(f"GRPO recipe not found at {path} (run the demo from a capreward checkout)")
     spec = importlib.util.spec_from_file_location("grpo_captioner", path)
     module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("grpo_captioner", module)
+    sys.modules["grpo_captioner"] = module
     spec.loader.exec_module(module)
     return module
 
 
-def run_grpo(args: argparse.Namespace) -> int:
-    """Run the tiny GRPO recipe and print its reward trajectory (the recipe prints it)."""
-    import tempfile
+@contextlib.contextmanager
+def quiet_third_parties():
+    """Keep third-party warnings, log records and progress bars off the terminal (our own lines stay):
+    Python warnings are ignored, transformers/TRL/datasets log errors only, datasets' bars are off."""
+    import datasets
+    import transformers
 
-    recipe = load_recipe()
-    out = args.out or tempfile.mkdtemp(prefix="capreward-demo-")
-    print(f"\nGRPO: tiny LLaVA captioner + LoRA, {args.steps} steps, rewards {args.rewards} (output in {out})")
-    recipe.main(
-        ["--tiny", "--quiet", "--steps", str(args.steps), "--rewards", args.rewards, "--out", out,
-         "--batch-size", "4", "--num-generations", "2", "--max-completion-length", "8", "--frames", "4"]
-    )
-    return 0
+    # capreward.rewards logs each unscored sample (an empty completion here; it gets -1 instead)
+    loggers = ("transformers", "trl", "datasets", "accelerate", "peft", "capreward.rewards")
+    levels = {name: logging.getLogger(name).level for name in loggers}
+    tf_verbosity = transformers.logging.get_verbosity()
+    bars = datasets.is_progress_bar_enabled()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        transformers.logging.set_verbosity_error()
+        for name in levels:
+            logging.getLogger(name).setLevel(logging.ERROR)
+        datasets.disable_progress_bars()
+        try:
+            yield
+        finally:
+            transformers.logging.set_verbosity(tf_verbosity)
+            for name, level in levels.items():
+                logging.getLogger(name).setLevel(level)
+            if bars:
+                datasets.enable_progress_bars()
 
 
-def run(args: argparse.Namespace) -> int:
-    if not args.no_table:
-        code = run_table(args)
-        if code:
-            return code
-    return run_grpo(args) if args.steps > 0 else 0
+@contextlib.contextmanager
+def one_thread():
+    """Toy-sized tensors: extra threads only add contention on a shared machine."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
-def run_table(args: argparse.Namespace) -> int:
+# ------------------------------------------------------------------------------------------ part 1
+@dataclass
+class FoilScores:
+    """Per tinted clip (parallel lists): the true caption's and the foil's EMScore (full F), CLIP-S and
+    hallucination penalty, and the words the penalty flagged; ``threshold`` is the calibrated one."""
+
+    names: list[str]
+    colours: list[str]
+    truth: list[str]
+    foils: list[str]
+    foil_colours: list[str]
+    emscore: tuple[list[float], list[float]]
+    clip_s: tuple[list[float], list[float]]
+    penalty: tuple[list[float], list[float]]
+    flagged: tuple[list[list[str]], list[list[str]]]
+    threshold: float
+
+    def facts(self) -> dict[str, int]:
+        """Counts over the n clips: the true caption outranks (strictly) its foil on EMScore and on
+        CLIP-S; the foil's swapped colour word is flagged; a true caption's colour word is flagged."""
+        n = len(self.truth)
+        return {
+            "n": n,
+            "emscore_right": sum(t > f for t, f in zip(*self.emscore)),
+            "clip_s_right": sum(t > f for t, f in zip(*self.clip_s)),
+            "foil_word_flagged": sum(c in fl for c, fl in zip(self.foil_colours, self.flagged[1])),
+            "true_word_flagged": sum(c in fl for c, fl in zip(self.colours, self.flagged[0])),
+        }
+
+
+def score_foils(clip_model: Any, clips: Sequence[Any], names: Sequence[str], frames: int | None = 10) -> FoilScores:
+    """Tint ``clips`` (decoded uint8 frames) with each task colour and score true captions and colour
+    foils with EMScore, CLIP-S and the hallucination penalty, all on one shared CLIP backbone."""
+    from ..backbones import CLIPBackbone
+    from ..rewards import HallucinationPenalty
+    from ..scorers.clipscore import CLIPScore
     from ..scorers.emscore import EMScore
-    from ..testing import tiny_clip_factory
+    from ..testing.colour_task import colour_foils
 
-    video_dir = Path(args.videos)
-    videos = sorted(p for p in video_dir.glob("*") if p.suffix.lower() in {".mp4", ".avi", ".mkv", ".webm", ".mov"})
-    if not videos:
-        print(f"no videos found in {video_dir}")
-        return 1
-    scorer = EMScore(model=tiny_clip_factory(seed=0), idf=DEMO_CAPTIONS, frames=args.frames)
-    pairs = [(v, c) for v in videos for c in DEMO_CAPTIONS]
-    result = scorer.score([c for _, c in pairs], videos=[str(v) for v, _ in pairs])
-    print(f"EMScore on {len(videos)} clips x {len(DEMO_CAPTIONS)} captions (tiny random CLIP, {args.frames} frames)")
-    header = f"{'video':<40} {'caption':<38} {'coarse':>7} {'fine_F':>7} {'full_F':>7}"
-    print(header)
-    print("-" * len(header))
-    v = result.video
-    for i, (video, caption) in enumerate(pairs):
-        print(f"{video.name[:40]:<40} {caption[:38]:<38} {v.coarse[i]:7.4f} {v.fine_f[i]:7.4f} {v.full_f[i]:7.4f}")
-    cache = scorer.backbone.cache
-    print(f"{len(pairs)} pairs, {cache.misses} video encodings ({len(cache)} cached)")
-    align = result.alignment[0]
-    print("token -> best frame for the first pair: " + ", ".join(f"{t}:{f}" for t, f in zip(align.tokens, align.best_frame)))
+    task = colour_foils(clips, names)
+    backbone = CLIPBackbone(clip_model)
+    em = EMScore(backbone=backbone, frames=None)
+    cs = CLIPScore(backbone=backbone, frames=None)
+    penalty = HallucinationPenalty(model=clip_model, frames=None)
+    threshold = penalty.calibrate(task.calibration, task.videos, quantile=0.05)
+    # the clips are already sampled to ``frames`` frames; the scorers take every frame they are given
+    em_t, em_f = (em.score(c, videos=task.videos).score.tolist() for c in (task.truth, task.foils))
+    cs_t, cs_f = (cs.score(c, videos=task.videos).clip_s.tolist() for c in (task.truth, task.foils))
+    reports = [penalty.reports(c, task.videos) for c in (task.truth, task.foils)]
+    return FoilScores(
+        names=task.names, colours=task.colours, truth=task.truth, foils=task.foils, foil_colours=task.foil_colours,
+        emscore=(em_t, em_f), clip_s=(cs_t, cs_f),
+        penalty=tuple([r.penalty for r in rs] for rs in reports),
+        flagged=tuple([list(r.flagged) for r in rs] for rs in reports),
+        threshold=threshold,
+    )
+
+
+def format_foils(s: FoilScores) -> str:
+    """One line per caption: clip, tint, true/foil, caption, EMScore, CLIP-S, penalty, flagged words."""
+    head = f"{'clip':<24} {'tint':<7} {'':<5} {'caption':<16} {'EMScore':>8} {'CLIP-S':>7} {'penalty':>8}  flagged"
+    lines = [head, "-" * (len(head) + 8)]
+    for i in range(len(s.truth)):
+        for k, (kind, caption) in enumerate((("true", s.truth[i]), ("foil", s.foils[i]))):
+            clip = s.names[i][:24] if k == 0 else ""
+            tint = s.colours[i] if k == 0 else ""
+            flagged = ", ".join(s.flagged[k][i]) or "-"
+            lines.append(
+                f"{clip:<24} {tint:<7} {kind:<5} {caption:<16} {s.emscore[k][i]:8.3f} {s.clip_s[k][i]:7.3f} "
+                f"{s.penalty[k][i]:8.2f}  {flagged}"
+            )
+    return "\n".join(lines)
+
+
+def foils_summary(s: FoilScores) -> str:
+    f = s.facts()
+    return (
+        f"true caption above its foil: EMScore {f['emscore_right']}/{f['n']}, CLIP-S {f['clip_s_right']}/{f['n']}; "
+        f"swapped colour word flagged in {f['foil_word_flagged']}/{f['n']} foils, "
+        f"true colour word flagged in {f['true_word_flagged']}/{f['n']} true captions"
+    )
+
+
+def read_clips(video_dir: Path, frames: int) -> tuple[list[Any], list[str]]:
+    """The clips of ``video_dir`` decoded to ``frames`` frames each, and their file names."""
+    from ..media import load_video
+
+    paths = sorted(p for p in video_dir.glob("*") if p.suffix.lower() in VIDEO_SUFFIXES)
+    return [load_video(p, frames=frames) for p in paths], [p.name for p in paths]
+
+
+# ------------------------------------------------------------------------------------------ part 2
+LR = "1e-3"
+
+
+class ColourTally:
+    """A TRL reward wrapper that records, per call (one per GRPO step), the share of completions naming
+    the row's colour (dataset column ``colour``) and their mean length in words."""
+
+    def __init__(self, reward: Any):
+        self.reward = reward
+        self.__name__ = reward.__name__
+        self.right: list[float] = []
+        self.words: list[float] = []
+
+    @property
+    def components(self):
+        return getattr(self.reward, "components", ())
+
+    @property
+    def guards(self):
+        return getattr(self.reward, "guards", None)
+
+    def __call__(self, prompts, completions, completion_ids=None, **kwargs):
+        from ..rewards import completion_text
+        from ..testing.colour_task import right_colour
+
+        texts = [completion_text(c) for c in completions]
+        self.right.append(sum(map(right_colour, texts, kwargs["colour"])) / len(texts))
+        self.words.append(sum(len(t.split()) for t in texts) / len(texts))
+        return self.reward(prompts, completions, completion_ids, **kwargs)
+
+
+@dataclass
+class GRPOResult:
+    """Per GRPO step (parallel lists): the composite reward's mean and its components' means (name ->
+    list), the right-colour share and mean caption length; plus the SFT loss and wall time."""
+
+    reward: list[float]
+    components: dict[str, list[float]]
+    right: list[float]
+    words: list[float]
+    sft_loss: float
+    seconds: float
+    example: list[str] = field(default_factory=list)
+
+    def window(self) -> int:
+        """Steps averaged at each end when comparing the start and the end of the run."""
+        return max(1, len(self.reward) // 4)
+
+    def start_end(self, values: Sequence[float]) -> tuple[float, float]:
+        k = self.window()
+        return statistics.fmean(values[:k]), statistics.fmean(values[-k:])
+
+
+def build_reward(clip_model: Any, calibration_rows: Sequence[dict[str, Any]]) -> Any:
+    """The composite GRPO reward: EMScore (weight 1) + CLIP-S (0.5) + the hallucination penalty (0.5,
+    threshold calibrated on true captions "a <colour> image" of ``calibration_rows``), behind the guards, with empty
+    completions at -1 (:class:`~capreward.testing.colour_task.EmptyIsWorst`)."""
+    from ..rewards import CLIPScoreReward, CompositeReward, EMScoreReward, Guards, HallucinationPenalty
+    from ..testing.colour_task import EmptyIsWorst
+
+    from ..testing.colour_task import TASK_COLOURS
+
+    # idf over the task's caption form: "a" and "image" occur in every caption (idf 0), so EMScore
+    # weighs the colour word and the penalty counts only it as content (without idf, dropping "a"
+    # raises EMScore and the policy learns to drop it)
+    corpus = [f"a {c} image" for c in TASK_COLOURS]
+    penalty = HallucinationPenalty(model=clip_model)
+    penalty.calibrate([f"a {r['colour']} image" for r in calibration_rows], [r["image"] for r in calibration_rows], kind="image")
+    # The task's captions have no final period, so the truncation guard checks for dangling words only.
+    guards = Guards(require_punctuation=False, max_words=3, length_scale=2)
+    composite = CompositeReward(
+        [(EMScoreReward(model=clip_model, idf=corpus), 1.0), (CLIPScoreReward(model=clip_model), 0.5), (penalty, 0.5)],
+        guards=guards, name="composite",
+    )
+    return EmptyIsWorst(composite)
+
+
+def run_grpo(clip_model: Any, steps: int, out: str, seed: int = 0, sft_steps: int = 80) -> GRPOResult:
+    """SFT the tiny LLaVA policy to the answer format, then ``steps`` GRPO steps (full fine-tuning,
+    16 images x 4 completions per step, lr :data:`LR` cosine) through ``recipes/grpo_captioner.py``."""
+    from ..testing import TinyLlavaSpec, build_tiny_llava
+    from ..testing.colour_task import WORDS, colour_rows, grpo_dataset, sft_random_colours
+
+    import torch
+
+    start = time.perf_counter()
+    torch.manual_seed(seed)  # the same run whether or not the foil table ran first
+    recipe = load_recipe()
+    model, processor = build_tiny_llava(TinyLlavaSpec(words=WORDS, seed=seed))
+    sft_loss = sft_random_colours(model, processor, sft_steps, seed)
+    reward = ColourTally(build_reward(clip_model, colour_rows(16, seed + 3000)))
+    args = recipe.parse_args(
+        ["--tiny", "--quiet", "--out", out, "--seed", str(seed), "--steps", str(steps), "--lr", LR,
+         "--lr-scheduler", "cosine", "--batch-size", "64", "--num-generations", "4",
+         "--max-completion-length", "6", "--lora-r", "0"]
+    )
+    result = recipe.train(
+        args, reward_funcs=[reward], model_and_processor=(model, processor),
+        dataset=grpo_dataset(colour_rows(32, seed), keep_colour=True), save=False,
+    )
+    rows = result["trajectory"]
+    names = [k for k in rows[0] if k not in ("step", "total")] if rows else []
+    return GRPOResult(
+        reward=[r["total"] for r in rows],
+        components={n: [r[n] for r in rows] for n in names},
+        right=reward.right,
+        words=reward.words,
+        sft_loss=sft_loss,
+        seconds=time.perf_counter() - start,
+    )
+
+
+#: Short column titles of the GRPO table (log names -> titles).
+COLUMN_TITLES = {"emscore": "EMScore", "clipscore": "CLIP-S", "hallucination": "penalty", "guard/repetition": "repeat",
+                 "guard/truncation": "trunc", "guard/length": "length"}
+
+
+def format_grpo(r: GRPOResult, rows: int = 16) -> str:
+    """The per-step figures as at most ``rows`` lines: each line averages a block of consecutive steps
+    (one step per line for short runs): the composite reward, each logged component/guard mean,
+    the share of captions naming the right colour and their mean length in words."""
+    names = list(r.components)
+    titles = [COLUMN_TITLES.get(n, n) for n in names]
+    width = max([8] + [len(t) + 1 for t in titles])
+    head = f"{'steps':>7} {'reward':>8}" + "".join(f"{t:>{width}}" for t in titles) + f"{'right':>7}{'words':>7}"
+    lines = [head, "-" * len(head)]
+    n = len(r.reward)
+    size = max(1, -(-n // rows))
+    for lo in range(0, n, size):
+        hi = min(n, lo + size)
+
+        def mean(values):
+            part = values[lo:hi]
+            return statistics.fmean(part) if part else math.nan
+
+        label = f"{lo + 1}" if hi - lo == 1 else f"{lo + 1}-{hi}"
+        cells = "".join(f"{mean(r.components[name]):>{width}.3f}" for name in names)
+        lines.append(f"{label:>7} {mean(r.reward):>8.3f}{cells}{mean(r.right):>7.0%}{mean(r.words):>7.1f}")
+    return "\n".join(lines)
+
+
+def grpo_summary(r: GRPOResult) -> str:
+    """What the run showed, from its numbers: did the reward rise, did correctness follow, how often
+    the truncation guard fired."""
+    if not r.reward:
+        return "GRPO logged no reward"
+    k = r.window()
+    r0, r1 = r.start_end(r.reward)
+    c0, c1 = r.start_end(r.right)
+    w0, w1 = r.start_end(r.words)
+    trunc = r.components.get("guard/truncation")
+    guard = (
+        f"truncation guard term {statistics.fmean(trunc):.3f} on average (0: never fires, -1: on every caption)"
+        if trunc else "no truncation guard"
+    )
+    line = (
+        f"GRPO: mean reward {trend(r0, r1, '.3f')}, {r0:.3f} (first {k} steps) -> {r1:.3f} (last {k}); "
+        f"right colour {trend(c0, c1, '.0%')}, {c0:.0%} -> {c1:.0%} (chance 25%); "
+        f"words per caption {w0:.1f} -> {w1:.1f}; {guard}"
+    )
+    if r1 > r0 and c1 - c0 < 0.05:
+        line += (". The reward rose but the captions did not name the right colour much more often: this"
+                 " run did not teach the task (experiments/grpo_colour_toy.py measures this over seeds and longer runs)")
+    elif r1 > r0:
+        line += ". The captions name the right colour more often as the reward rises"
+    return line
+
+
+def trend(before: float, after: float, fmt: str) -> str:
+    """"rose", "fell" or "stayed level", judged on the values as printed with ``fmt``."""
+    a, b = format(before, fmt), format(after, fmt)
+    if a == b:
+        return "stayed level"
+    return "rose" if after > before else "fell"
+
+
+# ------------------------------------------------------------------------------------------ command
+def run(args: argparse.Namespace) -> int:
+    from ..testing.trained_clip import TrainedClipFactory, trained_clip_path
+
+    with quiet_third_parties(), one_thread():
+        start = time.perf_counter()
+        print("capreward demo: tiny CLIP trained on colour words (cached after the first run); nothing is downloaded")
+        trained_clip_path(log=None)
+        clip = TrainedClipFactory()
+        summary = []
+        if not args.no_table:
+            clips, names = read_clips(Path(args.videos), args.frames)
+            if not clips:
+                print(f"no videos found in {args.videos} (pass --videos DIR)")
+                return 1
+            print(f"\n1. Colour foils: {len(names)} clips x 4 tints, {args.frames} frames each; "
+                  "true caption vs the same caption with the colour swapped")
+            foils = score_foils(clip, clips, names, args.frames)
+            print(format_foils(foils))
+            print(f"(penalty threshold {foils.threshold:.3f}: 5% quantile of true captions' content-word similarities)")
+            summary.append(foils_summary(foils))
+            print(summary[-1])
+        if args.steps > 0:
+            out = args.out or tempfile.mkdtemp(prefix="capreward-demo-")
+            print(f"\n2. GRPO (TRL): tiny LLaVA captioner, {args.steps} steps x 64 captions of solid-colour images; "
+                  "reward = EMScore + 0.5 CLIP-S + 0.5 penalty + guards")
+            grpo = run_grpo(clip, args.steps, out, seed=args.seed)
+            print(format_grpo(grpo))
+            print("(each line: the mean over those steps; per step 16 images x 4 sampled captions)")
+            summary.append(grpo_summary(grpo))
+            print(summary[-1])
+        print(f"\nWhat the numbers showed ({time.perf_counter() - start:.0f} s):")
+        for line in summary:
+            print(f"- {line}")
     return 0
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("demo", help="EMScore table and a few GRPO steps, on tiny local models")
-    p.add_argument("--videos", default=str(default_video_dir()), help="folder of video clips")
-    p.add_argument("--frames", type=int, default=10, help="frames sampled per video")
-    p.add_argument("--no-table", action="store_true", help="skip the EMScore table")
-    p.add_argument("--steps", type=int, default=3, help="GRPO steps (0: no GRPO part)")
-    p.add_argument("--rewards", default="emscore:1.0,clipscore:0.5,hallucination:0.5", help="GRPO rewards name:weight")
+    p = subparsers.add_parser("demo", help="colour foils scored by EMScore/CLIP-S/penalty, then a short GRPO run; tiny local models")
+    p.add_argument("--videos", default=str(default_video_dir()), help="folder of video clips to tint (default: %(default)s)")
+    p.add_argument("--frames", type=int, default=10, help="frames sampled per video (default: %(default)s)")
+    p.add_argument("--no-table", action="store_true", help="skip the colour-foil table")
+    p.add_argument("--steps", type=int, default=80, help="GRPO steps; 0 skips the GRPO part (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the policy and data (default: %(default)s)")
     p.add_argument("--out", default=None, help="GRPO output folder (default: a temporary one)")
     p.set_defaults(func=run)

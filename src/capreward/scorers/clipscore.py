@@ -18,6 +18,7 @@ from ..backbones.clip_loading import DEFAULT_CLIP
 from ..media import DEFAULT_FRAMES
 from ..metrics.clipscore import clip_s, ref_clip_s, reference_similarity
 from ..metrics.emscore import pad_stack, video_embedding
+from .partial import check_error_mode, score_valid
 from .validation import check_captions, check_references, check_same_length
 
 CLIPS_PREFIX = "A photo depicts "
@@ -32,6 +33,7 @@ class CLIPScoreResult:
     ref_clip_s: torch.Tensor | None
     ref_similarity: torch.Tensor | None
     truncated: list[bool]
+    errors: list[str | None] | None = None  # with errors="nan": why item i got NaN (None: scored)
 
     @property
     def score(self) -> torch.Tensor:
@@ -83,8 +85,29 @@ class CLIPScore:
         *,
         videos: Sequence[Any] | None = None,
         image_ids: Sequence[str | None] | None = None,
+        errors: str = "raise",
     ) -> CLIPScoreResult:
-        """Score each candidate against its image (or video) and optionally its references."""
+        """Score each candidate against its image (or video) and optionally its references.
+
+        ``errors="raise"`` (default): a bad item (empty caption, unreadable visual) raises, naming it.
+        ``errors="nan"``: bad items get NaN and their reason in ``result.errors[i]``; the others are
+        scored exactly as alone (see :mod:`capreward.scorers.partial`)."""
+        check_error_mode(errors)
+        if errors == "nan":
+            if (images is None) == (videos is None):
+                raise ValueError("CLIP-S needs exactly one of images or videos")
+            kind = "image" if images is not None else "video"
+
+            def empty(n):
+                nan = torch.full((n,), float("nan"))
+                return CLIPScoreResult(nan, None if references is None else nan.clone(), None if references is None else nan.clone(), [False] * n)
+
+            return score_valid(
+                self.score, candidates, images if images is not None else videos, f"{kind}s", image_ids, "image_ids",
+                references,
+                lambda vs, ids: self.backbone.visual_embeddings(vs, kind=kind, frames=self.frames, ids=ids),
+                empty,
+            )
         candidates = check_captions(candidates)
         n = len(candidates)
         if (images is None) == (videos is None):

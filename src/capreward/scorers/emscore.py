@@ -20,6 +20,7 @@ from ..backbones.clip_loading import DEFAULT_CLIP
 from ..media import DEFAULT_FRAMES
 from ..metrics.emscore import FineMatch, coarse_score, greedy_match, pad_stack, video_embedding
 from ..metrics.idf import IdfTable, idf_from_mapping, idf_from_rows
+from .partial import check_error_mode, score_valid
 from .results import MatchScores
 from .validation import check_captions, check_references, check_same_length
 
@@ -53,6 +54,7 @@ class EMScoreResult:
     combined: MatchScores | None
     alignment: list[TokenAlignment] | None
     truncated: list[bool]
+    errors: list[str | None] | None = None  # with errors="nan": why item i got NaN (None: scored)
 
     def rows(self) -> list[dict[str, float]]:
         """One flat dict per candidate: ``score`` and every computed component (``video.fine_p`` …)."""
@@ -140,9 +142,26 @@ class EMScore:
         *,
         images: Sequence[Any] | None = None,
         video_ids: Sequence[str | None] | None = None,
+        errors: str = "raise",
     ) -> EMScoreResult:
         """Score ``candidates`` against ``videos`` (or ``images``, one-frame videos) and/or
-        ``references`` (one list of reference captions per candidate)."""
+        ``references`` (one list of reference captions per candidate).
+
+        ``errors="raise"`` (default): a bad item (empty caption, unreadable visual) raises, naming it.
+        ``errors="nan"``: bad items get NaN in every score (None alignment) and their reason in
+        ``result.errors[i]``; the others are scored as they would be alone (see
+        :mod:`capreward.scorers.partial`; with ``idf="batch"`` the corpus is the scorable items')."""
+        check_error_mode(errors)
+        if errors == "nan":
+            if videos is not None and images is not None:
+                raise ValueError("give videos or images, not both")
+            kind = "video" if videos is not None else "image"
+            return score_valid(
+                self.score, candidates, videos if videos is not None else images, f"{kind}s", video_ids, "video_ids",
+                references,
+                lambda vs, ids: self.backbone.visual_embeddings(vs, kind=kind, frames=self.frames, ids=ids),
+                lambda n: EMScoreResult(torch.full((n,), float("nan")), None, None, None, None, [False] * n),
+            )
         candidates = check_captions(candidates)
         n = len(candidates)
         visuals, kind = self._visual_inputs(n, videos, images, video_ids)

@@ -1,0 +1,161 @@
+"""A toy captioning task on which caption rewards mean something, for the demo, tests and experiments.
+
+With the colour-trained tiny CLIP (:mod:`capreward.testing.trained_clip`), a caption naming a visual's
+colour scores high and one naming another colour scores low. This module provides:
+
+- foils on real footage: :func:`tint` colours every frame of a clip, :func:`colour_foils` pairs each
+  tinted clip with its true caption ("a red image.") and a foil that swaps the colour word;
+- a GRPO task for a tiny LLaVA policy: images of one solid colour (:func:`colour_rows`), the prompt
+  :data:`PROMPT` in TRL's conversational format (:func:`grpo_dataset`), and a short SFT
+  (:func:`sft_random_colours`) that teaches the answer format "a <colour> image" with colours drawn
+  independently of the image, so GRPO groups start with reward variance and chance-level correctness;
+- :func:`right_colour` to check a caption against the truth, and :class:`EmptyIsWorst` to give
+  unscorable completions a floor instead of None.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from .trained_clip import COLOURS
+
+#: The colours of the GRPO task (a subset of :data:`~capreward.testing.trained_clip.COLOURS`).
+TASK_COLOURS: tuple[str, ...] = ("red", "green", "blue", "yellow")
+PROMPT = "Describe the image"
+#: Words the tiny LLaVA policy's vocabulary needs for the task.
+WORDS: tuple[str, ...] = ("a", "image", "Describe", "the") + TASK_COLOURS
+
+
+# ------------------------------------------------------------------------------------------ foils
+def tint(frames: np.ndarray, colour: str, alpha: float = 0.7) -> np.ndarray:
+    """``frames`` (uint8, any shape ending in 3 channels) blended towards ``colour``'s RGB:
+    ``alpha * colour + (1 - alpha) * frame``, as uint8."""
+    rgb = np.array(COLOURS[colour], dtype=np.float64)
+    return np.clip(alpha * rgb + (1 - alpha) * frames.astype(np.float64), 0, 255).astype(np.uint8)
+
+
+@dataclass
+class ColourFoils:
+    """Tinted clips with one true caption and one colour foil each (parallel lists), plus calibration
+    captions (also true, differently worded) for :meth:`HallucinationPenalty.calibrate`."""
+
+    videos: list[np.ndarray]
+    names: list[str]
+    colours: list[str]
+    truth: list[str]
+    foils: list[str]
+    foil_colours: list[str]
+    calibration: list[str]
+
+
+def colour_foils(clips: Sequence[np.ndarray], names: Sequence[str] | None = None, colours: Sequence[str] = TASK_COLOURS) -> ColourFoils:
+    """Every clip of ``clips`` (decoded uint8 frames) tinted with every colour of ``colours``; the true
+    caption "a <colour> image.", the foil naming the next colour of the list, and the calibration
+    caption "a <colour> picture.". Calibration captions name the colour first: this CLIP knows only
+    colour words, and under its causal text tower a word before the colour has not seen it."""
+    names = list(names) if names is not None else [f"clip{i}" for i in range(len(clips))]
+    out = ColourFoils([], [], [], [], [], [], [])
+    for base, name in zip(clips, names):
+        for k, c in enumerate(colours):
+            foil = colours[(k + 1) % len(colours)]
+            out.videos.append(tint(base, c))
+            out.names.append(name)
+            out.colours.append(c)
+            out.truth.append(f"a {c} image.")
+            out.foils.append(f"a {foil} image.")
+            out.foil_colours.append(foil)
+            out.calibration.append(f"a {c} picture.")
+    return out
+
+
+def right_colour(caption: str, colour: str) -> bool:
+    """True when ``caption`` names ``colour`` and no other colour of :data:`COLOURS`."""
+    named = {w.strip(".,!?") for w in caption.lower().split()} & set(COLOURS)
+    return named == {colour}
+
+
+# ------------------------------------------------------------------------------------------- GRPO
+def colour_rows(n: int, seed: int, colours: Sequence[str] = TASK_COLOURS) -> list[dict[str, Any]]:
+    """``n`` examples cycling through ``colours``: {"colour", "image"} (a PIL image, see
+    :func:`~capreward.testing.trained_clip.colour_image`). Deterministic for ``seed``."""
+    from .trained_clip import colour_image
+
+    rng = random.Random(seed)
+    return [{"colour": c, "image": colour_image(c, rng)} for c in (colours[i % len(colours)] for i in range(n))]
+
+
+def grpo_dataset(rows: Sequence[dict[str, Any]], keep_colour: bool = False) -> Any:
+    """TRL's conversational VLM format: a user turn with :data:`PROMPT`, and the image (and, with
+    ``keep_colour``, the true ``colour``, which TRL passes on to the rewards)."""
+    from datasets import Dataset
+
+    def record(r):
+        out = {"prompt": [{"role": "user", "content": PROMPT}], "image": r["image"]}
+        if keep_colour:
+            out["colour"] = r["colour"]
+        return out
+
+    return Dataset.from_list([record(r) for r in rows])
+
+
+def prompt_text(processor: Any) -> str:
+    """The prompt exactly as TRL renders it for the policy (chat template + generation prompt)."""
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT}]}]
+    return processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+def sft_random_colours(model: Any, processor: Any, steps: int, seed: int, batch_size: int = 16, lr: float = 3e-3) -> float:
+    """Teach the policy the answer format "a <colour> image" with a colour drawn independently of the
+    image (so it cannot learn which colour is right). Returns the final loss (about ln 4 = 1.39 per
+    colour token when the colours are uniform). Leaves the model in eval mode."""
+    import torch
+
+    rng = random.Random(seed)
+    prompt = prompt_text(processor)
+    pool = colour_rows(64, seed + 1000)
+    n_prompt = processor(images=[pool[0]["image"]], text=[prompt], return_tensors="pt")["input_ids"].shape[1]
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    loss = torch.tensor(float("nan"))
+    for _ in range(steps):
+        batch = [rng.choice(pool) for _ in range(batch_size)]
+        texts = [f"{prompt} a {rng.choice(TASK_COLOURS)} image</s>" for _ in batch]
+        enc = processor(images=[b["image"] for b in batch], text=texts, return_tensors="pt", padding=True)
+        labels = enc["input_ids"].clone()
+        # left padding: every prompt ends at the same column, so the answer starts at -(answer length)
+        answer_len = enc["input_ids"].shape[1] - n_prompt
+        labels[:, :-answer_len] = -100
+        out = model(**enc, labels=labels)
+        optimizer.zero_grad(set_to_none=True)
+        out.loss.backward()
+        optimizer.step()
+        loss = out.loss.detach()
+    model.eval()
+    return float(loss)
+
+
+class EmptyIsWorst:
+    """A TRL reward wrapping ``reward``: samples it cannot score (e.g. empty captions, which CLIP-S
+    refuses) get ``floor`` instead of None. TRL gives unscorable samples zero advantage, so without
+    this a policy drifting towards empty answers would never be pushed back. Exposes the wrapped
+    reward's ``components`` and ``guards`` (so the GRPO recipe's trajectory finds its log keys)."""
+
+    def __init__(self, reward: Any, floor: float = -1.0):
+        self.reward, self.floor = reward, floor
+        self.__name__ = reward.__name__
+
+    @property
+    def components(self):
+        return getattr(self.reward, "components", ())
+
+    @property
+    def guards(self):
+        return getattr(self.reward, "guards", None)
+
+    def __call__(self, prompts, completions, completion_ids=None, **kwargs):
+        values = self.reward(prompts, completions, completion_ids, **kwargs)
+        return [self.floor if v is None else v for v in values]

@@ -1,0 +1,97 @@
+"""``capreward demo``: the colour-foil facts it prints hold when recomputed independently, and a short
+GRPO run through the real recipe produces the table and a closing line computed from its numbers."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from capreward.cli import demo
+from capreward.scorers.clipscore import CLIPScore
+from capreward.scorers.emscore import EMScore
+
+from conftest import sample_clips
+
+
+@pytest.fixture(scope="module")
+def clip():
+    from capreward.testing.trained_clip import TrainedClipFactory, trained_clip_path
+
+    trained_clip_path()
+    return TrainedClipFactory()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.slow
+def test_foil_facts_hold_and_match_direct_scoring(clip):
+    clips, names = demo.read_clips(demo.default_video_dir(), frames=6)
+    if not clips:
+        pytest.skip("sample clips not available")
+    s = demo.score_foils(clip, clips, names)
+    n = len(clips) * 4
+    # the facts the demo prints: the true caption beats its colour foil on both metrics, the swapped
+    # colour word is flagged in every foil and the true one in no true caption
+    assert s.facts() == {"n": n, "emscore_right": n, "clip_s_right": n, "foil_word_flagged": n, "true_word_flagged": 0}
+    assert demo.foils_summary(s).startswith(f"true caption above its foil: EMScore {n}/{n}, CLIP-S {n}/{n}")
+    # the numbers are the scorers' own, recomputed one clip at a time
+    from capreward.testing.colour_task import tint
+
+    em, cs = EMScore(model=clip, frames=None), CLIPScore(model=clip, frames=None)
+    for i in (0, n - 1):
+        video = tint(clips[i // 4], s.colours[i])
+        for k, caption in enumerate((s.truth[i], s.foils[i])):
+            assert em.score([caption], videos=[video]).score[0].item() == pytest.approx(s.emscore[k][i], abs=1e-5)
+            assert cs.score([caption], videos=[video]).clip_s[0].item() == pytest.approx(s.clip_s[k][i], abs=1e-5)
+    table = demo.format_foils(s)
+    assert table.count("\n") == 2 * n + 1 and "composite" not in table
+
+
+def test_grpo_part_prints_steps_and_an_honest_summary(clip, tmp_path):
+    r = demo.run_grpo(clip, steps=2, out=str(tmp_path), sft_steps=2)
+    assert len(r.reward) == len(r.right) == len(r.words) == 2
+    assert set(r.components) >= {"emscore", "clipscore", "hallucination", "guard/truncation"}
+    assert "composite" not in r.components and "total" not in r.components  # no column repeats the reward
+    table = demo.format_grpo(r).splitlines()
+    assert table[0].split()[:3] == ["steps", "reward", "EMScore"] and len(table) == 4
+    assert [line.split()[0] for line in table[2:]] == ["1", "2"]
+    assert float(table[2].split()[1]) == pytest.approx(r.reward[0], abs=1e-3)
+    # long runs are folded into blocks of consecutive steps, each the mean of its steps
+    import dataclasses
+
+    five = dataclasses.replace(r, reward=[0.0, 1.0, 2.0, 3.0, 4.0], right=[0.0] * 5, words=[3.0] * 5,
+                               components={k: [0.0] * 5 for k in r.components})
+    folded = demo.format_grpo(five, rows=2).splitlines()[2:]
+    assert [(line.split()[0], float(line.split()[1])) for line in folded] == [("1-3", 1.0), ("4-5", 3.5)]
+    summary = demo.grpo_summary(r)
+    expected = "rose" if round(r.reward[1], 3) > round(r.reward[0], 3) else ("fell" if round(r.reward[1], 3) < round(r.reward[0], 3) else "stayed level")
+    assert summary.startswith(f"GRPO: mean reward {expected}, {r.reward[0]:.3f} (first 1 steps) -> {r.reward[1]:.3f} (last 1)")
+    # nothing saved by the demo's run
+    assert not (tmp_path / "adapter_config.json").exists()
+
+
+def test_trend_is_judged_on_printed_values():
+    assert demo.trend(0.2, 0.2004, ".0%") == "stayed level"
+    assert demo.trend(0.2, 0.26, ".0%") == "rose" and demo.trend(0.3, 0.1, ".3f") == "fell"
+
+
+def test_demo_command_output_is_quiet_and_closes_with_what_it_showed(tmp_path, capfd):
+    from capreward.cli.main import main
+
+    if not sample_clips():
+        pytest.skip("sample clips not available")
+    assert main(["demo", "--steps", "1", "--frames", "4", "--out", str(tmp_path)]) == 0
+    out, err = capfd.readouterr()
+    assert "What the numbers showed" in out and "GRPO: mean reward" in out
+    assert re.search(r"true caption above its foil: EMScore \d+/\d+", out)
+    # no third-party warnings, log records, progress bars or raw per-step dicts
+    for noise in ("Warning", "warn(", "{'loss'", "it/s]", "Map:"):
+        assert noise not in out + err, noise
