@@ -177,12 +177,11 @@ def weights_of(ids, idf):
 
 
 def fine_match(cand, cand_w, target, target_w):
-    """P = Σ_i w_i max_j s_ij / Σ_i w_i; R = Σ_j w*_j max_i s_ij / Σ_j w*_j; F = 2PR/(P+R) (min(P, R) unless both are positive)."""
+    """P = Σ_i w_i max_j s_ij / Σ_i w_i; R = Σ_j w*_j max_i s_ij / Σ_j w*_j; F = 2PR/(P+R)."""
     sim = [[float(cand[i] @ target[j]) for j in range(len(target))] for i in range(len(cand))]
     p = sum(cand_w[i] * max(sim[i]) for i in range(len(cand))) / sum(cand_w)
     r = sum(target_w[j] * max(sim[i][j] for i in range(len(cand))) for j in range(len(target))) / sum(target_w)
-    f = 2 * p * r / (p + r) if p > 0 and r > 0 else min(p, r)  # capreward's rule for non-positive P or R
-    return p, r, f, [max(range(len(target)), key=lambda j: sim[i][j]) for i in range(len(cand))], sim
+    return p, r, 2 * p * r / (p + r), [max(range(len(target)), key=lambda j: sim[i][j]) for i in range(len(cand))], sim
 
 
 def with_full(coarse, p, r, f):

@@ -32,17 +32,10 @@ def masked_weighted_mean(values: torch.Tensor, weights: torch.Tensor, mask: torc
 
 
 def f_measure(p: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
-    """Harmonic mean 2PR/(P+R) where P > 0 and R > 0, else min(P, R); in [min(P, R), max(P, R)].
-
-    Deliberate difference from the released code, which always divides: cosines can be negative
-    (rarely with a real CLIP, often with small or fine-tuned ones), and with P and R of opposite signs
-    P + R can be near 0, so 2PR/(P+R) leaves [-1, 1] (a caption scored -6898 in a GRPO batch).
-    min(P, R) is continuous with the harmonic mean where one of them reaches 0 from above, monotone
-    in both, and never differs from the released formula when both are positive (every published
-    figure)."""
-    both_positive = (p > 0) & (r > 0)
-    safe = torch.where(both_positive, p + r, torch.ones_like(p))
-    return torch.where(both_positive, 2 * p * r / safe, torch.minimum(p, r))
+    """Harmonic mean 2PR/(P+R); 0 where P+R == 0."""
+    denom = p + r
+    safe = torch.where(denom == 0, torch.ones_like(denom), denom)
+    return torch.where(denom == 0, torch.zeros_like(denom), 2 * p * r / safe)
 
 
 def greedy_match(
