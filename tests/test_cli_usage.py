@@ -216,3 +216,20 @@ def test_bad_manifest_is_one_line(tmp_path, tiny_clip_path):
     bad.write_text('{"caption": "no visual"}\n')
     proc = run_cli("score", bad, "--out", tmp_path / "x.jsonl", "--clip-model", tiny_clip_path, "--no-progress")
     assert_one_line_error(proc, "")
+
+
+def test_progress_bars_show_loading_and_rows_and_no_progress_silences_them(tmp_path, manifest, tiny_clip_path):
+    def score(*extra):
+        out = tmp_path / f"x{len(extra)}.jsonl"
+        return run_cli("score", manifest, "--out", out, "--clip-model", tiny_clip_path, "--metrics", "emscore,clip-s",
+                       *extra, cwd=tmp_path)
+
+    shown = score()
+    assert shown.returncode == 0, shown.stderr
+    assert f"loading CLIP {tiny_clip_path}" in shown.stderr and "1/1" in shown.stderr
+    quiet = score("--no-progress")
+    assert quiet.returncode == 0, quiet.stderr
+    lines = [line for line in quiet.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and json.loads(lines[0])["written"] == 1  # only the summary
+    report = run_cli("report", tmp_path / "x1.jsonl", "--out", tmp_path / "r.html", "--no-progress", cwd=tmp_path)
+    assert report.returncode == 0 and report.stderr.strip() == ""

@@ -171,7 +171,15 @@ def load_open_clip(spec: str, device: str | torch.device, precision: str):
 def load_clip(model: str | os.PathLike | Callable[[], tuple], device: str | torch.device = "cpu",
               precision: str | None = None):
     """Return ``(model, preprocess, tokenizer)`` for any accepted specification (see module doc)."""
+    from ..progress import status
+
     precision = precision_for(device, precision)
+    what = "CLIP factory" if callable(model) and not isinstance(model, (str, os.PathLike)) else os.fspath(model)
+    with status(f"loading CLIP {what}"):
+        return _load_clip(model, device, precision)
+
+
+def _load_clip(model, device, precision: str):
     if callable(model) and not isinstance(model, (str, os.PathLike)):
         loaded = model()
         if not (isinstance(loaded, tuple) and len(loaded) == 3):

@@ -99,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "no_progress", False):
         silence_progress()
+    else:
+        from ..progress import enable
+
+        enable()
     if getattr(args, "device", None) is not None:
         args.device = resolve_device(args.device)
     try:

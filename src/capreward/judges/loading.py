@@ -85,6 +85,7 @@ def load_llava(
     from transformers import AutoProcessor, LlavaForConditionalGeneration
 
     from ..hub import ModelNotAvailable, load_cached_first
+    from ..progress import status
 
     name = os.fspath(name_or_path)
     path = Path(name).expanduser()
@@ -111,10 +112,11 @@ def load_llava(
         "(set HF_HOME and HF_HUB_OFFLINE=1)."
     )
     try:
-        if local_files_only is None and not path.is_dir():
-            model, processor = load_cached_first(load, f"judge model {name!r}", failures=(OSError, ValueError))
-        else:
-            model, processor = load(bool(local_files_only) or path.is_dir())
+        with status(f"loading judge {name}"):
+            if local_files_only is None and not path.is_dir():
+                model, processor = load_cached_first(load, f"judge model {name!r}", failures=(OSError, ValueError))
+            else:
+                model, processor = load(bool(local_files_only) or path.is_dir())
     except ModelNotAvailable as exc:
         raise JudgeLoadError(f"{exc}\n{hint}", spec=name, summary=str(exc)) from exc
     except (OSError, ValueError) as exc:
