@@ -174,10 +174,8 @@ def test_default_clip_offline_fails_with_one_line_and_no_network(tmp_path, manif
 
 
 def test_default_clip_with_an_unreachable_hub_fails_after_one_probe(tmp_path, manifest):
-    env = {"HF_ENDPOINT": closed_port_url(), "HF_HOME": str(tmp_path / "hf")}
-    env = {k: v for k, v in env.items()}
-    proc = run_cli("score", manifest, "--out", tmp_path / "x.jsonl", "--no-progress",
-                   env={**env, "HF_HUB_OFFLINE": ""}, cwd=tmp_path)
+    env = {"HF_ENDPOINT": closed_port_url(), "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": ""}
+    proc = run_cli("score", manifest, "--out", tmp_path / "x.jsonl", "--no-progress", env=env, cwd=tmp_path)
     assert_one_line_error(proc, "--clip-model", "unreachable", "--clip-model PATH")
 
 

@@ -1,14 +1,18 @@
 """`capreward report`: the HTML page renders in a real headless Chromium with frames, tokens
-coloured by alignment, flagged tokens and scores."""
+coloured by alignment, flagged tokens and scores; its summary equals an independent computation, and
+sorting and filtering work in the browser."""
 
 from __future__ import annotations
 
 import json
+import random
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from capreward.jobs.results_file import read_results
@@ -80,12 +84,6 @@ def test_report_renders_in_headless_chromium(scored, tmp_path):
 
 
 # --- summary, histograms, references, folded sub-scores, sorting and filtering -------------------------
-
-import math
-import random
-import re
-
-import numpy as np
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,11 @@ def enable(on: bool = True) -> None:
     _enabled = on
 
 
+def is_enabled() -> bool:
+    """Whether :func:`status` shows its bars."""
+    return _enabled
+
+
 @contextlib.contextmanager
 def status(what: str) -> Iterator[None]:
     """While the block runs, a line ``what: <elapsed>`` on stderr, updated every second and left

@@ -9,6 +9,7 @@ and the translation of user errors (a missing model, a bad manifest) into one li
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -54,14 +55,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def silence_progress() -> None:
-    """No progress bar from anything in this process or its children (tqdm, huggingface_hub, transformers)."""
-    os.environ["TQDM_DISABLE"] = "1"
-    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
-    if "huggingface_hub" in sys.modules:
-        from huggingface_hub.utils import disable_progress_bars
+@contextlib.contextmanager
+def progress_settings(show: bool):
+    """Within the block: the status bars of capreward.progress on when ``show``; otherwise no progress bar
+    from anything in this process or its children (tqdm, huggingface_hub, transformers). Restored after,
+    so that calling :func:`main` in-process leaves no trace."""
+    from .. import progress
 
-        disable_progress_bars()
+    saved_env = {k: os.environ.get(k) for k in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS")}
+    hub_bars_were_off = None
+    before = progress.is_enabled()
+    if show:
+        progress.enable()
+    else:
+        os.environ["TQDM_DISABLE"] = "1"
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+        if "huggingface_hub" in sys.modules:
+            from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars
+
+            hub_bars_were_off = are_progress_bars_disabled()
+            disable_progress_bars()
+    try:
+        yield
+    finally:
+        progress.enable(before)
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        if hub_bars_were_off is False:
+            from huggingface_hub.utils import enable_progress_bars
+
+            enable_progress_bars()
 
 
 def flag_of(parser: argparse.ArgumentParser, args: argparse.Namespace, value, candidates: tuple[str, ...]) -> str:
@@ -97,16 +123,11 @@ def user_error_message(exc: BaseException, parser: argparse.ArgumentParser, args
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "no_progress", False):
-        silence_progress()
-    else:
-        from ..progress import enable
-
-        enable()
     if getattr(args, "device", None) is not None:
         args.device = resolve_device(args.device)
     try:
-        return int(args.func(args) or 0)
+        with progress_settings(show=not getattr(args, "no_progress", False)):
+            return int(args.func(args) or 0)
     except Exception as exc:
         message = user_error_message(exc, parser, args)
         if message is None:
