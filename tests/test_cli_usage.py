@@ -209,6 +209,15 @@ def test_missing_judge_directory_names_the_flag(tmp_path, manifest):
     assert_one_line_error(proc, "--judge-model", "does not exist")
 
 
+def test_missing_input_files_name_their_argument(tmp_path, manifest, tiny_clip_path):
+    proc = run_cli("score", tmp_path / "nope.jsonl", "--out", tmp_path / "x.jsonl", "--clip-model", tiny_clip_path,
+                   "--no-progress")
+    assert_one_line_error(proc, "manifest: no such file", "nope.jsonl")
+    proc = run_cli("score", manifest, "--out", tmp_path / "x.jsonl", "--clip-model", tiny_clip_path,
+                   "--idf", tmp_path / "corpus.txt", "--no-progress")
+    assert_one_line_error(proc, "--idf: no such file", "corpus.txt")
+
+
 def test_bad_manifest_is_one_line(tmp_path, tiny_clip_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"caption": "no visual"}\n')

@@ -117,6 +117,21 @@ def user_error_message(exc: BaseException, parser: argparse.ArgumentParser, args
         return f"{flag}: {exc.summary}; {MODEL_HINTS['--judge-model']}"
     if isinstance(exc, (CLIError, ManifestError, JudgmentError)):
         return str(exc)
+    if isinstance(exc, FileNotFoundError) and exc.filename is not None:
+        named = argument_naming(parser, args, exc.filename)
+        if named:
+            return f"{named}: no such file {os.fspath(exc.filename)!r}"
+    return None
+
+
+def argument_naming(parser: argparse.ArgumentParser, args: argparse.Namespace, value) -> str | None:
+    """The option (or positional argument) of the command whose value is ``value``, if any: a missing
+    file that the user named is a user error, any other is a bug."""
+    sub = parser._subparsers._group_actions[0].choices[args.command]
+    for action in sub._actions:
+        given = getattr(args, action.dest, None)
+        if isinstance(given, (str, os.PathLike)) and os.fspath(given) == os.fspath(value):
+            return action.option_strings[0] if action.option_strings else action.dest
     return None
 
 
