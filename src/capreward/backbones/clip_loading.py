@@ -14,6 +14,7 @@ Accepted specifications (``model=`` of every CLIP-based scorer):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from pathlib import Path
@@ -33,7 +34,16 @@ OFFLINE_HINT = (
 
 
 class ModelLoadError(RuntimeError):
-    """A CLIP model could not be loaded; the message says how to point at a local file."""
+    """A CLIP model could not be loaded; the message says how to point at a local file.
+
+    ``spec``: the model specification that failed (None for a factory); ``summary``: what went wrong in
+    one line, without the hint (the command line prints it with a hint in flag terms).
+    """
+
+    def __init__(self, message: str, spec: str | None = None, summary: str | None = None):
+        super().__init__(message)
+        self.spec = spec
+        self.summary = summary or message.split(". If the weights")[0]
 
 
 def precision_for(device: str | torch.device, precision: str | None) -> str:
@@ -72,12 +82,12 @@ def load_openai_format(path: str | os.PathLike, device: str | torch.device, prec
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:
-            raise ModelLoadError(f"cannot read CLIP checkpoint {path!r}: {exc}") from exc
+            raise ModelLoadError(f"cannot read CLIP checkpoint {path!r}: {exc}", spec=path) from exc
     state = _unwrap_state_dict(state)
     if "text_projection" not in state or "token_embedding.weight" not in state:
         raise ModelLoadError(
             f"{path!r} is not an OpenAI-format CLIP state dict (no text_projection/token_embedding); "
-            "for an open_clip checkpoint pass model='ARCH//path/to/checkpoint.pt'"
+            "for an open_clip checkpoint pass model='ARCH//path/to/checkpoint.pt'", spec=path
         )
     state = {k: v for k, v in state.items() if k not in ("input_resolution", "context_length", "vocab_size")}
     model = build_model_from_openai_state_dict(dict(state), cast_dtype=get_cast_dtype(precision))
@@ -102,32 +112,74 @@ def split_name_and_pretrained(spec: str) -> tuple[str, str | None]:
     return name, (pretrained if sep else None)
 
 
-def load_open_clip(spec: str, device: str | torch.device, precision: str):
-    """Load an open_clip model by name (+ pretrained tag or checkpoint path)."""
+def check_open_clip_name(name: str, pretrained: str | None) -> None:
+    """Raise :class:`ModelLoadError` for an architecture or pretrained tag open_clip does not know (a
+    tag may also be a checkpoint path)."""
     import open_clip
+
+    if name.startswith(("hf-hub:", "local-dir:")):
+        return
+    if name not in open_clip.list_models():
+        raise ModelLoadError(f"unknown CLIP architecture {name!r}; open_clip knows e.g. ViT-B-32, ViT-L-14, RN50 "
+                             f"(open_clip.list_models() lists all). {OFFLINE_HINT}", spec=name)
+    tags = open_clip.list_pretrained_tags_by_model(name)
+    if pretrained is not None and pretrained not in tags and not os.path.exists(pretrained):
+        spec = f"{name}/{pretrained}"
+        raise ModelLoadError(f"{spec!r}: {name} has no pretrained tag or checkpoint file {pretrained!r}; "
+                             f"tags: {', '.join(tags) or 'none'}. {OFFLINE_HINT}", spec=spec)
+
+
+def load_open_clip(spec: str, device: str | torch.device, precision: str):
+    """Load an open_clip model by name (+ pretrained tag or checkpoint path).
+
+    Weights are taken from the local cache when they are there; a download is tried only when the hub
+    answers (see :func:`capreward.hub.load_cached_first`), so a missing model fails within seconds.
+    """
+    import open_clip
+
+    from ..hub import ModelNotAvailable, cache_only, load_cached_first, quiet_root_logging
 
     name, pretrained = split_name_and_pretrained(spec)
     if pretrained is None and not spec.startswith(("hf-hub:", "local-dir:")):
         raise ModelLoadError(
             f"model={spec!r} names an architecture without weights; use 'NAME/TAG' such as "
-            f"'{name}/openai', or 'NAME/random' for randomly initialised weights. {OFFLINE_HINT}"
+            f"'{name}/openai', or 'NAME/random' for randomly initialised weights. {OFFLINE_HINT}", spec=spec,
+            summary=f"{spec!r} names an architecture without weights (use NAME/TAG such as {name}/openai)",
         )
     if pretrained == "random":
         pretrained = None
+    check_open_clip_name(name, pretrained)
+
+    def create(local_only: bool):
+        with quiet_root_logging("open_clip"), cache_only() if local_only else contextlib.nullcontext():
+            model, _, preprocess = open_clip.create_model_and_transforms(
+                name, pretrained=pretrained, device=device, precision=precision
+            )
+            return model, preprocess, open_clip.get_tokenizer(name)
+
     try:
-        model, _, preprocess = open_clip.create_model_and_transforms(
-            name, pretrained=pretrained, device=device, precision=precision
-        )
+        model, preprocess, tokenizer = load_cached_first(create, f"CLIP model {spec!r}")
+    except ModelNotAvailable as exc:
+        raise ModelLoadError(f"{exc}. {OFFLINE_HINT}", spec=spec, summary=str(exc)) from exc
     except Exception as exc:
-        raise ModelLoadError(f"cannot load CLIP model {spec!r}: {exc}. {OFFLINE_HINT}") from exc
-    tokenizer = open_clip.get_tokenizer(name)
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ModelLoadError(f"cannot load CLIP model {spec!r}: {exc}. {OFFLINE_HINT}", spec=spec,
+                             summary=f"cannot load CLIP model {spec!r}: {first}") from exc
     return model.eval(), preprocess, tokenizer
 
 
 def load_clip(model: str | os.PathLike | Callable[[], tuple], device: str | torch.device = "cpu",
               precision: str | None = None):
     """Return ``(model, preprocess, tokenizer)`` for any accepted specification (see module doc)."""
+    from ..progress import status
+
     precision = precision_for(device, precision)
+    what = "CLIP factory" if callable(model) and not isinstance(model, (str, os.PathLike)) else os.fspath(model)
+    with status(f"loading CLIP {what}"):
+        return _load_clip(model, device, precision)
+
+
+def _load_clip(model, device, precision: str):
     if callable(model) and not isinstance(model, (str, os.PathLike)):
         loaded = model()
         if not (isinstance(loaded, tuple) and len(loaded) == 3):
@@ -147,5 +199,6 @@ def load_clip(model: str | os.PathLike | Callable[[], tuple], device: str | torc
         return load_open_clip(f"local-dir:{path}", device, precision)
     bare_file = split_name_and_pretrained(spec)[1] is None and spec.endswith(CHECKPOINT_SUFFIXES)
     if spec.startswith(("/", "./", "../", "~")) or bare_file:
-        raise ModelLoadError(f"CLIP checkpoint {spec!r} does not exist. {OFFLINE_HINT}")
+        raise ModelLoadError(f"CLIP checkpoint {spec!r} does not exist. {OFFLINE_HINT}", spec=spec,
+                             summary=f"CLIP checkpoint {spec!r} does not exist")
     return load_open_clip(spec, device, precision)

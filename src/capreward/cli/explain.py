@@ -18,6 +18,17 @@ import math
 import sys
 from typing import Callable
 
+from .common import add_device_option
+
+DESCRIPTION = """Writes one JSONL row per manifest row (resumable: rerun to continue, no row twice): id, caption,
+image/video, references (with --references), metric, the score under the metric's name (fleur / gveval,
+null when there is none), the judge's first answer (<metric>.raw), explanation (null when there is no
+score to explain) and errors.
+
+Metrics: fleur (FLEUR, or RefFLEUR with --references: the score, then the follow-up question "Why? Tell
+me the reason.") and gveval (G-VEval: the judge writes its reasoning before the score; that reasoning is
+the explanation)."""
+
 Explainer = Callable[[list], list[dict]]  # manifest rows -> one result dict per row
 
 
@@ -144,15 +155,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("explain", help="judge explanations (FLEUR, G-VEval) for a manifest (resumable)")
+    p = subparsers.add_parser("explain", help="judge explanations (FLEUR, G-VEval) for a manifest (resumable)",
+                              description=DESCRIPTION)
     p.add_argument("manifest", help="JSONL rows: caption, image|video, optional references, id")
     p.add_argument("--out", required=True, help="explanations JSONL (appended to; rerun to resume)")
-    p.add_argument("--metric", default="fleur", choices=sorted(EXPLAINERS))
+    p.add_argument("--metric", default="fleur", choices=sorted(EXPLAINERS), help="the judge metric to explain")
     p.add_argument("--references", action="store_true", help="use the rows' references (RefFLEUR / G-VEval combined)")
     p.add_argument("--judge-model", default="llava-hf/llava-1.5-13b-hf", help="LLaVA hub name or local directory")
-    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    add_device_option(p)
     p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"], help="default: float16 on GPU, float32 on CPU")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=8, help="rows judged at once")
     p.add_argument("--max-new-tokens", type=int, default=512, help="length budget of an explanation")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     p.set_defaults(func=run)

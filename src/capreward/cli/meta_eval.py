@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("meta-eval", help="correlate scores with human judgments (benchmark protocols)")
-    p.add_argument("--benchmark", required=True, choices=BENCHMARK_CHOICES)
+    p.add_argument("--benchmark", required=True, choices=BENCHMARK_CHOICES, help="the benchmark and its protocol")
     p.add_argument("--judgments", required=True, help="the benchmark's released judgments file (VATEX-EVAL: its folder)")
     p.add_argument("--scores", required=True, help="JSONL with image|video, caption and a score (e.g. `capreward score` output)")
     p.add_argument("--score-field", help="field holding the score (default 'score', or the one metric in the file); "

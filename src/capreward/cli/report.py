@@ -1,4 +1,9 @@
-"""``capreward report``: an HTML page of a scored manifest (frames, captions, scores, alignment)."""
+"""capreward report: one self-contained HTML page of a scores file written by `capreward score`.
+
+The page opens with a summary table (per metric: n, mean, median, std, min, max, errors) and a histogram
+per metric; each sample shows its frames, caption (tokens coloured by their best frame with
+--alignment), references, errors and scores (sub-scores folded under each headline score). Samples can
+be sorted by any metric and filtered to errors or flagged samples in the page itself."""
 
 from __future__ import annotations
 
@@ -10,14 +15,18 @@ def run(args: argparse.Namespace) -> int:
     from ..report import render_report
 
     rows = read_results(args.scores)
-    path = render_report(rows, args.out, frames=None if args.frames == 0 else args.frames)
+    path = render_report(rows, args.out, frames=None if args.frames == 0 else args.frames,
+                         title=args.title, progress=not args.no_progress)
     print(path)
     return 0
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("report", help="HTML report of a scores JSONL written by `capreward score`")
+    p = subparsers.add_parser("report", help="HTML report of a scores JSONL written by `capreward score`",
+                              description=__doc__)
     p.add_argument("scores", help="results JSONL (use `capreward score --alignment` for token→frame colouring)")
     p.add_argument("--out", required=True, help="HTML file to write")
     p.add_argument("--frames", type=int, default=10, help="frames shown per video (match the scoring run)")
+    p.add_argument("--title", default="capreward report", help="the page's title")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run)

@@ -5,7 +5,7 @@ writes per row (details in ``capreward.jobs.runners``):
 
 - ``emscore``: ``emscore``, ``emscore.<part>.<component>``; ``--alignment`` adds ``alignment``
   (tokens SOS..EOS, best frame, similarity, idf weight).
-- ``clip-s`` / ``pac-s``: ``clip_s`` / ``pac_s`` (``ref_clip_s`` / ``ref_pac_s`` with references).
+- ``clip_s`` / ``pac_s``: ``clip_s`` / ``pac_s`` (``ref_clip_s`` / ``ref_pac_s`` with references).
 - ``hallucination``: ``hallucination`` in [-1, 0] (minus the weighted fraction of the caption's content
   words without a matching frame: 0 all supported, -1 none) and ``hallucination.flagged`` (positions of
   the flagged tokens in ``alignment.tokens``, outlined by ``capreward report``). Threshold:
@@ -36,6 +36,8 @@ import json
 import sys
 
 from ..backbones.clip_loading import DEFAULT_CLIP
+from ..jobs.runners import METRICS
+from .common import add_device_option, metric_list
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
 
     precision = {"fp32": None}.get(args.precision, args.precision)
     options = ScoreOptions(
-        metrics=[m.strip().replace("-", "_") for m in args.metrics.split(",") if m.strip()],
+        metrics=args.metrics,
         clip_model=args.clip_model, pac_model=args.pac_model, judge_model=args.judge_model,
         judge_base_url=args.judge_base_url, judge_api_model=args.judge_api_model,
         gveval_mode=args.gveval_mode, gveval_accr=args.gveval_accr,
@@ -70,8 +72,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("manifest", help="JSONL rows: caption, image|video, optional references, id")
     p.add_argument("--out", required=True, help="results JSONL (appended to; rerun to resume)")
     p.add_argument("--csv", help="also write the results as CSV")
-    p.add_argument("--metrics", default="emscore",
-                   help="comma-separated: emscore, clip-s, pac-s, hallucination, fleur, visce2, gveval")
+    p.add_argument("--metrics", default="emscore", type=metric_list(METRICS),
+                   help=f"comma-separated, from: {', '.join(METRICS)} (clip-s and pac-s are accepted too) "
+                        "(default: emscore)")
     p.add_argument("--clip-model", default=DEFAULT_CLIP,
                    help="CLIP for emscore/clip-s/hallucination (one shared copy): name/tag, .pt path, ...")
     p.add_argument("--pac-model", help="PAC-S checkpoint path (for pac-s)")
@@ -89,20 +92,21 @@ def add_parser(subparsers) -> None:
     p.add_argument("--gveval-accr", action="store_true",
                    help="G-VEval's four ACCR scores (accuracy, completeness, conciseness, relevance; videos only)")
     p.add_argument("--hallucination-threshold", type=float, default=None,
-                   help="token->frame similarity below which a content word is flagged (default: "
-                        "capreward.rewards.hallucination.DEFAULT_THRESHOLD, uncalibrated; set it from "
-                        "HallucinationPenalty.calibrate on known-good captions)")
+                   help="token->frame similarity below which a content word is flagged (default: the library's "
+                        "uncalibrated DEFAULT_THRESHOLD; set it from HallucinationPenalty.calibrate on "
+                        "known-good captions)")
     p.add_argument("--idf", default="auto",
                    help="idf of emscore/hallucination (default: auto = the manifest's references, none if it has "
                         "none); refs | none | FILE (one caption per line) | OUT.idf.json (a recorded idf). "
                         "Recorded in <out>.idf.json and reused on resume")
     p.add_argument("--frames", type=int, default=10, help="frames per video (0: all)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"])
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--engine", default="local", choices=["local", "ray"])
+    add_device_option(p)
+    p.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"], help="CLIP precision")
+    p.add_argument("--batch-size", type=int, default=64, help="rows scored at once")
+    p.add_argument("--engine", default="local", choices=["local", "ray"],
+                   help="local: this process; ray: Ray Data with --num-actors model copies")
     p.add_argument("--num-actors", type=int, default=2, help="Ray actors (one model copy each)")
     p.add_argument("--alignment", action="store_true",
                    help="store EMScore's token -> frame alignment (for reports; also with hallucination alone)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     p.set_defaults(func=run)

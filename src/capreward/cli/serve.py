@@ -8,7 +8,9 @@ import signal
 import sys
 import threading
 
+from ..adapters.factory import ALIASES, REWARD_NAMES
 from ..backbones.clip_loading import DEFAULT_CLIP
+from .common import add_device_option, metric_name
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,24 +48,33 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def reward_name(name: str) -> str:
+    """The one spelling of a reward name (aliases such as clip-s mapped); unknown names pass through to
+    argparse's choices check."""
+    key = metric_name(name)
+    return ALIASES.get(key, ALIASES.get(name.strip().lower(), key))
+
+
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "serve", help="serve a reward over HTTP for OpenRLHF (--remote_rm_url http://HOST:PORT/get_reward)",
         description=__doc__,
     )
-    p.add_argument("--reward", default="emscore", help="clip_s | emscore | fleur | hallucination | composite")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--reward", default="emscore", choices=REWARD_NAMES, type=reward_name,
+                   help="the reward served (clip-s is accepted for clip_s)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=5000, help="0: pick a free port (printed on stderr when ready)")
     p.add_argument("--clip-model", default=DEFAULT_CLIP, help="CLIP for clip_s/emscore: name/tag, .pt path, ...")
-    p.add_argument("--judge-model", "--fleur-model", dest="fleur_model", metavar="MODEL", help="LLaVA judge for fleur: hub name or local directory")
+    p.add_argument("--judge-model", "--fleur-model", dest="fleur_model", metavar="MODEL", help="LLaVA judge for fleur: hub name or local directory (default: llava-hf/llava-1.5-13b-hf)")
     p.add_argument("--composite", default="emscore=1.0,hallucination=1.0",
                    help="terms of --reward composite: name=weight,... (plus repetition/truncation/length guards)")
     p.add_argument("--idf", help="EMScore idf corpus: a text file with one caption per line (default: no idf)")
     p.add_argument("--frames", type=int, default=10, help="frames per video (0: all)")
-    p.add_argument("--w", type=float, help="CLIP-S scale (default 2.5)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--w", type=float, help="CLIP-S scale (default: 2.5)")
+    add_device_option(p)
     p.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"], help="CLIP precision")
-    p.add_argument("--dtype", help="judge dtype for fleur (e.g. float16)")
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"],
+                   help="judge dtype for fleur (default: float16 on GPU, float32 on CPU)")
     p.add_argument("--media-root", help="the only directory whose files labels may name (relative paths are resolved "
                    "against it; paths that resolve outside it, symlinks included, are refused)")
     p.add_argument("--allow-any-path", action="store_true",

@@ -26,7 +26,16 @@ _DTYPES = {
 
 
 class JudgeLoadError(OSError):
-    """The judge model or its processor could not be loaded; the message says how to point at a local copy."""
+    """The judge model or its processor could not be loaded; the message says how to point at a local copy.
+
+    ``spec``: the name or path that failed; ``summary``: what went wrong in one line, without the hint
+    (the command line prints it with a hint in flag terms).
+    """
+
+    def __init__(self, message: str, spec: str | None = None, summary: str | None = None):
+        super().__init__(message)
+        self.spec = spec
+        self.summary = summary or message.splitlines()[0]
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
@@ -68,36 +77,53 @@ def load_llava(
     """Load ``LlavaForConditionalGeneration`` and ``AutoProcessor`` from a hub name or a local directory.
 
     Returns ``(model, processor)`` with the model in eval mode on ``device`` in ``dtype`` and its weights
-    frozen. Raises :class:`JudgeLoadError` with instructions when the files cannot be found or fetched.
+    frozen. ``local_files_only``: True reads the local cache only; False lets transformers download;
+    None (default) reads the cache first and downloads only when the hub answers (a missing model fails
+    within seconds instead of after transformers' retries). Raises :class:`JudgeLoadError` with
+    instructions when the files cannot be found or fetched.
     """
     from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    from ..hub import ModelNotAvailable, load_cached_first
+    from ..progress import status
 
     name = os.fspath(name_or_path)
     path = Path(name).expanduser()
     if _looks_like_path(name) and not path.is_dir():
         raise JudgeLoadError(
             f"judge model directory {str(path)!r} does not exist; pass the directory that holds the model's "
-            "config.json, weights and processor files (as written by save_pretrained or `hf download`)"
+            "config.json, weights and processor files (as written by save_pretrained or `hf download`)",
+            spec=name, summary=f"judge model directory {str(path)!r} does not exist",
         )
     source = str(path) if path.is_dir() else name
-    kwargs: dict[str, Any] = {}
-    if local_files_only is not None:
-        kwargs["local_files_only"] = local_files_only
-    try:
+
+    def load(local_only: bool):
+        kwargs: dict[str, Any] = {"local_files_only": local_only}
         processor = AutoProcessor.from_pretrained(source, **kwargs)
         model_kwargs = dict(kwargs, dtype=dtype)
         if attn_implementation is not None:
             model_kwargs["attn_implementation"] = attn_implementation
-        model = LlavaForConditionalGeneration.from_pretrained(source, **model_kwargs)
+        return LlavaForConditionalGeneration.from_pretrained(source, **model_kwargs), processor
+
+    hint = (
+        "Without network access, download the model on a machine that has it, e.g. "
+        f"`hf download {name} --local-dir /models/{Path(name).name}`, copy that directory here and pass "
+        f"its path: FLEUR(model='/models/{Path(name).name}'). A populated Hugging Face cache also works "
+        "(set HF_HOME and HF_HUB_OFFLINE=1)."
+    )
+    try:
+        with status(f"loading judge {name}"):
+            if local_files_only is None and not path.is_dir():
+                model, processor = load_cached_first(load, f"judge model {name!r}", failures=(OSError, ValueError))
+            else:
+                model, processor = load(bool(local_files_only) or path.is_dir())
+    except ModelNotAvailable as exc:
+        raise JudgeLoadError(f"{exc}\n{hint}", spec=name, summary=str(exc)) from exc
     except (OSError, ValueError) as exc:
         where = "the directory" if path.is_dir() else "the Hugging Face hub or the local cache"
-        raise JudgeLoadError(
-            f"could not load the LLaVA judge {name!r} from {where}: {exc}\n"
-            "Without network access, download the model on a machine that has it, e.g. "
-            f"`hf download {name} --local-dir /models/{Path(name).name}`, copy that directory here and pass "
-            f"its path: FLEUR(model='/models/{Path(name).name}'). A populated Hugging Face cache also works "
-            "(set HF_HOME and HF_HUB_OFFLINE=1)."
-        ) from exc
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise JudgeLoadError(f"could not load the LLaVA judge {name!r} from {where}: {exc}\n{hint}", spec=name,
+                             summary=f"could not load the judge model {name!r} from {where}: {first}") from exc
     model.to(device)
     model.eval()
     model.requires_grad_(False)

@@ -1,9 +1,17 @@
-"""Render scored rows as one self-contained HTML page.
+"""Render scored rows as one self-contained HTML page (no external assets, no server).
+
+The page opens with a summary: per headline metric (a numeric field without a dot, such as ``emscore``,
+``clip_s``, ``fleur``) the number of scores, mean, median, population standard deviation, minimum,
+maximum and the number of rows whose ``errors`` name the metric, and an inline SVG histogram of its
+scores. Controls sort the samples by any headline metric (rows without that score last) and show only
+the rows with an error or with flagged tokens; the view is kept in the address's fragment
+(``#sort=emscore&dir=desc&filter=errors``), so it can be bookmarked and is applied on load.
 
 Each sample shows its image or sampled video frames (embedded as base64 JPEG thumbnails), its
 caption, its scores, and, when the row carries an EMScore ``alignment``, every token coloured by its
 best visual similarity with the index of its best frame (the EMScore paper's Figure 7). Tokens listed
-in ``hallucination.flagged`` are marked.
+in ``hallucination.flagged`` are marked. Each sample lists its references, and its sub-scores (fields
+``<metric>.<part>``, e.g. the 25 components of EMScore) are folded under the headline score.
 """
 
 from __future__ import annotations
@@ -11,6 +19,11 @@ from __future__ import annotations
 import base64
 import html
 import io
+import json
+import math
+import statistics
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
@@ -32,7 +45,185 @@ body { font-family: sans-serif; margin: 1.5em; color: #222; }
 .token.flagged { outline: 2px solid #d00; text-decoration: underline wavy #d00; }
 .scores td { padding: 1px 8px; font-family: monospace; }
 .error { color: #b00; }
+.refs { color: #444; margin: 0.3em 0; }
+.refs li { margin: 0; }
+.headline { font-family: monospace; margin: 0.2em 0; }
+.headline summary { cursor: pointer; }
+.headline .value { font-weight: bold; }
+table.summary { border-collapse: collapse; margin-bottom: 1em; }
+table.summary th, table.summary td { border: 1px solid #bbb; padding: 3px 8px; text-align: right; font-family: monospace; }
+table.summary th:first-child, table.summary td:first-child { text-align: left; }
+.histograms { display: flex; flex-wrap: wrap; gap: 1.2em; margin-bottom: 1em; }
+.histograms figure { margin: 0; }
+.histograms figcaption { font-size: 0.85em; text-align: center; }
+.histograms rect.bar { fill: #3b6ea5; }
+.controls { margin: 1em 0; padding: 0.5em; background: #f3f3f3; border-radius: 6px; }
+.controls label { margin-right: 1.2em; }
 """ % THUMB_HEIGHT
+
+HIST_BINS = 10
+HIST_WIDTH, HIST_HEIGHT = 240, 90
+
+SCRIPT = """
+(function () {
+  var box = document.getElementById('samples');
+  var sortKey = document.getElementById('sort-key'), sortDir = document.getElementById('sort-dir');
+  var filter = document.getElementById('filter'), shown = document.getElementById('shown');
+  function value(el, key) {
+    if (key === 'order') return +el.dataset.order;
+    var v = JSON.parse(el.dataset.scores)[key];
+    return typeof v === 'number' ? v : null;
+  }
+  function apply() {
+    var key = sortKey.value, sign = sortDir.value === 'asc' ? 1 : -1, only = filter.value;
+    var items = Array.prototype.slice.call(box.children);
+    items.sort(function (a, b) {
+      var x = value(a, key), y = value(b, key), tie = a.dataset.order - b.dataset.order;
+      if (x === null || y === null) return x === y ? tie : (x === null ? 1 : -1);
+      return (x - y) * sign || tie;
+    });
+    var visible = 0;
+    items.forEach(function (el) {
+      box.appendChild(el);
+      el.hidden = (only === 'errors' && el.dataset.error !== '1') || (only === 'flagged' && el.dataset.flagged !== '1');
+      if (!el.hidden) visible++;
+    });
+    shown.textContent = visible;
+    try { history.replaceState(null, '', '#sort=' + key + '&dir=' + sortDir.value + '&filter=' + only); } catch (e) {}
+  }
+  [sortKey, sortDir, filter].forEach(function (el) { el.addEventListener('change', apply); });
+  var state = {};
+  location.hash.replace(/^#/, '').split('&').forEach(function (kv) {
+    var p = kv.split('='); if (p.length === 2) state[p[0]] = decodeURIComponent(p[1]);
+  });
+  [[sortKey, state.sort], [sortDir, state.dir], [filter, state.filter]].forEach(function (pair) {
+    var sel = pair[0], want = pair[1];
+    if (want !== undefined && Array.prototype.some.call(sel.options, function (o) { return o.value === want; })) {
+      sel.value = want;
+      sel.dispatchEvent(new Event('change'));
+    }
+  });
+  apply();
+})();
+"""
+
+
+@dataclass
+class MetricSummary:
+    """Statistics of one headline metric over the rows (None when no row has a score)."""
+
+    name: str
+    n: int
+    errors: int
+    mean: float | None
+    median: float | None
+    std: float | None  # population standard deviation
+    min: float | None
+    max: float | None
+
+
+def is_score(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def headline_metrics(rows: list[dict]) -> list[str]:
+    """The headline metrics of the rows in order of first appearance: numeric fields without a dot (and
+    metrics named only in ``errors``)."""
+    names: dict[str, None] = {}
+    for row in rows:
+        for key, value in row.items():
+            if "." not in key and key != "id" and (is_score(value) or (value is None and key in (row.get("errors") or {}))):
+                names.setdefault(key)
+        for key in row.get("errors") or {}:
+            if "." not in key:
+                names.setdefault(key)
+    return list(names)
+
+
+def summarise(rows: list[dict], metric: str) -> MetricSummary:
+    """Count, mean, median, population std, min, max of ``metric`` over the rows with a finite score,
+    and the number of rows whose ``errors`` name it."""
+    values = [float(r[metric]) for r in rows if is_score(r.get(metric))]
+    errors = sum(1 for r in rows if metric in (r.get("errors") or {}))
+    if not values:
+        return MetricSummary(metric, 0, errors, None, None, None, None, None)
+    return MetricSummary(metric, len(values), errors, statistics.fmean(values), statistics.median(values),
+                         statistics.pstdev(values), min(values), max(values))
+
+
+def histogram_counts(values: list[float], bins: int = HIST_BINS) -> tuple[list[int], float, float]:
+    """Counts of ``values`` in ``bins`` equal-width bins over [min, max] (the last bin closed), with the
+    range; one bin when every value is the same."""
+    lo, hi = min(values), max(values)
+    if hi <= lo:
+        return [len(values)], lo, hi
+    counts = [0] * bins
+    for v in values:
+        counts[min(bins - 1, int((v - lo) / (hi - lo) * bins))] += 1
+    return counts, lo, hi
+
+
+def histogram_svg(metric: str, values: list[float]) -> str:
+    """An inline SVG histogram of ``values`` with the range written under it."""
+    counts, lo, hi = histogram_counts(values)
+    top = max(counts)
+    plot_h = HIST_HEIGHT - 18
+    width = HIST_WIDTH / len(counts)
+    bars = []
+    for k, c in enumerate(counts):
+        h = 0 if top == 0 else plot_h * c / top
+        a = lo + (hi - lo) * k / len(counts)
+        b = lo + (hi - lo) * (k + 1) / len(counts)
+        bars.append(f'<rect class="bar" data-count="{c}" x="{k * width + 1:.1f}" y="{plot_h - h:.1f}" '
+                    f'width="{max(width - 2, 1):.1f}" height="{h:.1f}"><title>[{a:.4g}, {b:.4g}]: {c}</title></rect>')
+    axis = (f'<line x1="0" y1="{plot_h}" x2="{HIST_WIDTH}" y2="{plot_h}" stroke="#555"/>'
+            f'<text x="0" y="{HIST_HEIGHT - 3}" font-size="11">{lo:.4g}</text>'
+            f'<text x="{HIST_WIDTH}" y="{HIST_HEIGHT - 3}" font-size="11" text-anchor="end">{hi:.4g}</text>')
+    return (f'<figure class="histogram" data-metric="{html.escape(metric)}"><svg '
+            f'width="{HIST_WIDTH}" height="{HIST_HEIGHT}" role="img" aria-label="histogram of {html.escape(metric)}">'
+            f'{"".join(bars)}{axis}</svg><figcaption>{html.escape(metric)} (n={len(values)})</figcaption></figure>')
+
+
+def _cell(stat: str, value: float | int | None) -> str:
+    if value is None:
+        return f'<td data-stat="{stat}">n/a</td>'
+    text = str(value) if isinstance(value, int) else f"{value:.4f}"
+    return f'<td data-stat="{stat}" data-value="{value!r}">{text}</td>'
+
+
+def summary_section(rows: list[dict], metrics: list[str]) -> str:
+    """The summary table (one row per metric) and the histograms."""
+    head = "".join(f"<th>{h}</th>" for h in ("metric", "n", "mean", "median", "std", "min", "max", "errors"))
+    body = []
+    figures = []
+    for m in metrics:
+        s = summarise(rows, m)
+        cells = [_cell("n", s.n), _cell("mean", s.mean), _cell("median", s.median), _cell("std", s.std),
+                 _cell("min", s.min), _cell("max", s.max), _cell("errors", s.errors)]
+        body.append(f'<tr data-metric="{html.escape(m)}"><td>{html.escape(m)}</td>{"".join(cells)}</tr>')
+        values = [float(r[m]) for r in rows if is_score(r.get(m))]
+        if values:
+            figures.append(histogram_svg(m, values))
+    return (f'<section id="summary"><h2>Summary</h2><table class="summary"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(body)}</tbody></table>'
+            f'<div class="histograms">{"".join(figures)}</div>'
+            f'<p class="note">std: population standard deviation; errors: rows whose score could not be '
+            f'computed (reason on the sample).</p></section>')
+
+
+def controls_section(metrics: list[str], n_rows: int) -> str:
+    options = "".join(f'<option value="{html.escape(m)}">{html.escape(m)}</option>' for m in metrics)
+    return (
+        '<div class="controls">'
+        f'<label>sort by <select id="sort-key"><option value="order">manifest order</option>{options}</select></label>'
+        '<label>order <select id="sort-dir"><option value="desc">highest first</option>'
+        '<option value="asc">lowest first</option></select></label>'
+        '<label>show <select id="filter"><option value="all">all samples</option>'
+        '<option value="errors">samples with errors</option>'
+        '<option value="flagged">samples with flagged tokens</option></select></label>'
+        f'<span><span id="shown">{n_rows}</span> of {n_rows} shown</span></div>'
+    )
+
 
 
 def thumbnail_uri(image: Image.Image) -> str:
@@ -71,15 +262,41 @@ def token_spans(alignment: dict, flagged: set[int], lo: float, hi: float) -> str
     return "".join(spans)
 
 
-def score_table(row: dict) -> str:
-    cells = [(k, v) for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    body = "".join(f"<tr><td>{html.escape(k)}</td><td>{v:.4f}</td></tr>" for k, v in cells)
-    return f'<table class="scores">{body}</table>'
+def score_table(row: dict, metrics: list[str]) -> str:
+    """Each headline score, with its sub-scores (``<metric>.<part>`` fields) folded under it in a
+    ``<details>``; numeric fields outside any headline metric are listed after."""
+    parts = []
+    claimed: set[str] = set()
+    for m in metrics:
+        if m not in row and m not in (row.get("errors") or {}):
+            continue
+        value = row.get(m)
+        shown = f"{value:.4f}" if is_score(value) else "n/a"
+        subs = [(k, v) for k, v in row.items() if k.startswith(m + ".") and is_score(v)]
+        claimed.update(k for k, _ in subs)
+        label = f'{html.escape(m)} <span class="value">{shown}</span>'
+        if subs:
+            body = "".join(f"<tr><td>{html.escape(k[len(m) + 1:])}</td><td>{v:.4f}</td></tr>" for k, v in subs)
+            parts.append(f'<details class="headline" data-metric="{html.escape(m)}"><summary>{label} '
+                         f'({len(subs)} sub-scores)</summary><table class="scores">{body}</table></details>')
+        else:
+            parts.append(f'<div class="headline" data-metric="{html.escape(m)}">{label}</div>')
+    others = [(k, v) for k, v in row.items() if is_score(v) and k not in claimed and k not in metrics and k != "id"]
+    if others:
+        body = "".join(f"<tr><td>{html.escape(k)}</td><td>{v:.4f}</td></tr>" for k, v in others)
+        parts.append(f'<table class="scores">{body}</table>')
+    return "".join(parts)
 
 
-def sample_section(row: dict, frames: int | None, lo: float, hi: float) -> str:
-    parts = [f'<div class="sample" id="sample-{html.escape(str(row.get("id", "")))}">']
-    parts.append(f'<div class="id">{html.escape(str(row.get("id", "")))}</div>')
+def sample_section(row: dict, order: int, metrics: list[str], frames: int | None, lo: float, hi: float) -> str:
+    scores = {m: row[m] for m in metrics if is_score(row.get(m))}
+    has_error = bool(row.get("errors"))
+    flagged = set(row.get("hallucination.flagged") or [])
+    rid = html.escape(str(row.get("id", "")))
+    parts = [f'<div class="sample" id="sample-{rid}" data-id="{rid}" data-order="{order}" '
+             f'data-error="{int(has_error)}" data-flagged="{int(bool(flagged))}" '
+             f"data-scores='{html.escape(json.dumps(scores), quote=True)}'>"]
+    parts.append(f'<div class="id">{rid}</div>')
     try:
         images = visual_frames(row, frames)
     except MediaError as exc:
@@ -93,30 +310,43 @@ def sample_section(row: dict, frames: int | None, lo: float, hi: float) -> str:
         parts.append(f'<img class="{cls}" data-frame="{k}" alt="frame {k}" src="{thumbnail_uri(im)}">')
     parts.append("</div>")
     if alignment:
-        flagged = set(row.get("hallucination.flagged") or [])
         parts.append(f'<div class="caption">{token_spans(alignment, flagged, lo, hi)}</div>')
     else:
         parts.append(f'<div class="caption">{html.escape(row.get("caption", ""))}</div>')
+    references = row.get("references") or []
+    if references:
+        items = "".join(f"<li>{html.escape(str(r))}</li>" for r in references)
+        parts.append(f'<div class="refs">references:<ul class="references">{items}</ul></div>')
     if row.get("errors"):
         for metric, reason in row["errors"].items():
             parts.append(f'<div class="error">{html.escape(metric)}: {html.escape(str(reason))}</div>')
-    parts.append(score_table(row))
+    parts.append(score_table(row, metrics))
     parts.append("</div>")
     return "".join(parts)
 
 
-def render_report(rows: Iterable[dict], out: str | Path, frames: int | None = 10, title: str = "capreward report") -> Path:
-    """Write the HTML page for ``rows`` to ``out``; returns its path."""
+def render_report(rows: Iterable[dict], out: str | Path, frames: int | None = 10, title: str = "capreward report",
+                  progress: bool = False) -> Path:
+    """Write the HTML page for ``rows`` to ``out`` (summary, histograms, sort and filter controls, one
+    section per row in the given order); returns its path. ``progress``: a bar on stderr while the
+    samples' frames are decoded."""
+    from tqdm import tqdm
+
     rows = list(rows)
+    metrics = headline_metrics(rows)
     sims = [s for r in rows if r.get("alignment") for s in r["alignment"]["similarity"]]
     lo, hi = (min(sims), max(sims)) if sims else (0.0, 1.0)
-    body = "".join(sample_section(r, frames, lo, hi) for r in rows)
+    samples = [sample_section(r, k, metrics, frames, lo, hi)
+               for k, r in enumerate(tqdm(rows, desc="report", unit="row", file=sys.stderr, disable=not progress))]
     page = (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>"
-        f"<p>{len(rows)} samples. Token colour: best visual similarity (red low, green high); "
+        f"{summary_section(rows, metrics)}"
+        f"<h2>Samples</h2><p>{len(rows)} samples. Token colour: best visual similarity (red low, green high); "
         f"superscript: index of the best frame; outlined: flagged by the hallucination penalty.</p>"
-        f"{body}</body></html>"
+        f"{controls_section(metrics, len(rows))}"
+        f'<div id="samples">{"".join(samples)}</div>'
+        f"<script>{SCRIPT}</script></body></html>"
     )
     out = Path(out)
     out.write_text(page, encoding="utf-8")

@@ -1,0 +1,83 @@
+"""What every ``capreward`` sub-command shares: the help formatter, ``--device``, user errors."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+#: What to try when a model is missing, per flag (the tiny local models in capreward.testing).
+MODEL_HINTS = {
+    "--clip-model": (
+        "pass --clip-model PATH (an OpenAI-format .pt file, ARCH//open_clip_checkpoint.pt or an open_clip folder); "
+        "to try things out without weights: python -c \"from capreward.testing import save_tiny_clip_openai; "
+        "save_tiny_clip_openai('tiny_clip.pt')\" then --clip-model tiny_clip.pt"
+    ),
+    "--pac-model": "pass --pac-model PATH (the PAC-S checkpoint, e.g. clip_ViT-B-32.pth)",
+    "--judge-model": (
+        "pass --judge-model DIR (a folder written by save_pretrained or `hf download --local-dir`); "
+        "to try things out without weights: python -c \"from capreward.testing import tiny_judge_dir; "
+        "print(tiny_judge_dir())\" (trains a tiny LLaVA judge in about a minute) and pass the printed folder"
+    ),
+}
+
+
+class CLIError(Exception):
+    """A mistake in the command's input; printed as one line, exit status 2."""
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every option's help ends with its default, unless the help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (not action.option_strings or action.required or action.default is argparse.SUPPRESS
+                or "default" in text.lower()):
+            return text
+        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+            default = "on" if action.default else "off"
+        elif action.default is None:
+            default = "none"
+        else:
+            default = "%(default)s"
+        return f"{text} (default: {default})".strip()
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` → ``cuda`` when a GPU is visible, else ``cpu``; anything else unchanged."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def add_device_option(parser: argparse.ArgumentParser) -> None:
+    """The one ``--device`` option of every sub-command that runs a model."""
+    parser.add_argument("--device", default="auto",
+                        help="torch device: auto (cuda when a GPU is visible, else cpu), cpu, cuda, cuda:1, ...")
+
+
+def plain_text(doc: str) -> str:
+    """A docstring made readable on a terminal: no reStructuredText markup."""
+    doc = re.sub(r":(?:class|func|data|meth|attr|mod):`~?([^`]+)`", r"\1", doc)
+    return doc.replace("``", "")
+
+
+def metric_name(name: str) -> str:
+    """A metric or reward name in its one spelling: lower case, underscores (``clip-s`` → ``clip_s``),
+    the same as the fields it writes and the Python API."""
+    return name.strip().lower().replace("-", "_")
+
+
+def metric_list(choices: tuple[str, ...]):
+    """An argparse ``type`` for a comma-separated list of metric names, each checked against ``choices``."""
+
+    def parse(text: str) -> list[str]:
+        names = [metric_name(m) for m in text.split(",") if m.strip()]
+        unknown = [m for m in names if m not in choices]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(
+                f"invalid metric {', '.join(map(repr, unknown)) or 'list'} (choose from {', '.join(choices)})")
+        return names
+
+    return parse

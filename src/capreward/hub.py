@@ -1,0 +1,134 @@
+"""Hugging Face hub access for model loading: the local cache first, the network only when it answers.
+
+huggingface_hub retries an unreachable hub for about a minute per file before it gives up, so a
+missing model used to cost minutes of silence. :func:`load_cached_first` instead loads from the cache
+with downloads forbidden, and only when that fails and downloads are possible (``HF_HUB_OFFLINE`` unset
+and the hub answering one bounded probe, :func:`hub_reachable`) loads again with downloads allowed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import urllib.error
+import urllib.request
+from typing import Callable, Iterator, TypeVar
+
+T = TypeVar("T")
+
+#: Seconds the reachability probe may take in all (name resolution included).
+PROBE_TIMEOUT = 3.0
+
+_offline_lock = threading.RLock()
+_probe_results: dict[str, bool] = {}
+
+
+class ModelNotAvailable(OSError):
+    """A model is neither in the local cache nor downloadable now; ``reason`` says why in a few words."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+def offline_by_env() -> bool:
+    """True when ``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE`` forbids downloads (as huggingface_hub reads them)."""
+    from huggingface_hub import constants
+
+    flags = (os.environ.get("HF_HUB_OFFLINE"), os.environ.get("TRANSFORMERS_OFFLINE"))
+    return bool(constants.HF_HUB_OFFLINE) or any(f and f.strip().upper() in {"1", "ON", "YES", "TRUE"} for f in flags)
+
+
+def hub_endpoint() -> str:
+    """The hub's base URL (``HF_ENDPOINT`` or https://huggingface.co)."""
+    return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+
+
+def _probe(url: str, timeout: float, answer: list[bool]) -> None:
+    try:
+        request = urllib.request.Request(url, method="HEAD")
+        with urllib.request.urlopen(request, timeout=timeout):
+            answer.append(True)
+    except urllib.error.HTTPError:
+        answer.append(True)  # the hub answered, even if not with 200
+    except Exception:
+        answer.append(False)
+
+
+def hub_reachable(timeout: float = PROBE_TIMEOUT) -> bool:
+    """Whether the hub answers one HEAD request within ``timeout`` seconds in all (a hanging name lookup
+    included: the probe runs in a daemon thread that is abandoned at the deadline). Proxies from the
+    environment are honoured. The answer is remembered for the process."""
+    url = hub_endpoint()
+    if url not in _probe_results:
+        answer: list[bool] = []
+        thread = threading.Thread(target=_probe, args=(url, timeout, answer), daemon=True, name="hub-probe")
+        thread.start()
+        thread.join(timeout)
+        _probe_results[url] = bool(answer and answer[0])
+    return _probe_results[url]
+
+
+def download_blocker() -> str | None:
+    """None when a download may be tried; otherwise why not, in a few words."""
+    if offline_by_env():
+        return "HF_HUB_OFFLINE is set"
+    if not hub_reachable():
+        return f"the hub ({hub_endpoint()}) is unreachable"
+    return None
+
+
+class _DropRecordsFrom(logging.Filter):
+    def __init__(self, package: str):
+        super().__init__()
+        self.marker = os.sep + package + os.sep
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.marker not in record.pathname
+
+
+@contextlib.contextmanager
+def quiet_root_logging(*packages: str) -> Iterator[None]:
+    """Within the block, records that modules of ``packages`` log on the root logger are dropped (open_clip
+    logs its failures there before raising them; the caller reports the failure once)."""
+    root = logging.getLogger()
+    filters = [_DropRecordsFrom(p) for p in packages]
+    for f in filters:
+        root.addFilter(f)
+    try:
+        yield
+    finally:
+        for f in filters:
+            root.removeFilter(f)
+
+
+@contextlib.contextmanager
+def cache_only() -> Iterator[None]:
+    """Within the block huggingface_hub (and so open_clip and transformers) reads the local cache only and
+    fails at once on a missing file."""
+    from huggingface_hub import constants
+
+    with _offline_lock:
+        before = constants.HF_HUB_OFFLINE
+        constants.HF_HUB_OFFLINE = True
+        try:
+            yield
+        finally:
+            constants.HF_HUB_OFFLINE = before
+
+
+def load_cached_first(load: Callable[[bool], T], what: str, failures: tuple[type[BaseException], ...] = (Exception,)) -> T:
+    """``load(local_only=True)``; if that raises one of ``failures`` and a download is possible,
+    ``load(local_only=False)``. ``load`` must honour its argument (e.g. ``local_files_only`` or
+    :func:`cache_only`). Raises :class:`ModelNotAvailable` naming ``what`` when the model is not cached and
+    cannot be downloaded now; any other failure propagates."""
+    try:
+        return load(True)
+    except failures as exc:
+        blocker = download_blocker()
+        if blocker is None:
+            return load(False)
+        raise ModelNotAvailable(f"{what} is not in the local cache and cannot be downloaded ({blocker})",
+                                reason=blocker) from exc
