@@ -203,6 +203,14 @@ def test_default_judge_offline_fails_with_one_line_and_no_network(tmp_path, mani
     assert fake_hub.requests == []
 
 
+def test_serve_with_a_missing_model_fails_at_start_not_after_ready(tmp_path):
+    for reward in ("clip_s", "composite"):
+        proc = run_cli("serve", "--reward", reward, "--clip-model", tmp_path / "nope.pt", "--port", "0",
+                       "--allow-any-path", "--no-progress", cwd=tmp_path)
+        assert "ready" not in proc.stderr
+        assert_one_line_error(proc, "--clip-model", "does not exist", "nope.pt")
+
+
 def test_missing_judge_directory_names_the_flag(tmp_path, manifest):
     proc = run_cli("score", manifest, "--out", tmp_path / "x.jsonl", "--metrics", "fleur",
                    "--judge-model", tmp_path / "no-such-dir", "--no-progress", cwd=tmp_path)

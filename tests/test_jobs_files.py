@@ -151,6 +151,23 @@ def test_a_second_writer_is_refused_and_a_killed_holder_does_not_block(tmp_path,
     assert lock_path(out).read_text().strip() == str(rerun.pid)
 
 
+def test_explain_takes_the_same_writer_lock(tmp_path, media):
+    manifest = write_manifest(tmp_path / "m.jsonl", manifest_rows(media, 1))
+    out = tmp_path / "why.jsonl"
+    holder = lock_holder(out)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "capreward.cli.main", "explain", str(manifest), "--out", str(out),
+                               "--metric", "fleur", "--judge-model", str(tmp_path / "unused"), "--no-progress"],
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 2
+        [line] = proc.stderr.strip().splitlines()
+        assert str(out) in line and f"PID {holder.pid}" in line  # refused before any model is loaded
+        assert not out.exists()
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+
+
 def test_the_lock_is_held_while_scoring(tmp_path, media, tiny_clip_path, monkeypatch):
     """While a job writes, its lock is taken (checked from inside the job), and released after it."""
     import fcntl

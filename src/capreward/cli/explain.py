@@ -110,7 +110,15 @@ EXPLAINERS: dict[str, Callable[[argparse.Namespace], Explainer]] = {
 
 
 def explain_manifest(args: argparse.Namespace) -> dict:
-    """Explain every manifest row not yet in ``args.out``; returns counts {total, skipped, written, errors}."""
+    """Explain every manifest row not yet in ``args.out`` (holding the output's writer lock, as
+    ``capreward score`` does); returns counts {total, skipped, written, errors}."""
+    from ..jobs.output_lock import exclusive_output
+
+    with exclusive_output(args.out):
+        return _explain_rows(args)
+
+
+def _explain_rows(args: argparse.Namespace) -> dict:
     from tqdm import tqdm
 
     from ..jobs.results_file import ResultsWriter, read_results

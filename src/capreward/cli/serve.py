@@ -25,6 +25,9 @@ def run(args: argparse.Namespace) -> int:
         frames=None if args.frames == 0 else args.frames, w=args.w, composite=args.composite,
     )
     reward = build_reward(args.reward, options)
+    load_models = getattr(reward, "load_models", None)
+    if load_models is not None:
+        load_models()  # a missing model fails here, in one line, not on every request after "ready"
     limits = ServerLimits(max_body_bytes=args.max_body_bytes, max_items=args.max_items,
                           max_concurrent=args.max_concurrent, queue_timeout=args.queue_timeout,
                           read_timeout=args.read_timeout, max_connections=args.max_connections,

@@ -74,6 +74,7 @@ class ScoreOptions:
     alignment: bool = False  # store EMScore's token -> best-frame alignment per row (for reports)
 
     def __post_init__(self):
+        self.metrics = [m.strip().lower().replace("-", "_") for m in self.metrics]  # "clip-s" is "clip_s"
         unknown = [m for m in self.metrics if m not in METRICS]
         if unknown:
             raise ValueError(f"unknown metrics {unknown}; choose from {list(METRICS)}")

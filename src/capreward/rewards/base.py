@@ -110,6 +110,11 @@ class RewardFunction:
                     if not math.isnan(mean):
                         log_metric(f"rewards/{self.name}/{key}", mean)
 
+    def load_models(self) -> "RewardFunction":
+        """Load every model this reward uses now rather than on its first call (a server calls this before
+        it reports ready, so a missing model fails at start-up). Returns self."""
+        return self
+
     def as_async(self) -> "AsyncReward":
         """This reward as an ``async`` callable (TRL gathers async reward functions concurrently)."""
         return AsyncReward(self)
@@ -192,6 +197,10 @@ class CaptionReward(RewardFunction):
             if self._scorer is None:
                 self._scorer = self._build()
             return self._scorer
+
+    def load_models(self) -> "CaptionReward":
+        self.scorer  # noqa: B018 - building the scorer loads its models
+        return self
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()

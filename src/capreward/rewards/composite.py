@@ -72,6 +72,12 @@ class CompositeReward(RewardFunction):
         self.guards = guards
         self.on_none = on_none
 
+    def load_models(self) -> "CompositeReward":
+        for _, func, _ in self.components:
+            if isinstance(func, RewardFunction):
+                func.load_models()
+        return self
+
     def _component_output(self, func: Callable, prompts, completions, kwargs) -> RewardOutput:
         if isinstance(func, RewardFunction):
             return func.compute(prompts, completions, **kwargs)
