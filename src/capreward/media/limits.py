@@ -8,8 +8,8 @@ with a :class:`~capreward.media.MediaError` naming the item, before decoding the
 Defaults (see :class:`MediaLimits`):
 
 - ``max_pixels = 2**25`` (33.5 MP, e.g. 8192x4096): every photo a 12/24/33 MP camera writes, 8K video
-  frames (33.2 MP) and 5K scans fit; one decode then costs at most about 100 MB of RGB (about 230 MB at
-  the peak of a mode conversion). PIL's own guard warns at 89 MP and refuses only at 179 MP, where a
+  frames (33.2 MP) and 5K scans fit; one decode at the limit peaks at 257 MB (an 8192x4096 RGBA PNG,
+  161 MB greyscale, measured in a fresh process). PIL's own guard warns at 89 MP and refuses only at 179 MP, where a
   single decode costs 0.5-1.9 GB. Larger JPEG and JPEG 2000 files are not refused: they are decoded at a
   reduced scale (1/2, 1/4 or 1/8, by the codec, so the full-size pixels never exist) that fits the
   limit. Formats without reduced decoding (PNG, WebP, TIFF, GIF...) above the limit are refused.
