@@ -192,3 +192,16 @@ def test_video_limits(tmp_path):
 def test_video_frames_in_any_mode(tmp_path):
     frames = [Image.fromarray(GREY.astype(np.uint16) * 257) for _ in range(3)]
     assert np.array_equal(load_video(frames, frames=None), np.stack([_grey_rgb()] * 3))
+
+
+def test_a_broken_lazily_opened_image_is_a_media_error_everywhere(tmp_path, tiny_backbone):
+    """A truncated file opened with Image.open decodes only when used: keying it must not raise, and
+    loading it raises MediaError naming the item (not PIL's OSError)."""
+    from capreward.media import media_key
+
+    full = _save(Image.fromarray(RGB), tmp_path / "full.png")
+    (tmp_path / "cut.png").write_bytes(full.read_bytes()[:200])
+    lazy = Image.open(tmp_path / "cut.png")
+    assert media_key(lazy) is None
+    with pytest.raises(MediaError, match=r"item 0 \(PngImageFile '.*cut.png'\): cannot read image"):
+        tiny_backbone.visual_embeddings([lazy], kind="image")

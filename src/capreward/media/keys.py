@@ -45,24 +45,35 @@ def media_key(item: Any, explicit_id: str | None = None) -> str | None:
     if isinstance(item, Image.Image):
         if item.width * item.height > get_media_limits().max_pixels:
             return None  # never decode an over-large image just to key it; loading it raises
-        if item.mode != "RGB":  # alpha, palette and 16-bit samples change the score: key the raw data
-            palette = item.getpalette() or []
-            h = hashlib.blake2b(item.tobytes(), digest_size=16)
-            h.update(bytes(str((palette, item.info.get("transparency"))), "utf-8"))
-            return f"image:{item.mode}:{item.size}:{h.hexdigest()}"
-        array = np.ascontiguousarray(np.asarray(item))
+        try:  # a lazily opened file decodes here: a broken one gets no key, and loading it raises
+            if item.mode != "RGB":  # alpha, palette and 16-bit samples change the score: key the raw data
+                palette = item.getpalette() or []
+                h = hashlib.blake2b(item.tobytes(), digest_size=16)
+                h.update(bytes(str((palette, item.info.get("transparency"))), "utf-8"))
+                return f"image:{item.mode}:{item.size}:{h.hexdigest()}"
+            array = np.ascontiguousarray(np.asarray(item))
+        except Exception:
+            return None
         return f"array:{array.dtype}:{array.shape}:{hash_bytes(array.data)}"
     if isinstance(item, (list, tuple)) and item and all(isinstance(f, (Image.Image, np.ndarray)) for f in item):
-        h = hashlib.blake2b(digest_size=16)
-        for frame in item:
-            if isinstance(frame, Image.Image) and frame.width * frame.height > get_media_limits().max_pixels:
-                return None
-            if isinstance(frame, Image.Image):
-                h.update(f"{frame.mode}:{frame.size}:{frame.getpalette()}".encode())
-                h.update(frame.tobytes())
-            else:
-                a = np.ascontiguousarray(frame)
-                h.update(str(a.shape).encode())
-                h.update(a.data)
-        return f"frames:{len(item)}:{h.hexdigest()}"
+        try:
+            return _frames_key(item)
+        except Exception:  # a broken lazily opened frame: no key; loading it raises MediaError
+            return None
     return None
+
+
+def _frames_key(frames: list | tuple) -> str | None:
+    """Content key of a list of PIL frames / uint8 arrays (None if a frame is over ``max_pixels``)."""
+    h = hashlib.blake2b(digest_size=16)
+    for frame in frames:
+        if isinstance(frame, Image.Image):
+            if frame.width * frame.height > get_media_limits().max_pixels:
+                return None
+            h.update(f"{frame.mode}:{frame.size}:{frame.getpalette()}".encode())
+            h.update(frame.tobytes())
+        else:
+            a = np.ascontiguousarray(frame)
+            h.update(str(a.shape).encode())
+            h.update(a.data)
+    return f"frames:{len(frames)}:{h.hexdigest()}"
