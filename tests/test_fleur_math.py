@@ -21,6 +21,7 @@ from capreward.metrics.fleur import (
     fleur_from_digit_probs,
     parse_fleur_answer,
     raw_scores,
+    release_token_search,
 )
 
 
@@ -283,3 +284,63 @@ def test_two_turn_conversation():
         llava_v1_conversation([("Q1", None), ("Q2", None)])
     with pytest.raises(ValueError):
         llava_v1_conversation([])
+
+
+# ------------------------------------------------------------- second decimal: ours vs the release's
+def _step_logits(probs: dict[int, float], vocab: int = 12) -> torch.Tensor:
+    """Logits over a 12-token vocabulary (digit d is token d) whose softmax puts ``probs`` on the digits
+    and (almost) nothing elsewhere."""
+    logits = torch.full((vocab,), -1e4, dtype=torch.float64)
+    for d, p in probs.items():
+        logits[d] = math.log(p)
+    return logits
+
+
+def test_second_decimal_of_0_255_ours_and_the_releases():
+    # "0.255" written LLaMA-style: steps 0 "▁", 1 "0", 2 ".", 3 "2", 4 "5" (second decimal), 5 "5" (third).
+    text, char_steps = llama_like("0.255")
+    tokens = [10, 0, 11, 2, 5, 5]
+    logits = {
+        3: _step_logits({2: 0.6, 3: 0.3, 1: 0.1}),  # E = 2.2
+        4: _step_logits({5: 0.5, 4: 0.5}),  # E = 4.5: the step that wrote the second decimal
+        5: _step_logits({5: 0.9, 6: 0.1}),  # E = 5.1: the third decimal
+    }
+    ours = check_digit_tokens(parse_fleur_answer(text, char_steps), tokens, list(range(10)))
+    digit_of = [t if t < 10 else None for t in tokens]
+    released = release_token_search(ours, digit_of)
+    assert ours.rule == released.rule == TWO_DECIMALS and ours.digits == released.digits == (2, 5)
+    assert ours.steps == (3, 4)  # the step that wrote "5" after "2"
+    assert released.steps == (3, 5)  # the second occurrence of the token "5": the third decimal
+
+    def score(reading):
+        probs = digit_probabilities(torch.stack([logits[t] for t in reading.steps]), list(range(10)))
+        return float(fleur_from_digit_probs(probs.unsqueeze(0), [reading.rule])[0])
+
+    assert score(ours) == pytest.approx(0.1 * 2.2 + 0.01 * 4.5, abs=1e-9)  # 0.265
+    assert score(released) == pytest.approx(0.1 * 2.2 + 0.01 * 5.1, abs=1e-9)  # 0.271
+
+
+@pytest.mark.parametrize(
+    "answer, tokens, steps",
+    [
+        ("0.0", [10, 0, 11, 0], (3,)),  # a repeated 0 as first decimal: its second occurrence
+        ("0.85", [10, 0, 11, 8, 5], (3, 4)),
+        ("0.88", [10, 0, 11, 8, 8], (3, 4)),  # first decimal: first "8"; second decimal: second "8"
+        ("0.05", [10, 0, 11, 0, 5], (3, 4)),
+        ("1.0", [10, 1, 11, 0], (1,)),
+    ],
+)
+def test_release_search_agrees_with_ours_on_ordinary_answers(answer, tokens, steps):
+    text, char_steps = llama_like(answer)
+    ours = check_digit_tokens(parse_fleur_answer(text, char_steps), tokens, list(range(10)))
+    released = release_token_search(ours, [t if t < 10 else None for t in tokens])
+    assert ours.steps == released.steps == steps
+
+
+def test_release_search_fails_where_the_release_cannot_index():
+    # "1.0" with a second token "1" in the answer: the release indexes its scores with two positions
+    reading = FleurReading(value=1.0, rule=ONE, steps=(1,), digits=(1,))
+    failed = release_token_search(reading, [None, 1, None, 0, None, 1])
+    assert not failed.ok and "occurs 2 times" in failed.error
+    missing = release_token_search(FleurReading(value=0.5, rule=ONE_DECIMAL, steps=(3,), digits=(5,)), [None, 0, None])
+    assert not missing.ok and "no token for the digit 5" in missing.error

@@ -113,8 +113,10 @@ def samples():
     return captions, images, references
 
 
-def remote(server, k: int) -> RemoteFLEUR:
-    return RemoteFLEUR(OpenAIJudge(server.base_url, "tiny-judge", api_key_env=None, timeout=60), top_logprobs=k)
+def remote(server, k: int, **options) -> RemoteFLEUR:
+    # max_tokens=None: the tiny judge's 512-position context cannot hold a prompt plus the release's 512
+    judge = OpenAIJudge(server.base_url, "tiny-judge", api_key_env=None, timeout=60)
+    return RemoteFLEUR(judge, top_logprobs=k, max_tokens=options.pop("max_tokens", None), **options)
 
 
 @pytest.mark.parametrize("with_references", [False, True], ids=["FLEUR", "RefFLEUR"])
@@ -163,3 +165,59 @@ def test_async_scoring_and_explanations_match_local(server, fleur, samples):  # 
     scores = [0.5, 0.25, 1.0, 0.0]
     explained = scorer.explain(captions[:4], images[:4], scores=scores)
     assert [r.text for r in explained] == fleur.explain(captions[:4], images[:4], scores=scores, max_new_tokens=24)
+
+
+# ----------------------------------------------------------------- what the server receives (release)
+def _received_image(body):
+    import base64
+    import io
+
+    from PIL import Image
+
+    parts = [p for p in body["messages"][0]["content"] if p["type"] == "image_url"]
+    assert len(parts) == 1
+    data = parts[0]["image_url"]["url"].split(";base64,", 1)[1]
+    return Image.open(io.BytesIO(base64.b64decode(data))).convert("RGB")
+
+
+def test_images_are_padded_to_a_square_in_the_mean_colour_as_released(server, samples):
+    import numpy as np
+
+    captions, images, _ = samples
+    original = images[0]
+    width, height = original.size
+    assert width != height
+    server.control(reset=True)
+    remote(server, 20).score(captions[:1], images[:1])
+    sent = _received_image(server.requests()[-1])
+    side = max(width, height)
+    assert sent.size == (side, side)
+    pixels = np.asarray(sent)
+    left, top = (side - width) // 2, (side - height) // 2
+    # LLaVA-1.5's expand2square: CLIP's mean, truncated to 0-255 (122, 116, 104), around the centred image
+    assert (pixels[:top] == (122, 116, 104)).all() and (pixels[top + height :] == (122, 116, 104)).all()
+    assert (pixels[:, :left] == (122, 116, 104)).all() and (pixels[:, left + width :] == (122, 116, 104)).all()
+    assert np.array_equal(pixels[top : top + height, left : left + width], np.asarray(original.convert("RGB")))
+    server.control(reset=True)
+    remote(server, 20, pad_to_square=False).score(captions[:1], images[:1])
+    assert _received_image(server.requests()[-1]).size == (width, height)
+
+
+def test_llava_v1_template_makes_the_server_render_the_released_prompt(server, fleur, samples):  # noqa: F811
+    from capreward.judges.prompts import LLAVA_V1_CHAT_TEMPLATE, render_chat_template
+
+    captions, images, references = samples
+    server.control(reset=True)
+    got = remote(server, 20, llava_v1_template=True).score(captions[:4], images[:4], references[:4])
+    bodies = server.requests()
+    assert len(bodies) == 4 and all(b["chat_template"] == LLAVA_V1_CHAT_TEMPLATE for b in bodies)
+    # rendered as vLLM renders a request's template: the released conversation, BOS first
+    by_caption = {b["messages"][0]["content"][-1]["text"]: b for b in bodies}
+    for caption, refs, prompt in zip(captions[:4], references[:4], fleur.prompts(captions[:4], references[:4])):
+        from capreward.judges.prompts import fleur_prompt
+
+        body = by_caption[fleur_prompt(caption, refs)]
+        assert render_chat_template(body["chat_template"], body["messages"]) == "<s>" + prompt
+    local = fleur.score(captions[:4], images[:4], references[:4])
+    assert got.raw == local.raw
+    torch.testing.assert_close(got.score, local.score, atol=1e-5, rtol=0, equal_nan=True)

@@ -350,7 +350,11 @@ def test_captions_of_one_image_share_one_prefix_pass(tiny_judge, colour_images):
     longest = max(len(p) for p in scorer.judge.encode_prompts(scorer.prompts(captions), n_image))
     assert suffix == (len(captions), longest - prefix[1])  # each caption's own tokens and the prompt's tail
     assert suffix[1] < 35
-    assert all(shape == (len(captions), 1) for shape in decode) and 3 <= len(decode) <= 9
+    # Decode steps run one token per live row; once at most half the rows are still writing, the ended
+    # ones are dropped (compaction), so the batch only shrinks. Short answers: a handful of steps.
+    rows = [shape[0] for shape in decode]
+    assert all(shape[1] == 1 for shape in decode) and 3 <= len(decode) <= 9, decode
+    assert rows[0] == len(captions) and rows == sorted(rows, reverse=True)
 
 
 def test_continuation_from_a_cached_state_equals_recomputation(fleur, colour_images):
@@ -673,3 +677,74 @@ def test_fixture_chat_template_renders_llava_v1(tiny_judge):
     ]
     rendered = processor.apply_chat_template(messages, add_generation_prompt=True)
     assert rendered == llava_v1_conversation([("Q1", "0.5"), ("Why? Tell me the reason.", None)])
+
+
+# ------------------------------------------------------------------ long answers (release: 512 tokens)
+LONG_ANSWER = "The caption accurately and clearly describes the image Score 0.85"
+
+
+def chain_judge(answer: str, soft: dict[str, dict[str, float]]):
+    """A tiny LLaVA built by hand (not trained) whose greedy answer to any FLEUR prompt is ``answer``.
+
+    Attention and MLP outputs are zeroed, so the logits at a position depend only on its own token (a
+    bigram model); the output head maps the prompt's last token (":" of "ASSISTANT:") to the answer's first
+    token, each answer token to the next and the last to ``</s>``. ``soft[a][b] = w`` adds ``w`` times the
+    winning logit to token b after token a, so digit distributions are soft. Returns (model, processor).
+    """
+    model, processor = build_tiny_llava(TinyLlavaSpec())
+    tok = processor.tokenizer
+    ids = tok(f"ASSISTANT: {answer}", add_special_tokens=False)["input_ids"][1:]  # ":" then the answer
+    chain = ids + [tok.eos_token_id]
+    assert len(set(chain)) == len(chain), "every token of the chain must be distinct"
+    lm = model.model.language_model
+    with torch.no_grad():
+        for layer in lm.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        normed = lm.norm(model.get_input_embeddings().weight)  # what the head sees for each token
+        head = torch.zeros_like(model.lm_head.weight)
+        for a, b in zip(chain[:-1], chain[1:]):
+            direction = normed[a] / normed[a].norm()
+            head[b] += 12.0 * direction
+            for other, w in soft.get(tok.convert_ids_to_tokens(a), {}).items():
+                head[tok.convert_tokens_to_ids(other)] += 12.0 * w * direction
+        model.lm_head.weight.copy_(head)
+    return model, processor
+
+
+def test_an_answer_longer_than_ten_tokens_is_scored_as_released(colour_images):
+    model, processor = chain_judge(LONG_ANSWER, {".": {"7": 0.8, "9": 0.7}, "8": {"4": 0.75, "6": 0.6}})
+    image, caption = colour_images["red"], "a red car"
+    released, text = reference_fleur(model, processor, image, caption, max_new_tokens=512)
+    assert text == LONG_ANSWER and len(processor.tokenizer(text)["input_ids"]) > 12 and 0.8 < released < 0.9
+    result = FLEUR((model, processor)).score([caption, caption], [image, colour_images["blue"]])
+    assert result.raw == [LONG_ANSWER] * 2 and result.error == [None, None] and result.rule == [TWO_DECIMALS] * 2
+    assert_same_scores(result.score[:1], [released])
+    # the old budget of 10 tokens cut this answer off: no score
+    short = FLEUR((model, processor), max_new_tokens=10).score([caption], [image])
+    assert torch.isnan(short.score[0]) and "did not end within max_new_tokens=10" in short.error[0]
+
+
+def test_one_long_answer_among_short_ones_scores_each_as_alone(fleur, colour_images):
+    """Rows that end early are dropped from the batch (compaction); every score equals its own run."""
+    captions = ["a red car", "a green ball", "a blue kite", "a photo of a kite", "a red car", "many blue balls"]
+    images = [colour_images[c] for c in ("red", "green", "blue", "yellow", "red", "blue")]
+    together = fleur.score(captions, images)
+    for i in range(len(captions)):
+        alone = fleur.score(captions[i : i + 1], images[i : i + 1])
+        assert alone.raw == together.raw[i : i + 1]
+        assert_same_scores(alone.score, together.score[i : i + 1])
+
+
+def test_release_digit_search_option_matches_the_released_computation(tiny_judge, colour_images):
+    model, processor = tiny_judge
+    scorer = FLEUR((model, processor), digit_search="release")
+    names = [n for n in FLEUR_PROBES]
+    captions = [FLEUR_PROBES[n][1] for n in names]
+    images = [colour_images[FLEUR_PROBES[n][0]] for n in names]
+    result = scorer.score(captions, images)
+    expected = [reference_fleur(model, processor, im, c) for c, im in zip(captions, images)]
+    assert result.raw == [text for _, text in expected]
+    assert_same_scores(result.score, [s for s, _ in expected])
+    with pytest.raises(ValueError, match="digit_search"):
+        FLEUR((model, processor), digit_search="first")

@@ -14,6 +14,7 @@ import json
 import math
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,13 @@ def collate(items: list[dict]) -> dict:
         "target": torch.stack([it["target"] for it in items]),
         "references": [it["references"] for it in items],
     }
+
+
+def collate_without_index(items: list[dict]) -> dict:
+    """Batches that do not say which dataset samples they hold."""
+    batch = collate(items)
+    del batch["index"]
+    return batch
 
 
 def features(video: torch.Tensor) -> torch.Tensor:
@@ -127,14 +135,15 @@ def make_callback(backbone=None, **kwargs) -> CaptionScoreCallback:
     return CaptionScoreCallback(metrics, **kwargs)
 
 
-def loaders(n_val: int = N_VAL, val_batch_size: int = 2):
+def loaders(n_val: int = N_VAL, val_batch_size: int = 2, index: bool = True):
     train = DataLoader(make_items(8, offset=50), batch_size=4, shuffle=True, collate_fn=collate)
-    val = DataLoader(make_items(n_val), batch_size=val_batch_size, shuffle=False, collate_fn=collate)
+    val = DataLoader(make_items(n_val), batch_size=val_batch_size, shuffle=False,
+                     collate_fn=collate if index else collate_without_index)
     return train, val
 
 
 def fit(root: Path, callbacks: list, epochs: int = 1, lr: float = 0.5, trainer_module=lp, module_cls=None,
-        val_batch_size: int = 2, **trainer_kwargs):
+        val_batch_size: int = 2, n_val: int = N_VAL, index: bool = True, **trainer_kwargs):
     """Fit the (seeded) tiny captioner on CPU; return (trainer, model)."""
     trainer_module.seed_everything(0, workers=True)
     kwargs = dict(
@@ -145,7 +154,7 @@ def fit(root: Path, callbacks: list, epochs: int = 1, lr: float = 0.5, trainer_m
     kwargs.update(trainer_kwargs)
     trainer = trainer_module.Trainer(callbacks=callbacks, **kwargs)
     model = (module_cls or TinyCaptioner)(lr=lr)
-    trainer.fit(model, *loaders(val_batch_size=val_batch_size))
+    trainer.fit(model, *loaders(n_val, val_batch_size=val_batch_size, index=index))
     return trainer, model
 
 
@@ -340,6 +349,57 @@ def test_ddp_two_processes_equal_one_process(tmp_path):
     assert {"val/emscore", "val/emscore.video.fine_p", "val/clip_s"} <= set(single["metrics"])
 
 
+N_PADDED = 13  # 2 processes: rank 0 gets samples 0, 2, ..., 12, rank 1 gets 1, 3, ..., 11 and a repeat of 0
+
+
+def ddp_run(tmp_path: Path, name: str, *args: str) -> dict:
+    out = tmp_path / f"{name}.json"
+    proc = subprocess.run(
+        [sys.executable, __file__, str(out), "--devices", "2", "--root", str(tmp_path / name), *args],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+def test_ddp_without_index_in_the_batch_reads_ids_from_the_sampler(tmp_path):
+    """13 samples on 2 gloo processes, batches without an "index": the callback reads each batch's dataset
+    indices from the loader's DistributedSampler, so the repeated sample 0 is counted once and every logged
+    value equals the 1-process run's (the exact mean over the 13 samples)."""
+    single = validation_run(tmp_path / "single", devices=1, n_val=N_PADDED, index=False)
+    ddp = ddp_run(tmp_path, "ddp", "--n-val", str(N_PADDED), "--no-index")
+    assert ddp["world_size"] == 2 and ddp["seen"] == N_PADDED + 1  # the sampler really did repeat a sample
+    assert [r["id"] for r in ddp["table"]] == list(range(N_PADDED))
+    assert [r["id"] for r in single["table"]] == [None] * N_PADDED  # one process: no sampler to read ids from
+    assert ddp["table"] == [{**r, "id": i} for i, r in enumerate(single["table"])]
+    assert ddp["metrics"] == single["metrics"]
+    scores = [r["emscore"] for r in single["table"]]
+    assert single["metrics"]["val/emscore"] == pytest.approx(sum(scores) / N_PADDED, abs=1e-6)
+    assert ddp["warnings"] == [] and single["warnings"] == []
+
+
+@pytest.mark.slow
+def test_ddp_metric_logged_by_the_module_ids_from_sample_ids_or_a_warning(tmp_path):
+    """The ``EMScoreMetric`` + ``self.log`` path on 13 samples and 2 processes: with
+    ``ids=sample_ids(self.trainer, batch_idx)`` the value is the 1-process mean over exactly 13 samples;
+    without ids the repeated sample 0 is counted twice (mean over 14, computed here from the 1-process
+    per-sample scores) and the metric itself warns, naming the count and the dataset's length."""
+    single = validation_run(tmp_path / "single", devices=1, n_val=N_PADDED, index=False, mode="metric")
+    ddp = ddp_run(tmp_path, "ddp", "--n-val", str(N_PADDED), "--no-index", "--mode", "metric")
+    per_sample = single["per_sample"]
+    assert len(per_sample) == N_PADDED and single["warnings"] == []
+    exact = sum(per_sample) / N_PADDED
+    assert single["metrics"]["val/em_ids"] == pytest.approx(exact, abs=1e-6)
+    assert ddp["metrics"]["val/em_ids"] == single["metrics"]["val/em_ids"]
+    padded = (sum(per_sample) + per_sample[0]) / (N_PADDED + 1)
+    assert ddp["metrics"]["val/em_plain"] == pytest.approx(padded, abs=1e-6)
+    assert abs(ddp["metrics"]["val/em_plain"] - exact) > 1e-5
+    (warning,) = ddp["warnings"]
+    assert warning.startswith(f"em_plain: {N_PADDED + 1} samples counted for a dataset of {N_PADDED} on 2 processes")
+    assert "sample_ids" in warning
+
+
 # ------------------------------------------------------------------------- script entry point
 class _CountSeen(lp.Callback):
     """Counts validation samples this process saw (before deduplication)."""
@@ -348,31 +408,72 @@ class _CountSeen(lp.Callback):
         self.seen = 0
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
-        self.seen += len(batch["index"])
+        self.seen += len(batch["video"])
 
 
-def validation_run(root: Path, devices: int) -> dict:
-    """One epoch with a learning rate of 0 (weights stay at their seeded values), then validation."""
-    callback = make_callback(examples=0, table="jsonl")
+class MetricLoggingCaptioner(TinyCaptioner):
+    """The torchmetrics path without the callback: the module updates EMScoreMetrics and logs them itself,
+    ``em_ids`` with ``ids=sample_ids(self.trainer, batch_idx)``, ``em_plain`` without ids."""
+
+    def __init__(self, lr: float = 0.5, n_val: int = N_VAL):
+        super().__init__(lr=lr)  # the head first: building the backbone must not change its seeded weights
+        from capreward.callbacks import sample_ids
+
+        self._sample_ids = sample_ids
+        backbone = CLIPBackbone(tiny_clip_factory(0))
+        self.em_ids = EMScoreMetric(backbone=backbone, frames=FRAMES, dataset_size=n_val, name="em_ids")
+        self.em_plain = EMScoreMetric(backbone=backbone, frames=FRAMES, dataset_size=n_val, name="em_plain")
+        self.em_per_sample = EMScoreMetric(backbone=backbone, frames=FRAMES, per_sample=True)
+
+    def validation_step(self, batch, batch_idx):
+        captions = self.generate(batch["video"])
+        ids = self._sample_ids(self.trainer, batch_idx)
+        self.em_ids.update(captions, batch["video"], batch["references"], ids=ids)
+        self.em_plain.update(captions, batch["video"], batch["references"])
+        self.em_per_sample.update(captions, batch["video"], batch["references"])
+        self.log("val/em_ids", self.em_ids)
+        self.log("val/em_plain", self.em_plain)
+
+
+def validation_run(root: Path, devices: int, n_val: int = N_VAL, index: bool = True, mode: str = "callback") -> dict:
+    """One epoch with a learning rate of 0 (weights stay at their seeded values), then validation.
+
+    ``mode``: "callback" (CaptionScoreCallback scores the returned captions) or "metric" (the module logs
+    its own metrics, see :class:`MetricLoggingCaptioner`). Warnings about the sample count are recorded.
+    """
     counter = _CountSeen()
+    if mode == "callback":
+        callback = make_callback(examples=0, table="jsonl")
+        callbacks, module_cls = [callback, counter], None
+    else:
+        callback = None
+        callbacks, module_cls = [counter], lambda lr: MetricLoggingCaptioner(lr=lr, n_val=n_val)
     strategy = "ddp" if devices > 1 else "auto"
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the same float reduction order in every process of both runs
     try:
-        trainer, _ = fit(root, [callback, counter], epochs=1, lr=0.0, devices=devices, strategy=strategy, val_batch_size=1)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer, model = fit(root, callbacks, epochs=1, lr=0.0, devices=devices, strategy=strategy, val_batch_size=1,
+                                 n_val=n_val, index=index, module_cls=module_cls)
     finally:
         torch.set_num_threads(threads)
     seen = torch.tensor(float(counter.seen))
     if trainer.world_size > 1:
         torch.distributed.all_reduce(seen)
-    return {
+    out = {
         "world_size": trainer.world_size,
         "seen": int(seen),
         "metrics": {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")},
-        "table": [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
-                  for r in callback.last_table],
+        "warnings": [str(w.message) for w in caught if "samples counted" in str(w.message)],
         "is_global_zero": trainer.is_global_zero,
     }
+    if callback is not None:
+        out["table"] = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
+                        for r in callback.last_table]
+    else:
+        out["per_sample"] = model.em_per_sample.compute()["per_sample/score"].tolist() if devices == 1 else None
+    return out
 
 
 def main() -> None:
@@ -380,8 +481,11 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--root", default=".")
+    parser.add_argument("--n-val", type=int, default=N_VAL)
+    parser.add_argument("--no-index", action="store_true", help="batches without the dataset index")
+    parser.add_argument("--mode", choices=("callback", "metric"), default="callback")
     args = parser.parse_args()
-    result = validation_run(Path(args.root), args.devices)
+    result = validation_run(Path(args.root), args.devices, args.n_val, not args.no_index, args.mode)
     if result.pop("is_global_zero"):
         Path(args.out).write_text(json.dumps(result))
 

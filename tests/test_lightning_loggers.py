@@ -141,6 +141,20 @@ def wandb_history(run_dir: Path) -> list[dict]:
     return rows
 
 
+def close_wandb(wandb) -> None:
+    """Finish the run and wait until its ``.wandb`` file is complete on disk.
+
+    ``wandb.finish()`` returns once the service has handled the run's exit record, then only *informs*
+    the service process that the run is finished (a one-way message). The service writes the
+    transaction log through a LevelDB-style writer that holds the current 32 KiB block in memory and
+    writes it when the stream closes, which it does after handling that message, on its own schedule.
+    ``wandb.teardown()`` asks the service to shut down and waits for its process to exit; the service
+    handles a connection's messages in order, so by then the run's stream is closed and the file complete.
+    """
+    wandb.finish()
+    wandb.teardown()
+
+
 def test_wandb_offline_table_at_each_validation_step(tmp_path, monkeypatch):
     wandb = pytest.importorskip("wandb")
     from lightning.pytorch.loggers import WandbLogger
@@ -155,7 +169,7 @@ def test_wandb_offline_table_at_each_validation_step(tmp_path, monkeypatch):
         _, _, _, epochs = fit_with(tmp_path, logger)
         files = Path(logger.experiment.dir)
     finally:
-        wandb.finish()
+        close_wandb(wandb)
     history = wandb_history(files.parent)
     tables_logged = [h for h in history if "val/captions/path" in h]
 

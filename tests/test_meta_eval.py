@@ -229,13 +229,141 @@ def test_msvd_reader_means_annotators_and_protocol_per_dimension(tmp_path):
     metric = [rng.random() for _ in range(12)]
     scores = write_jsonl(tmp_path / "s.jsonl", [{"video": f"/v/clip{v}_1_2.mp4", "caption": f"caption  {v}", "score": m}
                                                  for v, m in enumerate(metric)])
-    res = meta_evaluate("msvd-eval", path, scores)
-    assert res.n_matched == 12
+    res = meta_evaluate("msvd-eval", path, scores, protocol="annotator-mean")
+    assert res.n_matched == 12 and res.details["protocol"] == "annotator-mean"
     for d, name in enumerate(["accuracy", "completeness", "conciseness", "relevance", "overall"]):
         h = [row[d] for row in human]
         assert res.details["dimensions"][name]["tau_b"] == pytest.approx(100 * tau_b_ref(metric, h))
         assert res.details["dimensions"][name]["tau_c"] == pytest.approx(100 * tau_c_ref(metric, h))
     assert res.measures["tau_b"] == res.details["dimensions"]["overall"]["tau_b"]
+
+
+def msvd_file(tmp_path: Path, n: int = 10, seed: int = 5):
+    """MSVD-Eval judgments of ``n`` candidates by two annotators, in the released layout, and the raw
+    annotator arrays [candidate, annotator, dimension] (accuracy, completeness, conciseness, relevance, overall)."""
+    rng = np.random.default_rng(seed)
+    human = rng.integers(1, 6, size=(n, 2, 5)).astype(float)
+    data = {f"vid{v}": {"vname": f"clip{v}.avi", "ref": ["r"], "candidate": f"caption {v}",
+                        "human_score": human[v].tolist()} for v in range(n)}
+    return write_json(tmp_path / "msvd.json", data), human
+
+
+def test_msvd_default_protocol_stacks_annotator_rows_like_the_release(tmp_path):
+    """G-VEval's correlation.py: one row per (candidate, annotator); a scalar metric is repeated on both
+    rows; ACCR scores go dimension by dimension against the matching human dimension, the main score
+    against 'overall'. Reference values: scipy's kendalltau on arrays stacked here by hand."""
+    from scipy.stats import kendalltau
+
+    path, human = msvd_file(tmp_path)
+    n = human.shape[0]
+    rng = np.random.default_rng(7)
+    accr = rng.integers(0, 101, size=(n, 4)).astype(float)
+    main = accr.mean(axis=1)
+    rows = [{"video": f"clip{v}.mp4", "caption": f"caption {v}", "gveval": main[v],
+             **{f"gveval.{d}": accr[v, k] for k, d in enumerate(["accuracy", "completeness", "conciseness", "relevance"])}}
+            for v in range(n)]
+    scores = write_jsonl(tmp_path / "s.jsonl", rows)
+    res = meta_evaluate("msvd-eval", path, scores)
+    assert res.details["protocol"] == "per-annotator" and res.details["rows"] == 2 * n and res.n_matched == n
+    stacked_human = human.reshape(2 * n, 5)  # candidate 0 annotator 0, candidate 0 annotator 1, ...
+    stacked_metric = np.repeat(np.column_stack([accr, main]), 2, axis=0)
+    for k, d in enumerate(["accuracy", "completeness", "conciseness", "relevance", "overall"]):
+        for variant in ("b", "c"):
+            want = 100 * kendalltau(stacked_metric[:, k], stacked_human[:, k], variant=variant).statistic
+            assert res.details["dimensions"][d][f"tau_{variant}"] == pytest.approx(want)
+    assert res.details["metric_column"]["accuracy"] == "score.accuracy"
+    assert res.measures == {"tau_b": res.details["dimensions"]["overall"]["tau_b"],
+                            "tau_c": res.details["dimensions"]["overall"]["tau_c"]}
+
+    # The named variant: one row per candidate against the annotators' mean (the ACCR parts still match).
+    mean = meta_evaluate("msvd-eval", path, scores, protocol="annotator-mean")
+    assert mean.details["protocol"] == "annotator-mean" and mean.details["rows"] == n
+    for k, d in enumerate(["accuracy", "overall"]):
+        col = k if d == "accuracy" else 4
+        metric = accr[:, 0] if d == "accuracy" else main
+        want = 100 * kendalltau(metric, human[:, :, col].mean(axis=1), variant="b").statistic
+        assert mean.details["dimensions"][d]["tau_b"] == pytest.approx(want)
+    assert mean.measures["tau_b"] != pytest.approx(res.measures["tau_b"])  # the protocols really differ here
+
+    # A single score (no parts) goes against every human dimension, stacked.
+    single = write_jsonl(tmp_path / "one.jsonl", [{"video": f"clip{v}", "caption": f"caption {v}", "score": main[v]}
+                                                   for v in range(n)])
+    res1 = meta_evaluate("msvd-eval", path, single)
+    want = 100 * kendalltau(np.repeat(main, 2), stacked_human[:, 0], variant="b").statistic
+    assert res1.details["dimensions"]["accuracy"]["tau_b"] == pytest.approx(want)
+    assert res1.details["metric_column"]["accuracy"] == "score"
+    with pytest.raises(ValueError, match="per-candidate"):
+        meta_evaluate("msvd-eval", path, single, protocol="per-candidate")
+
+
+def test_flickr8k_expert_per_candidate_protocol_averages_each_triple(tmp_path):
+    """G-VEval's variant: per image, ratings three at a time; a NaN in a triple drops it; an image whose
+    rating count is not a multiple of 3 is skipped entirely. Reference: scipy on means computed here."""
+    from scipy.stats import kendalltau
+
+    nan = float("nan")
+    images = {
+        "111_a": [("a dog runs", [4, 4, 3]), ("a cat", [1, 2, 1]), ("a red ball", [2, 3, 3])],
+        "222_b": [("two men talk", [3, 3, 4]), ("a tree", [1, nan, 2]), ("a bike", [2, 2, 1])],
+        "333_c": [("a boat", [4, 4, 4]), ("odd one", [1])],  # 4 ratings: skipped, as the release does
+        "444_d": [("a house", [1, 1, 2]), ("a child smiles", [4, 3, 4])],
+    }
+    data = {img: {"image_id": img, "image_path": f"Flickr8k_Dataset/{img}.jpg", "ground_truth": ["x"],
+                  "human_judgement": [{"image_id": img, "image_path": f"Flickr8k_Dataset/{img}.jpg", "caption": c,
+                                       "rating": r} for c, rs in caps for r in rs]} for img, caps in images.items()}
+    path = write_json(tmp_path / "flickr8k.json", data)
+    metric = {"a dog runs": 0.9, "a cat": 0.1, "a red ball": 0.3, "two men talk": 0.6, "a tree": 0.2, "a bike": 0.4,
+              "a boat": 0.8, "odd one": 0.5, "a house": 0.35, "a child smiles": 0.7}
+    image_of = {c: img for img, caps in images.items() for c, _ in caps}
+    scores = write_jsonl(tmp_path / "s.jsonl", [{"image": f"{image_of[c]}.jpg", "caption": c, "score": v}
+                                                 for c, v in metric.items() if c != "a bike"])
+    res = meta_evaluate("flickr8k-expert", path, scores, protocol="per-candidate")
+    kept = ["a dog runs", "a cat", "a red ball", "two men talk", "a house", "a child smiles"]  # "a bike" unscored
+    caps = {c: rs for img in images.values() for c, rs in img}
+    human = [sum(caps[c]) / 3 for c in kept]
+    m = [metric[c] for c in kept]
+    assert res.n_matched == 6 and res.n_unmatched == 1 and res.unmatched[0]["caption"] == "a bike"
+    assert res.details["nan_triples_dropped"] == 1 and res.details["images_skipped_not_multiple_of_3"] == 1
+    assert res.measures["tau_b"] == pytest.approx(100 * kendalltau(m, human, variant="b").statistic)
+    assert res.measures["tau_c"] == pytest.approx(100 * kendalltau(m, human, variant="c").statistic)
+    per_rating = meta_evaluate("flickr8k-expert", path, scores)  # the default is unchanged
+    assert per_rating.details["protocol"] == "per-rating" and per_rating.n_matched == 24  # 28 ratings, 1 NaN, 3 of the unscored caption
+
+
+def test_thumb_pearson_against_total_precision_and_recall(tmp_path):
+    from scipy.stats import pearsonr
+
+    rng = np.random.default_rng(11)
+    p, r = rng.uniform(1, 5, 8).round(1), rng.uniform(1, 5, 8).round(1)
+    rows = [{"image": f"COCO_val2014_{i:012d}.jpg", "hyp": f"cap {i}", "P": p[i], "R": r[i],
+             "human_score": (p[i] + r[i]) / 2 - 0.1 * (i % 2)} for i in range(8)]
+    path = write_jsonl(tmp_path / "thumb.jsonl", rows)
+    metric = rng.random(8)
+    scores = write_jsonl(tmp_path / "s.jsonl", [{"image": row["image"], "caption": row["hyp"], "score": m}
+                                                 for row, m in zip(rows, metric)])
+    res = meta_evaluate("thumb", path, scores)
+    assert res.measures["pearson"] == pytest.approx(100 * pearsonr(metric, [row["human_score"] for row in rows]).statistic)
+    assert res.measures["pearson_p"] == pytest.approx(100 * pearsonr(metric, p).statistic)
+    assert res.measures["pearson_r"] == pytest.approx(100 * pearsonr(metric, r).statistic)
+
+
+def test_composite_tau_b_per_dimension(tmp_path):
+    from scipy.stats import kendalltau
+
+    rng = np.random.default_rng(12)
+    n = 9
+    correct, thorough = rng.integers(1, 6, n), rng.integers(1, 6, n)
+    data = {f"img{i}": {"image_id": f"img{i}", "image_path": f"img{i}.jpg", "ground_truth": ["x"],
+                        "human_judgement": [{"image_id": f"img{i}", "image_path": f"img{i}.jpg", "caption": f"c {i}",
+                                             "rating": int(correct[i]), "correctness": int(correct[i]),
+                                             "thoroughness": int(thorough[i])}]} for i in range(n)}
+    path = write_json(tmp_path / "composite.json", data)
+    metric = rng.random(n)
+    scores = write_jsonl(tmp_path / "s.jsonl", [{"image": f"img{i}.jpg", "caption": f"c {i}", "score": metric[i]} for i in range(n)])
+    res = meta_evaluate("composite", path, scores)
+    assert res.measures["tau_c"] == pytest.approx(100 * kendalltau(metric, correct, variant="c").statistic)
+    assert res.measures["tau_b_correctness"] == pytest.approx(100 * kendalltau(metric, correct, variant="b").statistic)
+    assert res.measures["tau_b_thoroughness"] == pytest.approx(100 * kendalltau(metric, thorough, variant="b").statistic)
 
 
 def vatex_reference(metric, human):
@@ -334,6 +462,11 @@ def test_cli_choices_match_readers():
     from capreward.metaeval.readers import BENCHMARKS
 
     assert set(BENCHMARK_CHOICES) == set(BENCHMARKS)
+    from capreward.cli.meta_eval import PROTOCOL_CHOICES
+    from capreward.metaeval import PROTOCOLS
+
+    assert set(PROTOCOLS) == set(BENCHMARKS)
+    assert set(PROTOCOL_CHOICES) == {name for names in PROTOCOLS.values() for name in names}
 
 
 # ------------------------------------------------------------------ end to end on the shared files
@@ -445,6 +578,14 @@ def test_msvd_eval_shared_file_in_process(tmp_path, capsys):
     assert out["n_matched"] == len(data) and out["n_unmatched"] == 0
     assert out["tau_b"] > 50 and out["tau_c"] > 50
     assert set(out["details"]["dimensions"]) == {"accuracy", "completeness", "conciseness", "relevance", "overall"}
+    assert out["details"]["protocol"] == "per-annotator" and out["details"]["rows"] == 2 * len(data)
+    assert main(["meta-eval", "--benchmark", "msvd-eval", "--judgments", str(HJ / "msvd_eval.json"),
+                 "--scores", str(scores), "--json", "--protocol", "annotator-mean"]) == 0
+    mean = json.loads(capsys.readouterr().out)
+    assert mean["details"]["protocol"] == "annotator-mean" and mean["tau_b"] != out["tau_b"]
+    assert main(["meta-eval", "--benchmark", "msvd-eval", "--judgments", str(HJ / "msvd_eval.json"),
+                 "--scores", str(scores), "--protocol", "per-candidate"]) == 2
+    assert "no protocol 'per-candidate'" in capsys.readouterr().err
 
 
 def test_cli_reports_bad_judgments_file(tmp_path, capsys):

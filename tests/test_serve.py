@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -20,9 +17,11 @@ import pytest
 from PIL import Image
 
 from capreward.adapters.openrlhf import END_MARKERS, ServerLimits, completion_of, make_server, post_json
+from capreward.adapters.paths import REFUSED
 from capreward.rewards import CLIPScoreReward, EMScoreReward
 
 from conftest import random_video, write_mp4
+from serve_process import Server
 
 CAPTIONS = ["a man is cooking food in a kitchen", "a dog runs across the grass", "two people dance on a stage"]
 REFS = [["a person cooks dinner", "a chef prepares a meal"], ["a dog playing outside"], ["people dance"]]
@@ -36,41 +35,6 @@ def media(tmp_path_factory) -> Path:
         write_mp4(root / f"v{i}.mp4", random_video(60 + i, frames=12))
         Image.fromarray(random_video(70 + i, frames=1)[0]).save(root / f"i{i}.png")
     return root
-
-
-class Server:
-    """A ``capreward serve`` subprocess; ``url`` is read from its readiness line on stderr."""
-
-    def __init__(self, args: list[str], timeout: float = 180.0):
-        cmd = [sys.executable, "-m", "capreward.cli.main", "serve", "--host", "127.0.0.1", "--port", "0", *args]
-        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-        self.lines: list[str] = []
-        ready = threading.Event()
-        self.url = None
-
-        def read():
-            for line in self.proc.stderr:
-                self.lines.append(line)
-                m = re.search(r"ready on (http://127\.0\.0\.1:\d+)/get_reward", line)
-                if m:
-                    self.url = m.group(1)
-                    ready.set()
-            ready.set()
-
-        self.reader = threading.Thread(target=read, daemon=True)
-        self.reader.start()
-        if not ready.wait(timeout) or self.url is None:
-            self.proc.kill()
-            raise RuntimeError("server did not become ready:\n" + "".join(self.lines))
-
-    def post(self, payload, path="/get_reward"):
-        return post_json(self.url + path, payload, timeout=120)
-
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(timeout=60)
-        self.reader.join(timeout=10)
-        return code
 
 
 def query(caption: str, end: str = "") -> str:
@@ -96,14 +60,17 @@ def clip_server(tiny_clip_path, media):
 def em_server(tiny_clip_path, media, tmp_path_factory):
     corpus = tmp_path_factory.mktemp("idf") / "corpus.txt"
     corpus.write_text("\n".join(r for rs in REFS for r in rs) + "\n")
-    server = Server(["--reward", "emscore", "--clip-model", str(tiny_clip_path), "--idf", str(corpus)])
+    server = Server(["--reward", "emscore", "--clip-model", str(tiny_clip_path), "--idf", str(corpus),
+                     "--media-root", str(media)])
     yield server, corpus
     assert server.stop() == 0
 
 
 def test_health(clip_server):
     with urllib.request.urlopen(clip_server.url + "/health", timeout=30) as resp:
-        assert json.loads(resp.read()) == {"status": "ok", "reward": "clipscore"}
+        health = json.loads(resp.read())
+    assert health["status"] == "ok" and health["reward"] == "clipscore"
+    assert isinstance(health["batches"], int) and isinstance(health["samples"], int)
 
 
 def test_clip_s_rewards_equal_the_reward_called_directly(clip_server, tiny_clip_path, media):
@@ -160,7 +127,7 @@ def test_unscorable_samples_get_the_fallback_with_a_reason(clip_server, media, t
     })
     assert status == 200, body
     assert body["rewards"][:2] == [-1.0, -1.0]
-    assert "missing.png" in body["errors"][0] and "does not exist" in body["errors"][0]
+    assert body["errors"][0] == f"image: {REFUSED}"  # a missing file reads like any refused path
     assert "empty" in body["errors"][1]
     assert body["errors"][2] is None
     direct = CLIPScoreReward(model=str(tiny_clip_path))(None, [CAPTIONS[2]], image=[str(media / "i0.png")])
@@ -201,29 +168,49 @@ def test_oversized_body_gets_413_and_unknown_paths_404(clip_server):
     assert status == 200 and body["rewards"] == []
 
 
+class GatedReward:
+    """A TRL-style reward that blocks inside its call until ``gate`` is set (``entered`` tells that a
+    call is inside), and records the size of every call."""
+
+    __name__ = "gated"
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.calls: list[int] = []
+
+    def __call__(self, prompts, completions, **kwargs):
+        self.calls.append(len(completions))
+        self.entered.set()
+        assert self.gate.wait(120), "the test never opened the gate"
+        return self.inner(prompts, completions, **kwargs)
+
+
 def test_bounded_concurrency_503_and_graceful_close(tiny_clip_path, media):
-    """In process: with every slot taken, a request waits ``queue_timeout`` and is refused."""
-    server = make_server(CLIPScoreReward(model=str(tiny_clip_path)), "127.0.0.1", 0, media_root=str(media),
+    """In process: with the only worker held inside a slow scoring call, a request waits
+    ``queue_timeout`` for its batch and is refused; graceful close waits for the running batch."""
+    reward = GatedReward(CLIPScoreReward(model=str(tiny_clip_path)))
+    server = make_server(reward, "127.0.0.1", 0, media_root=str(media),
                          limits=ServerLimits(max_concurrent=1, queue_timeout=0.2))
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
         payload = {"query": [CAPTIONS[0]], "labels": [{"image": "i0.png"}]}
-        assert server.slots.acquire(timeout=1)
-        start = time.monotonic()
-        status, body = post_json(server.url + "/get_reward", payload)
-        assert status == 503 and "busy" in body["error"]
-        assert time.monotonic() - start >= 0.2
-        server.slots.release()
-        status, body = post_json(server.url + "/get_reward", payload)
-        assert status == 200 and len(body["rewards"]) == 1
-        # graceful close waits for requests being scored (a held slot) and reports a timeout
-        assert server.slots.acquire(timeout=1)
-        server.shutdown()
-        assert server.close_gracefully(timeout=0.2) is False
-        server.slots.release()
-        assert server.close_gracefully(timeout=1) is True
+        with ThreadPoolExecutor(1) as pool:
+            held = pool.submit(post_json, server.url + "/get_reward", payload)
+            assert reward.entered.wait(60)
+            start = time.monotonic()
+            status, body = post_json(server.url + "/get_reward", payload)
+            assert status == 503 and "busy" in body["error"]
+            assert time.monotonic() - start >= 0.2
+            server.shutdown()
+            assert server.close_gracefully(timeout=0.2) is False  # the held batch is still running
+            reward.gate.set()
+            assert held.result(timeout=120)[0] == 200
+        assert server.close_gracefully(timeout=60) is True
     finally:
+        reward.gate.set()
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
@@ -256,6 +243,6 @@ def test_composite_service_equals_the_composite_called_directly(tiny_clip_path, 
         (EMScoreReward(model=path), 1.0), (CLIPScoreReward(model=path), 0.5), (HallucinationPenalty(model=path), 2.0),
     ])(None, captions[:2], video=[str(media / "v0.mp4"), str(media / "v1.mp4")], references=[REFS[0], None])
     assert answer["rewards"][:2] == pytest.approx(direct, abs=1e-6)
-    assert answer["rewards"][2] == -3.0 and "nope.mp4" in answer["errors"][2]
+    assert answer["rewards"][2] == -3.0 and answer["errors"][2] == f"video: {REFUSED}"
     assert answer["extra_logs"]["guard/repetition"][1] < 0  # the repeated caption is penalised
     assert {"emscore", "clipscore", "hallucination"} <= set(answer["extra_logs"])

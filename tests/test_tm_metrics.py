@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import math
 import random
+import warnings
 
 import numpy as np
 import pytest
@@ -350,3 +351,38 @@ def test_fleur_metric_on_videos_uses_the_composite_and_logs_unscored_answers(fle
     assert float(metric.compute()["score"]) == pytest.approx(float(direct.score[:2].double().mean()), abs=1e-5)
     logged = [r.getMessage() for r in caplog.records if "gave no score" in r.getMessage()]
     assert len(logged) == 1 and "1 of 3" in logged[0] and direct.error[2] in logged[0]
+
+
+def test_dataset_size_warns_when_more_samples_were_counted(tiny_backbone, videos):
+    metric = EMScoreMetric(backbone=tiny_backbone, frames=FRAMES, dataset_size=3)
+    metric.update(CAPTIONS[:3], videos[:3])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # exactly the dataset: no warning
+        metric.compute()
+    metric.update(CAPTIONS[:1], videos[:1])
+    with pytest.warns(UserWarning, match="emscore: 4 samples counted for a dataset of 3; some samples were counted more"):
+        metric.compute()
+    with pytest.raises(ValueError, match="dataset_size"):
+        EMScoreMetric(backbone=tiny_backbone, dataset_size=0)
+
+
+def test_sampler_ids_follow_the_distributed_sampler_batch_by_batch():
+    """The indices read back for each batch are the ones the loader yields, the padding repeat included,
+    for an unshuffled and a shuffled (seeded, per-epoch) DistributedSampler; other samplers give None."""
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from capreward.callbacks.sampler_ids import loader_batch_ids
+
+    data = list(range(13))
+    for shuffle in (False, True):
+        sampler = DistributedSampler(data, num_replicas=2, rank=1, shuffle=shuffle, seed=3)
+        loader = DataLoader(data, batch_size=3, sampler=sampler)
+        for epoch in (0, 1):
+            sampler.set_epoch(epoch)
+            seen = [batch.tolist() for batch in loader]  # the dataset holds its own index: what the loader fed
+            assert [loader_batch_ids(loader, i) for i in range(len(seen))] == seen
+            assert loader_batch_ids(loader, len(seen)) is None
+        if not shuffle:  # rank 1's share of 13 samples: the odd ones and, to pad, a repeat of sample 0
+            assert sum(seen, []) == [1, 3, 5, 7, 9, 11, 0]
+    assert loader_batch_ids(DataLoader(data, batch_size=3, shuffle=True), 0) is None
+    assert loader_batch_ids(DataLoader(data, batch_size=3), 0) is None

@@ -63,7 +63,8 @@ def test_visce2_scores_and_formats(backend):
     assert r.score[0] == VISCE2_ANSWERS["green"] and r.error[0] is None
     assert r.score[1] == 100 and r.error[1] is None
     assert r.score[2] == 0 and "no integer" in r.error[2] and r.raw[2] == "no idea"
-    assert r.score[3] == 0 and "outside 0..100" in r.error[3] and r.raw[3] == "150"
+    # an integer above 100 is kept as the release keeps it, and flagged (a reward guards its own range)
+    assert r.score[3] == 150 and "outside 0..100" in r.error[3] and r.raw[3] == "150"
     assert r.score[4] == VISCE2_ANSWERS["green"]
     assert r.context == [context_answer(c) for c in colours]
     assert r.expected is None
@@ -123,3 +124,60 @@ def test_visce2_argument_errors(backend):
         v.score(["a", "b"], [probe_image("visce2", "red")])
     with pytest.raises(TypeError, match="candidate 0"):
         v.score([None], [probe_image("visce2", "red")])
+
+
+# ------------------------------------------------------------- what a server receives (the release)
+@pytest.fixture(scope="module")
+def echo_server(tmp_path_factory):
+    from capreward.testing.chat_server import ChatServer
+
+    with ChatServer("echo", model="echo-judge", log_path=tmp_path_factory.mktemp("visce2-echo") / "log") as server:
+        yield server
+
+
+def _echo_judge(server):
+    from capreward.judges.remote import OpenAIJudge
+
+    return OpenAIJudge(server.base_url, "echo-judge", api_key_env=None, max_retries=0)
+
+
+@pytest.mark.parametrize("variant", ["visce_2", "visce"])
+def test_visce2_requests_use_the_release_heads_prompt_and_budgets(echo_server, variant):
+    echo_server.control(reset=True)
+    image = probe_image("visce2", "green")
+    r = VisCE2(_echo_judge(echo_server), prompt=variant).score(["a green ball"], [image])
+    context_body, rating_body = echo_server.requests()
+    assert context_body["messages"][0]["content"][-1]["text"] == VISCE2_CONTEXT_PROMPT
+    context = "echo: " + VISCE2_CONTEXT_PROMPT  # what the echo server answered
+    assert rating_body["messages"][0]["content"][-1]["text"] == visce2_prompt("a green ball", context, variant)
+    for body in (context_body, rating_body):
+        assert body["max_tokens"] == 1024 and body["temperature"] == 0.0  # the release's budget, greedy
+    # the rating answer echoes the prompt: its first ASCII integer ("0" of "0 to 100" in the head's prompt,
+    # "1" of the context's "Object 1" in the earlier one) is the score, as the release reads it
+    import re
+
+    first = int(re.findall(r"[0-9]+", r.raw[0])[0])
+    assert first == (0 if variant == "visce_2" else 1)
+    assert r.context == [context] and r.score[0] == first and r.error[0] is None
+
+
+def test_visce2_released_preset_samples_at_temperature_0_2(echo_server):
+    echo_server.control(reset=True)
+    scorer = VisCE2.released(_echo_judge(echo_server))
+    scorer.score(["a green ball"], [probe_image("visce2", "green")])
+    bodies = echo_server.requests()
+    assert [(b["temperature"], b["max_tokens"]) for b in bodies] == [(0.2, 1024), (0.2, 1024)]
+    assert scorer.context_key("k") != VisCE2(_echo_judge(echo_server)).context_key("k")  # contexts not shared
+    with pytest.raises(ValueError, match="prompt"):
+        VisCE2(_echo_judge(echo_server), prompt="visce_3")
+
+
+def test_visce2_reward_guards_its_range(backend):
+    from capreward.rewards import VisCE2Reward
+
+    reward = VisCE2Reward(backend=backend)
+    images = [probe_image("visce2", "green"), probe_image("visce2", "red")]
+    logged = {}
+    values = reward(None, ["a green ball", "many red cars"], image=images, log_extra=logged.__setitem__)
+    assert values[0] == pytest.approx(VISCE2_ANSWERS["green"] / 100)
+    assert values[1] is None and "150, outside 0..100" in logged["visce2/error"][1]  # no reward of 1.5

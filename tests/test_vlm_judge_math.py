@@ -48,12 +48,32 @@ def test_parse_marked_score_reads_the_first_marker():
 @pytest.mark.parametrize(
     "text, score, has_error",
     [("85", 85.0, False), (" 7 out of 100", 7.0, False), ("Score: 100.", 100.0, False), ("no idea", 0.0, True),
-     ("150", 0.0, True), ("", 0.0, True), ("0", 0.0, False)],
+     ("150", 150.0, True), ("", 0.0, True), ("0", 0.0, False), ("I rate it 250, no, 90", 250.0, True)],
 )  # fmt: skip
 def test_visce2_first_integer(text, score, has_error):
     value, error = parse_visce2_answer(text)
     assert value == score
     assert (error is not None) == has_error
+
+
+def release_get_digit_scores(s):
+    """The released ``get_digit_scores`` (Silviase/VisCE2 head, ``src/data/capeval_dataset.py``), retyped."""
+    import re
+
+    found = re.findall(r"[0-9]+", str(s))
+    return float(found[0]) if found else 0
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["85", "rated 150 of 100", "٨٥ then 7", "８５ or 42", "Score: ٣ 12", "nothing", "1e3", "-5", "9" * 400],
+)
+def test_visce2_parsing_matches_the_release(text):
+    # ASCII digits only: Arabic-Indic and full-width digits are skipped, as the release's [0-9]+ does;
+    # a first integer above 100 is kept as is (here even one too long for a float: inf, as float() gives).
+    value, error = parse_visce2_answer(text)
+    assert value == release_get_digit_scores(text)
+    assert (error is not None) == (value > 100 or not any("0" <= c <= "9" for c in text))
 
 
 def test_first_integer_offset():
@@ -191,13 +211,30 @@ def test_digit_tree_rejects_bad_shapes():
 
 
 # ----------------------------------------------------------------------------------------- prompts
-def test_visce2_prompt_renders_like_the_release():
+def test_visce2_prompt_renders_like_the_release_head():
     text = vp.visce2_prompt("a dog runs", "Object 1: a dog")
-    assert text.startswith("\nEvaluate the given candidate caption based on the following information.\n\n")
-    assert "Candidate caption:\nCandidate:\na dog runs\n\n" in text
-    assert "evaluate the candidate caption:\nContext:\nObject 1: a dog\n\n" in text
-    assert "[" not in text.replace("[Brief", "")  # every placeholder filled
-    assert text.endswith("perfect appropriateness.")
+    # prompts/visce_2.txt with the head's constants.desc_task and prompter.py's substitutions, by hand
+    assert text == (
+        "\nOn a precise scale from 0 to 100, rate whether the candidate caption is appropriate for the given image.\n"
+        "\nCandidate caption:\nCandidate:\na dog runs\n\n"
+        "Use the image and following visual context to evaluate the candidate caption:\n"
+        "Visual Context:\nObject 1: a dog\n\n"
+        "Your final rating must be a single digit between 0 and 100.\n\n"
+        "Appropriateness(0-100): How well the caption matches the image's content, atmosphere, and context.\n"
+        "A score of 0 indicates complete inappropriateness, while a score of 100 indicates perfect appropriateness."
+    )
+    assert text == vp.visce2_prompt("a dog runs", "Object 1: a dog", "visce_2")
+
+
+def test_visce2_earlier_commit_prompt_is_a_named_variant():
+    # prompts/visce.txt ("[task]\n[cand]\n[context]\n[0-100]\n[suffix]") with commit 9533bc7's desc_task
+    text = vp.visce2_prompt("a dog runs", "Object 1: a dog", "visce")
+    assert text == (
+        "\nEvaluate the given candidate caption based on the following information.\n"
+        "\nCandidate:\na dog runs\nContext:\nObject 1: a dog\nAnswer on a scale of 0 to 100.\nAnswer:"
+    )
+    with pytest.raises(ValueError, match="variant"):
+        vp.visce2_prompt("a", "b", "visce_3")
 
 
 def test_gveval_prompts_fill_caption_and_references_like_the_release():

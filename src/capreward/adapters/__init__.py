@@ -3,18 +3,25 @@
 - :mod:`capreward.adapters.verl`: veRL custom reward functions (``compute_score``, batch variant).
 - :mod:`capreward.adapters.openrlhf`: an OpenRLHF-compatible HTTP reward server (``capreward serve``).
 - :mod:`capreward.adapters.labels`: the per-sample label format both use to name visuals and references.
+- :mod:`capreward.adapters.paths`: which files a label may name (confinement to a media root).
+- :mod:`capreward.adapters.batching`: the server's dynamic batching across requests.
+- :mod:`capreward.adapters.ray_serve`: the server as Ray Serve replicas (``capreward[serve]``).
 """
 
 from .factory import REWARD_NAMES, RewardOptions, build_reward
+from .batching import DynamicBatcher
 from .labels import Label, LabelError, parse_label
+from .paths import MediaPaths
 from .openrlhf import RewardHTTPServer, RewardService, ServerLimits, make_server
 from .scoring import ScoredBatch, score_labelled
 from .verl import VerlScorer, make_compute_score
 
 __all__ = [
+    "DynamicBatcher",
     "REWARD_NAMES",
     "Label",
     "LabelError",
+    "MediaPaths",
     "RewardHTTPServer",
     "RewardOptions",
     "RewardService",

@@ -8,8 +8,12 @@ path (or cache id). A label is a dict, or a JSON string encoding one::
     {"references": ["a man cooks"]}          # reference-only scoring (EMScore_ref, RefCLIP-S text side)
 
 Keys: ``video`` or ``image`` (a path; ``images``, a list of paths, is read as its first entry),
-``references`` (a str or a list of str; optional), ``visual_id`` (optional cache key). Relative paths
-are resolved against ``media_root`` when one is given.
+``references`` (a str or a list of str; optional), ``visual_id`` (optional cache key).
+
+Which paths are served is decided by a :class:`~capreward.adapters.paths.MediaPaths` policy: the
+reward server confines them to its media root (a refused path gives that sample a fallback with one
+fixed reason, :data:`~capreward.adapters.paths.REFUSED`); a plain ``media_root`` string is the
+trusted-caller mode (relative paths joined to it, nothing checked).
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
+
+from .paths import MediaPaths, PathRefused
 
 LABEL_KEYS = ("image", "images", "video", "references", "visual_id")
 
@@ -30,12 +35,14 @@ class LabelError(ValueError):
 @dataclass
 class Label:
     """One parsed label: at most one of ``image``/``video`` (a path), ``references`` (None or a
-    non-empty list of non-empty strings) and an optional cache id."""
+    non-empty list of non-empty strings) and an optional cache id. ``error``: why the sample cannot
+    be scored although the label is well formed (a refused path); such a sample gets the fallback."""
 
     image: str | None = None
     video: str | None = None
     references: list[str] | None = None
     visual_id: str | None = None
+    error: str | None = None
 
     @property
     def has_input(self) -> bool:
@@ -76,49 +83,66 @@ def parse_references(value: Any, where: str) -> list[str] | None:
     return refs or None
 
 
-def _path(value: Any, key: str, where: str, media_root: str | os.PathLike | None) -> str | None:
+def _path_value(value: Any, key: str, where: str) -> str | None:
     value = _tolist(value)
     if key == "images" and isinstance(value, (list, tuple)):
         value = value[0] if value else None
     if value is None:
         return None
-    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value).strip():
-        raise LabelError(f"{where}: {key!r} must be a non-empty path string, got {value!r}")
-    path = Path(os.fspath(value)).expanduser()
-    if media_root is not None and not path.is_absolute():
-        path = Path(media_root) / path
-    return os.fspath(path)
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value.strip():
+        shown = value if isinstance(value, (int, float, bool, str)) else type(value).__name__
+        raise LabelError(f"{where}: {key!r} must be a non-empty path string, got {shown!r}")
+    return value
 
 
-def parse_label(label: Any, where: str = "label", media_root: str | os.PathLike | None = None) -> Label:
+def _policy(paths: MediaPaths | str | os.PathLike | None) -> MediaPaths:
+    if isinstance(paths, MediaPaths):
+        return paths
+    return MediaPaths(paths, allow_any_path=True)
+
+
+def parse_label(label: Any, where: str = "label", paths: MediaPaths | str | os.PathLike | None = None) -> Label:
     """Parse one label (dict or JSON string of a dict); see the module docstring for the keys.
 
-    Raises :class:`LabelError` naming ``where`` when the label is not a dict/JSON object, has unknown
-    keys, gives both an image and a video, has values of the wrong type, or names nothing to score
-    against. Whether the named files exist is not checked here (the scorer reports that per sample).
+    ``paths``: a :class:`~capreward.adapters.paths.MediaPaths` policy, or a directory (or None) that
+    relative paths are joined to with no confinement (trusted callers). Raises :class:`LabelError`
+    naming ``where`` when the label is not a dict/JSON object, has unknown keys, gives both an image
+    and a video, has values of the wrong type, or names nothing to score against. A path the policy
+    refuses is no LabelError: the label comes back with ``error`` set (the same text whatever the
+    reason), and other problems with a file are reported by the scorer, per sample.
     """
     if isinstance(label, (str, bytes)):
         try:
             label = json.loads(label)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise LabelError(f"{where} is not valid JSON ({exc}); expected an object such as "
                              '{"video": "clip.mp4", "references": ["..."]}') from None
+        except RecursionError:
+            raise LabelError(f"{where} is nested too deeply") from None
     if not isinstance(label, dict):
         raise LabelError(f"{where} must be an object with image/video/references keys, got {type(label).__name__}")
     unknown = sorted(set(label) - set(LABEL_KEYS))
     if unknown:
         raise LabelError(f"{where} has unknown keys {unknown}; allowed: {list(LABEL_KEYS)}")
-    image = _path(label.get("image"), "image", where, media_root)
+    image = _path_value(label.get("image"), "image", where)
     if image is None:
-        image = _path(label.get("images"), "images", where, media_root)
-    video = _path(label.get("video"), "video", where, media_root)
+        image = _path_value(label.get("images"), "images", where)
+    video = _path_value(label.get("video"), "video", where)
     if image is not None and video is not None:
         raise LabelError(f"{where} gives both an image and a video; give one")
+    policy, error = _policy(paths), None
+    try:
+        image = None if image is None else policy.resolve(image)
+        video = None if video is None else policy.resolve(video)
+    except PathRefused as exc:
+        error = f"{'image' if image is not None else 'video'}: {exc}"
     visual_id = label.get("visual_id")
     if visual_id is not None and not isinstance(visual_id, (str, int)):
         raise LabelError(f"{where}: visual_id must be a str, got {type(visual_id).__name__}")
     parsed = Label(image=image, video=video, references=parse_references(label.get("references"), where),
-                   visual_id=None if visual_id is None else str(visual_id))
+                   visual_id=None if visual_id is None else str(visual_id), error=error)
     if not parsed.has_input:
         raise LabelError(f"{where} names no image, video or references to score against")
     return parsed

@@ -15,26 +15,47 @@ see :mod:`capreward.adapters.labels`.
 Errors: a malformed request (not JSON, missing ``query``/``labels``, lengths that differ, a label that
 is not a valid label object, a query that does not contain its prompt) is answered 400 with a message
 naming the offending item, e.g. ``labels[3] has unknown keys ['vidoe']``; such requests are pipeline
-bugs that would fail identically at every step. A well-formed sample that cannot be scored (missing or
-unreadable file, empty completion) gets ``fallback`` with its reason in ``errors`` and the log, and the
-rest of the batch is scored. Bodies over ``max_body_bytes`` and requests with more than ``max_items``
-queries get 413; when ``max_concurrent`` requests are already being served, a new one waits up to
-``queue_timeout`` seconds for a slot and then gets 503. ``GET /health`` answers once the model is loaded.
+bugs that would fail identically at every step. A well-formed sample that cannot be scored (unreadable
+file, empty completion, a path the server does not serve) gets ``fallback`` with its reason in
+``errors`` and the log, and the rest of the batch is scored.
+
+Files: labels name files under the server's media root only (:mod:`capreward.adapters.paths`): every
+path is resolved, symlinks included, and must be a regular file inside the root; anything else (an
+absolute path elsewhere, ``..`` past the root, a symlink pointing out, a directory, a missing file)
+gets the fallback with one fixed reason that tells nothing about what is there. Without a media root
+every path is refused, unless the operator passes ``allow_any_path``.
+
+Limits (:class:`ServerLimits`): bodies need a ``Content-Length`` (missing: 411; negative, non-numeric
+or repeated with different values: 400; chunked bodies: 411) and bodies over ``max_body_bytes`` get
+413, all without reading the body; more than ``max_items`` queries get 413; JSON nested too deeply 400.
+A request must arrive whole (request line, headers and body) within ``read_timeout`` seconds of the
+server starting to wait for it, however slowly its bytes trickle in: otherwise the connection is
+closed (408 when the headers were complete), idle keep-alive connections included. At most ``max_connections``
+connections are served at once (others get 503 and are closed). Concurrent requests are merged into
+one scorer call (:mod:`capreward.adapters.batching`: up to ``max_batch_size`` samples or ``max_wait``
+seconds); ``max_concurrent`` batches are scored at once, and a request whose batch has not started
+within ``queue_timeout`` seconds gets 503. ``GET /health`` answers once the model is loaded, with the
+number of batches and samples scored so far.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import math
+import re
+import socket
 import threading
 import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Sequence
 
+from .batching import Busy, DynamicBatcher
 from .labels import Label, LabelError, parse_label
-from .scoring import score_labelled
+from .paths import MediaPaths
+from .scoring import ScoredBatch, concat_batches, score_labelled
 
 logger = logging.getLogger(__name__)
 
@@ -52,12 +73,23 @@ class RequestError(Exception):
 
 @dataclass
 class ServerLimits:
-    """Bounds on what one server accepts."""
+    """Bounds on what one server accepts (see the module docstring).
+
+    ``max_body_bytes``/``max_items``: per request; ``max_concurrent``: batches scored at once;
+    ``queue_timeout``: seconds a request may wait for its batch to start; ``read_timeout``: seconds a
+    whole request (line, headers, body) may take to arrive, idle keep-alive time included;
+    ``max_connections``: connections served at once; ``max_batch_size`` (samples, 0 = no merging) and
+    ``max_wait`` (seconds): dynamic batching.
+    """
 
     max_body_bytes: int = 16 * 1024 * 1024
     max_items: int = 4096
     max_concurrent: int = 4
     queue_timeout: float = 120.0
+    read_timeout: float = 30.0
+    max_connections: int = 64
+    max_batch_size: int = 64
+    max_wait: float = 0.005
 
 
 def completion_of(query: str, prompt: str | None, where: str) -> str:
@@ -96,8 +128,10 @@ def _string_list(payload: dict, key: str, n: int | None) -> list[Any] | None:
     return value
 
 
-def parse_request(payload: Any, limits: ServerLimits, media_root: str | None = None) -> tuple[list[str], list[Label]]:
-    """Captions and labels of a ``/get_reward`` body; RequestError (400/413) naming the bad item."""
+def parse_request(payload: Any, limits: ServerLimits, paths: MediaPaths | None = None) -> tuple[list[str], list[Label]]:
+    """Captions and labels of a ``/get_reward`` body, paths checked by ``paths`` (default: every path
+    refused); RequestError (400/413) naming the bad item."""
+    paths = paths if paths is not None else MediaPaths(None)
     if not isinstance(payload, dict):
         raise RequestError(400, f"the body must be a JSON object with 'query' and 'labels', got {type(payload).__name__}")
     queries = _string_list(payload, "query", None)
@@ -119,22 +153,25 @@ def parse_request(payload: Any, limits: ServerLimits, media_root: str | None = N
             raise RequestError(400, f"prompts[{i}] must be a str, got {type(prompt).__name__}")
         captions.append(completion_of(queries[i], prompt, f"query[{i}]"))
         try:
-            parsed.append(parse_label(labels[i], f"labels[{i}]", media_root))
+            parsed.append(parse_label(labels[i], f"labels[{i}]", paths))
         except LabelError as exc:
             raise RequestError(400, str(exc)) from None
     return captions, parsed
 
 
 class RewardService:
-    """The server's request handling without HTTP: validate, score, build the response dict."""
+    """The server's request handling without HTTP: validate, score, build the response dict.
+
+    ``media_root``/``allow_any_path``: which files labels may name (see
+    :class:`~capreward.adapters.paths.MediaPaths`; neither given: none)."""
 
     def __init__(self, reward: Any, fallback: float = 0.0, media_root: str | None = None,
-                 limits: ServerLimits | None = None):
+                 limits: ServerLimits | None = None, allow_any_path: bool = False):
         if not math.isfinite(float(fallback)):
             raise ValueError(f"fallback must be a finite number, got {fallback}")
         self.reward = reward
         self.fallback = float(fallback)
-        self.media_root = media_root
+        self.paths = MediaPaths(media_root, allow_any_path=allow_any_path)
         self.limits = limits or ServerLimits()
 
     @property
@@ -148,29 +185,98 @@ class RewardService:
             if hasattr(reward, "scorer"):
                 reward.scorer  # noqa: B018 - the property builds the scorer
 
-    def handle(self, payload: Any) -> dict[str, Any]:
-        """The ``/get_reward`` response for a decoded JSON body (RequestError for bad requests)."""
-        captions, labels = parse_request(payload, self.limits, self.media_root)
-        batch = score_labelled(self.reward, captions, labels)
+    def parse(self, payload: Any) -> tuple[list[str], list[Label]]:
+        """Captions and labels of a decoded body (RequestError for bad requests)."""
+        return parse_request(payload, self.limits, self.paths)
+
+    def score(self, captions: list[str], labels: list[Label]) -> ScoredBatch:
+        """Score samples (of one request or of several merged). Should the reward raise, the samples
+        are scored one by one so that only the sample that raises gets None (with the error)."""
+        try:
+            return score_labelled(self.reward, captions, labels)
+        except Exception as exc:  # noqa: BLE001 - contained per sample below
+            if len(captions) == 1:
+                logger.exception("scoring a sample failed")
+                return ScoredBatch([None], [f"{type(exc).__name__}: {exc}"])
+        return concat_batches([self.score([c], [lab]) for c, lab in zip(captions, labels)])
+
+    def respond(self, batch: ScoredBatch) -> dict[str, Any]:
+        """The ``/get_reward`` answer for one request's scored samples. ``extra_logs`` has a column for
+        each sub-score that at least one of the request's samples has (a sample without it gets the
+        fallback), so the answer depends on the request alone, not on what it was batched with."""
         rewards = batch.filled(self.fallback)
         extra: dict[str, list[float]] = {
             key: [v if math.isfinite(v) else self.fallback for v in map(float, column)]
             for key, column in sorted(batch.metrics.items())
+            if any(math.isfinite(float(v)) for v in column)
         }
         extra["unscored"] = [float(v is None) for v in batch.values]
-        return {"rewards": rewards, "scores": list(rewards), "extra_logs": extra,
-                "errors": [None if v is not None else (r or "no score") for v, r in zip(batch.values, batch.reasons)]}
+        errors = [None if v is not None else self.paths.redact(_local_index(r or "no score", j))
+                  for j, (v, r) in enumerate(zip(batch.values, batch.reasons))]
+        return {"rewards": rewards, "scores": list(rewards), "extra_logs": extra, "errors": errors}
+
+    def handle(self, payload: Any) -> dict[str, Any]:
+        """The ``/get_reward`` response for a decoded JSON body, scored alone (RequestError for bad
+        requests)."""
+        return self.respond(self.score(*self.parse(payload)))
+
+
+_BATCH_INDEX = re.compile(r"^(completions|candidates|references)\[\d+\]")
+
+
+def _local_index(reason: str, j: int) -> str:
+    """A reason that names the sample by its index in the scored batch (``completions[12] is empty``)
+    renamed to the request's own item (``query[1] is empty``): a merged batch's index means nothing
+    to the client and would make the answer depend on what it was merged with."""
+    return _BATCH_INDEX.sub(lambda m: f"query[{j}]" if m.group(1) != "references" else f"labels[{j}] references", reason)
+
+
+_LENGTH = re.compile(r"[0-9]{1,18}")
+_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+         b"Content-Length: 46\r\n\r\n" + b'{"error": "server busy: too many connections"}')
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A connection's bytes, every read bounded by what is left of the handler's ``deadline``: a
+    client that trickles a byte at a time cannot hold its connection past it."""
+
+    def __init__(self, sock: socket.socket, handler: "_Handler"):
+        self.sock, self.handler = sock, handler
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        remaining = self.handler.deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("the request did not arrive in time")
+        self.sock.settimeout(remaining)
+        return self.sock.recv_into(buffer)
 
 
 class _Handler(BaseHTTPRequestHandler):
     server: "RewardHTTPServer"
     protocol_version = "HTTP/1.1"
+    # headers and body go out in two writes: with Nagle's algorithm and the client's delayed ACK
+    # every keep-alive answer would wait ~40 ms
+    disable_nagle_algorithm = True
+
+    def setup(self) -> None:
+        super().setup()
+        self.deadline = time.monotonic() + self.server.service.limits.read_timeout
+        self.rfile = io.BufferedReader(_DeadlineReader(self.connection, self))
+
+    def handle_one_request(self) -> None:
+        # waiting for the request, its headers and its body: read_timeout in all
+        self.deadline = time.monotonic() + self.server.service.limits.read_timeout
+        super().handle_one_request()
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         logger.info("%s - %s", self.address_string(), format % args)
 
     def _send(self, status: int, body: dict[str, Any], close: bool = False) -> None:
         data = json.dumps(body, allow_nan=False).encode("utf-8")
+        self.connection.settimeout(self.server.service.limits.read_timeout)  # for the writes
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -182,54 +288,82 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         if self.path.rstrip("/") == "/health":
-            self._send(200, {"status": "ok", "reward": self.server.service.name})
+            batcher = self.server.batcher
+            self._send(200, {"status": "ok", "reward": self.server.service.name,
+                             "batches": batcher.batches, "samples": batcher.samples})
         else:
             self._send(404, {"error": f"no such endpoint {self.path!r}; use POST /get_reward or GET /health"})
+
+    def _body_size(self, limits: ServerLimits) -> int | None:
+        """The declared body size, or None after answering (411/400/413) without reading the body."""
+        if self.headers.get("Transfer-Encoding") is not None:
+            self._send(411, {"error": "chunked or encoded bodies are not accepted; send a Content-Length"}, close=True)
+            return None
+        lengths = {v.strip() for v in self.headers.get_all("Content-Length") or []}
+        if not lengths:
+            self._send(411, {"error": "a Content-Length header is required"}, close=True)
+            return None
+        if len(lengths) > 1 or not _LENGTH.fullmatch(next(iter(lengths))):
+            self._send(400, {"error": "Content-Length must be one non-negative integer"}, close=True)
+            return None
+        size = int(next(iter(lengths)))
+        if size > limits.max_body_bytes:
+            self._send(413, {"error": f"request body of {size} bytes exceeds the limit of {limits.max_body_bytes}"},
+                       close=True)
+            return None
+        return size
+
+    def _read_body(self, size: int, limits: ServerLimits) -> bytes | None:
+        """The body, or None after answering 408 (not complete within the request's deadline) or
+        when the client hung up."""
+        try:
+            body = self.rfile.read(size)
+        except (TimeoutError, socket.timeout):
+            self._send(408, {"error": f"the request did not arrive within {limits.read_timeout} s"}, close=True)
+            return None
+        if len(body) < size:
+            self.close_connection = True
+            return None
+        return body
 
     def do_POST(self) -> None:  # noqa: N802
         if self.path.rstrip("/") != "/get_reward":
             self._send(404, {"error": f"no such endpoint {self.path!r}; use POST /get_reward"}, close=True)
             return
-        limits = self.server.service.limits
-        length = self.headers.get("Content-Length")
-        if length is None:
-            self._send(411, {"error": "a Content-Length header is required"}, close=True)
+        service, limits = self.server.service, self.server.service.limits
+        size = self._body_size(limits)
+        if size is None:
             return
-        try:
-            size = int(length)
-        except ValueError:
-            self._send(400, {"error": f"bad Content-Length {length!r}"}, close=True)
+        body = self._read_body(size, limits)
+        if body is None:
             return
-        if size > limits.max_body_bytes:
-            # the body is not read; closing the connection discards it
-            self._send(413, {"error": f"request body of {size} bytes exceeds the limit of {limits.max_body_bytes}"},
-                       close=True)
-            return
-        body = self.rfile.read(size)
         try:
             payload = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             self._send(400, {"error": f"the request body is not valid JSON: {exc}"})
             return
-        if not self.server.slots.acquire(timeout=limits.queue_timeout):
-            self._send(503, {"error": f"server busy: {limits.max_concurrent} requests in progress"})
+        except RecursionError:
+            self._send(400, {"error": "the request body is nested too deeply"})
             return
         try:
-            self._send(200, self.server.service.handle(payload))
+            captions, labels = service.parse(payload)
+            batch = self.server.batcher.submit(captions, labels, timeout=limits.queue_timeout)
+            self._send(200, service.respond(batch))
         except RequestError as exc:
             self._send(exc.status, {"error": exc.message})
+        except Busy as exc:
+            self._send(503, {"error": f"server busy: {exc}"})
         except Exception as exc:  # keep serving; the client sees what went wrong
             logger.exception("scoring failed")
-            self._send(500, {"error": f"{type(exc).__name__}: {exc}"})
-        finally:
-            self.server.slots.release()
+            self._send(500, {"error": service.paths.redact(f"{type(exc).__name__}: {exc}")})
 
 
 class RewardHTTPServer(ThreadingHTTPServer):
-    """A threading HTTP server around a :class:`RewardService`; at most ``limits.max_concurrent``
-    requests are scored at once. Stop it with ``shutdown()`` (from another thread) and then
-    :meth:`close_gracefully`, which lets requests being scored finish but does not wait for idle
-    keep-alive connections."""
+    """A threading HTTP server around a :class:`RewardService`: one thread per connection, at most
+    ``limits.max_connections`` of them (more get 503 and are closed), requests merged into batches by
+    a :class:`~capreward.adapters.batching.DynamicBatcher`. Stop it with ``shutdown()`` (from another
+    thread) and then :meth:`close_gracefully`, which lets queued and running batches finish but does
+    not wait for idle keep-alive connections."""
 
     daemon_threads = True
     block_on_close = False
@@ -237,34 +371,53 @@ class RewardHTTPServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], service: RewardService):
         super().__init__(address, _Handler)
         self.service = service
-        self.slots = threading.BoundedSemaphore(service.limits.max_concurrent)
+        limits = service.limits
+        self.connections = threading.BoundedSemaphore(limits.max_connections)
+        self.batcher = DynamicBatcher(service.score, max_batch_size=limits.max_batch_size,
+                                      max_wait=limits.max_wait, workers=limits.max_concurrent)
 
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
         return f"http://{host}:{port}"
 
+    def process_request(self, request, client_address) -> None:
+        if not self.connections.acquire(blocking=False):
+            try:  # a fresh socket's send buffer takes this at once
+                request.settimeout(1.0)
+                request.sendall(_BUSY)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        threading.Thread(target=self.process_request_thread, args=(request, client_address), daemon=True).start()
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            self.finish_request(request, client_address)
+        except Exception:  # noqa: BLE001 - socketserver's convention
+            self.handle_error(request, client_address)
+        finally:
+            # free the slot before the client sees the connection close
+            self.connections.release()
+            self.shutdown_request(request)
+
     def close_gracefully(self, timeout: float = 120.0) -> bool:
-        """Wait (up to ``timeout`` s) until no request is being scored, then close the socket.
+        """Wait (up to ``timeout`` s) for queued and running batches, then close the socket.
         Returns False when requests were still running at the deadline."""
-        deadline = time.monotonic() + timeout
-        taken = 0
-        for _ in range(self.service.limits.max_concurrent):
-            if not self.slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
-                break
-            taken += 1
+        finished = self.batcher.close(timeout)
         self.server_close()
-        for _ in range(taken):
-            self.slots.release()
-        return taken == self.service.limits.max_concurrent
+        return finished
 
 
 def make_server(reward: Any, host: str = "127.0.0.1", port: int = 0, *, fallback: float = 0.0,
                 media_root: str | None = None, limits: ServerLimits | None = None,
-                warm_up: bool = True) -> RewardHTTPServer:
+                warm_up: bool = True, allow_any_path: bool = False) -> RewardHTTPServer:
     """A bound (not yet serving) server for ``reward``; ``port=0`` picks a free port (see ``.url``).
+    Labels may name files under ``media_root`` only (none without one, unless ``allow_any_path``).
     With ``warm_up`` the model is loaded before the socket is bound."""
-    service = RewardService(reward, fallback=fallback, media_root=media_root, limits=limits)
+    service = RewardService(reward, fallback=fallback, media_root=media_root, limits=limits,
+                            allow_any_path=allow_any_path)
     if warm_up:
         service.warm_up()
     return RewardHTTPServer((host, port), service)
@@ -285,6 +438,6 @@ def post_json(url: str, payload: Any, timeout: float = 60.0) -> tuple[int, dict[
 
 
 __all__: Sequence[str] = [
-    "END_MARKERS", "RequestError", "RewardHTTPServer", "RewardService", "ServerLimits", "completion_of",
+    "Busy", "END_MARKERS", "RequestError", "RewardHTTPServer", "RewardService", "ServerLimits", "completion_of",
     "make_server", "parse_request", "post_json",
 ]

@@ -32,6 +32,17 @@ class ScoredBatch:
         return [fallback if v is None else v for v in self.values]
 
 
+def concat_batches(parts: Sequence[ScoredBatch]) -> ScoredBatch:
+    """``parts`` joined in order; a metric some part lacks is NaN for that part's samples."""
+    keys = sorted({key for part in parts for key in part.metrics})
+    return ScoredBatch(
+        [v for part in parts for v in part.values],
+        [r for part in parts for r in part.reasons],
+        {key: [float(v) for part in parts for v in part.metrics.get(key, [math.nan] * len(part.values))]
+         for key in keys},
+    )
+
+
 def label_columns(labels: Sequence[Label], columns: Columns) -> dict[str, list[Any]]:
     """The keyword columns a :class:`~capreward.rewards.CaptionReward` reads, one entry per label."""
     out: dict[str, list[Any]] = {
@@ -44,15 +55,35 @@ def label_columns(labels: Sequence[Label], columns: Columns) -> dict[str, list[A
     return out
 
 
+def _spread(column: Sequence[float], at: Sequence[int], n: int) -> list[float]:
+    out = [math.nan] * n
+    for j, i in enumerate(at):
+        out[i] = float(column[j])
+    return out
+
+
 def score_labelled(reward: Any, captions: Sequence[str], labels: Sequence[Label]) -> ScoredBatch:
     """Score ``captions[i]`` against ``labels[i]`` with ``reward`` (a capreward reward, or any TRL-style
     callable returning one float or None per completion).
 
     Returns a :class:`ScoredBatch`; samples the reward cannot score get None and a reason, which is
-    also logged. Raises ValueError when the lengths differ.
+    also logged. Labels with an ``error`` (a refused path) are not passed to the reward and get None
+    with that error. Raises ValueError when the lengths differ.
     """
     if len(captions) != len(labels):
         raise ValueError(f"got {len(labels)} labels for {len(captions)} completions")
+    refused = [i for i, lab in enumerate(labels) if lab.error is not None]
+    if refused:
+        keep = [i for i, lab in enumerate(labels) if lab.error is None]
+        part = score_labelled(reward, [captions[i] for i in keep], [labels[i] for i in keep])
+        values: list[float | None] = [None] * len(labels)
+        reasons: list[str | None] = [lab.error for lab in labels]
+        for j, i in enumerate(keep):
+            values[i], reasons[i] = part.values[j], part.reasons[j]
+        metrics = {key: _spread(column, keep, len(labels)) for key, column in part.metrics.items()}
+        logger.warning("%d/%d samples refused: %s", len(refused), len(labels),
+                       "; ".join(f"[{i}] {labels[i].error}" for i in refused[:8]))
+        return ScoredBatch(values, reasons, metrics)
     if not captions:
         return ScoredBatch([], [])
     # rewards without their own column names (a composite, a plain TRL function) get ids as "visual_id"

@@ -21,8 +21,11 @@ Two ways to configure it:
       CAPREWARD_FALLBACK=0.0 CAPREWARD_RETURN_DICT=1 CAPREWARD_SUBSCORES=video/fine_p,video/fine_r \\
       python -m verl.trainer.main_ppo ...
 
-  (see :meth:`capreward.adapters.factory.RewardOptions.from_env` for the model variables, and
-  ``CAPREWARD_MEDIA_ROOT`` for relative paths). The reward is built once per worker process, on first
+  (see :meth:`capreward.adapters.factory.RewardOptions.from_env` for the model variables).
+  ``CAPREWARD_MEDIA_ROOT`` confines the paths ``extra_info`` names to that directory (relative paths
+  are resolved against it; absolute paths, ``..`` and symlinks that lead outside it, and anything
+  that is not a regular file get the fallback with one fixed reason); without it, paths are used
+  as given (the dataset is the operator's own). The reward is built once per worker process, on first
   call.
 - In your own reward file: ``compute_score = make_compute_score(EMScoreReward(model=..., idf=...))``.
 
@@ -43,14 +46,17 @@ from typing import Any, Sequence
 
 from capreward.adapters.factory import RewardOptions, build_reward
 from capreward.adapters.labels import Label, LabelError, parse_label, parse_references
+from capreward.adapters.paths import MediaPaths
 from capreward.adapters.scoring import ScoredBatch, score_labelled
 
 logger = logging.getLogger("capreward.adapters.verl")
 
 
-def sample_label(ground_truth: Any, extra_info: Any, media_root: str | None = None, where: str = "sample") -> Label:
+def sample_label(ground_truth: Any, extra_info: Any, paths: MediaPaths | str | None = None,
+                 where: str = "sample") -> Label:
     """The :class:`Label` of one veRL sample: visual (and optional id/references) from ``extra_info``,
-    references from ``ground_truth`` when it holds any. Raises LabelError naming ``where``."""
+    references from ``ground_truth`` when it holds any; ``paths`` as for
+    :func:`~capreward.adapters.labels.parse_label`. Raises LabelError naming ``where``."""
     info = {} if extra_info is None else extra_info
     if not isinstance(info, dict):
         raise LabelError(f"{where}: extra_info must be a dict with an image or video path, got {type(info).__name__}")
@@ -58,7 +64,7 @@ def sample_label(ground_truth: Any, extra_info: Any, media_root: str | None = No
     refs = parse_references(ground_truth, f"{where} ground_truth")
     if refs is not None:
         fields["references"] = refs
-    return parse_label(fields, f"{where} extra_info", media_root)
+    return parse_label(fields, f"{where} extra_info", paths)
 
 
 class VerlScorer:
@@ -71,7 +77,8 @@ class VerlScorer:
         subscores: in dict mode, the reward's sub-scores to add (e.g. ``["video/fine_p",
             "reference/full_f"]``). veRL collects every key over the batch, so each result has exactly
             these keys; a sub-score a sample lacks gets ``fallback``.
-        media_root: directory that relative image/video paths are resolved against.
+        media_root: directory that image/video paths are confined to (relative ones resolved against
+            it; anything else gets the fallback with one fixed reason). None: paths are used as given.
     """
 
     def __init__(self, reward: Any, fallback: float = 0.0, return_dict: bool = False,
@@ -86,6 +93,7 @@ class VerlScorer:
         self.return_dict = return_dict
         self.subscores = list(subscores)
         self.media_root = media_root
+        self.paths = MediaPaths(media_root) if media_root is not None else MediaPaths(None, allow_any_path=True)
 
     def score_batch(
         self,
@@ -102,7 +110,7 @@ class VerlScorer:
         reasons: list[str | None] = []
         for i in range(n):
             try:
-                labels.append(sample_label(ground_truths[i], extra_infos[i], self.media_root, where=f"sample {i}"))
+                labels.append(sample_label(ground_truths[i], extra_infos[i], self.paths, where=f"sample {i}"))
                 reasons.append(None)
             except LabelError as exc:
                 labels.append(None)

@@ -6,6 +6,8 @@
   Metrics over the scorers, per-sample states synced with ``dist_reduce_fx="cat"``.
 - :class:`CaptionScoreCallback` (``lightning``): scores the captions returned by ``validation_step``
   and logs ``val/<metric>`` through ``pl_module.log`` (monitorable by ModelCheckpoint/EarlyStopping).
+- :func:`sample_ids` (``sampler_ids``): the dataset indices of a Lightning evaluation batch, read from its
+  ``DistributedSampler``, for exact results under DDP (``metric.update(..., ids=sample_ids(...))``).
 - :class:`CaptionEvalCallback` (``transformers``): at each evaluation of a transformers/TRL trainer,
   generates captions for a held-out set on all processes, scores them and logs through the trainer.
 
@@ -26,6 +28,7 @@ _LAZY = {
     "CaptionScores": "capreward.callbacks.summary",
     "CaptionScoreCallback": "capreward.callbacks.lightning",
     "CaptionEvalCallback": "capreward.callbacks.transformers",
+    "sample_ids": "capreward.callbacks.sampler_ids",
 }
 
 __all__ = sorted(_LAZY)

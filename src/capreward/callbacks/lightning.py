@@ -10,10 +10,12 @@ hold a metric ``val/emscore`` and a folder of the same name.) Optionally it writ
 text table to the loggers that take text (TensorBoard, Weights & Biases, MLflow, Comet).
 
 Distributed validation: Lightning puts a ``DistributedSampler`` on the validation loader, which pads
-the last round with repeated samples so that every process gets the same number of batches. Put the
-dataset index in each sample (key ``"index"`` by default, see ``ids=``): the metrics then count each
-sample once and order them by index, and the results equal a single-process run's. Without ids the
-repeats are counted (a warning says so).
+the last round with repeated samples so that every process gets the same number of batches. The
+metrics count each sample once and order them by dataset index when they get ids: the batch's
+``"index"`` field when it has one (see ``ids=``), else the indices read from the loader's
+``DistributedSampler`` (:func:`~capreward.callbacks.sample_ids`), so the results equal a single-process
+run's without any change to the dataset. Where neither exists (an ``IterableDataset``, a custom
+sampler) the repeats are counted and the metrics warn.
 
 Works with ``lightning`` (``lightning.pytorch``) and with the standalone ``pytorch_lightning``
 package: the trainers call callbacks by duck typing; the base class is taken from whichever is installed.
@@ -27,7 +29,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .distributed import gather_objects, is_distributed
+from .distributed import gather_objects
+from .sampler_ids import eval_loaders, sample_ids
 from .sources import Source, as_captions, as_ids, as_references, per_sample, read
 from .summary import CaptionScores
 from .tables import (
@@ -43,10 +46,8 @@ from .tm_metrics import CaptionMetric, named_metrics
 
 try:  # pragma: no cover - which one is installed is an environment fact
     from lightning.pytorch import Callback
-    from lightning.pytorch.utilities import rank_zero_warn
 except ImportError:  # pragma: no cover
     from pytorch_lightning import Callback
-    from pytorch_lightning.utilities import rank_zero_warn
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +75,8 @@ class CaptionScoreCallback(Callback):
         references: where each sample's reference captions are (key, index, ``fn(batch)`` or None).
             A default ``collate_fn`` transposes lists of lists: collate references per sample.
         ids: where the integer sample ids (dataset indices) are: default ``"index"`` (used when the
-            batch has it), a source, or None. Needed for exact results under a DistributedSampler.
+            batch has it, else read from the loader's DistributedSampler), a source, or None (no ids).
+            Needed for exact results under a DistributedSampler.
         prefix: log key prefix for validation (``"val/"``); test uses ``test_prefix``.
         log_sub_scores: also log ``<prefix><metric>/<column>`` means (EMScore components, empty rate…).
         run_on_sanity_check: score the sanity-check batches too (skipped by default).
@@ -139,7 +141,6 @@ class CaptionScoreCallback(Callback):
         self.last_table: list[dict] | None = None
         self._records: list[dict] = []
         self._active = False
-        self._warned_no_ids = False
 
     # ------------------------------------------------------------------------------------ identity
     @property
@@ -172,7 +173,7 @@ class CaptionScoreCallback(Callback):
         self._start(trainer, pl_module)
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._update(outputs, batch, dataloader_idx)
+        self._update(outputs, batch, dataloader_idx, trainer, batch_idx)
 
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
         self._finish(trainer, pl_module, "validate")
@@ -182,7 +183,7 @@ class CaptionScoreCallback(Callback):
             self._start(trainer, pl_module)
 
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._update(outputs, batch, dataloader_idx)
+        self._update(outputs, batch, dataloader_idx, trainer, batch_idx)
 
     def on_test_epoch_end(self, trainer, pl_module) -> None:
         self._finish(trainer, pl_module, "test")
@@ -197,7 +198,7 @@ class CaptionScoreCallback(Callback):
             # scorer and its backbone stay where they are
             m.to(pl_module.device)
 
-    def _update(self, outputs, batch, dataloader_idx: int) -> None:
+    def _update(self, outputs, batch, dataloader_idx: int, trainer=None, batch_idx: int = 0) -> None:
         if not self._active:
             return
         if self.dataloader_idx is not None and dataloader_idx != self.dataloader_idx:
@@ -212,7 +213,7 @@ class CaptionScoreCallback(Callback):
         refs = None
         if self.references is not None:
             refs = as_references(read(self.references, batch, "references"), n)
-        ids = self._read_ids(batch, n)
+        ids = self._read_ids(batch, n, trainer, batch_idx, dataloader_idx)
         for name, metric in self.metrics.items():
             source = self.visuals.get(name) if isinstance(self.visuals, Mapping) else self.visuals
             visuals = None if source is None else per_sample(read(source, batch, f"visuals for {name}"), n, "visuals")
@@ -220,17 +221,20 @@ class CaptionScoreCallback(Callback):
         for i, c in enumerate(captions):
             self._records.append({"id": None if ids is None else ids[i], "caption": c, "references": None if refs is None else refs[i]})
 
-    def _read_ids(self, batch, n: int) -> list[int] | None:
+    def _read_ids(self, batch, n: int, trainer, batch_idx: int, dataloader_idx: int) -> list[int] | None:
         if self.ids is None:
             return None
-        if self.ids == "index" and not _has_field(batch, "index"):  # the default: use ids when present
-            if is_distributed() and not self._warned_no_ids:
-                rank_zero_warn(
-                    "CaptionScoreCallback: batches carry no sample ids ('index'); under a DistributedSampler the "
-                    "samples repeated to pad the last round are scored twice. Put the dataset index in each sample."
-                )
-                self._warned_no_ids = True
-            return None
+        if self.ids == "index" and not _has_field(batch, "index"):
+            # the default: the batch's own ids when present, else the loader's DistributedSampler's (dataset
+            # indices, unique only within one loader: not when several loaders are pooled)
+            if trainer is None or (self.dataloader_idx is None and len(eval_loaders(trainer)) > 1):
+                return None
+            derived = sample_ids(trainer, batch_idx, dataloader_idx)
+            if derived is not None and len(derived) != n:
+                logger.warning("CaptionScoreCallback: batch %d has %d captions but its sampler gave %d indices; "
+                               "scoring it without ids", batch_idx, n, len(derived))
+                derived = None
+            return derived
         return as_ids(read(self.ids, batch, "ids"), n)
 
     def _finish(self, trainer, pl_module, stage: str) -> None:

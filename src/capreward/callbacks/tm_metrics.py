@@ -7,7 +7,10 @@ request the sub-score means and the per-sample values); :meth:`CaptionMetric.sum
 synced per-sample table as :class:`~capreward.callbacks.summary.CaptionScores`.
 
 Sample ids (dataset indices) make the result independent of the number of processes: rows are ordered
-by id and the samples a ``DistributedSampler`` repeats to pad the last batch are counted once.
+by id and the samples a ``DistributedSampler`` repeats to pad the last batch are counted once. In a
+LightningModule, ``ids=sample_ids(self.trainer, batch_idx)`` (:func:`~capreward.callbacks.sample_ids`)
+reads them from the loader's ``DistributedSampler``. Without ids under DDP the metric warns at compute
+time, with the count and, given ``dataset_size=``, the dataset's length.
 
 The scorer (and its CLIP backbone or VLM judge) is held by reference, outside the module tree: it is
 not part of ``state_dict()`` (checkpoints stay small and strict loading works), ``metric.to(device)``
@@ -29,6 +32,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torchmetrics import Metric
+from torchmetrics.utilities import rank_zero_warn
 from torchmetrics.utilities.data import dim_zero_cat
 
 from ..backbones.clip import CLIPBackbone
@@ -36,6 +40,7 @@ from ..backbones.clip_loading import DEFAULT_CLIP
 from ..media import DEFAULT_FRAMES
 from .sources import as_captions, as_references
 from .sources import per_sample as split_per_sample
+from .distributed import is_distributed
 from .summary import NO_ID, CaptionScores, check_ids, nanmean, summarize
 
 logger = logging.getLogger(__name__)
@@ -65,8 +70,10 @@ class CaptionMetric(Metric):
     the samples that have one (NaN when none); with ``sub_scores=True`` or ``per_sample=True`` a flat
     dict instead: ``"score"`` (the mean), each other column's mean under its own name, and with
     ``per_sample=True`` ``"per_sample/<column>"`` Tensor [N] plus ``"per_sample/id"`` LongTensor [N]
-    when ids were given. Extra keyword arguments go to ``torchmetrics.Metric`` (``sync_on_compute``,
-    ``process_group``, ``compute_on_cpu`` …).
+    when ids were given. ``dataset_size``: the number of samples one evaluation should count, for the
+    padding check: the metric warns when it counted more, and (under DDP) when it got no ids. Extra
+    keyword arguments go to ``torchmetrics.Metric`` (``sync_on_compute``, ``process_group``,
+    ``compute_on_cpu`` …).
     """
 
     is_differentiable = False
@@ -84,9 +91,14 @@ class CaptionMetric(Metric):
         per_sample: bool = False,
         sub_scores: bool = False,
         name: str | None = None,
+        dataset_size: int | None = None,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
+        if dataset_size is not None and (isinstance(dataset_size, bool) or not isinstance(dataset_size, int) or dataset_size < 1):
+            raise ValueError(f"dataset_size must be a positive int or None, got {dataset_size!r}")
+        self.dataset_size = dataset_size
+        self._warned_count = False
         if visual is not None and visual not in _VISUAL_KINDS:
             raise ValueError(f"visual must be 'video', 'image' or None, got {visual!r}")
         self._scorer = _Shared(scorer)
@@ -190,7 +202,31 @@ class CaptionMetric(Metric):
     def _summarize(self) -> CaptionScores:
         ids = _cat(self.ids)
         values = _cat(self.values)
-        return summarize(self.name, self.columns, ids, values)
+        scores = summarize(self.name, self.columns, ids, values)
+        self._check_count(scores)
+        return scores
+
+    def _check_count(self, scores: CaptionScores) -> None:
+        """Warn (once per metric) when samples may be counted twice: under DDP without ids, or more
+        samples than ``dataset_size``."""
+        n = len(scores)
+        world = torch.distributed.get_world_size() if is_distributed() else 1
+        too_many = self.dataset_size is not None and n > self.dataset_size
+        unknown = world > 1 and scores.ids is None and n > 0
+        if self._warned_count or not (too_many or unknown):
+            return
+        self._warned_count = True
+        size = f" for a dataset of {self.dataset_size}" if self.dataset_size is not None else ""
+        message = f"{self.name}: {n} samples counted{size}"
+        if scores.ids is None and world > 1:
+            message += (
+                f" on {world} processes without sample ids: a DistributedSampler pads the last round with up to "
+                f"{world - 1} repeated samples, which are then counted twice. Pass ids=sample_ids(self.trainer, "
+                "batch_idx) (capreward.callbacks.sample_ids) or the dataset index of each sample to update()."
+            )
+        else:
+            message += "; some samples were counted more than once (duplicate updates, or a metric not reset between evaluations)."
+        rank_zero_warn(message, UserWarning)
 
     # ------------------------------------------------------------------------------ for subclasses
     def _score_rows(self, candidates: list[str], visuals, references, visual_ids) -> torch.Tensor:
@@ -272,7 +308,10 @@ class EMScoreMetric(CaptionMetric):
 
     Args: ``model`` (any CLIP specification) or ``backbone`` (a shared :class:`CLIPBackbone`) or
     ``scorer`` (a configured :class:`~capreward.EMScore`); ``idf``, ``frames``, ``batch_size`` as for
-    the scorer; ``visual``: ``"video"`` (default) or ``"image"``; see :class:`CaptionMetric` for the rest.
+    the scorer (``idf`` defaults to ``False``, no idf, where the released ``score()`` uses each batch's
+    idf: pass a fixed corpus for idf weights that do not change with the validation batches, or
+    ``idf="batch"`` for the release's default); ``visual``: ``"video"`` (default) or ``"image"``; see
+    :class:`CaptionMetric` for the rest.
     """
 
     columns = ("score", "empty", "truncated") + tuple(

@@ -12,6 +12,9 @@ import math
 import sys
 
 BENCHMARK_CHOICES = ("flickr8k-expert", "flickr8k-cf", "composite", "pascal50s", "vatex-eval", "msvd-eval", "thumb", "foil")
+# every benchmark's protocol names (capreward.metaeval.PROTOCOLS; kept here so --help imports no scipy)
+PROTOCOL_CHOICES = ("per-rating", "per-candidate", "per-caption", "per-annotator-average", "per-annotator",
+                    "annotator-mean", "pairwise")
 
 
 def format_table(result) -> str:
@@ -51,8 +54,8 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s: %(message)s")
     try:
-        result = meta_evaluate(args.benchmark, args.judgments, args.scores, args.score_field)
-    except JudgmentError as exc:
+        result = meta_evaluate(args.benchmark, args.judgments, args.scores, args.score_field, args.protocol)
+    except (JudgmentError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     report_unmatched(result, args.examples)
@@ -74,6 +77,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--scores", required=True, help="JSONL with image|video, caption and a score (e.g. `capreward score` output)")
     p.add_argument("--score-field", help="field holding the score (default 'score', or the one metric in the file); "
                                          "a key such as clip_s or emscore.full_f, or a dotted path into nested objects")
+    p.add_argument("--protocol", choices=PROTOCOL_CHOICES,
+                   help="the benchmark's protocol (default: its first). flickr8k-expert: per-rating (CLIP-S/PAC-S) or "
+                        "per-candidate (G-VEval: three ratings averaged); msvd-eval: per-annotator (G-VEval's release: "
+                        "annotators' rows stacked) or annotator-mean")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--plot", metavar="FILE.png", help="write a metric-vs-human plot")
     p.add_argument("--examples", type=int, default=5, help="unmatched judgments to show on stderr")

@@ -21,6 +21,12 @@ visce2 and gveval run on the local LLaVA of ``--judge-model``, or on an OpenAI-c
 (vLLM, OpenAI) when ``--judge-base-url`` or ``--judge-api-model`` is given; the API key is read from
 ``$OPENAI_API_KEY`` and never printed. A score that cannot be computed is null with the reason in
 ``errors[metric]``; the other rows and metrics are unaffected.
+
+A row's scores never depend on the rest of its batch, the row order or a resume. The idf of emscore and
+hallucination is fixed per results file: the first run records it in ``<out>.idf.json`` and every resume
+reuses it (a resume that would use a different idf is refused). One run at a time writes a results file:
+it holds ``<out>.lock`` (a second run on the same ``--out`` is refused, naming the holder's PID; a killed
+run's lock does not block a rerun).
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from ..backbones.clip_loading import DEFAULT_CLIP
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..jobs.errors import JobError
+    from ..jobs.manifest import ManifestError
     from ..jobs.runners import ScoreOptions
     from ..jobs.score_job import run_job
 
@@ -46,8 +54,12 @@ def run(args: argparse.Namespace) -> int:
         device=args.device, precision=precision, batch_size=args.batch_size,
         frames=None if args.frames == 0 else args.frames, alignment=args.alignment,
     )
-    summary = run_job(args.manifest, args.out, options, idf=args.idf, engine=args.engine,
-                      num_actors=args.num_actors, csv=args.csv, progress=not args.no_progress)
+    try:
+        summary = run_job(args.manifest, args.out, options, idf=args.idf, engine=args.engine,
+                          num_actors=args.num_actors, csv=args.csv, progress=not args.no_progress)
+    except (JobError, ManifestError) as exc:
+        print(f"capreward score: error: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(summary), file=sys.stderr)
     return 0
 
@@ -81,7 +93,9 @@ def add_parser(subparsers) -> None:
                         "capreward.rewards.hallucination.DEFAULT_THRESHOLD, uncalibrated; set it from "
                         "HallucinationPenalty.calibrate on known-good captions)")
     p.add_argument("--idf", default="auto",
-                   help="idf corpus of emscore/hallucination: auto | refs | none | FILE (one caption per line)")
+                   help="idf of emscore/hallucination (default: auto = the manifest's references, none if it has "
+                        "none); refs | none | FILE (one caption per line) | OUT.idf.json (a recorded idf). "
+                        "Recorded in <out>.idf.json and reused on resume")
     p.add_argument("--frames", type=int, default=10, help="frames per video (0: all)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"])

@@ -24,9 +24,11 @@ def run(args: argparse.Namespace) -> int:
     )
     reward = build_reward(args.reward, options)
     limits = ServerLimits(max_body_bytes=args.max_body_bytes, max_items=args.max_items,
-                          max_concurrent=args.max_concurrent, queue_timeout=args.queue_timeout)
+                          max_concurrent=args.max_concurrent, queue_timeout=args.queue_timeout,
+                          read_timeout=args.read_timeout, max_connections=args.max_connections,
+                          max_batch_size=args.max_batch_size, max_wait=args.max_wait_ms / 1000.0)
     server = make_server(reward, args.host, args.port, fallback=args.fallback, media_root=args.media_root,
-                         limits=limits)
+                         limits=limits, allow_any_path=args.allow_any_path)
 
     def stop(signum, _frame):
         # shutdown() waits for serve_forever to return, so it must run outside the serving thread
@@ -62,11 +64,21 @@ def add_parser(subparsers) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"], help="CLIP precision")
     p.add_argument("--dtype", help="judge dtype for fleur (e.g. float16)")
-    p.add_argument("--media-root", help="directory that relative image/video paths in labels are resolved against")
+    p.add_argument("--media-root", help="the only directory whose files labels may name (relative paths are resolved "
+                   "against it; paths that resolve outside it, symlinks included, are refused)")
+    p.add_argument("--allow-any-path", action="store_true",
+                   help="let labels name any file this process can read (trusted clients only)")
     p.add_argument("--fallback", type=float, default=0.0, help="reward of a sample that cannot be scored")
     p.add_argument("--max-body-bytes", type=int, default=16 * 1024 * 1024, help="larger requests get 413")
     p.add_argument("--max-items", type=int, default=4096, help="more queries per request get 413")
-    p.add_argument("--max-concurrent", type=int, default=4, help="requests scored at once; others wait")
-    p.add_argument("--queue-timeout", type=float, default=120.0, help="seconds a request waits for a slot before 503")
+    p.add_argument("--max-concurrent", type=int, default=4, help="batches scored at once (each in its own thread); others wait")
+    p.add_argument("--queue-timeout", type=float, default=120.0, help="seconds a request waits for its batch to start before 503")
+    p.add_argument("--read-timeout", type=float, default=30.0,
+                   help="seconds a whole request (headers and body) may take to arrive; idle connections are closed after it")
+    p.add_argument("--max-connections", type=int, default=64, help="connections served at once; more get 503")
+    p.add_argument("--max-batch-size", type=int, default=64,
+                   help="most samples of concurrent requests merged into one scorer call (0: no merging)")
+    p.add_argument("--max-wait-ms", type=float, default=5.0,
+                   help="milliseconds a batch waits for more requests after its oldest arrived")
     p.add_argument("--verbose", action="store_true", help="log every request")
     p.set_defaults(func=run)

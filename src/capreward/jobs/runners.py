@@ -23,9 +23,13 @@ CLIP-based metrics (emscore, clip_s, hallucination) share one CLIP backbone; jud
 visce2, gveval) share one local LLaVA, or visce2/gveval use an OpenAI-compatible server when
 ``judge_base_url`` or ``judge_api_model`` is set (key from ``$OPENAI_API_KEY``; fleur stays local).
 
-A score that is NaN or missing is written as null with the reason in ``errors[metric]``. A batch is
-scored at once; if that fails on a bad item, its rows are scored one by one so that the error is
-recorded on the offending row only (``errors[metric] = reason``) and nothing else is lost.
+A row's output never depends on the other rows of its batch: within a batch, rows are scored in
+groups of one kind (image or video) and one reference mode (with or without references), each row
+with its own references, and the idf is fixed for the whole job. A score that is NaN or missing is
+written as null with the reason in ``errors[metric]``. A row whose caption or references are empty
+gets that error for every metric without being scored. A batch is scored at once; if that fails on a
+bad item, it is split in halves until the failing rows are alone, so the error (``"row '<id>':
+<reason>"``) is recorded on the offending row only and nothing else is lost.
 """
 
 from __future__ import annotations
@@ -33,10 +37,10 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 from ..backbones.clip_loading import DEFAULT_CLIP
+from ..media.errors import MediaError
 from .manifest import ManifestRow
 
 logger = logging.getLogger(__name__)
@@ -63,7 +67,10 @@ class ScoreOptions:
     precision: str | None = None
     batch_size: int = 64
     frames: int | None = 10
-    idf_corpus: list[str] | None = None  # fixed for the whole job, so results do not depend on batching
+    # The idf table of emscore/hallucination (token id -> weight, ``idf_default`` for other ids), fixed for
+    # the whole job so results do not depend on batching; None: every token weight 1.
+    idf_weights: dict[int, float] | None = None
+    idf_default: float | None = None
     alignment: bool = False  # store EMScore's token -> best-frame alignment per row (for reports)
 
     def __post_init__(self):
@@ -84,35 +91,38 @@ def finite_or_none(x: float) -> float | None:
 class ManifestScorer:
     """Builds the chosen scorers once (sharing one CLIP, and one judge) and scores batches of manifest rows."""
 
-    def __init__(self, options: ScoreOptions):
+    def __init__(self, options: ScoreOptions, backbone=None):
+        """``backbone``: an already loaded CLIPBackbone of ``options.clip_model`` to share (else one is loaded
+        when a CLIP metric is chosen)."""
         self.options = options
         self._runners: dict[str, Callable[[list[ManifestRow]], list[dict]]] = {}
         self._judge = None  # the local LLaVA judge, loaded on first use (see _local_judge)
         self._chat = None  # the chat backend of visce2/gveval (see _chat_backend)
-        backbone = None
-        if set(CLIP_METRICS) & set(options.metrics):
+        if backbone is None and set(CLIP_METRICS) & set(options.metrics):
             from ..backbones.clip import CLIPBackbone
 
             backbone = CLIPBackbone(options.clip_model, device=options.device, precision=options.precision)
         for metric in options.metrics:
             self._runners[metric] = getattr(self, f"_build_{metric}")(backbone)
 
+    @property
+    def idf(self) -> dict | bool:
+        """The ``idf`` argument of the EMScore-based scorers: the job's fixed table, or False."""
+        if self.options.idf_weights is None:
+            return False
+        return {int(k): float(v) for k, v in self.options.idf_weights.items()}
+
     def _build_emscore(self, backbone):
         from ..scorers.emscore import EMScore
 
-        scorer = EMScore(backbone=backbone, idf=self.options.idf_corpus or False, frames=self.options.frames,
-                         batch_size=self.options.batch_size)
+        scorer = EMScore(backbone=backbone, idf=self.idf, idf_default=self.options.idf_default,
+                         frames=self.options.frames, batch_size=self.options.batch_size)
 
         def run(rows: list[ManifestRow]) -> list[dict]:
             out: list[dict] = [{} for _ in rows]
-            refs = [r.references for r in rows]
-            has_refs = all(r is not None for r in refs)
-            for kind in ("video", "image"):
-                idx = [i for i, r in enumerate(rows) if r.kind == kind]
-                if not idx:
-                    continue
-                visual = {"videos" if kind == "video" else "images": [rows[i].path for i in idx]}
-                res = scorer.score([rows[i].caption for i in idx], references=[refs[i] for i in idx] if has_refs else None, **visual)
+            for kind, refs, idx in row_groups(rows):
+                visual = {f"{kind}s": [rows[i].path for i in idx]}
+                res = scorer.score([rows[i].caption for i in idx], references=refs, **visual)
                 for pos, (j, flat) in enumerate(zip(idx, res.rows())):
                     out[j] = {"emscore": flat.pop("score"), **{f"emscore.{k}": v for k, v in flat.items()}}
                     if self.options.alignment and res.alignment is not None:
@@ -124,14 +134,9 @@ class ManifestScorer:
     def _clip_like(self, scorer, name: str):
         def run(rows: list[ManifestRow]) -> list[dict]:
             out: list[dict] = [{} for _ in rows]
-            refs = [r.references for r in rows]
-            has_refs = all(r is not None for r in refs)
-            for kind in ("image", "video"):
-                idx = [i for i, r in enumerate(rows) if r.kind == kind]
-                if not idx:
-                    continue
-                visual = {"images" if kind == "image" else "videos": [rows[i].path for i in idx]}
-                res = scorer.score([rows[i].caption for i in idx], references=[refs[i] for i in idx] if has_refs else None, **visual)
+            for kind, refs, idx in row_groups(rows):
+                visual = {f"{kind}s": [rows[i].path for i in idx]}
+                res = scorer.score([rows[i].caption for i in idx], references=refs, **visual)
                 for j, k in enumerate(idx):
                     out[k] = {name: float(res.clip_s[j])}
                     if res.ref_clip_s is not None:
@@ -159,17 +164,14 @@ class ManifestScorer:
 
         threshold = self.options.hallucination_threshold
         penalty = HallucinationPenalty(
-            backbone=backbone, idf=self.options.idf_corpus or False, frames=self.options.frames,
+            backbone=backbone, idf=self.idf, idf_default=self.options.idf_default, frames=self.options.frames,
             batch_size=self.options.batch_size, threshold=DEFAULT_THRESHOLD if threshold is None else threshold,
         )
         write_alignment = self.options.alignment and "emscore" not in self.options.metrics
 
         def run(rows: list[ManifestRow]) -> list[dict]:
             out: list[dict] = [{} for _ in rows]
-            for kind in ("video", "image"):
-                idx = [i for i, r in enumerate(rows) if r.kind == kind]
-                if not idx:
-                    continue
+            for kind, _, idx in row_groups(rows, with_references=False):
                 alignments = penalty.alignments([rows[i].caption for i in idx], [rows[i].path for i in idx], kind)
                 for j, a in zip(idx, alignments):
                     report = penalty.report_for(a)
@@ -210,15 +212,9 @@ class ManifestScorer:
 
         def run(rows: list[ManifestRow]) -> list[dict]:
             out: list[dict] = [{} for _ in rows]
-            refs = [r.references for r in rows]
-            has_refs = all(x is not None for x in refs)
-            for kind in ("image", "video"):  # videos are judged on G-VEval's three-frame composite
-                idx = [i for i, r in enumerate(rows) if r.kind == kind]
-                if not idx:
-                    continue
-                visual = {"images" if kind == "image" else "videos": [rows[i].path for i in idx]}
-                res = scorer.score([rows[i].caption for i in idx], references=[refs[i] for i in idx] if has_refs else None,
-                                   **visual)
+            for kind, refs, idx in row_groups(rows):  # videos are judged on G-VEval's three-frame composite
+                visual = {f"{kind}s": [rows[i].path for i in idx]}
+                res = scorer.score([rows[i].caption for i in idx], references=refs, **visual)
                 for j, k in enumerate(idx):
                     out[k] = {"fleur": finite_or_none(float(res.score[j])), "fleur.raw": res.raw[j]}
                     if res.error[j]:
@@ -288,10 +284,17 @@ class ManifestScorer:
         return run
 
     def score_rows(self, rows: list[ManifestRow]) -> list[dict]:
-        """One result dict per row: id, caption, visual path, metric fields, and ``errors``."""
+        """One result dict per row: id, caption, visual path, metric fields, and ``errors``; each row's
+        output is the same whatever other rows are in ``rows``."""
         results = [base_fields(r) for r in rows]
+        problems = {i: f"row {r.id!r}: {p}" for i, r in enumerate(rows) if (p := row_problem(r))}
+        scorable = [i for i in range(len(rows)) if i not in problems]
         for metric, run in self._runners.items():
-            for i, fields_ in enumerate(isolate_errors(run, rows, metric)):
+            for i, problem in problems.items():
+                results[i]["errors"][metric] = problem
+            if not scorable:
+                continue
+            for i, fields_ in zip(scorable, isolate_errors(run, [rows[i] for i in scorable], metric)):
                 err = fields_.pop("_error", None)
                 results[i].update(fields_)
                 if err:
@@ -314,29 +317,52 @@ def base_fields(row: ManifestRow) -> dict:
     return out
 
 
+def row_groups(rows: list[ManifestRow], with_references: bool = True):
+    """``(kind, references, indices)`` for each non-empty group of rows of one kind ("video", "image")
+    and, with ``with_references``, one reference mode: ``references`` is the group's list of reference
+    lists, or None for the rows without references (and always None without ``with_references``)."""
+    for kind in ("video", "image"):
+        modes = (True, False) if with_references else (False,)
+        for has_refs in modes:
+            idx = [i for i, r in enumerate(rows)
+                   if r.kind == kind and (not with_references or (r.references is not None) == has_refs)]
+            if idx:
+                yield kind, ([rows[i].references for i in idx] if has_refs else None), idx
+
+
+def row_problem(row: ManifestRow) -> str | None:
+    """Why ``row`` cannot be scored by any metric (an empty caption or reference), or None."""
+    if not row.caption.strip():
+        return "the caption is empty"
+    if row.references is not None:
+        if not row.references:
+            return "'references' is an empty list (leave it out to score without references)"
+        for k, ref in enumerate(row.references):
+            if not ref.strip():
+                return f"references[{k}] is empty"
+    return None
+
+
+def row_error(row: ManifestRow, exc: Exception) -> str:
+    """The error recorded on ``row`` when scoring it alone raised ``exc``: ``"row '<id>': <reason>"``
+    (just ``"<type>: <message>"`` when the message already names the row)."""
+    name = f"row {row.id!r}"
+    if isinstance(exc, MediaError):
+        return f"{name}: {exc.problem} ({row.path})"
+    reason = f"{type(exc).__name__}: {exc}"
+    return reason if name in str(exc) else f"{name}: {reason}"
+
+
 def isolate_errors(run, rows: list[ManifestRow], metric: str) -> list[dict]:
-    """``run(rows)``; if it raises, run each row alone and record the failures as ``_error``."""
+    """``run(rows)``; if it raises, run each half on its own (recursively) and record the failure of a
+    row that fails alone as ``_error`` naming the row's id. The halves' results equal the batch's
+    because every runner scores each row independently of the others."""
     try:
         return run(rows)
     except Exception as exc:  # noqa: BLE001 - any scorer failure must stay on its row
         if len(rows) == 1:
-            logger.warning("%s failed on row %s: %s", metric, rows[0].id, exc)
-            return [{"_error": f"{type(exc).__name__}: {exc}"}]
-    out = []
-    for row in rows:
-        out.extend(isolate_errors(run, [row], metric))
-    return out
-
-
-def idf_corpus_from(option: str, rows: list[ManifestRow]) -> list[str] | None:
-    """``none`` → None; ``refs`` → every reference in the manifest; ``auto`` → refs if any; else a
-    text file with one caption per line."""
-    if option == "none":
-        return None
-    if option in ("refs", "auto"):
-        corpus = [ref for r in rows if r.references for ref in r.references]
-        if not corpus and option == "refs":
-            raise ValueError("--idf refs: the manifest has no references")
-        return corpus or None
-    lines = [line.strip() for line in Path(option).read_text(encoding="utf-8").splitlines()]
-    return [line for line in lines if line]
+            reason = row_error(rows[0], exc)
+            logger.warning("%s: %s", metric, reason)
+            return [{"_error": reason}]
+    half = len(rows) // 2
+    return isolate_errors(run, rows[:half], metric) + isolate_errors(run, rows[half:], metric)

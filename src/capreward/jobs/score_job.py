@@ -1,5 +1,5 @@
-"""Run a scoring job over a manifest: skip rows already in the output, score the rest in batches,
-append each batch durably, show progress (rate and ETA) on stderr."""
+"""Run a scoring job over a manifest: lock the results file, fix the job's idf, skip rows already in the
+output, score the rest in batches, append each batch durably, show progress (rate and ETA) on stderr."""
 
 from __future__ import annotations
 
@@ -8,9 +8,14 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from .idf_file import choose_idf, job_idf
 from .manifest import ManifestRow, read_manifest
+from .output_lock import exclusive_output
 from .results_file import ResultsWriter, read_results, recover, write_csv
-from .runners import ManifestScorer, ScoreOptions, idf_corpus_from
+from .runners import ManifestScorer, ScoreOptions
+
+#: Metrics that weigh tokens by idf (they share the job's one idf table).
+IDF_METRICS = ("emscore", "hallucination")
 
 
 def batches(rows: list[ManifestRow], size: int):
@@ -25,11 +30,12 @@ def pending_rows(manifest: str | Path, out: str | Path) -> tuple[list[ManifestRo
     return rows, [r for r in rows if r.id not in done]
 
 
-def run_local(todo: list[ManifestRow], options: ScoreOptions, out: str | Path, progress: bool = True) -> int:
-    """Score ``todo`` in this process; returns the number of rows written."""
+def run_local(todo: list[ManifestRow], options: ScoreOptions, out: str | Path, progress: bool = True,
+              backbone=None) -> int:
+    """Score ``todo`` in this process (sharing ``backbone`` when given); returns the number of rows written."""
     if not todo:
         return 0
-    scorer = ManifestScorer(options)
+    scorer = ManifestScorer(options, backbone=backbone)
     written = 0
     with ResultsWriter(out) as writer, tqdm(total=len(todo), unit="row", file=sys.stderr, disable=not progress,
                                           desc="scoring") as bar:
@@ -43,22 +49,45 @@ def run_local(todo: list[ManifestRow], options: ScoreOptions, out: str | Path, p
 
 def run_job(manifest: str | Path, out: str | Path, options: ScoreOptions, idf: str = "auto",
             engine: str = "local", num_actors: int = 2, csv: str | Path | None = None, progress: bool = True) -> dict:
-    """Score every manifest row not yet in ``out``; returns counts {total, skipped, written, errors}."""
-    rows, todo = pending_rows(manifest, out)
-    uses_idf = {"emscore", "hallucination"} & set(options.metrics)  # the same fixed idf for both
-    options.idf_corpus = idf_corpus_from(idf, rows) if uses_idf else None
-    if engine == "local":
-        written = run_local(todo, options, out, progress)
-    elif engine == "ray":
-        from .ray_engine import run_ray
+    """Score every manifest row not yet in ``out``; returns counts {total, skipped, written, errors}.
 
-        written = run_ray(todo, options, out, num_actors=num_actors, progress=progress)
-    else:
+    Holds ``<out>.lock`` for the whole job (:class:`~capreward.jobs.output_lock.OutputLocked` if another
+    run holds it) and fixes the idf of emscore/hallucination per results file in ``<out>.idf.json``
+    (:class:`~capreward.jobs.idf_file.IdfMismatch` if a resume would change it)."""
+    if engine not in ("local", "ray"):
         raise ValueError(f"unknown engine {engine!r}; use 'local' or 'ray'")
-    results = read_results(out)
-    if csv is not None:
-        order = {r.id: i for i, r in enumerate(rows)}
-        write_csv(sorted(results, key=lambda r: order.get(r["id"], len(order))), csv)
+    with exclusive_output(out):
+        rows, todo = pending_rows(manifest, out)
+        clip = []  # the CLIP backbone, loaded at most once: for the idf table and the local scorers
+
+        def backbone():
+            if not clip:
+                from ..backbones.clip import CLIPBackbone
+
+                clip.append(CLIPBackbone(options.clip_model, device=options.device, precision=options.precision))
+            return clip[0]
+
+        def compute_idf(corpus: list[str]):
+            from ..metrics.idf import idf_from_rows
+
+            return idf_from_rows(backbone().context_rows(corpus), backbone().eot_id)
+
+        if set(IDF_METRICS) & set(options.metrics):
+            has_results = Path(out).is_file() and Path(out).stat().st_size > 0
+            table = job_idf(out, choose_idf(idf, rows, manifest), has_results=has_results,
+                            compute=compute_idf, clip_model=str(options.clip_model))
+            options.idf_weights = None if table is None else table.weights
+            options.idf_default = None if table is None else table.default
+        if engine == "local":
+            written = run_local(todo, options, out, progress, backbone=clip[0] if clip else None)
+        else:
+            from .ray_engine import run_ray
+
+            written = run_ray(todo, options, out, num_actors=num_actors, progress=progress)
+        results = read_results(out)
+        if csv is not None:
+            order = {r.id: i for i, r in enumerate(rows)}
+            write_csv(sorted(results, key=lambda r: order.get(r["id"], len(order))), csv)
     return {
         "total": len(rows),
         "skipped": len(rows) - len(todo),

@@ -9,7 +9,8 @@ contract between them, kept stable:
 - ``start(prompt_ids, features, image_index, share_prefix=True)`` -> :class:`DecodeState` (one batched
   prefill, the common prefix run once per distinct image);
 - ``step(state, tokens)`` (in place), ``select(state, rows)`` (branch), ``greedy(state, budget)`` ->
-  :class:`GreedyOutput` with the logits of every step;
+  :class:`GreedyOutput` with the logits of every step (or of the steps writing chosen tokens), ended
+  rows dropped from the batch as it goes;
 - chat backends for VisCE² and G-VEval: :class:`LocalChatJudge` (local LLaVA, exact score distributions)
   and :class:`OpenAIJudge` (any OpenAI-compatible server), both speaking :class:`JudgeBackend`;
 - ``teacher_forcing_inputs(...)`` + ``logits_at(inputs, features, image_index, text_embeds=None)``: one
@@ -20,11 +21,21 @@ from .images import mean_background, pad_to_square
 from .loading import DEFAULT_LLAVA, JudgeLoadError, load_llava, resolve_device, resolve_dtype
 from .local import DecodeState, GreedyOutput, LocalJudge, TeacherForcing, common_prefix_length
 from .local_chat import LocalChatJudge
-from .protocol import ChatRequest, ChatResponse, ChatTurn, JudgeBackend, TokenLogprob, assistant_turn, user_turn
+from .protocol import (
+    ChatRequest,
+    ChatResponse,
+    ChatTurn,
+    JudgeBackend,
+    TokenLogprob,
+    assistant_turn,
+    system_turn,
+    user_turn,
+)
 from .remote import OpenAIJudge
 from .prompts import (
     FLEUR_EXPLAIN_PROMPT,
     FLEUR_PROMPT,
+    LLAVA_V1_CHAT_TEMPLATE,
     LLAVA_V1_SYSTEM,
     REF_FLEUR_PROMPT,
     fleur_prompt,
@@ -40,6 +51,7 @@ __all__ = [
     "OpenAIJudge",
     "TokenLogprob",
     "assistant_turn",
+    "system_turn",
     "user_turn",
     "DEFAULT_LLAVA",
     "DecodeState",
@@ -47,6 +59,7 @@ __all__ = [
     "FLEUR_PROMPT",
     "GreedyOutput",
     "JudgeLoadError",
+    "LLAVA_V1_CHAT_TEMPLATE",
     "LLAVA_V1_SYSTEM",
     "LocalJudge",
     "REF_FLEUR_PROMPT",

@@ -61,13 +61,14 @@ class GreedyOutput:
     """Result of :meth:`LocalJudge.greedy` for N rows.
 
     ``tokens[n]`` are row n's generated ids up to, not including, the end-of-sequence token;
-    ``finished[n]`` says whether it produced one within the step budget; ``logits`` is
-    (N, T, V) float32, the raw next-token logits at each of the T steps run (None if not kept).
+    ``finished[n]`` says whether it produced one within the step budget; ``logits[n]`` maps a step t of
+    row n to the raw next-token logits (V,) float32 that chose its t-th token (every step, or the steps
+    whose token is one of ``keep_tokens``; None if logits were not kept).
     """
 
     tokens: list[list[int]]
     finished: list[bool]
-    logits: torch.Tensor | None
+    logits: list[dict[int, torch.Tensor]] | None
 
 
 def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
@@ -405,12 +406,22 @@ class LocalJudge:
 
     @torch.inference_mode()
     def greedy(
-        self, state: DecodeState, max_new_tokens: int | Sequence[int], keep_logits: bool = True
+        self,
+        state: DecodeState,
+        max_new_tokens: int | Sequence[int],
+        keep_logits: bool = True,
+        keep_tokens: Sequence[int] | None = None,
+        compact: float = 0.5,
     ) -> GreedyOutput:
         """Greedy decoding from ``state`` (argmax, ties to the lowest id, like ``generate(do_sample=False)``).
 
-        ``max_new_tokens``: one budget for all rows or one per row; decoding stops once every row has
-        ended or used its budget.
+        ``max_new_tokens``: one budget for all rows or one per row (the end-of-sequence token counts);
+        each row stops at its end-of-sequence token or its budget. ``keep_logits``: keep the logits of
+        every step, or with ``keep_tokens`` only of the steps whose chosen token is one of them (FLEUR
+        keeps the digit steps, so a long answer does not hold (T, V) logits). ``compact``: once the rows
+        still decoding are at most this fraction of the batch, the finished rows are dropped from the
+        cache (a copy of the live rows), so a few long answers do not keep the whole batch stepping.
+        Results do not depend on compaction.
         """
         n_rows = state.batch_size
         budgets = [int(max_new_tokens)] * n_rows if isinstance(max_new_tokens, int) else [int(b) for b in max_new_tokens]
@@ -418,32 +429,42 @@ class LocalJudge:
             raise ValueError(f"{len(budgets)} token budgets for {n_rows} rows")
         if min(budgets) < 1:
             raise ValueError(f"max_new_tokens must be at least 1, got {min(budgets)}")
-        device = state.logits.device
-        eos = torch.tensor(sorted(self.eos_token_ids), device=device)
-        budget = torch.tensor(budgets, device=device)
-        finished = torch.zeros(n_rows, dtype=torch.bool, device=device)
-        generated: list[torch.Tensor] = []
-        kept: list[torch.Tensor] = []
-        for t in range(max(budgets)):
-            if keep_logits:
-                kept.append(state.logits)
-            nxt = state.logits.argmax(dim=-1)
-            nxt = torch.where(finished, torch.full_like(nxt, self.pad_token_id), nxt)
-            generated.append(nxt)
-            finished = finished | torch.isin(nxt, eos) | (budget <= t + 1)
-            if bool(finished.all()):
-                break
-            state = self.step(state, nxt)
-        steps = torch.stack(generated, dim=1).tolist()
         eos_set = self.eos_token_ids
-        tokens, done = [], []
-        for row, limit in zip(steps, budgets):
-            row = row[:limit]
-            end = next((i for i, t in enumerate(row) if t in eos_set), None)
-            tokens.append(row if end is None else row[:end])
-            done.append(end is not None)
-        logits = torch.stack(kept, dim=1) if keep_logits else None
-        return GreedyOutput(tokens=tokens, finished=done, logits=logits)
+        keep = None if keep_tokens is None else {int(t) for t in keep_tokens}
+        tokens: list[list[int]] = [[] for _ in range(n_rows)]
+        finished = [False] * n_rows
+        kept: list[dict[int, torch.Tensor]] | None = [{} for _ in range(n_rows)] if keep_logits else None
+        owner = list(range(n_rows))  # state row -> output row, -1 once that row is done
+        step = 0
+        while True:
+            chosen = state.logits.argmax(dim=-1)
+            chosen_list = chosen.tolist()
+            for k, row in enumerate(owner):
+                if row < 0:
+                    continue
+                token = chosen_list[k]
+                if kept is not None and (keep is None or token in keep):
+                    kept[row][step] = state.logits[k].float().clone()
+                if token in eos_set:
+                    finished[row] = True
+                    owner[k] = -1
+                    continue
+                tokens[row].append(token)
+                if len(tokens[row]) >= budgets[row]:
+                    owner[k] = -1
+            live = [k for k, row in enumerate(owner) if row >= 0]
+            if not live:
+                break
+            if len(live) <= compact * len(owner):
+                state = self.select(state, live, reserve=16)
+                chosen = chosen.index_select(0, torch.tensor(live, device=chosen.device))
+                owner = [owner[k] for k in live]
+            else:
+                dead = torch.tensor([row < 0 for row in owner], device=chosen.device)
+                chosen = torch.where(dead, torch.full_like(chosen, self.pad_token_id), chosen)
+            state = self.step(state, chosen)
+            step += 1
+        return GreedyOutput(tokens=tokens, finished=finished, logits=kept)
 
     # ---------------------------------------------------------------------------- differentiable pass
     def teacher_forcing_inputs(

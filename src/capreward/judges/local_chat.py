@@ -20,6 +20,7 @@ import torch
 
 from ..metrics.gveval import NUM_SCORES, digit_tree_distribution
 from .local import LocalJudge
+from .prompts import IMAGE_PLACEHOLDER, render_chat_template
 from .protocol import ChatRequest, ChatResponse, SyncBackendMixin, TokenLogprob
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,23 @@ class LocalChatJudge(SyncBackendMixin):
                 pairs[-1] = (pairs[-1][0], turn.text)
         if turns[-1].role != "user":
             raise ValueError("the last turn must be a user turn")
+        if request.chat_template is not None:
+            return self._render_template(request)
         return self.judge.conversation(pairs)
+
+    def _render_template(self, request: ChatRequest) -> str:
+        """The prompt ``request.chat_template`` renders (as a server honouring vLLM's ``chat_template``
+        field would), images as the judge's placeholder; a leading BOS is dropped (the tokenizer adds it)."""
+        messages = []
+        for turn in request.turns:
+            parts: list[dict] = [{"type": "image"} for _ in turn.images]
+            parts.append({"type": "text", "text": turn.text})
+            messages.append({"role": turn.role, "content": parts if turn.images else turn.text})
+        tok = self.judge.tokenizer
+        bos = tok.bos_token or ""
+        text = render_chat_template(request.chat_template, messages, bos_token=bos, eos_token=tok.eos_token or "")
+        text = text.replace(IMAGE_PLACEHOLDER, self.judge.image_placeholder)
+        return text[len(bos) :] if bos and text.startswith(bos) else text
 
     def _prepare(self, requests: Sequence[ChatRequest]):
         """Prompt ids and image features for the valid requests; errors for the others."""
@@ -104,9 +121,10 @@ class LocalChatJudge(SyncBackendMixin):
         if valid:
             encoded = judge.encode_prompts([prompts[i] for i in valid], n_image)
             for i, ids in zip(valid, encoded):
-                if len(ids) + requests[i].max_tokens > judge.context_length:
+                wanted = requests[i].max_tokens if requests[i].max_tokens is not None else 1
+                if len(ids) + wanted > judge.context_length:
                     errors[i] = (
-                        f"prompt of {len(ids)} tokens plus max_tokens={requests[i].max_tokens} exceeds the judge's "
+                        f"prompt of {len(ids)} tokens plus max_tokens={wanted} exceeds the judge's "
                         f"context of {judge.context_length} positions"
                     )
                 else:
@@ -130,7 +148,11 @@ class LocalChatJudge(SyncBackendMixin):
         responses: list[ChatResponse] = [ChatResponse(text="", error=e) for e in errors]
         if not rows:
             return responses
-        budgets = [requests[i].max_tokens for i in rows]
+        # max_tokens=None: no limit but the context (as a server without a max_tokens field)
+        budgets = [
+            requests[i].max_tokens if requests[i].max_tokens is not None else judge.context_length - len(prompt_ids[i])
+            for i in rows
+        ]
         temps = torch.tensor([requests[i].temperature for i in rows], dtype=torch.float32)
         k = max(requests[i].top_logprobs for i in rows)
         generator = torch.Generator().manual_seed(self.seed + offset)
@@ -174,11 +196,14 @@ class LocalChatJudge(SyncBackendMixin):
             logprobs = []
             for j, tok in enumerate(tokens):
                 before = context + tokens[max(0, j - 3) : j] if j < 3 else tokens[j - 3 : j]
-                top: dict[str, float] = {}
+                ranked: list[tuple[str, float]] = []
                 if tops is not None and request.top_logprobs > 0:
                     for alt, lp in zip(tops[0][r][j][: request.top_logprobs], tops[1][r][j][: request.top_logprobs]):
-                        top.setdefault(self._piece(before, alt), lp)
-                logprobs.append(TokenLogprob(self._piece(before, tok), steps_logp[r][j], top))
+                        ranked.append((self._piece(before, alt), lp))
+                top: dict[str, float] = {}
+                for piece, lp in ranked:
+                    top.setdefault(piece, lp)
+                logprobs.append(TokenLogprob(self._piece(before, tok), steps_logp[r][j], top, tuple(ranked)))
             responses[i] = LocalChatResponse(
                 text=text, tokens=tuple(logprobs), finish_reason=reason, token_ids=tuple(int(t) for t in tokens)
             )

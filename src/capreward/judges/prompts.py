@@ -36,6 +36,42 @@ REF_FLEUR_PROMPT = (
 
 FLEUR_EXPLAIN_PROMPT = "Why? Tell me the reason."
 
+#: A Jinja chat template that renders a conversation exactly as :func:`llava_v1_conversation` does (BOS,
+#: system sentence, ``"USER: <image>\\n{message} "``, ``"ASSISTANT: {answer}</s>"``, and a final
+#: ``"ASSISTANT:"``), for servers that accept a per-request template (vLLM's ``chat_template`` field):
+#: their own LLaVA template (llava-hf's has no system sentence) would change the prompt FLEUR is defined
+#: on. Content may be a string or OpenAI parts (image parts, in any position, become the placeholder
+#: before the text, as in LLaVA's format).
+LLAVA_V1_CHAT_TEMPLATE = (
+    "{{ bos_token }}" + LLAVA_V1_SYSTEM + LLAVA_V1_SEP
+    + "{% for message in messages %}"
+    "{% if message['role'] == 'user' %}USER: "
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for part in message['content'] %}{% if part['type'] in ('image', 'image_url') %}" + IMAGE_PLACEHOLDER + "\n{% endif %}{% endfor %}"
+    "{% for part in message['content'] %}{% if part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}"
+    "{% endif %}" + LLAVA_V1_SEP
+    + "{% elif message['role'] == 'assistant' %}ASSISTANT: "
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for part in message['content'] %}{% if part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}"
+    "{% endif %}" + LLAVA_V1_SEP2
+    + "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}ASSISTANT:{% endif %}"
+)
+
+
+def render_chat_template(
+    template: str, messages: Sequence[dict], bos_token: str = "<s>", eos_token: str = "</s>"
+) -> str:
+    """``template`` rendered for OpenAI-style ``messages`` with a generation prompt, as
+    ``transformers``' ``apply_chat_template`` and vLLM render chat templates (sandboxed Jinja,
+    ``trim_blocks`` and ``lstrip_blocks``). Returns the prompt text (special tokens as text)."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    return env.from_string(template).render(
+        messages=list(messages), add_generation_prompt=True, bos_token=bos_token, eos_token=eos_token
+    )
+
 
 def fleur_prompt(caption: str, references: Sequence[str] | None = None) -> str:
     """The FLEUR user message for ``caption``; the RefFLEUR one when ``references`` are given.

@@ -20,37 +20,53 @@ from PIL import Image
 
 @dataclass(frozen=True)
 class ChatTurn:
-    """One message: ``role`` is ``"user"`` or ``"assistant"``; ``images`` go before the text."""
+    """One message: ``role`` is ``"system"``, ``"user"`` or ``"assistant"``.
+
+    ``images`` (user turns only) go before the text, or after it with ``text_first`` (G-VEval's released
+    request puts the text first). ``image_detail``: OpenAI's ``detail`` of each image part (``"low"``,
+    ``"high"``, ``"auto"``; None: not sent). Local backends ignore both (LLaVA's format puts the image
+    first).
+    """
 
     role: str
     text: str
     images: tuple[Image.Image, ...] = ()
+    text_first: bool = False
+    image_detail: str | None = None
 
 
 @dataclass(frozen=True)
 class ChatRequest:
     """A conversation to continue with the assistant's next message.
 
-    ``max_tokens``: generation budget; ``temperature`` 0 means greedy; ``top_logprobs``: how many
-    alternatives to report per generated token (0: none; OpenAI allows up to 20, as does vLLM);
-    ``stop``: strings that end the answer (not included in it).
+    ``max_tokens``: generation budget (None: no limit is sent to a server, which then allows what the
+    model's context leaves; a local backend fills its context); ``temperature`` 0 means greedy;
+    ``top_logprobs``: how many alternatives to report per generated token (0: none; OpenAI allows up to
+    20, as does vLLM); ``stop``: strings that end the answer (not included in it); ``chat_template``: a
+    Jinja chat template the server should render the conversation with (vLLM's ``chat_template``
+    request field; None: the server's own), so that the model sees exactly the prompt a local judge
+    would build.
     """
 
     turns: tuple[ChatTurn, ...]
-    max_tokens: int = 256
+    max_tokens: int | None = 256
     temperature: float = 0.0
     top_logprobs: int = 0
     stop: tuple[str, ...] = ()
+    chat_template: str | None = None
 
 
 @dataclass(frozen=True)
 class TokenLogprob:
     """One generated token: its text, its log-probability, and the top alternatives
-    (text → log-probability, the generated token included when it is among them)."""
+    (text → log-probability, the generated token included when it is among them; when a server lists
+    one text twice, ``top`` keeps the first, most likely entry). ``ranked`` holds the alternatives as
+    the backend listed them, duplicates included (G-VEval's released rule lets a later duplicate win)."""
 
     token: str
     logprob: float
     top: dict[str, float] = field(default_factory=dict)
+    ranked: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -86,9 +102,16 @@ class JudgeBackend(Protocol):
         """The same, awaitable (remote backends run requests concurrently)."""
 
 
-def user_turn(text: str, images: Sequence[Image.Image] = ()) -> ChatTurn:
-    """A user message with its images."""
-    return ChatTurn(role="user", text=text, images=tuple(images))
+def user_turn(
+    text: str, images: Sequence[Image.Image] = (), *, text_first: bool = False, image_detail: str | None = None
+) -> ChatTurn:
+    """A user message with its images (see :class:`ChatTurn` for ``text_first`` and ``image_detail``)."""
+    return ChatTurn(role="user", text=text, images=tuple(images), text_first=text_first, image_detail=image_detail)
+
+
+def system_turn(text: str) -> ChatTurn:
+    """A system message (G-VEval's release sends a ref-only prompt without a visual this way)."""
+    return ChatTurn(role="system", text=text)
 
 
 def assistant_turn(text: str) -> ChatTurn:

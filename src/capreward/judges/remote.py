@@ -58,18 +58,24 @@ def image_data_uri(image: Image.Image) -> str:
 
 def to_messages(turns: Sequence[ChatTurn], system: str | None = None, encode=image_data_uri) -> list[dict]:
     """OpenAI chat ``messages`` for ``turns``: a user turn with images becomes content parts (the
-    ``image_url`` parts first, then the text), other turns plain strings. ``encode`` maps an image to
-    its URL."""
+    ``image_url`` parts first, then the text; the text first with ``text_first``; each image part with
+    ``detail`` when ``image_detail`` is set), other turns plain strings. ``system``: a system message put
+    first. ``encode`` maps an image to its URL."""
     messages: list[dict] = [{"role": "system", "content": system}] if system else []
     for turn in turns:
-        if turn.role not in ("user", "assistant"):
-            raise ValueError(f"turn role must be 'user' or 'assistant', got {turn.role!r}")
+        if turn.role not in ("system", "user", "assistant"):
+            raise ValueError(f"turn role must be 'system', 'user' or 'assistant', got {turn.role!r}")
         if turn.images:
             if turn.role != "user":
                 raise ValueError("only user turns can carry images")
-            parts = [{"type": "image_url", "image_url": {"url": encode(im)}} for im in turn.images]
-            parts.append({"type": "text", "text": turn.text})
-            messages.append({"role": turn.role, "content": parts})
+            images = []
+            for im in turn.images:
+                url: dict[str, Any] = {"url": encode(im)}
+                if turn.image_detail is not None:
+                    url["detail"] = turn.image_detail
+                images.append({"type": "image_url", "image_url": url})
+            text = [{"type": "text", "text": turn.text}]
+            messages.append({"role": turn.role, "content": text + images if turn.text_first else images + text})
         else:
             messages.append({"role": turn.role, "content": turn.text})
     return messages
@@ -78,8 +84,9 @@ def to_messages(turns: Sequence[ChatTurn], system: str | None = None, encode=ima
 def parse_completion(completion: Any) -> ChatResponse:
     """A :class:`ChatResponse` from an ``openai`` ``ChatCompletion`` object: the first choice's text,
     finish reason and per-token log-probabilities (top alternatives as text -> logprob; when a server
-    lists one text twice the first, most likely, entry is kept). Raises :class:`MalformedResponse` when
-    the object is not a chat completion."""
+    lists one text twice the first, most likely, entry is kept in ``top``, and every entry, in the
+    server's order, in ``ranked``). Raises :class:`MalformedResponse` when the object is not a chat
+    completion."""
     try:
         choices = completion.choices
         if not choices:
@@ -89,10 +96,11 @@ def parse_completion(completion: Any) -> ChatResponse:
         tokens = []
         content = choice.logprobs.content if choice.logprobs is not None else None
         for item in content or ():
+            ranked = tuple((alt.token, float(alt.logprob)) for alt in item.top_logprobs or ())
             top: dict[str, float] = {}
-            for alt in item.top_logprobs or ():
-                top.setdefault(alt.token, float(alt.logprob))
-            tokens.append(TokenLogprob(item.token, float(item.logprob), top))
+            for text_, logprob in ranked:
+                top.setdefault(text_, logprob)
+            tokens.append(TokenLogprob(item.token, float(item.logprob), top, ranked))
     except MalformedResponse:
         raise
     except (AttributeError, TypeError, ValueError) as exc:
@@ -106,7 +114,8 @@ class OpenAIJudge:
     """A :class:`~capreward.judges.protocol.JudgeBackend` on an OpenAI-compatible chat-completions server.
 
     ``base_url``: e.g. ``"http://localhost:8000/v1"`` for vLLM (None: OpenAI's). ``model``: the served
-    model name (also this backend's ``name``, used in cache keys). ``api_key_env``: the environment
+    model name (also this backend's ``name``, used in cache keys); the default is the snapshot G-VEval's
+    released ``scorer.py`` calls, ``gpt-4o-2024-05-13``. ``api_key_env``: the environment
     variable holding the key (None, or unset for a local server: the placeholder ``"EMPTY"`` that vLLM
     accepts). ``max_concurrency``: requests in flight. ``timeout``: seconds per attempt.
     ``max_retries``: retries after the first attempt. ``backoff``/``max_backoff``: the n-th retry waits
@@ -119,7 +128,7 @@ class OpenAIJudge:
     def __init__(
         self,
         base_url: str | None = None,
-        model: str = "gpt-4o",
+        model: str = "gpt-4o-2024-05-13",
         *,
         api_key_env: str | None = "OPENAI_API_KEY",
         max_concurrency: int = 8,
@@ -213,19 +222,25 @@ class OpenAIJudge:
 
     def _body(self, request: ChatRequest, encode) -> dict:
         """The request fields for one :class:`ChatRequest` (``top_logprobs`` capped)."""
-        if request.max_tokens < 1:
+        if request.max_tokens is not None and request.max_tokens < 1:
             raise ValueError(f"max_tokens must be positive, got {request.max_tokens}")
         body: dict[str, Any] = {
             "model": self.model,
             "messages": to_messages(request.turns, self.system, encode),
             "temperature": float(request.temperature),
-            self.token_limit_param: int(request.max_tokens),
         }
+        if request.max_tokens is not None:  # None: no limit sent, as G-VEval's release sends none
+            body[self.token_limit_param] = int(request.max_tokens)
         if request.top_logprobs > 0:
             body["logprobs"] = True
             body["top_logprobs"] = min(int(request.top_logprobs), self.top_logprobs_cap)
         if request.stop:
             body["stop"] = list(request.stop)
+        extra = dict(self.extra_body)
+        if request.chat_template is not None:
+            extra["chat_template"] = request.chat_template  # vLLM's extra field (OpenAI rejects it)
+        if extra:
+            body["extra_body"] = extra
         return body
 
     async def _complete(self, client: Any, index: int, body: dict, key: str) -> ChatResponse:
@@ -233,13 +248,12 @@ class OpenAIJudge:
         import openai
 
         body = dict(body)
-        extra = self.extra_body or None
         last = "no attempt made"
         for attempt in range(self.max_retries + 1):
             retry_after = None
             try:
                 completion = await asyncio.wait_for(
-                    client.chat.completions.create(**body, extra_body=extra), timeout=self.timeout
+                    client.chat.completions.create(**body), timeout=self.timeout
                 )
                 return parse_completion(completion)
             except (asyncio.TimeoutError, openai.APITimeoutError):

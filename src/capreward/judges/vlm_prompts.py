@@ -2,11 +2,15 @@
 
 VisCE² (Maeda et al., "Vision Language Model-based Caption Evaluation Method Leveraging Visual Context
 Extraction", 2024, arXiv:2402.17969; the paper's Table 4): the texts come from the released repository
-``Silviase/VisCE2``: ``prompts/visual_context.txt`` (stage 1, the visual context), ``prompts/visce_2.txt``
-(stage 2, the rating) with ``src/utils/constants.py``'s ``desc_task`` and ``src/utils/prompter.py``'s
-substitutions (``[cand]`` -> ``"Candidate:\\n{caption}"``, ``[context]`` -> ``"Context:\\n{context}"``).
-That makes the rendered rating prompt say "Candidate caption:\\nCandidate:\\n..." - the released
-behaviour, kept as is.
+``Silviase/VisCE2`` at its head (f08b2e1): ``prompts/visual_context.txt`` (stage 1, the visual context),
+``prompts/visce_2.txt`` (stage 2, the rating) rendered by ``src/utils/prompter.py`` with
+``src/utils/constants.py``'s ``desc_task`` ("On a precise scale from 0 to 100, rate whether the candidate
+caption is appropriate for the given image.") and the substitutions ``[cand]`` -> ``"Candidate:\\n{caption}"``
+and ``[context]`` -> ``"Visual Context:\\n{context}"``. That makes the rendered rating prompt say
+"Candidate caption:\\nCandidate:\\n..." - the released behaviour, kept as is. The earlier complete prompt
+(``prompts/visce.txt`` with commit 9533bc7's ``desc_task`` "Evaluate the given candidate caption based on
+the following information." and ``"Context:\\n"`` label) is the named variant ``"visce"``
+(:data:`VISCE2_RATING_VARIANTS`).
 
 G-VEval (Tong et al., "G-VEval: A Versatile Metric for Evaluating Image and Video Captions Using
 GPT-4o", 2024, appendix B): the texts are the released repository's ``ztangaj/gveval``
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-#: Bump when any VisCE² prompt text changes: it is part of the visual-context cache key.
+#: Bump when the VisCE² context prompt changes: it is part of the visual-context cache key.
 VISCE2_PROMPT_VERSION = "visce2-release-1"
 
 VISCE2_CONTEXT_PROMPT = """Analyze the uploaded image and provide a structured output focusing on the objects, their features, and the relationships between them. 
@@ -46,8 +50,8 @@ Relationships (The way objects interact or are positioned relative to each other
 
 Focus on providing unique and detailed insights into the features and relationships of the selected objects up to five objects."""
 
-#: ``desc_task`` of the released ``constants.py`` (leading and trailing newline included).
-VISCE2_TASK = "\nEvaluate the given candidate caption based on the following information.\n"
+#: ``desc_task`` of the released head's ``constants.py`` (leading and trailing newline included).
+VISCE2_TASK = "\nOn a precise scale from 0 to 100, rate whether the candidate caption is appropriate for the given image.\n"
 
 #: ``prompts/visce_2.txt``: ``[task]``, ``[cand]`` and ``[context]`` are filled by :func:`visce2_prompt`.
 VISCE2_RATING_TEMPLATE = """[task]
@@ -62,13 +66,34 @@ Your final rating must be a single digit between 0 and 100.
 Appropriateness(0-100): How well the caption matches the image's content, atmosphere, and context.
 A score of 0 indicates complete inappropriateness, while a score of 100 indicates perfect appropriateness."""
 
+#: ``desc_task`` of commit 9533bc7's ``constants.py`` (used by the ``"visce"`` variant).
+VISCE2_TASK_9533BC7 = "\nEvaluate the given candidate caption based on the following information.\n"
 
-def visce2_prompt(caption: str, context: str) -> str:
-    """The VisCE² rating message for ``caption`` given the image's visual ``context`` (stage-1 answer)."""
+#: ``prompts/visce.txt``, with ``prompter.py``'s ``[0-100]`` and ``[suffix]`` substitutions applied.
+VISCE2_RATING_TEMPLATE_9533BC7 = "[task]\n[cand]\n[context]\nAnswer on a scale of 0 to 100.\nAnswer:"
+
+#: Rating-prompt variants: name -> (template, task sentence, context label). ``"visce_2"`` is the
+#: released head's prompt (the default); ``"visce"`` the complete prompt of the earlier commit 9533bc7.
+#: The names are the release's prompt ids (``prompts/{name}.txt``).
+VISCE2_RATING_VARIANTS: dict[str, tuple[str, str, str]] = {
+    "visce_2": (VISCE2_RATING_TEMPLATE, VISCE2_TASK, "Visual Context:"),
+    "visce": (VISCE2_RATING_TEMPLATE_9533BC7, VISCE2_TASK_9533BC7, "Context:"),
+}
+
+
+def visce2_prompt(caption: str, context: str, variant: str = "visce_2") -> str:
+    """The VisCE² rating message for ``caption`` given the image's visual ``context`` (stage-1 answer).
+
+    ``variant``: ``"visce_2"`` (the released head's prompt, default) or ``"visce"`` (commit 9533bc7's).
+    Raises ValueError for another name.
+    """
+    if variant not in VISCE2_RATING_VARIANTS:
+        raise ValueError(f"VisCE² prompt variant must be one of {sorted(VISCE2_RATING_VARIANTS)}, got {variant!r}")
+    template, task, label = VISCE2_RATING_VARIANTS[variant]
     return (
-        VISCE2_RATING_TEMPLATE.replace("[task]", VISCE2_TASK)
+        template.replace("[task]", task)
         .replace("[cand]", f"Candidate:\n{caption}")
-        .replace("[context]", f"Context:\n{context}")
+        .replace("[context]", f"{label}\n{context}")
     )
 
 
@@ -406,5 +431,6 @@ def prompt_words() -> list[str]:
     """Every alphabetic word of the VisCE² and G-VEval prompts (for a tiny judge's vocabulary)."""
     import re
 
-    texts = [VISCE2_CONTEXT_PROMPT, VISCE2_RATING_TEMPLATE, VISCE2_TASK, "Candidate Context", *GVEVAL_TEMPLATES.values()]
+    texts = [VISCE2_CONTEXT_PROMPT, "Candidate Context Visual", *(t + task for t, task, _ in VISCE2_RATING_VARIANTS.values())]
+    texts += list(GVEVAL_TEMPLATES.values())
     return list(dict.fromkeys(w for t in texts for w in re.findall(r"[A-Za-z']+", t)))

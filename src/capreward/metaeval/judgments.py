@@ -45,12 +45,19 @@ def visual_aliases(*names: object) -> tuple[str, ...]:
 @dataclass(frozen=True)
 class RatedItem:
     """One human-rated caption. ``human`` maps a column (e.g. ``"rating"``, ``"annotator_1"``,
-    ``"accuracy"``) to its score; ``where`` says where in the file the item came from."""
+    ``"accuracy"``) to its score; ``where`` says where in the file the item came from.
+
+    ``annotators``: where a benchmark gives several annotators' scores per column (MSVD-Eval), one dict
+    per annotator with the same columns (``human`` then holds their means). ``group``: the file entry the
+    item came from (Flickr8k: the image's key), for protocols that regroup an entry's ratings.
+    """
 
     visual: tuple[str, ...]
     caption: str
     human: dict[str, float]
     where: str = ""
+    annotators: tuple[dict[str, float], ...] = ()
+    group: str = ""
 
     @property
     def key(self) -> tuple[str, str]:

@@ -4,14 +4,29 @@ Measures are in percent (a Kendall tau of 0.532 is reported as 53.2). Judgment i
 are never dropped silently: they are counted in ``n_unmatched`` (and listed in ``unmatched``); for the
 pairwise benchmarks a pair missing either score is a miss, as a tie is.
 
-- Flickr8k-Expert: one row per expert rating, NaN ratings dropped (counted in ``details``); tau-c, tau-b.
-- Flickr8k-CF: the same rows; tau-b.   Composite: tau-c.   THumB: Pearson against ``human_score``.
+Some benchmarks offer more than one protocol (``run_protocol(..., protocol=name)``, ``capreward meta-eval
+--protocol``); the first listed is the default.
+
+- Flickr8k-Expert: ``per-rating`` (default; the CLIP-S / PAC-S evaluation): one row per expert rating,
+  NaN ratings dropped (counted in ``details``); tau-c, tau-b. ``per-candidate`` (G-VEval's released
+  ``correlation.py``/``dataset.py``): each image's ratings taken three at a time in file order, one row
+  per triple with the mean of its three ratings; a triple with a NaN rating is dropped, and so is every
+  triple of an image whose number of ratings is not a multiple of 3; tau-c, tau-b.
+- Flickr8k-CF: one row per rating; tau-b.   Composite: tau-c against ``rating``, and where the judgements
+  carry them tau-b against ``correctness`` and ``thoroughness`` (as VisCE² reports).
+- THumB: Pearson against the total ``human_score`` and, where given, against precision ``P`` and recall
+  ``R`` (as VisCE² reports).
 - Pascal-50S: per category (HC, HI, HM, MM) the share of pairs whose preferred caption scores strictly
   higher, and the mean of the categories.   FOIL: the same share over all (original, foil) pairs.
 - VATEX-EVAL: Kendall tau-b and Spearman against each annotator, averaged; scores rounded to 4 decimals
   first, as the released evaluation does (``round_vatex=None`` turns that off).
-- MSVD-Eval: tau-b and tau-c against the annotators' mean, per ACCR dimension and overall (the top-level
-  ``tau_b``/``tau_c`` are the overall ones).
+- MSVD-Eval: tau-b and tau-c per ACCR dimension and overall (the top-level ``tau_b``/``tau_c`` are the
+  overall ones). ``per-annotator`` (default; G-VEval's released ``correlation.py``): one row per
+  (candidate, annotator), the two annotators' rows stacked. ``annotator-mean``: one row per candidate
+  against the annotators' mean. A metric that gives one score per dimension (``gveval.accuracy`` … with
+  ``--score-field gveval``) is correlated dimension by dimension with the matching human dimension and
+  its main score with ``overall``, as the release does for G-VEval's ACCR; a single score is correlated
+  with every human dimension (the release reports only ``overall`` for such metrics).
 """
 
 from __future__ import annotations
@@ -26,13 +41,24 @@ from .readers import ACCR_DIMENSIONS, PASCAL_CATEGORIES
 from .scores import ScoreIndex
 from .stats import kendall, pairwise_outcomes, pearson, percent, spearman
 
-# benchmark -> (human column, {measure: statistic}) for the single-column rated benchmarks
+# benchmark -> (human column, measures) for the rated benchmarks with one human score per row
 RATED = {
     "flickr8k-expert": ("rating", ("tau_c", "tau_b")),
     "flickr8k-cf": ("rating", ("tau_b",)),
     "composite": ("rating", ("tau_c",)),
     "thumb": ("human_score", ("pearson",)),
 }
+# benchmark -> {measure: (human column, statistic)} reported where the judgements have that column
+RATED_EXTRA = {
+    "composite": {"tau_b_correctness": ("correctness", "tau_b"), "tau_b_thoroughness": ("thoroughness", "tau_b")},
+    "thumb": {"pearson_p": ("P", "pearson"), "pearson_r": ("R", "pearson")},
+}
+STATISTICS = {
+    "tau_c": lambda metric, human: kendall(metric, human, "c"),
+    "tau_b": lambda metric, human: kendall(metric, human, "b"),
+    "pearson": pearson,
+}
+MSVD_PARTS = ACCR_DIMENSIONS[:4]  # the dimensions a metric can score separately (G-VEval's ACCR)
 
 
 @dataclass
@@ -104,18 +130,64 @@ def _unused(index: ScoreIndex, used: set) -> int:
     return len(index.unused) + len(set(index.scores) - used)
 
 
+def _statistic(name: str, metric: list[float], human: list[float]) -> float:
+    """``name`` (tau_c, tau_b, pearson) in percent over the rows whose human value is a number."""
+    rows = [(m, h) for m, h in zip(metric, human) if not math.isnan(h)]
+    return percent(_safe(STATISTICS[name], [m for m, _ in rows], [h for _, h in rows]))
+
+
 def rated_protocol(judgments: Judgments, index: ScoreIndex) -> MetaEvalResult:
-    """Flickr8k-Expert, Flickr8k-CF, Composite and THumB (see :data:`RATED`)."""
+    """Flickr8k-Expert (per rating), Flickr8k-CF, Composite and THumB (see :data:`RATED`, :data:`RATED_EXTRA`)."""
     column, measures = RATED[judgments.benchmark]
     matched, unmatched = _match_rated(judgments, index)
     rows = [(item.human[column], s) for item, s in matched if not math.isnan(item.human[column])]
     human, metric = [h for h, _ in rows], [s for _, s in rows]
-    fns = {"tau_c": lambda: kendall(metric, human, "c"), "tau_b": lambda: kendall(metric, human, "b"),
-           "pearson": lambda: pearson(metric, human)}
-    values = {m: percent(_safe(fns[m])) for m in measures}
+    values = {m: _statistic(m, metric, human) for m in measures}
     details = {"nan_ratings_dropped": len(matched) - len(rows), "column": column}
+    for measure, (extra, stat) in RATED_EXTRA.get(judgments.benchmark, {}).items():
+        if any(extra in item.human for item, _ in matched):
+            column_values = [item.human.get(extra, math.nan) for item, _ in matched]
+            values[measure] = _statistic(stat, [s for _, s in matched], column_values)
+            details[f"rows_{extra}"] = sum(not math.isnan(h) for h in column_values)
     return MetaEvalResult(judgments.benchmark, values, len(rows), len(unmatched), unmatched, details, human, metric,
                           n_unused_scores=_unused(index, {i.key for i, _ in matched}))
+
+
+def flickr8k_per_candidate_protocol(judgments: Judgments, index: ScoreIndex) -> MetaEvalResult:
+    """Flickr8k-Expert as G-VEval's release evaluates it: one row per candidate, its three ratings averaged.
+
+    Each image's ratings are taken three at a time in file order (the release's ``dataset.py`` reads
+    ``human_judgement[j:j+3]`` and the caption of the first); a triple with a NaN rating is dropped, and so
+    are all triples of an image whose number of ratings is not a multiple of 3 (both counted in ``details``).
+    """
+    groups: dict[str, list[RatedItem]] = {}
+    for item in judgments.rated:
+        groups.setdefault(item.group or item.visual[0], []).append(item)
+    human, metric, unmatched, used = [], [], [], set()
+    nan_triples = skipped_images = 0
+    for items in groups.values():
+        if len(items) % 3:
+            skipped_images += 1
+            continue
+        for j in range(0, len(items), 3):
+            triple = items[j:j + 3]
+            ratings = [it.human["rating"] for it in triple]
+            if any(math.isnan(r) for r in ratings):
+                nan_triples += 1
+                continue
+            first = triple[0]
+            used.add(first.key)
+            score = index.get(first.key)
+            if score is None:
+                unmatched.append(_unmatched_entry(first, first.caption, index, first.key))
+                continue
+            human.append(sum(ratings) / 3)
+            metric.append(score)
+    values = {m: _statistic(m, metric, human) for m in ("tau_c", "tau_b")}
+    details = {"protocol": "per-candidate", "nan_triples_dropped": nan_triples,
+               "images_skipped_not_multiple_of_3": skipped_images}
+    return MetaEvalResult(judgments.benchmark, values, len(human), len(unmatched), unmatched, details, human, metric,
+                          n_unused_scores=_unused(index, used))
 
 
 def vatex_protocol(judgments: Judgments, index: ScoreIndex, round_vatex: int | None = 4) -> MetaEvalResult:
@@ -138,18 +210,35 @@ def vatex_protocol(judgments: Judgments, index: ScoreIndex, round_vatex: int | N
                           n_unused_scores=_unused(index, {i.key for i, _ in matched}))
 
 
-def msvd_protocol(judgments: Judgments, index: ScoreIndex) -> MetaEvalResult:
-    """MSVD-Eval: tau-b and tau-c per ACCR dimension and overall (top level = overall)."""
+def _msvd(judgments: Judgments, index: ScoreIndex, stacked: bool) -> MetaEvalResult:
     matched, unmatched = _match_rated(judgments, index)
-    metric = [s for _, s in matched]
-    dims = {}
+    # (item, annotator's scores) rows: one per annotator stacked, or one per item with the annotators' mean
+    rows = [(item, a) for item, _ in matched for a in (item.annotators or (item.human,))] if stacked \
+        else [(item, item.human) for item, _ in matched]
+    dims, metric_column = {}, {}
     for d in ACCR_DIMENSIONS:
-        h = [item.human[d] for item, _ in matched]
-        dims[d] = {"tau_b": percent(_safe(kendall, metric, h, "b")), "tau_c": percent(_safe(kendall, metric, h, "c"))}
-    values = dict(dims["overall"])
-    return MetaEvalResult(judgments.benchmark, values, len(matched), len(unmatched), unmatched,
-                          {"dimensions": dims}, [item.human["overall"] for item, _ in matched], metric,
+        own = d in MSVD_PARTS and bool(rows) and all(d in index.parts.get(item.key, {}) for item, _ in rows)
+        metric = [index.parts[item.key][d] if own else index.get(item.key) for item, _ in rows]
+        human = [a[d] for _, a in rows]
+        dims[d] = {m: _statistic(m, metric, human) for m in ("tau_b", "tau_c")}
+        metric_column[d] = f"score.{d}" if own else "score"
+    overall_metric = [index.get(item.key) for item, _ in rows]
+    details = {"protocol": "per-annotator" if stacked else "annotator-mean", "dimensions": dims,
+               "metric_column": metric_column, "rows": len(rows)}
+    return MetaEvalResult(judgments.benchmark, dict(dims["overall"]), len(matched), len(unmatched), unmatched, details,
+                          [a["overall"] for _, a in rows], overall_metric,
                           n_unused_scores=_unused(index, {i.key for i, _ in matched}))
+
+
+def msvd_protocol(judgments: Judgments, index: ScoreIndex) -> MetaEvalResult:
+    """MSVD-Eval as G-VEval's release evaluates it: each annotator's scores a row of their own (stacked);
+    tau-b and tau-c per ACCR dimension and overall (top level = overall)."""
+    return _msvd(judgments, index, stacked=True)
+
+
+def msvd_mean_protocol(judgments: Judgments, index: ScoreIndex) -> MetaEvalResult:
+    """MSVD-Eval against the annotators' mean: one row per candidate; tau-b and tau-c per dimension and overall."""
+    return _msvd(judgments, index, stacked=False)
 
 
 def pairwise_protocol(judgments: Judgments, index: ScoreIndex) -> MetaEvalResult:
@@ -186,15 +275,37 @@ def pairwise_protocol(judgments: Judgments, index: ScoreIndex) -> MetaEvalResult
                           n_unused_scores=_unused(index, used))
 
 
-def run_protocol(judgments: Judgments, index: ScoreIndex) -> MetaEvalResult:
-    """The protocol of ``judgments.benchmark`` applied to the matched scores."""
-    b = judgments.benchmark
-    if b in RATED:
-        return rated_protocol(judgments, index)
-    if b == "vatex-eval":
-        return vatex_protocol(judgments, index)
-    if b == "msvd-eval":
-        return msvd_protocol(judgments, index)
-    if b in ("pascal50s", "foil"):
-        return pairwise_protocol(judgments, index)
-    raise ValueError(f"no protocol for benchmark {b!r}")
+def _vatex(judgments: Judgments, index: ScoreIndex) -> MetaEvalResult:
+    return vatex_protocol(judgments, index)
+
+
+# benchmark -> {protocol name: function}; the first is the benchmark's default
+PROTOCOLS = {
+    "flickr8k-expert": {"per-rating": rated_protocol, "per-candidate": flickr8k_per_candidate_protocol},
+    "flickr8k-cf": {"per-rating": rated_protocol},
+    "composite": {"per-rating": rated_protocol},
+    "thumb": {"per-caption": rated_protocol},
+    "vatex-eval": {"per-annotator-average": _vatex},
+    "msvd-eval": {"per-annotator": msvd_protocol, "annotator-mean": msvd_mean_protocol},
+    "pascal50s": {"pairwise": pairwise_protocol},
+    "foil": {"pairwise": pairwise_protocol},
+}
+
+
+def protocol_names(benchmark: str) -> tuple[str, ...]:
+    """The protocols ``benchmark`` offers, its default first."""
+    if benchmark not in PROTOCOLS:
+        raise ValueError(f"no protocol for benchmark {benchmark!r}")
+    return tuple(PROTOCOLS[benchmark])
+
+
+def run_protocol(judgments: Judgments, index: ScoreIndex, protocol: str | None = None) -> MetaEvalResult:
+    """The protocol ``protocol`` (default: the benchmark's first, see :data:`PROTOCOLS`) of
+    ``judgments.benchmark`` applied to the matched scores; ``details["protocol"]`` names it."""
+    names = protocol_names(judgments.benchmark)
+    name = protocol or names[0]
+    if name not in names:
+        raise ValueError(f"{judgments.benchmark} has no protocol {name!r}; choose from {list(names)}")
+    result = PROTOCOLS[judgments.benchmark][name](judgments, index)
+    result.details["protocol"] = name
+    return result

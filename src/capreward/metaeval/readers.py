@@ -6,11 +6,12 @@ items raise :class:`JudgmentError` naming the file and item. Formats:
 - Flickr8k-Expert / Flickr8k-CF / Composite (``flickr8k.json``, ``crowdflower_flickr8k.json`` and the
   Composite file in the same layout, as distributed with the CLIP-S / PAC-S evaluation code):
   ``{key: {"image_id", "image_path", "ground_truth": [...], "human_judgement": [{"image_id",
-  "image_path", "caption", "rating"}, ...]}}``; one item per rating.
+  "image_path", "caption", "rating"}, ...]}}``; one item per rating. A judgement may also carry
+  ``correctness`` and ``thoroughness`` (Composite's two dimensions).
 - Pascal-50S: ``{"HC"|"HI"|"HM"|"MM": [{"image", "captions": [a, b], "label": 0|1, "references"}]}``;
   ``label`` is the index of the caption people preferred.
 - MSVD-Eval: ``{vid: {"vname", "ref", "candidate", "human_score": [[acc, comp, conc, rel, overall], ...]}}``
-  (one list per annotator); the item's human scores are the annotator means per dimension.
+  (one list per annotator); the item keeps each annotator's scores and their means per dimension.
 - VATEX-EVAL: the released folder (``candidates_list.pkl``, ``video_ids.pkl``, ``human_scores.pkl``
   holding the three annotators' scores back to back), or a JSONL of ``{"video", "caption",
   "human_scores": [s1, s2, s3]}``.
@@ -34,6 +35,9 @@ log = logging.getLogger(__name__)
 
 PASCAL_CATEGORIES = ("HC", "HI", "HM", "MM")
 ACCR_DIMENSIONS = ("accuracy", "completeness", "conciseness", "relevance", "overall")
+# Per-rating columns a judgement of the Flickr8k layout may carry besides ``rating`` (Composite's two
+# dimensions).
+FLICKR_EXTRA_COLUMNS = ("correctness", "thoroughness")
 
 
 def _load_json(path: Path) -> object:
@@ -85,8 +89,12 @@ def read_flickr8k(path: str | Path, benchmark: str = "flickr8k-expert") -> Judgm
                 raise JudgmentError(f"{w}: expected an object")
             image_id = h.get("image_id", entry.get("image_id", key))
             image_path = h.get("image_path", entry.get("image_path"))
-            rating = as_rating(h.get("rating"), w)
-            out.rated.append(RatedItem(visual_aliases(image_id, image_path), _caption(h, "caption", w), {"rating": rating}, w))
+            human = {"rating": as_rating(h.get("rating"), w)}
+            for column in FLICKR_EXTRA_COLUMNS:
+                if column in h:
+                    human[column] = as_rating(h[column], f"{w}.{column}")
+            out.rated.append(RatedItem(visual_aliases(image_id, image_path), _caption(h, "caption", w), human, w,
+                                       group=str(key)))
     return out
 
 
@@ -115,7 +123,8 @@ def read_pascal50s(path: str | Path) -> Judgments:
 
 
 def read_msvd_eval(path: str | Path) -> Judgments:
-    """MSVD-Eval: per candidate the mean over annotators of each ACCR dimension and the overall score."""
+    """MSVD-Eval: per candidate each annotator's ACCR dimensions and overall score (``annotators``) and
+    their means (``human``)."""
     path = Path(path)
     data = _load_json(path)
     if not isinstance(data, dict):
@@ -128,11 +137,11 @@ def read_msvd_eval(path: str | Path) -> Judgments:
         scores = entry.get("human_score")
         if not (isinstance(scores, list) and scores and all(isinstance(a, list) and len(a) == 5 for a in scores)):
             raise JudgmentError(f"{where}: 'human_score' must be a list of [accuracy, completeness, conciseness, relevance, overall] per annotator")
-        human = {}
-        for d, name in enumerate(ACCR_DIMENSIONS):
-            values = [as_rating(a[d], f"{where}.human_score[{k}][{d}]") for k, a in enumerate(scores)]
-            human[name] = sum(values) / len(values)
-        out.rated.append(RatedItem(visual_aliases(vid, entry.get("vname")), _caption(entry, "candidate", where), human, where))
+        annotators = tuple({name: as_rating(a[d], f"{where}.human_score[{k}][{d}]") for d, name in enumerate(ACCR_DIMENSIONS)}
+                           for k, a in enumerate(scores))
+        human = {name: sum(a[name] for a in annotators) / len(annotators) for name in ACCR_DIMENSIONS}
+        out.rated.append(RatedItem(visual_aliases(vid, entry.get("vname")), _caption(entry, "candidate", where), human, where,
+                                   annotators=annotators))
     return out
 
 

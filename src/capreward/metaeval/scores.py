@@ -4,7 +4,9 @@ A scores row names its visual by ``image`` or ``video`` (or ``image_id`` / ``vid
 an id as the judgments file writes it; its file name or stem also match. Its caption is matched after
 whitespace normalisation. The score is ``score`` unless another field is chosen: a top-level key such
 as ``clip_s`` or ``emscore.full_f`` (``capreward score`` writes flat keys), or a dotted path into
-nested objects (``metrics.clip_s``).
+nested objects (``metrics.clip_s``). For benchmarks with human dimensions (MSVD-Eval's ACCR) a row may also
+carry one score per dimension as ``<field>.<dimension>`` (``gveval.accuracy`` …, as ``capreward score
+--gveval-accr`` writes them); the protocol then correlates each with the matching human dimension.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class ScoreRow:
     caption: str
     score: float | None  # None: the row has no usable score (``reason`` says why)
     reason: str | None = None
+    parts: dict[str, float] = field(default_factory=dict)  # dimension -> score, from ``<field>.<dimension>``
 
 
 def field_value(row: dict, name: str) -> object:
@@ -53,9 +56,17 @@ def pick_field(row: dict, where: str) -> str:
     raise JudgmentError(f"{where}: no 'score' field; choose one with --score-field (numeric fields: {numeric})")
 
 
-def read_scores(path: str | Path, score_field: str | None = None) -> list[ScoreRow]:
+def _number(value: object) -> float | None:
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        return None
+    return float(value)
+
+
+def read_scores(path: str | Path, score_field: str | None = None, parts: tuple[str, ...] = ()) -> list[ScoreRow]:
     """Every row of a scores JSONL. Rows whose score is missing, null or NaN are kept with
-    ``score=None`` and a reason (they count as unmatched); rows without a visual or caption raise."""
+    ``score=None`` and a reason (they count as unmatched); rows without a visual or caption raise.
+    ``parts``: dimension names whose per-dimension scores ``<field>.<dimension>`` are read into
+    ``ScoreRow.parts`` where the row has them as numbers."""
     path = Path(path)
     rows: list[ScoreRow] = []
     for where, obj in read_jsonl_objects(path, "scores"):
@@ -78,7 +89,15 @@ def read_scores(path: str | Path, score_field: str | None = None) -> list[ScoreR
                 reason = f"{name} is NaN"
             else:
                 score = float(value)
-        rows.append(ScoreRow(where, str(visual), obj["caption"], score, reason))
+        found = {}
+        for part in parts:
+            try:
+                value = _number(field_value(obj, f"{name}.{part}"))
+            except KeyError:
+                continue
+            if value is not None:
+                found[part] = value
+        rows.append(ScoreRow(where, str(visual), obj["caption"], score, reason, found))
     return rows
 
 
@@ -87,10 +106,11 @@ class ScoreIndex:
     """Scores keyed by (canonical visual id, normalised caption) of one judgments file.
 
     ``unused`` lists score rows that name no visual of the judgments; ``missing`` maps keys whose only
-    rows had no usable score to the reason.
+    rows had no usable score to the reason; ``parts`` holds a key's per-dimension scores, if any.
     """
 
     scores: dict[tuple[str, str], float] = field(default_factory=dict)
+    parts: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
     missing: dict[tuple[str, str], str] = field(default_factory=dict)
     unused: list[ScoreRow] = field(default_factory=list)
 
@@ -148,5 +168,7 @@ def index_scores(rows: list[ScoreRow], judgments: Judgments, tolerance: float = 
             continue
         first[key] = row
         index.scores[key] = row.score
+        if row.parts:
+            index.parts[key] = row.parts
         index.missing.pop(key, None)
     return index

@@ -173,6 +173,50 @@ def check_digit_tokens(reading: FleurReading, tokens: Sequence[int], digit_ids: 
     return reading
 
 
+#: How the steps of the decimals are found: ``"step"`` (ours, default) reads the steps that wrote them;
+#: ``"release"`` searches the generated tokens for the digit's token as the released ``fleur.py`` does.
+DIGIT_SEARCHES = ("step", "release")
+
+
+def release_token_search(reading: FleurReading, digit_of_token: Sequence[int | None]) -> FleurReading:
+    """The steps the released ``fleur.py`` reads for the same answer, by searching the generated tokens.
+
+    ``digit_of_token[t]`` is the digit the t-th generated token is (that digit's own token), else None.
+    The release finds the first decimal's digit d1 among the tokens and takes its second occurrence when
+    d1 is 0 and it occurs more than once (so "0.0" reads the decimal, not the units), else its first; the
+    second decimal's digit d2: its second occurrence when it occurs more than once, else its only one; for
+    "1.0" the occurrence of the token "1", which must be unique (the release fails otherwise).
+
+    The second-decimal rule is an indexing accident: in "0.255" the second occurrence of "5" is the
+    *third* decimal, so the release reads the wrong step; :func:`parse_fleur_answer` (our default) reads
+    the step that wrote each decimal. Returns ``reading`` with the release's ``steps``, or a failed
+    reading where the release's search fails (no such token; several "1" tokens).
+    """
+    if not reading.ok:
+        return reading
+
+    def positions(digit: int) -> list[int]:
+        return [t for t, d in enumerate(digit_of_token) if d == digit]
+
+    def failed(why: str) -> FleurReading:
+        return replace(reading, rule=None, steps=(), digits=(), error=f"released token search: {why}")
+
+    steps: list[int] = []
+    for j, digit in enumerate(reading.digits):
+        found = positions(digit)
+        if not found:
+            return failed(f"the answer has no token for the digit {digit}")
+        if reading.rule == ONE:
+            if len(found) > 1:
+                return failed(f"the token '1' occurs {len(found)} times (the release cannot index that)")
+            steps.append(found[0])
+        elif j == 0:
+            steps.append(found[1] if digit == 0 and len(found) > 1 else found[0])
+        else:
+            steps.append(found[1] if len(found) > 1 else found[0])
+    return replace(reading, steps=tuple(steps))
+
+
 def digit_probabilities(logits: torch.Tensor, digit_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
     """Full-vocabulary softmax of ``logits`` (..., V) read at the ten digit tokens.
 

@@ -44,15 +44,25 @@ def parse_marked_score(text: str, marker: str = OVERALL_MARKER) -> int | None:
     return value if value < NUM_SCORES else None
 
 
-def alternatives_distribution(top: Mapping[str, float], strip: bool = False) -> np.ndarray | None:
+def alternatives_distribution(
+    top: Mapping[str, float] | Sequence[tuple[str, float]], strip: bool = False
+) -> np.ndarray | None:
     """Renormalised probabilities (101,) over 0..100 from one token's top alternatives.
 
-    ``top`` maps token text to log-probability. Only texts that are exactly "0".."100" count (with
-    ``strip``, after removing surrounding whitespace, and alternatives that map to the same number add
-    up). Returns None when no alternative is a score or their probabilities sum to 0. Entries sum to 1.
+    ``top`` maps token text to log-probability, or lists ``(text, log-probability)`` pairs in the
+    backend's order. Only texts that are exactly "0".."100" count; when one text is listed twice the
+    later entry wins, as in the released ``normalize_responses`` (a dict assignment per alternative).
+    With ``strip``, texts are compared after removing surrounding whitespace and alternatives that map to
+    the same number add up. Returns None when no alternative is a score or their probabilities sum to
+    0. Entries sum to 1.
     """
+    pairs = top.items() if isinstance(top, Mapping) else top
+    latest: dict[str, float] = {}
+    for text, logprob in pairs:
+        latest.pop(text, None)  # re-insert: the later duplicate wins
+        latest[text] = logprob
     probs = np.zeros(NUM_SCORES, dtype=np.float64)
-    for text, logprob in top.items():
+    for text, logprob in latest.items():
         key = text.strip() if strip else text
         n = _SCORE_INDEX.get(key)
         if n is not None and logprob is not None and not math.isnan(logprob):
@@ -69,7 +79,7 @@ def marker_token_index(token_texts: Sequence[str], marker: str) -> int | None:
 
 
 def alternatives_after_marker(
-    token_texts: Sequence[str], tops: Sequence[Mapping[str, float]], marker: str
+    token_texts: Sequence[str], tops: Sequence[Mapping[str, float] | Sequence[tuple[str, float]]], marker: str
 ) -> tuple[np.ndarray | None, str | None]:
     """The renormalised score distribution at the token after the first token containing ``marker``.
 
@@ -85,7 +95,8 @@ def alternatives_after_marker(
         return None, "the backend reported no alternatives (top_logprobs) for the score token"
     probs = alternatives_distribution(tops[i + 1])
     if probs is None:
-        shown = ", ".join(repr(t) for t in list(tops[i + 1])[:5])
+        listed = tops[i + 1].keys() if isinstance(tops[i + 1], Mapping) else [t for t, _ in tops[i + 1]]
+        shown = ", ".join(repr(t) for t in list(listed)[:5])
         return None, f"no alternative after {marker!r} is an integer 0..100 (got {shown})"
     return probs, None
 

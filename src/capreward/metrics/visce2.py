@@ -1,8 +1,9 @@
 """VisCE² math: the score is the first integer of the judge's answer.
 
-The released code (``Silviase/VisCE2``) takes the first integer of the generated text and scores 0
-when there is none; we do the same and say why in the error. An integer above 100 is also scored 0
-with a reason (the prompt asks for 0..100). The expected score over 0..100 reuses
+As the released code (``Silviase/VisCE2`` head, ``src/data/capeval_dataset.py``'s ``get_digit_scores``):
+the first match of ``[0-9]+`` (ASCII digits only, so "٨٥" or "８５" are not numbers), read as a number,
+and 0 when there is none. An integer above 100 is returned as is, as the release does, with a warning
+(the prompt asks for 0..100; a reward guards its own range). The expected score over 0..100 reuses
 :func:`capreward.metrics.gveval.expected_score`.
 """
 
@@ -12,7 +13,8 @@ import re
 
 from .gveval import NUM_SCORES, alternatives_distribution, expected_score  # noqa: F401  (re-exported)
 
-_INTEGER = re.compile(r"\d+")
+#: The release's pattern: ASCII digits only (``\d`` would also match other scripts' digits).
+_INTEGER = re.compile(r"[0-9]+")
 
 
 def first_integer(text: str) -> tuple[int, int] | None:
@@ -24,12 +26,17 @@ def first_integer(text: str) -> tuple[int, int] | None:
 
 
 def parse_visce2_answer(text: str) -> tuple[float, str | None]:
-    """The VisCE² score of an answer: ``(score in [0, 100], None)``, or ``(0.0, reason)`` when the answer
-    holds no integer or its first integer is above 100."""
+    """The VisCE² score of an answer, as the release reads it.
+
+    Returns ``(score, None)`` for a first integer in 0..100; ``(0.0, reason)`` when the answer holds no
+    ASCII integer (the release scores 0); ``(value, warning)`` when the first integer is above 100: the
+    value is kept as the release keeps it, and the warning says it lies outside 0..100.
+    """
     found = first_integer(text)
     if found is None:
         return 0.0, f"no integer in the answer {text[:80]!r}; scored 0 as in the paper"
-    value, _ = found
+    value, start = found
     if value >= NUM_SCORES:
-        return 0.0, f"the first integer in the answer is {value}, outside 0..100; scored 0"
+        digits = _INTEGER.match(text, start).group(0)  # float() of the digits, as the release: inf, never an error
+        return float(digits), f"the first integer in the answer is {digits[:20]}, outside 0..100 (kept as the release does)"
     return float(value), None

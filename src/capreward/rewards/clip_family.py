@@ -29,8 +29,9 @@ class EMScoreReward(CaptionReward):
     (``rewards/<name>/clipped``).
 
     Constructor: ``model``, ``device``, ``idf``, ``frames``, ``batch_size``, ``cache_size``,
-    ``precision``, ``backbone`` as for :class:`~capreward.scorers.EMScore` (``idf="batch"`` is refused:
-    it makes a sample's reward depend on the rest of the batch), ``field`` (which of
+    ``precision``, ``backbone`` as for :class:`~capreward.scorers.EMScore` (``idf="batch"``, the released
+    code's default, is refused: it makes a sample's reward depend on the rest of the batch; the default
+    here is no idf, a fixed corpus or dict gives idf weights), ``field`` (which of
     :data:`MATCH_FIELDS` is the reward, default ``"full_f"``) and the column options of
     :class:`CaptionReward`. References alone are enough to score a sample (EMScore_ref).
     Sub-scores ``video/<field>`` and ``reference/<field>`` are logged via ``log_metric``.

@@ -46,8 +46,8 @@ class VisCE2Reward(CaptionReward):
         return VisCE2(**self.scorer_kwargs)
 
     def value_range(self) -> tuple[float, float]:
-        """[0, 100 * scale]: a written score above 100 (returned as is by the scorer, as released) is
-        clipped and counted (``clipped``)."""
+        """[0, 100 * scale]. A written score above 100 (kept by the scorer, as released, and flagged)
+        gets None with the scorer's reason; anything else outside would be clipped and counted."""
         return (min(0.0, 100 * self.scale), max(0.0, 100 * self.scale))
 
     def score_group(self, captions, visuals, kind, references, visual_ids) -> GroupScores:
@@ -59,7 +59,8 @@ class VisCE2Reward(CaptionReward):
         reasons = list(result.error)
         if self.use_expected and result.expected_error is not None:
             reasons = [e or r for e, r in zip(result.expected_error, reasons)]
-        scores = [None if math.isnan(v) else v * self.scale for v in _floats(values)]
+        # range guard: the scorer returns a first integer above 100 as the release does; no reward for it
+        scores = [None if math.isnan(v) or not 0 <= v <= 100 else v * self.scale for v in _floats(values)]
         metrics = {"parsed": [1.0 if e is None else 0.0 for e in result.error]}
         if result.expected is not None:
             metrics["expected"] = _floats(result.expected)

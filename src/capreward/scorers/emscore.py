@@ -93,7 +93,10 @@ class EMScore:
             procedure over that fixed corpus), a dict token id → weight (used as given, ``idf_default``
             for missing ids; the dict's largest weight when None), or ``"batch"`` to recompute idf from
             each call's references (else candidates) as the released code does. ``"batch"`` makes a
-            score depend on the rest of the batch, so do not use it for rewards.
+            score depend on the rest of the batch, so do not use it for rewards. Deliberate difference:
+            the released ``EMScorer.score()`` defaults to the batch idf; capreward defaults to no idf,
+            so that a score never depends on its batch. Pass ``idf="batch"`` to reproduce the release's
+            default (e.g. its VATEX-EVAL numbers), or a fixed corpus for idf that stays put.
         frames: frames sampled per video (10: the paper's VATEX-EVAL protocol; None: all frames).
         batch_size: captions per text-encoder batch. cache_size: visual embeddings kept (LRU).
         trim_text: run the text tower only to the longest caption of a batch (exact; faster).

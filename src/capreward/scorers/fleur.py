@@ -12,10 +12,20 @@ image and its key/value cache reused by all of them (a GRPO group of 8 captions 
 Scores equal those of a per-sample ``generate(..., output_logits=True)`` computation (to float
 rounding) and do not depend on the batch's composition.
 
+Decoding runs until each answer ends, up to the release's ``max_new_tokens=512``: the released code
+reads the number out of the *whole* answer (every digit and dot in it), so a digit written late changes
+the score and it is decided only when the answer ends. The common answer ("0.85") ends after a few
+tokens as before; rows that have ended are dropped from the batch, so one long answer costs only its own
+decode steps, and only the logits of digit steps are kept.
+
 Differences from the released code, on purpose: an answer that does not parse, lies outside [0, 1] or is
 not finished within ``max_new_tokens`` tokens gets NaN and a reason in ``error`` (the released script
 silently reused the previous sample's score); the explanation prompt closes the first answer with a
-single ``</s>`` (the released ``fleur_exp.py`` appended one by hand on top of the template's own).
+single ``</s>`` (the released ``fleur_exp.py`` appended one by hand on top of the template's own); the
+decimals are read at the steps that wrote them, where the release searches the answer for the digit's
+token and, for the second decimal, takes its second occurrence when it occurs twice - which in "0.255"
+is the third decimal. ``digit_search="release"`` reproduces the release's search
+(:func:`~capreward.metrics.fleur.release_token_search`).
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ from ..judges.prompts import FLEUR_EXPLAIN_PROMPT, fleur_prompt
 from ..media import MediaError, describe, load_image, media_key
 from ..media.composite import video_composite
 from ..metrics.fleur import (
+    DIGIT_SEARCHES,
     FleurReading,
     char_steps_from_prefixes,
     check_digit_tokens,
@@ -40,6 +51,7 @@ from ..metrics.fleur import (
     fleur_from_digit_probs,
     parse_fleur_answer,
     raw_scores,
+    release_token_search,
 )
 from .validation import caption_list, check_references
 
@@ -146,8 +158,10 @@ class FLEUR:
     ``model``: hub name or local directory (default ``llava-hf/llava-1.5-13b-hf``), a
     ``(model, processor)`` pair, or a :class:`~capreward.judges.LocalJudge`. ``device``/``dtype``: None
     picks CUDA+float16 when available, else CPU+float32 (a passed model stays where it is unless given).
-    ``batch_size``: captions per forward pass. ``max_new_tokens``: budget of the greedy answer (an
-    unfinished answer has no score). ``share_prefix``: reuse the image+prompt prefix across captions of
+    ``batch_size``: captions per forward pass. ``max_new_tokens``: budget of the greedy answer (512, the
+    release's; decoding stops at each answer's end; an unfinished answer has no score).
+    ``digit_search``: ``"step"`` (default) reads each decimal at the step that wrote it; ``"release"``
+    searches the tokens as the released code does (see the module docstring). ``share_prefix``: reuse the image+prompt prefix across captions of
     an image (results are the same either way; only speed differs). ``max_context``: longest prompt +
     answer allowed (default: the model's ``max_position_embeddings``).
 
@@ -167,14 +181,18 @@ class FLEUR:
         device: str | torch.device | None = None,
         dtype: str | torch.dtype | None = None,
         batch_size: int = 32,
-        max_new_tokens: int = 10,
+        max_new_tokens: int = 512,
         explain_max_new_tokens: int = 512,
         share_prefix: bool = True,
         pad_to_square: bool = True,
         max_context: int | None = None,
         local_files_only: bool | None = None,
         attn_implementation: str | None = None,
+        digit_search: str = "step",
     ):
+        if digit_search not in DIGIT_SEARCHES:
+            raise ValueError(f"digit_search must be one of {DIGIT_SEARCHES}, got {digit_search!r}")
+        self.digit_search = digit_search
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if isinstance(model, LocalJudge):
@@ -313,7 +331,7 @@ class FLEUR:
             if not c.strip():
                 error[i] = "empty caption"
         rows = [i for i in range(n) if error[i] is None]
-        runs, run_errors = self._generate(prompts, visuals, image_index, rows, self.max_new_tokens, keep_logits=True)
+        runs, run_errors = self._generate(prompts, visuals, image_index, rows, self.max_new_tokens, keep_logits=True, fit_to_context=True)
         prompt_ids: list[list[int] | None] = [None] * n
         tokens: list[list[int]] = [[] for _ in range(n)]
         raw = [""] * n
@@ -329,18 +347,22 @@ class FLEUR:
             prompt_ids[i], tokens[i] = ids, toks
             raw[i] = self.judge.decode(toks)
             if not finished:
-                reading = FleurReading(
-                    value=None,
-                    rule=None,
-                    error=f"the answer did not end within max_new_tokens={self.max_new_tokens} tokens: {raw[i]!r}",
+                limit = (
+                    f"max_new_tokens={self.max_new_tokens} tokens"
+                    if len(toks) >= self.max_new_tokens
+                    else f"the judge's context ({len(toks)} tokens)"
                 )
+                reading = FleurReading(value=None, rule=None, error=f"the answer did not end within {limit}: {raw[i]!r}")
             else:
                 text, char_steps = char_steps_from_prefixes(self.judge.prefix_texts(toks))
                 reading = check_digit_tokens(parse_fleur_answer(text, char_steps), toks, self.digit_ids)
+                if self.digit_search == "release":
+                    digit_of = {t: d for d, t in enumerate(self.digit_ids)}
+                    reading = release_token_search(reading, [digit_of.get(int(t)) for t in toks])
             readings[i] = reading
             error[i] = reading.error
             if reading.ok:
-                read = logits[list(reading.steps)]
+                read = torch.stack([logits[t] for t in reading.steps])
                 probs[i, : len(reading.steps)] = digit_probabilities(read, self.digit_ids).float().cpu()
         return FLEURPlan(prompts, prompt_ids, visuals, image_index, tokens, raw, readings, error, probs)
 
@@ -402,14 +424,14 @@ class FLEUR:
     ) -> tuple[dict[int, tuple[list[int], list[int], bool, torch.Tensor | None]], list[str | None]]:
         """Greedy answers for ``rows`` in chunks of ``batch_size``, rows of one image kept together.
 
-        Returns {row: (prompt ids, answer tokens, finished, step logits (T, V) or None)} and, per
-        prompt, None or the reason a row was not run (too long for the context). A prompt must leave
-        room for ``max_new_tokens`` tokens, or with ``fit_to_context`` for at least one (its budget is
-        then cut to what fits).
+        Returns {row: (prompt ids, answer tokens, finished, {step: logits (V,)} of the digit steps or
+        None)} and, per prompt, None or the reason a row was not run (too long for the context). A
+        prompt must leave room for ``max_new_tokens`` tokens, or with ``fit_to_context`` for at least
+        ``min(max_new_tokens, 16)`` (its budget is then cut to what fits).
         """
         judge = self.judge
         errors: list[str | None] = [None] * len(prompts)
-        runs: dict[int, tuple[list[int], list[int], bool, torch.Tensor | None]] = {}
+        runs: dict[int, tuple[list[int], list[int], bool, dict[int, torch.Tensor] | None]] = {}
         order = sorted(rows, key=lambda r: (image_index[r], r))
         for start in range(0, len(order), self.batch_size):
             chunk = order[start : start + self.batch_size]
@@ -421,7 +443,7 @@ class FLEUR:
             keep, budgets = [], []
             for r, p in zip(chunk, ids):
                 room = self.max_context - len(p)
-                needed = 1 if fit_to_context else max_new_tokens
+                needed = min(max_new_tokens, 16) if fit_to_context else max_new_tokens
                 if room < needed:
                     errors[r] = (
                         f"the prompt has {len(p)} tokens; with max_new_tokens={needed} it exceeds the "
@@ -437,9 +459,9 @@ class FLEUR:
                 features,
                 [slot[image_index[r]] for r, _ in keep],
                 share_prefix=self.share_prefix,
-                reserve=max(budgets),
+                reserve=min(max(budgets), 16),  # the cache grows when an answer runs longer
             )
-            out: GreedyOutput = judge.greedy(state, budgets, keep_logits=keep_logits)
+            out: GreedyOutput = judge.greedy(state, budgets, keep_logits=keep_logits, keep_tokens=self.digit_ids)
             for k, (r, p) in enumerate(keep):
                 logits = out.logits[k] if out.logits is not None else None
                 runs[r] = (p, out.tokens[k], out.finished[k], logits)

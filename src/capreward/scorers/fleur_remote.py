@@ -24,6 +24,21 @@ Exactness (:func:`read_step`):
 
 The answer must write one digit per token (as LLaMA/LLaVA tokenizers do); a tokenizer that writes
 "85" as one token gives NaN with that reason (FLEUR is defined per digit).
+
+Faithfulness to the release (``Yebin46/FLEUR``), which runs LLaVA-1.5 itself:
+
+- the image is padded to a square in the processor's mean colour before it is sent
+  (``tuple(int(x * 255) for x in image_mean)``, CLIP's mean by default, as LLaVA-1.5's ``expand2square``),
+  so the server's resize and crop see the released input (``pad_to_square=False`` sends it as is);
+- the prompt: the release renders LLaVA v1's conversation (system sentence, ``"USER: <image>\\n... ASSISTANT:"``).
+  A server renders the chat with its own template, which we cannot control through the OpenAI API: vLLM's
+  template for ``llava-hf/llava-1.5-*-hf`` has no system sentence, so by default the prompt differs from
+  the release's by that sentence. With ``llava_v1_template=True`` each request carries
+  :data:`~capreward.judges.prompts.LLAVA_V1_CHAT_TEMPLATE` in vLLM's ``chat_template`` field, and the
+  server renders exactly the released prompt (vLLM's chat API is the one that takes images; its
+  completions API takes no image, so the raw prompt goes through the template). OpenAI rejects the field.
+- ``max_tokens`` 512 and greedy decoding, as released; an answer is read once it has ended.
+- the release's token search for the decimals (``digit_search="release"``) as in the local scorer.
 """
 
 from __future__ import annotations
@@ -35,9 +50,11 @@ from typing import Any, Sequence
 import torch
 from PIL import Image
 
-from ..judges.prompts import FLEUR_EXPLAIN_PROMPT, fleur_prompt
+from ..judges.images import mean_background, pad_to_square
+from ..judges.prompts import FLEUR_EXPLAIN_PROMPT, LLAVA_V1_CHAT_TEMPLATE, fleur_prompt
 from ..judges.protocol import ChatRequest, ChatResponse, JudgeBackend, TokenLogprob, assistant_turn, user_turn
 from ..metrics.fleur import (
+    DIGIT_SEARCHES,
     ONE,
     ONE_DECIMAL,
     TWO_DECIMALS,
@@ -46,11 +63,14 @@ from ..metrics.fleur import (
     fleur_from_digit_probs,
     parse_fleur_answer,
     raw_scores,
+    release_token_search,
 )
 from .fleur import FLEURResult, judge_visuals
 from .validation import caption_list, check_references
 
 DIGITS = tuple(str(d) for d in range(10))
+#: CLIP's image mean (LLaVA-1.5's vision tower), whose truncated 0-255 values pad images: (122, 116, 104).
+CLIP_IMAGE_MEAN = (0.48145466, 0.4578275, 0.40821073)
 
 
 def rule_weights(rule: str) -> torch.Tensor:
@@ -148,17 +168,38 @@ class RemoteFLEUR:
     :class:`~capreward.judges.remote.OpenAIJudge`).
 
     ``top_logprobs``: alternatives asked per token (20, the most OpenAI and vLLM give).
-    ``max_tokens``: budget of the greedy answer (an unfinished answer has no score).
+    ``max_tokens``: budget of the greedy answer (512, the release's; None sends no limit; an unfinished
+    answer has no score). ``pad_to_square`` / ``image_mean``: pad images to a square in the mean colour
+    before sending them, as LLaVA-1.5 does. ``llava_v1_template``: send the LLaVA v1 chat template with
+    each request (vLLM's ``chat_template`` field) so the server renders the released prompt exactly.
+    ``digit_search``: ``"step"`` or ``"release"`` (see :mod:`capreward.scorers.fleur`).
     """
 
     name = "FLEUR"
 
-    def __init__(self, backend: JudgeBackend, *, top_logprobs: int = 20, max_tokens: int = 10, explain_max_tokens: int = 256):
+    def __init__(
+        self,
+        backend: JudgeBackend,
+        *,
+        top_logprobs: int = 20,
+        max_tokens: int | None = 512,
+        explain_max_tokens: int = 256,
+        pad_to_square: bool = True,
+        image_mean: Sequence[float] = CLIP_IMAGE_MEAN,
+        llava_v1_template: bool = False,
+        digit_search: str = "step",
+    ):
         if not 1 <= top_logprobs <= 20:
             raise ValueError(f"top_logprobs must be in [1, 20], got {top_logprobs}")
+        if digit_search not in DIGIT_SEARCHES:
+            raise ValueError(f"digit_search must be one of {DIGIT_SEARCHES}, got {digit_search!r}")
+        self.pad_to_square = bool(pad_to_square)
+        self.background = mean_background(image_mean)
+        self.chat_template = LLAVA_V1_CHAT_TEMPLATE if llava_v1_template else None
+        self.digit_search = digit_search
         self.backend = backend
         self.top_logprobs = int(top_logprobs)
-        self.max_tokens = int(max_tokens)
+        self.max_tokens = None if max_tokens is None else int(max_tokens)
         self.explain_max_tokens = int(explain_max_tokens)
 
     def requests(
@@ -171,6 +212,7 @@ class RemoteFLEUR:
                 max_tokens=self.max_tokens,
                 temperature=0.0,
                 top_logprobs=self.top_logprobs,
+                chat_template=self.chat_template,
             )
             for n, c in enumerate(candidates)
         ]
@@ -268,6 +310,7 @@ class RemoteFLEUR:
                     user_turn(FLEUR_EXPLAIN_PROMPT),
                 ),
                 max_tokens=self.explain_max_tokens,
+                chat_template=self.chat_template,
             )
             for n, c in enumerate(candidates)
         ]
@@ -283,13 +326,24 @@ class RemoteFLEUR:
             error = f"the answer did not end within max_tokens={self.max_tokens} tokens: {response.text!r}"
         else:
             reading = read_answer(response.tokens)
+            if self.digit_search == "release":
+                reading = release_token_search(reading, [_digit_of(t.token) for t in response.tokens])
             return reading, reading.error
         return FleurReading(value=None, rule=None, error=error), error
 
     def _inputs(self, candidates, images, references, videos) -> tuple[list[str], list[list[str]] | None, list[Image.Image]]:
         candidates = caption_list(candidates)
         refs = check_references(references, len(candidates))
-        return candidates, refs, load_visuals(images, videos, len(candidates))
+        visuals, index = judge_visuals(images, videos, len(candidates))
+        if self.pad_to_square:
+            visuals = [pad_to_square(v, self.background) for v in visuals]
+        return candidates, refs, [visuals[k] for k in index]
+
+
+def _digit_of(token: str) -> int | None:
+    """The digit a token is (whitespace before it allowed, as LLaMA's "▁8"), else None."""
+    stripped = token.strip()
+    return int(stripped) if len(stripped) == 1 and stripped in DIGITS and not token[:-1].strip() else None
 
 
 def _placed(n: int, sent: list[int], answers: Sequence[ChatResponse]) -> list[ChatResponse | None]:

@@ -9,13 +9,20 @@ Videos are shown as the three-frame 1536x512 composite (:func:`capreward.media.c
 The score is the expected value over 0..100 at the number after the first "$" (ACCR: after each Greek
 letter): on a local judge the exact distribution from a tree of cached decode steps; on a server the
 top alternatives of the token after the marker that are exactly "0".."100", renormalised (the released
-code's rule, with its default of 5 alternatives). When no distribution can be read, the number written
-in the answer is used (``source`` says which); with neither the score is NaN with the reason in ``error``.
+code's rule, with its default of 5 alternatives; when a text is listed twice the later entry wins, as in
+the release). An answer whose score cannot be read is asked again up to ``requery`` times (the release
+makes three attempts), then gets NaN with the reason in ``error`` (``fallback="parsed"`` uses the number
+written in the answer instead; ``source`` says which).
 
-Differences from the released code: the release samples at temperature 1; we default to greedy
-decoding (``temperature=0``) so scores are reproducible (pass ``temperature=1.0`` for the published
-setting). The release drops samples whose request failed, shifting every later result; here a failed
-sample keeps its place with score NaN and the reason.
+The request follows the released ``scorer.py``: prompt text first, then the image with ``detail: "low"``
+(video composites ``"high"``), no ``max_tokens``, the ref-only prompt without a visual as a system
+message, and :class:`~capreward.judges.remote.OpenAIJudge`'s default model ``gpt-4o-2024-05-13``.
+
+Differences from the released code, on purpose: the release samples at temperature 1; we default to
+greedy decoding (``temperature=0``) so scores are reproducible (pass ``temperature=1.0`` for the
+published setting). The release drops samples whose request failed or stayed unreadable, shifting every
+later result; here such a sample keeps its place with score NaN and the reason. The release sends the
+image file's bytes labelled ``image/jpeg``; we send the decoded pixels as PNG (lossless).
 """
 
 from __future__ import annotations
@@ -26,12 +33,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..judges.protocol import ChatRequest, JudgeBackend, user_turn
+from ..judges.protocol import ChatRequest, JudgeBackend, system_turn, user_turn
 from ..judges.vlm_prompts import GVEVAL_MODES, gveval_prompt, gveval_template
 from ..media import MediaError, load_image
 from ..media.composite import video_composite
 from ..metrics.gveval import ACCR_MARKERS, OVERALL_MARKER, expected_score, parse_marked_score
-from .vlm_common import score_distributions
+from .vlm_common import is_exact_backend, score_distributions
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +75,15 @@ class GVEval:
 
     ``mode``: "ref-free", "ref-only" or "combined"; ``accr``: the four ACCR scores (video only).
     ``expected``: read the expected score from the token distribution (the paper's score); False uses the
-    written number only. ``max_tokens``: budget for reasoning plus score; ``temperature``: 0 is greedy;
-    ``top_logprobs``: alternatives asked of non-local backends (the release uses 5; vLLM allows 20).
+    written number only. ``max_tokens``: budget for reasoning plus score (None, the default: no limit is
+    sent, as the release sends none); ``temperature``: 0 is greedy (the release: 1); ``top_logprobs``:
+    alternatives asked of non-local backends (the release uses 5; vLLM allows 20). ``resolution``: the
+    ``detail`` of image parts, ``"low"`` (the release's default) or ``"high"``; video composites are
+    always sent with ``"high"``, as released. ``requery``: how many more times an answer whose score
+    cannot be read is asked again (default 2: the release's three attempts; skipped on a local judge at
+    temperature 0, whose answer would not change). ``fallback``: what an answer that stays unreadable
+    gets: ``"nan"`` (default; the release drops the sample, we keep its place with NaN and the reason)
+    or ``"parsed"`` (the number written after the marker, when there is one).
     """
 
     def __init__(
@@ -79,12 +93,21 @@ class GVEval:
         accr: bool = False,
         *,
         expected: bool = True,
-        max_tokens: int = 512,
+        max_tokens: int | None = None,
         temperature: float = 0.0,
         top_logprobs: int = 5,
+        resolution: str = "low",
+        requery: int = 2,
+        fallback: str = "nan",
     ):
         if mode not in GVEVAL_MODES:
             raise ValueError(f"mode must be one of {GVEVAL_MODES}, got {mode!r}")
+        if resolution not in ("low", "high"):
+            raise ValueError(f"resolution must be 'low' or 'high', got {resolution!r}")
+        if requery < 0:
+            raise ValueError(f"requery must be non-negative, got {requery}")
+        if fallback not in ("nan", "parsed"):
+            raise ValueError(f"fallback must be 'nan' or 'parsed', got {fallback!r}")
         self.backend = backend
         self.mode = mode
         self.accr = bool(accr)
@@ -92,6 +115,9 @@ class GVEval:
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.top_logprobs = top_logprobs
+        self.resolution = resolution
+        self.requery = int(requery)
+        self.fallback = fallback
 
     @property
     def markers(self) -> dict[str, str]:
@@ -123,7 +149,11 @@ class GVEval:
     def requests(
         self, candidates: Sequence[str], images=None, videos=None, references=None
     ) -> tuple[list[ChatRequest | None], list[str | None]]:
-        """The chat request of each sample (None where its visual could not be loaded) and the errors."""
+        """The chat request of each sample (None where its visual could not be loaded) and the errors.
+
+        As the released ``scorer.py`` builds them: the prompt text first, then the visual (an
+        ``image_url`` part with ``detail`` = ``resolution`` for images, ``"high"`` for video composites);
+        a prompt without a visual (ref-only) as a system message; no ``max_tokens`` unless set."""
         candidates = list(candidates)
         n = len(candidates)
         for i, c in enumerate(candidates):
@@ -141,6 +171,7 @@ class GVEval:
                 errors[i] = f"candidate {i} is an empty caption"
         template = gveval_template(visual, self.mode, self.accr)
         top = self.top_logprobs if self.expected else 0
+        detail = "high" if visual == "vid" else self.resolution  # the release forces "high" for video
         out: list[ChatRequest | None] = []
         for i in range(n):
             if errors[i] is not None:
@@ -148,10 +179,13 @@ class GVEval:
                 continue
             refs = references[i] if self.mode != "ref-free" else None
             text = gveval_prompt(template, candidates[i], refs)
-            images_i = [pictures[i]] if pictures[i] is not None else []
+            if pictures[i] is not None:
+                turn = user_turn(text, [pictures[i]], text_first=True, image_detail=detail)
+            else:
+                turn = system_turn(text)
             out.append(
                 ChatRequest(
-                    turns=(user_turn(text, images_i),),
+                    turns=(turn,),
                     max_tokens=self.max_tokens,
                     temperature=self.temperature,
                     top_logprobs=top,
@@ -166,47 +200,25 @@ class GVEval:
         videos: Sequence[Any] | None = None,
         references: Sequence[Sequence[str]] | None = None,
     ) -> GVEvalResult:
-        """Score each ``candidates[n]`` with ``images[n]`` or ``videos[n]`` and/or ``references[n]``."""
+        """Score each ``candidates[n]`` with ``images[n]`` or ``videos[n]`` and/or ``references[n]``.
+
+        A sample whose score cannot be read from the answer (no marker, no number after it, no integer
+        among the alternatives) is asked again, up to ``requery`` times, as the release does; then it gets
+        NaN and the reason (or, with ``fallback="parsed"``, the number written in the answer)."""
         requests, errors = self.requests(candidates, images, videos, references)
         n = len(requests)
-        rows = [i for i, r in enumerate(requests) if r is not None]
-        sent = [requests[i] for i in rows]
-        responses = self.backend.generate(sent) if sent else []
-        if len(responses) != len(sent):
-            raise RuntimeError(f"the backend answered {len(responses)} of {len(sent)} requests")
         raw = [""] * n
         dims = {name: np.full(n, np.nan) for name in self.markers}
         parsed_dims = {name: np.full(n, np.nan) for name in self.markers}
         sources: list[str | None] = [None] * n
-        ok_rows, ok_requests, ok_responses = [], [], []
-        for i, response in zip(rows, responses):
-            if not response.ok:
-                errors[i] = f"judge request failed: {response.error}"
-                continue
-            raw[i] = response.text
-            ok_rows.append(i)
-            ok_requests.append(requests[i])
-            ok_responses.append(response)
-        for name, marker in self.markers.items():
-            for i in ok_rows:
-                value = parse_marked_score(raw[i], marker)
-                if value is not None:
-                    parsed_dims[name][i] = value
-            probs: list = [None] * len(ok_rows)
-            reasons: list = ["expected score not requested"] * len(ok_rows)
-            if self.expected and ok_rows:
-                probs, reasons = score_distributions(self.backend, ok_requests, ok_responses, [marker] * len(ok_rows))
-            for i, p, why in zip(ok_rows, probs, reasons):
-                if p is not None:
-                    dims[name][i] = expected_score(p)
-                    sources[i] = sources[i] or "expected"
-                elif not np.isnan(parsed_dims[name][i]):
-                    dims[name][i] = parsed_dims[name][i]
-                    sources[i] = "parsed"
-                    if self.expected:
-                        log.info("G-VEval sample %d (%s): no distribution (%s); using the written number", i, name, why)
-                else:
-                    errors[i] = errors[i] or f"no {name if name == 'score' else name + ' score'}: {why if self.expected else f'no integer after {marker!r}'}"
+        pending = [i for i, r in enumerate(requests) if r is not None]
+        for attempt in range(self.requery + 1):
+            unreadable = self._ask(pending, requests, raw, dims, parsed_dims, sources, errors)
+            if not unreadable or not self._requery_changes_answers():
+                break
+            if attempt < self.requery:
+                log.info("G-VEval: asking again for %d unreadable answers (attempt %d)", len(unreadable), attempt + 2)
+            pending = unreadable
         stacked = np.stack([dims[k] for k in self.markers])
         score = stacked.mean(axis=0)
         parsed = np.stack([parsed_dims[k] for k in self.markers]).mean(axis=0)
@@ -221,3 +233,59 @@ class GVEval:
             for name in ACCR_MARKERS:
                 setattr(result, name, dims[name])
         return result
+
+    def _requery_changes_answers(self) -> bool:
+        """False for a local judge decoding greedily: asking again would give the same answer."""
+        return not (is_exact_backend(self.backend) and self.temperature == 0)
+
+    def _ask(self, rows, requests, raw, dims, parsed_dims, sources, errors) -> list[int]:
+        """Send the requests of ``rows``, read their scores into the output arrays (overwriting an
+        earlier attempt's) and return the rows whose answer could not be read (to ask again)."""
+        sent = [requests[i] for i in rows]
+        responses = self.backend.generate(sent) if sent else []
+        if len(responses) != len(sent):
+            raise RuntimeError(f"the backend answered {len(responses)} of {len(sent)} requests")
+        ok_rows, ok_requests, ok_responses = [], [], []
+        for i, response in zip(rows, responses):
+            for name in self.markers:
+                dims[name][i] = parsed_dims[name][i] = np.nan
+            sources[i] = None
+            if not response.ok:
+                raw[i] = ""
+                errors[i] = f"judge request failed: {response.error}"
+                continue
+            raw[i] = response.text
+            errors[i] = None
+            ok_rows.append(i)
+            ok_requests.append(requests[i])
+            ok_responses.append(response)
+        unreadable: set[int] = set()
+        for name, marker in self.markers.items():
+            for i in ok_rows:
+                value = parse_marked_score(raw[i], marker)
+                if value is not None:
+                    parsed_dims[name][i] = value
+            probs: list = [None] * len(ok_rows)
+            reasons: list = ["expected score not requested"] * len(ok_rows)
+            if self.expected and ok_rows:
+                probs, reasons = score_distributions(self.backend, ok_requests, ok_responses, [marker] * len(ok_rows))
+            label = name if name == "score" else name + " score"
+            for i, p, why in zip(ok_rows, probs, reasons):
+                if p is not None:
+                    dims[name][i] = expected_score(p)
+                    sources[i] = sources[i] or "expected"
+                    continue
+                readable_number = not np.isnan(parsed_dims[name][i])
+                if not self.expected and readable_number:
+                    dims[name][i] = parsed_dims[name][i]
+                    sources[i] = "parsed"
+                    continue
+                unreadable.add(i)
+                if self.expected and self.fallback == "parsed" and readable_number:
+                    dims[name][i] = parsed_dims[name][i]
+                    sources[i] = "parsed"
+                    log.info("G-VEval sample %d (%s): no distribution (%s); using the written number", i, name, why)
+                else:
+                    reason = why if self.expected else f"no integer after {marker!r}"
+                    errors[i] = errors[i] or f"no {label}: {reason}"
+        return sorted(unreadable)

@@ -4,10 +4,16 @@ Maeda et al., "Vision Language Model-based Caption Evaluation Method Leveraging 
 Extraction" (2024). Stage 1 asks the judge for the image's objects, their features and relationships
 (:data:`~capreward.judges.vlm_prompts.VISCE2_CONTEXT_PROMPT`), once per distinct image; the answer is
 cached in memory and, with ``cache_dir``, on disk, keyed by the image's pixels, the backend's model name
-and :data:`~capreward.judges.vlm_prompts.VISCE2_PROMPT_VERSION`. Stage 2 asks for the rating; the score
-is the first integer of the answer, 0 (with the reason in ``error``) when there is none, as in the paper.
-With ``expected=True`` the expected score Σ n·p(n) over 0..100 is also read at the first number: exactly
-on a local judge, from the renormalised top alternatives on a server.
+, :data:`~capreward.judges.vlm_prompts.VISCE2_PROMPT_VERSION` and the stage-1 generation settings.
+Stage 2 asks for the rating (the released head's prompt, or the named earlier variant ``"visce"``); the
+score is the first ASCII integer of the answer, 0 (with the reason in ``error``) when there is none, and
+returned as is, flagged in ``error``, when it is above 100 - as the released code reads it. With
+``expected=True`` the expected score Σ n·p(n) over 0..100 is also read at the first number: exactly on a
+local judge, from the renormalised top alternatives on a server.
+
+Generation: the release samples (``do_sample=True``, temperature 0.2) with ``max_new_tokens=1024`` in both
+stages. We keep its 1024-token budgets but decode greedily by default, so a reward is deterministic;
+:meth:`VisCE2.released` (or ``temperature=0.2``) gives the release's sampled settings.
 
 Works with any :class:`~capreward.judges.protocol.JudgeBackend`. A failed request never shifts other
 samples: its sample gets score NaN and the backend's reason.
@@ -25,7 +31,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..judges.protocol import ChatRequest, JudgeBackend, user_turn
-from ..judges.vlm_prompts import VISCE2_CONTEXT_PROMPT, VISCE2_PROMPT_VERSION, visce2_prompt
+from ..judges.vlm_prompts import VISCE2_CONTEXT_PROMPT, VISCE2_PROMPT_VERSION, VISCE2_RATING_VARIANTS, visce2_prompt
 from ..media import MediaError, load_image, media_key
 from ..media.keys import hash_bytes
 from ..metrics.gveval import expected_score
@@ -39,11 +45,12 @@ log = logging.getLogger(__name__)
 class VisCE2Result:
     """Per-sample VisCE² results for N candidates.
 
-    - ``score``: (N,) float64 in [0, 100]: the first integer of the answer; 0 when the answer has none
-      (``error`` says so); NaN when the sample could not be run (bad image, backend failure).
+    - ``score``: (N,) float64: the first integer of the answer, normally in [0, 100]; 0 when the answer
+      has none; the integer as written when it is above 100 (the release's behaviour; ``error`` flags
+      both); NaN when the sample could not be run (bad image, backend failure).
     - ``context``: the visual context used for each sample ("" when there is none).
     - ``raw``: the rating answers as text ("" when not run).
-    - ``error``: None, or why the score is 0 or NaN.
+    - ``error``: None, or why the score is 0, NaN or above 100.
     - ``expected``: with ``expected=True``, (N,) expected scores in [0, 100] from the token distribution
       (NaN where unavailable; ``expected_error`` says why); else None.
     """
@@ -103,9 +110,18 @@ class VisCE2:
     :class:`~capreward.judges.local_chat.LocalChatJudge`, a remote server backend, ...).
     ``expected``: also compute the expected score from the token distribution. ``cache_dir``: keep
     visual contexts on disk too. ``context_max_tokens`` / ``max_tokens``: generation budgets of the two
-    stages. ``top_logprobs``: alternatives asked of non-local backends for the expected score (vLLM and
-    OpenAI allow up to 20).
+    stages (1024 each, the release's ``max_new_tokens``, so a five-object context is not cut off; the
+    stages stop at the end of the answer, so short answers cost no more). ``temperature``: 0 (default)
+    decodes greedily, deterministic for rewards; the release samples at 0.2 (see :meth:`released`).
+    ``prompt``: the rating prompt variant, ``"visce_2"`` (the released head's, default) or ``"visce"``
+    (the earlier commit's; :data:`~capreward.judges.vlm_prompts.VISCE2_RATING_VARIANTS`).
+    ``top_logprobs``: alternatives asked of non-local backends for the expected score (vLLM and OpenAI
+    allow up to 20).
     """
+
+    #: The released generation settings (``src/models/llava_v15.py`` at the head): sampled at
+    #: temperature 0.2, 1024 new tokens in both stages.
+    RELEASE_SETTINGS = {"temperature": 0.2, "context_max_tokens": 1024, "max_tokens": 1024}
 
     def __init__(
         self,
@@ -113,20 +129,37 @@ class VisCE2:
         *,
         expected: bool = False,
         cache_dir: str | os.PathLike | None = None,
-        context_max_tokens: int = 256,
-        max_tokens: int = 32,
+        context_max_tokens: int = 1024,
+        max_tokens: int = 1024,
+        temperature: float = 0.0,
+        prompt: str = "visce_2",
         top_logprobs: int = 20,
     ):
+        if prompt not in VISCE2_RATING_VARIANTS:
+            raise ValueError(f"prompt must be one of {sorted(VISCE2_RATING_VARIANTS)}, got {prompt!r}")
+        if temperature < 0:
+            raise ValueError(f"temperature must be non-negative, got {temperature}")
         self.backend = backend
+        self.temperature = float(temperature)
+        self.prompt = prompt
         self.expected = expected
         self.cache = ContextCache(cache_dir)
         self.context_max_tokens = context_max_tokens
         self.max_tokens = max_tokens
         self.top_logprobs = top_logprobs
 
+    @classmethod
+    def released(cls, backend: JudgeBackend, **kwargs: Any) -> "VisCE2":
+        """VisCE² with the release's generation settings (:data:`RELEASE_SETTINGS`: sampled at
+        temperature 0.2, 1024 new tokens per stage); scores then vary from call to call, as the release's
+        do. Other options go in ``kwargs``."""
+        return cls(backend, **{**cls.RELEASE_SETTINGS, **kwargs})
+
     def context_key(self, image_key: str) -> str:
-        """The cache key of an image's visual context: pixels, model name and prompt version."""
-        return f"{image_key}|{self.backend.name}|{VISCE2_PROMPT_VERSION}"
+        """The cache key of an image's visual context: pixels, model name, prompt version and the
+        stage-1 generation settings (a context cut at a smaller budget is not reused)."""
+        settings = f"max{self.context_max_tokens}-t{self.temperature:g}"
+        return f"{image_key}|{self.backend.name}|{VISCE2_PROMPT_VERSION}|{settings}"
 
     def contexts(self, images: Sequence[Any], image_ids: Sequence[str] | None = None) -> tuple[list[str | None], list[str | None]]:
         """Visual contexts for ``images`` (one per item, generated once per distinct image): returns
@@ -153,12 +186,18 @@ class VisCE2:
         missing = [k for k in dict.fromkeys(k for k in keys if k is not None) if self.cache.get(k) is None]
         if missing:
             requests = [
-                ChatRequest(turns=(user_turn(VISCE2_CONTEXT_PROMPT, [pil[k]]),), max_tokens=self.context_max_tokens)
+                ChatRequest(
+                    turns=(user_turn(VISCE2_CONTEXT_PROMPT, [pil[k]]),),
+                    max_tokens=self.context_max_tokens,
+                    temperature=self.temperature,
+                )
                 for k in missing
             ]
             failed: dict[str, str] = {}
             for key, response in zip(missing, self.backend.generate(requests)):
                 if response.ok:
+                    if response.finish_reason == "length":
+                        log.warning("VisCE² visual context cut at context_max_tokens=%d tokens", self.context_max_tokens)
                     self.cache.put(key, response.text)
                 else:
                     failed[key] = f"visual context failed: {response.error}"
@@ -196,8 +235,9 @@ class VisCE2:
         top = self.top_logprobs if self.expected else 0
         requests = [
             ChatRequest(
-                turns=(user_turn(visce2_prompt(candidates[i], contexts[i]), [row_images[i]]),),
+                turns=(user_turn(visce2_prompt(candidates[i], contexts[i], self.prompt), [row_images[i]]),),
                 max_tokens=self.max_tokens,
+                temperature=self.temperature,
                 top_logprobs=top,
             )
             for i in rows

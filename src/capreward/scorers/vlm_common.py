@@ -68,7 +68,7 @@ def alternative_distributions(
             reasons.append(response.error)
             continue
         texts = [t.token for t in response.tokens]
-        tops = [t.top for t in response.tokens]
+        tops = [t.ranked or t.top for t in response.tokens]  # listed order: a later duplicate wins, as released
         if not texts:
             probs.append(None)
             reasons.append("the backend returned no token log-probabilities")

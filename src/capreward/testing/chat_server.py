@@ -9,7 +9,8 @@ control one from a test with :class:`ChatServer`. It listens on 127.0.0.1 and se
   ``max_completion_tokens``, ``temperature``, ``logprobs``, ``top_logprobs`` (at most 20, as vLLM's
   default ``max_logprobs``), ``stop``; the answer has ``choices[0].message.content``, ``finish_reason`` and
   ``logprobs.content[i] = {token, logprob, bytes, top_logprobs: [{token, logprob, bytes}, ...]}``;
-- ``POST /control`` (fault injection) and ``GET /stats`` (requests seen, faults served).
+- ``POST /control`` (fault injection), ``GET /stats`` (requests seen, faults served) and ``GET /requests``
+  (the JSON bodies of the last 64 chat requests, as received: tests check what a client sends).
 
 Backends: ``local`` answers with :class:`~capreward.judges.local_chat.LocalChatJudge` over a saved LLaVA
 judge directory (the tiny trained judge in tests), one request at a time; ``echo`` answers
@@ -66,12 +67,12 @@ class EchoBackend:
 
     name = "echo"
 
-    def answer(self, turns: list[dict], max_tokens: int, top_logprobs: int, stop: Sequence[str]) -> dict:
-        last = next((t["text"] for t in reversed(turns) if t["role"] == "user"), "")
+    def answer(self, turns: list[dict], max_tokens: int | None, top_logprobs: int, stop: Sequence[str], chat_template=None) -> dict:
+        last = next((t["text"] for t in reversed(turns) if t["role"] in ("user", "system")), "")
         words = ("echo: " + last).split(" ")
         pieces = [w if i == 0 else " " + w for i, w in enumerate(words)]
         finish = "stop"
-        if len(pieces) > max_tokens:
+        if max_tokens is not None and len(pieces) > max_tokens:
             pieces, finish = pieces[:max_tokens], "length"
         text = "".join(pieces)
         for s in stop:
@@ -100,7 +101,7 @@ class LocalBackend:
         self.name = self.judge.name
         self.lock = threading.Lock()  # the model is not thread-safe; requests run one at a time
 
-    def answer(self, turns: list[dict], max_tokens: int, top_logprobs: int, stop: Sequence[str]) -> dict:
+    def answer(self, turns: list[dict], max_tokens: int | None, top_logprobs: int, stop: Sequence[str], chat_template=None) -> dict:
         from capreward.judges.protocol import ChatRequest, ChatTurn
 
         request = ChatRequest(
@@ -109,6 +110,7 @@ class LocalBackend:
             temperature=0.0,
             top_logprobs=top_logprobs,
             stop=tuple(stop),
+            chat_template=chat_template,
         )
         with self.lock:
             response = self.judge.generate([request])[0]
@@ -156,8 +158,6 @@ def parse_messages(messages: Any, with_images: bool) -> list[dict]:
                     raise BadRequest(f"messages[{i}].content[{j}] has unsupported type {kind!r}")
         else:
             raise BadRequest(f"messages[{i}].content must be a string or a list of parts")
-        if message["role"] == "system":
-            raise BadRequest("system messages are not supported by this judge")
         turns.append({"role": message["role"], "text": "".join(texts), "images": images})
     return turns
 
@@ -208,11 +208,13 @@ class Faults:
         self.rng = random.Random(0)
         self.in_flight = 0
         self.stats = {"chat_requests": 0, "answered": 0, "faults": 0, "max_in_flight": 0}
+        self.bodies: deque[Any] = deque(maxlen=64)  # the last chat request bodies, for GET /requests
 
     def add(self, spec: dict) -> None:
         with self.lock:
             if spec.get("reset"):
                 self.queue.clear()
+                self.bodies.clear()
                 self.latency = self.jitter = 0.0
                 self.stats = dict.fromkeys(self.stats, 0)
             if "latency" in spec:
@@ -272,6 +274,9 @@ def make_handler(backend: Any, model: str, faults: Faults, api_key: str | None =
                 self._send(200, {"status": "ok"})
             elif self.path == "/v1/models":
                 self._send(200, {"object": "list", "data": [{"id": model, "object": "model", "owned_by": "capreward"}]})
+            elif self.path == "/requests":
+                with faults.lock:
+                    self._send(200, list(faults.bodies))
             elif self.path == "/stats":
                 with faults.lock:
                     self._send(200, dict(faults.stats, pending_faults=len(faults.queue), in_flight=faults.in_flight))
@@ -292,6 +297,8 @@ def make_handler(backend: Any, model: str, faults: Faults, api_key: str | None =
                     faults.add(body)
                     self._send(200, {"ok": True})
                 elif self.path == "/v1/chat/completions":
+                    with faults.lock:
+                        faults.bodies.append(body)
                     faults.enter()
                     try:
                         self._chat(body)
@@ -325,7 +332,7 @@ def make_handler(backend: Any, model: str, faults: Faults, api_key: str | None =
             request_model = body.get("model")
             if request_model != model:
                 return self._error(404, f"the model {request_model!r} does not exist", "NotFoundError")
-            max_tokens = body.get("max_completion_tokens", body.get("max_tokens")) or 16
+            max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))  # None: no limit
             logprobs = bool(body.get("logprobs"))
             top = int(body.get("top_logprobs") or 0)
             if top and not logprobs:
@@ -337,7 +344,10 @@ def make_handler(backend: Any, model: str, faults: Faults, api_key: str | None =
             stop = body.get("stop") or []
             stop = [stop] if isinstance(stop, str) else list(stop)
             turns = parse_messages(body.get("messages"), with_images=isinstance(backend, LocalBackend))
-            answer = backend.answer(turns, int(max_tokens), top, stop)
+            chat_template = body.get("chat_template")  # vLLM's extra field: render the prompt with it
+            if chat_template is not None and not isinstance(chat_template, str):
+                raise BadRequest("chat_template must be a string")
+            answer = backend.answer(turns, None if max_tokens is None else int(max_tokens), top, stop, chat_template)
             with faults.lock:
                 faults.stats["answered"] += 1
             self._send(200, completion_body(model, answer, logprobs))
@@ -500,6 +510,10 @@ class ChatServer:
 
     def stats(self) -> dict:
         return self.get("/stats")
+
+    def requests(self) -> list[dict]:
+        """The JSON bodies of the last 64 chat requests the server received, oldest first."""
+        return self.get("/requests")
 
     def __enter__(self) -> "ChatServer":
         if self.process is None or self.process.poll() is not None:

@@ -1,0 +1,178 @@
+"""The reward server's dynamic batching: requests/s and latency with batching on and off.
+
+Starts ``capreward serve`` as a subprocess on 127.0.0.1 twice — with ``--max-batch-size 0`` (every
+request scored alone, at most ``--max-concurrent`` at once: the server as it was before batching) and
+with batching on (``--max-batch-size``/``--max-wait-ms``) — and drives each with 8..32 concurrent
+loopback clients (keep-alive connections), each sending requests of ``--samples`` captions about one
+image (a GRPO group's shape), as OpenRLHF's workers do. Printed per client count: requests/s, p50 and
+p99 latency of the best of ``--repeats`` interleaved runs, the throughput ratio on/off, and whether
+every answer is identical (1e-6) between the two servers.
+
+The default model is the tiny CLIP of ``capreward.testing`` (fast to build, no download); pass
+``--clip-model`` (a name/tag or an OpenAI-format ``.pt``) for a real one.
+
+    .venv/bin/python benchmarks/bench_server.py [--clients 8 16 32] [--requests 12] [--reward clip_s]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from serve_process import Server  # noqa: E402 - the test suite's subprocess helper
+
+WORDS = "a man woman dog cat runs sits cooks dances on in the kitchen grass stage street with red blue small".split()
+
+
+def make_images(root: Path, n: int) -> list[str]:
+    rng = np.random.default_rng(0)
+    names = []
+    for i in range(n):
+        base = rng.integers(0, 256, size=(4, 4, 3)).astype(np.uint8)
+        Image.fromarray(np.kron(base, np.ones((56, 56, 1), dtype=np.uint8))).save(root / f"img{i}.png")
+        names.append(f"img{i}.png")
+    return names
+
+
+def make_payloads(clients: int, requests: int, samples: int, images: list[str], seed: int) -> list[list[dict]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for c in range(clients):
+        mine = []
+        for r in range(requests):
+            image = images[(c * requests + r) % len(images)]
+            captions = [" ".join(rng.choice(WORDS, size=int(rng.integers(6, 14)))) for _ in range(samples)]
+            mine.append({"query": captions, "labels": [{"image": image, "references": ["a picture"]}] * samples})
+        out.append(mine)
+    return out
+
+
+def drive(server: Server, payloads: list[list[dict]]) -> tuple[float, list[float], list[list[dict]]]:
+    """Every client sends its requests one after another on one keep-alive connection; all clients
+    start together. Returns (requests/s, latencies in s, answers per client)."""
+    host, port = server.address
+    start_gate = threading.Barrier(len(payloads) + 1)
+
+    def client(mine: list[dict]) -> tuple[list[float], list[dict]]:
+        conn = http.client.HTTPConnection(host, port, timeout=600)
+        conn.connect()
+        start_gate.wait()
+        times, answers = [], []
+        for payload in mine:
+            body = json.dumps(payload).encode()
+            t0 = time.perf_counter()
+            conn.request("POST", "/get_reward", body, {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            answer = json.loads(resp.read())
+            times.append(time.perf_counter() - t0)
+            if resp.status != 200:
+                raise RuntimeError(f"server answered {resp.status}: {answer}")
+            answers.append(answer)
+        conn.close()
+        return times, answers
+
+    with ThreadPoolExecutor(len(payloads)) as pool:
+        futures = [pool.submit(client, mine) for mine in payloads]
+        start_gate.wait()
+        t0 = time.perf_counter()
+        results = [f.result() for f in futures]
+        elapsed = time.perf_counter() - t0
+    latencies = [t for times, _ in results for t in times]
+    return len(latencies) / elapsed, latencies, [answers for _, answers in results]
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q))
+
+
+def identical(a: list[list[dict]], b: list[list[dict]]) -> tuple[bool, float]:
+    worst, same = 0.0, True
+    for ca, cb in zip(a, b):
+        for x, y in zip(ca, cb):
+            worst = max([worst, *(abs(u - v) for u, v in zip(x["rewards"], y["rewards"]))])
+            same &= x["errors"] == y["errors"] and len(x["rewards"]) == len(y["rewards"])
+    return same and worst <= 1e-6, worst
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, nargs="+", default=[8, 16, 32])
+    parser.add_argument("--requests", type=int, default=12, help="requests per client")
+    parser.add_argument("--samples", type=int, default=4, help="captions per request")
+    parser.add_argument("--images", type=int, default=16)
+    parser.add_argument("--reward", default="clip_s")
+    parser.add_argument("--clip-model", help="default: the tiny CLIP of capreward.testing")
+    parser.add_argument("--max-batch-size", type=int, default=64)
+    parser.add_argument("--max-wait-ms", type=float, default=5.0)
+    parser.add_argument("--max-concurrent", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per setting (interleaved); the best is shown")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        model = args.clip_model
+        if model is None:
+            from capreward.testing import save_tiny_clip_openai
+
+            model = str(save_tiny_clip_openai(root / "tiny_clip.pt", seed=0))
+        (root / "media").mkdir()
+        images = make_images(root / "media", args.images)
+        common = ["--reward", args.reward, "--clip-model", model, "--media-root", str(root / "media"),
+                  "--max-concurrent", str(args.max_concurrent), "--max-connections", str(max(args.clients) + 8)]
+        modes = {"off": ["--max-batch-size", "0"],
+                 "on": ["--max-batch-size", str(args.max_batch_size), "--max-wait-ms", str(args.max_wait_ms)]}
+        rows = []
+        answers: dict[tuple[str, int], list] = {}
+        servers = {mode: Server(common + flags) for mode, flags in modes.items()}
+        try:
+            for server in servers.values():
+                drive(server, make_payloads(4, 2, args.samples, images, seed=99))  # warm-up
+            for clients in args.clients:
+                payloads = make_payloads(clients, args.requests, args.samples, images, seed=clients)
+                best: dict[str, dict] = {}
+                for _ in range(args.repeats):  # interleaved, so that load drifts hit both modes alike
+                    for mode, server in servers.items():
+                        rate, lat, got = drive(server, payloads)
+                        answers[mode, clients] = got
+                        if mode not in best or rate > best[mode]["requests_per_s"]:
+                            best[mode] = {"mode": mode, "clients": clients, "requests_per_s": rate,
+                                          "p50_ms": 1000 * statistics.median(lat), "p99_ms": 1000 * percentile(lat, 99)}
+                rows.extend(best.values())
+        finally:
+            for server in servers.values():
+                server.stop()
+    by = {(r["mode"], r["clients"]): r for r in rows}
+    for clients in args.clients:
+        same, worst = identical(answers["off", clients], answers["on", clients])
+        by["on", clients]["speedup"] = by["on", clients]["requests_per_s"] / by["off", clients]["requests_per_s"]
+        by["on", clients]["identical"] = same
+        by["on", clients]["max_abs_diff"] = worst
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return
+    print(f"reward {args.reward}, model {args.clip_model or 'tiny CLIP'}, {args.samples} samples/request, "
+          f"{args.requests} requests/client, batching on = --max-batch-size {args.max_batch_size} "
+          f"--max-wait-ms {args.max_wait_ms}, --max-concurrent {args.max_concurrent}, best of {args.repeats}")
+    print(f"{'clients':>7} {'mode':>4} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'on/off':>7} identical")
+    for clients in args.clients:
+        for mode in ("off", "on"):
+            r = by[mode, clients]
+            extra = f" {r['speedup']:6.2f}x {r['identical']} (max diff {r['max_abs_diff']:.1e})" if mode == "on" else ""
+            print(f"{clients:>7} {mode:>4} {r['requests_per_s']:8.1f} {r['p50_ms']:8.1f} {r['p99_ms']:8.1f}{extra}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""Which files a label may name: the confinement of client-named paths to a media root.
+
+A reward server reads the image or video a remote client names, so every such path is resolved
+(``..``, symlinks and all) and must land on a regular file inside the configured root. Every refusal
+reads the same (:data:`REFUSED`) whatever the reason (outside the root, absent, a directory, a device,
+a symlink pointing out, a NUL byte), so that a client learns nothing about the server's filesystem.
+
+:class:`MediaPaths` is the policy: ``MediaPaths(root)`` confines; ``MediaPaths(None)`` refuses every
+path; ``MediaPaths(root, allow_any_path=True)`` is the trusted-caller mode (a veRL run over the
+operator's own dataset): relative paths are joined to ``root`` when one is given, ``~`` is expanded
+and nothing is checked (the scorer reports a missing file per sample).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+REFUSED = "not a file under the server's media root"
+NO_ROOT = "this server reads no files (it was started without a media root)"
+NOT_LOCAL = "URLs and inline data are not accepted; name a file under the server's media root"
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://|^data:", re.IGNORECASE)
+
+
+class PathRefused(ValueError):
+    """A path the policy does not serve; the message is one of the fixed texts above."""
+
+
+class MediaPaths:
+    """Where label paths may point.
+
+    Args:
+        root: directory that relative paths are resolved against and that confines them (resolved
+            once, symlinks included; it must exist unless ``allow_any_path``).
+        allow_any_path: serve any path the label names (no confinement, no checks).
+    """
+
+    def __init__(self, root: str | os.PathLike | None = None, allow_any_path: bool = False):
+        self.allow_any_path = bool(allow_any_path)
+        if root is None:
+            self.root: Path | None = None
+        elif self.allow_any_path:
+            self.root = Path(os.fspath(root)).expanduser()
+        else:
+            real = Path(os.path.realpath(Path(os.fspath(root)).expanduser()))
+            if not real.is_dir():
+                raise ValueError(f"media root {os.fspath(root)!r} is not a directory")
+            self.root = real
+
+    @property
+    def confined(self) -> bool:
+        return not self.allow_any_path
+
+    def resolve(self, value: str) -> str:
+        """The path to open for a label's ``value``.
+
+        Confined: the real path (symlinks resolved) of a regular file inside the root, else
+        :class:`PathRefused` with :data:`REFUSED` (or :data:`NO_ROOT` / :data:`NOT_LOCAL`).
+        Trusted mode: ``value`` with ``~`` expanded, joined to the root when relative.
+        """
+        if _URL.match(value):
+            raise PathRefused(NOT_LOCAL)
+        if self.allow_any_path:
+            path = Path(value).expanduser()
+            if self.root is not None and not path.is_absolute():
+                path = self.root / path
+            return os.fspath(path)
+        if self.root is None:
+            raise PathRefused(NO_ROOT)
+        try:
+            # no expanduser: "~/x" is a relative name under the root, never the server's home
+            real = Path(os.path.realpath(self.root / value))
+            inside = real != self.root and real.is_relative_to(self.root)
+            if not inside or not real.is_file():
+                raise PathRefused(REFUSED)
+        except (OSError, ValueError) as exc:  # NUL bytes, over-long names, loops: the same refusal
+            if isinstance(exc, PathRefused):
+                raise
+            raise PathRefused(REFUSED) from None
+        return os.fspath(real)
+
+    def redact(self, text: str) -> str:
+        """``text`` with the confined root's absolute location replaced by ``<media-root>`` (reasons
+        sent to clients name files relative to the root, not where the root lives)."""
+        if self.root is None or not self.confined:
+            return text
+        return text.replace(os.fspath(self.root), "<media-root>")
+
+
+__all__ = ["MediaPaths", "NOT_LOCAL", "NO_ROOT", "PathRefused", "REFUSED"]

@@ -1,0 +1,55 @@
+"""A ``capreward serve`` subprocess for the server tests (real process, real sockets on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+from capreward.adapters.openrlhf import post_json
+
+
+class Server:
+    """A ``capreward serve`` subprocess; ``url`` is read from its readiness line on stderr."""
+
+    def __init__(self, args: list[str], timeout: float = 180.0):
+        cmd = [sys.executable, "-m", "capreward.cli.main", "serve", "--host", "127.0.0.1", "--port", "0", *args]
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+        self.lines: list[str] = []
+        ready = threading.Event()
+        self.url = None
+
+        def read():
+            for line in self.proc.stderr:
+                self.lines.append(line)
+                m = re.search(r"ready on (http://127\.0\.0\.1:\d+)/get_reward", line)
+                if m:
+                    self.url = m.group(1)
+                    ready.set()
+            ready.set()
+
+        self.reader = threading.Thread(target=read, daemon=True)
+        self.reader.start()
+        if not ready.wait(timeout) or self.url is None:
+            self.proc.kill()
+            raise RuntimeError("server did not become ready:\n" + "".join(self.lines))
+
+    def post(self, payload, path="/get_reward"):
+        return post_json(self.url + path, payload, timeout=120)
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=60)
+        self.reader.join(timeout=10)
+        return code
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self.url.removeprefix("http://").split(":")
+        return host, int(port)
+
+    def connect(self, timeout: float = 60.0) -> socket.socket:
+        return socket.create_connection(self.address, timeout=timeout)
