@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..media import frames_to_pil, load_image, load_video, media_key
+from ..media import describe, frames_to_pil, load_image, load_video, media_key, to_rgb
 from .cache import LRUCache
 from .clip_loading import DEFAULT_CLIP, load_clip
 
@@ -161,6 +161,22 @@ class CLIPBackbone:
         """CLIP preprocessing (resize, centre crop, normalise) of uint8 frames (k, H, W, 3)."""
         return torch.stack([self.preprocess(im) for im in frames_to_pil(frames)])
 
+    def image_pixels(self, item: Any, index: int) -> torch.Tensor:
+        """CLIP preprocessing of one image, [1, 3, H, W], in the released order: the image keeps its
+        mode (RGBA, palette, CMYK...) through resize and centre crop, and open_clip's transform converts
+        it to RGB after them, as OpenAI CLIP's, clipscore's, PAC-S's and EMScore's code does. Only modes
+        PIL converts wrongly (16-bit, float) are fixed first (:func:`capreward.media.viewable`)."""
+        image = load_image(item, index=index, keep_mode=True)
+        if image.mode == "RGB":
+            return self.preprocess(image)[None]
+        try:
+            pixels = self.preprocess(image)
+        except Exception:  # a custom transform that does not convert modes itself
+            pixels = None
+        if pixels is None or pixels.ndim != 3 or pixels.shape[0] != 3:
+            pixels = self.preprocess(to_rgb(image, describe(item, index)))
+        return pixels[None]
+
     def visual_embeddings(
         self,
         items: Sequence[Any],
@@ -180,7 +196,7 @@ class CLIPBackbone:
             raise ValueError(f"got {len(ids)} ids for {len(items)} {kind}s")
         results: list[torch.Tensor | None] = [None] * len(items)
         pending: dict[Any, list[int]] = {}
-        pending_frames: dict[Any, np.ndarray] = {}
+        pending_pixels: dict[Any, torch.Tensor] = {}
         # A GRPO group repeats the same object many times; hash its pixels once per call, not per sample.
         key_of_object: dict[int, str | None] = {}
         for i, item in enumerate(items):
@@ -198,16 +214,17 @@ class CLIPBackbone:
             if cached is not None:
                 results[i] = cached
                 continue
+            # preprocess at once: only CLIP-sized pixels are held, never the decoded full-size frames
             if kind == "video":
-                array = load_video(item, frames=frames, index=i)
+                pixels = self.pixels_of(load_video(item, frames=frames, index=i))
             else:
-                array = np.asarray(load_image(item, index=i))[None]
+                pixels = self.image_pixels(item, i)
             pending_key = key if key is not None else ("uncached", i)
             pending[pending_key] = [i]
-            pending_frames[pending_key] = array
-        if pending_frames:
-            keys = list(pending_frames)
-            pixels = [self.pixels_of(pending_frames[k]) for k in keys]
+            pending_pixels[pending_key] = pixels
+        if pending_pixels:
+            keys = list(pending_pixels)
+            pixels = [pending_pixels[k] for k in keys]
             counts = [p.shape[0] for p in pixels]
             # no_grad rather than inference_mode: cached frames may later meet tensors that need grad
             with torch.no_grad():

@@ -4,6 +4,12 @@ Accepted forms: a path (str or ``os.PathLike``), a ``PIL.Image.Image``, a uint8 
 (H, W, 3), or a float tensor of shape (3, H, W) with values in [0, 1]. Everything is turned into an
 RGB ``PIL.Image`` so that every form goes through the same (CLIP or VLM) preprocessing and gives
 identical scores.
+
+Hostile files: the size is read from the header and checked against
+:mod:`capreward.media.limits` before decoding, and every decoder failure becomes a
+:class:`MediaError` naming the item. Pixel formats: every mode PIL opens becomes the RGB a viewer
+shows (16-bit and float greyscale scaled to 8 bits, see :func:`viewable`); alpha is dropped, as the
+released CLIP transforms and VLM processors drop it.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from .errors import MediaError
+from .limits import MediaLimits, get_media_limits
 
 ImageLike = Any  # str | os.PathLike | PIL.Image.Image | np.ndarray | torch.Tensor
 
@@ -28,6 +35,8 @@ def describe(item: Any, index: int | None = None) -> str:
         return f"{prefix} ({os.fspath(item)!r})"
     if isinstance(item, (np.ndarray, torch.Tensor)):
         return f"{prefix} ({type(item).__name__} of shape {tuple(item.shape)})"
+    if isinstance(item, Image.Image) and getattr(item, "filename", None):
+        return f"{prefix} ({type(item).__name__} {item.filename!r})"
     return f"{prefix} ({type(item).__name__})"
 
 
@@ -63,8 +72,105 @@ def tensor_to_pil(tensor: torch.Tensor, name: str) -> Image.Image:
     return Image.fromarray(np.ascontiguousarray(array), mode="RGB")
 
 
-def open_image_file(path: str | os.PathLike, name: str) -> Image.Image:
-    """Read an image file as RGB, with a clear error when it is missing or unreadable."""
+#: Modes whose ``convert("RGB")`` gives what a viewer shows (alpha dropped, as the released CLIP
+#: transforms and VLM processors drop it: the colour under a transparent pixel is kept).
+RGB_CONVERTIBLE_MODES = frozenset({"1", "L", "P", "PA", "LA", "RGB", "RGBA", "RGBX", "RGBa", "CMYK", "YCbCr", "HSV", "LAB"})
+#: Integer modes holding 16-bit samples (PNG/TIFF 16-bit greyscale); ``convert("RGB")`` saturates them.
+SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N", "I"})
+
+
+def viewable(image: Image.Image, name: str) -> Image.Image:
+    """``image`` in a mode whose ``convert("RGB")`` is what a viewer shows, converting only the modes
+    PIL gets wrong.
+
+    - modes in :data:`RGB_CONVERTIBLE_MODES` come back unchanged, so the caller can convert when the
+      released code does (CLIP's transforms resize and crop first, then convert);
+    - 16-bit greyscale (``I;16*``, and ``I``, PIL's 32-bit form of 16-bit PNGs) becomes 8-bit ``L`` by
+      ``round(v / 257)`` (65535 -> 255; ``I`` values outside 0..65535 are clipped), where PIL would clip
+      every value above 255 to white;
+    - float ``F`` is read as intensity in [0, 1] (the floating-point image convention) and becomes ``L``
+      by ``round(255 v)``, clipped, NaN as 0, where PIL would read it on a 0..255 scale;
+    - ``La`` (premultiplied) becomes ``LA``; any other mode is converted to RGB by PIL.
+
+    Raises :class:`MediaError` naming the item when PIL cannot convert the mode.
+    """
+    mode = image.mode
+    if mode in RGB_CONVERTIBLE_MODES:
+        return image
+    try:
+        if mode in SIXTEEN_BIT_MODES:
+            values = np.asarray(image).astype(np.int64, copy=False)
+            eight = (np.clip(values, 0, 65535) + 128) // 257
+            return Image.fromarray(eight.astype(np.uint8), mode="L")
+        if mode == "F":
+            values = np.nan_to_num(np.asarray(image, dtype=np.float32), nan=0.0, posinf=1.0, neginf=0.0)
+            return Image.fromarray(np.clip(np.rint(values * 255.0), 0, 255).astype(np.uint8), mode="L")
+        if mode == "La":
+            return image.convert("LA")
+        return image.convert("RGB")
+    except Exception as exc:  # PIL raises ValueError/OSError for modes it cannot convert
+        raise MediaError(name, f"cannot convert image mode {mode!r} to RGB: {exc}") from exc
+
+
+def to_rgb(image: Image.Image, name: str) -> Image.Image:
+    """The RGB image a viewer shows for ``image`` (see :func:`viewable`)."""
+    image = viewable(image, name)
+    if image.mode == "RGB":
+        return image
+    try:
+        return image.convert("RGB")
+    except Exception as exc:
+        raise MediaError(name, f"cannot convert image mode {image.mode!r} to RGB: {exc}") from exc
+
+
+def _reduction_for(width: int, height: int, max_pixels: int) -> int:
+    """The smallest factor s in (2, 4, 8) with ceil(W/s) * ceil(H/s) <= max_pixels; 0 if none."""
+    for s in (2, 4, 8):
+        if -(-width // s) * -(-height // s) <= max_pixels:
+            return s
+    return 0
+
+
+def check_size(image: Image.Image, name: str, limits: MediaLimits | None = None) -> Image.Image:
+    """Refuse an empty or over-large image from its header size, before any pixel is decoded.
+
+    A JPEG or JPEG 2000 file over ``max_pixels`` is set up to decode at a reduced scale (1/2, 1/4 or
+    1/8) that fits, when one does; the image is returned (still lazy), else :class:`MediaError` is
+    raised naming the item.
+    """
+    limits = limits or get_media_limits()
+    width, height = image.size
+    if width <= 0 or height <= 0:
+        raise MediaError(name, "image is empty (zero height or width)")
+    if width * height <= limits.max_pixels:
+        return image
+    too_big = (
+        f"image is {width}x{height} = {width * height:,} pixels, over the limit of {limits.max_pixels:,} "
+        "(max_pixels; see capreward.media.limits)"
+    )
+    lazy = bool(getattr(image, "tile", None))  # an ImageFile not decoded yet
+    s = _reduction_for(width, height, limits.max_pixels) if lazy else 0
+    decoded = (width, height)
+    if s and image.format == "JPEG":
+        image.draft(image.mode, (width // s, height // s))
+        decoded = image.size
+    elif s and image.format == "JPEG2000":
+        image.reduce = s.bit_length() - 1  # the plugin decodes at 1 / 2**reduce and resizes at load
+        decoded = ((width + s // 2) // s, (height + s // 2) // s)
+    if decoded[0] * decoded[1] > limits.max_pixels:
+        raise MediaError(name, too_big)
+    return image
+
+
+def open_image_file(
+    path: str | os.PathLike, name: str, keep_mode: bool = False, limits: MediaLimits | None = None
+) -> Image.Image:
+    """Read an image file, with a clear error when it is missing, unreadable, empty or too large.
+
+    Returns RGB, or with ``keep_mode`` the decoded image in a mode whose ``convert("RGB")`` is right
+    (see :func:`viewable`). Every failure of the decoder (PIL raises OSError, ValueError, SyntaxError,
+    EOFError, DecompressionBombError and more on hostile files) becomes :class:`MediaError`.
+    """
     p = Path(path)
     if not p.exists():
         raise MediaError(name, "file does not exist")
@@ -72,20 +178,46 @@ def open_image_file(path: str | os.PathLike, name: str) -> Image.Image:
         raise MediaError(name, "path is not a file")
     try:
         with Image.open(p) as im:
-            return im.convert("RGB")
-    except (UnidentifiedImageError, OSError) as exc:
-        raise MediaError(name, f"cannot read image: {exc}") from exc
+            check_size(im, name, limits)
+            im.load()
+            image = viewable(im, name)
+            return image if keep_mode else to_rgb(image, name)
+    except MediaError:
+        raise
+    except Image.DecompressionBombError as exc:
+        raise MediaError(name, f"image is too large to decode safely: {exc}") from exc
+    except UnidentifiedImageError as exc:
+        raise MediaError(name, f"cannot read image: not an image file PIL can identify ({exc})") from exc
+    except Exception as exc:  # any other decoder failure on a malformed file
+        raise MediaError(name, f"cannot read image: {type(exc).__name__}: {exc}") from exc
 
 
-def load_image(item: ImageLike, index: int | None = None) -> Image.Image:
-    """Return ``item`` as an RGB ``PIL.Image``; raise ``MediaError`` naming the item if it is unusable."""
+def pil_image(image: Image.Image, name: str, keep_mode: bool = False, limits: MediaLimits | None = None) -> Image.Image:
+    """Validate an in-memory PIL image (size checked before a lazily opened file is decoded)."""
+    check_size(image, name, limits)
+    try:
+        image.load()
+    except Exception as exc:
+        raise MediaError(name, f"cannot read image: {type(exc).__name__}: {exc}") from exc
+    image = viewable(image, name)
+    return image if keep_mode else to_rgb(image, name)
+
+
+def load_image(
+    item: ImageLike, index: int | None = None, *, keep_mode: bool = False, limits: MediaLimits | None = None
+) -> Image.Image:
+    """Return ``item`` as an RGB ``PIL.Image``; raise ``MediaError`` naming the item if it is unusable.
+
+    ``keep_mode=True`` returns files and PIL images in a mode whose ``convert("RGB")`` is what a viewer
+    shows (RGBA, palette, CMYK... unchanged; 16-bit and float as 8-bit ``L``), for pipelines that
+    convert after resizing as the released CLIP transforms do. ``limits`` (default: the process-wide
+    :func:`~capreward.media.limits.get_media_limits`) bounds the pixels decoded.
+    """
     name = describe(item, index)
     if isinstance(item, (str, os.PathLike)):
-        return open_image_file(item, name)
+        return open_image_file(item, name, keep_mode, limits)
     if isinstance(item, Image.Image):
-        if item.width == 0 or item.height == 0:
-            raise MediaError(name, "image is empty (zero height or width)")
-        return item if item.mode == "RGB" else item.convert("RGB")
+        return pil_image(item, name, keep_mode, limits)
     if isinstance(item, np.ndarray):
         return array_to_pil(item, name)
     if isinstance(item, torch.Tensor):

@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from .limits import get_media_limits
+
 
 def hash_bytes(data: Any) -> str:
     """Hex BLAKE2b-128 digest of a bytes-like object."""
@@ -41,13 +43,37 @@ def media_key(item: Any, explicit_id: str | None = None) -> str | None:
         array = np.ascontiguousarray(item)
         return f"array:{array.dtype}:{array.shape}:{hash_bytes(array.data)}"
     if isinstance(item, Image.Image):
-        array = np.ascontiguousarray(np.asarray(item.convert("RGB")))
+        if item.width * item.height > get_media_limits().max_pixels:
+            return None  # never decode an over-large image just to key it; loading it raises
+        try:  # a lazily opened file decodes here: a broken one gets no key, and loading it raises
+            if item.mode != "RGB":  # alpha, palette and 16-bit samples change the score: key the raw data
+                palette = item.getpalette() or []
+                h = hashlib.blake2b(item.tobytes(), digest_size=16)
+                h.update(bytes(str((palette, item.info.get("transparency"))), "utf-8"))
+                return f"image:{item.mode}:{item.size}:{h.hexdigest()}"
+            array = np.ascontiguousarray(np.asarray(item))
+        except Exception:
+            return None
         return f"array:{array.dtype}:{array.shape}:{hash_bytes(array.data)}"
     if isinstance(item, (list, tuple)) and item and all(isinstance(f, (Image.Image, np.ndarray)) for f in item):
-        h = hashlib.blake2b(digest_size=16)
-        for frame in item:
-            a = np.ascontiguousarray(np.asarray(frame.convert("RGB") if isinstance(frame, Image.Image) else frame))
+        try:
+            return _frames_key(item)
+        except Exception:  # a broken lazily opened frame: no key; loading it raises MediaError
+            return None
+    return None
+
+
+def _frames_key(frames: list | tuple) -> str | None:
+    """Content key of a list of PIL frames / uint8 arrays (None if a frame is over ``max_pixels``)."""
+    h = hashlib.blake2b(digest_size=16)
+    for frame in frames:
+        if isinstance(frame, Image.Image):
+            if frame.width * frame.height > get_media_limits().max_pixels:
+                return None
+            h.update(f"{frame.mode}:{frame.size}:{frame.getpalette()}".encode())
+            h.update(frame.tobytes())
+        else:
+            a = np.ascontiguousarray(frame)
             h.update(str(a.shape).encode())
             h.update(a.data)
-        return f"frames:{len(item)}:{h.hexdigest()}"
-    return None
+    return f"frames:{len(frames)}:{h.hexdigest()}"

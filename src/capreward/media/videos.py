@@ -17,7 +17,8 @@ import torch
 from PIL import Image
 
 from .errors import MediaError
-from .images import array_to_pil, describe
+from .images import array_to_pil, check_size, describe, to_rgb
+from .limits import MediaLimits, get_media_limits
 
 VideoLike = Any  # str | os.PathLike | np.ndarray | torch.Tensor | Sequence[PIL.Image | np.ndarray]
 
@@ -38,13 +39,24 @@ def sample_indices(num_frames: int, frames: int | None = DEFAULT_FRAMES) -> np.n
     return np.linspace(0, num_frames - 1, frames).astype(np.int64)
 
 
-def decode_video_file(path: str | os.PathLike, frames: int | None, name: str) -> np.ndarray:
-    """Decode only the sampled frames of a video file with decord; uint8 (k, H, W, 3)."""
+def decode_video_file(
+    path: str | os.PathLike, frames: int | None, name: str, limits: MediaLimits | None = None
+) -> np.ndarray:
+    """Decode only the sampled frames of a video file with decord; uint8 (k, H, W, 3).
+
+    decord exposes no frame size before decoding, so the first frame is decoded alone and its size
+    checked against ``max_pixels``, and k x H x W against ``max_video_pixels``, before the sampled
+    frames are decoded. Every decord failure (its DECORDError, RuntimeError, AssertionError on a zero
+    frame count...) becomes :class:`MediaError` naming the item.
+    """
+    limits = limits or get_media_limits()
     p = Path(path)
     if not p.exists():
         raise MediaError(name, "file does not exist")
     if not p.is_file():
         raise MediaError(name, "path is not a file")
+    if p.stat().st_size == 0:
+        raise MediaError(name, "cannot decode video: the file is empty (0 bytes)")
     try:
         import decord
     except ImportError as exc:  # pragma: no cover - decord is a hard dependency
@@ -52,16 +64,48 @@ def decode_video_file(path: str | os.PathLike, frames: int | None, name: str) ->
     try:
         reader = decord.VideoReader(os.fspath(p), ctx=decord.cpu(0))
         total = len(reader)
-    except Exception as exc:  # decord raises its own DECORDError and RuntimeError types
-        raise MediaError(name, f"cannot decode video: {exc}") from exc
-    if total == 0:
+    except Exception as exc:  # decord raises DECORDError, RuntimeError, AssertionError (no frames)
+        raise MediaError(name, f"cannot decode video: {type(exc).__name__}: {_first_line(exc)}") from exc
+    if total <= 0:
         raise MediaError(name, "video has zero frames")
     indices = sample_indices(total, frames)
     try:
-        array = reader.get_batch(indices.tolist()).asnumpy()
+        first = reader.get_batch([0]).asnumpy()
     except Exception as exc:
-        raise MediaError(name, f"cannot decode frames {indices.tolist()}: {exc}") from exc
+        raise MediaError(name, f"cannot decode the first frame: {type(exc).__name__}: {_first_line(exc)}") from exc
+    if first.ndim != 4 or first.shape[0] != 1:
+        raise MediaError(name, f"cannot decode the first frame: decord returned shape {tuple(first.shape)}")
+    height, width = first.shape[1], first.shape[2]
+    if height * width > limits.max_pixels:
+        raise MediaError(
+            name,
+            f"video frames are {width}x{height} = {width * height:,} pixels, over the limit of "
+            f"{limits.max_pixels:,} (max_pixels; see capreward.media.limits)",
+        )
+    if len(indices) * height * width > limits.max_video_pixels:
+        raise MediaError(
+            name,
+            f"{len(indices)} frames of {width}x{height} are {len(indices) * height * width:,} pixels, over the "
+            f"limit of {limits.max_video_pixels:,} (max_video_pixels; sample fewer frames or raise the limit)",
+        )
+    try:
+        array = first if indices.tolist() == [0] else reader.get_batch(indices.tolist()).asnumpy()
+    except Exception as exc:
+        raise MediaError(
+            name, f"cannot decode frames {_short(indices)} of {total}: {type(exc).__name__}: {_first_line(exc)}"
+        ) from exc
     return validate_frame_array(array, name)
+
+
+def _first_line(exc: BaseException) -> str:
+    """decord's messages carry a C++ stack trace after the first line."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else "no message"
+
+
+def _short(indices: np.ndarray) -> str:
+    values = indices.tolist()
+    return str(values) if len(values) <= 12 else f"[{values[0]}, {values[1]}, ..., {values[-1]}] ({len(values)} frames)"
 
 
 def validate_frame_array(array: np.ndarray, name: str) -> np.ndarray:
@@ -77,14 +121,17 @@ def validate_frame_array(array: np.ndarray, name: str) -> np.ndarray:
     return np.ascontiguousarray(array)
 
 
-def frames_from_sequence(frames_list: Sequence[Any], name: str) -> np.ndarray:
-    """Stack a list of PIL frames or uint8 arrays into (T, H, W, 3)."""
+def frames_from_sequence(frames_list: Sequence[Any], name: str, limits: MediaLimits | None = None) -> np.ndarray:
+    """Stack a list of PIL frames (any mode, converted as :func:`capreward.media.images.to_rgb` does)
+    or uint8 arrays into (T, H, W, 3)."""
     if len(frames_list) == 0:
         raise MediaError(name, "video has zero frames (empty list)")
     arrays = []
     for i, frame in enumerate(frames_list):
         if isinstance(frame, Image.Image):
-            arrays.append(np.asarray(frame.convert("RGB")))
+            frame_name = f"{name} frame {i}"
+            check_size(frame, frame_name, limits)
+            arrays.append(np.asarray(to_rgb(frame, frame_name)))
         elif isinstance(frame, np.ndarray):
             array_to_pil(frame, f"{name} frame {i}")  # validates dtype and shape
             arrays.append(frame)
@@ -96,17 +143,20 @@ def frames_from_sequence(frames_list: Sequence[Any], name: str) -> np.ndarray:
     return np.stack(arrays)
 
 
-def load_video(item: VideoLike, frames: int | None = DEFAULT_FRAMES, index: int | None = None) -> np.ndarray:
+def load_video(
+    item: VideoLike, frames: int | None = DEFAULT_FRAMES, index: int | None = None, limits: MediaLimits | None = None
+) -> np.ndarray:
     """Return the sampled frames of ``item`` as a uint8 array (k, H, W, 3).
 
     Raises ``MediaError`` naming the item when the video is missing, unreadable, empty, of the wrong
-    dtype or shape.
+    dtype or shape, or over the size limits of :mod:`capreward.media.limits` (``limits`` defaults to
+    the process-wide ones; in-memory frames are checked per frame against ``max_pixels``).
     """
     name = describe(item, index)
     if item is None:
         raise MediaError(name, "video is missing (None)")
     if isinstance(item, (str, os.PathLike)):
-        return decode_video_file(item, frames, name)
+        return decode_video_file(item, frames, name, limits)
     if isinstance(item, torch.Tensor):
         if item.dtype != torch.uint8:
             raise MediaError(name, f"video tensors must be uint8 (T, H, W, 3), got dtype {item.dtype}")
@@ -114,9 +164,12 @@ def load_video(item: VideoLike, frames: int | None = DEFAULT_FRAMES, index: int 
     if isinstance(item, np.ndarray):
         array = validate_frame_array(item, name)
     elif isinstance(item, (list, tuple)):
-        array = validate_frame_array(frames_from_sequence(item, name), name)
+        array = validate_frame_array(frames_from_sequence(item, name, limits), name)
     else:
         raise MediaError(name, f"unsupported video type {type(item).__name__}")
+    max_pixels = (limits or get_media_limits()).max_pixels
+    if array.shape[1] * array.shape[2] > max_pixels:
+        raise MediaError(name, f"video frames are {array.shape[2]}x{array.shape[1]}, over the limit of {max_pixels:,} pixels")
     return array[sample_indices(array.shape[0], frames)]
 
 

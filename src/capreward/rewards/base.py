@@ -42,10 +42,31 @@ class RewardOutput:
     values: list[float | None]
     reasons: list[str | None]
     metrics: dict[str, list[float]] = field(default_factory=dict)
+    clipped: list[int] = field(default_factory=list)  # samples whose value was clipped into the range
 
     @property
     def unscored(self) -> list[int]:
         return [i for i, v in enumerate(self.values) if v is None]
+
+
+def clip_to_range(out: RewardOutput, value_range: tuple[float, float] | None) -> RewardOutput:
+    """Clip every value of ``out`` into ``value_range`` (in place; None = no range) and record the
+    clipped samples in ``out.clipped`` and the per-sample ``clipped`` metric (1.0/0.0, NaN if
+    unscored). Returns ``out``."""
+    if value_range is None:
+        return out
+    lo, hi = value_range
+    indicator = [math.nan] * len(out.values)
+    for i, v in enumerate(out.values):
+        if v is None:
+            continue
+        inside = lo <= v <= hi
+        indicator[i] = 0.0 if inside else 1.0
+        if not inside:
+            out.values[i] = min(max(v, lo), hi)
+            out.clipped.append(i)
+    out.metrics["clipped"] = indicator
+    return out
 
 
 def _nanmean(values: Sequence[float]) -> float:
@@ -71,6 +92,11 @@ class RewardFunction:
     def name(self) -> str:
         return self.__name__
 
+    def value_range(self) -> tuple[float, float] | None:
+        """The closed interval every value of this reward lies in (values the scorer puts outside it
+        are clipped and counted), or None when the reward promises none."""
+        return None
+
     def compute(self, prompts: Sequence[Any] | None, completions: Sequence[Any], **kwargs: Any) -> RewardOutput:
         """Score the completions without logging anything (see :meth:`__call__`)."""
         raise NotImplementedError
@@ -94,7 +120,8 @@ class RewardFunction:
 
     def report(self, out: RewardOutput, log_extra: Callable | None = None, log_metric: Callable | None = None) -> None:
         """Log unscored samples (logging module, ``log_extra`` column ``<name>/error``) and the batch's
-        unscored fraction and sub-score means (``log_metric`` as ``rewards/<name>/<metric>``)."""
+        unscored fraction, number of values clipped into :meth:`value_range` (``clipped``) and sub-score
+        means (``log_metric`` as ``rewards/<name>/<metric>``)."""
         bad = out.unscored
         if bad:
             shown = "; ".join(f"[{i}] {out.reasons[i] or 'no score'}" for i in bad[:8])
@@ -102,10 +129,17 @@ class RewardFunction:
             logger.warning("%s: %d/%d samples unscored (None): %s%s", self.name, len(bad), len(out.values), shown, more)
             if log_extra is not None:
                 log_extra(f"{self.name}/error", [r if v is None else None for r, v in zip(out.reasons, out.values)])
+        if out.clipped:
+            lo, hi = self.value_range() or (math.nan, math.nan)
+            logger.info(
+                "%s: %d/%d values outside [%g, %g] clipped to it", self.name, len(out.clipped), len(out.values), lo, hi
+            )
         if log_metric is not None and out.values:
             log_metric(f"rewards/{self.name}/unscored_frac", len(bad) / len(out.values))
-            if self.log_subscores:
-                for key, values in out.metrics.items():
+            for key, values in out.metrics.items():
+                if key == "clipped" or (self.log_subscores and key.endswith("/clipped")):
+                    log_metric(f"rewards/{self.name}/{key}", float(sum(v == 1.0 for v in values)))  # a count
+                elif self.log_subscores:
                     mean = _nanmean(values)
                     if not math.isnan(mean):
                         log_metric(f"rewards/{self.name}/{key}", mean)
@@ -252,7 +286,7 @@ class CaptionReward(RewardFunction):
                 self.scorer  # build outside the per-sample error handling: a bad config must raise
             for (kind, with_refs), rows in groups.items():
                 self._score_rows(inputs.samples, rows, kind, with_refs, values, reasons, metrics, n)
-        return RewardOutput(values, reasons, metrics)
+        return clip_to_range(RewardOutput(values, reasons, metrics), self.value_range())
 
     def _score_rows(self, samples, rows, kind, with_refs, values, reasons, metrics, n) -> None:
         """Score ``rows`` together; if an input error escapes, retry per distinct visual, then per row,

@@ -24,7 +24,9 @@ def _column(values) -> list[float]:
 
 class EMScoreReward(CaptionReward):
     """EMScore as a reward: the full F of EMScore(X, V) (with references: of EMScore(X, V, X*)), in
-    [-1, 1] (cosine based; around 0.2-0.4 for real captions with a real CLIP).
+    [-1, 1] (cosine based; around 0.2-0.4 for real captions with a real CLIP). The paper's F leaves
+    [-1, 1] when P and R have opposite signs; the reward clips such values and counts them
+    (``rewards/<name>/clipped``).
 
     Constructor: ``model``, ``device``, ``idf``, ``frames``, ``batch_size``, ``cache_size``,
     ``precision``, ``backbone`` as for :class:`~capreward.scorers.EMScore` (``idf="batch"``, the released
@@ -49,6 +51,11 @@ class EMScoreReward(CaptionReward):
     def _build(self) -> EMScore:
         return EMScore(**self.scorer_kwargs)
 
+    def value_range(self) -> tuple[float, float]:
+        """[-1, 1]. The paper's F-measure leaves it when P and R have opposite signs (EMScore can then
+        be -12 for a very long caption); such values are clipped and counted (``clipped``)."""
+        return (-1.0, 1.0)
+
     def score_group(self, captions, visuals, kind, references, visual_ids) -> GroupScores:
         scorer = self.scorer
         result = scorer.score(
@@ -70,7 +77,9 @@ class EMScoreReward(CaptionReward):
 
 class CLIPScoreReward(CaptionReward):
     """CLIP-S as a reward: ``w * max(cos(image, caption), 0)`` in [0, w] (w = 2.5 by default); with
-    references RefCLIP-S (harmonic mean of CLIP-S and the best reference cosine, in [0, w]).
+    references RefCLIP-S (harmonic mean of CLIP-S and the best reference cosine, clipped to [0, w]:
+    the harmonic mean is unbounded when that cosine is negative; clipped values are counted as
+    ``clipped``).
     Videos are scored through their mean frame embedding. Constructor: ``model``, ``device``, ``w``,
     ``prefix``, ``batch_size``, ``cache_size``, ``precision``, ``frames``, ``backbone`` as for
     :class:`~capreward.scorers.CLIPScore`, plus the column options of :class:`CaptionReward`.
@@ -82,6 +91,16 @@ class CLIPScoreReward(CaptionReward):
 
     def _build(self) -> CLIPScore:
         return self.scorer_class(**self.scorer_kwargs)
+
+    def value_range(self) -> tuple[float, float]:
+        """[0, w]. RefCLIP-S (a harmonic mean with an unclipped reference cosine) leaves it when the
+        best reference cosine is negative; such values are clipped and counted (``clipped``)."""
+        if self._given_scorer is not None:
+            w = self._given_scorer.w
+        else:
+            w = self.scorer_kwargs.get("w")
+            w = self.scorer_class.default_w if w is None else float(w)
+        return (min(0.0, w), max(0.0, w))
 
     def score_group(self, captions, visuals, kind, references, visual_ids) -> GroupScores:
         result = self.scorer.score(

@@ -6,7 +6,7 @@ import inspect
 import math
 from typing import Any, Callable, Sequence
 
-from .base import AsyncReward, RewardFunction, RewardOutput
+from .base import AsyncReward, RewardFunction, RewardOutput, clip_to_range
 from .guards import Guards
 from .inputs import completion_text
 
@@ -34,8 +34,10 @@ class CompositeReward(RewardFunction):
             term as ``rewards/<name>/guard/<term>`` (weighted) and the components' own sub-scores as
             ``rewards/<name>/<component>/<sub>``.
 
-    Returns (per completion) a float or None; the range is the weighted sum of the components' ranges
-    plus [-Σ guard weights, 0].
+    Returns (per completion) a float or None in :meth:`value_range`: the weighted sum of the
+    components' ranges plus [-Σ guard weights, 0] when every component is a capreward reward (each
+    keeps its own range); values outside (``renormalize`` scales the valid components up) are clipped
+    and counted as ``clipped``. With a plain function as a component the composite promises no range.
     """
 
     __name__ = "composite"
@@ -77,6 +79,21 @@ class CompositeReward(RewardFunction):
             if isinstance(func, RewardFunction):
                 func.load_models()
         return self
+
+    def value_range(self) -> tuple[float, float] | None:
+        """Σ_c w_c · range_c + the guards' range, or None when a component has no known range."""
+        lo = hi = 0.0
+        for _, func, w in self.components:
+            part = func.value_range() if isinstance(func, RewardFunction) else None
+            if part is None:
+                return None
+            lo += min(w * part[0], w * part[1])
+            hi += max(w * part[0], w * part[1])
+        if self.guards is not None:
+            for weight in self.guards.weights().values():
+                lo += min(0.0, -weight)
+                hi += max(0.0, -weight)
+        return (lo, hi)
 
     def _component_output(self, func: Callable, prompts, completions, kwargs) -> RewardOutput:
         if isinstance(func, RewardFunction):
@@ -122,4 +139,4 @@ class CompositeReward(RewardFunction):
                     metrics.setdefault(f"guard/{term}", [math.nan] * n)[i] = value
                     if values[i] is not None:
                         values[i] += value
-        return RewardOutput(values, reasons, metrics)
+        return clip_to_range(RewardOutput(values, reasons, metrics), self.value_range())

@@ -26,6 +26,10 @@ class FLEURReward(CaptionReward):
     def _build(self) -> FLEUR:
         return FLEUR(**self.scorer_kwargs)
 
+    def value_range(self) -> tuple[float, float]:
+        """[0, 1] (values outside would be clipped and counted as ``clipped``)."""
+        return (0.0, 1.0)
+
     def score_group(self, captions, visuals, kind, references, visual_ids) -> GroupScores:
         result = self.scorer.score(
             captions,

@@ -88,6 +88,10 @@ class Guards:
     max_words: int = 40
     length_scale: int | None = None
 
+    def weights(self) -> dict[str, float]:
+        """The weight of each enabled guard term (each term lies in [-weight, 0] for weight >= 0)."""
+        return {k: float(w) for k, w in (("repetition", self.repetition), ("truncation", self.truncation), ("length", self.length)) if w}
+
     def terms(self, text: str) -> dict[str, float]:
         """The enabled weighted guard terms of one caption, e.g. ``{"repetition": -0.25, ...}``."""
         out = {}

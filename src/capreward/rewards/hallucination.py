@@ -77,6 +77,10 @@ class HallucinationPenalty(CaptionReward):
     def _build(self) -> EMScore:
         return EMScore(**self.scorer_kwargs)
 
+    def value_range(self) -> tuple[float, float]:
+        """[-1, 0]."""
+        return (-1.0, 0.0)
+
     # ------------------------------------------------------------------ analysis
     def _uses_idf(self) -> bool:
         return self.scorer.idf_table is not None

@@ -45,6 +45,11 @@ class VisCE2Reward(CaptionReward):
     def _build(self) -> VisCE2:
         return VisCE2(**self.scorer_kwargs)
 
+    def value_range(self) -> tuple[float, float]:
+        """[0, 100 * scale]. A written score above 100 (kept by the scorer, as released, and flagged)
+        gets None with the scorer's reason; anything else outside would be clipped and counted."""
+        return (min(0.0, 100 * self.scale), max(0.0, 100 * self.scale))
+
     def score_group(self, captions, visuals, kind, references, visual_ids) -> GroupScores:
         if kind != "image":
             reason = f"VisCE² scores images, got a {kind or 'sample without visual'}"
@@ -82,6 +87,10 @@ class GVEvalReward(CaptionReward):
 
     def _build(self) -> GVEval:
         return GVEval(**self.scorer_kwargs)
+
+    def value_range(self) -> tuple[float, float]:
+        """[0, 100 * scale] (values outside are clipped and counted as ``clipped``)."""
+        return (min(0.0, 100 * self.scale), max(0.0, 100 * self.scale))
 
     def score_group(self, captions, visuals, kind, references, visual_ids) -> GroupScores:
         if self.mode != "ref-free" and references is None:

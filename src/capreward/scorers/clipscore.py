@@ -3,6 +3,10 @@
 The caption is prefixed with "A photo depicts " (references too), as in the released code.
 CLIP-S = w · max(cos(image, caption), 0); RefCLIP-S = harmonic mean of CLIP-S and the best
 (unscaled, unclipped) cosine between the caption and its references.
+
+Ranges: CLIP-S lies in [0, w]. RefCLIP-S lies in [0, w] only while the best reference cosine is
+non-negative: as released, the harmonic mean 2ab/(a+b) of a >= 0 and a negative cosine b is negative
+or, near b = -a, unbounded (17.7 was seen with w = 2.5). The rewards clip to [0, w].
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ CLIPS_PREFIX = "A photo depicts "
 
 @dataclass
 class CLIPScoreResult:
-    """Tensor[N] each: ``clip_s`` in [0, w]; ``ref_clip_s`` and ``ref_similarity`` (max cosine to the
-    references, in [-1, 1]) when references were given, else None."""
+    """Tensor[N] each: ``clip_s`` in [0, w]; ``ref_clip_s`` (in [0, w] unless ``ref_similarity`` < 0,
+    see the module doc) and ``ref_similarity`` (max cosine to the references, in [-1, 1]) when
+    references were given, else None."""
 
     clip_s: torch.Tensor
     ref_clip_s: torch.Tensor | None

@@ -83,6 +83,11 @@ class CandidateText:
 class EMScore:
     """EMScore (video), EMScore_ref (references) and their combination.
 
+    Ranges: coarse, P and R are cosine based, in [-1, 1]. F = 2PR/(P+R) is the paper's formula kept
+    as released, so it leaves [-1, 1] (unbounded near P = -R) when P and R have opposite signs, e.g.
+    -12.6 for a 20,000-character caption; ``full_f`` = (``fine_f`` + coarse)/2 inherits that. The
+    rewards clip to their stated range (:class:`~capreward.rewards.EMScoreReward`).
+
     Args:
         model: CLIP specification (name/tag, OpenAI-format ``.pt``, open_clip checkpoint, factory).
         device, precision: where and in which precision the CLIP runs (fp32 on CPU).

@@ -166,6 +166,9 @@ class GVEval:
                 if isinstance(refs, str) or not refs:
                     raise ValueError(f"references[{i}] must be a non-empty list of strings")
         visual, pictures, errors = self._visuals(n, images, videos)
+        for i, c in enumerate(candidates):  # a judge would rate an empty caption: give no score instead
+            if not c.strip() and errors[i] is None:
+                errors[i] = f"candidate {i} is an empty caption"
         template = gveval_template(visual, self.mode, self.accr)
         top = self.top_logprobs if self.expected else 0
         detail = "high" if visual == "vid" else self.resolution  # the release forces "high" for video

@@ -226,6 +226,9 @@ class VisCE2:
                 raise TypeError(f"candidate {i} is {type(c).__name__}, not a string")
         n = len(candidates)
         contexts, errors, row_images = self._contexts(images, image_ids)
+        for i, c in enumerate(candidates):  # a judge would rate an empty caption: give no score instead
+            if not c.strip() and errors[i] is None:
+                contexts[i], errors[i] = None, f"candidate {i} is an empty caption"
         scores = np.full(n, np.nan)
         raw = [""] * n
         rows = [i for i in range(n) if contexts[i] is not None]

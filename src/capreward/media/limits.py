@@ -1,0 +1,89 @@
+"""Size limits on decoded media: what one image or one video may cost in memory.
+
+Every image and video reaches the scorers through :func:`capreward.media.load_image` and
+:func:`capreward.media.load_video`, which read the size from the file's header (images) or from the
+first decoded frame (videos; decord exposes no size before decoding) and refuse what exceeds the limits
+with a :class:`~capreward.media.MediaError` naming the item, before decoding the rest.
+
+Defaults (see :class:`MediaLimits`):
+
+- ``max_pixels = 2**25`` (33.5 MP, e.g. 8192x4096): every photo a 12/24/33 MP camera writes, 8K video
+  frames (33.2 MP) and 5K scans fit; one decode at the limit peaks at 257 MB (an 8192x4096 RGBA PNG,
+  161 MB greyscale, measured in a fresh process). PIL's own guard warns at 89 MP and refuses only at 179 MP, where a
+  single decode costs 0.5-1.9 GB. Larger JPEG and JPEG 2000 files are not refused: they are decoded at a
+  reduced scale (1/2, 1/4 or 1/8, by the codec, so the full-size pixels never exist) that fits the
+  limit. Formats without reduced decoding (PNG, WebP, TIFF, GIF...) above the limit are refused.
+- ``max_video_pixels = 2**28`` (268 MP): the sampled frames of one video together (10 frames of up to
+  26 MP, or every frame of a 129-frame 1080p clip), about 800 MB as uint8. Raise it, or sample fewer
+  frames (``frames=k``), for longer clips.
+
+The limits are process-wide: :func:`set_media_limits` changes them, the ``with media_limits(...)``
+context manager changes them temporarily, and the environment variables ``CAPREWARD_MAX_PIXELS`` and
+``CAPREWARD_MAX_VIDEO_PIXELS`` set them at import (so reward servers, scoring jobs and Ray workers pick
+them up without code). PIL's own ``Image.MAX_IMAGE_PIXELS`` guard still applies above our limit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, replace
+from typing import Iterator
+
+DEFAULT_MAX_PIXELS = 2**25
+DEFAULT_MAX_VIDEO_PIXELS = 2**28
+
+
+@dataclass(frozen=True)
+class MediaLimits:
+    """``max_pixels``: width x height of one image or one video frame; ``max_video_pixels``: total
+    pixels of the frames sampled from one video. Both must be positive."""
+
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    max_video_pixels: int = DEFAULT_MAX_VIDEO_PIXELS
+
+    def __post_init__(self) -> None:
+        for field in ("max_pixels", "max_video_pixels"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{field} must be a positive int, got {value!r}")
+
+
+def _from_env() -> MediaLimits:
+    values = {}
+    for field, var in (("max_pixels", "CAPREWARD_MAX_PIXELS"), ("max_video_pixels", "CAPREWARD_MAX_VIDEO_PIXELS")):
+        raw = os.environ.get(var)
+        if raw:
+            try:
+                values[field] = int(raw.replace("_", ""))
+            except ValueError:
+                raise ValueError(f"{var} must be an integer number of pixels, got {raw!r}") from None
+    return MediaLimits(**values)
+
+
+_limits = _from_env()
+
+
+def get_media_limits() -> MediaLimits:
+    """The limits in force."""
+    return _limits
+
+
+def set_media_limits(max_pixels: int | None = None, max_video_pixels: int | None = None) -> MediaLimits:
+    """Change the process-wide limits (None keeps a limit as it is); returns the previous limits."""
+    global _limits
+    previous = _limits
+    changes = {k: v for k, v in (("max_pixels", max_pixels), ("max_video_pixels", max_video_pixels)) if v is not None}
+    _limits = replace(_limits, **changes)
+    return previous
+
+
+@contextlib.contextmanager
+def media_limits(max_pixels: int | None = None, max_video_pixels: int | None = None) -> Iterator[MediaLimits]:
+    """``with media_limits(max_pixels=...):`` the limits inside the block, restored after it."""
+    global _limits
+    previous = set_media_limits(max_pixels, max_video_pixels)
+    try:
+        yield _limits
+    finally:
+        _limits = previous
