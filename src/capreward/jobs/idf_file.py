@@ -62,7 +62,7 @@ def choose_idf(option: str, rows: list[ManifestRow], manifest: str | Path) -> Id
         return IdfChoice(f"{option}: the {len(corpus)} references in {manifest}", corpus_digest(corpus), corpus=corpus)
     path = Path(option)
     if not path.is_file():
-        raise JobError(f"--idf {option}: not auto, refs, none or an existing file")
+        raise JobError(f"--idf: no such file {option!r} (give auto, refs, none or an existing file)")
     if path.name.endswith(".idf.json"):
         record = read_record(path)
         return IdfChoice(f"{path} ({record['source']})", record["corpus_sha256"], table=table_of(record))
