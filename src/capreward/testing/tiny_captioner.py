@@ -66,8 +66,7 @@ def build_tiny_captioner(
                 image_size=image_size, patch_size=8, hidden_size=width, num_hidden_layers=1, num_attention_heads=2,
                 intermediate_size=2 * width, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
             ),
-            add_pooling_layer=False,
-        )
+        )  # with its (unused) pooler, as from_pretrained rebuilds it, so saving and loading round-trip
         decoder = GPT2LMHeadModel(
             GPT2Config(
                 vocab_size=len(tokenizer), n_positions=max_positions, n_embd=width, n_layer=decoder_layers, n_head=2,
