@@ -17,6 +17,8 @@ Per seed:
 
    - ``ce``: more cross-entropy on the same targets;
    - ``scst``: SCST on CLIP-S (4 samples per image, greedy baseline);
+   - ``scst-mean``: the same with the mean-of-other-samples baseline ("new SCST");
+   - ``scst-mean+guards``: that, on CLIP-S plus capreward's repetition and dangling-word guards;
    - ``scst+halluc``: SCST on CLIP-S + 0.5 × the hallucination penalty (calibrated on reference captions);
    - ``differentiable``: minus CLIP-S of straight-through Gumbel-softmax captions, backpropagated;
 
@@ -41,7 +43,7 @@ from typing import Any, Sequence
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-CONDITIONS = ("ce", "scst", "scst+halluc", "differentiable")
+CONDITIONS = ("ce", "scst", "scst-mean", "scst-mean+guards", "scst+halluc", "differentiable")
 
 
 def _recipe():
@@ -54,6 +56,12 @@ def _recipe():
     return module
 
 
+def repetition_penalty(caption: str, n: int) -> float:
+    from capreward.rewards.guards import repetition_penalty as penalty
+
+    return penalty(caption, n)
+
+
 def colour_correct(caption: str, colour: str, colours: Sequence[str]) -> bool:
     """The caption names ``colour`` and no other colour of ``colours``."""
     words = set(caption.lower().split())
@@ -61,7 +69,8 @@ def colour_correct(caption: str, colour: str, colours: Sequence[str]) -> bool:
 
 
 def evaluate(model, tokenizer, pixels, items, clip_scorer, colours, max_new_tokens: int) -> dict[str, float]:
-    """Greedy captions of the held-out images: mean CLIP-S (0 for an empty caption) and right-colour rate."""
+    """Greedy captions of the held-out images: mean CLIP-S (0 for an empty caption), right-colour rate, and
+    the mean fraction of each caption's words that repeat an earlier word (degenerate text)."""
     with torch.no_grad():
         out = model.generate(pixel_values=pixels, do_sample=False, num_beams=1, max_new_tokens=max_new_tokens,
                              suppress_tokens=_specials(tokenizer), return_dict_in_generate=True, output_scores=True)
@@ -73,7 +82,9 @@ def evaluate(model, tokenizer, pixels, items, clip_scorer, colours, max_new_toke
         for i, s in zip(keep, scores.tolist()):
             rewards[i] = s
     correct = [colour_correct(c, it["colour"], colours) for c, it in zip(captions, items)]
-    return {"reward": sum(rewards) / len(rewards), "correct": sum(correct) / len(correct), "examples": captions[:4]}
+    repeated = [-repetition_penalty(c, n=1) for c in captions]
+    return {"reward": sum(rewards) / len(rewards), "correct": sum(correct) / len(correct),
+            "repeated": sum(repeated) / len(repeated), "examples": captions[:4]}
 
 
 def _specials(tokenizer) -> list[int]:
@@ -130,7 +141,8 @@ def run_seed(args: argparse.Namespace, seed: int, backbone, clip_scorer) -> dict
             return None
         ns = argparse.Namespace(
             objective="differentiable" if condition == "differentiable" else "scst", reward="clip-s",
-            hallucination=0.5 if condition == "scst+halluc" else 0.0, samples=args.samples, baseline="greedy",
+            hallucination=0.5 if condition == "scst+halluc" else 0.0, samples=args.samples,
+            baseline="mean" if condition.startswith("scst-mean") else "greedy", guards=condition.endswith("+guards"),
             max_new_tokens=args.max_new_tokens, tau=args.tau,
         )
         return recipe.build_objective(ns, backbone, tokenizer, train_items[:32])
@@ -179,18 +191,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         run = run_seed(args, seed, backbone, clip_scorer)
         runs.append(run)
         b = run["before"]
-        print(f"seed {seed}: start reward {b['reward']:.3f} correct {b['correct']:.1%}  e.g. {b['examples'][:2]}")
+        print(f"seed {seed}: start reward {b['reward']:.3f} correct {b['correct']:.1%} repeated {b['repeated']:.1%}  e.g. {b['examples'][:2]}")
         for c, a in run["after"].items():
-            print(f"    {c:15s} reward {a['reward']:.3f} correct {a['correct']:.1%}  ({a['cpu_s']:.0f} CPU s)  e.g. {a['examples'][:2]}")
-    summary = {"start": {"reward": mean_std([r["before"]["reward"] for r in runs]),
-                         "correct": mean_std([r["before"]["correct"] for r in runs])}}
-    print(f"\nover {args.seeds} seeds (held-out greedy captions, {args.val_size} images):")
-    print(f"{'':17s}{'CLIP-S':>18s}{'right colour':>18s}")
-    print(f"{'start (CE stage)':17s}{summary['start']['reward']:>18s}{summary['start']['correct']:>18s}")
+            print(f"    {c:17s} reward {a['reward']:.3f} correct {a['correct']:.1%} repeated {a['repeated']:.1%}"
+                  f"  ({a['cpu_s']:.0f} CPU s)  e.g. {a['examples'][:2]}")
+    keys = ("reward", "correct", "repeated")
+    summary = {"start": {k: mean_std([r["before"][k] for r in runs]) for k in keys}}
     for c in CONDITIONS:
-        summary[c] = {"reward": mean_std([r["after"][c]["reward"] for r in runs]),
-                      "correct": mean_std([r["after"][c]["correct"] for r in runs])}
-        print(f"{c:17s}{summary[c]['reward']:>18s}{summary[c]['correct']:>18s}")
+        summary[c] = {k: mean_std([r["after"][c][k] for r in runs]) for k in keys}
+    print(f"\nover {args.seeds} seeds (held-out greedy captions, {args.val_size} images):")
+    print(f"{'':18s}{'CLIP-S':>16s}{'right colour':>16s}{'repeated words':>16s}")
+    for name, row in summary.items():
+        label = "start (CE stage)" if name == "start" else name
+        print(f"{label:18s}" + "".join(f"{row[k]:>16s}" for k in keys))
     result = {"args": vars(args), "runs": runs, "summary": summary}
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))

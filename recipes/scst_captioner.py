@@ -7,7 +7,8 @@ Objectives (``--objective``):
 
 - ``scst``: k sampled captions per image, rewarded by CLIP-S (``--reward clip-s``) or EMScore
   (``--reward emscore``) plus, with ``--hallucination W``, W times capreward's hallucination penalty
-  (a :class:`~capreward.rewards.CompositeReward`); baseline: the greedy caption's reward
+  (a :class:`~capreward.rewards.CompositeReward`), and with ``--guards`` capreward's repetition and
+  dangling-word guards; baseline: the greedy caption's reward
   (``--baseline greedy``, Rennie et al.) or the mean of the other samples (``--baseline mean``, Luo).
 - ``differentiable``: minus the reward of straight-through Gumbel-softmax captions, backpropagated
   through CLIP (:class:`capreward.training.DifferentiableRewardLoss`; word-level or CLIP-BPE captioner
@@ -49,7 +50,7 @@ from lightning.pytorch.loggers import CSVLogger
 
 from capreward.backbones import CLIPBackbone
 from capreward.callbacks import CaptionScoreCallback, CLIPScoreMetric, EMScoreMetric
-from capreward.rewards import CLIPScoreReward, CompositeReward, EMScoreReward, HallucinationPenalty
+from capreward.rewards import CLIPScoreReward, CompositeReward, EMScoreReward, Guards, HallucinationPenalty
 from capreward.scorers.clipscore import CLIPScore
 from capreward.scorers.emscore import EMScore
 from capreward.training import DifferentiableRewardLoss, SelfCriticalStep, VocabularyBridge
@@ -170,11 +171,14 @@ def build_objective(args: argparse.Namespace, backbone: CLIPBackbone, tokenizer:
         bridge = VocabularyBridge.from_tokenizers(tokenizer, backbone)
         return DifferentiableRewardLoss(scorer, bridge, tokenizer, tau=args.tau, max_new_tokens=args.max_new_tokens)
     main = CLIPScoreReward(backbone=backbone, use_references=False) if args.reward == "clip-s" else EMScoreReward(backbone=backbone, use_references=False)
-    reward: Any = main
+    components: list[tuple[Any, float]] = [(main, 1.0)]
     if args.hallucination > 0:
         penalty = HallucinationPenalty(backbone=backbone)
         penalty.calibrate([c["captions"][1] for c in calibration], [c["image"] for c in calibration], kind="image")
-        reward = CompositeReward([(main, 1.0), (penalty, args.hallucination)], guards=None)
+        components.append((penalty, args.hallucination))
+    # repetition and dangling-word guards; captioners trained without final periods are not penalised for it
+    guards = Guards(require_punctuation=False, length=0.0) if getattr(args, "guards", False) else None
+    reward: Any = main if len(components) == 1 and guards is None else CompositeReward(components, guards=guards)
     return SelfCriticalStep(
         reward, tokenizer, samples=args.samples, baseline=args.baseline, max_new_tokens=args.max_new_tokens,
         visual_column="image", generation_kwargs={"suppress_tokens": special_ids(tokenizer)},
@@ -191,6 +195,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--objective", choices=OBJECTIVES, default="scst")
     p.add_argument("--reward", choices=REWARDS, default="clip-s", help="reward (and monitored validation metric)")
     p.add_argument("--hallucination", type=float, default=0.0, help="weight of the hallucination penalty (scst)")
+    p.add_argument("--guards", action="store_true", help="add capreward's repetition and dangling-word guards (scst)")
     p.add_argument("--baseline", choices=("greedy", "mean"), default="greedy", help="SCST baseline")
     p.add_argument("--samples", type=int, default=4, help="captions sampled per image (scst)")
     p.add_argument("--tau", type=float, default=1.0, help="Gumbel-softmax temperature (differentiable)")
