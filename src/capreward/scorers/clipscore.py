@@ -137,6 +137,44 @@ class CLIPScore:
         sim = reference_similarity(text.pooled, per_candidate, ref_mask)
         return CLIPScoreResult(scores, ref_clip_s(scores, sim), sim, text.truncated)
 
+    def score_soft(
+        self,
+        probs: torch.Tensor,
+        lengths: torch.Tensor,
+        images: Sequence[Any] | None = None,
+        *,
+        videos: Sequence[Any] | None = None,
+        image_ids: Sequence[str | None] | None = None,
+    ) -> torch.Tensor:
+        """Differentiable CLIP-S [N] in [0, w] of soft captions, without references.
+
+        ``probs`` [N, L, V] holds a distribution over CLIP's vocabulary per position (position 0 is SOS,
+        ``lengths[i]-1`` is EOS, as for :meth:`capreward.scorers.EMScore.score_soft`); the prefix is
+        inserted after SOS here as one-hot tokens. Gradients flow to ``probs`` (zero where the cosine is
+        negative, as the clip at 0 is flat there).
+        """
+        n = probs.shape[0]
+        lengths = torch.as_tensor(lengths, dtype=torch.long)
+        check_same_length(n, lengths, "lengths")
+        if (images is None) == (videos is None):
+            raise ValueError("CLIP-S needs exactly one of images or videos")
+        visuals = list(images if images is not None else videos)
+        check_same_length(n, visuals, "images" if images is not None else "videos")
+        check_same_length(n, image_ids, "image_ids")
+        prefix = self.backbone.token_ids(self.prefix)[0][1:-1] if self.prefix else []
+        if prefix:
+            one_hot = torch.nn.functional.one_hot(torch.tensor(prefix), probs.shape[-1]).to(probs)
+            probs = torch.cat([probs[:, :1], one_hot[None].expand(n, -1, -1), probs[:, 1:]], dim=1)
+            lengths = lengths + len(prefix)
+        if int(lengths.min()) < 2 or int(lengths.max()) > min(probs.shape[1], self.backbone.context_length):
+            raise ValueError("each length must count SOS..EOS (>= 2) and fit in the probs and CLIP's context")
+        kind = "image" if images is not None else "video"
+        frame_list = self.backbone.visual_embeddings(visuals, kind=kind, frames=self.frames, ids=image_ids)
+        frames, frame_mask = pad_stack(frame_list)
+        visual = video_embedding(frames, frame_mask)
+        text = self.backbone.encode_text_soft(probs[:, : int(lengths.max())], lengths)
+        return clip_s(visual, text.pooled.to(visual.device), self.w)
+
 
 class PACScore(CLIPScore):
     """PAC-S / RefPAC-S: CLIP-S with the PAC-S fine-tuned checkpoint and w = 2.0.
