@@ -32,6 +32,7 @@ SUBSTITUTIONS: list[tuple[str, str]] = [
     ('"runs/grpo"', "ADAPTER_DIR"),                            # what `grpo_captioner.py --tiny --steps 1` saved
     ('OpenAIJudge(base_url="http://localhost:8000/v1", model="Qwen/Qwen2-VL-7B-Instruct")',
      "LocalChatJudge(tiny_vlm_judge())"),                      # no server: the tiny VisCE²/G-VEval judge
+    ('"nlpconnect/vit-gpt2-image-captioning"', "TINY_CAPTIONER"),  # the tiny ViT-GPT2, saved with save_pretrained
     ("model=policy,", "model=TINY_POLICY_BASE,"),              # TRL loads model and processor from the folder
     ("GRPOConfig(...)", 'GRPOConfig(output_dir=OUT, max_steps=1, per_device_train_batch_size=2, num_generations=2, '
                         'max_completion_length=4, use_cpu=True, report_to="none")'),
@@ -129,6 +130,18 @@ def judges(ns: dict) -> None:
     )
 
 
+def captioner(ns: dict, tmp: Path) -> None:
+    """The tiny ViT-GPT2 captioner saved as a checkpoint directory, and images to caption."""
+    from capreward.testing.tiny_captioner import build_tiny_captioner
+    from capreward.testing.trained_clip import colour_image
+
+    path = tmp / "tiny_captioner"
+    if not (path / "config.json").is_file():
+        for part in build_tiny_captioner(seed=0):
+            part.save_pretrained(path)
+    ns.update(TINY_CAPTIONER=str(path), images=[colour_image(c) for c in ("red", "blue")])
+
+
 @pytest.mark.parametrize(
     "heading,code",
     [pytest.param(h, c, id=f"{i}-{h[:30]}", marks=[pytest.mark.slow] if h in SLOW_SECTIONS else [])
@@ -143,6 +156,8 @@ def test_readme_python_block_runs(heading, code, inputs):
         policy_and_data(ns, inputs["_tmp"])
     if re.search(r"\b(FLEUR|VisCE2|GVEval)\b", code):
         judges(ns)
+    if "TINY_CAPTIONER" in substitute(code):
+        captioner(ns, inputs["_tmp"])
     exec(compile(substitute(code), f"README.md[{heading}]", "exec"), ns)
 
 
