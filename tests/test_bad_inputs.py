@@ -23,7 +23,6 @@ import resource
 import subprocess
 import sys
 import threading
-import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,8 +34,10 @@ from PIL import Image
 
 from capreward.media import DEFAULT_MAX_PIXELS, MediaError
 
+from capreward.adapters.openrlhf import post_json
 from conftest import random_video, write_mp4
 from fixtures_llava import one_torch_thread, tiny_judge, tiny_judge_path, vlm_judge  # noqa: F401
+from serve_process import Server
 
 MEMORY_BOUND = 400 * 2**20  # bytes a bad item may add to a process's peak RSS (a bomb would add GBs)
 GOOD_CAPTIONS = ["a red ball", "a green box"]  # captions the tiny judges were trained on
@@ -484,30 +485,12 @@ def _cli_value(row: dict) -> tuple[float | None, str | None]:
     return float(row["clip_s"]), None
 
 
-class ServerProcess:
+class ServerProcess(Server):
+    """The reward server of the matrix: CLIP-S confined to ``media_root``, fallback -7, with its memory."""
+
     def __init__(self, clip_path: str, media_root: Path):
-        import signal  # noqa: F401
-
-        cmd = [sys.executable, "-m", "capreward.cli.main", "serve", "--host", "127.0.0.1", "--port", "0",
-               "--reward", "clip_s", "--clip-model", clip_path, "--media-root", str(media_root), "--fallback", "-7"]
-        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-        self.lines: list[str] = []
-        ready = threading.Event()
-        self.url = None
-
-        def read():
-            for line in self.proc.stderr:
-                self.lines.append(line)
-                m = re.search(r"ready on (http://127\.0\.0\.1:\d+)/get_reward", line)
-                if m:
-                    self.url = m.group(1)
-                    ready.set()
-            ready.set()
-
-        threading.Thread(target=read, daemon=True).start()
-        if not ready.wait(300) or self.url is None:
-            self.proc.kill()
-            raise RuntimeError("server did not start:\n" + "".join(self.lines))
+        super().__init__(["--reward", "clip_s", "--clip-model", clip_path, "--media-root", str(media_root),
+                          "--fallback", "-7"], timeout=300)
 
     def peak_rss(self) -> int:
         status = Path(f"/proc/{self.proc.pid}/status").read_text()
@@ -518,17 +501,9 @@ class ServerProcess:
         return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) * 1024
 
     def post(self, captions: list[str], labels: list[dict]) -> tuple[int, dict]:
-        from capreward.adapters.openrlhf import post_json
-
         prompt = "<|user|> <image> Describe. <|assistant|> "
         payload = {"query": [prompt + c for c in captions], "prompts": [prompt] * len(captions), "labels": labels}
         return post_json(self.url + "/get_reward", payload, timeout=300)
-
-    def stop(self) -> None:
-        import signal
-
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=60)
 
 
 def _relative(root: Path, path: Any) -> Any:
@@ -667,8 +642,6 @@ def test_mismatched_lengths_are_refused_naming_the_counts(entry, request, root):
 
 
 def test_server_refuses_a_non_string_caption_naming_it(server, root):
-    from capreward.adapters.openrlhf import post_json
-
     prompt = "<|user|> <image> Describe. <|assistant|> "
     payload = {"query": [prompt + "a red square", None], "prompts": [prompt] * 2, "labels": [{"image": "good0.png"}] * 2}
     status, body = post_json(server.url + "/get_reward", payload, timeout=300)

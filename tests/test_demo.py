@@ -6,12 +6,12 @@ from __future__ import annotations
 import re
 
 import pytest
-import torch
 
 from capreward.cli import demo
 from capreward.scorers.clipscore import CLIPScore
 from capreward.scorers.emscore import EMScore
 
+from fixtures_llava import one_torch_thread  # noqa: F401 (autouse: one torch thread)
 from conftest import sample_clips
 
 
@@ -21,14 +21,6 @@ def clip():
 
     trained_clip_path()
     return TrainedClipFactory()
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.slow

@@ -16,15 +16,8 @@ from capreward.rewards import HallucinationPenalty
 from capreward.rewards.support import STOP_WORDS, content_mask, quantile_threshold, support_report
 from capreward.scorers.emscore import TokenAlignment
 
+from fixtures_llava import one_torch_thread  # noqa: F401 (autouse: one torch thread)
 from conftest import random_video, sample_clips
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 # ------------------------------------------------------------------------------ pure math

@@ -196,34 +196,6 @@ def read_clips(video_dir: Path, frames: int) -> tuple[list[Any], list[str]]:
 LR = "1e-3"
 
 
-class ColourTally:
-    """A TRL reward wrapper that records, per call (one per GRPO step), the share of completions naming
-    the row's colour (dataset column ``colour``) and their mean length in words."""
-
-    def __init__(self, reward: Any):
-        self.reward = reward
-        self.__name__ = reward.__name__
-        self.right: list[float] = []
-        self.words: list[float] = []
-
-    @property
-    def components(self):
-        return getattr(self.reward, "components", ())
-
-    @property
-    def guards(self):
-        return getattr(self.reward, "guards", None)
-
-    def __call__(self, prompts, completions, completion_ids=None, **kwargs):
-        from ..rewards import completion_text
-        from ..testing.colour_task import right_colour
-
-        texts = [completion_text(c) for c in completions]
-        self.right.append(sum(map(right_colour, texts, kwargs["colour"])) / len(texts))
-        self.words.append(sum(len(t.split()) for t in texts) / len(texts))
-        return self.reward(prompts, completions, completion_ids, **kwargs)
-
-
 @dataclass
 class GRPOResult:
     """Per GRPO step (parallel lists): the composite reward's mean and its components' means (name ->
@@ -274,7 +246,7 @@ def run_grpo(clip_model: Any, steps: int, out: str, seed: int = 0, sft_steps: in
     """SFT the tiny LLaVA policy to the answer format, then ``steps`` GRPO steps (full fine-tuning,
     16 images x 4 completions per step, lr :data:`LR` cosine) through ``recipes/grpo_captioner.py``."""
     from ..testing import TinyLlavaSpec, build_tiny_llava
-    from ..testing.colour_task import WORDS, colour_rows, grpo_dataset, sft_random_colours
+    from ..testing.colour_task import WORDS, ColourTally, colour_rows, grpo_dataset, sft_random_colours
 
     import torch
 

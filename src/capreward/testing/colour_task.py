@@ -138,14 +138,12 @@ def sft_random_colours(model: Any, processor: Any, steps: int, seed: int, batch_
     return float(loss)
 
 
-class EmptyIsWorst:
-    """A TRL reward wrapping ``reward``: samples it cannot score (e.g. empty captions, which CLIP-S
-    refuses) get ``floor`` instead of None. TRL gives unscorable samples zero advantage, so without
-    this a policy drifting towards empty answers would never be pushed back. Exposes the wrapped
-    reward's ``components`` and ``guards`` (so the GRPO recipe's trajectory finds its log keys)."""
+class WrappedReward:
+    """Base of TRL reward wrappers: keeps the wrapped reward's ``__name__`` and exposes its
+    ``components`` and ``guards`` (so the GRPO recipe's trajectory finds its log keys)."""
 
-    def __init__(self, reward: Any, floor: float = -1.0):
-        self.reward, self.floor = reward, floor
+    def __init__(self, reward: Any):
+        self.reward = reward
         self.__name__ = reward.__name__
 
     @property
@@ -156,6 +154,34 @@ class EmptyIsWorst:
     def guards(self):
         return getattr(self.reward, "guards", None)
 
+
+class EmptyIsWorst(WrappedReward):
+    """A TRL reward wrapping ``reward``: samples it cannot score (e.g. empty captions, which CLIP-S
+    refuses) get ``floor`` instead of None. TRL gives unscorable samples zero advantage, so without
+    this a policy drifting towards empty answers would never be pushed back."""
+
+    def __init__(self, reward: Any, floor: float = -1.0):
+        super().__init__(reward)
+        self.floor = floor
+
     def __call__(self, prompts, completions, completion_ids=None, **kwargs):
         values = self.reward(prompts, completions, completion_ids, **kwargs)
         return [self.floor if v is None else v for v in values]
+
+
+class ColourTally(WrappedReward):
+    """A TRL reward wrapper that records, per call (one per GRPO step), the share of completions naming
+    the row's colour (dataset column ``colour``) and their mean length in words."""
+
+    def __init__(self, reward: Any):
+        super().__init__(reward)
+        self.right: list[float] = []
+        self.words: list[float] = []
+
+    def __call__(self, prompts, completions, completion_ids=None, **kwargs):
+        from ..rewards import completion_text
+
+        texts = [completion_text(c) for c in completions]
+        self.right.append(sum(map(right_colour, texts, kwargs["colour"])) / len(texts))
+        self.words.append(sum(len(t.split()) for t in texts) / len(texts))
+        return self.reward(prompts, completions, completion_ids, **kwargs)
