@@ -182,6 +182,7 @@ def build_objective(args: argparse.Namespace, backbone: CLIPBackbone, tokenizer:
     return SelfCriticalStep(
         reward, tokenizer, samples=args.samples, baseline=args.baseline, max_new_tokens=args.max_new_tokens,
         visual_column="image", generation_kwargs={"suppress_tokens": special_ids(tokenizer)},
+        unscored_reward=getattr(args, "unscored_reward", None),
     )
 
 
@@ -197,6 +198,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hallucination", type=float, default=0.0, help="weight of the hallucination penalty (scst)")
     p.add_argument("--guards", action="store_true", help="add capreward's repetition and dangling-word guards (scst)")
     p.add_argument("--baseline", choices=("greedy", "mean"), default="greedy", help="SCST baseline")
+    p.add_argument("--unscored-reward", type=float, default=None,
+                   help="reward of captions the reward cannot score, e.g. empty ones (default: no advantage)")
     p.add_argument("--samples", type=int, default=4, help="captions sampled per image (scst)")
     p.add_argument("--tau", type=float, default=1.0, help="Gumbel-softmax temperature (differentiable)")
     p.add_argument("--ce-weight", type=float, default=0.0, help="cross-entropy weight added to the reward objective")

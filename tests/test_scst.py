@@ -127,6 +127,21 @@ def test_scst_step_loss_equals_an_independent_log_probability_path(captioner, co
     model.zero_grad()
 
 
+def test_unscored_captions_get_the_configured_reward(captioner, colour_images):
+    model, processor, tokenizer = captioner
+    px = processor(colour_images, return_tensors="pt").pixel_values
+
+    def nothing_scores(prompts, completions, **columns):
+        return [None] * len(completions)
+
+    silent = SelfCriticalStep(nothing_scores, tokenizer, samples=2, max_new_tokens=3)
+    out = silent(model, {"pixel_values": px}, colour_images)
+    assert torch.isnan(out.rewards).all() and (out.advantages == 0).all() and out.metrics["unscored"] == 6
+    floor = SelfCriticalStep(nothing_scores, tokenizer, samples=2, max_new_tokens=3, unscored_reward=-1.0)
+    out = floor(model, {"pixel_values": px}, colour_images)
+    assert (out.rewards == -1.0).all() and (out.greedy_rewards == -1.0).all() and out.metrics["unscored"] == 6
+
+
 def test_scst_step_with_a_capreward_composite_logs_sub_scores(captioner, colour_images):
     from capreward.rewards import CLIPScoreReward, CompositeReward
     from capreward.testing.trained_clip import TrainedClipFactory

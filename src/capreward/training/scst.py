@@ -30,7 +30,7 @@ from .scst_math import BASELINES, reinforce_loss, scst_advantages, sequence_log_
 @dataclass
 class SCSTOutput:
     """One SCST step: ``loss`` (scalar, with gradient), the sampled ``captions`` (B·k, visual-major),
-    their ``rewards`` [B, k] (NaN where unscored), the ``greedy_captions`` and ``greedy_rewards`` [B]
+    their ``rewards`` [B, k] (NaN where unscored, unless ``unscored_reward`` is set), the ``greedy_captions`` and ``greedy_rewards`` [B]
     (None with ``baseline="mean"``), the ``advantages`` [B, k], per-sample ``reasons`` for unscored
     samples (samples first, then greedy captions) and ``metrics`` (batch means: ``reward``,
     ``reward_greedy``, ``advantage_abs``, ``unscored``, ``length`` and the reward's sub-scores)."""
@@ -93,6 +93,10 @@ class SelfCriticalStep:
             samples); ``generation_kwargs`` go to both ``generate`` calls (e.g. ``suppress_tokens``).
         length_normalise: divide each sample's log-probability by its length.
         visual_column: the reward's column for visuals (``"image"`` or ``"video"``).
+        unscored_reward: the reward given to a caption the reward cannot score (e.g. an empty caption).
+            None (default): such a sample has no advantage, so nothing pushes the policy away from it;
+            a policy can then drift to empty captions (see experiments/scst_colour_toy.py). A value at
+            or below the reward's minimum (e.g. 0 for CLIP-S) makes them the worst captions instead.
     """
 
     def __init__(
@@ -108,6 +112,7 @@ class SelfCriticalStep:
         length_normalise: bool = False,
         visual_column: str = "image",
         generation_kwargs: Mapping[str, Any] | None = None,
+        unscored_reward: float | None = None,
     ):
         if baseline not in BASELINES:
             raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
@@ -123,6 +128,7 @@ class SelfCriticalStep:
         self.length_normalise = length_normalise
         self.visual_column = visual_column
         self.generation_kwargs = dict(generation_kwargs or {})
+        self.unscored_reward = unscored_reward
 
     # ------------------------------------------------------------------------------------ decoding
     def _generate(self, model, inputs: Mapping[str, Any], sample: bool) -> tuple[torch.Tensor, int]:
@@ -184,7 +190,9 @@ class SelfCriticalStep:
         if references is not None:
             columns["references"] = [list(r) for r in references for _ in range(k)] + [list(r) for r in references[: len(greedy)]]
         values, reasons, sub_scores = score_captions(self.reward, captions + greedy, columns)
-        as_float = [math.nan if v is None else float(v) for v in values]
+        unscored = math.nan if self.unscored_reward is None else float(self.unscored_reward)
+        as_float = [unscored if v is None else float(v) for v in values]
+        unscored_count = sum(v is None for v in values[: b * k])
         rewards = torch.tensor(as_float[: b * k], dtype=torch.float64).reshape(b, k)
         greedy_rewards = torch.tensor(as_float[b * k :], dtype=torch.float64) if greedy else None
         advantages = scst_advantages(rewards, greedy_rewards, self.baseline)
@@ -194,7 +202,7 @@ class SelfCriticalStep:
         metrics = {
             "reward": _nanmean(rewards.reshape(-1).tolist()),
             "advantage_abs": float(advantages.abs().mean()),
-            "unscored": float(torch.isnan(rewards).sum()),
+            "unscored": float(unscored_count),
             "length": float(lengths.float().mean()),
         }
         if greedy_rewards is not None:
