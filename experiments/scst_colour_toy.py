@@ -26,7 +26,22 @@ Per seed:
 
 Prints per-seed figures and mean ± std over seeds, and a JSON summary with ``--json``::
 
-    python experiments/scst_colour_toy.py                 # 3 seeds, about 1-2 min per seed on 2 cores
+    python experiments/scst_colour_toy.py                 # 3 seeds, about 2 min in all on 2 idle cores
+
+Measured (defaults; seeds 0, 1, 2), held-out greedy captions, mean ± std over seeds:
+
+    objective           CLIP-S           right colour    repeated words
+    start (CE stage)    1.593 ± 0.180    0.597 ± 0.079   0.000 ± 0.000
+    ce                  1.372 ± 0.265    0.444 ± 0.087   0.000 ± 0.000
+    scst                0.799 ± 0.714    0.160 ± 0.156   0.394 ± 0.417
+    scst-mean           2.397 ± 0.015    0.986 ± 0.012   0.597 ± 0.118
+    scst-mean+guards    2.391 ± 0.002    0.993 ± 0.012   0.216 ± 0.035
+    scst+halluc         0.597 ± 0.628    0.174 ± 0.301   0.152 ± 0.263
+    differentiable      2.238 ± 0.158    0.903 ± 0.084   0.278 ± 0.481
+
+CLIP-S alone is hacked by repetition (the right colour word, repeated); the repetition guard keeps the
+correctness and cuts the repetition. The greedy baseline collapses this tiny captioner (seed 1 to empty
+captions, which get no advantage unless ``unscored_reward`` is set). See the README for the discussion.
 """
 
 from __future__ import annotations
