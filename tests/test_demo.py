@@ -84,6 +84,6 @@ def test_demo_command_output_is_quiet_and_closes_with_what_it_showed(tmp_path, c
     out, err = capfd.readouterr()
     assert "What the numbers showed" in out and "GRPO: mean reward" in out
     assert re.search(r"true caption above its foil: EMScore \d+/\d+", out)
-    # no third-party warnings, log records, progress bars or raw per-step dicts
-    for noise in ("Warning", "warn(", "{'loss'", "it/s]", "Map:"):
+    # no third-party warnings, log records, progress bars, raw per-step dicts or model-loading lines
+    for noise in ("Warning", "warn(", "{'loss'", "it/s]", "Map:", "loading CLIP"):
         assert noise not in out + err, noise

@@ -63,15 +63,20 @@ def load_recipe(path: Path | None = None):
 @contextlib.contextmanager
 def quiet_third_parties():
     """Keep third-party warnings, log records and progress bars off the terminal (our own lines stay):
-    Python warnings are ignored, transformers/TRL/datasets log errors only, datasets' bars are off."""
+    Python warnings are ignored, transformers/TRL/datasets log errors only, datasets' bars are off, and so
+    are our own model-loading status lines (the demo's tiny models load in an instant, many times)."""
     import datasets
     import transformers
+
+    from .. import progress
 
     # capreward.rewards logs each unscored sample (an empty completion here; it gets -1 instead)
     loggers = ("transformers", "trl", "datasets", "accelerate", "peft", "capreward.rewards")
     levels = {name: logging.getLogger(name).level for name in loggers}
     tf_verbosity = transformers.logging.get_verbosity()
     bars = datasets.is_progress_bar_enabled()
+    status_lines = progress.is_enabled()
+    progress.enable(False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         transformers.logging.set_verbosity_error()
@@ -86,6 +91,7 @@ def quiet_third_parties():
                 logging.getLogger(name).setLevel(level)
             if bars:
                 datasets.enable_progress_bars()
+            progress.enable(status_lines)
 
 
 @contextlib.contextmanager
