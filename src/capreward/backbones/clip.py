@@ -1,14 +1,18 @@
 """CLIP towers for the matching metrics: per-token and pooled text embeddings, frame embeddings.
 
 All embeddings come back L2-normalised, in fp32, on the backbone's device. Visual embeddings are
-cached (LRU) by an explicit id or a content key, so the video of a GRPO group is encoded once.
+cached (LRU) by an explicit id or a content key, so the video of a GRPO group is encoded once. Caption
+embeddings are cached (LRU, bounded in entries and bytes) by their token ids, so references that recur
+over training steps and repeated completions are encoded once; captions missing from the cache are
+encoded in length-planned batches (:func:`plan_text_batches`) rather than padded to the longest.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 import torch
@@ -43,7 +47,8 @@ class CLIPBackbone:
     ``model`` accepts every specification of :func:`capreward.backbones.clip_loading.load_clip`.
     ``trim_text=True`` runs the text tower only up to the longest caption of each batch, which is exact
     under CLIP's causal mask; ``False`` always runs the full context (the reference implementations'
-    behaviour, kept for benchmarks).
+    behaviour, kept for benchmarks). ``cache_size`` bounds the visual cache (entries);
+    ``text_cache_size`` and ``text_cache_bytes`` bound the caption-embedding cache (0 disables it).
     """
 
     def __init__(
@@ -54,6 +59,8 @@ class CLIPBackbone:
         cache_size: int = 512,
         image_batch_size: int = 64,
         trim_text: bool = True,
+        text_cache_size: int = 8192,
+        text_cache_bytes: int = 256 * 2**20,
     ):
         self.device = torch.device(device)
         self.model, self.preprocess, self.tokenizer = load_clip(model, self.device, precision)
@@ -74,6 +81,10 @@ class CLIPBackbone:
         self.image_batch_size = image_batch_size
         self.trim_text = trim_text
         self.cache = LRUCache(cache_size)
+        self.text_cache = LRUCache(text_cache_size, max_bytes=text_cache_bytes)
+        # Text-cache keys carry the model's identity and dtype, so a cache can never serve another model.
+        self.model_key = (type(self.model).__name__, id(self.model), str(self.model.token_embedding.weight.dtype))
+        self._token_text: dict[int, str] = {}
 
     # ------------------------------------------------------------------ text
     def token_ids(self, caption: str) -> tuple[list[int], bool]:
@@ -139,13 +150,57 @@ class CLIPBackbone:
         x = probs.to(device=self.device, dtype=weight.dtype) @ weight
         return self._text_tower(x, lengths)
 
+    def embed_rows(
+        self, rows: Sequence[tuple[int, ...]], batch_size: int = 64, dedup: bool = True
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``(tokens [L, D], pooled [D])`` for each row of token ids (SOS..EOS, as :meth:`token_ids` gives),
+        in input order, L2-normalised, fp32, without gradients.
+
+        Rows found in the text cache are not re-encoded; the rest are encoded in batches of at most
+        ``batch_size`` planned by :func:`plan_text_batches` (each batch padded only to its own longest
+        row), and with ``dedup`` each distinct row once. Exact under CLIP's causal mask: a row's embedding
+        does not depend on its batch beyond floating-point rounding.
+        """
+        out: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(rows)
+        todo: dict[Hashable, list[int]] = {}
+        for i, row in enumerate(rows):
+            hit = self.text_cache.get((self.model_key, row))
+            if hit is not None:
+                out[i] = hit
+            else:
+                todo.setdefault(row if dedup else i, []).append(i)
+        slots = sorted(todo, key=lambda slot: len(rows[todo[slot][0]]))
+        lengths = [len(rows[todo[slot][0]]) for slot in slots]
+        planned = [self.context_length] * len(slots) if not self.trim_text else lengths
+        for batch in plan_text_batches(planned, batch_size):
+            members = [slots[k] for k in batch]
+            width = planned[batch[-1]]
+            ids = torch.zeros(len(members), width, dtype=torch.long)
+            for j, slot in enumerate(members):
+                row = rows[todo[slot][0]]
+                ids[j, : len(row)] = torch.tensor(row, dtype=torch.long)
+            lens = torch.tensor([lengths[k] for k in batch], dtype=torch.long)
+            with torch.no_grad():
+                emb = self.encode_text(ids, lens)
+            for j, slot in enumerate(members):
+                n = int(lens[j])
+                entry = (emb.tokens[j, :n].clone(), emb.pooled[j].clone())
+                row = rows[todo[slot][0]]
+                self.text_cache.put((self.model_key, row), entry, cost=4 * (n + 1) * entry[1].numel() + 64 * n)
+                for i in todo[slot]:
+                    out[i] = entry
+        return out  # type: ignore[return-value]
+
     def decode_token(self, token_id: int) -> str:
         """The text of one BPE token, e.g. ``'dog'``; special tokens as ``<sos>``/``<eos>``."""
         if token_id == self.sot_id:
             return "<sos>"
         if token_id == self.eot_id:
             return "<eos>"
-        return self.tokenizer.decode([int(token_id)]).strip()
+        token_id = int(token_id)
+        if token_id not in self._token_text:
+            self._token_text[token_id] = self.tokenizer.decode([token_id]).strip()
+        return self._token_text[token_id]
 
     # ---------------------------------------------------------------- images
     def encode_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
@@ -231,30 +286,54 @@ class CaptionEmbeddings:
     truncated: list[bool]
 
 
-def embed_captions(backbone: CLIPBackbone, captions: Sequence[str], batch_size: int = 64) -> CaptionEmbeddings:
-    """Encode captions in length-sorted batches, each distinct caption once; results in input order."""
-    unique = list(dict.fromkeys(captions))
-    order = sorted(range(len(unique)), key=lambda i: len(backbone.token_ids(unique[i])[0]))
-    tokens: dict[str, torch.Tensor] = {}
-    ids: dict[str, torch.Tensor] = {}
-    pooled: dict[str, torch.Tensor] = {}
-    truncated: dict[str, bool] = {}
-    for start in range(0, len(order), batch_size):
-        chunk = [unique[i] for i in order[start : start + batch_size]]
-        batch = backbone.tokenize(chunk)
-        with torch.no_grad():
-            emb = backbone.encode_text(batch.ids, batch.lengths)
-        for j, caption in enumerate(chunk):
-            n = int(batch.lengths[j])
-            tokens[caption] = emb.tokens[j, :n]
-            ids[caption] = batch.ids[j, :n]
-            pooled[caption] = emb.pooled[j]
-            truncated[caption] = batch.truncated[j]
+def embed_captions(
+    backbone: CLIPBackbone, captions: Sequence[str], batch_size: int = 64, dedup: bool = True
+) -> CaptionEmbeddings:
+    """Embeddings of ``captions`` in input order: each distinct caption tokenised once, then
+    :meth:`CLIPBackbone.embed_rows` (text cache, length-planned batches, each distinct caption encoded
+    once with ``dedup``)."""
     if not captions:
         raise ValueError("no captions to encode")
+    tokenised: dict[str, tuple[list[int], bool]] = {}
+    for caption in captions:
+        if caption not in tokenised:
+            tokenised[caption] = backbone.token_ids(caption)
+    rows = [tuple(tokenised[c][0]) for c in captions]
+    embedded = backbone.embed_rows(rows, batch_size, dedup=dedup)
     return CaptionEmbeddings(
-        tokens=[tokens[c] for c in captions],
-        ids=[ids[c] for c in captions],
-        pooled=torch.stack([pooled[c] for c in captions]),
-        truncated=[truncated[c] for c in captions],
+        tokens=[tokens for tokens, _ in embedded],
+        ids=[torch.tensor(row, dtype=torch.long) for row in rows],
+        pooled=torch.stack([pooled for _, pooled in embedded]),
+        truncated=[tokenised[c][1] for c in captions],
     )
+
+
+# A text-tower call costs about this many caption tokens of work beyond its tokens (dispatch, small
+# matmuls); the planner weighs it against padding.
+TEXT_BATCH_OVERHEAD_TOKENS = 32
+
+
+def plan_text_batches(
+    lengths: Sequence[int], max_batch: int, overhead_tokens: int = TEXT_BATCH_OVERHEAD_TOKENS
+) -> list[list[int]]:
+    """Split rows sorted by ascending length into contiguous batches of at most ``max_batch`` rows,
+    minimising the padded tokens (each batch padded to its longest row) plus ``overhead_tokens`` per
+    batch. Returns the batches as lists of positions in ``lengths``."""
+    if max_batch < 1:
+        raise ValueError(f"batch size must be >= 1, got {max_batch}")
+    if any(b < a for a, b in zip(lengths, lengths[1:])):
+        raise ValueError("lengths must be sorted in ascending order")
+    n = len(lengths)
+    best = [0.0] + [math.inf] * n
+    cut = [0] * (n + 1)
+    for end in range(1, n + 1):
+        for start in range(max(0, end - max_batch), end):
+            cost = best[start] + (end - start) * lengths[end - 1] + overhead_tokens
+            if cost < best[end]:
+                best[end], cut[end] = cost, start
+    batches = []
+    end = n
+    while end > 0:
+        batches.append(list(range(cut[end], end)))
+        end = cut[end]
+    return batches[::-1]
