@@ -398,3 +398,15 @@ def test_a_released_idf_defaultdict_gives_unseen_tokens_its_default(tiny_backbon
     assert math.log(n + 1) in [pytest.approx(w) for w in weights]
     assert weights == pytest.approx(from_corpus.alignment[0].weight)
     assert_scores_close(from_dict, from_corpus, atol=1e-6)
+
+
+def test_bf16_on_cpu_runs_the_towers_in_bf16_and_stays_close_to_fp32(videos):
+    from capreward.testing import tiny_clip_factory
+
+    fp32 = EMScore(model=tiny_clip_factory(0), idf=CORPUS)
+    bf16 = EMScore(model=tiny_clip_factory(0), idf=CORPUS, precision="bf16")
+    assert bf16.backbone.model.token_embedding.weight.dtype == torch.bfloat16
+    a = fp32.score(CAPTIONS, videos=[videos[0]] * 6, references=REFS)
+    b = bf16.score(CAPTIONS, videos=[videos[0]] * 6, references=REFS)
+    assert b.score.dtype == torch.float32 and torch.isfinite(b.score).all()
+    assert (a.score - b.score).abs().max() < 2e-2
