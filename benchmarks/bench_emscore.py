@@ -330,10 +330,10 @@ def bf16_comparison(model_parts, w: Workload, args, fp32: EMScore) -> dict:
     res = {}
     for name, em in (("fp32", fp32), ("bf16", em16)):
         clear(em)
-        cold, _, scores = timed(lambda: ours_call(em, w, caps), Stopwatch())
+        cold, _, scores, _ = timed(lambda: ours_call(em, w, caps), Stopwatch())
         clear(em)
         ours_call(em, w, other)
-        warm, _, _ = timed(lambda: ours_call(em, w, caps), Stopwatch())
+        warm, _, _, _ = timed(lambda: ours_call(em, w, caps), Stopwatch())
         res[name] = {"cold_s": cold, "warm_s": warm, "scores": scores.full_f}
     return {
         "fp32_cold_s": res["fp32"]["cold_s"], "bf16_cold_s": res["bf16"]["cold_s"],
