@@ -1,40 +1,56 @@
-"""EMScore throughput on GRPO-shaped work: the batched + cached path against a per-sample loop.
+"""EMScore on GRPO-shaped work: capreward against the authors' released call path, in one run.
 
-``--videos`` videos (8) with ``--captions`` sampled captions each (8), ``--frames`` frames per video
-(10), scored by a CLIP with the ViT-B-32 architecture and random weights (nothing is downloaded), fp32
-on the CPU.
+Workload (defaults): 8 videos x 16 sampled captions of 8-20 words, 12 frames per video, 2 references per
+caption (a prompt's references, shared by its group), idf over a fixed corpus, a CLIP with the ViT-B-32
+architecture and random weights (nothing is downloaded), fp32 on the CPU with ``--threads`` threads.
 
-(a) batched: the library's default ``EMScore`` called as a GRPO step calls it, all captions of the step
-    in one ``score()`` call; timed cold (empty visual cache) and warm (the same videos again).
-(b) per-sample: ``cache_size=0, batch_size=1, trim_text=False`` (the full 77-token context, as the
-    reference implementations run it), one ``score()`` call per caption.
+Baseline, ``ReleasedPathEMScore``: our own code following the call path of the released EMScore
+(ShiYaya/emscore, ``EMScorer.score`` -> ``em_cos_score``), with its model load hoisted out of the call:
+per call, the candidate/reference pairs are expanded (one pair per reference), idf is counted from that
+call's references (set of ids of each padded 77-token row, unseen ids ln(N+1), EOS set to the mean),
+the distinct sentences (references and candidates) are sorted by word count and encoded at the full
+77-token context in batches of 64, each distinct video's frames are preprocessed and encoded as one
+batch, video by video; nothing is kept between calls. The matching is capreward's (the same greedy
+matching; the released code's multiply-by-mask would clamp negative maxima to 0, see DESIGN.md). In the
+per-group runs the baseline gets the fixed corpus's idf as a precomputed dict (the released
+``idf=dict`` path), so it does no idf work there.
 
-Printed: captions/s of each, the speed-up of (a) over (b), the FLOPs of the CLIP encoders (counted with
-``torch.utils.flop_counter.FlopCounterMode``) and their achieved FLOP/s, both over the whole call and
-over the time spent inside the encoders, as a fraction of this machine's fp32 matmul peak measured
-with a ``torch.matmul`` loop on the same number of threads. The two paths' scores are checked to agree.
+Runs, each round (``--repeats``), interleaved so that load from other processes hits all alike; every
+timed call scores captions never seen before (a later GRPO step samples new completions):
+- one call of all captions: baseline; capreward cold (empty visual and text caches); capreward warm
+  (caches filled by an earlier step on other captions: same videos and references);
+- 8 per-group calls of 16: the same three.
+Printed: seconds (best of the rounds), the ratios baseline / capreward, the encoders' FLOPs (counted with
+``FlopCounterMode`` in a pass with the fused attention kernels disabled, so attention is counted) and
+their FLOP/s as a share of this machine's fp32 matmul peak (a ``torch.matmul`` loop on the same threads,
+measured each round), the largest score difference against the baseline, and ``precision="bf16"``: its
+speed and largest score difference against fp32.
 
-    python benchmarks/bench_emscore.py                    # 8 x 8, 10 frames, all threads
-    python benchmarks/bench_emscore.py --threads 2 --repeats 3 --json
-    python benchmarks/bench_emscore.py --videos 2 --repeats 1     # a quick look
-    python benchmarks/bench_emscore.py --profile          # torch.profiler table of the cold batched call
+    python benchmarks/bench_emscore.py --threads 2            # the full workload, 2 rounds
+    python benchmarks/bench_emscore.py --quick                # 2 videos, 1 round: a look in ~30 s
+    python benchmarks/bench_emscore.py --json --profile       # JSON; torch.profiler table of a warm call
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
+import math
 import random
-import statistics
 import time
+from collections import Counter, defaultdict
 from contextlib import contextmanager
 
 import numpy as np
 import torch
+from PIL import Image
 from torch.utils.flop_counter import FlopCounterMode
 
 from capreward import EMScore
 from capreward.backbones import CLIPBackbone
+from capreward.metrics.emscore import coarse_score, greedy_match, pad_stack, video_embedding
+from capreward.scorers.results import MatchScores
 
 WORDS = (
     "man woman child dog cat bicycle street park beach ball red blue green white black small large young old "
@@ -60,32 +76,48 @@ def make_video(rng: np.random.Generator, frames: int, height: int, width: int) -
     return np.clip(up[None] + drift + rng.normal(0, 6, size=(frames, height, width, 3)), 0, 255).astype(np.uint8)
 
 
-def matmul_peak(threads: int, seconds: float = 2.0) -> float:
-    """Best fp32 FLOP/s of ``torch.matmul`` on square matrices (1024-4096) with ``threads`` threads."""
+def matmul_peak(threads: int, seconds: float = 1.5) -> float:
+    """Best fp32 FLOP/s of ``torch.matmul`` on square matrices (1024-2048) with ``threads`` threads."""
     torch.set_num_threads(threads)
     best = 0.0
-    for n in (1024, 2048, 4096):
+    for n in (1024, 2048):
         a, b = torch.randn(n, n), torch.randn(n, n)
         out = torch.empty(n, n)
         torch.matmul(a, b, out=out)  # warm-up
         iters, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds / 3:
+        while time.perf_counter() - start < seconds / 2:
             torch.matmul(a, b, out=out)
             iters += 1
         best = max(best, 2 * n**3 * iters / (time.perf_counter() - start))
     return best
 
 
-class EncoderTimer:
-    """Wraps a backbone's two encoder entry points to accumulate the time spent inside them."""
+@contextmanager
+def counted_flops():
+    """Yields a dict filled with ``{"flops": total}`` of the torch ops run inside the block. The fused
+    attention kernels (``nn.MultiheadAttention``'s fast path, flash SDPA) are invisible to
+    ``FlopCounterMode``, so they are disabled here: attention runs as counted matmuls."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    def __init__(self, backbone: CLIPBackbone):
+    counter = FlopCounterMode(display=False)
+    box: dict[str, int] = {}
+    fast = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with sdpa_kernel(SDPBackend.MATH), counter:
+            yield box
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fast)
+    box["flops"] = counter.get_total_flops()
+
+
+class Stopwatch:
+    """Accumulates the seconds spent inside wrapped functions."""
+
+    def __init__(self):
         self.seconds = 0.0
-        for name in ("encode_pixels", "_text_tower"):
-            original = getattr(backbone, name)
-            setattr(backbone, name, self._timed(original))
 
-    def _timed(self, fn):
+    def wrap(self, fn):
         def wrapper(*args, **kwargs):
             start = time.perf_counter()
             try:
@@ -96,167 +128,346 @@ class EncoderTimer:
         return wrapper
 
 
-@contextmanager
-def counted_flops():
-    """Yields a dict filled with ``{"flops": total}`` of the torch ops run inside the block."""
-    counter = FlopCounterMode(display=False)
-    box: dict[str, int] = {}
-    with counter:
-        yield box
-    box["flops"] = counter.get_total_flops()
+# --------------------------------------------------------------------------- the released call path
+class ReleasedPathEMScore:
+    """EMScore(X, V, X*) computed the way the released ``EMScorer.score`` computes it (module doc), on an
+    already loaded open_clip model."""
+
+    def __init__(self, model, preprocess, tokenizer, context_length: int = 77, text_batch: int = 64):
+        self.model, self.preprocess, self.tokenizer = model, preprocess, tokenizer
+        self.context_length, self.text_batch = context_length, text_batch
+        self.sot, self.eot = tokenizer.sot_token_id, tokenizer.eot_token_id
+        self.encoders = Stopwatch()
+
+    def tokenize(self, sentences: list[str]) -> torch.Tensor:
+        """``clip.tokenize``: SOS + BPE + EOS, zero-padded to the context (the workload never truncates)."""
+        out = torch.zeros(len(sentences), self.context_length, dtype=torch.long)
+        for i, s in enumerate(sentences):
+            ids = [self.sot, *self.tokenizer.encode(s), self.eot]
+            out[i, : len(ids)] = torch.tensor(ids)
+        return out
+
+    def idf_dict(self, corpus: list[str]) -> defaultdict:
+        """``get_idf_dict`` over the corpus, then EOS (the largest id seen) set to the mean idf."""
+        df: Counter[int] = Counter()
+        for row in self.tokenize(corpus).tolist():
+            df.update(set(row))
+        n = len(corpus)
+        idf = defaultdict(lambda: math.log((n + 1) / 1))
+        idf.update({t: math.log((n + 1) / (c + 1)) for t, c in df.items()})
+        idf[max(idf)] = sum(idf.values()) / len(idf)
+        return idf
+
+    def encode_text(self, ids: torch.Tensor) -> torch.Tensor:
+        """Every position's ln_final(h) @ text_projection over the full context, L2-normalised."""
+        m = self.model
+        start = time.perf_counter()
+        with torch.no_grad():
+            x = m.token_embedding(ids) + m.positional_embedding
+            x = m.transformer(x, attn_mask=m.attn_mask)
+            x = m.ln_final(x) @ m.text_projection
+        self.encoders.seconds += time.perf_counter() - start
+        return x / x.norm(dim=-1, keepdim=True)
+
+    def encode_video(self, frames: np.ndarray) -> torch.Tensor:
+        """All frames of one video preprocessed and encoded as one batch; L2-normalised [k, D]."""
+        pixels = torch.stack([self.preprocess(Image.fromarray(f).convert("RGB")) for f in frames])
+        start = time.perf_counter()
+        with torch.no_grad():
+            feats = self.model.encode_image(pixels).float()
+        self.encoders.seconds += time.perf_counter() - start
+        return feats / feats.norm(dim=-1, keepdim=True)
+
+    def score(self, cands: list[str], refs: list[list[str]], videos: list[np.ndarray], video_keys: list,
+              idf: dict | None = None) -> MatchScores:
+        """EMScore(X, V, X*) per candidate (every component)."""
+        pair_cands = [c for c, rs in zip(cands, refs) for _ in rs]
+        pair_refs = [r for rs in refs for r in rs]
+        idf = idf if idf is not None else self.idf_dict(pair_refs)
+        sentences = sorted(set(pair_refs + cands), key=lambda s: len(s.split(" ")), reverse=True)
+        local, pooled, weights = {}, {}, {}
+        for start in range(0, len(sentences), self.text_batch):
+            batch = sentences[start : start + self.text_batch]
+            ids = self.tokenize(batch)
+            emb = self.encode_text(ids)
+            lengths = ids.argmax(dim=-1) + 1  # EOS has the largest id
+            for i, s in enumerate(batch):
+                n = int(lengths[i])
+                local[s], pooled[s] = emb[i, :n], emb[i, n - 1]
+                weights[s] = torch.tensor([idf[int(t)] for t in ids[i, :n]])
+        frames = {}
+        for key, video in zip(video_keys, videos):
+            if key not in frames:
+                frames[key] = self.encode_video(video)
+
+        def stacked(sents):
+            tokens, mask = pad_stack([local[s] for s in sents])
+            w, _ = pad_stack([weights[s][:, None] for s in sents])
+            return tokens, mask, w[..., 0], torch.stack([pooled[s] for s in sents])
+
+        ct, cm, cw, cp = stacked(pair_cands)
+        rt, rm, rw, rp = stacked(pair_refs)
+        fine = greedy_match(ct, cm, cw, rt, rm, rw)
+        owner = torch.tensor([i for i, rs in enumerate(refs) for _ in rs])
+        parts = [coarse_score(cp, rp), fine.p, fine.r, fine.f]
+        ref_part = MatchScores.from_parts(*(torch.stack([v[owner == i].max() for i in range(len(cands))])
+                                            for v in parts))
+        ct, cm, cw, cp = stacked(cands)
+        ft, fm = pad_stack([frames[k] for k in video_keys])
+        fine = greedy_match(ct, cm, cw, ft, fm, fm.float())
+        vid_part = MatchScores.from_parts(coarse_score(cp, video_embedding(ft, fm)), fine.p, fine.r, fine.f)
+        return MatchScores.average(vid_part, ref_part)
 
 
-def run_batched(em: EMScore, captions, videos):
-    return em.score(captions, videos=videos).score
+# --------------------------------------------------------------------------------------- the runs
+class Workload:
+    def __init__(self, args):
+        self.args = args
+        nrng = np.random.default_rng(args.seed)
+        self.rng = random.Random(args.seed)
+        self.videos = [make_video(nrng, args.frames, args.height, args.width) for _ in range(args.videos)]
+        self.video_refs = [make_captions(self.rng, args.references) for _ in range(args.videos)]
+        g = args.captions
+        self.n = args.videos * g
+        self.per_caption_videos = [self.videos[i // g] for i in range(self.n)]
+        self.video_keys = [i // g for i in range(self.n)]
+        self.refs = [self.video_refs[i // g] for i in range(self.n)]
+        # the fixed idf corpus: this step's references as the released code counts them (one row per pair)
+        self.corpus = [r for rs in self.refs for r in rs]
+
+    def captions(self) -> list[str]:
+        return make_captions(self.rng, self.n)
+
+    def groups(self):
+        g = self.args.captions
+        return [slice(s, s + g) for s in range(0, self.n, g)]
 
 
-def run_per_sample(em: EMScore, captions, videos):
-    return torch.cat([em.score([c], videos=[v]).score for c, v in zip(captions, videos)])
+def clear(em: EMScore) -> None:
+    em.backbone.cache.clear()
+    em.backbone.text_cache.clear()
 
 
-def measure(fn, timer: EncoderTimer, before=None) -> tuple[float, float, torch.Tensor]:
-    """Run ``fn`` once; (wall seconds, seconds inside the encoders, its output)."""
-    if before is not None:
-        before()
-    enc0 = timer.seconds
-    start = time.perf_counter()
+def ours_call(em: EMScore, w: Workload, caps: list[str], part: slice = slice(None)) -> MatchScores:
+    return em.score(caps[part], videos=w.per_caption_videos[part], references=w.refs[part]).combined
+
+
+def concat(parts: list[MatchScores]) -> MatchScores:
+    return MatchScores(**{k: torch.cat([p.as_dict()[k] for p in parts]) for k in parts[0].as_dict()})
+
+
+def ours_groups(em: EMScore, w: Workload, caps: list[str]) -> MatchScores:
+    return concat([ours_call(em, w, caps, g) for g in w.groups()])
+
+
+def base_call(base: ReleasedPathEMScore, w: Workload, caps, part=slice(None), idf=None) -> MatchScores:
+    return base.score(caps[part], w.refs[part], w.per_caption_videos[part], w.video_keys[part], idf=idf)
+
+
+# F = 2PR/(P+R) turns a rounding-level change of P or R into one ~1/|P+R| times larger, and random
+# weights put P+R near 0 for some captions; the agreement gate is on the well-conditioned components.
+GATED = ("coarse", "fine_p", "fine_r", "full_p", "full_r")
+
+
+def differences(a: MatchScores, b: MatchScores) -> dict[str, float]:
+    """Largest |a - b| of the gated components and of the score (full F)."""
+    return {"components": max(float((a.as_dict()[k] - b.as_dict()[k]).abs().max()) for k in GATED),
+            "score": float((a.full_f - b.full_f).abs().max())}
+
+
+def timed(fn, watch: Stopwatch):
+    """(wall s, wall s inside the encoders, output, process CPU s: all threads, robust to a busy machine)."""
+    enc0, start, cpu = watch.seconds, time.perf_counter(), time.process_time()
     out = fn()
-    return time.perf_counter() - start, timer.seconds - enc0, out
+    return time.perf_counter() - start, watch.seconds - enc0, out, time.process_time() - cpu
 
 
-def summarise(name, n_captions, walls, encs, flops, peak):
-    best = min(walls)
-    best_enc = encs[walls.index(best)]
+def run_scenarios(em: EMScore, base: ReleasedPathEMScore | None, w: Workload, watch: Stopwatch, fixed_idf):
+    """One round of every scenario on fresh captions: {name: (wall s, encoder s, scores)}."""
+    caps, other = w.captions(), w.captions()
+    out = {}
+    if base is not None:
+        out["released one call"] = timed(lambda: base_call(base, w, caps), base.encoders)
+    clear(em)
+    out["capreward one call, cold"] = timed(lambda: ours_call(em, w, caps), watch)
+    clear(em)
+    ours_call(em, w, other)  # an earlier step: same videos and references, other captions
+    out["capreward one call, warm"] = timed(lambda: ours_call(em, w, caps), watch)
+    if base is not None:
+        out["released per group"] = timed(
+            lambda: concat([base_call(base, w, caps, g, fixed_idf) for g in w.groups()]), base.encoders)
+    clear(em)
+    out["capreward per group, cold"] = timed(lambda: ours_groups(em, w, caps), watch)
+    clear(em)
+    ours_groups(em, w, other)
+    out["capreward per group, warm"] = timed(lambda: ours_groups(em, w, caps), watch)
+    return out
+
+
+def count_scenario_flops(em: EMScore, base: ReleasedPathEMScore, w: Workload) -> dict[str, float]:
+    """Encoder FLOPs of the one-call scenarios (the matching's few MFLOP are included and negligible)."""
+    caps, other = w.captions(), w.captions()
+    flops = {}
+    with counted_flops() as box:
+        base_call(base, w, caps)
+    flops["released"] = box["flops"]
+    clear(em)
+    with counted_flops() as box:
+        ours_call(em, w, other)
+    flops["cold"] = box["flops"]
+    with counted_flops() as box:
+        ours_call(em, w, caps)
+    flops["warm"] = box["flops"]
+    return flops
+
+
+def bf16_comparison(model_parts, w: Workload, args, fp32: EMScore) -> dict:
+    """bf16 against fp32 on the same captions: seconds cold and warm (one call), largest score difference."""
+    model, preprocess, tokenizer = model_parts
+    em16 = EMScore(model=lambda: (copy.deepcopy(model), preprocess, tokenizer), frames=args.frames,
+                   idf=w.corpus, precision="bf16")
+    caps, other = w.captions(), w.captions()
+    res = {}
+    for name, em in (("fp32", fp32), ("bf16", em16)):
+        clear(em)
+        cold, _, scores, _ = timed(lambda: ours_call(em, w, caps), Stopwatch())
+        clear(em)
+        ours_call(em, w, other)
+        warm, _, _, _ = timed(lambda: ours_call(em, w, caps), Stopwatch())
+        res[name] = {"cold_s": cold, "warm_s": warm, "scores": scores.full_f}
     return {
-        "path": name,
-        "captions": n_captions,
-        "seconds_best": best,
-        "seconds_median": statistics.median(walls),
-        "captions_per_s": n_captions / best,
-        "encoder_seconds": best_enc,
-        "gflops": flops / 1e9,
-        "gflop_per_s_wall": flops / best / 1e9,
-        "gflop_per_s_encoders": flops / best_enc / 1e9,
-        "peak_fraction_wall": flops / best / peak,
-        "peak_fraction_encoders": flops / best_enc / peak,
+        "fp32_cold_s": res["fp32"]["cold_s"], "bf16_cold_s": res["bf16"]["cold_s"],
+        "fp32_warm_s": res["fp32"]["warm_s"], "bf16_warm_s": res["bf16"]["warm_s"],
+        "speedup_cold": res["fp32"]["cold_s"] / res["bf16"]["cold_s"],
+        "speedup_warm": res["fp32"]["warm_s"] / res["bf16"]["warm_s"],
+        "max_score_difference": float((res["fp32"]["scores"] - res["bf16"]["scores"]).abs().max()),
     }
 
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--videos", type=int, default=8)
-    parser.add_argument("--captions", type=int, default=8, help="captions per video (a GRPO group)")
-    parser.add_argument("--frames", type=int, default=10, help="frames sampled per video")
-    parser.add_argument("--video-length", type=int, default=32, help="frames in each source video")
+    parser.add_argument("--captions", type=int, default=16, help="captions per video (a GRPO group)")
+    parser.add_argument("--frames", type=int, default=12, help="frames per video (all are scored)")
+    parser.add_argument("--references", type=int, default=2, help="references per caption")
     parser.add_argument("--height", type=int, default=240)
     parser.add_argument("--width", type=int, default=320)
     parser.add_argument("--model", default="ViT-B-32/random")
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--repeats", type=int, default=2,
-                        help="rounds (peak, cold, warm, per-sample in turn, so load from other processes hits all "
-                             "alike); the best of each is reported")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=2, help="rounds; the best of each is reported")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="2 videos, 1 round, no bf16 run")
+    parser.add_argument("--no-bf16", action="store_true", help="skip the bf16 comparison")
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
-    parser.add_argument("--profile", action="store_true", help="also print a torch.profiler table")
+    parser.add_argument("--profile", action="store_true", help="also print a torch.profiler table of a warm call")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.videos, args.repeats, args.no_bf16 = 2, 1, True
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
-    rng = random.Random(args.seed)
-    nrng = np.random.default_rng(args.seed)
-    videos = [make_video(nrng, args.video_length, args.height, args.width) for _ in range(args.videos)]
-    captions = make_captions(rng, args.videos * args.captions)
-    per_caption_videos = [videos[i // args.captions] for i in range(len(captions))]
-    n = len(captions)
+    w = Workload(args)
+    em = EMScore(model=args.model, frames=args.frames, idf=w.corpus)
+    bb: CLIPBackbone = em.backbone
+    parts = (bb.model, bb.preprocess, bb.tokenizer)
+    base = ReleasedPathEMScore(*parts, context_length=bb.context_length)
+    fixed_idf = base.idf_dict(w.corpus)
+    watch = Stopwatch()
+    bb.encode_pixels = watch.wrap(bb.encode_pixels)
+    bb._text_tower = watch.wrap(bb._text_tower)
+    bb._text_tower_packed = watch.wrap(bb._text_tower_packed)
 
-    fast = EMScore(model=args.model, frames=args.frames)
-    bb = fast.backbone
-    shared = lambda: (bb.model, bb.preprocess, bb.tokenizer)  # noqa: E731 - same weights, no reload
-    slow = EMScore(model=shared, frames=args.frames, cache_size=0, batch_size=1, trim_text=False)
-    fast_timer, slow_timer = EncoderTimer(fast.backbone), EncoderTimer(slow.backbone)
-
-    # FLOPs of one run of each path (not timed: counting adds dispatch overhead)
-    fast.backbone.cache.clear()
-    with counted_flops() as cold_flops:
-        run_batched(fast, captions, per_caption_videos)
-    with counted_flops() as warm_flops:
-        run_batched(fast, captions, per_caption_videos)
-    with counted_flops() as one_flops:  # every per-sample call runs the same shapes (77 tokens, k frames)
-        run_per_sample(slow, captions[:1], per_caption_videos[:1])
-    slow_flops = one_flops["flops"] * n
-
-    peaks: list[float] = []
-    times: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in ("cold", "warm", "slow")}
-    outputs: dict[str, torch.Tensor] = {}
-    runs = {
-        "cold": (lambda: run_batched(fast, captions, per_caption_videos), fast_timer, fast.backbone.cache.clear),
-        "warm": (lambda: run_batched(fast, captions, per_caption_videos), fast_timer, None),
-        "slow": (lambda: run_per_sample(slow, captions, per_caption_videos), slow_timer, None),
-    }
+    flops = count_scenario_flops(em, base, w)
+    rounds, peaks = [], []
     for _ in range(args.repeats):
-        peaks.append(matmul_peak(args.threads, seconds=1.5))
-        for key, (fn, timer, before) in runs.items():
-            wall, enc, outputs[key] = measure(fn, timer, before)
-            times[key][0].append(wall)
-            times[key][1].append(enc)
+        peaks.append(matmul_peak(args.threads))
+        rounds.append(run_scenarios(em, base, w, watch, fixed_idf))
     peak = max(peaks)
-    cold_w, cold_e = times["cold"]
-    warm_w, warm_e = times["warm"]
-    slow_w, slow_e = times["slow"]
-    cold_out, warm_out, slow_out = outputs["cold"], outputs["warm"], outputs["slow"]
-    max_diff = float(max((cold_out - slow_out).abs().max(), (warm_out - slow_out).abs().max()))
 
-    rows = [
-        summarise("batched+cached (cold cache)", n, cold_w, cold_e, cold_flops["flops"], peak),
-        summarise("batched+cached (warm cache)", n, warm_w, warm_e, warm_flops["flops"], peak),
-        summarise("per-sample, no cache, 77 tokens", n, slow_w, slow_e, slow_flops, peak),
-    ]
+    best = {k: min(r[k][0] for r in rounds) for k in rounds[0]}
+    enc = {k: min(r[k][1] for r in rounds) for k in rounds[0]}
+    diffs = {k: {d: max(differences(r[k][2], r["released one call"][2])[d] for r in rounds)
+                 for d in ("components", "score")}
+             for k in rounds[0] if k != "released one call"}
+    cpu = {k: min(r[k][3] for r in rounds) for k in rounds[0]}
+
+    def ratio_table(t):
+        return {
+            "one call, cold": t["released one call"] / t["capreward one call, cold"],
+            "one call, warm": t["released one call"] / t["capreward one call, warm"],
+            "per group, cold": t["released per group"] / t["capreward per group, cold"],
+            "per group, warm": t["released per group"] / t["capreward per group, warm"],
+        }
+
+    ratios, cpu_ratios = ratio_table(best), ratio_table(cpu)
+    flop_of = {"released one call": flops["released"], "capreward one call, cold": flops["cold"],
+               "capreward one call, warm": flops["warm"]}
+    efficiency = {k: {"gflop": f / 1e9, "encoder_s": enc[k], "encoder_peak_fraction": f / enc[k] / peak}
+                  for k, f in flop_of.items()}
     result = {
-        "config": {k: getattr(args, k) for k in ("videos", "captions", "frames", "video_length", "height", "width",
+        "config": {k: getattr(args, k) for k in ("videos", "captions", "frames", "references", "height", "width",
                                                  "model", "threads", "repeats")},
         "matmul_peak_gflop_per_s": peak / 1e9,
         "matmul_peak_gflop_per_s_per_round": [p / 1e9 for p in peaks],
-        "paths": rows,
-        "speedup_cold": rows[0]["captions_per_s"] / rows[2]["captions_per_s"],
-        "speedup_warm": rows[1]["captions_per_s"] / rows[2]["captions_per_s"],
-        "max_score_difference": max_diff,
+        "seconds_best": best,
+        "seconds_per_round": [{k: v[0] for k, v in r.items()} for r in rounds],
+        "cpu_seconds_best": cpu,
+        "ratios": ratios,
+        "cpu_time_ratios": cpu_ratios,
+        "efficiency": efficiency,
+        "max_score_difference": diffs,
     }
+    if not args.no_bf16:
+        result["bf16"] = bf16_comparison(parts, w, args, em)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         print_table(result)
     if args.profile:
-        profile_cold(fast, captions, per_caption_videos)
-    if max_diff > 1e-4:
-        raise SystemExit(f"the two paths disagree: max score difference {max_diff:.2e}")
+        profile_warm(em, w)
+    worst = max(d["components"] for d in diffs.values())
+    if worst > 1e-5:
+        raise SystemExit(f"capreward and the released path disagree: max score difference {worst:.2e}")
     return result
 
 
 def print_table(result: dict) -> None:
     c = result["config"]
-    print(f"EMScore, {c['model']}, fp32 CPU, {c['threads']} threads: {c['videos']} videos x {c['captions']} captions, "
-          f"{c['frames']} frames/video (source {c['video_length']}x{c['height']}x{c['width']}), best of {c['repeats']}")
+    print(f"EMScore(X, V, X*), {c['model']}, fp32 CPU, {c['threads']} threads: {c['videos']} videos x "
+          f"{c['captions']} captions, {c['frames']} frames/video ({c['height']}x{c['width']}), {c['references']} "
+          f"references/caption, fixed-corpus idf; best of {c['repeats']} rounds")
     rounds = ", ".join(f"{p:.1f}" for p in result["matmul_peak_gflop_per_s_per_round"])
     print(f"fp32 matmul peak: {result['matmul_peak_gflop_per_s']:.1f} GFLOP/s (per round: {rounds})")
-    head = f"{'path':34s} {'captions/s':>10s} {'s/step':>8s} {'GFLOP':>8s} {'GFLOP/s':>8s} {'%peak':>6s} " \
-           f"{'enc s':>7s} {'enc GFLOP/s':>11s} {'enc %peak':>9s}"
-    print(head)
-    for r in result["paths"]:
-        print(f"{r['path']:34s} {r['captions_per_s']:10.2f} {r['seconds_best']:8.3f} {r['gflops']:8.1f} "
-              f"{r['gflop_per_s_wall']:8.1f} {100 * r['peak_fraction_wall']:5.1f}% {r['encoder_seconds']:7.3f} "
-              f"{r['gflop_per_s_encoders']:11.1f} {100 * r['peak_fraction_encoders']:8.1f}%")
-    print(f"speed-up batched/per-sample: cold cache {result['speedup_cold']:.1f}x, "
-          f"warm cache {result['speedup_warm']:.1f}x (target >= 5x)")
-    print(f"max |score difference| between the paths: {result['max_score_difference']:.1e}")
+    print(f"{'run':30s} {'s':>8s} {'enc GFLOP':>10s} {'enc s':>7s} {'enc %peak':>9s} {'|diff| P,R,coarse':>17s} "
+          f"{'|diff| F':>9s}")
+    for k, s in result["seconds_best"].items():
+        e = result["efficiency"].get(k)
+        extra = f"{e['gflop']:10.1f} {e['encoder_s']:7.2f} {100 * e['encoder_peak_fraction']:8.1f}%" if e else \
+            f"{'':10s} {'':7s} {'':9s}"
+        diff = result["max_score_difference"].get(k)
+        diff_text = "" if diff is None else f"{diff['components']:17.1e} {diff['score']:9.1e}"
+        print(f"{k:30s} {s:8.3f} {extra} {diff_text}")
+    r = result["ratios"]
+    print(f"released / capreward: one call cold {r['one call, cold']:.1f}x, warm {r['one call, warm']:.1f}x; "
+          f"8 calls of {c['captions']}: cold {r['per group, cold']:.1f}x, warm {r['per group, warm']:.1f}x "
+          f"(targets: warm >= 10x, cold >= 3x, per-group warm >= 8x)")
+    r = result["cpu_time_ratios"]
+    print(f"same ratios in process CPU time (less sensitive to other load): one call cold {r['one call, cold']:.1f}x, "
+          f"warm {r['one call, warm']:.1f}x; per group cold {r['per group, cold']:.1f}x, warm {r['per group, warm']:.1f}x")
+    if "bf16" in result:
+        b = result["bf16"]
+        print(f"bf16 vs fp32 (capreward, one call): cold {b['fp32_cold_s']:.2f} -> {b['bf16_cold_s']:.2f} s "
+              f"({b['speedup_cold']:.2f}x), warm {b['fp32_warm_s']:.2f} -> {b['bf16_warm_s']:.2f} s "
+              f"({b['speedup_warm']:.2f}x); max |score difference| {b['max_score_difference']:.1e}")
 
 
-def profile_cold(em: EMScore, captions, videos) -> None:
+def profile_warm(em: EMScore, w: Workload) -> None:
     from torch.profiler import ProfilerActivity, profile
 
-    em.backbone.cache.clear()
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=False) as prof:
-        run_batched(em, captions, videos)
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
+    ours_call(em, w, w.captions())
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        ours_call(em, w, w.captions())
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25))
 
 
 if __name__ == "__main__":

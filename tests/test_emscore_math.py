@@ -142,3 +142,51 @@ def test_clip_s_and_ref_clip_s_by_hand():
     h = ref_clip_s(s, sim)
     a = 2.5 / math.sqrt(2)
     assert h.tolist() == pytest.approx([2 * a / (a + 1), 0.0], abs=1e-6)
+
+
+def test_idf_from_mapping_honours_a_defaultdicts_default():
+    from collections import defaultdict
+
+    released = defaultdict(lambda: math.log(5), {1: 0.2, 2: 1.5})
+    assert idf_from_mapping(released).default == pytest.approx(math.log(5))
+    assert idf_from_mapping(released, default=0.3).default == pytest.approx(0.3)
+    assert idf_from_mapping(defaultdict(None, {1: 0.2, 2: 1.5})).default == 1.5
+
+
+# ------------------------------------------------------------------ backbone helpers (pure logic)
+def test_lru_cache_bounds_entries_and_bytes():
+    from capreward.backbones import LRUCache
+
+    c = LRUCache(3, max_bytes=100)
+    for k in "abc":
+        c.put(k, k, cost=30)
+    assert len(c) == 3 and c.bytes == 90
+    c.get("a")
+    c.put("d", "d", cost=30)  # over 100 bytes: the least recently used ("b") goes
+    assert "b" not in c and "a" in c and c.bytes == 90
+    c.put("a", "A", cost=60)  # replacing an entry re-counts its cost
+    assert c.get("a") == "A" and c.bytes <= 100
+    c.put("huge", "x", cost=101)
+    assert "huge" not in c
+    c.clear()
+    assert c.bytes == 0 and len(c) == 0
+
+
+def test_plan_text_batches_trades_padding_against_per_batch_overhead():
+    from capreward.backbones.clip import plan_text_batches
+
+    assert plan_text_batches([5, 5, 5, 5], max_batch=2, overhead_tokens=0) == [[0, 1], [2, 3]]
+    # without overhead, equal lengths stay together and a long row is split off
+    assert plan_text_batches([4, 4, 40], max_batch=8, overhead_tokens=0) == [[0, 1], [2]]
+    # a large overhead merges everything up to max_batch
+    assert plan_text_batches([4, 4, 40], max_batch=8, overhead_tokens=1000) == [[0, 1, 2]]
+    assert plan_text_batches([], max_batch=4) == []
+    with pytest.raises(ValueError):
+        plan_text_batches([3, 2], max_batch=4)
+
+
+def test_plan_packed_passes_bounds_rows_and_tokens():
+    from capreward.backbones.clip import plan_packed_passes
+
+    assert plan_packed_passes([3, 3, 3, 3, 3], max_rows=2, max_tokens=100) == [[0, 1], [2, 3], [4]]
+    assert plan_packed_passes([3, 4, 5, 90], max_rows=10, max_tokens=10) == [[0, 1], [2], [3]]

@@ -269,3 +269,144 @@ def test_soft_caption_gradient_matches_finite_differences(em, videos):
     analytic = (base.grad * direction).sum()
     assert abs(numeric.item()) > 1e-3  # the direction really moves the score
     assert analytic.item() == pytest.approx(numeric.item(), rel=5e-2, abs=1e-4)
+
+
+# ------------------------------------------------ text cache, dedup, packed passes: scores never move
+DUPLICATED = [CAPTIONS[0], CAPTIONS[1], CAPTIONS[0], CAPTIONS[3], CAPTIONS[0], CAPTIONS[1]]
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_caption_alone_scores_as_in_any_batch_with_cold_caches(tiny_backbone, videos, data):
+    pool = sample_pool(videos)
+    idx = data.draw(st.lists(st.integers(0, len(pool) - 1), min_size=2, max_size=10))
+    batch_size = data.draw(st.sampled_from([1, 3, 256]))
+    caps, vids, refs = ([pool[i][k] for i in idx] for k in range(3))
+    scorer = EMScore(backbone=tiny_backbone, idf=CORPUS, batch_size=batch_size)
+    tiny_backbone.text_cache.clear()
+    batched = scorer.score(caps, videos=vids, references=refs)
+    for j in range(len(idx)):
+        tiny_backbone.text_cache.clear()
+        single = scorer.score([caps[j]], videos=[vids[j]], references=[refs[j]])
+        for part in ("video", "reference", "combined"):
+            for name, t in getattr(single, part).as_dict().items():
+                assert getattr(batched, part).as_dict()[name][j].item() == pytest.approx(t.item(), abs=1e-5)
+
+
+def test_dedup_on_and_off_give_the_same_embeddings_and_scores(videos):
+    from capreward.backbones import CLIPBackbone
+    from capreward.backbones.clip import embed_captions
+    from capreward.testing import tiny_clip_factory
+
+    bb = CLIPBackbone(tiny_clip_factory(seed=0), text_cache_size=0)
+    passes = []
+    original = bb._text_tower_packed
+    bb._text_tower_packed = lambda rows: passes.append(len(rows)) or original(rows)
+    on = embed_captions(bb, DUPLICATED, dedup=True)
+    assert passes == [3]  # three distinct captions, one pass
+    off = embed_captions(bb, DUPLICATED, dedup=False)
+    assert passes == [3, 6]
+    for a, b in zip(on.tokens, off.tokens):
+        assert torch.allclose(a, b, atol=1e-6)
+    assert torch.allclose(on.pooled, off.pooled, atol=1e-6)
+    em = EMScore(backbone=bb, idf=CORPUS)
+    together = em.score(DUPLICATED, videos=[videos[0]] * 6)
+    for j, caption in enumerate(DUPLICATED):
+        alone = em.score([caption], videos=[videos[0]])
+        assert together.score[j].item() == pytest.approx(alone.score.item(), abs=1e-6)
+
+
+def test_text_cache_warm_equals_cold_and_skips_the_encoder(videos):
+    from capreward.backbones import CLIPBackbone
+    from capreward.testing import tiny_clip_factory
+
+    bb = CLIPBackbone(tiny_clip_factory(seed=0))
+    em = EMScore(backbone=bb, idf=CORPUS)
+    encoded = []
+    original = bb._text_tower_packed
+    bb._text_tower_packed = lambda rows: encoded.extend(rows) or original(rows)
+    cold = em.score(CAPTIONS, videos=[videos[0]] * 6, references=REFS)
+    assert len(encoded) == len(CAPTIONS) + sum(len(r) for r in REFS)
+    assert all(key[0] == bb.model_key for key in bb.text_cache._data)
+    warm = em.score(CAPTIONS, videos=[videos[0]] * 6, references=REFS)
+    assert len(encoded) == len(CAPTIONS) + sum(len(r) for r in REFS)  # nothing re-encoded
+    assert_scores_close(cold, warm, atol=0)
+    em.score(["a brand new caption"], references=[REFS[0]])
+    assert len(encoded) == len(CAPTIONS) + sum(len(r) for r in REFS) + 1  # only the new candidate
+
+
+def test_text_cache_is_bounded_in_bytes():
+    from capreward.backbones import CLIPBackbone
+    from capreward.testing import tiny_clip_factory
+
+    bb = CLIPBackbone(tiny_clip_factory(seed=0), text_cache_bytes=20_000)
+    EMScore(backbone=bb).score(CAPTIONS * 3 + [c + " again" for c in CAPTIONS], references=[["a ref"]] * 24)
+    assert 0 < bb.text_cache.bytes <= 20_000 and len(bb.text_cache) < 13
+
+
+def test_packed_text_tower_equals_the_padded_and_full_context_towers(tiny_backbone):
+    rows = [tuple(tiny_backbone.token_ids(c)[0]) for c in CAPTIONS + ["a " * 90]]
+    assert tiny_backbone._packable()
+    with torch.no_grad():
+        packed = tiny_backbone._text_tower_packed(rows)
+        padded = tiny_backbone._encode_padded(rows)
+        ids = torch.zeros(len(rows), tiny_backbone.context_length, dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, : len(r)] = torch.tensor(r)
+        full = tiny_backbone.encode_text(ids, torch.tensor([len(r) for r in rows]))
+    for i, ((pt, pp), (qt, qp)) in enumerate(zip(packed, padded)):
+        assert pt.shape == (len(rows[i]), full.tokens.shape[-1])
+        assert torch.allclose(pt, qt, atol=1e-6) and torch.allclose(pp, qp, atol=1e-6)
+        assert torch.allclose(pt, full.tokens[i, : len(rows[i])], atol=1e-6)
+        assert torch.allclose(pp, full.pooled[i], atol=1e-6)
+
+
+def test_alignment_is_built_only_when_read(tiny_backbone, videos):
+    em = EMScore(backbone=tiny_backbone, idf=CORPUS)
+    decoded = []
+    original = tiny_backbone.decode_token
+    tiny_backbone.decode_token = lambda t: decoded.append(t) or original(t)
+    try:
+        res = em.score(CAPTIONS, videos=[videos[0]] * 6)
+        assert decoded == [] and len(res.alignment) == 6
+        last = res.alignment[-1]
+        assert decoded and last.tokens[-1] == "<eos>" and last.tokens == res.alignment[5].tokens
+        assert [a.token_ids for a in res.alignment[:2]] == [res.alignment[0].token_ids, res.alignment[1].token_ids]
+        with pytest.raises(IndexError):
+            res.alignment[6]
+    finally:
+        del tiny_backbone.decode_token
+
+
+def test_a_released_idf_defaultdict_gives_unseen_tokens_its_default(tiny_backbone, videos):
+    from collections import defaultdict
+
+    # the released get_idf_dict: df over the set of ids of each padded row, unseen ids ln(N+1), EOS = mean
+    rows = tiny_backbone.context_rows(CORPUS)
+    n = len(rows)
+    df: dict[int, int] = {}
+    for row in rows:
+        for t in set(row):
+            df[t] = df.get(t, 0) + 1
+    released = defaultdict(lambda: math.log(n + 1))
+    released.update({t: math.log((n + 1) / (c + 1)) for t, c in df.items()})
+    released[max(released)] = sum(released.values()) / len(released)
+    unseen = "zebras juggle xylophones"
+    from_dict = EMScore(backbone=tiny_backbone, idf=released).score([unseen], videos=[videos[0]])
+    from_corpus = EMScore(backbone=tiny_backbone, idf=CORPUS).score([unseen], videos=[videos[0]])
+    weights = from_dict.alignment[0].weight
+    assert math.log(n + 1) in [pytest.approx(w) for w in weights]
+    assert weights == pytest.approx(from_corpus.alignment[0].weight)
+    assert_scores_close(from_dict, from_corpus, atol=1e-6)
+
+
+def test_bf16_on_cpu_runs_the_towers_in_bf16_and_stays_close_to_fp32(videos):
+    from capreward.testing import tiny_clip_factory
+
+    fp32 = EMScore(model=tiny_clip_factory(0), idf=CORPUS)
+    bf16 = EMScore(model=tiny_clip_factory(0), idf=CORPUS, precision="bf16")
+    assert bf16.backbone.model.token_embedding.weight.dtype == torch.bfloat16
+    a = fp32.score(CAPTIONS, videos=[videos[0]] * 6, references=REFS)
+    b = bf16.score(CAPTIONS, videos=[videos[0]] * 6, references=REFS)
+    assert b.score.dtype == torch.float32 and torch.isfinite(b.score).all()
+    assert (a.score - b.score).abs().max() < 2e-2

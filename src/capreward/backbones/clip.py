@@ -1,14 +1,18 @@
 """CLIP towers for the matching metrics: per-token and pooled text embeddings, frame embeddings.
 
 All embeddings come back L2-normalised, in fp32, on the backbone's device. Visual embeddings are
-cached (LRU) by an explicit id or a content key, so the video of a GRPO group is encoded once.
+cached (LRU) by an explicit id or a content key, so the video of a GRPO group is encoded once. Caption
+embeddings are cached (LRU, bounded in entries and bytes) by their token ids, so references that recur
+over training steps and repeated completions are encoded once; captions missing from the cache are
+encoded in length-planned batches (:func:`plan_text_batches`) rather than padded to the longest.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 import torch
@@ -43,7 +47,9 @@ class CLIPBackbone:
     ``model`` accepts every specification of :func:`capreward.backbones.clip_loading.load_clip`.
     ``trim_text=True`` runs the text tower only up to the longest caption of each batch, which is exact
     under CLIP's causal mask; ``False`` always runs the full context (the reference implementations'
-    behaviour, kept for benchmarks).
+    behaviour, kept for benchmarks). ``cache_size`` bounds the visual cache (entries);
+    ``text_cache_size`` and ``text_cache_bytes`` bound the caption-embedding cache (0 disables it).
+    ``text_tokens_per_pass`` bounds the tokens of one packed text-tower pass (memory).
     """
 
     def __init__(
@@ -54,6 +60,9 @@ class CLIPBackbone:
         cache_size: int = 512,
         image_batch_size: int = 64,
         trim_text: bool = True,
+        text_cache_size: int = 8192,
+        text_cache_bytes: int = 256 * 2**20,
+        text_tokens_per_pass: int = 8192,
     ):
         self.device = torch.device(device)
         self.model, self.preprocess, self.tokenizer = load_clip(model, self.device, precision)
@@ -74,6 +83,12 @@ class CLIPBackbone:
         self.image_batch_size = image_batch_size
         self.trim_text = trim_text
         self.cache = LRUCache(cache_size)
+        self.text_cache = LRUCache(text_cache_size, max_bytes=text_cache_bytes)
+        # Text-cache keys carry the model's identity and dtype, so a cache can never serve another model.
+        self.model_key = (type(self.model).__name__, id(self.model), str(self.model.token_embedding.weight.dtype))
+        self._token_text: dict[int, str] = {}
+        self._packable_cache: bool | None = None
+        self.text_tokens_per_pass = text_tokens_per_pass
 
     # ------------------------------------------------------------------ text
     def token_ids(self, caption: str) -> tuple[list[int], bool]:
@@ -139,13 +154,116 @@ class CLIPBackbone:
         x = probs.to(device=self.device, dtype=weight.dtype) @ weight
         return self._text_tower(x, lengths)
 
+    def embed_rows(
+        self, rows: Sequence[tuple[int, ...]], batch_size: int = 64, dedup: bool = True
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``(tokens [L, D], pooled [D])`` for each row of token ids (SOS..EOS, as :meth:`token_ids` gives),
+        in input order, L2-normalised, fp32, without gradients.
+
+        Rows found in the text cache are not re-encoded; with ``dedup`` each distinct row of the rest is
+        encoded once, in passes of at most ``batch_size`` rows: packed without padding
+        (:meth:`_text_tower_packed`) for open_clip's standard text tower, else padded batches planned by
+        :func:`plan_text_batches`. Exact under CLIP's causal mask: a row's embedding does not depend on
+        the other rows of its pass beyond floating-point rounding.
+        """
+        out: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(rows)
+        todo: dict[Hashable, list[int]] = {}
+        for i, row in enumerate(rows):
+            hit = self.text_cache.get((self.model_key, row))
+            if hit is not None:
+                out[i] = hit
+            else:
+                todo.setdefault(row if dedup else i, []).append(i)
+        slots = sorted(todo, key=lambda slot: len(rows[todo[slot][0]]))
+        lengths = [len(rows[todo[slot][0]]) for slot in slots]
+        packed = self.trim_text and self._packable()
+        if packed:
+            batches = plan_packed_passes(lengths, batch_size, self.text_tokens_per_pass)
+        else:
+            batches = plan_text_batches([self.context_length] * len(slots) if not self.trim_text else lengths, batch_size)
+        for batch in batches:
+            members = [slots[k] for k in batch]
+            member_rows = [rows[todo[slot][0]] for slot in members]
+            with torch.no_grad():
+                if packed:
+                    entries = self._text_tower_packed(member_rows)
+                else:
+                    entries = self._encode_padded(member_rows)
+            for slot, row, entry in zip(members, member_rows, entries):
+                self.text_cache.put((self.model_key, row), entry, cost=4 * (len(row) + 1) * entry[1].numel() + 64 * len(row))
+                for i in todo[slot]:
+                    out[i] = entry
+        return out  # type: ignore[return-value]
+
+    def _encode_padded(self, rows: list[tuple[int, ...]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Rows padded to the longest (or to the context when not trimming) through :meth:`_text_tower`."""
+        width = max(len(r) for r in rows) if self.trim_text else self.context_length
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        for j, row in enumerate(rows):
+            ids[j, : len(row)] = torch.tensor(row, dtype=torch.long)
+        lens = torch.tensor([len(r) for r in rows], dtype=torch.long)
+        emb = self.encode_text(ids, lens)
+        return [(emb.tokens[j, : len(r)].clone(), emb.pooled[j].clone()) for j, r in enumerate(rows)]
+
+    def _packable(self) -> bool:
+        """Whether the text tower is open_clip's standard pre-norm block stack, which
+        :meth:`_text_tower_packed` re-implements."""
+        if self._packable_cache is None:
+            blocks = getattr(self.model.transformer, "resblocks", None)
+            self._packable_cache = bool(blocks) and all(
+                type(b).__name__ == "ResidualAttentionBlock"
+                and type(b).__module__.startswith("open_clip")
+                and not hasattr(b, "ln_1_kv")
+                and isinstance(b.attn, torch.nn.MultiheadAttention)
+                and b.attn._qkv_same_embed_dim
+                and b.attn.in_proj_bias is not None
+                and b.attn.bias_k is None
+                for b in blocks
+            )
+        return self._packable_cache
+
+    def _text_tower_packed(self, rows: list[tuple[int, ...]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The text tower on rows of token ids packed without padding: every linear layer runs on the
+        [total tokens, width] matrix of all rows (large matmuls, no padded work), only attention is done per
+        row (padded to the longest, causal, so padding is never attended). Mathematically identical to
+        :meth:`_text_tower`. Returns ``(tokens [L, D], pooled [D])`` per row, L2-normalised, fp32."""
+        m = self.model
+        dev = self.device
+        lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
+        n, longest = len(rows), int(lengths.max())
+        real = (torch.arange(longest)[None, :] < lengths[:, None]).to(dev)  # [n, longest]
+        flat = torch.tensor([t for r in rows for t in r], dtype=torch.long, device=dev)
+        positions = torch.cat([torch.arange(len(r)) for r in rows]).to(dev)
+        cast = m.transformer.get_cast_dtype()
+        x = m.token_embedding(flat).to(cast) + m.positional_embedding[positions].to(cast)  # [T, W]
+        causal = m.attn_mask is not None
+        key_mask = None if causal else real[:, None, None, :]
+        for block in m.transformer.resblocks:
+            attn = block.attn
+            heads, width = attn.num_heads, x.shape[-1]
+            qkv = F.linear(block.ln_1(x), attn.in_proj_weight, attn.in_proj_bias)  # [T, 3W]
+            padded = qkv.new_zeros(n, longest, 3 * width)
+            padded[real] = qkv
+            q, k, v = padded.view(n, longest, 3, heads, width // heads).permute(2, 0, 3, 1, 4)
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, is_causal=causal)
+            a = a.transpose(1, 2).reshape(n, longest, width)[real]
+            x = x + block.ls_1(attn.out_proj(a))
+            x = x + block.ls_2(block.mlp(block.ln_2(x)))
+        x = m.ln_final(x)
+        x = m.text_projection(x) if isinstance(m.text_projection, torch.nn.Linear) else x @ m.text_projection
+        x = F.normalize(x.float(), dim=-1)
+        return [(t.clone(), t[-1].clone()) for t in torch.split(x, lengths.tolist())]
+
     def decode_token(self, token_id: int) -> str:
         """The text of one BPE token, e.g. ``'dog'``; special tokens as ``<sos>``/``<eos>``."""
         if token_id == self.sot_id:
             return "<sos>"
         if token_id == self.eot_id:
             return "<eos>"
-        return self.tokenizer.decode([int(token_id)]).strip()
+        token_id = int(token_id)
+        if token_id not in self._token_text:
+            self._token_text[token_id] = self.tokenizer.decode([token_id]).strip()
+        return self._token_text[token_id]
 
     # ---------------------------------------------------------------- images
     def encode_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
@@ -248,30 +366,68 @@ class CaptionEmbeddings:
     truncated: list[bool]
 
 
-def embed_captions(backbone: CLIPBackbone, captions: Sequence[str], batch_size: int = 64) -> CaptionEmbeddings:
-    """Encode captions in length-sorted batches, each distinct caption once; results in input order."""
-    unique = list(dict.fromkeys(captions))
-    order = sorted(range(len(unique)), key=lambda i: len(backbone.token_ids(unique[i])[0]))
-    tokens: dict[str, torch.Tensor] = {}
-    ids: dict[str, torch.Tensor] = {}
-    pooled: dict[str, torch.Tensor] = {}
-    truncated: dict[str, bool] = {}
-    for start in range(0, len(order), batch_size):
-        chunk = [unique[i] for i in order[start : start + batch_size]]
-        batch = backbone.tokenize(chunk)
-        with torch.no_grad():
-            emb = backbone.encode_text(batch.ids, batch.lengths)
-        for j, caption in enumerate(chunk):
-            n = int(batch.lengths[j])
-            tokens[caption] = emb.tokens[j, :n]
-            ids[caption] = batch.ids[j, :n]
-            pooled[caption] = emb.pooled[j]
-            truncated[caption] = batch.truncated[j]
+def embed_captions(
+    backbone: CLIPBackbone, captions: Sequence[str], batch_size: int = 64, dedup: bool = True
+) -> CaptionEmbeddings:
+    """Embeddings of ``captions`` in input order: each distinct caption tokenised once, then
+    :meth:`CLIPBackbone.embed_rows` (text cache, length-planned batches, each distinct caption encoded
+    once with ``dedup``)."""
     if not captions:
         raise ValueError("no captions to encode")
+    tokenised: dict[str, tuple[list[int], bool]] = {}
+    for caption in captions:
+        if caption not in tokenised:
+            tokenised[caption] = backbone.token_ids(caption)
+    rows = [tuple(tokenised[c][0]) for c in captions]
+    embedded = backbone.embed_rows(rows, batch_size, dedup=dedup)
     return CaptionEmbeddings(
-        tokens=[tokens[c] for c in captions],
-        ids=[ids[c] for c in captions],
-        pooled=torch.stack([pooled[c] for c in captions]),
-        truncated=[truncated[c] for c in captions],
+        tokens=[tokens for tokens, _ in embedded],
+        ids=[torch.tensor(row, dtype=torch.long) for row in rows],
+        pooled=torch.stack([pooled for _, pooled in embedded]),
+        truncated=[tokenised[c][1] for c in captions],
     )
+
+
+def plan_packed_passes(lengths: Sequence[int], max_rows: int, max_tokens: int) -> list[list[int]]:
+    """Consecutive positions of ``lengths`` grouped into passes of at most ``max_rows`` rows and (unless a
+    single row is longer) ``max_tokens`` tokens."""
+    passes: list[list[int]] = []
+    tokens = 0
+    for i, n in enumerate(lengths):
+        if not passes or len(passes[-1]) >= max_rows or tokens + n > max_tokens:
+            passes.append([])
+            tokens = 0
+        passes[-1].append(i)
+        tokens += n
+    return passes
+
+
+# A text-tower call costs about this many caption tokens of work beyond its tokens (dispatch, small
+# matmuls); the planner weighs it against padding.
+TEXT_BATCH_OVERHEAD_TOKENS = 32
+
+
+def plan_text_batches(
+    lengths: Sequence[int], max_batch: int, overhead_tokens: int = TEXT_BATCH_OVERHEAD_TOKENS
+) -> list[list[int]]:
+    """Split rows sorted by ascending length into contiguous batches of at most ``max_batch`` rows,
+    minimising the padded tokens (each batch padded to its longest row) plus ``overhead_tokens`` per
+    batch. Returns the batches as lists of positions in ``lengths``."""
+    if max_batch < 1:
+        raise ValueError(f"batch size must be >= 1, got {max_batch}")
+    if any(b < a for a, b in zip(lengths, lengths[1:])):
+        raise ValueError("lengths must be sorted in ascending order")
+    n = len(lengths)
+    best = [0.0] + [math.inf] * n
+    cut = [0] * (n + 1)
+    for end in range(1, n + 1):
+        for start in range(max(0, end - max_batch), end):
+            cost = best[start] + (end - start) * lengths[end - 1] + overhead_tokens
+            if cost < best[end]:
+                best[end], cut[end] = cost, start
+    batches = []
+    end = n
+    while end > 0:
+        batches.append(list(range(cut[end], end)))
+        end = cut[end]
+    return batches[::-1]

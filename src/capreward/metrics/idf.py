@@ -9,7 +9,7 @@ every id in the df table (EOS's own value, 0, included).
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
@@ -47,8 +47,12 @@ def idf_from_rows(rows: Iterable[Iterable[int]], eos_id: int) -> IdfTable:
 
 
 def idf_from_mapping(mapping: Mapping[int, float], default: float | None = None) -> IdfTable:
-    """A user-given id → weight table; ids it lacks get ``default`` (the table's largest weight if None)."""
+    """A user-given id → weight table; ids it lacks get ``default``. When ``default`` is None: the
+    ``default_factory`` value of a ``defaultdict`` (the released code's idf dict is one, giving unseen
+    ids ln(N+1)), else the table's largest weight."""
     if not mapping:
         raise ValueError("the idf dict is empty")
     weights = {int(k): float(v) for k, v in mapping.items()}
+    if default is None and isinstance(mapping, defaultdict) and mapping.default_factory is not None:
+        default = mapping.default_factory()
     return IdfTable(weights=weights, default=max(weights.values()) if default is None else float(default))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, overload
 
 import torch
 
@@ -39,20 +39,51 @@ class TokenAlignment:
     weight: list[float]
 
 
+class Alignments(Sequence[TokenAlignment]):
+    """The per-candidate :class:`TokenAlignment` list, each built on first access: a reward that only
+    reads scores never pays for decoding tokens to text."""
+
+    def __init__(self, n: int, build: Callable[[int], TokenAlignment]):
+        self._items: list[TokenAlignment | None] = [None] * n
+        self._build = build
+
+    @overload
+    def __getitem__(self, i: int) -> TokenAlignment: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[TokenAlignment]: ...
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"alignment index {i} out of range for {len(self)} candidates")
+        i %= len(self)
+        if self._items[i] is None:
+            self._items[i] = self._build(i)
+        return self._items[i]  # type: ignore[return-value]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __repr__(self) -> str:
+        return f"Alignments({len(self)} candidates)"
+
+
 @dataclass
 class EMScoreResult:
     """Per-candidate EMScore results.
 
     ``score`` is the full F of EMScore(X, V, X*) when videos and references are both given, else of
     whichever was given. ``video``/``reference``/``combined`` are None when not computed.
-    ``alignment`` is given with videos; ``truncated[i]`` says whether candidate i exceeded the context.
+    ``alignment`` is given with videos (each candidate's built when first read);
+    ``truncated[i]`` says whether candidate i exceeded the context.
     """
 
     score: torch.Tensor
     video: MatchScores | None
     reference: MatchScores | None
     combined: MatchScores | None
-    alignment: list[TokenAlignment] | None
+    alignment: Alignments | None
     truncated: list[bool]
     errors: list[str | None] | None = None  # with errors="nan": why item i got NaN (None: scored)
 
@@ -93,7 +124,8 @@ class EMScore:
         device, precision: where and in which precision the CLIP runs (fp32 on CPU).
         idf: ``False`` (every token weight 1, the default), a list of captions (the released idf
             procedure over that fixed corpus), a dict token id → weight (used as given, ``idf_default``
-            for missing ids; the dict's largest weight when None), or ``"batch"`` to recompute idf from
+            for missing ids; when None, a ``defaultdict``'s default (as the released code's dict gives),
+            else the dict's largest weight), or ``"batch"`` to recompute idf from
             each call's references (else candidates) as the released code does. ``"batch"`` makes a
             score depend on the rest of the batch, so do not use it for rewards. Deliberate difference:
             the released ``EMScorer.score()`` defaults to the batch idf; capreward defaults to no idf,
@@ -276,20 +308,24 @@ class EMScore:
         n = cand.tokens.shape[0]
         return MatchScores.from_parts(*(group_max(v, owner, n) for v in (coarse, fine.p, fine.r, fine.f)))
 
-    def _alignments(self, cand: CandidateText, fine: FineMatch) -> list[TokenAlignment]:
-        out = []
-        for i, ids in enumerate(cand.ids):
+    def _alignments(self, cand: CandidateText, fine: FineMatch) -> Alignments:
+        ids_list = cand.ids
+        best_target = fine.best_target.detach()
+        best_similarity = fine.best_similarity.detach()
+        weights = cand.weights.detach()
+
+        def build(i: int) -> TokenAlignment:
+            ids = ids_list[i].tolist()
             n = len(ids)
-            out.append(
-                TokenAlignment(
-                    tokens=[self.backbone.decode_token(int(t)) for t in ids],
-                    token_ids=[int(t) for t in ids],
-                    best_frame=fine.best_target[i, :n].tolist(),
-                    similarity=fine.best_similarity[i, :n].tolist(),
-                    weight=cand.weights[i, :n].tolist(),
-                )
+            return TokenAlignment(
+                tokens=[self.backbone.decode_token(t) for t in ids],
+                token_ids=ids,
+                best_frame=best_target[i, :n].tolist(),
+                similarity=best_similarity[i, :n].tolist(),
+                weight=weights[i, :n].tolist(),
             )
-        return out
+
+        return Alignments(len(ids_list), build)
 
 
 def group_max(values: torch.Tensor, owner: torch.Tensor, n: int) -> torch.Tensor:
