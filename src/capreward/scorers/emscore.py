@@ -41,7 +41,8 @@ class TokenAlignment:
 
 class Alignments(Sequence[TokenAlignment]):
     """The per-candidate :class:`TokenAlignment` list, each built on first access: a reward that only
-    reads scores never pays for decoding tokens to text."""
+    reads scores never pays for decoding tokens to text. (With ``errors="nan"``, unscored items read as
+    None.)"""
 
     def __init__(self, n: int, build: Callable[[int], TokenAlignment]):
         self._items: list[TokenAlignment | None] = [None] * n

@@ -67,10 +67,15 @@ def visual_problems(
 def scatter(result: Any, keep: list[int], n: int) -> Any:
     """A copy of ``result`` (a dataclass of per-item tensors, nested dataclasses and lists, for the
     items ``keep``) with every per-item field widened to ``n`` items: NaN / None / False elsewhere."""
+    from .emscore import Alignments  # (emscore imports this module)
+
     values = {}
     for f in dataclasses.fields(result):
         v = getattr(result, f.name)
-        if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == len(keep):
+        if isinstance(v, Alignments) and len(v) == len(keep):
+            position = {i: j for j, i in enumerate(keep)}
+            values[f.name] = Alignments(n, lambda i, v=v, position=position: v[position[i]] if i in position else None)
+        elif isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == len(keep):
             full = torch.full((n, *v.shape[1:]), float("nan"), dtype=v.dtype if v.is_floating_point() else torch.float32, device=v.device)
             full[torch.tensor(keep, dtype=torch.long, device=v.device)] = v.to(full.dtype)
             values[f.name] = full
