@@ -234,6 +234,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ce_weight = 1.0 if args.objective == "ce" else args.ce_weight
     module = RewardCaptionerModule(
         model, tokenizer, objective, ce_weight=ce_weight, lr=lr, max_new_tokens=args.max_new_tokens,
+        references_key=None,  # the recipe's rewards are reference-free (CLIP-S, EMScore(X, V))
         generation_kwargs={"suppress_tokens": special_ids(tokenizer)},
     )
     metric = MONITOR[args.reward]

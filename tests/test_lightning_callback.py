@@ -488,6 +488,8 @@ def main() -> None:
     result = validation_run(Path(args.root), args.devices, args.n_val, not args.no_index, args.mode)
     if result.pop("is_global_zero"):
         Path(args.out).write_text(json.dumps(result))
+    if torch.distributed.is_initialized():  # an orderly gloo teardown, not one at interpreter exit
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -325,6 +325,11 @@ def main() -> None:
     if result.pop("is_main"):
         with open(out, "w") as f:
             json.dump(result, f)
+    # Tear the process group down before exiting: left to interpreter exit, gloo's threads can be destroyed
+    # while still running ("terminate called without an active exception", SIGABRT) on a loaded machine.
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -37,6 +37,8 @@ class RewardCaptionerModule(lp.LightningModule):
         lr, weight_decay: AdamW settings.
         max_new_tokens: caption length at validation (greedy).
         input_keys, visual_key: where the model inputs and the visuals are in a batch.
+        references_key: where each visual's reference captions are (given to the objective), or None
+            for an objective that takes none (e.g. a reference-free reward).
         generation_kwargs: passed to ``generate`` at validation (e.g. ``suppress_tokens``).
 
     Logs ``train/loss``, ``train/ce`` and the objective's metrics as ``train/<name>`` (``train/reward``,
@@ -55,6 +57,7 @@ class RewardCaptionerModule(lp.LightningModule):
         max_new_tokens: int = 16,
         input_keys: Sequence[str] = ("pixel_values",),
         visual_key: str = "image",
+        references_key: str | None = "references",
         generation_kwargs: dict[str, Any] | None = None,
     ):
         super().__init__()
@@ -69,6 +72,7 @@ class RewardCaptionerModule(lp.LightningModule):
         self.max_new_tokens = max_new_tokens
         self.input_keys = tuple(input_keys)
         self.visual_key = visual_key
+        self.references_key = references_key
         self.generation_kwargs = dict(generation_kwargs or {})
 
     def model_inputs(self, batch: dict[str, Any]) -> dict[str, Any]:
@@ -84,7 +88,8 @@ class RewardCaptionerModule(lp.LightningModule):
         n = len(batch[self.visual_key])
         loss = torch.zeros((), device=self.device)
         if self.objective is not None:
-            out = self.objective(self.model, self.model_inputs(batch), batch[self.visual_key], batch.get("references"))
+            references = batch.get(self.references_key) if self.references_key else None
+            out = self.objective(self.model, self.model_inputs(batch), batch[self.visual_key], references)
             loss = loss + out.loss
             for name, value in out.metrics.items():
                 if value == value:  # NaN: nothing to log
