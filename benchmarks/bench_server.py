@@ -106,6 +106,20 @@ def identical(a: list[list[dict]], b: list[list[dict]]) -> tuple[bool, float]:
     return same and worst <= 1e-6, worst
 
 
+def save_random_clip(arch: str, path: Path) -> str:
+    """An open_clip ``arch`` with seeded random weights saved as an OpenAI-format state dict, so that both
+    servers (and every run) load the same weights; returns the path."""
+    import open_clip
+    import torch
+
+    from capreward.testing import openai_state_dict
+
+    torch.manual_seed(0)
+    model = open_clip.create_model(arch, pretrained=None, force_quick_gelu=True)
+    torch.save(openai_state_dict(model), path)
+    return str(path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[8, 16, 32])
@@ -128,6 +142,8 @@ def main() -> None:
             from capreward.testing import save_tiny_clip_openai
 
             model = str(save_tiny_clip_openai(root / "tiny_clip.pt", seed=0))
+        elif model.endswith("/random"):
+            model = save_random_clip(model.removesuffix("/random"), root / "random_clip.pt")
         (root / "media").mkdir()
         images = make_images(root / "media", args.images)
         common = ["--reward", args.reward, "--clip-model", model, "--media-root", str(root / "media"),
@@ -141,9 +157,11 @@ def main() -> None:
             for server in servers.values():
                 drive(server, make_payloads(4, 2, args.samples, images, seed=99))  # warm-up
             for clients in args.clients:
-                payloads = make_payloads(clients, args.requests, args.samples, images, seed=clients)
                 best: dict[str, dict] = {}
-                for _ in range(args.repeats):  # interleaved, so that load drifts hit both modes alike
+                for repeat in range(args.repeats):  # interleaved, so that load drifts hit both modes alike
+                    # new captions every round (as a later RL step samples new ones): a repeated caption
+                    # would be a text-cache hit; both modes get the same ones, so answers can be compared
+                    payloads = make_payloads(clients, args.requests, args.samples, images, seed=1000 * clients + repeat)
                     for mode, server in servers.items():
                         rate, lat, got = drive(server, payloads)
                         answers[mode, clients] = got
