@@ -86,10 +86,10 @@ def colour_correct(caption: str, colour: str, colours: Sequence[str]) -> bool:
 def evaluate(model, tokenizer, pixels, items, clip_scorer, colours, max_new_tokens: int) -> dict[str, float]:
     """Greedy captions of the held-out images: mean CLIP-S (0 for an empty caption), right-colour rate, and
     the mean fraction of each caption's words that repeat an earlier word (degenerate text)."""
-    with torch.no_grad():
-        out = model.generate(pixel_values=pixels, do_sample=False, num_beams=1, max_new_tokens=max_new_tokens,
-                             suppress_tokens=_specials(tokenizer), return_dict_in_generate=True, output_scores=True)
-    captions = tokenizer.batch_decode(out.sequences[:, -len(out.scores):], skip_special_tokens=True)
+    from capreward.training import greedy_captions
+
+    special_ids = sys.modules["scst_captioner"].special_ids
+    captions = greedy_captions(model, tokenizer, {"pixel_values": pixels}, max_new_tokens, suppress_tokens=special_ids(tokenizer))
     keep = [i for i, c in enumerate(captions) if c.strip()]
     rewards = [0.0] * len(captions)
     if keep:
@@ -100,10 +100,6 @@ def evaluate(model, tokenizer, pixels, items, clip_scorer, colours, max_new_toke
     repeated = [-repetition_penalty(c, n=1) for c in captions]
     return {"reward": sum(rewards) / len(rewards), "correct": sum(correct) / len(correct),
             "repeated": sum(repeated) / len(repeated), "examples": captions[:4]}
-
-
-def _specials(tokenizer) -> list[int]:
-    return sorted({int(i) for i in tokenizer.all_special_ids} - {int(tokenizer.eos_token_id)})
 
 
 def batches(n: int, size: int, rng: random.Random):

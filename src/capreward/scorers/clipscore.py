@@ -115,17 +115,9 @@ class CLIPScore:
             )
         candidates = check_captions(candidates)
         n = len(candidates)
-        if (images is None) == (videos is None):
-            raise ValueError("CLIP-S needs exactly one of images or videos")
-        visuals = list(images if images is not None else videos)
-        check_same_length(n, visuals, "images" if images is not None else "videos")
-        check_same_length(n, image_ids, "image_ids")
+        visuals, kind = self._visual_inputs(n, images, videos, image_ids)
         refs = check_references(references, n)
-
-        kind = "image" if images is not None else "video"
-        frame_list = self.backbone.visual_embeddings(visuals, kind=kind, frames=self.frames, ids=image_ids)
-        frames, frame_mask = pad_stack(frame_list)
-        visual = video_embedding(frames, frame_mask)  # a single frame's embedding for images
+        visual = self._visual_embeddings(visuals, kind, image_ids)
 
         text = embed_captions(self.backbone, [self.prefix + c for c in candidates], self.batch_size)
         scores = clip_s(visual, text.pooled.to(visual.device), self.w)
@@ -156,11 +148,7 @@ class CLIPScore:
         n = probs.shape[0]
         lengths = torch.as_tensor(lengths, dtype=torch.long)
         check_same_length(n, lengths, "lengths")
-        if (images is None) == (videos is None):
-            raise ValueError("CLIP-S needs exactly one of images or videos")
-        visuals = list(images if images is not None else videos)
-        check_same_length(n, visuals, "images" if images is not None else "videos")
-        check_same_length(n, image_ids, "image_ids")
+        visuals, kind = self._visual_inputs(n, images, videos, image_ids)
         prefix = self.backbone.token_ids(self.prefix)[0][1:-1] if self.prefix else []
         if prefix:
             one_hot = torch.nn.functional.one_hot(torch.tensor(prefix), probs.shape[-1]).to(probs)
@@ -168,12 +156,25 @@ class CLIPScore:
             lengths = lengths + len(prefix)
         if int(lengths.min()) < 2 or int(lengths.max()) > min(probs.shape[1], self.backbone.context_length):
             raise ValueError("each length must count SOS..EOS (>= 2) and fit in the probs and CLIP's context")
-        kind = "image" if images is not None else "video"
-        frame_list = self.backbone.visual_embeddings(visuals, kind=kind, frames=self.frames, ids=image_ids)
-        frames, frame_mask = pad_stack(frame_list)
-        visual = video_embedding(frames, frame_mask)
+        visual = self._visual_embeddings(visuals, kind, image_ids)
         text = self.backbone.encode_text_soft(probs[:, : int(lengths.max())], lengths)
         return clip_s(visual, text.pooled.to(visual.device), self.w)
+
+    def _visual_inputs(self, n: int, images, videos, image_ids) -> tuple[list, str]:
+        """The visuals as a list and their kind, after checking that exactly one of ``images``/``videos``
+        is given, with one entry (and id) per candidate."""
+        if (images is None) == (videos is None):
+            raise ValueError("CLIP-S needs exactly one of images or videos")
+        visuals = list(images if images is not None else videos)
+        check_same_length(n, visuals, "images" if images is not None else "videos")
+        check_same_length(n, image_ids, "image_ids")
+        return visuals, ("image" if images is not None else "video")
+
+    def _visual_embeddings(self, visuals: list, kind: str, image_ids) -> torch.Tensor:
+        """[n, D] normalised embedding of each image (of each video: its mean frame embedding)."""
+        frame_list = self.backbone.visual_embeddings(visuals, kind=kind, frames=self.frames, ids=image_ids)
+        frames, frame_mask = pad_stack(frame_list)
+        return video_embedding(frames, frame_mask)  # a single frame's embedding for images
 
 
 class PACScore(CLIPScore):

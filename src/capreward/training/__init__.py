@@ -12,7 +12,7 @@ from .relaxed import (
     gumbel_softmax_st,
     relaxed_decode,
 )
-from .scst import SCSTOutput, SelfCriticalStep, generated_mask, repeat_inputs, score_captions
+from .scst import SCSTOutput, SelfCriticalStep, generated_mask, greedy_captions, repeat_inputs, score_captions
 from .scst_math import BASELINES, reinforce_loss, scst_advantages, sequence_log_probs
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "VocabularyBridge",
     "clip_soft_captions",
     "generated_mask",
+    "greedy_captions",
     "gumbel_softmax_st",
     "reinforce_loss",
     "relaxed_decode",

@@ -20,7 +20,7 @@ except ImportError:  # pragma: no cover
     import pytorch_lightning as lp
 
 from .relaxed import DifferentiableRewardLoss
-from .scst import SelfCriticalStep
+from .scst import SelfCriticalStep, greedy_captions
 
 
 class RewardCaptionerModule(lp.LightningModule):
@@ -101,12 +101,9 @@ class RewardCaptionerModule(lp.LightningModule):
         self.log("train/loss", loss.detach(), batch_size=n, on_step=True, on_epoch=True)
         return loss
 
-    @torch.no_grad()
     def generate_captions(self, batch: dict[str, Any]) -> list[str]:
         """Greedy captions of a batch's visuals."""
-        kwargs = dict(self.generation_kwargs, max_new_tokens=self.max_new_tokens, do_sample=False, num_beams=1)
-        out = self.model.generate(**self.model_inputs(batch), **kwargs, return_dict_in_generate=True, output_scores=True)
-        return self.tokenizer.batch_decode(out.sequences[:, -len(out.scores) :], skip_special_tokens=True)
+        return greedy_captions(self.model, self.tokenizer, self.model_inputs(batch), self.max_new_tokens, **self.generation_kwargs)
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, list[str]]:
         return {"captions": self.generate_captions(batch)}

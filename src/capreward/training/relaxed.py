@@ -52,7 +52,7 @@ class VocabularyBridge:
     sampleable token, plus the ids that end a caption (``eos_ids``) and that may be sampled
     (``allowed`` [V_captioner] bool).
 
-    Build it with :meth:`from_tokenizers`; ``from_pairs`` takes an explicit ``{captioner id: CLIP id}``.
+    Build it with :meth:`from_tokenizers`, or from an explicit ``{captioner id: CLIP id}`` with the constructor.
     """
 
     def __init__(self, pairs: Mapping[int, int], captioner_vocab: int, clip_vocab: int, eos_ids: Sequence[int]):
@@ -68,10 +68,6 @@ class VocabularyBridge:
         allowed[rows] = True
         allowed[self.eos_ids] = True
         self.allowed = allowed
-
-    @classmethod
-    def from_pairs(cls, pairs: Mapping[int, int], captioner_vocab: int, clip_vocab: int, eos_ids: Sequence[int]) -> "VocabularyBridge":
-        return cls(pairs, captioner_vocab, clip_vocab, eos_ids)
 
     @classmethod
     def from_tokenizers(cls, tokenizer: Any, backbone: Any, on_unmappable: str = "refuse") -> "VocabularyBridge":

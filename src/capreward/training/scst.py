@@ -68,6 +68,15 @@ def repeat_inputs(inputs: Mapping[str, Any], k: int) -> dict[str, Any]:
     return {n: v.repeat_interleave(k, dim=0) if torch.is_tensor(v) else v for n, v in inputs.items()}
 
 
+def greedy_captions(model, tokenizer, inputs: Mapping[str, Any], max_new_tokens: int, **generation_kwargs: Any) -> list[str]:
+    """The greedy caption of each visual of ``inputs``: ``generate`` without sampling, only the generated
+    tokens decoded (decoder-only models echo their prompt)."""
+    kwargs = dict(generation_kwargs, max_new_tokens=max_new_tokens, do_sample=False, num_beams=1)
+    with torch.no_grad():
+        out = model.generate(**inputs, **kwargs, return_dict_in_generate=True, output_scores=True)
+    return tokenizer.batch_decode(out.sequences[:, -len(out.scores):], skip_special_tokens=True)
+
+
 def generated_mask(tokens: torch.Tensor, eos_token_id: int | Sequence[int] | None) -> torch.Tensor:
     """True at generated positions up to and including the first EOS of each row (the padding after it
     is False). ``tokens`` [N, G] are the generated tokens only."""
@@ -131,20 +140,17 @@ class SelfCriticalStep:
         self.unscored_reward = unscored_reward
 
     # ------------------------------------------------------------------------------------ decoding
-    def _generate(self, model, inputs: Mapping[str, Any], sample: bool) -> tuple[torch.Tensor, int]:
-        kwargs: dict[str, Any] = dict(self.generation_kwargs, max_new_tokens=self.max_new_tokens)
-        if sample:
-            kwargs.update(do_sample=True, num_return_sequences=self.samples, temperature=self.temperature, top_k=self.top_k)
-        else:
-            kwargs.update(do_sample=False, num_beams=1)
+    def _sample(self, model, inputs: Mapping[str, Any]) -> tuple[torch.Tensor, int]:
+        """k sampled sequences per visual (visual-major) and the number of generated tokens."""
+        kwargs = dict(self.generation_kwargs, max_new_tokens=self.max_new_tokens, do_sample=True,
+                      num_return_sequences=self.samples, temperature=self.temperature, top_k=self.top_k)
         with torch.no_grad():
             out = model.generate(**inputs, **kwargs, return_dict_in_generate=True, output_scores=True)
         return out.sequences, len(out.scores)
 
     def greedy(self, model, inputs: Mapping[str, Any]) -> list[str]:
         """The greedy caption of each visual (what validation scores)."""
-        sequences, generated = self._generate(model, inputs, sample=False)
-        return self.tokenizer.batch_decode(sequences[:, -generated:], skip_special_tokens=True)
+        return greedy_captions(model, self.tokenizer, inputs, self.max_new_tokens, **self.generation_kwargs)
 
     def log_probs(self, model, inputs: Mapping[str, Any], sequences: torch.Tensor, generated: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Σ log p of the last ``generated`` tokens of each row of ``sequences`` (the sampled caption, up to
@@ -179,7 +185,7 @@ class SelfCriticalStep:
         b, k = len(visuals), self.samples
         if references is not None and len(references) != b:
             raise ValueError(f"got {len(references)} reference lists for {b} visuals")
-        sequences, generated = self._generate(model, inputs, sample=True)
+        sequences, generated = self._sample(model, inputs)
         if sequences.shape[0] != b * k:
             raise ValueError(f"the model's inputs describe {sequences.shape[0] // k} visuals, but {b} visuals were given")
         captions = self.tokenizer.batch_decode(sequences[:, -generated:], skip_special_tokens=True)
