@@ -25,6 +25,13 @@ Printed: seconds (best of the rounds), the ratios baseline / capreward, the enco
 their FLOP/s as a share of this machine's fp32 matmul peak (a ``torch.matmul`` loop on the same threads,
 measured each round), the largest score difference against the baseline, and ``precision="bf16"``: its
 speed and largest score difference against fp32.
+Also printed: the *cold ceiling* (the FLOPs of the frames alone, every frame through the image tower,
+which no exact method can skip, at 100 % of the measured peak: the best cold ratio any exact fp32 method
+could reach against the released path's measured time), and the error of F and of its components against
+the *exact* value, the released path computed in fp64 on the same captions, for the released fp32 path
+and for capreward. F = 2PR/(P+R) amplifies rounding ~1/|P+R| times where random weights put P+R near 0,
+so two fp32 implementations can differ in F by more than 1e-5 while each is as close to the exact
+value as the other.
 
     python benchmarks/bench_emscore.py --threads 2            # the full workload, 2 rounds
     python benchmarks/bench_emscore.py --quick                # 2 videos, 1 round: a look in ~30 s
@@ -135,6 +142,7 @@ class ReleasedPathEMScore:
 
     def __init__(self, model, preprocess, tokenizer, context_length: int = 77, text_batch: int = 64):
         self.model, self.preprocess, self.tokenizer = model, preprocess, tokenizer
+        self.dtype = next(model.parameters()).dtype  # fp32; fp64 for the exact reference
         self.context_length, self.text_batch = context_length, text_batch
         self.sot, self.eot = tokenizer.sot_token_id, tokenizer.eot_token_id
         self.encoders = Stopwatch()
@@ -171,10 +179,10 @@ class ReleasedPathEMScore:
 
     def encode_video(self, frames: np.ndarray) -> torch.Tensor:
         """All frames of one video preprocessed and encoded as one batch; L2-normalised [k, D]."""
-        pixels = torch.stack([self.preprocess(Image.fromarray(f).convert("RGB")) for f in frames])
+        pixels = torch.stack([self.preprocess(Image.fromarray(f).convert("RGB")) for f in frames]).to(self.dtype)
         start = time.perf_counter()
         with torch.no_grad():
-            feats = self.model.encode_image(pixels).float()
+            feats = self.model.encode_image(pixels)
         self.encoders.seconds += time.perf_counter() - start
         return feats / feats.norm(dim=-1, keepdim=True)
 
@@ -194,7 +202,7 @@ class ReleasedPathEMScore:
             for i, s in enumerate(batch):
                 n = int(lengths[i])
                 local[s], pooled[s] = emb[i, :n], emb[i, n - 1]
-                weights[s] = torch.tensor([idf[int(t)] for t in ids[i, :n]])
+                weights[s] = torch.tensor([idf[int(t)] for t in ids[i, :n]], dtype=self.dtype)
         frames = {}
         for key, video in zip(video_keys, videos):
             if key not in frames:
@@ -214,7 +222,7 @@ class ReleasedPathEMScore:
                                             for v in parts))
         ct, cm, cw, cp = stacked(cands)
         ft, fm = pad_stack([frames[k] for k in video_keys])
-        fine = greedy_match(ct, cm, cw, ft, fm, fm.float())
+        fine = greedy_match(ct, cm, cw, ft, fm, fm.to(self.dtype))
         vid_part = MatchScores.from_parts(coarse_score(cp, video_embedding(ft, fm)), fine.p, fine.r, fine.f)
         return MatchScores.average(vid_part, ref_part)
 
@@ -283,7 +291,8 @@ def timed(fn, watch: Stopwatch):
 
 
 def run_scenarios(em: EMScore, base: ReleasedPathEMScore | None, w: Workload, watch: Stopwatch, fixed_idf):
-    """One round of every scenario on fresh captions: {name: (wall s, encoder s, scores)}."""
+    """One round of every scenario on fresh captions: ({name: (wall s, encoder s, scores, CPU s)}, the
+    captions scored)."""
     caps, other = w.captions(), w.captions()
     out = {}
     if base is not None:
@@ -301,7 +310,7 @@ def run_scenarios(em: EMScore, base: ReleasedPathEMScore | None, w: Workload, wa
     clear(em)
     ours_groups(em, w, other)
     out["capreward per group, warm"] = timed(lambda: ours_groups(em, w, caps), watch)
-    return out
+    return out, caps
 
 
 def count_scenario_flops(em: EMScore, base: ReleasedPathEMScore, w: Workload) -> dict[str, float]:
@@ -318,7 +327,26 @@ def count_scenario_flops(em: EMScore, base: ReleasedPathEMScore, w: Workload) ->
     with counted_flops() as box:
         ours_call(em, w, caps)
     flops["warm"] = box["flops"]
+    clear(em)
+    with counted_flops() as box:  # what no exact method can skip: every frame through the image tower
+        em.backbone.visual_embeddings(w.videos, kind="video", frames=w.args.frames)
+    flops["frames"] = box["flops"]
+    clear(em)
     return flops
+
+
+def exact_errors(rounds: list[dict], truths: list[MatchScores]) -> dict[str, dict[str, float]]:
+    """Per run: the largest |score - exact| over the rounds, for F and for the gated components, where
+    exact is the released path computed in fp64 on the same captions."""
+    out = {}
+    for name in rounds[0]:
+        f = comps = 0.0
+        for r, truth in zip(rounds, truths):
+            got, ref = r[name][2].as_dict(), truth.as_dict()
+            f = max(f, float((got["full_f"].double() - ref["full_f"]).abs().max()))
+            comps = max(comps, max(float((got[k].double() - ref[k]).abs().max()) for k in GATED))
+        out[name] = {"score": f, "components": comps}
+    return out
 
 
 def bf16_comparison(model_parts, w: Workload, args, fp32: EMScore) -> dict:
@@ -358,11 +386,13 @@ def main(argv=None) -> dict:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="2 videos, 1 round, no bf16 run")
     parser.add_argument("--no-bf16", action="store_true", help="skip the bf16 comparison")
+    parser.add_argument("--no-fp64", action="store_true",
+                        help="skip the exact reference (the released path in fp64 on every round's captions)")
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
     parser.add_argument("--profile", action="store_true", help="also print a torch.profiler table of a warm call")
     args = parser.parse_args(argv)
     if args.quick:
-        args.videos, args.repeats, args.no_bf16 = 2, 1, True
+        args.videos, args.repeats, args.no_bf16, args.no_fp64 = 2, 1, True, True
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
@@ -378,11 +408,18 @@ def main(argv=None) -> dict:
     bb._text_tower_packed = watch.wrap(bb._text_tower_packed)
 
     flops = count_scenario_flops(em, base, w)
-    rounds, peaks = [], []
+    rounds, peaks, scored = [], [], []
     for _ in range(args.repeats):
         peaks.append(matmul_peak(args.threads))
-        rounds.append(run_scenarios(em, base, w, watch, fixed_idf))
+        out, caps = run_scenarios(em, base, w, watch, fixed_idf)
+        rounds.append(out)
+        scored.append(caps)
     peak = max(peaks)
+    exact = None
+    if not args.no_fp64:
+        fp64 = ReleasedPathEMScore(copy.deepcopy(bb.model).double(), bb.preprocess, bb.tokenizer,
+                                   context_length=bb.context_length)
+        exact = exact_errors(rounds, [base_call(fp64, w, caps) for caps in scored])
 
     best = {k: min(r[k][0] for r in rounds) for k in rounds[0]}
     enc = {k: min(r[k][1] for r in rounds) for k in rounds[0]}
@@ -416,7 +453,14 @@ def main(argv=None) -> dict:
         "cpu_time_ratios": cpu_ratios,
         "efficiency": efficiency,
         "max_score_difference": diffs,
+        # a cold call must at least run every frame through the image tower: at 100 % of the fp32 peak
+        # and with everything else free, this is the best cold ratio any exact fp32 method can reach
+        "cold_ceiling": {"frames_gflop": flops["frames"] / 1e9,
+                         "frames_s_at_peak": flops["frames"] / peak,
+                         "ratio": best["released one call"] / (flops["frames"] / peak)},
     }
+    if exact is not None:
+        result["error_vs_fp64"] = exact
     if not args.no_bf16:
         result["bf16"] = bf16_comparison(parts, w, args, em)
     if args.json:
@@ -454,6 +498,17 @@ def print_table(result: dict) -> None:
     r = result["cpu_time_ratios"]
     print(f"same ratios in process CPU time (less sensitive to other load): one call cold {r['one call, cold']:.1f}x, "
           f"warm {r['one call, warm']:.1f}x; per group cold {r['per group, cold']:.1f}x, warm {r['per group, warm']:.1f}x")
+    cc = result["cold_ceiling"]
+    print(f"cold ceiling: the {c['videos'] * c['frames']} frames alone are {cc['frames_gflop']:.0f} GFLOP, "
+          f"{cc['frames_s_at_peak']:.2f} s at 100 % of the fp32 peak with everything else free: no exact fp32 "
+          f"method gets a cold call more than {cc['ratio']:.2f}x faster than the released path here")
+    if "error_vs_fp64" in result:
+        e = result["error_vs_fp64"]
+        ours = max((k for k in e if k.startswith("capreward")), key=lambda k: e[k]["score"])
+        print(f"against the exact value (the released path in fp64, same captions), largest |error| of F: "
+              f"released fp32 {e['released one call']['score']:.1e}, capreward {e[ours]['score']:.1e} ({ours}); "
+              f"of P, R, coarse: released {e['released one call']['components']:.1e}, capreward "
+              f"{max(v['components'] for k, v in e.items() if k.startswith('capreward')):.1e}")
     if "bf16" in result:
         b = result["bf16"]
         print(f"bf16 vs fp32 (capreward, one call): cold {b['fp32_cold_s']:.2f} -> {b['bf16_cold_s']:.2f} s "

@@ -8,6 +8,13 @@ image (a GRPO group's shape), as OpenRLHF's workers do. Printed per client count
 p99 latency of the best of ``--repeats`` interleaved runs, the throughput ratio on/off, and whether
 every answer is identical (1e-6) between the two servers.
 
+Also printed: the *ceiling* of batching on this machine, measured in this process without HTTP: the
+same requests scored one by one (one request per scorer call, as the unbatched server does) against
+merged into calls of ``--max-batch-size`` samples. The ratio of the two is the most any merging of
+requests can gain here: the FLOPs are the same, only the matmuls' efficiency at ~50 token rows
+against ~900 changes. The server's on/off ratio can exceed it a little only because the unbatched
+server overlaps ``--max-concurrent`` calls on the same cores, which costs it.
+
 The default model is the tiny CLIP of ``capreward.testing`` (fast to build, no download); pass
 ``--clip-model`` (a name/tag or an OpenAI-format ``.pt``) for a real one.
 
@@ -106,6 +113,41 @@ def identical(a: list[list[dict]], b: list[list[dict]]) -> tuple[bool, float]:
     return same and worst <= 1e-6, worst
 
 
+def batching_ceiling(reward_name: str, model: str, media_root: Path, images: list[str], samples: int,
+                     max_batch_size: int, repeats: int) -> dict:
+    """Requests/s of the server's scoring path in this process, without HTTP: 32 requests of ``samples``
+    captions scored alone (one call each) and merged (calls of ``max_batch_size`` samples), best of
+    ``repeats`` interleaved rounds on new captions each round (answers are compared between the two
+    servers, whose caches are separate, not here)."""
+    from capreward.adapters.factory import RewardOptions, build_reward
+    from capreward.adapters.openrlhf import RewardService
+
+    service = RewardService(build_reward(reward_name, RewardOptions(clip_model=model)), media_root=str(media_root))
+    service.warm_up()
+    per_call = max(1, max_batch_size // samples)
+
+    def parsed(seed: int) -> list[tuple[list[str], list]]:
+        return [service.parse(p) for c in make_payloads(16, 2, samples, images, seed) for p in c]
+
+    for captions, labels in parsed(7):  # visual cache and lazy state warm, as in the servers
+        service.score(captions, labels)
+    alone_best = merged_best = 0.0
+    for repeat in range(repeats):
+        requests = parsed(500 + repeat)
+        start = time.perf_counter()
+        for captions, labels in requests:
+            service.score(captions, labels)
+        alone_best = max(alone_best, len(requests) / (time.perf_counter() - start))
+        requests = parsed(600 + repeat)  # new captions: the alone round's would be text-cache hits
+        start = time.perf_counter()
+        for i in range(0, len(requests), per_call):
+            group = requests[i : i + per_call]
+            service.score([c for r in group for c in r[0]], [lab for r in group for lab in r[1]])
+        merged_best = max(merged_best, len(requests) / (time.perf_counter() - start))
+    return {"alone_requests_per_s": alone_best, "merged_requests_per_s": merged_best,
+            "ceiling": merged_best / alone_best}
+
+
 def save_random_clip(arch: str, path: Path) -> str:
     """An open_clip ``arch`` with seeded random weights saved as an OpenAI-format state dict, so that both
     servers (and every run) load the same weights; returns the path."""
@@ -172,6 +214,8 @@ def main() -> None:
         finally:
             for server in servers.values():
                 server.stop()
+        ceiling = batching_ceiling(args.reward, model, root / "media", images, args.samples, args.max_batch_size,
+                                   args.repeats)
     by = {(r["mode"], r["clients"]): r for r in rows}
     for clients in args.clients:
         same, worst = identical(answers["off", clients], answers["on", clients])
@@ -179,7 +223,7 @@ def main() -> None:
         by["on", clients]["identical"] = same
         by["on", clients]["max_abs_diff"] = worst
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps({"runs": rows, "in_process": ceiling}, indent=1))
         return
     print(f"reward {args.reward}, model {args.clip_model or 'tiny CLIP'}, {args.samples} samples/request, "
           f"{args.requests} requests/client, batching on = --max-batch-size {args.max_batch_size} "
@@ -190,6 +234,10 @@ def main() -> None:
             r = by[mode, clients]
             extra = f" {r['speedup']:6.2f}x {r['identical']} (max diff {r['max_abs_diff']:.1e})" if mode == "on" else ""
             print(f"{clients:>7} {mode:>4} {r['requests_per_s']:8.1f} {r['p50_ms']:8.1f} {r['p99_ms']:8.1f}{extra}")
+    print(f"ceiling of batching here (this process, no HTTP, same scorer): 32 requests of {args.samples} captions "
+          f"scored alone {ceiling['alone_requests_per_s']:.1f} req/s, merged into calls of {args.max_batch_size} "
+          f"{ceiling['merged_requests_per_s']:.1f} req/s: {ceiling['ceiling']:.2f}x at most (target >= 3x at 16 "
+          f"clients)")
 
 
 if __name__ == "__main__":
