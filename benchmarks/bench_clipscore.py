@@ -22,6 +22,7 @@ embeddings (no prefix), and recomputes its returned number from them.
 
     python benchmarks/bench_clipscore.py --threads 2
     python benchmarks/bench_clipscore.py --quick     # 4 images, 1 round
+    python benchmarks/bench_clipscore.py --device cuda --precision fp16
 """
 
 from __future__ import annotations
@@ -39,9 +40,10 @@ import torch
 from PIL import Image
 
 from capreward import CLIPScore
+from capreward.backbones.clip import pixel_dtype
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_emscore import make_captions, make_video  # noqa: E402  (shared workload generators)
+from bench_emscore import make_captions, make_video, synchronize  # noqa: E402  (shared workload generators)
 
 
 class OpenClipAsTransformers(torch.nn.Module):
@@ -53,14 +55,14 @@ class OpenClipAsTransformers(torch.nn.Module):
         self.config = SimpleNamespace()  # no text_config: torchmetrics then skips its length check
 
     def get_image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        return self.model.encode_image(pixel_values)
+        return self.model.encode_image(pixel_values.to(pixel_dtype(self.model.visual))).float()
 
     def get_text_features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         m, width = self.model, input_ids.shape[1]
-        x = m.token_embedding(input_ids) + m.positional_embedding[:width]
+        x = (m.token_embedding(input_ids) + m.positional_embedding[:width]).to(m.transformer.get_cast_dtype())
         x = m.ln_final(m.transformer(x, attn_mask=m.attn_mask[:width, :width]))
         eos = attention_mask.sum(-1) - 1
-        return x[torch.arange(x.shape[0]), eos] @ m.text_projection
+        return (x[torch.arange(x.shape[0]), eos] @ m.text_projection).float()
 
 
 class OpenClipProcessor:
@@ -90,6 +92,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--width", type=int, default=320)
     parser.add_argument("--model", default="ViT-B-32/random")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]; both metrics run there")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "bf16"),
+                        help="of the shared CLIP, for both metrics")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="4 images, 1 round")
@@ -106,9 +111,10 @@ def main(argv=None) -> dict:
     images = [make_video(nrng, 1, args.height, args.width)[0] for _ in range(args.images)]
     n = args.images * args.captions
     per_caption = [images[i // args.captions] for i in range(n)]
-    per_caption_chw = [torch.from_numpy(im).permute(2, 0, 1) for im in per_caption]
+    # torchmetrics runs its model where the images are
+    per_caption_chw = [torch.from_numpy(im).permute(2, 0, 1).to(args.device) for im in per_caption]
 
-    ours = CLIPScore(model=args.model)
+    ours = CLIPScore(model=args.model, device=args.device, precision=None if args.precision == "fp32" else args.precision)
     bb = ours.backbone
     wrapped = OpenClipAsTransformers(bb.model).eval()
     processor = OpenClipProcessor(bb.preprocess, bb.tokenizer)
@@ -125,8 +131,10 @@ def main(argv=None) -> dict:
         bb.text_cache.clear()
 
     def timed(fn):
+        synchronize(args.device)
         start, cpu = time.perf_counter(), time.process_time()
         out = fn()
+        synchronize(args.device)
         return time.perf_counter() - start, time.process_time() - cpu, out
 
     rounds = []
@@ -143,7 +151,7 @@ def main(argv=None) -> dict:
         text = torch.stack([pooled for _, pooled in bb.embed_rows([tuple(bb.token_ids(c)[0]) for c in caps])])
         with torch.no_grad():
             tm_pairs, _ = _clip_score_update(per_caption_chw, caps, wrapped, processor)
-        ours_cos = 100 * (frames * text).sum(-1)
+        ours_cos = 100 * (frames * text).sum(-1).to(tm_pairs.device)
         r["agreement"] = float((ours_cos - tm_pairs).abs().max())
         r["value_check"] = abs(max(float(ours_cos.mean()), 0.0) - r["torchmetrics"][2])
         rounds.append(r)
@@ -151,7 +159,7 @@ def main(argv=None) -> dict:
     best = {k: min(r[k][0] for r in rounds) for k in ("torchmetrics", "capreward cold", "capreward warm")}
     cpu = {k: min(r[k][1] for r in rounds) for k in best}
     result = {
-        "config": {k: getattr(args, k) for k in ("images", "captions", "height", "width", "model", "threads", "repeats")},
+        "config": {k: getattr(args, k) for k in ("images", "captions", "height", "width", "model", "threads", "repeats", "device", "precision")},
         "seconds_best": best,
         "cpu_seconds_best": cpu,
         "speedup_cold": best["torchmetrics"] / best["capreward cold"],
@@ -165,7 +173,8 @@ def main(argv=None) -> dict:
         print(json.dumps(result, indent=2))
     else:
         c = result["config"]
-        print(f"CLIP-S, {c['model']}, fp32 CPU, {c['threads']} threads: {c['images']} images x {c['captions']} captions, "
+        where = f"{c['precision']} CPU, {c['threads']} threads" if c["device"] == "cpu" else f"{c['precision']} {c['device']}"
+        print(f"CLIP-S, {c['model']}, {where}: {c['images']} images x {c['captions']} captions, "
               f"best of {c['repeats']} rounds")
         for k, s in best.items():
             print(f"  {k:16s} {s:7.3f} s  ({n / s:6.1f} captions/s; CPU {cpu[k]:.2f} s)")

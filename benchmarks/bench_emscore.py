@@ -22,8 +22,8 @@ timed call scores captions never seen before (a later GRPO step samples new comp
 - 8 per-group calls of 16: the same three.
 Printed: seconds (best of the rounds), the ratios baseline / capreward, the encoders' FLOPs (counted with
 ``FlopCounterMode`` in a pass with the fused attention kernels disabled, so attention is counted) and
-their FLOP/s as a share of this machine's fp32 matmul peak (a ``torch.matmul`` loop on the same threads,
-measured each round), the largest score difference against the baseline, and ``precision="bf16"``: its
+their FLOP/s as a share of this machine's matmul peak in the model's precision (a ``torch.matmul`` loop on
+the same threads or GPU, measured each round), the largest score difference against the baseline, and ``precision="bf16"``: its
 speed and largest score difference against fp32.
 Also printed: the *cold ceiling* (the FLOPs of the frames alone, every frame through the image tower,
 which no exact method can skip, at 100 % of the measured peak: the best cold ratio any exact fp32 method
@@ -36,6 +36,8 @@ value as the other.
     python benchmarks/bench_emscore.py --threads 2            # the full workload, 2 rounds
     python benchmarks/bench_emscore.py --quick                # 2 videos, 1 round: a look in ~30 s
     python benchmarks/bench_emscore.py --json --profile       # JSON; torch.profiler table of a warm call
+    python benchmarks/bench_emscore.py --device cuda --precision fp16   # a GPU: both paths in fp16, as the
+                                                              # released code runs there (clip.load on cuda)
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from capreward import EMScore
 from capreward.backbones import CLIPBackbone
+from capreward.backbones.clip import pixel_dtype
 from capreward.metrics.emscore import coarse_score, greedy_match, pad_stack, video_embedding
 from capreward.scorers.results import MatchScores
 
@@ -83,18 +86,28 @@ def make_video(rng: np.random.Generator, frames: int, height: int, width: int) -
     return np.clip(up[None] + drift + rng.normal(0, 6, size=(frames, height, width, 3)), 0, 255).astype(np.uint8)
 
 
-def matmul_peak(threads: int, seconds: float = 1.5) -> float:
-    """Best fp32 FLOP/s of ``torch.matmul`` on square matrices (1024-2048) with ``threads`` threads."""
+def synchronize(device: torch.device | str = "cpu") -> None:
+    """Wait for queued GPU work, so that wall-clock timings cover it (nothing to do on the CPU)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_peak(threads: int, seconds: float = 1.5, device: str = "cpu", dtype: torch.dtype = torch.float32) -> float:
+    """Best FLOP/s of ``torch.matmul`` on square ``dtype`` matrices with ``threads`` threads on the CPU
+    (1024-2048), or on the GPU ``device`` (4096-8192)."""
     torch.set_num_threads(threads)
     best = 0.0
-    for n in (1024, 2048):
-        a, b = torch.randn(n, n), torch.randn(n, n)
-        out = torch.empty(n, n)
+    sizes = (4096, 8192) if torch.device(device).type == "cuda" else (1024, 2048)
+    for n in sizes:
+        a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+        out = torch.empty(n, n, device=device, dtype=dtype)
         torch.matmul(a, b, out=out)  # warm-up
+        synchronize(device)
         iters, start = 0, time.perf_counter()
         while time.perf_counter() - start < seconds / 2:
             torch.matmul(a, b, out=out)
             iters += 1
+            synchronize(device)
         best = max(best, 2 * n**3 * iters / (time.perf_counter() - start))
     return best
 
@@ -119,17 +132,20 @@ def counted_flops():
 
 
 class Stopwatch:
-    """Accumulates the seconds spent inside wrapped functions."""
+    """Accumulates the seconds spent inside wrapped functions (GPU work included: synchronised)."""
 
-    def __init__(self):
+    def __init__(self, device: torch.device | str = "cpu"):
         self.seconds = 0.0
+        self.device = device
 
     def wrap(self, fn):
         def wrapper(*args, **kwargs):
+            synchronize(self.device)
             start = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
+                synchronize(self.device)
                 self.seconds += time.perf_counter() - start
 
         return wrapper
@@ -142,10 +158,15 @@ class ReleasedPathEMScore:
 
     def __init__(self, model, preprocess, tokenizer, context_length: int = 77, text_batch: int = 64):
         self.model, self.preprocess, self.tokenizer = model, preprocess, tokenizer
-        self.dtype = next(model.parameters()).dtype  # fp32; fp64 for the exact reference
+        # the towers run in the model's dtype (fp32; fp16 on a GPU, as clip.load gives; fp64: the exact
+        # reference), the matching in fp32 (fp64 for the exact reference)
+        self.dtype = model.transformer.get_cast_dtype()
+        self.image_dtype = pixel_dtype(model.visual)
+        self.match_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
+        self.device = next(model.parameters()).device
         self.context_length, self.text_batch = context_length, text_batch
         self.sot, self.eot = tokenizer.sot_token_id, tokenizer.eot_token_id
-        self.encoders = Stopwatch()
+        self.encoders = Stopwatch(self.device)
 
     def tokenize(self, sentences: list[str]) -> torch.Tensor:
         """``clip.tokenize``: SOS + BPE + EOS, zero-padded to the context (the workload never truncates)."""
@@ -169,20 +190,24 @@ class ReleasedPathEMScore:
     def encode_text(self, ids: torch.Tensor) -> torch.Tensor:
         """Every position's ln_final(h) @ text_projection over the full context, L2-normalised."""
         m = self.model
+        synchronize(self.device)
         start = time.perf_counter()
         with torch.no_grad():
-            x = m.token_embedding(ids) + m.positional_embedding
+            x = (m.token_embedding(ids.to(self.device)) + m.positional_embedding).to(self.dtype)
             x = m.transformer(x, attn_mask=m.attn_mask)
-            x = m.ln_final(x) @ m.text_projection
+            x = (m.ln_final(x) @ m.text_projection).to(self.match_dtype)
+        synchronize(self.device)
         self.encoders.seconds += time.perf_counter() - start
         return x / x.norm(dim=-1, keepdim=True)
 
     def encode_video(self, frames: np.ndarray) -> torch.Tensor:
         """All frames of one video preprocessed and encoded as one batch; L2-normalised [k, D]."""
-        pixels = torch.stack([self.preprocess(Image.fromarray(f).convert("RGB")) for f in frames]).to(self.dtype)
+        pixels = torch.stack([self.preprocess(Image.fromarray(f).convert("RGB")) for f in frames])
+        synchronize(self.device)
         start = time.perf_counter()
         with torch.no_grad():
-            feats = self.model.encode_image(pixels)
+            feats = self.model.encode_image(pixels.to(self.device, self.image_dtype)).to(self.match_dtype)
+        synchronize(self.device)
         self.encoders.seconds += time.perf_counter() - start
         return feats / feats.norm(dim=-1, keepdim=True)
 
@@ -202,7 +227,8 @@ class ReleasedPathEMScore:
             for i, s in enumerate(batch):
                 n = int(lengths[i])
                 local[s], pooled[s] = emb[i, :n], emb[i, n - 1]
-                weights[s] = torch.tensor([idf[int(t)] for t in ids[i, :n]], dtype=self.dtype)
+                weights[s] = torch.tensor([idf[int(t)] for t in ids[i, :n]], dtype=self.match_dtype,
+                                          device=self.device)
         frames = {}
         for key, video in zip(video_keys, videos):
             if key not in frames:
@@ -216,13 +242,13 @@ class ReleasedPathEMScore:
         ct, cm, cw, cp = stacked(pair_cands)
         rt, rm, rw, rp = stacked(pair_refs)
         fine = greedy_match(ct, cm, cw, rt, rm, rw)
-        owner = torch.tensor([i for i, rs in enumerate(refs) for _ in rs])
+        owner = torch.tensor([i for i, rs in enumerate(refs) for _ in rs], device=self.device)
         parts = [coarse_score(cp, rp), fine.p, fine.r, fine.f]
         ref_part = MatchScores.from_parts(*(torch.stack([v[owner == i].max() for i in range(len(cands))])
                                             for v in parts))
         ct, cm, cw, cp = stacked(cands)
         ft, fm = pad_stack([frames[k] for k in video_keys])
-        fine = greedy_match(ct, cm, cw, ft, fm, fm.to(self.dtype))
+        fine = greedy_match(ct, cm, cw, ft, fm, fm.to(self.match_dtype))
         vid_part = MatchScores.from_parts(coarse_score(cp, video_embedding(ft, fm)), fine.p, fine.r, fine.f)
         return MatchScores.average(vid_part, ref_part)
 
@@ -285,8 +311,10 @@ def differences(a: MatchScores, b: MatchScores) -> dict[str, float]:
 
 def timed(fn, watch: Stopwatch):
     """(wall s, wall s inside the encoders, output, process CPU s: all threads, robust to a busy machine)."""
+    synchronize(watch.device)
     enc0, start, cpu = watch.seconds, time.perf_counter(), time.process_time()
     out = fn()
+    synchronize(watch.device)
     return time.perf_counter() - start, watch.seconds - enc0, out, time.process_time() - cpu
 
 
@@ -353,15 +381,15 @@ def bf16_comparison(model_parts, w: Workload, args, fp32: EMScore) -> dict:
     """bf16 against fp32 on the same captions: seconds cold and warm (one call), largest score difference."""
     model, preprocess, tokenizer = model_parts
     em16 = EMScore(model=lambda: (copy.deepcopy(model), preprocess, tokenizer), frames=args.frames,
-                   idf=w.corpus, precision="bf16")
+                   idf=w.corpus, device=args.device, precision="bf16")
     caps, other = w.captions(), w.captions()
     res = {}
     for name, em in (("fp32", fp32), ("bf16", em16)):
         clear(em)
-        cold, _, scores, _ = timed(lambda: ours_call(em, w, caps), Stopwatch())
+        cold, _, scores, _ = timed(lambda: ours_call(em, w, caps), Stopwatch(args.device))
         clear(em)
         ours_call(em, w, other)
-        warm, _, _, _ = timed(lambda: ours_call(em, w, caps), Stopwatch())
+        warm, _, _, _ = timed(lambda: ours_call(em, w, caps), Stopwatch(args.device))
         res[name] = {"cold_s": cold, "warm_s": warm, "scores": scores.full_f}
     return {
         "fp32_cold_s": res["fp32"]["cold_s"], "bf16_cold_s": res["bf16"]["cold_s"],
@@ -382,6 +410,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--width", type=int, default=320)
     parser.add_argument("--model", default="ViT-B-32/random")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]; both paths run there")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "bf16"),
+                        help="of the shared CLIP, for both paths (the released code loads fp16 on a GPU)")
     parser.add_argument("--repeats", type=int, default=2, help="rounds; the best of each is reported")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="2 videos, 1 round, no bf16 run")
@@ -393,16 +424,20 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     if args.quick:
         args.videos, args.repeats, args.no_bf16, args.no_fp64 = 2, 1, True, True
+    if args.precision != "fp32":
+        args.no_bf16 = True  # the bf16 comparison is against fp32
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     w = Workload(args)
-    em = EMScore(model=args.model, frames=args.frames, idf=w.corpus)
+    em = EMScore(model=args.model, frames=args.frames, idf=w.corpus, device=args.device,
+                 precision=None if args.precision == "fp32" else args.precision)
     bb: CLIPBackbone = em.backbone
+    dtype = next(bb.model.parameters()).dtype
     parts = (bb.model, bb.preprocess, bb.tokenizer)
     base = ReleasedPathEMScore(*parts, context_length=bb.context_length)
     fixed_idf = base.idf_dict(w.corpus)
-    watch = Stopwatch()
+    watch = Stopwatch(args.device)
     bb.encode_pixels = watch.wrap(bb.encode_pixels)
     bb._text_tower = watch.wrap(bb._text_tower)
     bb._text_tower_packed = watch.wrap(bb._text_tower_packed)
@@ -410,7 +445,7 @@ def main(argv=None) -> dict:
     flops = count_scenario_flops(em, base, w)
     rounds, peaks, scored = [], [], []
     for _ in range(args.repeats):
-        peaks.append(matmul_peak(args.threads))
+        peaks.append(matmul_peak(args.threads, device=args.device, dtype=dtype))
         out, caps = run_scenarios(em, base, w, watch, fixed_idf)
         rounds.append(out)
         scored.append(caps)
@@ -443,7 +478,7 @@ def main(argv=None) -> dict:
                   for k, f in flop_of.items()}
     result = {
         "config": {k: getattr(args, k) for k in ("videos", "captions", "frames", "references", "height", "width",
-                                                 "model", "threads", "repeats")},
+                                                 "model", "threads", "repeats", "device", "precision")},
         "matmul_peak_gflop_per_s": peak / 1e9,
         "matmul_peak_gflop_per_s_per_round": [p / 1e9 for p in peaks],
         "seconds_best": best,
@@ -470,18 +505,19 @@ def main(argv=None) -> dict:
     if args.profile:
         profile_warm(em, w)
     worst = max(d["components"] for d in diffs.values())
-    if worst > 1e-5:
+    if args.precision == "fp32" and worst > 1e-5:  # in fp16/bf16 both paths round at ~1e-3 anyway
         raise SystemExit(f"capreward and the released path disagree: max score difference {worst:.2e}")
     return result
 
 
 def print_table(result: dict) -> None:
     c = result["config"]
-    print(f"EMScore(X, V, X*), {c['model']}, fp32 CPU, {c['threads']} threads: {c['videos']} videos x "
+    where = f"{c['precision']} CPU, {c['threads']} threads" if c["device"] == "cpu" else f"{c['precision']} {c['device']}"
+    print(f"EMScore(X, V, X*), {c['model']}, {where}: {c['videos']} videos x "
           f"{c['captions']} captions, {c['frames']} frames/video ({c['height']}x{c['width']}), {c['references']} "
           f"references/caption, fixed-corpus idf; best of {c['repeats']} rounds")
     rounds = ", ".join(f"{p:.1f}" for p in result["matmul_peak_gflop_per_s_per_round"])
-    print(f"fp32 matmul peak: {result['matmul_peak_gflop_per_s']:.1f} GFLOP/s (per round: {rounds})")
+    print(f"{c['precision']} matmul peak: {result['matmul_peak_gflop_per_s']:.1f} GFLOP/s (per round: {rounds})")
     print(f"{'run':30s} {'s':>8s} {'enc GFLOP':>10s} {'enc s':>7s} {'enc %peak':>9s} {'|diff| P,R,coarse':>17s} "
           f"{'|diff| F':>9s}")
     for k, s in result["seconds_best"].items():
@@ -500,7 +536,7 @@ def print_table(result: dict) -> None:
           f"warm {r['one call, warm']:.1f}x; per group cold {r['per group, cold']:.1f}x, warm {r['per group, warm']:.1f}x")
     cc = result["cold_ceiling"]
     print(f"cold ceiling: the {c['videos'] * c['frames']} frames alone are {cc['frames_gflop']:.0f} GFLOP, "
-          f"{cc['frames_s_at_peak']:.2f} s at 100 % of the fp32 peak with everything else free: no exact fp32 "
+          f"{cc['frames_s_at_peak']:.2f} s at 100 % of the {c['precision']} matmul peak with everything else free: no exact "
           f"method gets a cold call more than {cc['ratio']:.2f}x faster than the released path here")
     if "error_vs_fp64" in result:
         e = result["error_vs_fp64"]

@@ -410,3 +410,19 @@ def test_bf16_on_cpu_runs_the_towers_in_bf16_and_stays_close_to_fp32(videos):
     b = bf16.score(CAPTIONS, videos=[videos[0]] * 6, references=REFS)
     assert b.score.dtype == torch.float32 and torch.isfinite(b.score).all()
     assert (a.score - b.score).abs().max() < 2e-2
+
+
+def test_open_clip_mixed_bf16_runs_the_image_tower_on_its_layers_dtype(videos):
+    # open_clip's precision="bf16" keeps the class and position embeddings in fp32 and the layers in bf16:
+    # the pixels must take the patch embedding's dtype, not the first parameter's
+    torch.manual_seed(0)
+    fp32 = EMScore(model="ViT-S-32/random", idf=CORPUS)
+    torch.manual_seed(0)
+    bf16 = EMScore(model="ViT-S-32/random", idf=CORPUS, precision="bf16")
+    visual = bf16.backbone.model.visual
+    assert visual.class_embedding.dtype == torch.float32 and visual.conv1.weight.dtype == torch.bfloat16
+    a = fp32.score(CAPTIONS[:2], videos=[videos[0]] * 2, references=REFS[:2])
+    b = bf16.score(CAPTIONS[:2], videos=[videos[0]] * 2, references=REFS[:2])
+    assert torch.isfinite(b.score).all()
+    assert (a.score - b.score).abs().max() < 3e-2
+    assert (a.video.coarse - b.video.coarse).abs().max() < 3e-2

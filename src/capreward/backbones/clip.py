@@ -269,7 +269,7 @@ class CLIPBackbone:
     def encode_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
         """L2-normalised image embeddings [n, D] (fp32) of preprocessed pixels [n, 3, H, W]."""
         outs = []
-        dtype = next(self.model.visual.parameters()).dtype
+        dtype = pixel_dtype(self.model.visual)
         for start in range(0, pixels.shape[0], self.image_batch_size):
             chunk = pixels[start : start + self.image_batch_size].to(self.device, dtype)
             outs.append(F.normalize(self.model.encode_image(chunk).float(), dim=-1))
@@ -354,6 +354,16 @@ class CLIPBackbone:
                 for i in pending[key]:
                     results[i] = chunk
         return results  # type: ignore[return-value]
+
+
+def pixel_dtype(visual: torch.nn.Module) -> torch.dtype:
+    """The dtype an image tower's input must have: that of its first convolution or linear layer (its
+    patch embedding). open_clip's mixed ``precision="bf16"``/``"fp16"`` keeps the class and position
+    embeddings in fp32 while the layers are bf16/fp16, so the first parameter's dtype is the wrong one."""
+    for module in visual.modules():
+        if isinstance(module, (torch.nn.Conv2d, torch.nn.Linear)):
+            return module.weight.dtype
+    return next(visual.parameters()).dtype
 
 
 @dataclass
