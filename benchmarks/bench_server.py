@@ -172,10 +172,13 @@ def main() -> None:
     parser.add_argument("--clip-model", help="default: the tiny CLIP of capreward.testing")
     parser.add_argument("--max-batch-size", type=int, default=64)
     parser.add_argument("--max-wait-ms", type=float, default=5.0)
-    parser.add_argument("--max-concurrent", type=int, default=4)
+    parser.add_argument("--max-concurrent", type=int, default=4, help="of the server with batching off")
+    parser.add_argument("--on-max-concurrent", type=int, help="of the server with batching on (default: --max-concurrent)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per setting (interleaved); the best is shown")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.on_max_concurrent is None:
+        args.on_max_concurrent = args.max_concurrent
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -189,9 +192,10 @@ def main() -> None:
         (root / "media").mkdir()
         images = make_images(root / "media", args.images)
         common = ["--reward", args.reward, "--clip-model", model, "--media-root", str(root / "media"),
-                  "--max-concurrent", str(args.max_concurrent), "--max-connections", str(max(args.clients) + 8)]
-        modes = {"off": ["--max-batch-size", "0"],
-                 "on": ["--max-batch-size", str(args.max_batch_size), "--max-wait-ms", str(args.max_wait_ms)]}
+                  "--max-connections", str(max(args.clients) + 8)]
+        modes = {"off": ["--max-batch-size", "0", "--max-concurrent", str(args.max_concurrent)],
+                 "on": ["--max-batch-size", str(args.max_batch_size), "--max-wait-ms", str(args.max_wait_ms),
+                        "--max-concurrent", str(args.on_max_concurrent)]}
         rows = []
         answers: dict[tuple[str, int], list] = {}
         servers = {mode: Server(common + flags) for mode, flags in modes.items()}
@@ -205,7 +209,12 @@ def main() -> None:
                     # would be a text-cache hit; both modes get the same ones, so answers can be compared
                     payloads = make_payloads(clients, args.requests, args.samples, images, seed=1000 * clients + repeat)
                     for mode, server in servers.items():
-                        rate, lat, got = drive(server, payloads)
+                        try:
+                            rate, lat, got = drive(server, payloads)
+                        except Exception:
+                            print(f"the {mode} server (exit code {server.proc.poll()}) said:\n" + "".join(server.lines[-40:]),
+                                  file=sys.stderr)
+                            raise
                         answers[mode, clients] = got
                         if mode not in best or rate > best[mode]["requests_per_s"]:
                             best[mode] = {"mode": mode, "clients": clients, "requests_per_s": rate,
@@ -227,7 +236,8 @@ def main() -> None:
         return
     print(f"reward {args.reward}, model {args.clip_model or 'tiny CLIP'}, {args.samples} samples/request, "
           f"{args.requests} requests/client, batching on = --max-batch-size {args.max_batch_size} "
-          f"--max-wait-ms {args.max_wait_ms}, --max-concurrent {args.max_concurrent}, best of {args.repeats}")
+          f"--max-wait-ms {args.max_wait_ms} --max-concurrent {args.on_max_concurrent}, batching off = --max-concurrent "
+          f"{args.max_concurrent}, best of {args.repeats}")
     print(f"{'clients':>7} {'mode':>4} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'on/off':>7} identical")
     for clients in args.clients:
         for mode in ("off", "on"):
