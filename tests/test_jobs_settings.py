@@ -372,3 +372,13 @@ def test_a_ray_resume_with_the_same_settings_continues(scored, tmp_path, clip_fi
     assert got.keys() == want.keys()
     for rid in want:
         assert_same(got[rid], want[rid], rid)
+
+
+def test_help_documents_the_settings_record():
+    from capreward.cli.main import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices["score"]
+    text = " ".join(sub.format_help().split())
+    assert "<out>.settings.json" in text and "a resume with any of them different is refused" in text
+    assert "not the batch size, device, engine or progress" in text
+    assert "--accept-unrecorded-settings resume a results file that has rows but no <out>.settings.json" in text
