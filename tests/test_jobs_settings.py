@@ -135,6 +135,12 @@ def test_only_the_settings_that_change_a_row_are_recorded(tmp_path, tiny_clip_pa
     arch = model_identity(f"ViT-B-32/{tiny_clip_path}", open_clip=True)  # ViT-B-32//tmp/...
     assert arch == {**clip, "architecture": "ViT-B-32"}
     assert model_identity("ViT-B-32/openai", open_clip=True) == "ViT-B-32/openai"
+    from capreward.jobs.settings_file import describe
+
+    assert describe(arch).startswith(f"ViT-B-32/{tiny_clip_path} (")
+    # PAC-S: its own checkpoint, precision and frames; the CLIP of --clip-model is not used
+    pac = scoring_settings(ScoreOptions(metrics=["pac_s"], pac_model=str(tiny_clip_path), precision="bf16", frames=2))
+    assert pac == {"metrics": ["pac_s"], "pac_model": clip, "precision": "bf16", "frames": 2}
 
 
 def test_a_new_file_in_a_model_folder_changes_its_identity(tmp_path):
@@ -343,6 +349,13 @@ def test_a_results_file_without_rows_takes_the_new_settings(tmp_path, media, cli
     assert main([*score_args(manifest, out, clip_files[0]), "--frames", "3"]) == 0
     assert json.loads(record_path(out).read_text())["settings"]["frames"] == 3
     assert len(read_results(out)) == 2
+
+
+def test_a_run_refused_for_its_manifest_records_nothing(tmp_path, clip_files, capsys):
+    out = tmp_path / "out.jsonl"
+    assert main(score_args(tmp_path / "missing.jsonl", out, clip_files[0])) == 2
+    assert "missing.jsonl" in error_lines(capsys)[-1]
+    assert not out.exists() and not record_path(out).exists()
 
 
 # ------------------------------------------------------------------------------ the Ray engine

@@ -28,8 +28,13 @@ def batches(rows: list[ManifestRow], size: int):
 def pending_rows(manifest: str | Path, out: str | Path) -> tuple[list[ManifestRow], list[ManifestRow]]:
     """(all manifest rows, the rows not yet in ``out``); repairs a torn last line of ``out``."""
     rows = read_manifest(manifest)
+    return rows, unscored(rows, out)
+
+
+def unscored(rows: list[ManifestRow], out: str | Path) -> list[ManifestRow]:
+    """The rows not yet in ``out``; repairs a torn last line of ``out``."""
     done = recover(out)
-    return rows, [r for r in rows if r.id not in done]
+    return [r for r in rows if r.id not in done]
 
 
 def run_local(todo: list[ManifestRow], options: ScoreOptions, out: str | Path, progress: bool = True,
@@ -63,9 +68,10 @@ def run_job(manifest: str | Path, out: str | Path, options: ScoreOptions, idf: s
     if engine not in ("local", "ray"):
         raise ValueError(f"unknown engine {engine!r}; use 'local' or 'ray'")
     with exclusive_output(out):
+        rows = read_manifest(manifest)  # a bad manifest is refused before anything is written
         has_results = Path(out).is_file() and Path(out).stat().st_size > 0
         job_settings(out, options, has_results=has_results, accept_unrecorded=accept_unrecorded_settings)
-        rows, todo = pending_rows(manifest, out)
+        todo = unscored(rows, out)
         clip = []  # the CLIP backbone, loaded at most once: for the idf table and the local scorers
 
         def backbone():

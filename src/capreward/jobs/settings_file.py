@@ -187,7 +187,7 @@ def describe(value: Any) -> str:
     if isinstance(value, dict) and "path" in value:
         when = dt.datetime.fromtimestamp(value["mtime_ns"] / 1e9, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         files = f"{value['files']} files, " if "files" in value else ""
-        arch = f"{value['architecture']}//" if "architecture" in value else ""
+        arch = f"{value['architecture']}/" if "architecture" in value else ""  # ARCH//abs/path
         return f"{arch}{value['path']} ({files}{value['bytes']} bytes, modified {when})"
     if value is None:
         return "none"
@@ -196,6 +196,9 @@ def describe(value: Any) -> str:
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return ",".join(value)
     return json.dumps(value, ensure_ascii=False)
+
+
+_UNUSED = object()  # a setting recorded on one side only
 
 
 def differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
@@ -211,9 +214,6 @@ def differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
             old_text, new_text = json.dumps(old), json.dumps(new)
         out.append(f"{FLAGS.get(key, key)} was {old_text}, now {new_text}")
     return out
-
-
-_UNUSED = object()
 
 
 def read_record(path: Path) -> dict:
