@@ -179,8 +179,8 @@ def test_the_first_run_records_its_settings(scored, clip_files):
     _, full, _ = scored
     record = json.loads(record_path(full).read_text())
     assert record["format"] == "capreward-settings/1"
-    assert record["settings"] == scoring_settings(ScoreOptions(metrics=METRICS.split(","), clip_model=str(clip_files[0]),
-                                                               frames=4))
+    options = ScoreOptions(metrics=METRICS.split(","), clip_model=str(clip_files[0]), frames=4)
+    assert record["settings"] == scoring_settings(options)
     assert record["settings"]["frames"] == 4 and record["settings"]["clip_model"]["path"] == str(clip_files[0])
 
 

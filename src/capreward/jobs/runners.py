@@ -13,8 +13,8 @@ One runner per metric, built by ``ManifestScorer._build_<metric>``; the fields e
   writes ``alignment`` itself.
 - ``fleur``: ``fleur`` in [0, 1] and ``fleur.raw`` (videos judged on G-VEval's three-frame composite).
 - ``visce2``: ``visce2`` in [0, 100], ``visce2.raw`` (the rating answer) and ``visce2.context`` (the
-  visual context). Images only: a video row gets an error, and so does an unreadable image (no fields). An answer without an integer scores 0, as in
-  the paper, with the reason in ``errors``.
+  visual context). Images only: a video row gets an error, and so does an unreadable image (no fields).
+  An answer without an integer scores 0, as in the paper, with the reason in ``errors``.
 - ``gveval``: ``gveval`` in [0, 100] and ``gveval.raw``; with ACCR also ``gveval.accuracy``,
   ``gveval.completeness``, ``gveval.conciseness``, ``gveval.relevance`` (ACCR: videos only). Videos are
   judged on their three-frame composite.

@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 RECORD_FORMAT = "capreward-settings/1"
 #: Judge metrics that may run on an OpenAI-compatible server instead of the local LLaVA.
 CHAT_METRICS = ("visce2", "gveval")
-#: A model directory with more files than this is not fingerprinted file by file (see model_identity).
+#: A "model folder" with more files than this is refused (see model_identity): a listing stays bounded.
 MAX_MODEL_FILES = 10_000
 
 #: How each recorded setting is set on the command line (for the refusal message).
@@ -80,12 +80,13 @@ def scoring_settings(options: ScoreOptions) -> dict[str, Any]:
     rows with and without alignment would be inconsistent). Models on local disk are recorded with
     :func:`model_identity`, so new weights at the same path count as another model.
 
-    Excluded, because the rows are the same with any value (each is tested as such where it could
-    matter): ``batch_size`` (a row never depends on its batch), ``device`` (the same weights and
-    precision on another device agree to float rounding; the one thing it decides that changes scores,
-    the local judge's default dtype, is recorded as ``judge_dtype``), and ``idf_weights``/``idf_default``
-    (fixed by ``<out>.idf.json``). The job's other options (``--engine``, ``--num-actors``,
-    ``--no-progress``, ``--csv``) are not ScoreOptions and do not change a row either.
+    Excluded: ``batch_size`` (a row never depends on its batch: tested per metric), ``device`` (a job
+    may go on on another machine or GPU; what the device decides by design, the local judge's default
+    dtype, is recorded as ``judge_dtype``, and what is left is the float arithmetic of other hardware,
+    which two separate runs on two devices differ by as well), and ``idf_weights``/``idf_default``
+    (fixed by ``<out>.idf.json``). The job's other options (``--engine``: the Ray and local engines
+    write the same rows, tested; ``--num-actors``, ``--no-progress``, ``--csv``) are not ScoreOptions
+    and do not change a row.
     """
     used = set(options.metrics)
     settings: dict[str, Any] = {"metrics": sorted(used)}
@@ -221,7 +222,8 @@ def read_record(path: Path) -> dict:
         record = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise JobError(f"{path}: cannot read the settings record ({exc})") from None
-    if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT or not isinstance(record.get("settings"), dict):
+    if (not isinstance(record, dict) or record.get("format") != RECORD_FORMAT
+            or not isinstance(record.get("settings"), dict)):
         raise JobError(f"{path}: not a settings record written by capreward score")
     return record
 
