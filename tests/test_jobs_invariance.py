@@ -2,8 +2,10 @@
 
 One manifest mixes images, synthetic and real videos, rows with and without references, and bad rows
 (missing files, an undecodable video, empty captions and references). Every row's output must be
-identical (1e-6) whatever the batch size, the row order, and after real `capreward score` processes
-are SIGKILLed at exact points (the results writer's fault-injection hook) and resumed.
+identical (1e-6 of the metric's scale) whatever the batch size, the row order, and after real
+`capreward score` processes are SIGKILLed at exact points (the results writer's fault-injection hook)
+and resumed. The same for the judge metrics: FLEUR/RefFLEUR rows, and VisCE² and G-VEval (combined
+mode: each row with its own references) rows on the tiny local VLM judge.
 """
 
 from __future__ import annotations
@@ -77,26 +79,26 @@ def by_id(path: Path) -> dict[str, dict]:
     return {r["id"]: r for r in results}
 
 
-def assert_same(a, b, where: str) -> None:
-    """Equal structures, floats within 1e-6."""
+def assert_same(a, b, where: str, tol: float = 1e-6) -> None:
+    """Equal structures, floats within ``tol``."""
     if isinstance(a, float) or isinstance(b, float):
-        assert a == pytest.approx(b, abs=1e-6), where
+        assert a == pytest.approx(b, abs=tol), where
     elif isinstance(a, dict):
         assert isinstance(b, dict) and a.keys() == b.keys(), where
         for k in a:
-            assert_same(a[k], b[k], f"{where}.{k}")
+            assert_same(a[k], b[k], f"{where}.{k}", tol)
     elif isinstance(a, list):
         assert isinstance(b, list) and len(a) == len(b), where
         for i, (x, y) in enumerate(zip(a, b)):
-            assert_same(x, y, f"{where}[{i}]")
+            assert_same(x, y, f"{where}[{i}]", tol)
     else:
         assert a == b, where
 
 
-def assert_same_rows(got: dict[str, dict], want: dict[str, dict]) -> None:
+def assert_same_rows(got: dict[str, dict], want: dict[str, dict], tol: float = 1e-6) -> None:
     assert got.keys() == want.keys()
     for rid in want:
-        assert_same(got[rid], want[rid], rid)
+        assert_same(got[rid], want[rid], rid, tol)
 
 
 @pytest.fixture(scope="module")
@@ -221,3 +223,98 @@ def test_fleur_rows_are_independent_of_their_batch(tmp_path):
     assert "does not exist" in alone["missing"]["errors"]["fleur"]
     assert_same_rows(together, alone)
     assert_same_rows(reversed_, alone)
+
+
+# ------------------------------------------------------------------------------ VisCE² and G-VEval
+JUDGE_SPEC = [  # (id, kind, colour, caption, references): every answer format of the tiny VLM judge
+    ("j-green", "image", "green", "a green ball", ["a green square"]),
+    ("j-blue", "image", "blue", "a blue kite", ["a blue kite", "a kite"]),
+    ("j-yellow", "image", "yellow", "a photo of a kite", ["a yellow square"]),  # no score from either judge
+    ("j-many", "image", "red", "many red cars", None),  # VisCE² 150; G-VEval combined needs references
+    ("j-vid-red", "video", "red", "a red car", ["a red square"]),
+    ("j-vid-blue", "video", "blue", "a blue kite", ["a blue square", "a square"]),
+    ("j-missing", "image", None, "a red car", ["a red car"]),
+    ("j-empty", "image", "green", "  ", ["a green square"]),
+]
+
+
+#: 1e-6 of the judges' 0..100 scale. G-VEval's score is an expectation over the judge's score-token
+#: probabilities times 100: float32 rounding of the batched (padded) and the single forward pass, ~1e-7
+#: relative, shows as ~1e-5 on that scale; every other field (answers, contexts, errors) must be equal.
+JUDGE_TOL = 1e-6 * 100
+
+
+def judge_args(manifest: Path, out: Path, judge: Path, batch_size: int) -> list[str]:
+    return ["score", str(manifest), "--out", str(out), "--metrics", "visce2,gveval", "--judge-model", str(judge),
+            "--gveval-mode", "combined", "--batch-size", str(batch_size), "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """The tiny judge's ops are tiny: on a loaded 2-core machine extra threads only slow them down."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def judge_rows(tmp_path_factory) -> list[dict]:
+    from capreward.testing.tiny_vlm_judges import probe_image, synthetic_video
+
+    d = tmp_path_factory.mktemp("judge-invariance")
+    rows = []
+    for rid, kind, colour, caption, refs in JUDGE_SPEC:
+        path = d / f"{rid}.{'png' if kind == 'image' else 'mp4'}"
+        if colour is not None and kind == "image":
+            probe_image("visce2", colour).save(path)
+        elif colour is not None:
+            write_mp4(path, synthetic_video(colour))
+        rows.append({"id": rid, "caption": caption, kind: str(path), **({"references": refs} if refs else {})})
+    return rows
+
+
+@pytest.fixture(scope="module")
+def judge_reference(judge_rows, tmp_path_factory, one_torch_thread):
+    """The judge manifest scored by VisCE² and G-VEval (combined: each row with its own references) in one batch."""
+    from capreward.testing.tiny_vlm_judges import tiny_vlm_judge_dir
+
+    d = tmp_path_factory.mktemp("judge-reference")
+    judge = tiny_vlm_judge_dir()
+    manifest = write_manifest(d / "m.jsonl", judge_rows)
+    assert main(judge_args(manifest, d / "all.jsonl", judge, 1000)) == 0
+    return manifest, judge, by_id(d / "all.jsonl")
+
+
+def test_the_judge_manifest_exercises_every_case(judge_reference):
+    _, _, want = judge_reference
+    scored = [want[r]["gveval"] for r in ("j-green", "j-blue", "j-vid-red", "j-vid-blue")]
+    assert None not in scored and len(set(scored)) > 1  # rows differ, so a row scored with another's inputs shows
+    assert want["j-green"]["visce2"] == 85 and want["j-many"]["visce2"] == 150
+    assert want["j-yellow"]["gveval"] is None and "no score" in want["j-yellow"]["errors"]["gveval"]
+    assert "needs references" in want["j-many"]["errors"]["gveval"] and "gveval" not in want["j-many"]
+    assert "images only" in want["j-vid-red"]["errors"]["visce2"]
+    for rid, problem in (("j-missing", "does not exist"), ("j-empty", "caption is empty")):
+        for metric in ("visce2", "gveval"):
+            assert want[rid]["errors"][metric].startswith(f"row {rid!r}: ") and problem in want[rid]["errors"][metric]
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_judge_rows_are_independent_of_the_batch_size(batch_size, judge_reference, tmp_path):
+    manifest, judge, want = judge_reference
+    out = tmp_path / "out.jsonl"
+    assert main(judge_args(manifest, out, judge, batch_size)) == 0
+    assert_same_rows(by_id(out), want, JUDGE_TOL)
+
+
+def test_judge_rows_are_independent_of_the_row_order(judge_rows, judge_reference, tmp_path):
+    _, judge, want = judge_reference
+    shuffled = judge_rows[:]
+    random.Random(3).shuffle(shuffled)
+    manifest = write_manifest(tmp_path / "shuffled.jsonl", shuffled)
+    out = tmp_path / "out.jsonl"
+    assert main(judge_args(manifest, out, judge, 4)) == 0
+    assert [r["id"] for r in read_results(out)] == [r["id"] for r in shuffled]
+    assert_same_rows(by_id(out), want, JUDGE_TOL)

@@ -22,9 +22,14 @@ visce2 and gveval run on the local LLaVA of ``--judge-model``, or on an OpenAI-c
 ``$OPENAI_API_KEY`` and never printed. A score that cannot be computed is null with the reason in
 ``errors[metric]``; the other rows and metrics are unaffected.
 
-A row's scores never depend on the rest of its batch, the row order or a resume. The idf of emscore and
-hallucination is fixed per results file: the first run records it in ``<out>.idf.json`` and every resume
-reuses it (a resume that would use a different idf is refused). One run at a time writes a results file:
+A row's scores never depend on the rest of its batch, the row order or a resume. Rerun the same command
+to resume. The scoring settings are fixed per results file: the first run records those that change a
+row (metrics, models and their files' size and time, frames, precision, judge options, ...; not the
+batch size, device, engine or progress) in ``<out>.settings.json``, and a resume with any of them
+different is refused, naming each; a results file with rows but no settings record (from before they
+were recorded) is refused unless ``--accept-unrecorded-settings``. The idf of emscore and hallucination
+is fixed per results file: the first run records it in ``<out>.idf.json`` and every resume reuses it (a
+resume that would use a different idf is refused). One run at a time writes a results file:
 it holds ``<out>.lock`` (a second run on the same ``--out`` is refused, naming the holder's PID; a killed
 run's lock does not block a rerun).
 """
@@ -58,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         summary = run_job(args.manifest, args.out, options, idf=args.idf, engine=args.engine,
-                          num_actors=args.num_actors, csv=args.csv, progress=not args.no_progress)
+                          num_actors=args.num_actors, csv=args.csv, progress=not args.no_progress,
+                          accept_unrecorded_settings=args.accept_unrecorded_settings)
     except (JobError, ManifestError) as exc:
         print(f"capreward score: error: {exc}", file=sys.stderr)
         return 2
@@ -108,5 +114,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--num-actors", type=int, default=2, help="Ray actors (one model copy each)")
     p.add_argument("--alignment", action="store_true",
                    help="store EMScore's token -> frame alignment (for reports; also with hallucination alone)")
+    p.add_argument("--accept-unrecorded-settings", action="store_true",
+                   help="resume a results file that has rows but no <out>.settings.json (written before settings "
+                        "were recorded), recording this run's settings as theirs: only if they are the same")
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     p.set_defaults(func=run)

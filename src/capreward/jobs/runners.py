@@ -13,8 +13,8 @@ One runner per metric, built by ``ManifestScorer._build_<metric>``; the fields e
   writes ``alignment`` itself.
 - ``fleur``: ``fleur`` in [0, 1] and ``fleur.raw`` (videos judged on G-VEval's three-frame composite).
 - ``visce2``: ``visce2`` in [0, 100], ``visce2.raw`` (the rating answer) and ``visce2.context`` (the
-  visual context). Images only: a video row gets an error. An answer without an integer scores 0, as in
-  the paper, with the reason in ``errors``.
+  visual context). Images only: a video row gets an error, and so does an unreadable image (no fields).
+  An answer without an integer scores 0, as in the paper, with the reason in ``errors``.
 - ``gveval``: ``gveval`` in [0, 100] and ``gveval.raw``; with ACCR also ``gveval.accuracy``,
   ``gveval.completeness``, ``gveval.conciseness``, ``gveval.relevance`` (ACCR: videos only). Videos are
   judged on their three-frame composite.
@@ -41,6 +41,7 @@ from typing import Callable
 
 from ..backbones.clip_loading import DEFAULT_CLIP
 from ..media.errors import MediaError
+from ..media.images import describe
 from .manifest import ManifestRow
 
 logger = logging.getLogger(__name__)
@@ -239,6 +240,9 @@ class ManifestScorer:
                 return out
             res = scorer.score([rows[i].caption for i in idx], [rows[i].path for i in idx])
             for pos, i in enumerate(idx):
+                if (visual := visual_error(rows[i], pos, res.error[pos])) is not None:
+                    out[i] = {"_error": visual}
+                    continue
                 out[i] = {"visce2": finite_or_none(float(res.score[pos])), "visce2.raw": res.raw[pos],
                           "visce2.context": res.context[pos]}
                 if res.error[pos]:
@@ -274,6 +278,9 @@ class ManifestScorer:
                 res = scorer.score([rows[i].caption for i in idx],
                                    references=[rows[i].references for i in idx] if needs_refs else None, **visual)
                 for pos, i in enumerate(idx):
+                    if (visual := visual_error(rows[i], pos, res.error[pos])) is not None:
+                        out[i] = {"_error": visual}
+                        continue
                     out[i] = {"gveval": finite_or_none(float(res.score[pos])), "gveval.raw": res.raw[pos]}
                     if accr:
                         for name in ACCR_MARKERS:
@@ -352,6 +359,17 @@ def row_error(row: ManifestRow, exc: Exception) -> str:
         return f"{name}: {exc.problem} ({row.path})"
     reason = f"{type(exc).__name__}: {exc}"
     return reason if name in str(exc) else f"{name}: {reason}"
+
+
+def visual_error(row: ManifestRow, pos: int, error: str | None) -> str | None:
+    """The row's error when a scorer that reports unreadable visuals per item (VisCE², G-VEval) says
+    item ``pos`` of its batch (``row``) could not be loaded: ``"row '<id>': <problem> (<path>)"``, the
+    same text as for the other metrics and independent of where the row sat in its batch; None for no
+    error or another one."""
+    prefix = f"{describe(row.path, pos)}: "
+    if not error or not error.startswith(prefix):
+        return None
+    return row_error(row, MediaError(prefix[:-2], error[len(prefix):]))
 
 
 def isolate_errors(run, rows: list[ManifestRow], metric: str) -> list[dict]:

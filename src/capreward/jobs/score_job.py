@@ -1,5 +1,6 @@
-"""Run a scoring job over a manifest: lock the results file, fix the job's idf, skip rows already in the
-output, score the rest in batches, append each batch durably, show progress (rate and ETA) on stderr."""
+"""Run a scoring job over a manifest: lock the results file, check or record the job's scoring settings,
+fix its idf, skip rows already in the output, score the rest in batches, append each batch durably, show
+progress (rate and ETA) on stderr."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from .manifest import ManifestRow, read_manifest
 from .output_lock import exclusive_output
 from .results_file import ResultsWriter, read_results, recover, write_csv
 from .runners import ManifestScorer, ScoreOptions
+from .settings_file import job_settings
 
 #: Metrics that weigh tokens by idf (they share the job's one idf table).
 IDF_METRICS = ("emscore", "hallucination")
@@ -26,8 +28,13 @@ def batches(rows: list[ManifestRow], size: int):
 def pending_rows(manifest: str | Path, out: str | Path) -> tuple[list[ManifestRow], list[ManifestRow]]:
     """(all manifest rows, the rows not yet in ``out``); repairs a torn last line of ``out``."""
     rows = read_manifest(manifest)
+    return rows, unscored(rows, out)
+
+
+def unscored(rows: list[ManifestRow], out: str | Path) -> list[ManifestRow]:
+    """The rows not yet in ``out``; repairs a torn last line of ``out``."""
     done = recover(out)
-    return rows, [r for r in rows if r.id not in done]
+    return [r for r in rows if r.id not in done]
 
 
 def run_local(todo: list[ManifestRow], options: ScoreOptions, out: str | Path, progress: bool = True,
@@ -48,16 +55,23 @@ def run_local(todo: list[ManifestRow], options: ScoreOptions, out: str | Path, p
 
 
 def run_job(manifest: str | Path, out: str | Path, options: ScoreOptions, idf: str = "auto",
-            engine: str = "local", num_actors: int = 2, csv: str | Path | None = None, progress: bool = True) -> dict:
+            engine: str = "local", num_actors: int = 2, csv: str | Path | None = None, progress: bool = True,
+            accept_unrecorded_settings: bool = False) -> dict:
     """Score every manifest row not yet in ``out``; returns counts {total, skipped, written, errors}.
 
     Holds ``<out>.lock`` for the whole job (:class:`~capreward.jobs.output_lock.OutputLocked` if another
-    run holds it) and fixes the idf of emscore/hallucination per results file in ``<out>.idf.json``
+    run holds it), fixes the scoring settings per results file in ``<out>.settings.json``
+    (:class:`~capreward.jobs.settings_file.SettingsMismatch` if a resume would change one, or if ``out``
+    has rows but no record and not ``accept_unrecorded_settings``; checked before ``out`` is touched,
+    whatever the engine) and the idf of emscore/hallucination in ``<out>.idf.json``
     (:class:`~capreward.jobs.idf_file.IdfMismatch` if a resume would change it)."""
     if engine not in ("local", "ray"):
         raise ValueError(f"unknown engine {engine!r}; use 'local' or 'ray'")
     with exclusive_output(out):
-        rows, todo = pending_rows(manifest, out)
+        rows = read_manifest(manifest)  # a bad manifest is refused before anything is written
+        has_results = Path(out).is_file() and Path(out).stat().st_size > 0
+        job_settings(out, options, has_results=has_results, accept_unrecorded=accept_unrecorded_settings)
+        todo = unscored(rows, out)
         clip = []  # the CLIP backbone, loaded at most once: for the idf table and the local scorers
 
         def backbone():
@@ -73,7 +87,7 @@ def run_job(manifest: str | Path, out: str | Path, options: ScoreOptions, idf: s
             return idf_from_rows(backbone().context_rows(corpus), backbone().eot_id)
 
         if set(IDF_METRICS) & set(options.metrics):
-            has_results = Path(out).is_file() and Path(out).stat().st_size > 0
+            has_results = Path(out).is_file() and Path(out).stat().st_size > 0  # after a torn line's repair
             table = job_idf(out, choose_idf(idf, rows, manifest), has_results=has_results,
                             compute=compute_idf, clip_model=str(options.clip_model))
             options.idf_weights = None if table is None else table.weights

@@ -110,6 +110,10 @@ def parse_completion(completion: Any) -> ChatResponse:
     return ChatResponse(text=text, tokens=tuple(tokens), finish_reason=choice.finish_reason)
 
 
+#: The model OpenAIJudge asks for when none is named: the snapshot G-VEval's released scorer.py calls.
+DEFAULT_API_MODEL = "gpt-4o-2024-05-13"
+
+
 class OpenAIJudge:
     """A :class:`~capreward.judges.protocol.JudgeBackend` on an OpenAI-compatible chat-completions server.
 
@@ -128,7 +132,7 @@ class OpenAIJudge:
     def __init__(
         self,
         base_url: str | None = None,
-        model: str = "gpt-4o-2024-05-13",
+        model: str = DEFAULT_API_MODEL,
         *,
         api_key_env: str | None = "OPENAI_API_KEY",
         max_concurrency: int = 8,

@@ -1,0 +1,275 @@
+"""The scoring settings of a job, fixed per results file.
+
+The first run on a results file records in ``<out>.settings.json`` every setting that changes what its
+rows hold (:func:`scoring_settings`). A resume (the results file already has rows) compares its own
+settings with the record and is refused (:class:`SettingsMismatch`, naming each differing setting with
+its recorded and its new value) instead of writing rows scored by another model or with other options
+into the same file; the same settings resume as before.
+
+A results file with rows but no record (written before capreward recorded settings, or the record was
+deleted) is refused too, since nothing says how its rows were scored; ``accept_unrecorded=True``
+(``--accept-unrecorded-settings``) records this run's settings as theirs and resumes.
+
+The idf of emscore/hallucination is fixed separately, by ``<out>.idf.json``
+(:mod:`capreward.jobs.idf_file`): that record is a table other jobs can reuse (``--idf OUT.idf.json``),
+and this one only says how the rows were scored.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from .errors import JobError
+from .runners import CLIP_METRICS, ScoreOptions
+
+logger = logging.getLogger(__name__)
+
+RECORD_FORMAT = "capreward-settings/1"
+#: Judge metrics that may run on an OpenAI-compatible server instead of the local LLaVA.
+CHAT_METRICS = ("visce2", "gveval")
+#: A "model folder" with more files than this is refused (see model_identity): a listing stays bounded.
+MAX_MODEL_FILES = 10_000
+
+#: How each recorded setting is set on the command line (for the refusal message).
+FLAGS = {
+    "metrics": "--metrics",
+    "clip_model": "--clip-model",
+    "pac_model": "--pac-model",
+    "precision": "--precision",
+    "frames": "--frames",
+    "judge_model": "--judge-model",
+    "judge_dtype": "the local judge's dtype (float16 on CUDA, else float32: set by --device)",
+    "judge_base_url": "--judge-base-url",
+    "judge_api_model": "--judge-api-model",
+    "gveval_mode": "--gveval-mode",
+    "gveval_accr": "--gveval-accr",
+    "hallucination_threshold": "--hallucination-threshold",
+    "alignment": "--alignment",
+}
+
+
+class SettingsMismatch(JobError):
+    """A resume would score rows with other settings than the rows already in the results file."""
+
+
+def record_path(out: str | Path) -> Path:
+    out = Path(out)
+    return out.with_name(out.name + ".settings.json")
+
+
+def scoring_settings(options: ScoreOptions) -> dict[str, Any]:
+    """The settings of ``options`` that change a row's output, as JSON values keyed by ScoreOptions
+    field (plus ``judge_dtype``); a setting is included only when a chosen metric uses it, so changing
+    an unused one (``--clip-model`` of a FLEUR-only job) does not block a resume.
+
+    Included: ``metrics`` (as a sorted set: their order changes nothing); ``clip_model`` (CLIP metrics);
+    ``pac_model`` (pac_s); ``precision`` (``fp32`` for None) and ``frames`` (0: every frame, as
+    ``--frames 0``) for the CLIP-based metrics and pac_s (the judges see videos as G-VEval's three-frame
+    composite whatever ``frames`` says); ``judge_model`` and ``judge_dtype`` (the local LLaVA: fleur,
+    and visce2/gveval without a server); ``judge_base_url`` and ``judge_api_model`` (visce2/gveval on a
+    server; the model resolved to the backend's default when not given, and the URL because another
+    server may serve other weights under the same name); ``gveval_mode``, ``gveval_accr``;
+    ``hallucination_threshold`` (resolved to the library default when not given, so a changed default
+    shows); ``alignment`` (emscore/hallucination: it changes which fields a row holds, and a report over
+    rows with and without alignment would be inconsistent). Models on local disk are recorded with
+    :func:`model_identity`, so new weights at the same path count as another model.
+
+    Excluded: ``batch_size`` (a row never depends on its batch: tested per metric), ``device`` (a job
+    may go on on another machine or GPU; what the device decides by design, the local judge's default
+    dtype, is recorded as ``judge_dtype``, and what is left is the float arithmetic of other hardware,
+    which two separate runs on two devices differ by as well), and ``idf_weights``/``idf_default``
+    (fixed by ``<out>.idf.json``). The job's other options (``--engine``: the Ray and local engines
+    write the same rows, tested; ``--num-actors``, ``--no-progress``, ``--csv``) are not ScoreOptions
+    and do not change a row.
+    """
+    used = set(options.metrics)
+    settings: dict[str, Any] = {"metrics": sorted(used)}
+    if used & set(CLIP_METRICS):
+        settings["clip_model"] = model_identity(options.clip_model, open_clip=True)
+    if "pac_s" in used:
+        settings["pac_model"] = model_identity(options.pac_model, open_clip=True) if options.pac_model else None
+    if used & {*CLIP_METRICS, "pac_s"}:
+        settings["precision"] = options.precision or "fp32"
+        settings["frames"] = options.frames if options.frames is not None else 0
+    if "fleur" in used or (used & set(CHAT_METRICS) and not options.remote_judge):
+        from ..judges.loading import resolve_device, resolve_dtype
+
+        settings["judge_model"] = model_identity(options.judge_model)
+        settings["judge_dtype"] = str(resolve_dtype(None, resolve_device(options.device))).removeprefix("torch.")
+    if used & set(CHAT_METRICS) and options.remote_judge:
+        from ..judges.remote import DEFAULT_API_MODEL
+
+        settings["judge_base_url"] = options.judge_base_url  # None: OpenAI's API
+        settings["judge_api_model"] = options.judge_api_model or DEFAULT_API_MODEL
+    if "gveval" in used:
+        settings["gveval_mode"] = options.gveval_mode
+        settings["gveval_accr"] = bool(options.gveval_accr)
+    if "hallucination" in used:
+        from ..rewards.hallucination import DEFAULT_THRESHOLD
+
+        threshold = options.hallucination_threshold
+        settings["hallucination_threshold"] = float(DEFAULT_THRESHOLD if threshold is None else threshold)
+    if used & {"emscore", "hallucination"}:
+        settings["alignment"] = bool(options.alignment)
+    return settings
+
+
+def local_model_path(spec: str, open_clip: bool = False) -> tuple[str | None, Path] | None:
+    """``(architecture or None, path)`` when model ``spec`` names weights on local disk: a file or
+    folder, or with ``open_clip`` (a CLIP specification) also ``local-dir:PATH`` or ``ARCH/PATH`` /
+    ``ARCH//PATH``; None for a hub name or tag."""
+    path = Path(spec).expanduser()
+    if path.exists():
+        return None, path
+    if not open_clip or spec.startswith("hf-hub:"):
+        return None
+    if spec.startswith("local-dir:"):
+        return None, Path(spec.removeprefix("local-dir:")).expanduser()
+    arch, sep, rest = spec.partition("/")
+    if sep and rest and Path(rest).expanduser().exists():
+        return arch, Path(rest).expanduser()
+    return None
+
+
+def model_identity(spec: str | os.PathLike, open_clip: bool = False) -> str | dict[str, Any]:
+    """What identifies the model ``spec``: the name itself for a hub name or tag; for weights on local
+    disk (``open_clip``: ``spec`` is a CLIP specification, see :func:`local_model_path`), their absolute
+    path (symlinks not resolved) with the size and modification time (ns) of the
+    file, or for a folder its file count, total size, newest modification time and the SHA-256 of its
+    listing (each file's relative path, size and modification time; dot-files skipped).
+
+    Size and modification time rather than a hash of the content: checking costs one ``stat`` per file
+    however large the weights are (a 13B judge is 26 GB; hashing it all would add minutes to every run),
+    and every way of writing new weights (``torch.save``, ``save_pretrained``, a download, ``cp``) sets a
+    new modification time. A hash of a bounded prefix would be cheap too but misses exactly the case
+    that matters: a fine-tune that leaves the first layers alone (PAC-S's checkpoint has CLIP ViT-B/32's
+    size and token embedding) hashes the same. The price is on the safe side: a byte-identical copy
+    without its timestamps (``cp`` without ``-p``) or a ``touch`` counts as another model.
+    """
+    spec = os.fspath(spec)
+    local = local_model_path(spec, open_clip)
+    if local is None:
+        return spec
+    arch, path = local
+    identity: dict[str, Any] = {"path": os.path.abspath(path)}
+    if arch:
+        identity["architecture"] = arch
+    if path.is_dir():
+        listing = []
+        for root, dirs, files in os.walk(path):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            for name in sorted(f for f in files if not f.startswith(".")):
+                full = Path(root) / name
+                st = full.stat()
+                listing.append((full.relative_to(path).as_posix(), st.st_size, st.st_mtime_ns))
+                if len(listing) > MAX_MODEL_FILES:
+                    raise JobError(f"{spec}: more than {MAX_MODEL_FILES} files under a model folder; "
+                                   "point at the folder that holds the model's weights and config")
+        identity.update(
+            files=len(listing), bytes=sum(s for _, s, _ in listing),
+            mtime_ns=max((m for _, _, m in listing), default=0),
+            listing_sha256=hashlib.sha256(json.dumps(sorted(listing)).encode("utf-8")).hexdigest(),
+        )
+    else:
+        st = path.stat()
+        identity.update(bytes=st.st_size, mtime_ns=st.st_mtime_ns)
+    return identity
+
+
+def describe(value: Any) -> str:
+    """A recorded setting for people, as one would write it on the command line; a local model as
+    ``path (N bytes, modified <UTC time>)``."""
+    if isinstance(value, dict) and "path" in value:
+        when = dt.datetime.fromtimestamp(value["mtime_ns"] / 1e9, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        files = f"{value['files']} files, " if "files" in value else ""
+        arch = f"{value['architecture']}/" if "architecture" in value else ""  # ARCH//abs/path
+        return f"{arch}{value['path']} ({files}{value['bytes']} bytes, modified {when})"
+    if value is None:
+        return "none"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return ",".join(value)
+    return json.dumps(value, ensure_ascii=False)
+
+
+_UNUSED = object()  # a setting recorded on one side only
+
+
+def differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """One ``"<flag> was <old>, now <new>"`` per setting that differs (``not used`` where a setting is
+    recorded on one side only)."""
+    out = []
+    for key in [*recorded, *(k for k in current if k not in recorded)]:
+        old, new = recorded.get(key, _UNUSED), current.get(key, _UNUSED)
+        if old == new:
+            continue
+        old_text, new_text = (("not used" if v is _UNUSED else describe(v)) for v in (old, new))
+        if old_text == new_text:  # e.g. a folder whose listing changed but not its newest time
+            old_text, new_text = json.dumps(old), json.dumps(new)
+        out.append(f"{FLAGS.get(key, key)} was {old_text}, now {new_text}")
+    return out
+
+
+def read_record(path: Path) -> dict:
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise JobError(f"{path}: cannot read the settings record ({exc})") from None
+    if (not isinstance(record, dict) or record.get("format") != RECORD_FORMAT
+            or not isinstance(record.get("settings"), dict)):
+        raise JobError(f"{path}: not a settings record written by capreward score")
+    return record
+
+
+def write_record(path: Path, settings: dict[str, Any]) -> None:
+    """Write the record atomically (a temporary file renamed over ``path``); ``written_by`` is for
+    people only (a resume by another capreward version is not refused)."""
+    from .. import __version__
+
+    record = {"format": RECORD_FORMAT, "settings": settings, "written_by": f"capreward {__version__}"}
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        json.dump(record, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def job_settings(out: str | Path, options: ScoreOptions, has_results: bool, accept_unrecorded: bool = False) -> dict:
+    """Check ``options`` against the settings recorded for results file ``out`` and return them.
+
+    Without results in ``out``, records ``options``'s settings (replacing any record). With results:
+    the same settings pass; different ones raise :class:`SettingsMismatch` naming each; no record raises
+    it too, unless ``accept_unrecorded`` (then this run's settings are recorded as the rows', with a
+    warning). Nothing is written when it raises."""
+    path = record_path(out)
+    settings = scoring_settings(options)
+    if not has_results:
+        write_record(path, settings)
+        return settings
+    if not path.exists():
+        if not accept_unrecorded:
+            raise SettingsMismatch(
+                f"{out} already has results but no {path.name} recording the settings they were scored with "
+                "(written before capreward recorded them, or the record was removed); if this run uses the same "
+                "settings, pass --accept-unrecorded-settings to record them and resume, else score into a new --out"
+            )
+        logger.warning("%s: no settings record; recording this run's settings in %s as those of the rows already "
+                       "there (--accept-unrecorded-settings)", out, path)
+        write_record(path, settings)
+        return settings
+    diff = differences(read_record(path)["settings"], settings)
+    if diff:
+        raise SettingsMismatch(
+            f"{out} was scored with other settings than this run's (recorded in {path}): {'; '.join(diff)}; "
+            "rerun with the recorded settings to resume, or score into a new --out"
+        )
+    return settings
