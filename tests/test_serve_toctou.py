@@ -205,3 +205,16 @@ def test_a_real_server_scores_confined_files_and_keeps_no_descriptors(tiny_clip_
         assert len(os.listdir(fds)) <= baseline + 2
     finally:
         assert srv.stop() == 0
+
+
+def test_directories_on_the_way_need_search_permission_only(tree):
+    """As for an open by name: a directory the server may pass through but not list still serves."""
+    if os.geteuid() == 0:
+        pytest.skip("root reads any directory")
+    sub = tree["root"] / "sub"
+    label = parse_label({"image": "sub/a.png"}, paths=MediaPaths(tree["root"]))
+    sub.chmod(0o311)  # search and write, no read
+    try:
+        assert load_image(label.image).size == load_image(str(sub / "a.png")).size
+    finally:
+        sub.chmod(0o755)

@@ -33,7 +33,9 @@ _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 # a FIFO swapped in must not block the open; O_NOCTTY: a terminal never becomes ours
 _FILE_FLAGS = os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
-_DIR_FLAGS = os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC | _O_DIRECTORY
+# O_PATH (Linux): directories on the way need search permission only, as for an open by name; with
+# O_NOFOLLOW | O_DIRECTORY a symlink fails with ENOTDIR
+_DIR_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | _O_NOFOLLOW | _O_CLOEXEC | _O_DIRECTORY
 
 
 class FileRefused(OSError):
