@@ -20,7 +20,7 @@ from PIL import Image
 import capreward.adapters.verl as verl
 from capreward.adapters import RewardService, make_compute_score, parse_label
 from capreward.adapters.paths import REFUSED, MediaPaths
-from capreward.media import ConfinedFile, FileRefused, load_image, load_video, media_key
+from capreward.media import ConfinedFile, FileRefused, load_image, media_key
 from capreward.rewards import CLIPScoreReward, EMScoreReward
 
 from conftest import random_video, write_mp4
@@ -218,3 +218,9 @@ def test_directories_on_the_way_need_search_permission_only(tree):
         assert load_image(label.image).size == load_image(str(sub / "a.png")).size
     finally:
         sub.chmod(0o755)
+
+
+@pytest.mark.parametrize("relative", ["../outside/a.png", "/etc/passwd", "", "sub/../../x"])
+def test_a_confined_file_names_a_path_inside_its_root(tree, relative):
+    with pytest.raises(ValueError, match="inside the root"):
+        ConfinedFile(tree["root"], relative)

@@ -1,8 +1,8 @@
 """Loading and validating images.
 
 Accepted forms: a path (str or ``os.PathLike``), a :class:`~capreward.media.files.ConfinedFile` (a
-file opened only inside its root), a ``PIL.Image.Image``, a uint8 array of shape
-(H, W, 3), or a float tensor of shape (3, H, W) with values in [0, 1]. Everything is turned into an
+file opened only inside its root), a ``PIL.Image.Image``, a uint8 array of shape (H, W, 3), or a
+float tensor of shape (3, H, W) with values in [0, 1]. Everything is turned into an
 RGB ``PIL.Image`` so that every form goes through the same (CLIP or VLM) preprocessing and gives
 identical scores.
 
@@ -177,7 +177,12 @@ def opened_source(path: str | os.PathLike | ConfinedFile, name: str) -> Iterator
             fd = path.open_fd()
         except FileRefused as exc:
             raise MediaError(name, str(exc)) from None
-        with os.fdopen(fd, "rb") as f:
+        try:
+            f = os.fdopen(fd, "rb")
+        except BaseException:
+            os.close(fd)
+            raise
+        with f:
             yield f
         return
     p = Path(path)

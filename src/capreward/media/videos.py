@@ -1,9 +1,10 @@
 """Decoding, validating and sampling videos.
 
 Accepted forms: a path or a :class:`~capreward.media.files.ConfinedFile` (decoded with decord), a
-uint8 array or tensor of shape (T, H, W, 3), or a list of frames (PIL images or uint8 (H, W, 3) arrays). Frame sampling follows EMScore's VATEX-EVAL
-protocol by default: ``frames=10`` takes the frames at ``int(linspace(0, T-1, 10))``; ``frames=None``
-takes every frame; any other int k takes k frames by the same rule.
+uint8 array or tensor of shape (T, H, W, 3), or a list of frames (PIL images or uint8 (H, W, 3)
+arrays). Frame sampling follows EMScore's VATEX-EVAL protocol by default: ``frames=10`` takes the
+frames at ``int(linspace(0, T-1, 10))``; ``frames=None`` takes every frame; any other int k takes k
+frames by the same rule.
 """
 
 from __future__ import annotations
