@@ -160,3 +160,16 @@ def test_explain_gveval_reasons(tmp_path):
         else:
             assert row["gveval"] is None and row["errors"] == {"gveval": expected.error[k]}
     assert "The final score is $" in got[0]["explanation"]
+
+
+def test_explain_refuses_images_over_max_pixels(manifest, tiny_judge_path, tmp_path):
+    path, rows = manifest
+    out = tmp_path / "limited.jsonl"
+    proc = explain_cli(path, out, tiny_judge_path, "--max-pixels", "100")
+    assert proc.returncode == 0, proc.stderr
+    got = {r["id"]: r for r in read_rows(out)}
+    for r in rows:
+        error = got[r["id"]]["errors"]["fleur"]
+        assert got[r["id"]]["fleur"] is None and got[r["id"]]["explanation"] is None
+        assert r["image"] in error  # the item is named
+        assert ("does not exist" if r["id"] == "d" else "over the limit of 100 ") in error, error

@@ -23,6 +23,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from ..media.files import ConfinedFile
 from .paths import MediaPaths, PathRefused
 
 LABEL_KEYS = ("image", "images", "video", "references", "visual_id")
@@ -38,8 +39,8 @@ class Label:
     non-empty list of non-empty strings) and an optional cache id. ``error``: why the sample cannot
     be scored although the label is well formed (a refused path); such a sample gets the fallback."""
 
-    image: str | None = None
-    video: str | None = None
+    image: str | ConfinedFile | None = None  # ConfinedFile: a confined path, opened only inside its root
+    video: str | ConfinedFile | None = None
     references: list[str] | None = None
     visual_id: str | None = None
     error: str | None = None

@@ -22,8 +22,10 @@ file, empty completion, a path the server does not serve) gets ``fallback`` with
 Files: labels name files under the server's media root only (:mod:`capreward.adapters.paths`): every
 path is resolved, symlinks included, and must be a regular file inside the root; anything else (an
 absolute path elsewhere, ``..`` past the root, a symlink pointing out, a directory, a missing file)
-gets the fallback with one fixed reason that tells nothing about what is there. Without a media root
-every path is refused, unless the operator passes ``allow_any_path``.
+gets the fallback with one fixed reason that tells nothing about what is there. The file is opened inside
+the root too (:class:`~capreward.media.files.ConfinedFile`): a path component swapped for a symlink
+after the check gets the same refusal when the batch is scored. Without a media root every path is
+refused, unless the operator passes ``allow_any_path``.
 
 Limits (:class:`ServerLimits`): bodies need a ``Content-Length`` (missing: 411; negative, non-numeric
 or repeated with different values: 400; chunked bodies: 411) and bodies over ``max_body_bytes`` get

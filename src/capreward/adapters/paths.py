@@ -1,7 +1,10 @@
 """Which files a label may name: the confinement of client-named paths to a media root.
 
 A reward server reads the image or video a remote client names, so every such path is resolved
-(``..``, symlinks and all) and must land on a regular file inside the configured root. Every refusal
+(``..``, symlinks and all) and must land on a regular file inside the configured root. The check is
+repeated where it matters, at open time: a confined path is handed on as a
+:class:`~capreward.media.files.ConfinedFile`, which the loaders open without following any symlink and
+verify to be inside the root (a directory swapped for a symlink after the check is refused then). Every refusal
 reads the same (:data:`REFUSED`) whatever the reason (outside the root, absent, a directory, a device,
 a symlink pointing out, a NUL byte), so that a client learns nothing about the server's filesystem.
 
@@ -17,7 +20,7 @@ import os
 import re
 from pathlib import Path
 
-REFUSED = "not a file under the server's media root"
+from ..media.files import REFUSED, ConfinedFile
 NO_ROOT = "this server reads no files (it was started without a media root)"
 NOT_LOCAL = "URLs and inline data are not accepted; name a file under the server's media root"
 
@@ -53,12 +56,13 @@ class MediaPaths:
     def confined(self) -> bool:
         return not self.allow_any_path
 
-    def resolve(self, value: str) -> str:
-        """The path to open for a label's ``value``.
+    def resolve(self, value: str) -> str | ConfinedFile:
+        """What the loaders open for a label's ``value``.
 
-        Confined: the real path (symlinks resolved) of a regular file inside the root, else
-        :class:`PathRefused` with :data:`REFUSED` (or :data:`NO_ROOT` / :data:`NOT_LOCAL`).
-        Trusted mode: ``value`` with ``~`` expanded, joined to the root when relative.
+        Confined: a :class:`~capreward.media.files.ConfinedFile` of the real path (symlinks resolved)
+        of a regular file inside the root, opened only inside the root; else :class:`PathRefused` with
+        :data:`REFUSED` (or :data:`NO_ROOT` / :data:`NOT_LOCAL`). Trusted mode: the path ``value``
+        with ``~`` expanded, joined to the root when relative.
         """
         if _URL.match(value):
             raise PathRefused(NOT_LOCAL)
@@ -79,7 +83,7 @@ class MediaPaths:
             if isinstance(exc, PathRefused):
                 raise
             raise PathRefused(REFUSED) from None
-        return os.fspath(real)
+        return ConfinedFile(self.root, real.relative_to(self.root))
 
     def redact(self, text: str) -> str:
         """``text`` with the confined root's absolute location replaced by ``<media-root>`` (reasons

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..rewards.inputs import Columns
+from ..media.files import REFUSED
 from .labels import Label
 
 logger = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ def score_labelled(reward: Any, captions: Sequence[str], labels: Sequence[Label]
 
     Returns a :class:`ScoredBatch`; samples the reward cannot score get None and a reason, which is
     also logged. Labels with an ``error`` (a refused path) are not passed to the reward and get None
-    with that error. Raises ValueError when the lengths differ.
+    with that error; a file refused when it is opened gets the same text. Raises ValueError when the lengths differ.
     """
     if len(captions) != len(labels):
         raise ValueError(f"got {len(labels)} labels for {len(captions)} completions")
@@ -101,6 +102,9 @@ def score_labelled(reward: Any, captions: Sequence[str], labels: Sequence[Label]
     for i, v in enumerate(values):
         if v is not None and not math.isfinite(float(v)):
             values[i], reasons[i] = None, f"the reward returned {v}"
+        elif v is None and isinstance(reasons[i], str) and reasons[i].endswith(f": {REFUSED}"):
+            # refused when opened (swapped since the check): the text of a refusal at the check
+            reasons[i] = f"{'image' if labels[i].image is not None else 'video'}: {REFUSED}"
     bad = [i for i, v in enumerate(values) if v is None]
     if bad:
         logger.warning("%d/%d samples unscored: %s", len(bad), len(values),

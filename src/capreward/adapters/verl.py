@@ -24,7 +24,8 @@ Two ways to configure it:
   (see :meth:`capreward.adapters.factory.RewardOptions.from_env` for the model variables).
   ``CAPREWARD_MEDIA_ROOT`` confines the paths ``extra_info`` names to that directory (relative paths
   are resolved against it; absolute paths, ``..`` and symlinks that lead outside it, and anything
-  that is not a regular file get the fallback with one fixed reason); without it, paths are used
+  that is not a regular file get the fallback with one fixed reason, when the label is read and again
+  when the file is opened); without it, paths are used
   as given (the dataset is the operator's own). The reward is built once per worker process, on first
   call.
 - In your own reward file: ``compute_score = make_compute_score(EMScoreReward(model=..., idf=...))``.

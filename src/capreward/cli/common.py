@@ -1,9 +1,12 @@
-"""What every ``capreward`` sub-command shares: the help formatter, ``--device``, user errors."""
+"""What every ``capreward`` sub-command shares: the help formatter, ``--device``, the media size limits,
+user errors."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
+from typing import Iterator
 
 #: What to try when a model is missing, per flag (the tiny local models in capreward.testing).
 MODEL_HINTS = {
@@ -55,6 +58,45 @@ def add_device_option(parser: argparse.ArgumentParser) -> None:
     """The one ``--device`` option of every sub-command that runs a model."""
     parser.add_argument("--device", default="auto",
                         help="torch device: auto (cuda when a GPU is visible, else cpu), cpu, cuda, cuda:1, ...")
+
+
+def pixel_count(text: str) -> int:
+    """An argparse ``type``: a positive number of pixels (digits, ``_`` allowed as a separator)."""
+    try:
+        value = int(text.strip().replace("_", ""))
+    except ValueError:
+        value = 0
+    if value <= 0 or not text.strip().replace("_", "").isdigit():
+        raise argparse.ArgumentTypeError(f"invalid pixel count {text!r} (a positive integer, e.g. 33554432)")
+    return value
+
+
+def add_media_limit_options(parser: argparse.ArgumentParser) -> None:
+    """``--max-pixels`` and ``--max-video-pixels`` of every sub-command that reads images or videos;
+    defaults: the limits in force (``CAPREWARD_MAX_PIXELS`` / ``CAPREWARD_MAX_VIDEO_PIXELS``, else the
+    library's). Applied for the command's duration by :func:`media_limit_settings`."""
+    from ..media.limits import get_media_limits
+
+    limits = get_media_limits()
+    parser.add_argument("--max-pixels", type=pixel_count, default=limits.max_pixels, metavar="N",
+                        help="largest image or video frame (width x height) read; larger ones are refused, "
+                             "naming the item (JPEGs are decoded at a reduced scale instead when one fits)")
+    parser.add_argument("--max-video-pixels", type=pixel_count, default=limits.max_video_pixels, metavar="N",
+                        help="most pixels of the frames sampled from one video, all together")
+
+
+@contextlib.contextmanager
+def media_limit_settings(args: argparse.Namespace) -> Iterator[None]:
+    """Within the block: the media limits of ``args`` (when the command has the options), process-wide
+    (see :mod:`capreward.media.limits`); the previous limits after it."""
+    if getattr(args, "max_pixels", None) is None and getattr(args, "max_video_pixels", None) is None:
+        yield
+        return
+    from ..media.limits import media_limits
+
+    with media_limits(max_pixels=getattr(args, "max_pixels", None),
+                      max_video_pixels=getattr(args, "max_video_pixels", None)):
+        yield
 
 
 def plain_text(doc: str) -> str:

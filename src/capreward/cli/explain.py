@@ -18,7 +18,7 @@ import math
 import sys
 from typing import Callable
 
-from .common import add_device_option
+from .common import add_device_option, add_media_limit_options
 
 DESCRIPTION = """Writes one JSONL row per manifest row (resumable: rerun to continue, no row twice): id, caption,
 image/video, references (with --references), metric, the score under the metric's name (fleur / gveval,
@@ -171,6 +171,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--references", action="store_true", help="use the rows' references (RefFLEUR / G-VEval combined)")
     p.add_argument("--judge-model", default="llava-hf/llava-1.5-13b-hf", help="LLaVA hub name or local directory")
     add_device_option(p)
+    add_media_limit_options(p)
     p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"], help="default: float16 on GPU, float32 on CPU")
     p.add_argument("--batch-size", type=int, default=8, help="rows judged at once")
     p.add_argument("--max-new-tokens", type=int, default=512, help="length budget of an explanation")

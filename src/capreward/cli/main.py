@@ -2,7 +2,8 @@
 
 Each sub-command module exposes ``add_parser(subparsers)``, which registers its parser and sets
 ``func`` (taking the parsed arguments, returning an exit code). Shared here: the help formatter (every
-option shows its default), ``--version``, ``--no-progress`` on every sub-command, ``--device auto``
+option shows its default), ``--version``, ``--no-progress`` on every sub-command, ``--device auto``,
+the media limits of ``--max-pixels`` / ``--max-video-pixels`` for the command's duration
 and the translation of user errors (a missing model, a bad manifest) into one line and exit status 2.
 """
 
@@ -14,7 +15,7 @@ import importlib
 import os
 import sys
 
-from .common import MODEL_HINTS, CLIError, HelpFormatter, plain_text, resolve_device
+from .common import MODEL_HINTS, CLIError, HelpFormatter, media_limit_settings, plain_text, resolve_device
 
 SUBCOMMAND_MODULES = [
     "capreward.cli.demo",
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "device", None) is not None:
         args.device = resolve_device(args.device)
     try:
-        with progress_settings(show=not getattr(args, "no_progress", False)):
+        with progress_settings(show=not getattr(args, "no_progress", False)), media_limit_settings(args):
             return int(args.func(args) or 0)
     except Exception as exc:
         message = user_error_message(exc, parser, args)

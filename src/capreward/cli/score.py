@@ -42,7 +42,7 @@ import sys
 
 from ..backbones.clip_loading import DEFAULT_CLIP
 from ..jobs.runners import METRICS
-from .common import add_device_option, metric_list
+from .common import add_device_option, add_media_limit_options, metric_list
 
 
 def run(args: argparse.Namespace) -> int:
@@ -107,6 +107,7 @@ def add_parser(subparsers) -> None:
                         "Recorded in <out>.idf.json and reused on resume")
     p.add_argument("--frames", type=int, default=10, help="frames per video (0: all)")
     add_device_option(p)
+    add_media_limit_options(p)
     p.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"], help="CLIP precision")
     p.add_argument("--batch-size", type=int, default=64, help="rows scored at once")
     p.add_argument("--engine", default="local", choices=["local", "ray"],

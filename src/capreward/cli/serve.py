@@ -10,7 +10,7 @@ import threading
 
 from ..adapters.factory import ALIASES, REWARD_NAMES
 from ..backbones.clip_loading import DEFAULT_CLIP
-from .common import add_device_option, metric_name
+from .common import add_device_option, add_media_limit_options, metric_name
 
 
 def run(args: argparse.Namespace) -> int:
@@ -75,6 +75,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--frames", type=int, default=10, help="frames per video (0: all)")
     p.add_argument("--w", type=float, help="CLIP-S scale (default: 2.5)")
     add_device_option(p)
+    add_media_limit_options(p)
     p.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"], help="CLIP precision")
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"],
                    help="judge dtype for fleur (default: float16 on GPU, float32 on CPU)")

@@ -1,7 +1,9 @@
 """Scale-out scoring with a Ray Data actor pool: one model copy per actor (a GPU each when present).
 
 Results stream back to the driver, which appends them to the same resumable results file as the
-local engine, so an interrupted Ray job resumes the same way.
+local engine, so an interrupted Ray job resumes the same way. The actors run in other processes: each
+gets the driver's media limits (:func:`capreward.media.get_media_limits` when the job starts, e.g. from
+``--max-pixels``), so a row refused locally is refused the same way on Ray.
 """
 
 from __future__ import annotations
@@ -12,15 +14,21 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from ..media.limits import get_media_limits, set_media_limits
 from .manifest import ManifestRow
 from .results_file import ResultsWriter
 from .runners import ManifestScorer, ScoreOptions
 
 
 class ScoringActor:
-    """Ray Data callable class: builds the scorers once per actor, scores batches of rows."""
+    """Ray Data callable class: builds the scorers once per actor, scores batches of rows.
 
-    def __init__(self, options: dict):
+    ``limits``: the driver's :class:`~capreward.media.MediaLimits` as a dict, set in the actor's process
+    (its own import-time limits come from its environment, which need not be the driver's)."""
+
+    def __init__(self, options: dict, limits: dict | None = None):
+        if limits is not None:
+            set_media_limits(**limits)
         self.scorer = ManifestScorer(ScoreOptions(**options))
 
     def __call__(self, batch: dict) -> dict:
@@ -45,7 +53,7 @@ def run_ray(todo: list[ManifestRow], options: ScoreOptions, out: str | Path, num
     ds = ray.data.from_items([{"row": json.dumps(asdict(r))} for r in todo])
     scored = ds.map_batches(
         ScoringActor,
-        fn_constructor_kwargs={"options": asdict(options)},
+        fn_constructor_kwargs={"options": asdict(options), "limits": asdict(get_media_limits())},
         batch_size=options.batch_size,
         compute=ray.data.ActorPoolStrategy(size=num_actors),
         num_gpus=1 if use_gpu else 0,

@@ -1,7 +1,8 @@
 """Loading and validating images.
 
-Accepted forms: a path (str or ``os.PathLike``), a ``PIL.Image.Image``, a uint8 array of shape
-(H, W, 3), or a float tensor of shape (3, H, W) with values in [0, 1]. Everything is turned into an
+Accepted forms: a path (str or ``os.PathLike``), a :class:`~capreward.media.files.ConfinedFile` (a
+file opened only inside its root), a ``PIL.Image.Image``, a uint8 array of shape (H, W, 3), or a
+float tensor of shape (3, H, W) with values in [0, 1]. Everything is turned into an
 RGB ``PIL.Image`` so that every form goes through the same (CLIP or VLM) preprocessing and gives
 identical scores.
 
@@ -14,18 +15,20 @@ released CLIP transforms and VLM processors drop it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Iterator
 
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
 from .errors import MediaError
+from .files import ConfinedFile, FileRefused
 from .limits import MediaLimits, get_media_limits
 
-ImageLike = Any  # str | os.PathLike | PIL.Image.Image | np.ndarray | torch.Tensor
+ImageLike = Any  # str | os.PathLike | ConfinedFile | PIL.Image.Image | np.ndarray | torch.Tensor
 
 
 def describe(item: Any, index: int | None = None) -> str:
@@ -33,6 +36,8 @@ def describe(item: Any, index: int | None = None) -> str:
     prefix = f"item {index}" if index is not None else "input"
     if isinstance(item, (str, os.PathLike)):
         return f"{prefix} ({os.fspath(item)!r})"
+    if isinstance(item, ConfinedFile):
+        return f"{prefix} ({item.path!r})"
     if isinstance(item, (np.ndarray, torch.Tensor)):
         return f"{prefix} ({type(item).__name__} of shape {tuple(item.shape)})"
     if isinstance(item, Image.Image) and getattr(item, "filename", None):
@@ -162,8 +167,34 @@ def check_size(image: Image.Image, name: str, limits: MediaLimits | None = None)
     return image
 
 
+@contextlib.contextmanager
+def opened_source(path: str | os.PathLike | ConfinedFile, name: str) -> Iterator[Path | BinaryIO]:
+    """What PIL opens for a file item: a path, or for a :class:`ConfinedFile` a file object on its
+    confined descriptor (closed after the block). MediaError when the file is missing, not a file or
+    refused (the one text of :data:`~capreward.media.files.REFUSED`)."""
+    if isinstance(path, ConfinedFile):
+        try:
+            fd = path.open_fd()
+        except FileRefused as exc:
+            raise MediaError(name, str(exc)) from None
+        try:
+            f = os.fdopen(fd, "rb")
+        except BaseException:
+            os.close(fd)
+            raise
+        with f:
+            yield f
+        return
+    p = Path(path)
+    if not p.exists():
+        raise MediaError(name, "file does not exist")
+    if not p.is_file():
+        raise MediaError(name, "path is not a file")
+    yield p
+
+
 def open_image_file(
-    path: str | os.PathLike, name: str, keep_mode: bool = False, limits: MediaLimits | None = None
+    path: str | os.PathLike | ConfinedFile, name: str, keep_mode: bool = False, limits: MediaLimits | None = None
 ) -> Image.Image:
     """Read an image file, with a clear error when it is missing, unreadable, empty or too large.
 
@@ -171,13 +202,13 @@ def open_image_file(
     (see :func:`viewable`). Every failure of the decoder (PIL raises OSError, ValueError, SyntaxError,
     EOFError, DecompressionBombError and more on hostile files) becomes :class:`MediaError`.
     """
-    p = Path(path)
-    if not p.exists():
-        raise MediaError(name, "file does not exist")
-    if not p.is_file():
-        raise MediaError(name, "path is not a file")
+    with opened_source(path, name) as source:
+        return _decode_file(source, name, keep_mode, limits)
+
+
+def _decode_file(source: Path | BinaryIO, name: str, keep_mode: bool, limits: MediaLimits | None) -> Image.Image:
     try:
-        with Image.open(p) as im:
+        with Image.open(source) as im:
             check_size(im, name, limits)
             im.load()
             image = viewable(im, name)
@@ -187,9 +218,12 @@ def open_image_file(
     except Image.DecompressionBombError as exc:
         raise MediaError(name, f"image is too large to decode safely: {exc}") from exc
     except UnidentifiedImageError as exc:
-        raise MediaError(name, f"cannot read image: not an image file PIL can identify ({exc})") from exc
+        # PIL names a file object by its repr, which holds the descriptor's number: leave it out
+        detail = f" ({exc})" if isinstance(source, Path) else ""
+        raise MediaError(name, f"cannot read image: not an image file PIL can identify{detail}") from exc
     except Exception as exc:  # any other decoder failure on a malformed file
-        raise MediaError(name, f"cannot read image: {type(exc).__name__}: {exc}") from exc
+        text = str(exc) if isinstance(source, Path) else str(exc).replace(repr(source), "the file")
+        raise MediaError(name, f"cannot read image: {type(exc).__name__}: {text}") from exc
 
 
 def pil_image(image: Image.Image, name: str, keep_mode: bool = False, limits: MediaLimits | None = None) -> Image.Image:
@@ -214,7 +248,7 @@ def load_image(
     :func:`~capreward.media.limits.get_media_limits`) bounds the pixels decoded.
     """
     name = describe(item, index)
-    if isinstance(item, (str, os.PathLike)):
+    if isinstance(item, (str, os.PathLike, ConfinedFile)):
         return open_image_file(item, name, keep_mode, limits)
     if isinstance(item, Image.Image):
         return pil_image(item, name, keep_mode, limits)

@@ -1,7 +1,8 @@
 """Cache keys for visual inputs: an explicit id, or a key derived from the content.
 
 A path is keyed by its resolved location, size and modification time, so a cache hit never needs
-to decode the file; in-memory pixels are keyed by a BLAKE2 hash of their bytes.
+to decode the file (a :class:`~capreward.media.files.ConfinedFile` the same way, from ``fstat`` of its
+confined descriptor, never from the name); in-memory pixels are keyed by a BLAKE2 hash of their bytes.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from .files import ConfinedFile, FileRefused
 from .limits import get_media_limits
 
 
@@ -37,6 +39,13 @@ def media_key(item: Any, explicit_id: str | None = None) -> str | None:
         except OSError:
             return None
         return f"path:{path}:{st.st_size}:{st.st_mtime_ns}"
+    if isinstance(item, ConfinedFile):
+        try:
+            with item.opened() as fd:
+                st = os.fstat(fd)
+        except FileRefused:
+            return None  # loading it raises the refusal
+        return f"path:{item.path}:{st.st_size}:{st.st_mtime_ns}"
     if isinstance(item, torch.Tensor):
         item = item.detach().cpu().contiguous().numpy()
     if isinstance(item, np.ndarray):

@@ -1,9 +1,10 @@
 """Size limits on decoded media: what one image or one video may cost in memory.
 
 Every image and video reaches the scorers through :func:`capreward.media.load_image` and
-:func:`capreward.media.load_video`, which read the size from the file's header (images) or from the
-first decoded frame (videos; decord exposes no size before decoding) and refuse what exceeds the limits
-with a :class:`~capreward.media.MediaError` naming the item, before decoding the rest.
+:func:`capreward.media.load_video`, which read the size from the file's header (images; videos through
+``ffmpeg -i`` in a child process, see :mod:`capreward.media.probe`, then again from the first decoded
+frame) and refuse what exceeds the limits with a :class:`~capreward.media.MediaError` naming the item,
+before decoding (the rest).
 
 Defaults (see :class:`MediaLimits`):
 
@@ -20,7 +21,8 @@ Defaults (see :class:`MediaLimits`):
 The limits are process-wide: :func:`set_media_limits` changes them, the ``with media_limits(...)``
 context manager changes them temporarily, and the environment variables ``CAPREWARD_MAX_PIXELS`` and
 ``CAPREWARD_MAX_VIDEO_PIXELS`` set them at import (so reward servers, scoring jobs and Ray workers pick
-them up without code). PIL's own ``Image.MAX_IMAGE_PIXELS`` guard still applies above our limit.
+them up without code), and the ``--max-pixels`` / ``--max-video-pixels`` options of ``capreward score``,
+``serve`` and ``explain`` set them for the command (the Ray engine's actors get the driver's limits). PIL's own ``Image.MAX_IMAGE_PIXELS`` guard still applies above our limit.
 """
 
 from __future__ import annotations

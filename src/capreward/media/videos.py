@@ -1,26 +1,30 @@
 """Decoding, validating and sampling videos.
 
-Accepted forms: a path (decoded with decord), a uint8 array or tensor of shape (T, H, W, 3), or a
-list of frames (PIL images or uint8 (H, W, 3) arrays). Frame sampling follows EMScore's VATEX-EVAL
-protocol by default: ``frames=10`` takes the frames at ``int(linspace(0, T-1, 10))``; ``frames=None``
-takes every frame; any other int k takes k frames by the same rule.
+Accepted forms: a path or a :class:`~capreward.media.files.ConfinedFile` (decoded with decord), a
+uint8 array or tensor of shape (T, H, W, 3), or a list of frames (PIL images or uint8 (H, W, 3)
+arrays). Frame sampling follows EMScore's VATEX-EVAL protocol by default: ``frames=10`` takes the
+frames at ``int(linspace(0, T-1, 10))``; ``frames=None`` takes every frame; any other int k takes k
+frames by the same rule.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
 from PIL import Image
 
 from .errors import MediaError
+from .files import ConfinedFile, FileRefused, fd_path
 from .images import array_to_pil, check_size, describe, to_rgb
 from .limits import MediaLimits, get_media_limits
+from .probe import ProbeTimeout, header_frame_sizes
 
-VideoLike = Any  # str | os.PathLike | np.ndarray | torch.Tensor | Sequence[PIL.Image | np.ndarray]
+VideoLike = Any  # str | os.PathLike | ConfinedFile | np.ndarray | torch.Tensor | Sequence[PIL.Image | np.ndarray]
 
 DEFAULT_FRAMES = 10
 
@@ -39,17 +43,26 @@ def sample_indices(num_frames: int, frames: int | None = DEFAULT_FRAMES) -> np.n
     return np.linspace(0, num_frames - 1, frames).astype(np.int64)
 
 
-def decode_video_file(
-    path: str | os.PathLike, frames: int | None, name: str, limits: MediaLimits | None = None
-) -> np.ndarray:
-    """Decode only the sampled frames of a video file with decord; uint8 (k, H, W, 3).
-
-    decord exposes no frame size before decoding, so the first frame is decoded alone and its size
-    checked against ``max_pixels``, and k x H x W against ``max_video_pixels``, before the sampled
-    frames are decoded. Every decord failure (its DECORDError, RuntimeError, AssertionError on a zero
-    frame count...) becomes :class:`MediaError` naming the item.
-    """
-    limits = limits or get_media_limits()
+@contextlib.contextmanager
+def opened_video(path: str | os.PathLike | ConfinedFile, name: str) -> Iterator[tuple[str, int | None]]:
+    """``(what decord opens, descriptor or None)`` for a video file item, checked to be a non-empty
+    regular file. A :class:`ConfinedFile` is opened inside its root and read through ``/proc/self/fd/N``
+    (the descriptor is closed after the block); a path is read by name. MediaError naming the item
+    otherwise (a refused ConfinedFile with the one text of :data:`~capreward.media.files.REFUSED`)."""
+    if isinstance(path, ConfinedFile):
+        try:
+            fd = path.open_fd()
+        except FileRefused as exc:
+            raise MediaError(name, str(exc)) from None
+        try:
+            if os.fstat(fd).st_size == 0:
+                raise MediaError(name, "cannot decode video: the file is empty (0 bytes)")
+            through = fd_path(fd)
+            # no /proc (not Linux): the checked name, confined at the check only
+            yield (through, fd) if through is not None else (path.path, None)
+        finally:
+            os.close(fd)
+        return
     p = Path(path)
     if not p.exists():
         raise MediaError(name, "file does not exist")
@@ -57,43 +70,82 @@ def decode_video_file(
         raise MediaError(name, "path is not a file")
     if p.stat().st_size == 0:
         raise MediaError(name, "cannot decode video: the file is empty (0 bytes)")
-    try:
-        import decord
-    except ImportError as exc:  # pragma: no cover - decord is a hard dependency
-        raise MediaError(name, "decoding video files needs the 'decord' package") from exc
-    try:
-        reader = decord.VideoReader(os.fspath(p), ctx=decord.cpu(0))
-        total = len(reader)
-    except Exception as exc:  # decord raises DECORDError, RuntimeError, AssertionError (no frames)
-        raise MediaError(name, f"cannot decode video: {type(exc).__name__}: {_first_line(exc)}") from exc
-    if total <= 0:
-        raise MediaError(name, "video has zero frames")
-    indices = sample_indices(total, frames)
-    try:
-        first = reader.get_batch([0]).asnumpy()
-    except Exception as exc:
-        raise MediaError(name, f"cannot decode the first frame: {type(exc).__name__}: {_first_line(exc)}") from exc
-    if first.ndim != 4 or first.shape[0] != 1:
-        raise MediaError(name, f"cannot decode the first frame: decord returned shape {tuple(first.shape)}")
-    height, width = first.shape[1], first.shape[2]
+    yield os.fspath(p), None
+
+
+def _check_frame_size(width: int, height: int, count: int, name: str, limits: MediaLimits) -> None:
+    """MediaError when one ``width`` x ``height`` frame is over ``max_pixels`` or ``count`` of them over
+    ``max_video_pixels``."""
     if height * width > limits.max_pixels:
         raise MediaError(
             name,
             f"video frames are {width}x{height} = {width * height:,} pixels, over the limit of "
             f"{limits.max_pixels:,} (max_pixels; see capreward.media.limits)",
         )
-    if len(indices) * height * width > limits.max_video_pixels:
+    if count * height * width > limits.max_video_pixels:
         raise MediaError(
             name,
-            f"{len(indices)} frames of {width}x{height} are {len(indices) * height * width:,} pixels, over the "
+            f"{count} frames of {width}x{height} are {count * height * width:,} pixels, over the "
             f"limit of {limits.max_video_pixels:,} (max_video_pixels; sample fewer frames or raise the limit)",
         )
+
+
+def decode_video_file(
+    path: str | os.PathLike | ConfinedFile, frames: int | None, name: str, limits: MediaLimits | None = None
+) -> np.ndarray:
+    """Decode only the sampled frames of a video file with decord; uint8 (k, H, W, 3).
+
+    Sizes are checked before anything is decoded in this process: the frame size every video stream
+    declares in the container header (read by ffmpeg in a child process, see
+    :mod:`capreward.media.probe`) against ``max_pixels``, and k x H x W against ``max_video_pixels``.
+    The first decoded frame is checked again (a bitstream may differ from its header, and without an
+    ffmpeg binary it is the only check) before the other sampled frames are decoded. Every decord
+    failure (its DECORDError, RuntimeError, AssertionError on a zero frame count...) becomes
+    :class:`MediaError` naming the item.
+    """
+    limits = limits or get_media_limits()
+    with opened_video(path, name) as (source, fd):
+        try:
+            declared = header_frame_sizes(source, pass_fd=fd, max_pixels=limits.max_pixels)
+        except ProbeTimeout as exc:
+            raise MediaError(name, f"cannot read the video's header: {exc}") from None
+        for width, height in declared or ():
+            _check_frame_size(width, height, 1, name, limits)
+        return _decode_frames(source, frames, name, limits, declared)
+
+
+def _decode_frames(source: str, frames: int | None, name: str, limits: MediaLimits,
+                   declared: list[tuple[int, int]] | None) -> np.ndarray:
     try:
-        array = first if indices.tolist() == [0] else reader.get_batch(indices.tolist()).asnumpy()
-    except Exception as exc:
-        raise MediaError(
-            name, f"cannot decode frames {_short(indices)} of {total}: {type(exc).__name__}: {_first_line(exc)}"
-        ) from exc
+        import decord
+    except ImportError as exc:  # pragma: no cover - decord is a hard dependency
+        raise MediaError(name, "decoding video files needs the 'decord' package") from exc
+    try:
+        reader = decord.VideoReader(source, ctx=decord.cpu(0))
+        total = len(reader)
+    except Exception as exc:  # decord raises DECORDError, RuntimeError, AssertionError (no frames)
+        raise MediaError(name, f"cannot decode video: {type(exc).__name__}: {_first_line(exc)}") from exc
+    try:
+        if total <= 0:
+            raise MediaError(name, "video has zero frames")
+        indices = sample_indices(total, frames)
+        for width, height in declared or ():
+            _check_frame_size(width, height, len(indices), name, limits)
+        try:
+            first = reader.get_batch([0]).asnumpy()
+        except Exception as exc:
+            raise MediaError(name, f"cannot decode the first frame: {type(exc).__name__}: {_first_line(exc)}") from exc
+        if first.ndim != 4 or first.shape[0] != 1:
+            raise MediaError(name, f"cannot decode the first frame: decord returned shape {tuple(first.shape)}")
+        _check_frame_size(first.shape[2], first.shape[1], len(indices), name, limits)
+        try:
+            array = first if indices.tolist() == [0] else reader.get_batch(indices.tolist()).asnumpy()
+        except Exception as exc:
+            raise MediaError(
+                name, f"cannot decode frames {_short(indices)} of {total}: {type(exc).__name__}: {_first_line(exc)}"
+            ) from exc
+    finally:
+        del reader  # decord closes its own handle on the file now, not at some later collection
     return validate_frame_array(array, name)
 
 
@@ -155,7 +207,7 @@ def load_video(
     name = describe(item, index)
     if item is None:
         raise MediaError(name, "video is missing (None)")
-    if isinstance(item, (str, os.PathLike)):
+    if isinstance(item, (str, os.PathLike, ConfinedFile)):
         return decode_video_file(item, frames, name, limits)
     if isinstance(item, torch.Tensor):
         if item.dtype != torch.uint8:
