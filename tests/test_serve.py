@@ -246,3 +246,52 @@ def test_composite_service_equals_the_composite_called_directly(tiny_clip_path, 
     assert answer["rewards"][2] == -3.0 and answer["errors"][2] == f"video: {REFUSED}"
     assert answer["extra_logs"]["guard/repetition"][1] < 0  # the repeated caption is penalised
     assert {"emscore", "clipscore", "hallucination"} <= set(answer["extra_logs"])
+
+
+def _accept_queue_length(port: int) -> int | None:
+    """Connections waiting in the kernel's accept queue of the listening socket on 127.0.0.1:``port``
+    (Linux's /proc/net/tcp: rx_queue of a LISTEN entry), None where that file does not exist."""
+    try:
+        lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        if fields[1] == f"0100007F:{port:04X}" and fields[3] == "0A":
+            return int(fields[4].split(":")[1], 16)
+    return None
+
+
+def test_a_burst_of_connections_waits_in_the_backlog_and_is_served(tiny_clip_path, media):
+    """40 workers connecting at once, before the server accepts any: all wait in the kernel's accept
+    queue (socketserver's default backlog of 5 kept 6 and made the kernel drop the others' handshakes:
+    connection resets under load), then every one is answered."""
+    import socket
+
+    server = make_server(CLIPScoreReward(model=str(tiny_clip_path)), "127.0.0.1", 0, media_root=str(media),
+                         limits=ServerLimits(max_connections=64))
+    port = server.server_address[1]
+    clients = []
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    try:
+        for _ in range(40):
+            clients.append(socket.create_connection(("127.0.0.1", port), timeout=60))
+        waiting = _accept_queue_length(port)
+        if waiting is None:
+            pytest.skip("no /proc/net/tcp on this system")
+        assert waiting == 40
+        thread.start()
+        for sock in clients:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        for sock in clients:
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 200")
+    finally:
+        for sock in clients:
+            sock.close()
+        if thread.is_alive():
+            server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)

@@ -371,6 +371,10 @@ class RewardHTTPServer(ThreadingHTTPServer):
     block_on_close = False
 
     def __init__(self, address: tuple[str, int], service: RewardService):
+        # the listen backlog: socketserver's 5 overflows when RL workers connect at once (16 clients
+        # made Linux drop handshakes and reset connections); every allowed connection must fit, and a
+        # connection over the limit is better answered 503 than dropped by the kernel
+        self.request_queue_size = max(128, service.limits.max_connections)
         super().__init__(address, _Handler)
         self.service = service
         limits = service.limits
