@@ -1,8 +1,9 @@
 """The reward server's dynamic batching: requests/s and latency with batching on and off.
 
 Starts ``capreward serve`` as a subprocess on 127.0.0.1 twice — with ``--max-batch-size 0`` (every
-request scored alone, at most ``--max-concurrent`` at once: the server as it was before batching) and
-with batching on (``--max-batch-size``/``--max-wait-ms``) — and drives each with 8..32 concurrent
+request scored alone, at most ``--max-concurrent`` (4) at once: the server as it was before batching) and
+with batching on (``--max-batch-size``/``--max-wait-ms``, one batch scored at a time unless
+``--on-max-concurrent`` says otherwise) — and drives each with 8..32 concurrent
 loopback clients (keep-alive connections), each sending requests of ``--samples`` captions about one
 image (a GRPO group's shape), as OpenRLHF's workers do. Printed per client count: requests/s, p50 and
 p99 latency of the best of ``--repeats`` interleaved runs, the throughput ratio on/off, and whether
@@ -115,7 +116,7 @@ def identical(a: list[list[dict]], b: list[list[dict]]) -> tuple[bool, float]:
 
 def batching_ceiling(reward_name: str, model: str, media_root: Path, images: list[str], samples: int,
                      max_batch_size: int, repeats: int) -> dict:
-    """Requests/s of the server's scoring path in this process, without HTTP: 32 requests of ``samples``
+    """Requests/s of the server's scoring path in this process, without HTTP: 64 requests of ``samples``
     captions scored alone (one call each) and merged (calls of ``max_batch_size`` samples), best of
     ``repeats`` interleaved rounds on new captions each round (answers are compared between the two
     servers, whose caches are separate, not here)."""
@@ -127,7 +128,7 @@ def batching_ceiling(reward_name: str, model: str, media_root: Path, images: lis
     per_call = max(1, max_batch_size // samples)
 
     def parsed(seed: int) -> list[tuple[list[str], list]]:
-        return [service.parse(p) for c in make_payloads(16, 2, samples, images, seed) for p in c]
+        return [service.parse(p) for c in make_payloads(16, 4, samples, images, seed) for p in c]
 
     for captions, labels in parsed(7):  # visual cache and lazy state warm, as in the servers
         service.score(captions, labels)
@@ -173,12 +174,11 @@ def main() -> None:
     parser.add_argument("--max-batch-size", type=int, default=64)
     parser.add_argument("--max-wait-ms", type=float, default=5.0)
     parser.add_argument("--max-concurrent", type=int, default=4, help="of the server with batching off")
-    parser.add_argument("--on-max-concurrent", type=int, help="of the server with batching on (default: --max-concurrent)")
+    parser.add_argument("--on-max-concurrent", type=int,
+                        help="of the server with batching on (default: the server's, 1 with batching)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per setting (interleaved); the best is shown")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    if args.on_max_concurrent is None:
-        args.on_max_concurrent = args.max_concurrent
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -193,9 +193,10 @@ def main() -> None:
         images = make_images(root / "media", args.images)
         common = ["--reward", args.reward, "--clip-model", model, "--media-root", str(root / "media"),
                   "--max-connections", str(max(args.clients) + 8)]
+        on_workers = [] if args.on_max_concurrent is None else ["--max-concurrent", str(args.on_max_concurrent)]
         modes = {"off": ["--max-batch-size", "0", "--max-concurrent", str(args.max_concurrent)],
                  "on": ["--max-batch-size", str(args.max_batch_size), "--max-wait-ms", str(args.max_wait_ms),
-                        "--max-concurrent", str(args.on_max_concurrent)]}
+                        *on_workers]}
         rows = []
         answers: dict[tuple[str, int], list] = {}
         servers = {mode: Server(common + flags) for mode, flags in modes.items()}
@@ -236,7 +237,8 @@ def main() -> None:
         return
     print(f"reward {args.reward}, model {args.clip_model or 'tiny CLIP'}, {args.samples} samples/request, "
           f"{args.requests} requests/client, batching on = --max-batch-size {args.max_batch_size} "
-          f"--max-wait-ms {args.max_wait_ms} --max-concurrent {args.on_max_concurrent}, batching off = --max-concurrent "
+          f"--max-wait-ms {args.max_wait_ms} --max-concurrent {args.on_max_concurrent or '1 (default)'}, batching off = "
+          f"--max-batch-size 0 --max-concurrent "
           f"{args.max_concurrent}, best of {args.repeats}")
     print(f"{'clients':>7} {'mode':>4} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'on/off':>7} identical")
     for clients in args.clients:
@@ -244,7 +246,7 @@ def main() -> None:
             r = by[mode, clients]
             extra = f" {r['speedup']:6.2f}x {r['identical']} (max diff {r['max_abs_diff']:.1e})" if mode == "on" else ""
             print(f"{clients:>7} {mode:>4} {r['requests_per_s']:8.1f} {r['p50_ms']:8.1f} {r['p99_ms']:8.1f}{extra}")
-    print(f"ceiling of batching here (this process, no HTTP, same scorer): 32 requests of {args.samples} captions "
+    print(f"ceiling of batching here (this process, no HTTP, same scorer): 64 requests of {args.samples} captions "
           f"scored alone {ceiling['alone_requests_per_s']:.1f} req/s, merged into calls of {args.max_batch_size} "
           f"{ceiling['merged_requests_per_s']:.1f} req/s: {ceiling['ceiling']:.2f}x at most (target >= 3x at 16 "
           f"clients)")

@@ -228,6 +228,22 @@ def test_batched_http_server_in_process_matches_unbatched(reward, media):
         assert on["errors"] == off["errors"] and on["extra_logs"].keys() == off["extra_logs"].keys()
 
 
+def test_scoring_workers_default_to_one_with_batching_and_four_without(reward, media):
+    """A merged batch already keeps every core busy, so batching scores one batch at a time unless told
+    otherwise; without merging, four requests are scored at once as before."""
+    assert ServerLimits().max_concurrent == 1
+    assert ServerLimits(max_batch_size=0).max_concurrent == 4
+    assert ServerLimits(max_concurrent=3).max_concurrent == 3
+    for limits, workers in ((ServerLimits(), 1), (ServerLimits(max_batch_size=0), 4),
+                            (ServerLimits(max_concurrent=2), 2)):
+        server = make_server(reward, media_root=str(media), limits=limits)
+        try:
+            assert server.batcher.workers == workers and len(server.batcher._threads) == workers
+        finally:
+            server.server_close()
+            server.batcher.close(10)
+
+
 def test_scored_batch_slices_keep_metrics_aligned():
     from capreward.adapters.batching import slice_batch
 

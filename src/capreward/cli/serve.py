@@ -86,7 +86,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--fallback", type=float, default=0.0, help="reward of a sample that cannot be scored")
     p.add_argument("--max-body-bytes", type=int, default=16 * 1024 * 1024, help="larger requests get 413")
     p.add_argument("--max-items", type=int, default=4096, help="more queries per request get 413")
-    p.add_argument("--max-concurrent", type=int, default=4, help="batches scored at once (each in its own thread); others wait")
+    p.add_argument("--max-concurrent", type=int, default=None,
+                   help="batches scored at once, each in its own thread; others wait (default: 1 with batching, as a "
+                   "merged batch already uses every core; 4 with --max-batch-size 0). Raise it when requests differ "
+                   "much in size, so that one slow batch does not stall the others")
     p.add_argument("--queue-timeout", type=float, default=120.0, help="seconds a request waits for its batch to start before 503")
     p.add_argument("--read-timeout", type=float, default=30.0,
                    help="seconds a whole request (headers and body) may take to arrive; idle connections are closed after it")
