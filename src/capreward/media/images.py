@@ -167,16 +167,22 @@ def check_size(image: Image.Image, name: str, limits: MediaLimits | None = None)
     return image
 
 
+def confined_descriptor(file: ConfinedFile, name: str) -> int:
+    """A read-only descriptor of ``file`` opened inside its root (the caller closes it); MediaError naming
+    the item ``name`` with the one text of :data:`~capreward.media.files.REFUSED` when it is refused."""
+    try:
+        return file.open_fd()
+    except FileRefused as exc:
+        raise MediaError(name, str(exc)) from None
+
+
 @contextlib.contextmanager
 def opened_source(path: str | os.PathLike | ConfinedFile, name: str) -> Iterator[Path | BinaryIO]:
     """What PIL opens for a file item: a path, or for a :class:`ConfinedFile` a file object on its
     confined descriptor (closed after the block). MediaError when the file is missing, not a file or
     refused (the one text of :data:`~capreward.media.files.REFUSED`)."""
     if isinstance(path, ConfinedFile):
-        try:
-            fd = path.open_fd()
-        except FileRefused as exc:
-            raise MediaError(name, str(exc)) from None
+        fd = confined_descriptor(path, name)
         try:
             f = os.fdopen(fd, "rb")
         except BaseException:

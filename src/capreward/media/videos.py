@@ -19,8 +19,8 @@ import torch
 from PIL import Image
 
 from .errors import MediaError
-from .files import ConfinedFile, FileRefused, fd_path
-from .images import array_to_pil, check_size, describe, to_rgb
+from .files import ConfinedFile, fd_path
+from .images import array_to_pil, check_size, confined_descriptor, describe, to_rgb
 from .limits import MediaLimits, get_media_limits
 from .probe import ProbeTimeout, header_frame_sizes
 
@@ -50,10 +50,7 @@ def opened_video(path: str | os.PathLike | ConfinedFile, name: str) -> Iterator[
     (the descriptor is closed after the block); a path is read by name. MediaError naming the item
     otherwise (a refused ConfinedFile with the one text of :data:`~capreward.media.files.REFUSED`)."""
     if isinstance(path, ConfinedFile):
-        try:
-            fd = path.open_fd()
-        except FileRefused as exc:
-            raise MediaError(name, str(exc)) from None
+        fd = confined_descriptor(path, name)
         try:
             if os.fstat(fd).st_size == 0:
                 raise MediaError(name, "cannot decode video: the file is empty (0 bytes)")
