@@ -8,6 +8,11 @@ answer (``<metric>.raw``), ``explanation`` (null when there is no score to expla
 Metrics: ``fleur`` (FLEUR, or RefFLEUR with ``--references``: the score, then the follow-up question
 "Why? Tell me the reason.") and ``gveval`` (G-VEval: the judge writes its reasoning before the score;
 that reasoning is the explanation). Each is an :class:`Explainer` in :data:`EXPLAINERS`.
+
+The settings that change an explanation are fixed per output file as ``capreward score``'s are
+(:func:`explanation_settings`, recorded in ``<out>.settings.json`` by
+:func:`capreward.jobs.settings_file.check_settings`): a resume with any of them different is refused,
+naming each, and an output with rows but no record needs ``--accept-unrecorded-settings``.
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ import argparse
 import json
 import math
 import sys
-from typing import Callable
+from pathlib import Path
+from typing import Any, Callable
 
 from .common import add_device_option, add_media_limit_options
 
@@ -27,7 +33,24 @@ score to explain) and errors.
 
 Metrics: fleur (FLEUR, or RefFLEUR with --references: the score, then the follow-up question "Why? Tell
 me the reason.") and gveval (G-VEval: the judge writes its reasoning before the score; that reasoning is
-the explanation)."""
+the explanation).
+
+The settings that change an explanation are fixed per output file: the first run records them (metric,
+references, the judge model and its files' size and time, dtype, max new tokens, media limits; not the
+batch size, device or progress) in <out>.settings.json, and a resume with any of them different is
+refused, naming each; an output with rows but no settings record (from before they were recorded) is
+refused unless --accept-unrecorded-settings."""
+
+#: How each setting in explain's settings record is set on the command line (for the refusal message).
+EXPLAIN_FLAGS = {
+    "metric": "--metric",
+    "references": "--references",
+    "judge_model": "--judge-model",
+    "judge_dtype": "--dtype",
+    "max_new_tokens": "--max-new-tokens",
+    "max_pixels": "--max-pixels",
+    "max_video_pixels": "--max-video-pixels",
+}
 
 Explainer = Callable[[list], list[dict]]  # manifest rows -> one result dict per row
 
@@ -109,23 +132,62 @@ EXPLAINERS: dict[str, Callable[[argparse.Namespace], Explainer]] = {
 }
 
 
+def explanation_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings of ``args`` that change an explanation, as JSON values: ``metric``; ``references``
+    (RefFLEUR / G-VEval's combined mode instead of the reference-free prompt); ``judge_model`` (a hub name
+    as given, weights on local disk by :func:`~capreward.jobs.settings_file.model_identity`: path, size
+    and modification time, so new weights at the same path count as another judge); ``judge_dtype``
+    (``--dtype`` resolved: float16 on CUDA, else float32, when not given); ``max_new_tokens`` (where an
+    explanation is cut); ``max_pixels`` and ``max_video_pixels`` (the limits in force: they decide which
+    rows are refused, and a JPEG over ``max_pixels`` is decoded at a reduced scale, which the judge sees).
+
+    Excluded: ``--batch-size`` (a row never depends on its batch), ``--device`` (a job may go on on
+    another machine; the dtype it implies is recorded, what is left is other hardware's float
+    arithmetic), ``--no-progress``, and the manifest and ``--out`` themselves."""
+    from ..judges.loading import resolve_device, resolve_dtype
+    from ..jobs.settings_file import model_identity
+    from ..media.limits import get_media_limits
+    from .common import resolve_device as resolve_auto
+
+    limits = get_media_limits()  # main() sets --max-pixels / --max-video-pixels for the command
+    return {
+        "metric": args.metric,
+        "references": bool(args.references),
+        "judge_model": model_identity(args.judge_model),
+        "judge_dtype": str(resolve_dtype(args.dtype, resolve_device(resolve_auto(args.device)))).removeprefix("torch."),
+        "max_new_tokens": int(args.max_new_tokens),
+        "max_pixels": limits.max_pixels,
+        "max_video_pixels": limits.max_video_pixels,
+    }
+
+
 def explain_manifest(args: argparse.Namespace) -> dict:
     """Explain every manifest row not yet in ``args.out`` (holding the output's writer lock, as
-    ``capreward score`` does); returns counts {total, skipped, written, errors}."""
+    ``capreward score`` does); returns counts {total, skipped, written, errors}.
+
+    The manifest is read first (a bad one is refused before anything is written), then the settings are
+    checked against ``<out>.settings.json`` or recorded there
+    (:class:`~capreward.jobs.settings_file.SettingsMismatch` before ``--out`` is touched)."""
+    from ..jobs.manifest import read_manifest
     from ..jobs.output_lock import exclusive_output
+    from ..jobs.settings_file import JobKind, check_settings
 
     with exclusive_output(args.out):
-        return _explain_rows(args)
+        rows = read_manifest(args.manifest)
+        has_results = Path(args.out).is_file() and Path(args.out).stat().st_size > 0
+        check_settings(args.out, explanation_settings(args), JobKind("explain", "explained", EXPLAIN_FLAGS),
+                       has_results=has_results, accept_unrecorded=args.accept_unrecorded_settings)
+        return _explain_rows(args, rows)
 
 
-def _explain_rows(args: argparse.Namespace) -> dict:
+def _explain_rows(args: argparse.Namespace, rows: list) -> dict:
     from tqdm import tqdm
 
     from ..jobs.results_file import ResultsWriter, read_results
     from ..jobs.runners import base_fields, isolate_errors
-    from ..jobs.score_job import batches, pending_rows
+    from ..jobs.score_job import batches, unscored
 
-    rows, todo = pending_rows(args.manifest, args.out)
+    todo = unscored(rows, args.out)
     written = 0
     if todo:
         explain = EXPLAINERS[args.metric](args)
@@ -175,5 +237,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"], help="default: float16 on GPU, float32 on CPU")
     p.add_argument("--batch-size", type=int, default=8, help="rows judged at once")
     p.add_argument("--max-new-tokens", type=int, default=512, help="length budget of an explanation")
+    p.add_argument("--accept-unrecorded-settings", action="store_true",
+                   help="resume an output that has rows but no <out>.settings.json (written before settings were "
+                        "recorded), recording this run's settings as theirs: only if they are the same")
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     p.set_defaults(func=run)

@@ -25,12 +25,6 @@ def batches(rows: list[ManifestRow], size: int):
         yield rows[start : start + size]
 
 
-def pending_rows(manifest: str | Path, out: str | Path) -> tuple[list[ManifestRow], list[ManifestRow]]:
-    """(all manifest rows, the rows not yet in ``out``); repairs a torn last line of ``out``."""
-    rows = read_manifest(manifest)
-    return rows, unscored(rows, out)
-
-
 def unscored(rows: list[ManifestRow], out: str | Path) -> list[ManifestRow]:
     """The rows not yet in ``out``; repairs a torn last line of ``out``."""
     done = recover(out)

@@ -1,7 +1,8 @@
-"""The scoring settings of a job, fixed per results file.
+"""The settings of a job, fixed per results file: ``capreward score``'s, and any other job's.
 
 The first run on a results file records in ``<out>.settings.json`` every setting that changes what its
-rows hold (:func:`scoring_settings`). A resume (the results file already has rows) compares its own
+rows hold (:func:`scoring_settings` for ``capreward score``; a plain dict built by the job for others, see
+:func:`check_settings` and :class:`JobKind`). A resume (the results file already has rows) compares its own
 settings with the record and is refused (:class:`SettingsMismatch`, naming each differing setting with
 its recorded and its new value) instead of writing rows scored by another model or with other options
 into the same file; the same settings resume as before.
@@ -13,6 +14,9 @@ deleted) is refused too, since nothing says how its rows were scored; ``accept_u
 The idf of emscore/hallucination is fixed separately, by ``<out>.idf.json``
 (:mod:`capreward.jobs.idf_file`): that record is a table other jobs can reuse (``--idf OUT.idf.json``),
 and this one only says how the rows were scored.
+
+A record also names the command that wrote it (``capreward score`` before this field existed): a
+results file of another command is refused rather than compared setting by setting.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ import hashlib
 import json
 import logging
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from .errors import JobError
 from .runners import CLIP_METRICS, ScoreOptions
@@ -56,6 +61,20 @@ FLAGS = {
 
 class SettingsMismatch(JobError):
     """A resume would score rows with other settings than the rows already in the results file."""
+
+
+@dataclass(frozen=True)
+class JobKind:
+    """The command whose settings a record holds, for the record and the refusal messages: ``command``
+    (``"score"``: ``capreward score``), ``verb`` (what it did to the rows: ``"scored"``) and ``flags``
+    (how each setting is set on its command line; a setting without one is named by its key)."""
+
+    command: str
+    verb: str
+    flags: Mapping[str, str] = field(default_factory=dict)
+
+
+SCORE = JobKind("score", "scored", FLAGS)
 
 
 def record_path(out: str | Path) -> Path:
@@ -202,9 +221,9 @@ def describe(value: Any) -> str:
 _UNUSED = object()  # a setting recorded on one side only
 
 
-def differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+def differences(recorded: dict[str, Any], current: dict[str, Any], flags: Mapping[str, str] = FLAGS) -> list[str]:
     """One ``"<flag> was <old>, now <new>"`` per setting that differs (``not used`` where a setting is
-    recorded on one side only)."""
+    recorded on one side only), each setting named by ``flags`` (by its key when not there)."""
     out = []
     for key in [*recorded, *(k for k in current if k not in recorded)]:
         old, new = recorded.get(key, _UNUSED), current.get(key, _UNUSED)
@@ -213,7 +232,7 @@ def differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
         old_text, new_text = (("not used" if v is _UNUSED else describe(v)) for v in (old, new))
         if old_text == new_text:  # e.g. a folder whose listing changed but not its newest time
             old_text, new_text = json.dumps(old), json.dumps(new)
-        out.append(f"{FLAGS.get(key, key)} was {old_text}, now {new_text}")
+        out.append(f"{flags.get(key, key)} was {old_text}, now {new_text}")
     return out
 
 
@@ -224,16 +243,22 @@ def read_record(path: Path) -> dict:
         raise JobError(f"{path}: cannot read the settings record ({exc})") from None
     if (not isinstance(record, dict) or record.get("format") != RECORD_FORMAT
             or not isinstance(record.get("settings"), dict)):
-        raise JobError(f"{path}: not a settings record written by capreward score")
+        raise JobError(f"{path}: not a settings record written by capreward")
     return record
 
 
-def write_record(path: Path, settings: dict[str, Any]) -> None:
-    """Write the record atomically (a temporary file renamed over ``path``); ``written_by`` is for
-    people only (a resume by another capreward version is not refused)."""
+def recorded_command(record: dict) -> str:
+    """The command that wrote ``record`` (``score`` for a record from before commands were named)."""
+    return str(record.get("command", SCORE.command))
+
+
+def write_record(path: Path, settings: dict[str, Any], kind: JobKind = SCORE) -> None:
+    """Write the record of ``kind``'s ``settings`` atomically (a temporary file renamed over ``path``);
+    ``written_by`` is for people only (a resume by another capreward version is not refused)."""
     from .. import __version__
 
-    record = {"format": RECORD_FORMAT, "settings": settings, "written_by": f"capreward {__version__}"}
+    record = {"format": RECORD_FORMAT, "command": kind.command, "settings": settings,
+              "written_by": f"capreward {__version__}"}
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("w", encoding="utf-8") as f:
         json.dump(record, f, indent=1, ensure_ascii=False)
@@ -244,32 +269,48 @@ def write_record(path: Path, settings: dict[str, Any]) -> None:
 
 
 def job_settings(out: str | Path, options: ScoreOptions, has_results: bool, accept_unrecorded: bool = False) -> dict:
-    """Check ``options`` against the settings recorded for results file ``out`` and return them.
+    """Check ``capreward score``'s ``options`` against the settings recorded for results file ``out`` and
+    return them (:func:`scoring_settings`); see :func:`check_settings`."""
+    return check_settings(out, scoring_settings(options), SCORE, has_results=has_results,
+                          accept_unrecorded=accept_unrecorded)
 
-    Without results in ``out``, records ``options``'s settings (replacing any record). With results:
-    the same settings pass; different ones raise :class:`SettingsMismatch` naming each; no record raises
-    it too, unless ``accept_unrecorded`` (then this run's settings are recorded as the rows', with a
-    warning). Nothing is written when it raises."""
+
+def check_settings(out: str | Path, settings: dict[str, Any], kind: JobKind, has_results: bool,
+                   accept_unrecorded: bool = False) -> dict[str, Any]:
+    """Check a ``kind`` job's ``settings`` (JSON values, each a setting that changes a row) against those
+    recorded for results file ``out`` and return them.
+
+    Without results in ``out``, records ``settings`` (replacing any record). With results: the same
+    settings pass; different ones raise :class:`SettingsMismatch` naming each (by ``kind.flags``) with
+    its recorded and its new value, and so does a record written by another command; no record raises it
+    too, unless ``accept_unrecorded`` (then ``settings`` are recorded as the rows', with a warning).
+    Nothing is written when it raises."""
     path = record_path(out)
-    settings = scoring_settings(options)
     if not has_results:
-        write_record(path, settings)
+        write_record(path, settings, kind)
         return settings
     if not path.exists():
         if not accept_unrecorded:
             raise SettingsMismatch(
-                f"{out} already has results but no {path.name} recording the settings they were scored with "
+                f"{out} already has results but no {path.name} recording the settings they were {kind.verb} with "
                 "(written before capreward recorded them, or the record was removed); if this run uses the same "
-                "settings, pass --accept-unrecorded-settings to record them and resume, else score into a new --out"
+                f"settings, pass --accept-unrecorded-settings to record them and resume, else {kind.command} into "
+                "a new --out"
             )
         logger.warning("%s: no settings record; recording this run's settings in %s as those of the rows already "
                        "there (--accept-unrecorded-settings)", out, path)
-        write_record(path, settings)
+        write_record(path, settings, kind)
         return settings
-    diff = differences(read_record(path)["settings"], settings)
+    record = read_record(path)
+    if recorded_command(record) != kind.command:
+        raise SettingsMismatch(
+            f"{out} was written by capreward {recorded_command(record)}, not capreward {kind.command} (recorded in "
+            f"{path}); {kind.command} into a new --out"
+        )
+    diff = differences(record["settings"], settings, kind.flags)
     if diff:
         raise SettingsMismatch(
-            f"{out} was scored with other settings than this run's (recorded in {path}): {'; '.join(diff)}; "
-            "rerun with the recorded settings to resume, or score into a new --out"
+            f"{out} was {kind.verb} with other settings than this run's (recorded in {path}): {'; '.join(diff)}; "
+            f"rerun with the recorded settings to resume, or {kind.command} into a new --out"
         )
     return settings
