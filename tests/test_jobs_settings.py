@@ -105,6 +105,9 @@ def test_only_the_settings_that_change_a_row_are_recorded(tmp_path, tiny_clip_pa
     from capreward.judges.remote import DEFAULT_API_MODEL
     from capreward.rewards.hallucination import DEFAULT_THRESHOLD
 
+    from capreward.media.limits import DEFAULT_MAX_PIXELS, DEFAULT_MAX_VIDEO_PIXELS
+
+    limits = {"max_pixels": DEFAULT_MAX_PIXELS, "max_video_pixels": DEFAULT_MAX_VIDEO_PIXELS}
     clip = model_identity(tiny_clip_path)
     assert clip == {"path": os.path.abspath(tiny_clip_path), "bytes": tiny_clip_path.stat().st_size,
                     "mtime_ns": tiny_clip_path.stat().st_mtime_ns}
@@ -112,7 +115,7 @@ def test_only_the_settings_that_change_a_row_are_recorded(tmp_path, tiny_clip_pa
     a = scoring_settings(ScoreOptions(metrics=["hallucination", "clip-s", "emscore"], clip_model=str(tiny_clip_path),
                                       frames=None, batch_size=3, device="cpu"))
     assert a == {"metrics": ["clip_s", "emscore", "hallucination"], "clip_model": clip, "precision": "fp32",
-                 "frames": 0, "hallucination_threshold": DEFAULT_THRESHOLD, "alignment": False}
+                 "frames": 0, "hallucination_threshold": DEFAULT_THRESHOLD, "alignment": False, **limits}
     b = scoring_settings(ScoreOptions(metrics=["emscore", "clip_s", "hallucination"], clip_model=str(tiny_clip_path),
                                       frames=None, batch_size=64, hallucination_threshold=DEFAULT_THRESHOLD))
     assert a == b  # batch size and an explicit default threshold are no change
@@ -123,14 +126,14 @@ def test_only_the_settings_that_change_a_row_are_recorded(tmp_path, tiny_clip_pa
     (judge_dir / ".cache").mkdir()  # hub download metadata: not the model
     (judge_dir / ".cache" / "x.lock").write_text("")
     fleur = scoring_settings(ScoreOptions(metrics=["fleur"], judge_model=str(judge_dir), clip_model="no/such"))
-    assert fleur.keys() == {"metrics", "judge_model", "judge_dtype"} and fleur["judge_dtype"] == "float32"
+    assert fleur.keys() == {"metrics", "judge_model", "judge_dtype", *limits} and fleur["judge_dtype"] == "float32"
     assert fleur["judge_model"]["path"] == str(judge_dir) and fleur["judge_model"]["files"] == 1
     assert scoring_settings(ScoreOptions(metrics=["fleur"], judge_model="llava-hf/llava-1.5-7b-hf"))["judge_model"] \
         == "llava-hf/llava-1.5-7b-hf"  # a hub name is recorded as given
     # visce2/gveval on a server: its URL and the served model (the backend's default when not named)
     remote = scoring_settings(ScoreOptions(metrics=["gveval"], judge_base_url="http://127.0.0.1:8000/v1"))
     assert remote == {"metrics": ["gveval"], "judge_base_url": "http://127.0.0.1:8000/v1",
-                      "judge_api_model": DEFAULT_API_MODEL, "gveval_mode": "ref-free", "gveval_accr": False}
+                      "judge_api_model": DEFAULT_API_MODEL, "gveval_mode": "ref-free", "gveval_accr": False, **limits}
     # an open_clip checkpoint given with its architecture is a local file too
     arch = model_identity(f"ViT-B-32/{tiny_clip_path}", open_clip=True)  # ViT-B-32//tmp/...
     assert arch == {**clip, "architecture": "ViT-B-32"}
@@ -140,7 +143,12 @@ def test_only_the_settings_that_change_a_row_are_recorded(tmp_path, tiny_clip_pa
     assert describe(arch).startswith(f"ViT-B-32/{tiny_clip_path} (")
     # PAC-S: its own checkpoint, precision and frames; the CLIP of --clip-model is not used
     pac = scoring_settings(ScoreOptions(metrics=["pac_s"], pac_model=str(tiny_clip_path), precision="bf16", frames=2))
-    assert pac == {"metrics": ["pac_s"], "pac_model": clip, "precision": "bf16", "frames": 2}
+    assert pac == {"metrics": ["pac_s"], "pac_model": clip, "precision": "bf16", "frames": 2, **limits}
+    # the media limits in force (a command's --max-pixels) are part of every job's settings
+    from capreward.media.limits import media_limits
+
+    with media_limits(max_pixels=1000):
+        assert scoring_settings(ScoreOptions(metrics=["pac_s"], pac_model=str(tiny_clip_path)))["max_pixels"] == 1000
 
 
 def test_a_new_file_in_a_model_folder_changes_its_identity(tmp_path):
@@ -208,6 +216,7 @@ CHANGES = [  # (case, extra arguments of the resume, the flag the refusal names,
     ("precision", ["--precision", "bf16"], "--precision", "fp32", "bf16"),
     ("threshold", ["--hallucination-threshold", "0.5"], "--hallucination-threshold", "0.2", "0.5"),
     ("alignment", ["--alignment"], "--alignment", "false", "true"),
+    ("max pixels", ["--max-pixels", "1000000"], "--max-pixels", "33554432", "1000000"),
 ]
 
 

@@ -56,6 +56,8 @@ FLAGS = {
     "gveval_accr": "--gveval-accr",
     "hallucination_threshold": "--hallucination-threshold",
     "alignment": "--alignment",
+    "max_pixels": "--max-pixels",
+    "max_video_pixels": "--max-video-pixels",
 }
 
 
@@ -96,7 +98,9 @@ def scoring_settings(options: ScoreOptions) -> dict[str, Any]:
     server may serve other weights under the same name); ``gveval_mode``, ``gveval_accr``;
     ``hallucination_threshold`` (resolved to the library default when not given, so a changed default
     shows); ``alignment`` (emscore/hallucination: it changes which fields a row holds, and a report over
-    rows with and without alignment would be inconsistent). Models on local disk are recorded with
+    rows with and without alignment would be inconsistent); ``max_pixels`` and ``max_video_pixels``, for
+    every metric (the limits in force decide which rows are refused, and a JPEG over ``max_pixels`` is
+    decoded at a reduced scale, which changes its score). Models on local disk are recorded with
     :func:`model_identity`, so new weights at the same path count as another model.
 
     Excluded: ``batch_size`` (a row never depends on its batch: tested per metric), ``device`` (a job
@@ -136,6 +140,11 @@ def scoring_settings(options: ScoreOptions) -> dict[str, Any]:
         settings["hallucination_threshold"] = float(DEFAULT_THRESHOLD if threshold is None else threshold)
     if used & {"emscore", "hallucination"}:
         settings["alignment"] = bool(options.alignment)
+    from ..media.limits import get_media_limits
+
+    limits = get_media_limits()  # the command's --max-pixels / --max-video-pixels (main() sets them)
+    settings["max_pixels"] = limits.max_pixels
+    settings["max_video_pixels"] = limits.max_video_pixels
     return settings
 
 
