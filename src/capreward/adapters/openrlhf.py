@@ -36,9 +36,8 @@ closed (408 when the headers were complete), idle keep-alive connections include
 connections are served at once (others get 503 and are closed). Concurrent requests are merged into
 one scorer call (:mod:`capreward.adapters.batching`: up to ``max_batch_size`` samples or ``max_wait``
 seconds); ``max_concurrent`` batches are scored at once (1 by default with batching, 4 without), and
-a request whose batch has not started
-within ``queue_timeout`` seconds gets 503. ``GET /health`` answers once the model is loaded, with the
-number of batches and samples scored so far.
+a request whose batch has not started within ``queue_timeout`` seconds gets 503. ``GET /health``
+answers once the model is loaded, with the number of batches and samples scored so far.
 """
 
 from __future__ import annotations
