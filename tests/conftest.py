@@ -61,6 +61,15 @@ def write_mp4(path: Path, frames: np.ndarray, fps: int = 10) -> Path:
     return path
 
 
+def write_job_media(directory: Path) -> tuple[Path, Path]:
+    """One PNG image and one 8-frame mp4 in ``directory``, the media of the score-job tests."""
+    from PIL import Image
+
+    image = directory / "im.png"
+    Image.fromarray(random_video(3, frames=1)[0]).save(image)
+    return image, write_mp4(directory / "v.mp4", random_video(4, frames=8))
+
+
 def import_script(path: Path, name: str):
     """Import a standalone script (a recipe or an experiment) as the module ``name``, registered in
     ``sys.modules`` so that its dataclasses and pickled objects resolve; returns the module."""

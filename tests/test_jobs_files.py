@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from PIL import Image
 
 from capreward import EMScore
 from capreward.cli.main import build_parser, main
@@ -22,15 +21,12 @@ from capreward.jobs.idf_file import corpus_digest, record_path
 from capreward.jobs.output_lock import lock_path
 from capreward.jobs.results_file import read_results
 
-from conftest import random_video, write_mp4
+from conftest import write_job_media
 
 
 @pytest.fixture(scope="module")
 def media(tmp_path_factory):
-    d = tmp_path_factory.mktemp("media")
-    image = d / "im.png"
-    Image.fromarray(random_video(3, frames=1)[0]).save(image)
-    return image, write_mp4(d / "v.mp4", random_video(4, frames=8))
+    return write_job_media(tmp_path_factory.mktemp("media"))
 
 
 def manifest_rows(media, n: int, refs_from: int = 0) -> list[dict]:

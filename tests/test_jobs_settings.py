@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from PIL import Image
 
 from capreward.cli.main import main
 from capreward.jobs.idf_file import record_path as idf_record_path
@@ -26,17 +25,14 @@ from capreward.jobs.runners import ScoreOptions
 from capreward.jobs.settings_file import model_identity, record_path, scoring_settings
 from capreward.testing import save_tiny_clip_openai
 
-from conftest import random_video, write_mp4
+from conftest import write_job_media
 
 METRICS = "emscore,hallucination"
 
 
 @pytest.fixture(scope="module")
 def media(tmp_path_factory):
-    d = tmp_path_factory.mktemp("media")
-    image = d / "im.png"
-    Image.fromarray(random_video(3, frames=1)[0]).save(image)
-    return image, write_mp4(d / "v.mp4", random_video(4, frames=8))
+    return write_job_media(tmp_path_factory.mktemp("media"))
 
 
 def write_manifest(path: Path, media, n: int) -> Path:
