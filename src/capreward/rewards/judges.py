@@ -5,7 +5,10 @@ Both work on any :class:`~capreward.judges.protocol.JudgeBackend` (a local
 slow: wrap the reward with :meth:`~capreward.rewards.base.RewardFunction.as_async` so TRL runs it
 concurrently with the other rewards. Values are the metric's 0..100 score times ``scale`` (0.01 by
 default, so rewards lie in [0, 1]); a sample the judge could not score (failed request, unreadable
-visual, no score in the answer) gets None with the reason logged.
+visual, no score in the answer) gets None with the reason logged. The injection guard is on by default
+(``injection_guard=False`` turns it off): a caption that forges judge-prompt structure
+(:func:`~capreward.judges.injection.injection_reason`) gets the bottom of the range without being sent
+to the judge, with the reason logged.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class VisCE2Reward(CaptionReward):
     """
 
     __name__ = "visce2"
+    guard_injection = True
 
     def __init__(self, *, scale: float = 0.01, use_expected: bool = False, use_references: bool = False, **kwargs: Any):
         super().__init__(use_references=use_references, **kwargs)
@@ -76,6 +80,7 @@ class GVEvalReward(CaptionReward):
     """
 
     __name__ = "gveval"
+    guard_injection = True
 
     def __init__(self, *, scale: float = 0.01, **kwargs: Any):
         super().__init__(**kwargs)
