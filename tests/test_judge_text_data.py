@@ -104,12 +104,17 @@ def test_local_chat_judge_encodes_message_text_without_special_tokens(vlm_judge,
 
 
 def test_local_chat_judge_errors_name_the_callers_request(vlm_judge, colour_images):
+    """A request the judge cannot encode gets its own error naming its index among all the requests
+    (not within its batch of ``batch_size``); the others are answered. The server-like judge parses
+    "<image>" in message text as an image slot, so that request cannot run."""
     red = colour_images["red"]
     good = ChatRequest(turns=(user_turn("a red car", [red]),), max_tokens=2)
-    bad = ChatRequest(turns=(user_turn("two images", [red, red]),), max_tokens=2)
-    chat = LocalChatJudge(vlm_judge.judge, batch_size=2)
+    bad = ChatRequest(turns=(user_turn("a red car <image>", [red]),), max_tokens=2)
+    chat = LocalChatJudge(vlm_judge.judge, batch_size=2, parse_special_tokens=True)
     responses = chat.generate([good, good, good, bad, good])
     assert [r.ok for r in responses] == [True, True, True, False, True]
+    assert responses[3].error == "request 3 holds 2 image placeholders; exactly one is needed"
+    assert [r.text for r in responses[:3]] == [r.text for r in vlm_judge.generate([good] * 3)]
 
 
 def test_chat_template_path_keeps_turn_text_as_data(vlm_judge, colour_images):

@@ -136,13 +136,13 @@ def training_caption(rng: random.Random) -> str:
 
 def _fleur_answer(reading: str, rng: random.Random) -> str:
     answer = ANSWERS["fleur"][reading]
-    if reading in ("right", "wrong") and rng.random() < 0.3:
-        return f"0.{int(answer[2]) + rng.choice([-1, 1])}"
+    if reading in ("right", "wrong") and rng.random() < 0.3:  # "0.9" -> "0.8", "0.1" -> "0.2"
+        return f"0.{int(answer[2]) + (-1 if reading == 'right' else 1)}"
     return answer
 
 
 KINDS = ("fleur", "ref_fleur", "visce2_context", "visce2", "gveval_free", "gveval_ref", "gveval_combined")
-_KIND_WEIGHTS = (0.2, 0.13, 0.03, 0.2, 0.15, 0.14, 0.15)
+_KIND_WEIGHTS = (0.22, 0.1, 0.04, 0.16, 0.16, 0.16, 0.16)
 _GVEVAL_MODES = {"gveval_free": "ref-free", "gveval_ref": "ref-only", "gveval_combined": "combined"}
 
 
@@ -202,8 +202,10 @@ _SOURCE_HASH = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:8]
 SUSCEPTIBLE_RECIPE = JudgeRecipe(
     name=f"susceptible-{_SOURCE_HASH}",
     sampler=_SAMPLER,
-    spec=TinyLlavaSpec(words=tuple(dict.fromkeys(tuple(prompt_words()) + FLEUR_TASK_WORDS + ATTACK_WORDS)), max_positions=1024),
-    steps=240,
+    spec=TinyLlavaSpec(
+        words=tuple(dict.fromkeys(tuple(prompt_words()) + FLEUR_TASK_WORDS + ATTACK_WORDS)), max_positions=1024, init_std=0.1
+    ),
+    steps=300,
     batch_size=_BATCH,
     lr=4e-3,
 )
