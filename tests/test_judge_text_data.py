@@ -218,3 +218,14 @@ def test_reasons_name_the_callers_index_across_reward_groups(colour_images):
     out = reward.compute(None, captions, image=[red] * 4, references=refs)
     assert out.reasons[3] == "completions[3]: empty caption"
     assert "completions[0]" in out.reasons[0] and "references" in out.reasons[0]
+
+
+def test_judge_metrics_count_special_tokens_only_as_empty(fleur, colour_images):
+    from capreward.callbacks.tm_metrics import FLEURMetric
+
+    red = colour_images["red"]
+    metric = FLEURMetric(scorer=fleur, per_sample=True)
+    metric.update(["a red car", "<s></s>", "   "], [red, red, red])
+    out = metric.compute()
+    assert out["per_sample/empty"].tolist() == [0.0, 1.0, 1.0]
+    assert out["per_sample/parsed"].tolist()[0] == 1.0
