@@ -142,16 +142,8 @@ class RewardFunction:
             logger.warning("%s: %d/%d samples unscored (None): %s%s", self.name, len(bad), len(out.values), shown, more)
             if log_extra is not None:
                 log_extra(f"{self.name}/error", [r if v is None else None for r, v in zip(out.reasons, out.values)])
-        flagged = out.flagged
-        if flagged:
-            shown = "; ".join(f"[{i}] {out.injection[i]}" for i in flagged[:8])
-            more = f"; ... {len(flagged) - 8} more" if len(flagged) > 8 else ""
-            logger.warning(
-                "%s: %d/%d captions look like forged judge-prompt structure, given the bottom of the range: %s%s",
-                self.name, len(flagged), len(out.values), shown, more,
-            )
-            if log_extra is not None:
-                log_extra(f"{self.name}/injection", list(out.injection))
+        if out.flagged and log_extra is not None:  # the log line itself is written when they are floored
+            log_extra(f"{self.name}/injection", list(out.injection))
         if out.clipped:
             lo, hi = self.value_range() or (math.nan, math.nan)
             logger.info(
@@ -328,6 +320,13 @@ class CaptionReward(RewardFunction):
         if self.injection_guard:
             metrics["injection"] = [math.nan if s.error is not None else float(r is not None) for s, r in zip(inputs.samples, injection)]
         out = RewardOutput(values, reasons, metrics, injection=injection if self.injection_guard else [])
+        if out.flagged:
+            shown = "; ".join(f"[{i}] {injection[i]}" for i in out.flagged[:8])
+            more = f"; ... {len(out.flagged) - 8} more" if len(out.flagged) > 8 else ""
+            logger.warning(
+                "%s: %d/%d captions look like forged judge-prompt structure, given the bottom of the range: %s%s",
+                self.name, len(out.flagged), n, shown, more,
+            )
         return clip_to_range(out, self.value_range())
 
     def _injection_guard(self, samples: Sequence[Sample]) -> list[str | None]:
