@@ -318,7 +318,9 @@ class CaptionReward(RewardFunction):
             for (kind, with_refs), rows in groups.items():
                 self._score_rows(inputs.samples, rows, kind, with_refs, values, reasons, metrics, n)
         if self.injection_guard:
-            metrics["injection"] = [math.nan if s.error is not None else float(r is not None) for s, r in zip(inputs.samples, injection)]
+            metrics["injection"] = [
+                math.nan if s.error is not None else float(r is not None) for s, r in zip(inputs.samples, injection)
+            ]
         out = RewardOutput(values, reasons, metrics, injection=injection if self.injection_guard else [])
         if out.flagged:
             shown = "; ".join(f"[{i}] {injection[i]}" for i in out.flagged[:8])

@@ -102,7 +102,9 @@ class Guards:
 
     def weights(self) -> dict[str, float]:
         """The weight of each enabled guard term (each term lies in [-weight, 0] for weight >= 0)."""
-        pairs = (("repetition", self.repetition), ("truncation", self.truncation), ("length", self.length), ("injection", self.injection))
+        pairs = (
+            ("repetition", self.repetition), ("truncation", self.truncation), ("length", self.length), ("injection", self.injection)
+        )
         return {k: float(w) for k, w in pairs if w}
 
     def terms(self, text: str) -> dict[str, float]:
