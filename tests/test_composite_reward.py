@@ -23,6 +23,8 @@ from capreward.rewards.guards import words
 from conftest import random_video
 from test_rewards import trl_rewards
 
+pytestmark = pytest.mark.integration  # run by scripts/version_matrix.sh at both ends
+
 
 # ------------------------------------------------------------------------------ guards by hand
 def test_words_split():

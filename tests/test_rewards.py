@@ -21,6 +21,8 @@ from capreward.scorers.emscore import EMScore
 
 from conftest import random_video, write_mp4
 
+pytestmark = pytest.mark.integration  # run by scripts/version_matrix.sh at both ends
+
 
 # ------------------------------------------------------------------------------ TRL's call path
 class TrainerStandIn:

@@ -185,6 +185,7 @@ class ModeAtLog(TrainerCallback):
             self.training.append(model.training)
 
 
+@pytest.mark.integration
 def test_grpo_trainer_logs_caption_metrics(tmp_path, tiny_backbone):
     trl = pytest.importorskip("trl")
     from datasets import Dataset

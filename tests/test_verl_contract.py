@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 
 import numpy as np
 import pytest
@@ -204,3 +205,11 @@ def test_reward_loop_manager_with_its_ray_worker(capreward_env, tiny_clip_path, 
     assert sorted(out.meta_info["reward_extra_keys"]) == sorted(rows[0])
     for key in rows[0]:
         assert out.non_tensor_batch[key].tolist() == pytest.approx([r[key] for r in rows], abs=1e-6)
+
+
+def test_readme_gives_exactly_these_overrides():
+    from conftest import REPO
+
+    text = (REPO / "README.md").read_text()
+    for line in [*NAIVE_OVERRIDES, *BATCH_OVERRIDES]:
+        assert re.search(rf"^\s+{re.escape(line)}( \\\\)?$", text, flags=re.M), line
