@@ -44,7 +44,8 @@ def tiny_tokenizer():
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="[PAD]", bos_token="[BOS]", eos_token="[EOS]", unk_token="[UNK]"
+        tokenizer_object=tok, pad_token="[PAD]", bos_token="[BOS]", eos_token="[EOS]", unk_token="[UNK]",
+        model_input_names=["input_ids", "attention_mask"],  # a causal LM's: transformers < 5 refuses token_type_ids in generate()
     )
 
 
