@@ -189,6 +189,12 @@ def test_every_reward_answers_one_key_set(tiny_clip_path, tokenizer, media):
         finally:
             server.shutdown()
             server.server_close()
+        # the reward itself reports exactly its declared sub-scores (an undeclared one would be missing
+        # from the server's answers)
+        direct = reward.compute(None, ["a red image", "a moving video", ""],
+                                image=[str(media / "red.png"), None, str(media / "blue.png")],
+                                video=[None, str(media / "clip.mp4"), None], references=[["a red image"], None, None])
+        assert list(direct.metrics) == list(reward.metric_names()), reward.name
         expected = {*reward.metric_names(), "unscored"}
         assert [set(r["extra_logs"]) for r in responses] == [expected] * 3, reward.name
         assert [r["extra_logs"]["unscored"] for r in responses] == [[0.0], [0.0], [1.0]]

@@ -106,10 +106,13 @@ class RewardFunction:
         return ("clipped",) if self.value_range() is not None else ()
 
     def with_metric_names(self, out: RewardOutput) -> RewardOutput:
-        """``out`` with a column for each of :meth:`metric_names` (NaN where missing), in that order,
-        and no other (in place). Returns ``out``."""
+        """``out`` with a column for each of :meth:`metric_names` (NaN where missing), in that order
+        (in place; a sub-score a subclass reports without declaring it is kept after them, and the
+        reward server leaves it out of its fixed key set). Returns ``out``."""
         n = len(out.values)
-        out.metrics = {key: list(out.metrics.get(key, [math.nan] * n)) for key in self.metric_names()}
+        names = self.metric_names()
+        declared = {key: list(out.metrics.get(key, [math.nan] * n)) for key in names}
+        out.metrics = {**declared, **{k: v for k, v in out.metrics.items() if k not in declared}}
         return out
 
     def compute(self, prompts: Sequence[Any] | None, completions: Sequence[Any], **kwargs: Any) -> RewardOutput:
