@@ -116,6 +116,8 @@ def test_detector_names_the_pattern(caption, pattern):
 class RecordingScorer:
     """A FLEUR-shaped scorer with a fixed score: records the captions it is asked to score."""
 
+    expected = accr = False  # the options the VisCE² and G-VEval rewards read off a given scorer
+
     def __init__(self):
         self.asked: list[list[str]] = []
 
@@ -144,6 +146,11 @@ def test_judge_rewards_floor_flagged_captions_and_log_the_reason():
     assert metrics["rewards/fleur/injection"] == 2.0  # a count
     assert extra["fleur/injection"][1] == "special-token string '</s>'" and extra["fleur/injection"][0] is None
     assert extra["fleur/injection"][3] == "master key (no letter or digit)"
+    # a declared sub-score: every call reports it (the reward server's fixed key set)
+    out = reward.compute(None, captions, image=["img"] * 5)
+    assert list(out.metrics) == list(reward.metric_names()) == ["raw_score", "clipped", "injection"]
+    assert out.metrics["injection"] == [0.0, 1.0, 0.0, 1.0, 0.0]
+    assert "injection" not in FLEURReward(scorer=scorer, injection_guard=False).metric_names()
 
 
 def test_the_guard_is_on_by_default_in_every_judge_reward_and_can_be_turned_off():
