@@ -150,7 +150,7 @@ def test_main_composite_reward_prints_the_trajectory(recipe, tmp_path, capsys):
     assert "reward trajectory (2 GRPO steps" in out
     table = out[out.index("reward trajectory") :].splitlines()
     # one reward function: its mean is the total, so no separate "composite" column
-    header = ["step", "total", "clipscore", "emscore", "guard/repetition", "guard/truncation", "guard/length"]
+    header = ["step", "total", "clipscore", "emscore", "guard/repetition", "guard/truncation", "guard/length", "guard/injection"]
     assert table[1].split() == header
     printed = [[float(x) for x in line.split()] for line in table[3:5]]
     assert [int(r[0]) for r in printed] == [1, 2]

@@ -87,8 +87,8 @@ def test_every_reward_states_a_range():
     assert GVEvalReward(scale=1.0).value_range() == (0.0, 100.0)
     assert HallucinationPenalty().value_range() == (-1.0, 0.0)
     composite = CompositeReward([(EMScoreReward(), 2.0), (CLIPScoreReward(), -1.0)], guards=Guards(length=0.5))
-    # 2*[-1, 1] + (-1)*[0, 2.5] + repetition [-1, 0] + truncation [-1, 0] + length [-0.5, 0]
-    assert composite.value_range() == (-2.0 - 2.5 - 2.5, 2.0)
+    # 2*[-1, 1] + (-1)*[0, 2.5] + repetition [-1, 0] + truncation [-1, 0] + length [-0.5, 0] + injection [-1, 0]
+    assert composite.value_range() == (-2.0 - 2.5 - 3.5, 2.0)
     assert CompositeReward([lambda prompts, completions, **kw: [0.0] * len(completions)]).value_range() is None
 
 

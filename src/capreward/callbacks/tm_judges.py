@@ -31,6 +31,7 @@ class VisCE2Metric(CaptionMetric):
     """
 
     default_name = "visce2"
+    judge_text = True
     plot_lower_bound = 0.0
     plot_upper_bound = 100.0
 
@@ -80,6 +81,7 @@ class GVEvalMetric(CaptionMetric):
     """
 
     default_name = "gveval"
+    judge_text = True
     plot_lower_bound = 0.0
     plot_upper_bound = 100.0
     _ACCR = ("accuracy", "completeness", "conciseness", "relevance")

@@ -37,6 +37,7 @@ from torchmetrics.utilities.data import dim_zero_cat
 
 from ..backbones.clip import CLIPBackbone
 from ..backbones.clip_loading import DEFAULT_CLIP
+from ..judges.caller_text import is_blank
 from ..media import DEFAULT_FRAMES
 from .sources import as_captions, as_references
 from .sources import per_sample as split_per_sample
@@ -81,6 +82,9 @@ class CaptionMetric(Metric):
     full_state_update = False
     columns: tuple[str, ...] = ("score", "empty")
     default_name = "caption_score"
+    #: the scorer is an LLM judge: a caption blank once special-token strings ("<s></s>") are removed is
+    #: empty too (:func:`~capreward.judges.caller_text.is_blank`)
+    judge_text = False
 
     def __init__(
         self,
@@ -146,7 +150,7 @@ class CaptionMetric(Metric):
         self._check_mode(visuals is not None, refs is not None)
 
         rows = torch.full((n, len(self.columns)), math.nan, dtype=torch.float32)
-        empty = [not c.strip() for c in candidates]
+        empty = [is_blank(c) if self.judge_text else not c.strip() for c in candidates]
         keep = [i for i in range(n) if not empty[i]]
         if keep:
             pick = lambda xs: None if xs is None else [xs[i] for i in keep]  # noqa: E731
@@ -436,6 +440,7 @@ class FLEURMetric(CaptionMetric):
 
     columns = ("score", "empty", "parsed")
     default_name = "fleur"
+    judge_text = True
     plot_lower_bound = 0.0
     plot_upper_bound = 1.0
 

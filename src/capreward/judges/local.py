@@ -32,7 +32,8 @@ from PIL import Image
 from .cache import growing_cache
 from .images import mean_background, pad_to_square
 from .loading import DEFAULT_LLAVA, load_llava, resolve_device, resolve_dtype
-from .prompts import IMAGE_PLACEHOLDER, LLAVA_V1_SYSTEM, llava_v1_conversation
+from .caller_text import Data, PromptParts, control_token_ids, control_token_strings, encode_parts
+from .prompts import IMAGE_PLACEHOLDER, LLAVA_V1_SYSTEM, llava_v1_conversation, llava_v1_parts
 
 
 @dataclass
@@ -145,6 +146,7 @@ class LocalJudge:
         self.pad_to_square = pad_to_square
         self.system = system
         self._digit_ids: list[int] | None = None
+        self._control_ids: set[int] | None = None
         self._check_image_token()
 
     # ----------------------------------------------------------------------------------------- facts
@@ -224,15 +226,46 @@ class LocalJudge:
         """The LLaVA v1 prompt for ``turns`` with the image placeholder before the first message."""
         return llava_v1_conversation(turns, system=self.system, image_placeholder=self.image_placeholder)
 
-    def encode_prompts(self, prompts: Sequence[str], num_image_tokens: int) -> list[list[int]]:
+    def conversation_parts(self, turns: Sequence[tuple[str, str | None]]) -> list[str | Data]:
+        """:meth:`conversation` as prompt parts: every message and answer is :class:`Data` (encoded by
+        :meth:`encode_prompts` without special tokens)."""
+        return llava_v1_parts(turns, system=self.system, image_placeholder=self.image_placeholder)
+
+    @property
+    def control_token_ids(self) -> set[int]:
+        """Ids that are prompt structure (special and added tokens, the image token): never written by
+        caller text."""
+        if self._control_ids is None:
+            self._control_ids = control_token_ids(self.tokenizer, [self.image_token_id])
+        return set(self._control_ids)
+
+    def control_token_strings(self) -> list[str]:
+        """The text of every :attr:`control_token_ids` token ("<s>", "</s>", "<image>", ...)."""
+        return control_token_strings(self.tokenizer, [self.image_token_id])
+
+    def encode_prompts(
+        self, prompts: Sequence[str | PromptParts], num_image_tokens: int, names: Sequence[str] | None = None
+    ) -> list[list[int]]:
         """Token ids of each prompt (BOS included), the image placeholder expanded to ``num_image_tokens``
-        copies, as the processor does. Raises if a prompt does not hold exactly one placeholder."""
-        encoded = self.tokenizer(list(prompts), add_special_tokens=True)["input_ids"]
+        copies, as the processor does.
+
+        A prompt is a ``str`` (all template: its special-token strings are special tokens, as in a chat
+        template) or parts (:meth:`conversation_parts`): template ``str`` pieces and
+        :class:`~capreward.judges.caller_text.Data` pieces, whose text never becomes a special token (a
+        caption's "</s>" or "<image>" is spelled out as characters; clean text gets exactly the ids of
+        encoding the rendered string). Raises ValueError naming the prompt (``names[i]``, default
+        ``prompts[i]``) when it does not hold exactly one image placeholder."""
         out = []
-        for i, ids in enumerate(encoded):
+        control = self.control_token_ids
+        for i, prompt in enumerate(prompts):
+            if isinstance(prompt, str):
+                ids = list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+            else:
+                ids = encode_parts(self.tokenizer, prompt, control)
             count = sum(1 for t in ids if t == self.image_token_id)
             if count != 1:
-                raise ValueError(f"prompt {i} holds {count} image placeholders; exactly one is needed")
+                name = names[i] if names is not None else f"prompts[{i}]"
+                raise ValueError(f"{name} holds {count} image placeholders; exactly one is needed")
             at = ids.index(self.image_token_id)
             out.append(list(ids[:at]) + [self.image_token_id] * num_image_tokens + list(ids[at + 1 :]))
         return out

@@ -12,6 +12,7 @@ split numbers into digits, so no single token carries "85").
 from __future__ import annotations
 
 import logging
+import uuid
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -20,6 +21,7 @@ import torch
 
 from ..metrics.gveval import NUM_SCORES, digit_tree_distribution
 from .local import LocalJudge
+from .caller_text import Data, fill_parts, render
 from .prompts import IMAGE_PLACEHOLDER, render_chat_template
 from .protocol import ChatRequest, ChatResponse, SyncBackendMixin, TokenLogprob
 
@@ -45,9 +47,23 @@ class LocalChatJudge(SyncBackendMixin):
     Conversations must alternate user/assistant turns, start and end with a user turn, and hold exactly
     one image, in the first user turn (LLaVA-1.5's format); other requests get a response with
     ``error`` set. Generation stops at the end-of-sequence token, a ``stop`` string or ``max_tokens``.
+
+    Message text is data: the conversation's structure (roles, turn ends, the image slot) comes from the
+    template only, and the text of every turn is encoded without special tokens (a caption's "</s>" is
+    four characters, its "<image>" no image slot). ``parse_special_tokens=True`` encodes message text as
+    servers such as vLLM do (special-token strings in it become special tokens); it exists to model such
+    a server in tests (:mod:`capreward.testing.chat_server`), never to score with.
     """
 
-    def __init__(self, judge: Any, *, batch_size: int = 8, seed: int = 0, name: str | None = None):
+    def __init__(
+        self,
+        judge: Any,
+        *,
+        batch_size: int = 8,
+        seed: int = 0,
+        name: str | None = None,
+        parse_special_tokens: bool = False,
+    ):
         self.judge = judge if isinstance(judge, LocalJudge) else LocalJudge(judge)
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
@@ -55,11 +71,17 @@ class LocalChatJudge(SyncBackendMixin):
         self.seed = int(seed)
         config_name = getattr(self.judge.model.config, "_name_or_path", "") or "local-llava"
         self.name = name or f"local:{config_name}"
+        self.parse_special_tokens = bool(parse_special_tokens)
 
     # ------------------------------------------------------------------------------------ prompts
     def render(self, request: ChatRequest) -> str:
         """The LLaVA v1 prompt text of ``request`` (ends with ``"ASSISTANT:"``). Raises ValueError when the
         conversation does not fit the format (see the class docstring)."""
+        return render(self.render_parts(request))
+
+    def render_parts(self, request: ChatRequest) -> list[str | Data]:
+        """:meth:`render` as prompt parts: template text as ``str``, the text of every turn as
+        :class:`~capreward.judges.caller_text.Data`."""
         turns = request.turns
         if not turns:
             raise ValueError("the request has no turns")
@@ -79,29 +101,38 @@ class LocalChatJudge(SyncBackendMixin):
             raise ValueError("the last turn must be a user turn")
         if request.chat_template is not None:
             return self._render_template(request)
-        return self.judge.conversation(pairs)
+        return self.judge.conversation_parts(pairs)
 
-    def _render_template(self, request: ChatRequest) -> str:
+    def _render_template(self, request: ChatRequest) -> list[str | Data]:
         """The prompt ``request.chat_template`` renders (as a server honouring vLLM's ``chat_template``
-        field would), images as the judge's placeholder; a leading BOS is dropped (the tokenizer adds it)."""
-        messages = []
-        for turn in request.turns:
+        field would), images as the judge's placeholder; a leading BOS is dropped (the tokenizer adds it).
+
+        The template is rendered once with a unique marker in place of each turn's text, then each marker
+        is replaced by that text as :class:`Data`: a single pass, so turn text is never read as template."""
+        marker = f"\ue000{uuid.uuid4().hex}:"
+        messages, texts = [], {}
+        for k, turn in enumerate(request.turns):
+            key = f"{marker}{k}\ue001"
+            texts[key] = turn.text
             parts: list[dict] = [{"type": "image"} for _ in turn.images]
-            parts.append({"type": "text", "text": turn.text})
-            messages.append({"role": turn.role, "content": parts if turn.images else turn.text})
+            parts.append({"type": "text", "text": key})
+            messages.append({"role": turn.role, "content": parts if turn.images else key})
         tok = self.judge.tokenizer
         bos = tok.bos_token or ""
         text = render_chat_template(request.chat_template, messages, bos_token=bos, eos_token=tok.eos_token or "")
         text = text.replace(IMAGE_PLACEHOLDER, self.judge.image_placeholder)
-        return text[len(bos) :] if bos and text.startswith(bos) else text
+        text = text[len(bos) :] if bos and text.startswith(bos) else text
+        return fill_parts(text, texts)
 
-    def _prepare(self, requests: Sequence[ChatRequest]):
-        """Prompt ids and image features for the valid requests; errors for the others."""
+    def _prepare(self, requests: Sequence[ChatRequest], offset: int = 0):
+        """Prompt ids and image features for the valid requests; errors for the others (``requests`` are
+        the caller's requests from index ``offset`` on, which errors name)."""
         judge = self.judge
         images, image_keys, image_index, prompts, errors = [], {}, [], [], []
         for request in requests:
             try:
-                prompts.append(self.render(request))
+                parts = self.render_parts(request)
+                prompts.append(render(parts) if self.parse_special_tokens else parts)
                 errors.append(None)
             except ValueError as exc:
                 prompts.append(None)
@@ -118,17 +149,21 @@ class LocalChatJudge(SyncBackendMixin):
         n_image = int(features.shape[1]) if features is not None else 0
         prompt_ids: list[list[int] | None] = [None] * len(requests)
         valid = [i for i, p in enumerate(prompts) if p is not None]
-        if valid:
-            encoded = judge.encode_prompts([prompts[i] for i in valid], n_image)
-            for i, ids in zip(valid, encoded):
-                wanted = requests[i].max_tokens if requests[i].max_tokens is not None else 1
-                if len(ids) + wanted > judge.context_length:
-                    errors[i] = (
-                        f"prompt of {len(ids)} tokens plus max_tokens={wanted} exceeds the judge's "
-                        f"context of {judge.context_length} positions"
-                    )
-                else:
-                    prompt_ids[i] = ids
+        encoded = {}
+        for i in valid:
+            try:
+                encoded[i] = judge.encode_prompts([prompts[i]], n_image, names=[f"request {offset + i}"])[0]
+            except ValueError as exc:  # this request only
+                errors[i] = str(exc)
+        for i, ids in encoded.items():
+            wanted = requests[i].max_tokens if requests[i].max_tokens is not None else 1
+            if len(ids) + wanted > judge.context_length:
+                errors[i] = (
+                    f"prompt of {len(ids)} tokens plus max_tokens={wanted} exceeds the judge's "
+                    f"context of {judge.context_length} positions"
+                )
+            else:
+                prompt_ids[i] = ids
         return prompt_ids, features, image_index, errors
 
     # ---------------------------------------------------------------------------------- generation
@@ -143,7 +178,7 @@ class LocalChatJudge(SyncBackendMixin):
     @torch.inference_mode()
     def _generate_batch(self, requests: list[ChatRequest], offset: int) -> list[ChatResponse]:
         judge = self.judge
-        prompt_ids, features, image_index, errors = self._prepare(requests)
+        prompt_ids, features, image_index, errors = self._prepare(requests, offset)
         rows = [i for i, p in enumerate(prompt_ids) if p is not None]
         responses: list[ChatResponse] = [ChatResponse(text="", error=e) for e in errors]
         if not rows:
@@ -267,7 +302,7 @@ class LocalChatJudge(SyncBackendMixin):
         out = np.zeros((len(requests), NUM_SCORES), dtype=np.float64)
         for start in range(0, len(requests), self.batch_size):
             batch = list(requests[start : start + self.batch_size])
-            prompt_ids, features, image_index, errors = self._prepare(batch)
+            prompt_ids, features, image_index, errors = self._prepare(batch, start)
             for j, err in enumerate(errors):
                 if err is not None:
                     raise ValueError(f"request {start + j}: {err}")

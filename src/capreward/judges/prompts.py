@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from .caller_text import Data, render
+
 LLAVA_V1_SYSTEM = (
     "A chat between a curious human and an artificial intelligence assistant. "
     "The assistant gives helpful, detailed, and polite answers to the human's questions."
@@ -95,18 +97,28 @@ def llava_v1_conversation(
     have an answer; a last answer of None ends the prompt with ``"ASSISTANT:"`` (nothing after it), so
     the model writes the next answer. Returns the prompt string (special tokens as text, e.g. ``</s>``).
     """
+    return render(llava_v1_parts(turns, system, image_placeholder))
+
+
+def llava_v1_parts(
+    turns: Sequence[tuple[str, str | None]],
+    system: str = LLAVA_V1_SYSTEM,
+    image_placeholder: str | None = IMAGE_PLACEHOLDER,
+) -> list[str | Data]:
+    """:func:`llava_v1_conversation` as prompt parts: the template (system sentence, roles, image
+    placeholder, ``</s>``) as ``str``, every message and answer as :class:`~capreward.judges.caller_text.Data`
+    (a local judge encodes them without special tokens)."""
     if not turns:
         raise ValueError("a conversation needs at least one user turn")
     user, assistant = LLAVA_V1_ROLES
-    parts = [system + LLAVA_V1_SEP]
+    parts: list[str | Data] = [system + LLAVA_V1_SEP]
     for i, (message, answer) in enumerate(turns):
-        if i == 0 and image_placeholder is not None:
-            message = f"{image_placeholder}\n{message}"
-        parts.append(f"{user}: {message}{LLAVA_V1_SEP}")
+        head = f"{image_placeholder}\n" if i == 0 and image_placeholder is not None else ""
+        parts += [f"{user}: {head}", Data(message), LLAVA_V1_SEP]
         if answer is None:
             if i != len(turns) - 1:
                 raise ValueError(f"turn {i} has no answer but is not the last turn")
             parts.append(f"{assistant}:")
         else:
-            parts.append(f"{assistant}: {answer}{LLAVA_V1_SEP2}")
-    return "".join(parts)
+            parts += [f"{assistant}: ", Data(answer), LLAVA_V1_SEP2]
+    return parts

@@ -30,10 +30,12 @@ import io
 import logging
 import os
 import random
+from dataclasses import replace
 from typing import Any, Sequence
 
 from PIL import Image
 
+from .caller_text import escape_special_tokens
 from .protocol import ChatRequest, ChatResponse, ChatTurn, TokenLogprob
 
 log = logging.getLogger(__name__)
@@ -60,9 +62,14 @@ def to_messages(turns: Sequence[ChatTurn], system: str | None = None, encode=ima
     """OpenAI chat ``messages`` for ``turns``: a user turn with images becomes content parts (the
     ``image_url`` parts first, then the text; the text first with ``text_first``; each image part with
     ``detail`` when ``image_detail`` is set), other turns plain strings. ``system``: a system message put
-    first. ``encode`` maps an image to its URL."""
+    first (configuration, sent as is). ``encode`` maps an image to its URL.
+
+    Turn text is data: servers tokenise message text with special-token parsing (vLLM does), so every
+    special-token string in it is broken with a space first
+    (:func:`~capreward.judges.caller_text.escape_special_tokens`: "</s>" is sent as "< /s>")."""
     messages: list[dict] = [{"role": "system", "content": system}] if system else []
     for turn in turns:
+        turn = replace(turn, text=escape_special_tokens(turn.text))
         if turn.role not in ("system", "user", "assistant"):
             raise ValueError(f"turn role must be 'system', 'user' or 'assistant', got {turn.role!r}")
         if turn.images:

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from .caller_text import fill_once
+
 #: Bump when the VisCE² context prompt changes: it is part of the visual-context cache key.
 VISCE2_PROMPT_VERSION = "visce2-release-1"
 
@@ -90,11 +92,8 @@ def visce2_prompt(caption: str, context: str, variant: str = "visce_2") -> str:
     if variant not in VISCE2_RATING_VARIANTS:
         raise ValueError(f"VisCE² prompt variant must be one of {sorted(VISCE2_RATING_VARIANTS)}, got {variant!r}")
     template, task, label = VISCE2_RATING_VARIANTS[variant]
-    return (
-        template.replace("[task]", task)
-        .replace("[cand]", f"Candidate:\n{caption}")
-        .replace("[context]", f"{label}\n{context}")
-    )
+    # one pass over the template: a caption "[context]" is not replaced by the visual context
+    return fill_once(template, {"[task]": task, "[cand]": f"Candidate:\n{caption}", "[context]": f"{label}\n{context}"})
 
 
 _IMG_REF_FREE = """You will be given one sentence of visual caption generated from one image.
@@ -422,9 +421,11 @@ def gveval_references(references: Sequence[str]) -> str:
 
 
 def gveval_prompt(template: str, caption: str, references: Sequence[str] | None = None) -> str:
-    """``template`` with ``{{Reference}}`` and ``{{Caption}}`` filled in (references first, as the release)."""
+    """``template`` with ``{{Reference}}`` and ``{{Caption}}`` filled in, in one pass over the template (a
+    reference holding "{{Caption}}" stays that text; the release's two ``str.replace`` calls would put
+    the candidate there)."""
     refs = gveval_references(references) if references else ""
-    return template.replace("{{Reference}}", refs).replace("{{Caption}}", caption)
+    return fill_once(template, {"{{Reference}}": refs, "{{Caption}}": caption})
 
 
 def prompt_words() -> list[str]:

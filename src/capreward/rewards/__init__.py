@@ -3,14 +3,15 @@
 ``EMScoreReward``, ``CLIPScoreReward``/``PACScoreReward`` and ``FLEURReward``, ``VisCE2Reward`` and ``GVEvalReward``
 wrap the scorers;
 ``HallucinationPenalty`` penalises caption words the visuals do not support; ``CompositeReward`` sums
-weighted rewards with guards against reward hacking (repetition, truncation, over-length).
+weighted rewards with guards against reward hacking (repetition, truncation, over-length, prompt
+injection). The LLM-judge rewards floor captions that forge the judge's prompt (the injection guard).
 """
 
 from .base import AsyncReward, CaptionReward, GroupScores, RewardFunction, RewardOutput
 from .clip_family import CLIPScoreReward, EMScoreReward, PACScoreReward
 from .composite import CompositeReward
 from .fleur import FLEURReward
-from .guards import Guards, length_penalty, repetition_penalty, truncation_penalty
+from .guards import Guards, injection_penalty, length_penalty, repetition_penalty, truncation_penalty
 from .hallucination import DEFAULT_THRESHOLD, HallucinationPenalty
 from .judges import GVEvalReward, VisCE2Reward
 from .inputs import Columns, collect_inputs, completion_text, prompt_images
@@ -34,6 +35,7 @@ __all__ = [
     "VisCE2Reward",
     "collect_inputs",
     "completion_text",
+    "injection_penalty",
     "length_penalty",
     "prompt_images",
     "repetition_penalty",

@@ -17,6 +17,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from ..judges.caller_text import is_blank
+from ..judges.injection import injection_reason
 from ..media import MediaError, describe, media_key
 from .inputs import Columns, RewardInputs, Sample, collect_inputs
 
@@ -43,6 +45,13 @@ class RewardOutput:
     reasons: list[str | None]
     metrics: dict[str, list[float]] = field(default_factory=dict)
     clipped: list[int] = field(default_factory=list)  # samples whose value was clipped into the range
+    #: per sample, None or why the injection guard floored it (empty when no guard ran)
+    injection: list[str | None] = field(default_factory=list)
+
+    @property
+    def flagged(self) -> list[int]:
+        """Samples the injection guard floored."""
+        return [i for i, r in enumerate(self.injection) if r is not None]
 
     @property
     def unscored(self) -> list[int]:
@@ -67,6 +76,10 @@ def clip_to_range(out: RewardOutput, value_range: tuple[float, float] | None) ->
             out.clipped.append(i)
     out.metrics["clipped"] = indicator
     return out
+
+
+#: Per-sample 1.0/0.0 indicators logged as a count per batch rather than a mean.
+COUNTED_METRICS = ("clipped", "injection")
 
 
 def _nanmean(values: Sequence[float]) -> float:
@@ -147,6 +160,8 @@ class RewardFunction:
             logger.warning("%s: %d/%d samples unscored (None): %s%s", self.name, len(bad), len(out.values), shown, more)
             if log_extra is not None:
                 log_extra(f"{self.name}/error", [r if v is None else None for r, v in zip(out.reasons, out.values)])
+        if out.flagged and log_extra is not None:  # the log line itself is written when they are floored
+            log_extra(f"{self.name}/injection", list(out.injection))
         if out.clipped:
             lo, hi = self.value_range() or (math.nan, math.nan)
             logger.info(
@@ -155,7 +170,10 @@ class RewardFunction:
         if log_metric is not None and out.values:
             log_metric(f"rewards/{self.name}/unscored_frac", len(bad) / len(out.values))
             for key, values in out.metrics.items():
-                if key == "clipped" or (self.log_subscores and key.endswith("/clipped")):
+                counted = key in COUNTED_METRICS or (
+                    self.log_subscores and not key.startswith("guard/") and key.endswith(tuple("/" + k for k in COUNTED_METRICS))
+                )
+                if counted:
                     log_metric(f"rewards/{self.name}/{key}", float(sum(v == 1.0 for v in values)))  # a count
                 elif self.log_subscores:
                     mean = _nanmean(values)
@@ -229,6 +247,11 @@ class CaptionReward(RewardFunction):
         image_column, images_column, video_column, references_column, visual_id_column: dataset column
             names (see :func:`capreward.rewards.inputs.collect_inputs` for how a visual is chosen).
         use_references: score against the references column when a sample has references.
+        injection_guard: floor captions that forge judge-prompt structure
+            (:func:`~capreward.judges.injection.injection_reason`): such a caption gets the bottom of
+            :meth:`value_range` without being scored, the reason is logged (``<name>/injection`` column,
+            ``rewards/<name>/injection`` count). None: the class default (:attr:`guard_injection`, on
+            for the LLM-judge rewards).
         name, log_subscores: see :class:`RewardFunction`.
         scorer_kwargs: keyword arguments of the scorer class (``model=``, ``device=``, ``backbone=``...).
 
@@ -237,6 +260,8 @@ class CaptionReward(RewardFunction):
     """
 
     needs_visual = True
+    #: whether the injection guard is on by default (the LLM-judge rewards turn it on)
+    guard_injection = False
     #: exceptions that mean "this sample's input is unusable", not "the code is broken"
     sample_errors: tuple[type[BaseException], ...] = (MediaError, ValueError, TypeError)
 
@@ -250,11 +275,13 @@ class CaptionReward(RewardFunction):
         references_column: str = "references",
         visual_id_column: str | None = None,
         use_references: bool = True,
+        injection_guard: bool | None = None,
         name: str | None = None,
         log_subscores: bool = True,
         **scorer_kwargs: Any,
     ):
         super().__init__(name=name, log_subscores=log_subscores)
+        self.injection_guard = self.guard_injection if injection_guard is None else bool(injection_guard)
         self.columns = Columns(image_column, images_column, video_column, references_column, visual_id_column)
         self.use_references = use_references
         self.scorer_kwargs = scorer_kwargs
@@ -274,6 +301,10 @@ class CaptionReward(RewardFunction):
             if self._scorer is None:
                 self._scorer = self._build()
             return self._scorer
+
+    def metric_names(self) -> tuple[str, ...]:
+        """The base's names, and ``injection`` (1/0 per sample) when the injection guard is on."""
+        return (*super().metric_names(), *(("injection",) if self.injection_guard else ()))
 
     def load_models(self) -> "CaptionReward":
         self.scorer  # noqa: B018 - building the scorer loads its models
@@ -316,8 +347,12 @@ class CaptionReward(RewardFunction):
         reasons: list[str | None] = [s.error for s in inputs.samples]
         metrics: dict[str, list[float]] = {}
         groups: dict[tuple, list[int]] = {}
+        injection = self._injection_guard(inputs.samples)
         for i, s in enumerate(inputs.samples):
             if s.error is not None:
+                continue
+            if injection[i] is not None:
+                values[i] = self.value_range()[0]  # the guard found a range (see _injection_guard)
                 continue
             refs = s.references if self.use_references else None
             if s.visual is None and (self.needs_visual or refs is None):
@@ -329,29 +364,59 @@ class CaptionReward(RewardFunction):
                 self.scorer  # build outside the per-sample error handling: a bad config must raise
             for (kind, with_refs), rows in groups.items():
                 self._score_rows(inputs.samples, rows, kind, with_refs, values, reasons, metrics, n)
-        return self.with_metric_names(clip_to_range(RewardOutput(values, reasons, metrics), self.value_range()))
+        if self.injection_guard:
+            metrics["injection"] = [
+                math.nan if s.error is not None else float(r is not None) for s, r in zip(inputs.samples, injection)
+            ]
+        out = RewardOutput(values, reasons, metrics, injection=injection if self.injection_guard else [])
+        if out.flagged:
+            shown = "; ".join(f"[{i}] {injection[i]}" for i in out.flagged[:8])
+            more = f"; ... {len(out.flagged) - 8} more" if len(out.flagged) > 8 else ""
+            logger.warning(
+                "%s: %d/%d captions look like forged judge-prompt structure, given the bottom of the range: %s%s",
+                self.name, len(out.flagged), n, shown, more,
+            )
+        return self.with_metric_names(clip_to_range(out, self.value_range()))
+
+    def _injection_guard(self, samples: Sequence[Sample]) -> list[str | None]:
+        """Per sample, why the guard floors it (:func:`~capreward.judges.injection.injection_reason`), or
+        None: always None with the guard off, for samples already invalid, and for captions that are
+        blank once special-token strings are removed (those are empty captions, not injections)."""
+        if not self.injection_guard:
+            return [None] * len(samples)
+        if self.value_range() is None:
+            raise ValueError(f"{self.name}: the injection guard needs a value range to floor captions to")
+        out: list[str | None] = []
+        for s in samples:
+            reason = None
+            if s.error is None and not is_blank(s.caption):
+                reason = injection_reason(s.caption)
+            out.append(reason)
+        return out
 
     def _score_rows(self, samples, rows, kind, with_refs, values, reasons, metrics, n) -> None:
-        """Score ``rows`` together; if an input error escapes, retry per distinct visual, then per row,
-        so only the samples with the unusable input get None."""
+        """Score ``rows`` in one scorer call. Scorers give a sample whose caption they cannot score NaN
+        and a reason, so a hostile caption never costs its group more calls; if an input error escapes
+        anyway (an unusable visual), the rows are retried once per distinct visual (never per row), and
+        the rows of a visual that still fails get the error as their reason."""
         try:
             result = self._call_group(samples, rows, kind, with_refs)
         except self.sample_errors as exc:
-            if len(rows) == 1:
-                reasons[rows[0]] = self._describe_error(samples[rows[0]], exc)
-                return
             by_visual: dict[Any, list[int]] = {}
             for i in rows:
                 by_visual.setdefault(_visual_group_key(samples[i]), []).append(i)
-            parts = list(by_visual.values()) if len(by_visual) > 1 else [[i] for i in rows]
-            for part in parts:
+            if len(by_visual) == 1:
+                for i in rows:
+                    reasons[i] = f"completions[{i}]: {self._describe_error(samples[i], exc)}"
+                return
+            for part in by_visual.values():
                 self._score_rows(samples, part, kind, with_refs, values, reasons, metrics, n)
             return
         for j, i in enumerate(rows):
             v = result.scores[j]
             if v is None or math.isnan(float(v)):
                 reason = result.reasons[j] if result.reasons else None
-                reasons[i] = reason or f"{self.name} gave no score"
+                reasons[i] = f"completions[{i}]: {reason or f'{self.name} gave no score'}"
             else:
                 values[i] = float(v)
         for key, column in result.metrics.items():

@@ -18,10 +18,13 @@ class FLEURReward(CaptionReward):
     :class:`CaptionReward`. Videos are judged on their three-frame composite. A sample whose answer
     does not read as a score (unfinished or unparseable) gets None with the judge's reason. The judge is
     slow: use :meth:`as_async` so TRL runs it concurrently with the other rewards. ``raw_score`` (the
-    greedy answer read as a number) is logged as a sub-score.
+    greedy answer read as a number) is logged as a sub-score. The injection guard is on
+    (``injection_guard=False`` turns it off): a caption that forges judge-prompt structure gets 0.0
+    unscored, with the reason logged (see :class:`~capreward.rewards.base.CaptionReward`).
     """
 
     __name__ = "fleur"
+    guard_injection = True
 
     def _build(self) -> FLEUR:
         return FLEUR(**self.scorer_kwargs)
@@ -31,7 +34,8 @@ class FLEURReward(CaptionReward):
         return (0.0, 1.0)
 
     def metric_names(self) -> tuple[str, ...]:
-        """``raw_score`` (the greedy answer read as a number) and ``clipped``."""
+        """``raw_score`` (the greedy answer read as a number), ``clipped`` and, with the injection guard,
+        ``injection``."""
         return ("raw_score", *super().metric_names())
 
     def score_group(self, captions, visuals, kind, references, visual_ids) -> GroupScores:

@@ -1,16 +1,19 @@
-"""Text-only penalties against the known reward-hacking modes of CLIP-style caption rewards.
+"""Text-only penalties against the known reward-hacking modes of caption rewards.
 
 Optimising CLIP-S/EMScore alone drives captioners towards (Cho et al. 2022 and others) repeating
-high-scoring words and phrases, stopping mid-sentence, and ever longer lists of objects. Each guard
-below is a pure function of the caption text returning a penalty in [-1, 0]; words are
-whitespace/punctuation-split lower-case tokens (not model tokens), so the guards do not depend on any
-tokenizer.
+high-scoring words and phrases, stopping mid-sentence, and ever longer lists of objects; optimising an
+LLM judge drives them towards captions that forge the judge's prompt (a new turn, a score, a master
+key; :mod:`capreward.judges.injection`). Each guard below is a pure function of the caption text
+returning a penalty in [-1, 0]; words are whitespace/punctuation-split lower-case tokens (not model
+tokens), so the guards do not depend on any tokenizer.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from ..judges.injection import injection_reason
 
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
 TERMINAL_PUNCTUATION = (".", "!", "?", '."', ".'", '!"', '?"', ".)")
@@ -58,6 +61,12 @@ def truncation_penalty(text: str, require_punctuation: bool = True) -> float:
     return 0.0
 
 
+def injection_penalty(text: str) -> float:
+    """-1 if the caption forges judge-prompt structure (:func:`~capreward.judges.injection.injection_reason`
+    names a pattern), else 0."""
+    return -1.0 if injection_reason(text) is not None else 0.0
+
+
 def length_penalty(text: str, max_words: int, scale: int | None = None) -> float:
     """Minus the number of words beyond ``max_words`` divided by ``scale`` (default ``max_words``),
     clipped to [-1, 0]: 0 up to max_words, -1 at max_words + scale words and beyond."""
@@ -78,6 +87,8 @@ class Guards:
     ``ngram``: n of the repetition guard. ``require_punctuation``: the truncation guard also fires on
     captions without terminal punctuation (turn off for captioners trained to omit the final period).
     ``max_words``/``length_scale``: the over-length guard's limit and ramp (see :func:`length_penalty`).
+    ``injection``: the injection guard (:func:`injection_penalty`): a caption that forges judge-prompt
+    structure gets ``-injection``.
     """
 
     repetition: float = 1.0
@@ -87,10 +98,14 @@ class Guards:
     length: float = 1.0
     max_words: int = 40
     length_scale: int | None = None
+    injection: float = 1.0
 
     def weights(self) -> dict[str, float]:
         """The weight of each enabled guard term (each term lies in [-weight, 0] for weight >= 0)."""
-        return {k: float(w) for k, w in (("repetition", self.repetition), ("truncation", self.truncation), ("length", self.length)) if w}
+        pairs = (
+            ("repetition", self.repetition), ("truncation", self.truncation), ("length", self.length), ("injection", self.injection)
+        )
+        return {k: float(w) for k, w in pairs if w}
 
     def terms(self, text: str) -> dict[str, float]:
         """The enabled weighted guard terms of one caption, e.g. ``{"repetition": -0.25, ...}``."""
@@ -101,4 +116,6 @@ class Guards:
             out["truncation"] = self.truncation * truncation_penalty(text, self.require_punctuation)
         if self.length:
             out["length"] = self.length * length_penalty(text, self.max_words, self.length_scale)
+        if self.injection:
+            out["injection"] = self.injection * injection_penalty(text)
         return out

@@ -5,7 +5,10 @@ Both work on any :class:`~capreward.judges.protocol.JudgeBackend` (a local
 slow: wrap the reward with :meth:`~capreward.rewards.base.RewardFunction.as_async` so TRL runs it
 concurrently with the other rewards. Values are the metric's 0..100 score times ``scale`` (0.01 by
 default, so rewards lie in [0, 1]); a sample the judge could not score (failed request, unreadable
-visual, no score in the answer) gets None with the reason logged.
+visual, no score in the answer) gets None with the reason logged. The injection guard is on by default
+(``injection_guard=False`` turns it off): a caption that forges judge-prompt structure
+(:func:`~capreward.judges.injection.injection_reason`) gets the bottom of the range without being sent
+to the judge, with the reason logged.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class VisCE2Reward(CaptionReward):
     """
 
     __name__ = "visce2"
+    guard_injection = True
 
     def __init__(self, *, scale: float = 0.01, use_expected: bool = False, use_references: bool = False, **kwargs: Any):
         super().__init__(use_references=use_references, **kwargs)
@@ -54,7 +58,8 @@ class VisCE2Reward(CaptionReward):
         return getattr(self._given_scorer, name) if self._given_scorer is not None else self.scorer_kwargs.get(name, False)
 
     def metric_names(self) -> tuple[str, ...]:
-        """``parsed`` (1/0), ``expected`` when the scorer computes expected scores, and ``clipped``."""
+        """``parsed`` (1/0), ``expected`` when the scorer computes expected scores, ``clipped`` and, with the
+        injection guard, ``injection``."""
         return ("parsed", *(("expected",) if self._option("expected") else ()), *super().metric_names())
 
     def score_group(self, captions, visuals, kind, references, visual_ids) -> GroupScores:
@@ -83,6 +88,7 @@ class GVEvalReward(CaptionReward):
     """
 
     __name__ = "gveval"
+    guard_injection = True
 
     def __init__(self, *, scale: float = 0.01, **kwargs: Any):
         super().__init__(**kwargs)
@@ -100,7 +106,8 @@ class GVEvalReward(CaptionReward):
         return (min(0.0, 100 * self.scale), max(0.0, 100 * self.scale))
 
     def metric_names(self) -> tuple[str, ...]:
-        """``parsed``, the four ACCR dimensions with ``accr=True``, and ``clipped``."""
+        """``parsed``, the four ACCR dimensions with ``accr=True``, ``clipped`` and, with the injection
+        guard, ``injection``."""
         accr = self._given_scorer.accr if self._given_scorer is not None else self.scorer_kwargs.get("accr", False)
         dims = ("accuracy", "completeness", "conciseness", "relevance") if accr else ()
         return ("parsed", *dims, *super().metric_names())

@@ -39,6 +39,8 @@ from PIL import Image
 
 from ..judges.loading import DEFAULT_LLAVA
 from ..judges.local import GreedyOutput, LocalJudge
+from ..judges.caller_text import Data, is_blank, render
+from ..judges.injection import injection_reasons
 from ..judges.prompts import FLEUR_EXPLAIN_PROMPT, fleur_prompt
 from ..media import MediaError, describe, load_image, media_key
 from ..media.composite import video_composite
@@ -68,6 +70,8 @@ class FLEURResult:
     - ``rule``: how the answer was read: ``"one_decimal"``, ``"two_decimals"``, ``"one"`` or None.
     - ``digit_probs``: (N, 2, 10) full-vocabulary p("0".."9") at the first and second read step, NaN in
       slots that were not read.
+    - ``injection``: per sample, None or why the caption looks like forged prompt structure
+      (:func:`~capreward.judges.injection.injection_reason`); reported only, the score is the metric's.
     - ``pixel_values`` / ``inputs_embeds`` / ``grad_rows``: with ``requires_grad=True``, the leaf tensors
       the scores differentiate to: (U, 3, H, W) for the distinct images and (len(grad_rows), L, hidden)
       token embeddings of the teacher-forced pass over the scored rows ``grad_rows``.
@@ -82,6 +86,7 @@ class FLEURResult:
     pixel_values: torch.Tensor | None = None
     inputs_embeds: torch.Tensor | None = None
     grad_rows: list[int] = field(default_factory=list)
+    injection: list[str | None] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.raw)
@@ -91,11 +96,13 @@ class FLEURResult:
 class FLEURPlan:
     """The greedy pass over a batch: what was asked, what was answered and where it is read.
 
-    ``prompt_ids[n]`` is None for samples that were not run (their ``error`` says why); ``visuals`` are
-    the distinct images (composites for videos) and ``image_index[n]`` picks sample n's.
+    ``prompts[n]`` are the conversation parts asked (the caption is :class:`Data`); ``prompt_ids[n]`` is
+    None for samples that were not run (their ``error`` says why); ``visuals`` are the distinct images
+    (composites for videos) and ``image_index[n]`` picks sample n's.
     """
 
-    prompts: list[str]
+    candidates: list[str]
+    prompts: list[list[str | Data]]
     prompt_ids: list[list[int] | None]
     visuals: list[Image.Image]
     image_index: list[int]
@@ -213,6 +220,7 @@ class FLEUR:
         self.share_prefix = share_prefix
         self.max_context = max_context if max_context is not None else self.judge.context_length
         self.digit_ids = self.judge.digit_token_ids()
+        self._control_strings: list[str] | None = None
 
     # ------------------------------------------------------------------------------------ public API
     def score(
@@ -243,6 +251,7 @@ class FLEUR:
             error=plan.error,
             rule=plan.rules,
             digit_probs=plan.digit_probs,
+            injection=injection_reasons(plan.candidates),
         )
         if requires_grad:
             pixel_values = self.judge.preprocess(plan.visuals).detach().clone().requires_grad_(True)
@@ -277,7 +286,7 @@ class FLEUR:
         candidates = caption_list(candidates)
         n = len(candidates)
         for i, c in enumerate(candidates):
-            if not c.strip():
+            if self.is_empty_caption(c):
                 raise ValueError(f"candidates[{i}] is an empty caption; there is nothing to explain")
         refs = check_references(references, n)
         visuals, image_index = judge_visuals(images, videos, n)
@@ -292,7 +301,7 @@ class FLEUR:
         prompts = []
         for i, c in enumerate(candidates):
             message = fleur_prompt(c, refs[i] if refs is not None else None)
-            prompts.append(self.judge.conversation([(message, first[i]), (FLEUR_EXPLAIN_PROMPT, None)]))
+            prompts.append(self.judge.conversation_parts([(message, first[i]), (FLEUR_EXPLAIN_PROMPT, None)]))
         budget = max_new_tokens or self.explain_max_new_tokens
         runs, errors = self._generate(
             prompts, visuals, image_index, list(range(n)), budget, keep_logits=False, fit_to_context=True
@@ -304,12 +313,26 @@ class FLEUR:
 
     def prompts(self, candidates: Sequence[str], references: Sequence[Sequence[str] | str] | None = None) -> list[str]:
         """The full conversation strings the judge is asked (with the image placeholder)."""
+        return [render(parts) for parts in self.prompt_parts(candidates, references)]
+
+    def prompt_parts(
+        self, candidates: Sequence[str], references: Sequence[Sequence[str] | str] | None = None
+    ) -> list[list[str | Data]]:
+        """The conversations of :meth:`prompts` as parts: the user message (prompt text with the caption
+        and references) is :class:`~capreward.judges.caller_text.Data`, encoded without special tokens."""
         candidates = caption_list(candidates)
         refs = check_references(references, len(candidates))
         return [
-            self.judge.conversation([(fleur_prompt(c, refs[i] if refs is not None else None), None)])
+            self.judge.conversation_parts([(fleur_prompt(c, refs[i] if refs is not None else None), None)])
             for i, c in enumerate(candidates)
         ]
+
+    def is_empty_caption(self, caption: str) -> bool:
+        """True when nothing is left of ``caption`` once the judge's special-token strings (and the common
+        families'), invisible characters and whitespace are removed ("<s></s>" is an empty caption)."""
+        if self._control_strings is None:
+            self._control_strings = self.judge.control_token_strings()
+        return is_blank(caption, self._control_strings)
 
     # ------------------------------------------------------------------------------ the greedy pass
     def plan(
@@ -325,10 +348,10 @@ class FLEUR:
         n = len(candidates)
         refs = check_references(references, n)
         visuals, image_index = judge_visuals(images, videos, n)
-        prompts = self.prompts(candidates, refs)
+        prompts = self.prompt_parts(candidates, refs)
         error: list[str | None] = [None] * n
         for i, c in enumerate(candidates):
-            if not c.strip():
+            if self.is_empty_caption(c):
                 error[i] = "empty caption"
         rows = [i for i in range(n) if error[i] is None]
         runs, run_errors = self._generate(prompts, visuals, image_index, rows, self.max_new_tokens, keep_logits=True, fit_to_context=True)
@@ -364,7 +387,7 @@ class FLEUR:
             if reading.ok:
                 read = torch.stack([logits[t] for t in reading.steps])
                 probs[i, : len(reading.steps)] = digit_probabilities(read, self.digit_ids).float().cpu()
-        return FLEURPlan(prompts, prompt_ids, visuals, image_index, tokens, raw, readings, error, probs)
+        return FLEURPlan(candidates, prompts, prompt_ids, visuals, image_index, tokens, raw, readings, error, probs)
 
     # ------------------------------------------------------------------------- the differentiable pass
     def teacher_forcing(self, plan: FLEURPlan):
@@ -414,7 +437,7 @@ class FLEUR:
 
     def _generate(
         self,
-        prompts: Sequence[str],
+        prompts: Sequence[Sequence[str | Data]],
         visuals: Sequence[Image.Image],
         image_index: Sequence[int],
         rows: Sequence[int],
@@ -439,9 +462,13 @@ class FLEUR:
             slot = {u: k for k, u in enumerate(used)}
             with torch.inference_mode():
                 features = judge.image_features(judge.preprocess([visuals[u] for u in used]))
-            ids = judge.encode_prompts([prompts[r] for r in chunk], int(features.shape[1]))
             keep, budgets = [], []
-            for r, p in zip(chunk, ids):
+            for r in chunk:
+                try:
+                    p = judge.encode_prompts([prompts[r]], int(features.shape[1]), names=[f"the prompt of candidates[{r}]"])[0]
+                except ValueError as exc:  # a prompt the judge cannot run: this row only, named as the caller's
+                    errors[r] = str(exc)
+                    continue
                 room = self.max_context - len(p)
                 needed = min(max_new_tokens, 16) if fit_to_context else max_new_tokens
                 if room < needed:

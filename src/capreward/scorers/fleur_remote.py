@@ -50,7 +50,9 @@ from typing import Any, Sequence
 import torch
 from PIL import Image
 
+from ..judges.caller_text import is_blank
 from ..judges.images import mean_background, pad_to_square
+from ..judges.injection import injection_reasons
 from ..judges.prompts import FLEUR_EXPLAIN_PROMPT, LLAVA_V1_CHAT_TEMPLATE, fleur_prompt
 from ..judges.protocol import ChatRequest, ChatResponse, JudgeBackend, TokenLogprob, assistant_turn, user_turn
 from ..metrics.fleur import (
@@ -230,12 +232,14 @@ class RemoteFLEUR:
         a reason in ``error`` for empty captions, failed requests and unreadable answers. Raises
         ``MediaError``/``TypeError``/``ValueError`` naming the item for unusable inputs."""
         n, sent, requests = self._score_requests(candidates, images, references, videos)
-        return self.read(_placed(n, sent, self.backend.generate(requests)))
+        result = self.read(_placed(n, sent, self.backend.generate(requests)))
+        result.injection = injection_reasons(caption_list(candidates))
+        return result
 
     def _score_requests(self, candidates, images, references, videos) -> tuple[int, list[int], list[ChatRequest]]:
         """The number of candidates, the positions of the non-empty ones and their requests (in order)."""
         candidates, refs, visuals = self._inputs(candidates, images, references, videos)
-        sent = [n for n, c in enumerate(candidates) if c.strip()]
+        sent = [n for n, c in enumerate(candidates) if not is_blank(c)]  # "<s></s>" is an empty caption
         requests = self.requests([candidates[n] for n in sent], [visuals[n] for n in sent], [refs[n] for n in sent] if refs else None)
         return len(candidates), sent, requests
 
@@ -278,7 +282,9 @@ class RemoteFLEUR:
     async def ascore(self, candidates, images=None, references=None, *, videos=None) -> RemoteFLEURResult:
         """:meth:`score`, awaitable (the requests run concurrently on a remote backend)."""
         n, sent, requests = self._score_requests(candidates, images, references, videos)
-        return self.read(_placed(n, sent, await self.backend.agenerate(requests)))
+        result = self.read(_placed(n, sent, await self.backend.agenerate(requests)))
+        result.injection = injection_reasons(caption_list(candidates))
+        return result
 
     def explain(
         self,

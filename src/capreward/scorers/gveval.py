@@ -28,11 +28,13 @@ image file's bytes labelled ``image/jpeg``; we send the decoded pixels as PNG (l
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
 
+from ..judges.caller_text import is_blank
+from ..judges.injection import injection_reasons
 from ..judges.protocol import ChatRequest, JudgeBackend, system_turn, user_turn
 from ..judges.vlm_prompts import GVEVAL_MODES, gveval_prompt, gveval_template
 from ..media import MediaError, load_image
@@ -54,6 +56,8 @@ class GVEvalResult:
     - ``raw``: the judge's answers (reasoning and score) as text.
     - ``error``: None, or why the sample has no score.
     - ``accuracy`` / ``completeness`` / ``conciseness`` / ``relevance``: with ACCR, (N,) each; else None.
+    - ``injection``: per sample, None or why the caption looks like forged prompt structure
+      (:func:`~capreward.judges.injection.injection_reason`); reported only, the score is the metric's.
     """
 
     score: np.ndarray
@@ -65,6 +69,7 @@ class GVEvalResult:
     completeness: np.ndarray | None = None
     conciseness: np.ndarray | None = None
     relevance: np.ndarray | None = None
+    injection: list[str | None] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.raw)
@@ -167,8 +172,8 @@ class GVEval:
                     raise ValueError(f"references[{i}] must be a non-empty list of strings")
         visual, pictures, errors = self._visuals(n, images, videos)
         for i, c in enumerate(candidates):  # a judge would rate an empty caption: give no score instead
-            if not c.strip() and errors[i] is None:
-                errors[i] = f"candidate {i} is an empty caption"
+            if is_blank(c) and errors[i] is None:  # blank once special-token strings are removed too
+                errors[i] = "empty caption"
         template = gveval_template(visual, self.mode, self.accr)
         top = self.top_logprobs if self.expected else 0
         detail = "high" if visual == "vid" else self.resolution  # the release forces "high" for video
@@ -205,6 +210,7 @@ class GVEval:
         A sample whose score cannot be read from the answer (no marker, no number after it, no integer
         among the alternatives) is asked again, up to ``requery`` times, as the release does; then it gets
         NaN and the reason (or, with ``fallback="parsed"``, the number written in the answer)."""
+        candidates = list(candidates)
         requests, errors = self.requests(candidates, images, videos, references)
         n = len(requests)
         raw = [""] * n
@@ -228,7 +234,8 @@ class GVEval:
                 if errors[i] is None:  # pragma: no cover - every NaN path sets an error above
                     errors[i] = "no score"
                 log.info("G-VEval sample %d: %s", i, errors[i])
-        result = GVEvalResult(score=score, parsed=parsed, source=sources, raw=raw, error=errors)
+        injection = injection_reasons(candidates)
+        result = GVEvalResult(score=score, parsed=parsed, source=sources, raw=raw, error=errors, injection=injection)
         if self.accr:
             for name in ACCR_MARKERS:
                 setattr(result, name, dims[name])

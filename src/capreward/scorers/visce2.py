@@ -24,12 +24,14 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
+from ..judges.caller_text import is_blank
+from ..judges.injection import injection_reasons
 from ..judges.protocol import ChatRequest, JudgeBackend, user_turn
 from ..judges.vlm_prompts import VISCE2_CONTEXT_PROMPT, VISCE2_PROMPT_VERSION, VISCE2_RATING_VARIANTS, visce2_prompt
 from ..media import MediaError, load_image, media_key
@@ -53,6 +55,8 @@ class VisCE2Result:
     - ``error``: None, or why the score is 0, NaN or above 100.
     - ``expected``: with ``expected=True``, (N,) expected scores in [0, 100] from the token distribution
       (NaN where unavailable; ``expected_error`` says why); else None.
+    - ``injection``: per sample, None or why the caption looks like forged prompt structure
+      (:func:`~capreward.judges.injection.injection_reason`); reported only, the score is the metric's.
     """
 
     score: np.ndarray
@@ -61,6 +65,7 @@ class VisCE2Result:
     error: list[str | None]
     expected: np.ndarray | None = None
     expected_error: list[str | None] | None = None
+    injection: list[str | None] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.raw)
@@ -227,8 +232,8 @@ class VisCE2:
         n = len(candidates)
         contexts, errors, row_images = self._contexts(images, image_ids)
         for i, c in enumerate(candidates):  # a judge would rate an empty caption: give no score instead
-            if not c.strip() and errors[i] is None:
-                contexts[i], errors[i] = None, f"candidate {i} is an empty caption"
+            if is_blank(c) and errors[i] is None:  # blank once special-token strings are removed too
+                contexts[i], errors[i] = None, "empty caption"
         scores = np.full(n, np.nan)
         raw = [""] * n
         rows = [i for i in range(n) if contexts[i] is not None]
@@ -271,4 +276,5 @@ class VisCE2:
             error=errors,
             expected=expected,
             expected_error=expected_error,
+            injection=injection_reasons(candidates),
         )

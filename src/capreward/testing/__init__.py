@@ -1,4 +1,8 @@
-"""Offline, deterministic fixtures (tiny models) for tests and demos of code that uses capreward."""
+"""Offline, deterministic fixtures (tiny models) for tests and demos of code that uses capreward.
+
+The red-team suite lives here too: :mod:`~capreward.testing.susceptible_judge` (a tiny judge that falls
+for prompt injection) and :mod:`~capreward.testing.red_team` (hostile captions x every judge scorer and
+reward)."""
 
 from .tiny_clip import (
     TINY_CLIP_CONFIG,
@@ -7,6 +11,8 @@ from .tiny_clip import (
     save_tiny_clip_openai,
     tiny_clip_factory,
 )
+from .red_team import ATTACKS, Attack, Verdict, run_red_team
+from .susceptible_judge import SUSCEPTIBLE_RECIPE, susceptible_judge, susceptible_judge_dir
 from .tiny_llava import (
     FLEUR_ANSWERS,
     FLEUR_COLOURS,
@@ -36,6 +42,13 @@ from .tiny_llava import (
 )
 
 __all__ = [
+    "ATTACKS",
+    "Attack",
+    "SUSCEPTIBLE_RECIPE",
+    "Verdict",
+    "run_red_team",
+    "susceptible_judge",
+    "susceptible_judge_dir",
     "FLEUR_ANSWERS",
     "FLEUR_COLOURS",
     "FLEUR_GENERATORS",

@@ -87,7 +87,10 @@ class EchoBackend:
 
 
 class LocalBackend:
-    """:class:`~capreward.judges.local_chat.LocalChatJudge` over a saved judge directory, float32 on CPU."""
+    """:class:`~capreward.judges.local_chat.LocalChatJudge` over a saved judge directory, float32 on CPU.
+
+    Like vLLM, it tokenises message text with special-token parsing (a "</s>" in a message is the
+    end-of-sequence token), so tests see what a client must escape (``parse_special_tokens=True``)."""
 
     def __init__(self, judge_dir: str, threads: int = 1):
         import torch
@@ -97,7 +100,7 @@ class LocalBackend:
 
         torch.set_num_threads(threads)
         model, processor = load_llava(judge_dir, dtype=torch.float32, device=torch.device("cpu"), local_files_only=True)
-        self.judge = LocalChatJudge((model, processor), batch_size=1)
+        self.judge = LocalChatJudge((model, processor), batch_size=1, parse_special_tokens=True)
         self.name = self.judge.name
         self.lock = threading.Lock()  # the model is not thread-safe; requests run one at a time
 
