@@ -15,6 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
+from capreward.metrics.harmonic import sign_safe_harmonic_mean
 from capreward.rewards import CLIPScoreReward, EMScoreReward, completion_text, prompt_images
 from capreward.scorers.clipscore import CLIPScore
 from capreward.scorers.emscore import EMScore
@@ -150,7 +151,7 @@ def test_trl_call_matches_direct_scores_both_formats(clip_model, video_paths):
     inputs = group_inputs("video", video_paths)
     completions = CAPTIONS + CAPTIONS[::-1]
     videos = [x["video"] for x in inputs]
-    expected_em = EMScore(model=clip_model).score(completions, videos=videos).score
+    expected_em = EMScore(model=clip_model).score(completions, videos=videos, harmonic_mean="sign-safe").score
     expected_cs = CLIPScore(model=clip_model).score(completions, videos=videos).clip_s
 
     for fmt in (lambda t: t, conversational, conversational_parts):
@@ -180,16 +181,20 @@ def test_references_and_reference_only_samples(clip_model, video_paths):
     direct = EMScore(model=clip_model)
     # sample 0: video + references (combined score); sample 1: references only (EMScore_ref)
     values = em(None, CAPTIONS[:2], video=[video_paths[0], None], references=refs)
-    assert values[0] == pytest.approx(direct.score(CAPTIONS[:1], videos=video_paths[:1], references=refs[:1]).score.item(), rel=1e-5)
-    assert values[1] == pytest.approx(direct.score(CAPTIONS[1:2], references=refs[1:]).score.item(), rel=1e-5)
+    safe = dict(harmonic_mean="sign-safe")  # the reward's F (the scorer's default is the released one)
+    assert values[0] == pytest.approx(direct.score(CAPTIONS[:1], videos=video_paths[:1], references=refs[:1], **safe).score.item(), rel=1e-5)
+    assert values[1] == pytest.approx(direct.score(CAPTIONS[1:2], references=refs[1:], **safe).score.item(), rel=1e-5)
     # use_references=False ignores the column; CLIP-S without a visual cannot score
     no_refs = EMScoreReward(model=clip_model, use_references=False)(None, CAPTIONS[:2], video=[video_paths[0], None], references=refs)
-    assert no_refs[0] == pytest.approx(direct.score(CAPTIONS[:1], videos=video_paths[:1]).score.item(), rel=1e-5)
+    assert no_refs[0] == pytest.approx(direct.score(CAPTIONS[:1], videos=video_paths[:1], **safe).score.item(), rel=1e-5)
     assert no_refs[1] is None
     assert CLIPScoreReward(model=clip_model)(None, CAPTIONS[:1], references=refs[:1]) == [None]
-    ref_clip = CLIPScore(model=clip_model).score(CAPTIONS[:1], videos=video_paths[:1], references=refs[:1]).ref_clip_s
+    raw = CLIPScore(model=clip_model).score(CAPTIONS[:1], videos=video_paths[:1], references=refs[:1])
     got = CLIPScoreReward(model=clip_model)(None, CAPTIONS[:1], video=video_paths[:1], references=refs[:1])
-    assert got[0] == pytest.approx(ref_clip.item(), rel=1e-5)
+    assert got[0] == pytest.approx(sign_safe_harmonic_mean(raw.clip_s, raw.ref_similarity).item(), rel=1e-5)
+    released = CLIPScoreReward(model=clip_model, harmonic_mean="released")
+    got = released(None, CAPTIONS[:1], video=video_paths[:1], references=refs[:1])
+    assert got[0] == pytest.approx(min(max(raw.ref_clip_s.item(), 0.0), 2.5), rel=1e-5)
 
 
 def test_bad_video_and_empty_completion_give_none_with_reasons(clip_model, video_paths, tmp_path, caplog):
@@ -203,7 +208,8 @@ def test_bad_video_and_empty_completion_give_none_with_reasons(clip_model, video
         rewards, trainer = trl_rewards([em], inputs, completions)
     values = rewards[:, 0]
     assert torch.isnan(values[[1, 2, 3]]).all()
-    expected = EMScore(model=clip_model).score([completions[0], completions[4]], videos=[video_paths[0]] * 2).score
+    expected = EMScore(model=clip_model).score([completions[0], completions[4]], videos=[video_paths[0]] * 2,
+                                                harmonic_mean="sign-safe").score
     torch.testing.assert_close(values[[0, 4]], expected, rtol=1e-5, atol=1e-6)
     errors = trainer.extra["emscore/error"]
     assert errors[0] is None and errors[4] is None
@@ -315,7 +321,7 @@ def test_given_scorer_and_shared_backbone(clip_model, video_paths):
     assert em.scorer is scorer
     assert cs.scorer.backbone is scorer.backbone
     v = em(None, CAPTIONS[:1], video=video_paths[:1])
-    assert v[0] == pytest.approx(scorer.score(CAPTIONS[:1], videos=video_paths[:1]).score.item(), rel=1e-6)
+    assert v[0] == pytest.approx(scorer.score(CAPTIONS[:1], videos=video_paths[:1], harmonic_mean="sign-safe").score.item(), rel=1e-6)
     # the visual encoded for EMScore is reused by CLIP-S (same backbone cache, same frame sampling)
     misses = scorer.backbone.cache.misses
     cs(None, CAPTIONS[:1], video=video_paths[:1])

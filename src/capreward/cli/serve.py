@@ -10,6 +10,7 @@ import threading
 
 from ..adapters.factory import ALIASES, REWARD_NAMES
 from ..backbones.clip_loading import DEFAULT_CLIP
+from ..metrics.harmonic import HARMONIC_MEANS
 from .common import add_device_option, add_media_limit_options, metric_name
 
 
@@ -23,6 +24,7 @@ def run(args: argparse.Namespace) -> int:
         clip_model=args.clip_model, fleur_model=args.fleur_model or DEFAULT_FLEUR, device=args.device,
         precision=None if args.precision == "fp32" else args.precision, dtype=args.dtype, idf=args.idf,
         frames=None if args.frames == 0 else args.frames, w=args.w, composite=args.composite,
+        harmonic_mean=args.harmonic_mean,
     )
     reward = build_reward(args.reward, options)
     load_models = getattr(reward, "load_models", None)
@@ -74,6 +76,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--idf", help="EMScore idf corpus: a text file with one caption per line (default: no idf)")
     p.add_argument("--frames", type=int, default=10, help="frames per video (0: all)")
     p.add_argument("--w", type=float, help="CLIP-S scale (default: 2.5)")
+    p.add_argument("--harmonic-mean", default="sign-safe", choices=list(HARMONIC_MEANS),
+                   help="how emscore's F (from P and R) and clip_s's RefCLIP-S are formed: sign-safe = 2ab/(a+b) "
+                        "when both parts are positive, else the smaller part (in range, never rewards opposite "
+                        "signs); released = the papers' 2ab/(a+b), clipped to the reward's range")
     add_device_option(p)
     add_media_limit_options(p)
     p.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"], help="CLIP precision")
