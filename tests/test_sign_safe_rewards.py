@@ -238,3 +238,23 @@ def test_no_wrong_colour_caption_outranks_the_true_one_under_any_reward(colour_b
                             wrong.append((name, c, template, sorted(columns), colours[j], v, values[truth]))
     assert checked > 400
     assert not wrong, wrong[:10]
+
+
+def test_server_and_verl_emscore_rank_the_issue_case_right(colour_backbone, tmp_path):
+    """``capreward serve --reward emscore`` (the server's default reward) and veRL's ``emscore``: the
+    adapters' reward is the sign-safe one; ``harmonic_mean="released"`` restores the paper's F."""
+    from capreward.adapters.factory import RewardOptions, build_reward
+    from capreward.adapters.openrlhf import RewardService
+    from capreward.adapters.verl import make_compute_score
+    from capreward.testing.trained_clip import colour_image
+
+    colour_image("red").save(tmp_path / "red.png")
+    captions = ["a red image.", "a yellow image."]
+    payload = {"query": captions, "labels": [{"image": "red.png"}] * 2}
+    for mean, truth_wins in (("sign-safe", True), ("released", False)):
+        reward = build_reward("emscore", RewardOptions(harmonic_mean=mean), backbone=colour_backbone)
+        answer = RewardService(reward, media_root=str(tmp_path)).handle(payload)
+        assert (answer["rewards"][0] > answer["rewards"][1]) is truth_wins, answer
+        verl = make_compute_score(reward, media_root=str(tmp_path))
+        values = verl.batch(["src"] * 2, captions, [None] * 2, [{"image": "red.png"}] * 2)
+        assert (values[0] > values[1]) is truth_wins, values
