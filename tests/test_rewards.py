@@ -238,14 +238,16 @@ def test_bad_configuration_raises_instead_of_none(video_paths):
         broken(None, CAPTIONS[:1], video=video_paths[:1])
 
 
-def test_visual_id_column_keys_the_cache(clip_model):
+def test_visual_id_column_narrows_the_cache_key(clip_model):
     em = EMScoreReward(model=clip_model, visual_id_column="video_id")
     frames = random_video(3)
     first = em(None, CAPTIONS[:1], video=[frames], video_id=["clip-3"])
-    # the id, not the pixels, keys the cache: other pixels under the same id reuse the cached frames
-    again = em(None, CAPTIONS[:1], video=[random_video(4)], video_id=["clip-3"])
-    assert again == first
-    assert em(None, CAPTIONS[:1], video=[random_video(4)]) != first
+    misses = em.scorer.backbone.cache.misses
+    assert em(None, CAPTIONS[:1], video=[frames.copy()], video_id=["clip-3"]) == first  # same pixels, same id: cached
+    assert em.scorer.backbone.cache.misses == misses
+    # the id never serves an embedding by itself: other pixels under the same id get their own score
+    other = em(None, CAPTIONS[:1], video=[random_video(4)], video_id=["clip-3"])
+    assert other != first and other == em(None, CAPTIONS[:1], video=[random_video(4)])
 
 
 def test_subscores_logged_as_batch_means(clip_model, video_paths):

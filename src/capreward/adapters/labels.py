@@ -8,7 +8,9 @@ path (or cache id). A label is a dict, or a JSON string encoding one::
     {"references": ["a man cooks"]}          # reference-only scoring (EMScore_ref, RefCLIP-S text side)
 
 Keys: ``video`` or ``image`` (a path; ``images``, a list of paths, is read as its first entry),
-``references`` (a str or a list of str; optional), ``visual_id`` (optional cache key).
+``references`` (a str or a list of str; optional), ``visual_id`` (optional; it narrows the visual's
+cache key, which is always the file's identity or the pixels' hash, so a reused id never serves
+another visual's embedding).
 
 Which paths are served is decided by a :class:`~capreward.adapters.paths.MediaPaths` policy: the
 reward server confines them to its media root (a refused path gives that sample a fallback with one

@@ -1,7 +1,8 @@
 """Rewards from the CLIP-based scorers: EMScore (videos, images, references) and CLIP-S / PAC-S.
 
 Both share the scorer's :class:`~capreward.backbones.CLIPBackbone`, whose LRU cache keys visuals by
-path (+size, mtime) or content hash, so the visual of a GRPO group is decoded and encoded once per
+file identity (path, device, inode, size, mtime and ctime) or content hash, narrowed by the
+``visual_id`` column when there is one, so the visual of a GRPO group is decoded and encoded once per
 process even when its completions arrive over several calls.
 """
 

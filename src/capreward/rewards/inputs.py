@@ -84,7 +84,7 @@ class Columns:
     images: str = "images"
     video: str = "video"
     references: str = "references"
-    visual_id: str | None = None  # optional column of cache ids for the visuals
+    visual_id: str | None = None  # optional column of ids narrowing the visuals' cache keys (never alone)
 
 
 @dataclass
