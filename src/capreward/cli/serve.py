@@ -43,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    print(f"capreward serve: ready on {server.url}/get_reward (reward {args.reward})", file=sys.stderr, flush=True)
+    print(f"capreward serve: ready on {server.url}/get_reward (reward {args.reward}, unscorable samples get "
+          f"{server.service.fallback:g})", file=sys.stderr, flush=True)
     try:
         server.serve_forever(poll_interval=0.2)
     finally:
@@ -89,7 +90,11 @@ def add_parser(subparsers) -> None:
                    "against it; paths that resolve outside it, symlinks included, are refused)")
     p.add_argument("--allow-any-path", action="store_true",
                    help="let labels name any file this process can read (trusted clients only)")
-    p.add_argument("--fallback", type=float, default=0.0, help="reward of a sample that cannot be scored")
+    p.add_argument("--fallback", type=float, default=None,
+                   help="reward of a sample that cannot be scored (empty completion, unreadable or refused file, invalid "
+                        "references); default: the bottom of the reward's range (emscore -1; clip_s -1, where RefCLIP-S "
+                        "reaches, 0 with --harmonic-mean released; hallucination -1; fleur 0; composite the sum of its "
+                        "terms' and guards' bottoms), so an unscorable sample never outranks a scored one")
     p.add_argument("--max-body-bytes", type=int, default=16 * 1024 * 1024, help="larger requests get 413")
     p.add_argument("--max-items", type=int, default=4096, help="more queries per request get 413")
     p.add_argument("--max-concurrent", type=int, default=None,
