@@ -137,3 +137,14 @@ def test_verl_gives_the_fallback_and_logs_the_reason(tiny_backbone, image, tmp_p
     assert values[1:5] == [-5.0] * 4 and values[0] != -5.0 and values[5] != -5.0
     assert "must be a non-empty list" in caplog.text and "empty caption" in caplog.text
     assert "references[1] must be a str" in caplog.text
+
+
+@pytest.mark.parametrize("mode", ["ref-only", "combined"])
+def test_gveval_scorer_applies_the_same_rule(mode):
+    from capreward import GVEval
+
+    scorer = GVEval(None, mode=mode)
+    for refs, reason in [([], r"references\[0\] must be a non-empty list"), ([""], r"references\[0\]\[0\]: empty caption"),
+                         (["ok", 5], r"references\[0\]\[1\]: caption must be str"), ("a dog", "got a str")]:
+        with pytest.raises(ValueError, match=reason):
+            scorer.requests(["a red ball"], references=[refs])
