@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from ..metrics.clipscore import ref_clip_s
-from ..metrics.harmonic import HARMONIC_MEANS, harmonic_mean as harmonic_mean_named
+from ..metrics.harmonic import harmonic_mean as harmonic_mean_named
 from ..scorers.clipscore import CLIPScore, PACScore
 from ..scorers.emscore import EMScore
 from ..scorers.results import MatchScores
@@ -23,12 +23,6 @@ MATCH_FIELDS = ("coarse", "fine_p", "fine_r", "fine_f", "full_p", "full_r", "ful
 
 def _column(values) -> list[float]:
     return [float(v) for v in values.detach().float().cpu().tolist()]
-
-
-def _check_mean(name: str) -> str:
-    if name not in HARMONIC_MEANS:
-        raise ValueError(f"harmonic_mean must be one of {HARMONIC_MEANS}, got {name!r}")
-    return name
 
 
 class EMScoreReward(CaptionReward):
@@ -59,8 +53,8 @@ class EMScoreReward(CaptionReward):
             raise ValueError(f"field must be one of {MATCH_FIELDS}, got {field!r}")
         if kwargs.get("idf") == "batch":
             raise ValueError("idf='batch' makes a sample's reward depend on its batch; pass a corpus or dict")
-        self.field = field
-        self.harmonic_mean = _check_mean(harmonic_mean)
+        harmonic_mean_named(harmonic_mean)  # ValueError naming the choices
+        self.field, self.harmonic_mean = field, harmonic_mean
         super().__init__(**kwargs)
 
     def _build(self) -> EMScore:
@@ -112,7 +106,8 @@ class CLIPScoreReward(CaptionReward):
     scorer_class = CLIPScore
 
     def __init__(self, *, harmonic_mean: str = "sign-safe", **kwargs: Any):
-        self.harmonic_mean = _check_mean(harmonic_mean)
+        harmonic_mean_named(harmonic_mean)  # ValueError naming the choices
+        self.harmonic_mean = harmonic_mean
         super().__init__(**kwargs)
 
     def _build(self) -> CLIPScore:
