@@ -171,4 +171,6 @@ def test_label_forms():
     lab = parse_label('{"images": ["a.jpg", "b.jpg"], "references": "one ref", "visual_id": 7}', "x", "/data")
     assert lab.image == "/data/a.jpg" and lab.video is None
     assert lab.references == ["one ref"] and lab.visual_id == "7"
-    assert parse_label({"video": "/abs/v.mp4", "references": ["", "  "]}, "x", "/data").references is None
+    # blank references are kept as given: the reward refuses them per sample (never "no references")
+    assert parse_label({"video": "/abs/v.mp4", "references": ["", "  "]}, "x", "/data").references == ["", "  "]
+    assert parse_label({"references": []}, "x", "/data").references == []

@@ -692,8 +692,174 @@ def test_media_loader_bounds_memory_in_a_fresh_process(root):
     assert growth < 50 * 2**20, f"{growth / 2**20:.0f} MB"
 
 
+# ------------------------------------------------------------------ references and visual ids (issue 20)
+@dataclass
+class LabelCase:
+    """A middle sample whose caption and image are good but whose references or visual id are not.
+    ``refs``: its references (``error``: the regex its reason must match; the raising scorers raise
+    naming item 1). ``reuse_id``: it is good1's sample (caption and image) under good0's visual id, which
+    must not serve good0's embedding: valid, it must score as good1 scored alone.
+    ``files``: expressible in a manifest row / server label (a non-str reference is a malformed row
+    or label there: exit 2 / 400, tested elsewhere)."""
+
+    refs: Any = None
+    error: str | None = None
+    reuse_id: bool = False
+    files: bool = True
+
+
+SHARED_ID = "bad-inputs-shared-visual-id"
+LABEL_CASES: dict[str, LabelCase] = {
+    "references []": LabelCase([], r"non-empty list|empty list|references\[1\] is empty"),
+    'references [""]': LabelCase([""], r"empty caption|is empty"),
+    "references with a blank entry": LabelCase(["a red ball", "  "], r"empty caption|is empty"),
+    "references with a non-str entry": LabelCase(["a red ball", 5], r"must be (a )?str|int", files=False),
+    "visual id reused with other content": LabelCase(reuse_id=True),
+}
+# entry points that take visual ids (the hallucination penalty reads EMScore's path, and on the random
+# tiny CLIP flags every word of both good captions on both images: its value cannot tell them apart)
+ID_ENTRIES = ("EMScore", "CLIPScore", "PACScore", "VisCE2", "EMScoreReward", "CLIPScoreReward", "PACScoreReward",
+              "VisCE2Reward", "CompositeReward", "reward server", "veRL adapter")
+NO_REFERENCES = ("VisCE2", "GVEval")  # scorers without references (G-VEval's ref-free mode ignores them)
+
+
+def label_applies(entry: str, name: str) -> bool:
+    case = LABEL_CASES[name]
+    if case.reuse_id:
+        return entry in ID_ENTRIES
+    if entry in NO_REFERENCES or (entry in SUBPROCESS and not case.files and entry != "veRL adapter"):
+        return False
+    return True
+
+
+LABEL_MATRIX = [(entry, name) for entry in ENTRY_POINTS for name in LABEL_CASES if label_applies(entry, name)]
+
+
+@pytest.fixture(scope="module")
+def id_rewards(scorers):
+    """The rewards of the matrix reading cache ids from a ``visual_id`` column (as the adapters do)."""
+    from capreward.rewards import (CLIPScoreReward, CompositeReward, EMScoreReward, HallucinationPenalty,
+                                   PACScoreReward, VisCE2Reward)
+
+    col = dict(visual_id_column="visual_id")
+    em, clip = EMScoreReward(scorer=scorers["EMScore"], **col), CLIPScoreReward(scorer=scorers["CLIPScore"], **col)
+    return {"EMScoreReward": em, "CLIPScoreReward": clip,
+            "PACScoreReward": PACScoreReward(scorer=scorers["PACScore"], **col),
+            "VisCE2Reward": VisCE2Reward(scorer=scorers["VisCE2"], **col),
+            "HallucinationPenalty": HallucinationPenalty(scorer=scorers["EMScore"], **col),
+            "CompositeReward": CompositeReward([(em, 1.0), (clip, 0.5)])}
+
+
+def label_runner(entry: str, request) -> Callable:
+    """``run(captions, images, refs, ids)`` -> (value, reason) per sample for ``entry`` (images only;
+    ``refs``/``ids``: one entry per sample, None where the sample has none)."""
+    root = request.getfixturevalue("root")
+    if entry in RAISING + ISOLATING_SCORERS:
+        scorer = request.getfixturevalue("scorers")[entry]
+
+        def run(captions, images, refs, ids):
+            kwargs: dict[str, Any] = {}
+            if any(r is not None for r in refs):
+                kwargs["references"] = [r if r is not None else ["a thing"] for r in refs]
+            if any(i is not None for i in ids):
+                kwargs["video_ids" if entry == "EMScore" else "image_ids"] = ids
+            if entry == "VisCE2":
+                result = scorer.score(captions, images, **kwargs)
+                return [(None if e else float(v), e) for v, e in zip(result.score.tolist(), result.error)]
+            return [(float(v), None) for v in scorer.score(captions, images=images, **kwargs).score]
+        return run
+    if entry in REWARDS:
+        reward = request.getfixturevalue("id_rewards").get(entry) or request.getfixturevalue("rewards")[entry]
+
+        def run(captions, images, refs, ids):
+            out = reward.compute(None, captions, image=images, references=refs, visual_id=ids)
+            return list(zip(out.values, out.reasons))
+        return run
+    if entry == "capreward score":
+        clip_path, tmp_factory = request.getfixturevalue("clip_path"), request.getfixturevalue("tmp_path_factory")
+
+        def run(captions, images, refs, ids):
+            rows = [{"id": f"r{i}", "caption": c, "image": v, **({} if r is None else {"references": r})}
+                    for i, (c, v, r) in enumerate(zip(captions, images, refs))]
+            by_id, _ = _cli_rows(root, clip_path, tmp_factory.mktemp("cli_labels"), rows)
+            return [_cli_value(by_id[f"r{i}"]) for i in range(len(rows))]
+        return run
+    if entry == "reward server":
+        server_fixture = request.getfixturevalue("server")
+
+        def run(captions, images, refs, ids):
+            labels = [{"image": _relative(root, v), **({} if r is None else {"references": r}),
+                       **({} if i is None else {"visual_id": i})} for v, r, i in zip(images, refs, ids)]
+            status, body = server_fixture.post(captions, labels)
+            assert status == 200, body
+            return [(None, e) if e else (v, None) for v, e in zip(body["rewards"], body["errors"])]
+        return run
+    if entry == "veRL adapter":
+        from capreward.adapters import make_compute_score
+
+        scorer = make_compute_score(request.getfixturevalue("id_rewards")["CLIPScoreReward"], fallback=-7.0,
+                                    return_dict=True, media_root=str(root))
+
+        def run(captions, images, refs, ids):
+            infos = [{"image": _relative(root, v), **({} if i is None else {"visual_id": i})} for v, i in zip(images, ids)]
+            rows = scorer.batch(["src"] * len(captions), captions, refs, infos)
+            return [(None, "unscored") if r["unscored"] else (r["score"], None) for r in rows]
+        return run
+    raise AssertionError(entry)
+
+
+def _label_sample(root: Path, name: str) -> tuple[str, str, Any, str | None]:
+    """(caption, image, references, id) of the middle sample of case ``name``."""
+    case = LABEL_CASES[name]
+    goods = good_visuals(root, "image")
+    if case.reuse_id:
+        return GOOD_CAPTIONS[1], goods[1], None, SHARED_ID
+    return GOOD_CAPTIONS[0], goods[0], case.refs, None
+
+
+@pytest.mark.parametrize("entry, name", LABEL_MATRIX, ids=[f"{e}-{n}" for e, n in LABEL_MATRIX])
+def test_bad_references_and_reused_ids(entry, name, request, root, results):
+    case = LABEL_CASES[name]
+    run = label_runner(entry, request)
+    goods = good_visuals(root, "image")
+    good0_id = SHARED_ID if case.reuse_id else None
+    if entry in RAISING + ISOLATING_SCORERS and not case.reuse_id:
+        caption, image, refs, _ = _label_sample(root, name)
+        with pytest.raises((ValueError, TypeError)) as exc:
+            no_hang(lambda: run([GOOD_CAPTIONS[0], caption, GOOD_CAPTIONS[1]], [goods[0], image, goods[1]],
+                                [["a thing"], refs, ["a thing"]], [None] * 3))
+        assert re.search(r"\[1\]", str(exc.value)) and re.search(case.error, str(exc.value)), str(exc.value)
+        return
+
+    def batch():  # good0 (under the shared id), every applicable case, good1: one call per entry point
+        names = [n for n in LABEL_CASES if label_applies(entry, n) and not (
+            entry in RAISING + ISOLATING_SCORERS and not LABEL_CASES[n].reuse_id)]
+        samples = [(GOOD_CAPTIONS[0], goods[0], None, SHARED_ID if entry in ID_ENTRIES else None)]
+        samples += [_label_sample(root, n) for n in names]
+        samples.append((GOOD_CAPTIONS[1], goods[1], None, None))
+        with bounded_memory():
+            values = no_hang(lambda: run(*(list(column) for column in zip(*samples))))
+        return dict(zip(names, values[1:-1])), (values[0], values[-1])
+
+    by_name, (first, last) = results.get((entry, "labels"), batch)
+    alone = results.get((entry, "labels alone"), lambda: [
+        run([c], [v], [None], [None])[0] for c, v in ((GOOD_CAPTIONS[0], goods[0]), (GOOD_CAPTIONS[1], goods[1]),
+                                                      (GOOD_CAPTIONS[1], goods[0]))])
+    assert _same(first, alone[0]) and _same(last, alone[1]), ((first, last), alone)  # good0 keeps its value
+    value, reason = by_name[name]
+    if case.reuse_id:  # good1's value, never that of good1's caption on good0's image
+        assert good0_id is not None and not _same(alone[1], alone[2]), "precondition: the two images score apart"
+        assert _same((value, reason), alone[1]), ((value, reason), alone[1], alone[2])
+        return
+    assert value is None, f"{name}: expected no score, got {value}"
+    if entry != "veRL adapter":
+        assert reason and re.search(case.error, reason) and re.search(r"reference", reason), reason
+
+
 def test_matrix_size():
     """The README's Reliability section quotes these counts."""
     assert len(CASES) >= 25 and len(ENTRY_POINTS) == 17
     assert DEFAULT_MAX_PIXELS == 2**25
     print(f"{len(CASES)} cases x {len(ENTRY_POINTS)} entry points = {len(MATRIX)} applicable cells")
+    assert len(LABEL_CASES) == 5 and len(LABEL_MATRIX) == 69
+    print(f"{len(LABEL_CASES)} reference/id cases: {len(LABEL_MATRIX)} applicable cells")

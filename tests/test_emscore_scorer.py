@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from capreward import EMScore
-from capreward.media import MediaError, load_video
+from capreward.media import MediaError, load_video, media_key
 from capreward.metrics.idf import idf_from_rows
 
 from conftest import random_video, write_mp4
@@ -85,7 +85,7 @@ def test_explicit_video_ids_key_the_cache(tiny_backbone, videos):
     em = EMScore(backbone=tiny_backbone)
     tiny_backbone.cache.clear()
     em.score(CAPTIONS[:2], videos=[videos[0], videos[1]], video_ids=["v0", "v1"])
-    assert ("video", 10, "id:v0") in tiny_backbone.cache
+    assert ("video", 10, media_key(videos[0], "v0")) in tiny_backbone.cache  # the id narrows the content key
 
 
 def test_real_clips_score(em, real_clips):

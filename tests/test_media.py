@@ -111,7 +111,7 @@ def test_media_keys(tmp_path):
     b[0, 0, 0, 0] = 1
     assert media_key(a) == media_key(a.copy())
     assert media_key(a) != media_key(b)
-    assert media_key(a, explicit_id="x") == "id:x"
+    assert media_key(a, explicit_id="x") == f"id:x|{media_key(a)}"  # an id narrows, never replaces
     p = tmp_path / "f.bin"
     p.write_bytes(b"1")
     assert media_key(p) == media_key(str(p))

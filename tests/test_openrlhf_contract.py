@@ -162,7 +162,8 @@ def test_mixed_batch_survives_concat_and_split(tiny_clip_path, tokenizer, media)
     # the rewards are the reward's own values for the response text (the fallback for the unscored one)
     direct = reward(None, [SAMPLES[0][0], SAMPLES[1][0]], image=[str(media / "red.png"), str(media / "blue.png")],
                     references=[SAMPLES[0][1]["references"], None])
-    assert [r["reward"][0] for r in responses] == pytest.approx([*direct, 0.0], abs=1e-6)
+    bottom = reward.value_range()[0]  # the server's default fallback: the bottom of the reward's range
+    assert [r["reward"][0] for r in responses] == pytest.approx([*direct, bottom], abs=1e-6)
 
     assert len(items) == 3
     for item, log in zip(items, logs):

@@ -15,6 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
+from capreward.metrics.harmonic import sign_safe_harmonic_mean
 from capreward.rewards import CLIPScoreReward, EMScoreReward, completion_text, prompt_images
 from capreward.scorers.clipscore import CLIPScore
 from capreward.scorers.emscore import EMScore
@@ -165,7 +166,7 @@ def test_trl_call_matches_direct_scores_both_formats(clip_model, video_paths):
     inputs = group_inputs("video", video_paths)
     completions = CAPTIONS + CAPTIONS[::-1]
     videos = [x["video"] for x in inputs]
-    expected_em = EMScore(model=clip_model).score(completions, videos=videos).score
+    expected_em = EMScore(model=clip_model).score(completions, videos=videos, harmonic_mean="sign-safe").score
     expected_cs = CLIPScore(model=clip_model).score(completions, videos=videos).clip_s
 
     for fmt in (lambda t: t, conversational, conversational_parts):
@@ -195,16 +196,20 @@ def test_references_and_reference_only_samples(clip_model, video_paths):
     direct = EMScore(model=clip_model)
     # sample 0: video + references (combined score); sample 1: references only (EMScore_ref)
     values = em(None, CAPTIONS[:2], video=[video_paths[0], None], references=refs)
-    assert values[0] == pytest.approx(direct.score(CAPTIONS[:1], videos=video_paths[:1], references=refs[:1]).score.item(), rel=1e-5)
-    assert values[1] == pytest.approx(direct.score(CAPTIONS[1:2], references=refs[1:]).score.item(), rel=1e-5)
+    safe = dict(harmonic_mean="sign-safe")  # the reward's F (the scorer's default is the released one)
+    assert values[0] == pytest.approx(direct.score(CAPTIONS[:1], videos=video_paths[:1], references=refs[:1], **safe).score.item(), rel=1e-5)
+    assert values[1] == pytest.approx(direct.score(CAPTIONS[1:2], references=refs[1:], **safe).score.item(), rel=1e-5)
     # use_references=False ignores the column; CLIP-S without a visual cannot score
     no_refs = EMScoreReward(model=clip_model, use_references=False)(None, CAPTIONS[:2], video=[video_paths[0], None], references=refs)
-    assert no_refs[0] == pytest.approx(direct.score(CAPTIONS[:1], videos=video_paths[:1]).score.item(), rel=1e-5)
+    assert no_refs[0] == pytest.approx(direct.score(CAPTIONS[:1], videos=video_paths[:1], **safe).score.item(), rel=1e-5)
     assert no_refs[1] is None
     assert CLIPScoreReward(model=clip_model)(None, CAPTIONS[:1], references=refs[:1]) == [None]
-    ref_clip = CLIPScore(model=clip_model).score(CAPTIONS[:1], videos=video_paths[:1], references=refs[:1]).ref_clip_s
+    raw = CLIPScore(model=clip_model).score(CAPTIONS[:1], videos=video_paths[:1], references=refs[:1])
     got = CLIPScoreReward(model=clip_model)(None, CAPTIONS[:1], video=video_paths[:1], references=refs[:1])
-    assert got[0] == pytest.approx(ref_clip.item(), rel=1e-5)
+    assert got[0] == pytest.approx(sign_safe_harmonic_mean(raw.clip_s, raw.ref_similarity).item(), rel=1e-5)
+    released = CLIPScoreReward(model=clip_model, harmonic_mean="released")
+    got = released(None, CAPTIONS[:1], video=video_paths[:1], references=refs[:1])
+    assert got[0] == pytest.approx(min(max(raw.ref_clip_s.item(), 0.0), 2.5), rel=1e-5)
 
 
 def test_bad_video_and_empty_completion_give_none_with_reasons(clip_model, video_paths, tmp_path, caplog):
@@ -218,7 +223,8 @@ def test_bad_video_and_empty_completion_give_none_with_reasons(clip_model, video
         rewards, trainer = trl_rewards([em], inputs, completions)
     values = rewards[:, 0]
     assert torch.isnan(values[[1, 2, 3]]).all()
-    expected = EMScore(model=clip_model).score([completions[0], completions[4]], videos=[video_paths[0]] * 2).score
+    expected = EMScore(model=clip_model).score([completions[0], completions[4]], videos=[video_paths[0]] * 2,
+                                                harmonic_mean="sign-safe").score
     torch.testing.assert_close(values[[0, 4]], expected, rtol=1e-5, atol=1e-6)
     errors = trainer.extra["emscore/error"]
     assert errors[0] is None and errors[4] is None
@@ -247,14 +253,16 @@ def test_bad_configuration_raises_instead_of_none(video_paths):
         broken(None, CAPTIONS[:1], video=video_paths[:1])
 
 
-def test_visual_id_column_keys_the_cache(clip_model):
+def test_visual_id_column_narrows_the_cache_key(clip_model):
     em = EMScoreReward(model=clip_model, visual_id_column="video_id")
     frames = random_video(3)
     first = em(None, CAPTIONS[:1], video=[frames], video_id=["clip-3"])
-    # the id, not the pixels, keys the cache: other pixels under the same id reuse the cached frames
-    again = em(None, CAPTIONS[:1], video=[random_video(4)], video_id=["clip-3"])
-    assert again == first
-    assert em(None, CAPTIONS[:1], video=[random_video(4)]) != first
+    misses = em.scorer.backbone.cache.misses
+    assert em(None, CAPTIONS[:1], video=[frames.copy()], video_id=["clip-3"]) == first  # same pixels, same id: cached
+    assert em.scorer.backbone.cache.misses == misses
+    # the id never serves an embedding by itself: other pixels under the same id get their own score
+    other = em(None, CAPTIONS[:1], video=[random_video(4)], video_id=["clip-3"])
+    assert other != first and other == em(None, CAPTIONS[:1], video=[random_video(4)])
 
 
 def test_subscores_logged_as_batch_means(clip_model, video_paths):
@@ -330,7 +338,7 @@ def test_given_scorer_and_shared_backbone(clip_model, video_paths):
     assert em.scorer is scorer
     assert cs.scorer.backbone is scorer.backbone
     v = em(None, CAPTIONS[:1], video=video_paths[:1])
-    assert v[0] == pytest.approx(scorer.score(CAPTIONS[:1], videos=video_paths[:1]).score.item(), rel=1e-6)
+    assert v[0] == pytest.approx(scorer.score(CAPTIONS[:1], videos=video_paths[:1], harmonic_mean="sign-safe").score.item(), rel=1e-6)
     # the visual encoded for EMScore is reused by CLIP-S (same backbone cache, same frame sampling)
     misses = scorer.backbone.cache.misses
     cs(None, CAPTIONS[:1], video=video_paths[:1])

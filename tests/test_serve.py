@@ -191,7 +191,7 @@ def test_bounded_concurrency_503_and_graceful_close(tiny_clip_path, media):
     """In process: with the only worker held inside a slow scoring call, a request waits
     ``queue_timeout`` for its batch and is refused; graceful close waits for the running batch."""
     reward = GatedReward(CLIPScoreReward(model=str(tiny_clip_path)))
-    server = make_server(reward, "127.0.0.1", 0, media_root=str(media),
+    server = make_server(reward, "127.0.0.1", 0, media_root=str(media), fallback=-1,  # a plain callable: no range
                          limits=ServerLimits(max_concurrent=1, queue_timeout=0.2))
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()

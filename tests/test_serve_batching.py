@@ -66,6 +66,9 @@ class SpyReward:
     def columns(self):
         return self.inner.columns
 
+    def value_range(self):
+        return self.inner.value_range()  # the server's default fallback is its bottom
+
     def compute(self, prompts, completions, **kwargs):
         self.calls.append(len(completions))
         self.entered.set()

@@ -24,7 +24,9 @@ class RewardOptions:
     ``clip_model``: CLIP for clip_s/emscore (name/tag, OpenAI-format ``.pt`` path, ...);
     ``fleur_model``: LLaVA judge for fleur; ``idf``: a file with one caption per line (EMScore's idf
     corpus) or None for uniform weights; ``frames``: frames per video; ``w``: CLIP-S scale;
-    ``composite``: ``"name=weight,..."`` terms of the composite reward.
+    ``composite``: ``"name=weight,..."`` terms of the composite reward; ``harmonic_mean``: how emscore's
+    F and clip_s's RefCLIP-S are formed (``"sign-safe"``, the default, or the papers' ``"released"``
+    formula; see :mod:`capreward.metrics.harmonic`).
     """
 
     clip_model: str = DEFAULT_CLIP
@@ -36,15 +38,17 @@ class RewardOptions:
     frames: int | None = 10
     w: float | None = None
     composite: str = "emscore=1.0,hallucination=1.0"
+    harmonic_mean: str = "sign-safe"
 
     @classmethod
     def from_env(cls, prefix: str = "CAPREWARD_") -> "RewardOptions":
         """Options from ``CAPREWARD_CLIP_MODEL``, ``CAPREWARD_FLEUR_MODEL``, ``CAPREWARD_DEVICE``,
         ``CAPREWARD_PRECISION``, ``CAPREWARD_DTYPE``, ``CAPREWARD_IDF``, ``CAPREWARD_FRAMES`` (0 = all),
-        ``CAPREWARD_W`` and ``CAPREWARD_COMPOSITE``; unset ones keep their defaults."""
+        ``CAPREWARD_W``, ``CAPREWARD_COMPOSITE`` and ``CAPREWARD_HARMONIC_MEAN``; unset ones keep their
+        defaults."""
         env = os.environ
         opts = cls()
-        for name in ("clip_model", "fleur_model", "device", "precision", "dtype", "idf", "composite"):
+        for name in ("clip_model", "fleur_model", "device", "precision", "dtype", "idf", "composite", "harmonic_mean"):
             value = env.get(prefix + name.upper())
             if value:
                 setattr(opts, name, value)
@@ -117,9 +121,10 @@ def build_reward(name: str, options: RewardOptions | None = None, *, backbone: A
             model=opts.clip_model, precision=opts.precision, device=opts.device)
         common.update(model, frames=opts.frames)
     if kind == "clip_s":
-        return CLIPScoreReward(**({} if opts.w is None else {"w": opts.w}), **common)
+        return CLIPScoreReward(**({} if opts.w is None else {"w": opts.w}), harmonic_mean=opts.harmonic_mean, **common)
     if kind == "emscore":
-        return EMScoreReward(idf=read_idf_corpus(opts.idf) if opts.idf else False, **common)
+        return EMScoreReward(idf=read_idf_corpus(opts.idf) if opts.idf else False, harmonic_mean=opts.harmonic_mean,
+                             **common)
     if kind == "hallucination":
         return HallucinationPenalty(idf=read_idf_corpus(opts.idf) if opts.idf else False, **common)
     return FLEURReward(model=opts.fleur_model, device=opts.device,

@@ -8,7 +8,10 @@ path (or cache id). A label is a dict, or a JSON string encoding one::
     {"references": ["a man cooks"]}          # reference-only scoring (EMScore_ref, RefCLIP-S text side)
 
 Keys: ``video`` or ``image`` (a path; ``images``, a list of paths, is read as its first entry),
-``references`` (a str or a list of str; optional), ``visual_id`` (optional cache key).
+``references`` (a str or a list of str; optional; ``[]``, ``[""]`` or a blank entry gives the sample
+the fallback with its reason, never a score without references), ``visual_id`` (optional; it narrows the visual's
+cache key, which is always the file's identity or the pixels' hash, so a reused id never serves
+another visual's embedding).
 
 Which paths are served is decided by a :class:`~capreward.adapters.paths.MediaPaths` policy: the
 reward server confines them to its media root (a refused path gives that sample a fallback with one
@@ -35,9 +38,10 @@ class LabelError(ValueError):
 
 @dataclass
 class Label:
-    """One parsed label: at most one of ``image``/``video`` (a path), ``references`` (None or a
-    non-empty list of non-empty strings) and an optional cache id. ``error``: why the sample cannot
-    be scored although the label is well formed (a refused path); such a sample gets the fallback."""
+    """One parsed label: at most one of ``image``/``video`` (a path), ``references`` (None or a list
+    of str as given: the reward refuses an empty list or a blank entry, per sample) and an optional
+    cache id. ``error``: why the sample cannot be scored although the label is well formed (a refused
+    path); such a sample gets the fallback."""
 
     image: str | ConfinedFile | None = None  # ConfinedFile: a confined path, opened only inside its root
     video: str | ConfinedFile | None = None
@@ -56,10 +60,12 @@ def _tolist(value: Any) -> Any:
 
 
 def parse_references(value: Any, where: str) -> list[str] | None:
-    """A str or list of str as a list of non-empty references (None when there are none).
+    """A str or list of str as a list of references (None for None).
 
     A str that holds a JSON list (``'["a", "b"]'``) is decoded. Raises :class:`LabelError` naming
-    ``where`` for other types.
+    ``where`` for other types and for entries that are not str. An empty list or a blank entry is kept
+    as given: the reward gives that sample None (the fallback here) with the reason, as the scorers and
+    ``capreward score`` refuse it, rather than scoring it without references (another metric).
     """
     value = _tolist(value)
     if value is None:
@@ -75,13 +81,10 @@ def parse_references(value: Any, where: str) -> list[str] | None:
             value = [value]
     if not isinstance(value, (list, tuple)):
         raise LabelError(f"{where}: references must be a str or a list of str, got {type(value).__name__}")
-    refs = []
     for j, r in enumerate(value):
         if not isinstance(r, str):
             raise LabelError(f"{where}: references[{j}] must be a str, got {type(r).__name__}")
-        if r.strip():
-            refs.append(r)
-    return refs or None
+    return list(value)
 
 
 def _path_value(value: Any, key: str, where: str) -> str | None:

@@ -21,8 +21,10 @@ Errors: a malformed request (not JSON, missing ``query``/``labels``, lengths tha
 is not a valid label object, a query that does not contain its prompt) is answered 400 with a message
 naming the offending item, e.g. ``labels[3] has unknown keys ['vidoe']``; such requests are pipeline
 bugs that would fail identically at every step. A well-formed sample that cannot be scored (unreadable
-file, empty completion, a path the server does not serve) gets ``fallback`` with its reason in
-``errors`` and the log, and the rest of the batch is scored.
+file, empty completion, a path the server does not serve, invalid references) gets ``fallback`` with its
+reason in ``errors`` and the log, and the rest of the batch is scored. The fallback is the bottom of the
+reward's range by default (:func:`~capreward.adapters.scoring.resolve_fallback`: -1 for EMScore), so an
+unscorable sample never outranks a scored one.
 
 Files: labels name files under the server's media root only (:mod:`capreward.adapters.paths`): every
 path is resolved, symlinks included, and must be a regular file inside the root; anything else (an
@@ -62,7 +64,7 @@ from typing import Any, Sequence
 from .batching import Busy, DynamicBatcher
 from .labels import Label, LabelError, parse_label
 from .paths import MediaPaths
-from .scoring import ScoredBatch, concat_batches, score_labelled
+from .scoring import ScoredBatch, concat_batches, resolve_fallback, score_labelled
 
 logger = logging.getLogger(__name__)
 
@@ -176,14 +178,14 @@ class RewardService:
     """The server's request handling without HTTP: validate, score, build the response dict.
 
     ``media_root``/``allow_any_path``: which files labels may name (see
-    :class:`~capreward.adapters.paths.MediaPaths`; neither given: none)."""
+    :class:`~capreward.adapters.paths.MediaPaths`; neither given: none). ``fallback``: the reward of an
+    unscorable sample; None (default): the bottom of the reward's range
+    (:func:`~capreward.adapters.scoring.resolve_fallback`)."""
 
-    def __init__(self, reward: Any, fallback: float = 0.0, media_root: str | None = None,
+    def __init__(self, reward: Any, fallback: float | None = None, media_root: str | None = None,
                  limits: ServerLimits | None = None, allow_any_path: bool = False):
-        if not math.isfinite(float(fallback)):
-            raise ValueError(f"fallback must be a finite number, got {fallback}")
         self.reward = reward
-        self.fallback = float(fallback)
+        self.fallback = resolve_fallback(reward, fallback)
         self.paths = MediaPaths(media_root, allow_any_path=allow_any_path)
         self.limits = limits or ServerLimits()
         names = reward.metric_names() if hasattr(reward, "metric_names") else ()
@@ -438,11 +440,12 @@ class RewardHTTPServer(ThreadingHTTPServer):
         return finished
 
 
-def make_server(reward: Any, host: str = "127.0.0.1", port: int = 0, *, fallback: float = 0.0,
+def make_server(reward: Any, host: str = "127.0.0.1", port: int = 0, *, fallback: float | None = None,
                 media_root: str | None = None, limits: ServerLimits | None = None,
                 warm_up: bool = True, allow_any_path: bool = False) -> RewardHTTPServer:
     """A bound (not yet serving) server for ``reward``; ``port=0`` picks a free port (see ``.url``).
     Labels may name files under ``media_root`` only (none without one, unless ``allow_any_path``).
+    ``fallback``: as for :class:`RewardService` (default: the bottom of the reward's range).
     With ``warm_up`` the model is loaded before the socket is bound."""
     service = RewardService(reward, fallback=fallback, media_root=media_root, limits=limits,
                             allow_any_path=allow_any_path)

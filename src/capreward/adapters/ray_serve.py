@@ -38,7 +38,7 @@ from .openrlhf import RequestError, RewardService, ServerLimits
 from .scoring import ScoredBatch, concat_batches
 
 
-def reward_app(reward_factory: Callable[[], Any], *, fallback: float = 0.0, media_root: str | None = None,
+def reward_app(reward_factory: Callable[[], Any], *, fallback: float | None = None, media_root: str | None = None,
                allow_any_path: bool = False, limits: ServerLimits | None = None, num_replicas: int = 1,
                ray_actor_options: dict[str, Any] | None = None):
     """A Ray Serve application (pass it to ``serve.run``) answering ``/get_reward`` and ``/health``.

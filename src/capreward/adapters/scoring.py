@@ -33,6 +33,34 @@ class ScoredBatch:
         return [fallback if v is None else v for v in self.values]
 
 
+def resolve_fallback(reward: Any, fallback: float | None = None) -> float:
+    """The number an RL stack gets for a sample the reward cannot score: ``fallback`` when given, else
+    the bottom of the reward's range (``reward.value_range()[0]``: -1 for EMScore, 0 for CLIP-S with
+    ``use_references=False`` and -1 with references, where RefCLIP-S reaches -1; the sum of the lows
+    for a composite), so an unscorable sample (an empty completion, an unreadable file)
+    never outranks a scored one. A mid-range value such as 0.0 for EMScore's [-1, 1] would rank an empty
+    completion above every wrong caption, and the policy would learn to produce it.
+
+    Raises ValueError when ``fallback`` is not finite, or when it is None and the reward states no range
+    (a plain function, a composite with one): pass a number then. An explicit fallback above the bottom
+    is allowed (it is logged as a warning)."""
+    name = getattr(reward, "__name__", type(reward).__name__)
+    value_range = getattr(reward, "value_range", None)
+    bounds = value_range() if callable(value_range) else None
+    if fallback is None:
+        if bounds is None:
+            raise ValueError(f"reward {name!r} states no range (value_range() is None), so unscorable samples have no "
+                             "bottom to get: pass a fallback number (serve --fallback, CAPREWARD_FALLBACK)")
+        fallback = bounds[0]
+    value = float(fallback)
+    if not math.isfinite(value):
+        raise ValueError(f"fallback must be a finite number, got {fallback}")
+    if bounds is not None and value > bounds[0]:
+        logger.warning("fallback %g is above the bottom %g of %s's range [%g, %g]: an unscorable sample outranks "
+                       "scored samples below it", value, bounds[0], name, bounds[0], bounds[1])
+    return value
+
+
 def concat_batches(parts: Sequence[ScoredBatch]) -> ScoredBatch:
     """``parts`` joined in order; a metric some part lacks is NaN for that part's samples."""
     keys = sorted({key for part in parts for key in part.metrics})

@@ -18,10 +18,11 @@ Two ways to configure it:
       custom_reward_function.path=$(python -c "import capreward.adapters.verl as m; print(m.__file__)")
       custom_reward_function.name=compute_score          # or compute_score_batch
       CAPREWARD_REWARD=emscore CAPREWARD_CLIP_MODEL=/models/ViT-B-32.pt CAPREWARD_IDF=corpus.txt \\
-      CAPREWARD_FALLBACK=0.0 CAPREWARD_RETURN_DICT=1 CAPREWARD_SUBSCORES=video/fine_p,video/fine_r \\
+      CAPREWARD_RETURN_DICT=1 CAPREWARD_SUBSCORES=video/fine_p,video/fine_r \\
       python -m verl.trainer.main_ppo ...
 
-  (see :meth:`capreward.adapters.factory.RewardOptions.from_env` for the model variables).
+  (see :meth:`capreward.adapters.factory.RewardOptions.from_env` for the model variables;
+  ``CAPREWARD_FALLBACK`` sets the fallback, default the bottom of the reward's range).
   ``CAPREWARD_MEDIA_ROOT`` confines the paths ``extra_info`` names to that directory (relative paths
   are resolved against it; absolute paths, ``..`` and symlinks that lead outside it, and anything
   that is not a regular file get the fallback with one fixed reason, when the label is read and again
@@ -31,8 +32,10 @@ Two ways to configure it:
 - In your own reward file: ``compute_score = make_compute_score(EMScoreReward(model=..., idf=...))``.
 
 Unscorable samples: veRL needs a number for every response, so a sample that cannot be scored (empty
-response, unreadable video, malformed extra_info) gets ``fallback`` (0.0 by default) and the reason is
-logged with ``logging`` (logger ``capreward.adapters.verl``); in dict mode ``"unscored"`` is 1.0 for it.
+response, unreadable video, malformed extra_info, invalid references) gets ``fallback`` and the reason
+is logged with ``logging`` (logger ``capreward.adapters.verl``); in dict mode ``"unscored"`` is 1.0 for
+it. The fallback is the bottom of the reward's range by default (-1 for EMScore and RefCLIP-S): a
+mid-range value such as 0.0 for EMScore would rank an empty response above every wrong caption.
 
 veRL loads the file with ``importlib`` as a standalone module, so this file uses absolute imports only.
 """
@@ -48,7 +51,7 @@ from typing import Any, Sequence
 from capreward.adapters.factory import RewardOptions, build_reward
 from capreward.adapters.labels import Label, LabelError, parse_label, parse_references
 from capreward.adapters.paths import MediaPaths
-from capreward.adapters.scoring import ScoredBatch, score_labelled
+from capreward.adapters.scoring import ScoredBatch, resolve_fallback, score_labelled
 
 logger = logging.getLogger("capreward.adapters.verl")
 
@@ -73,7 +76,8 @@ class VerlScorer:
 
     Args:
         reward: a capreward reward (it loads its model lazily, on the first scored batch).
-        fallback: the value returned for an unscorable sample.
+        fallback: the value returned for an unscorable sample; None (default): the bottom of the
+            reward's range (:func:`~capreward.adapters.scoring.resolve_fallback`).
         return_dict: return ``{"score": value, "unscored": 0/1, <sub-scores>...}`` instead of a float.
         subscores: in dict mode, the reward's sub-scores to add (e.g. ``["video/fine_p",
             "reference/full_f"]``). veRL collects every key over the batch, so each result has exactly
@@ -82,10 +86,9 @@ class VerlScorer:
             it; anything else gets the fallback with one fixed reason). None: paths are used as given.
     """
 
-    def __init__(self, reward: Any, fallback: float = 0.0, return_dict: bool = False,
+    def __init__(self, reward: Any, fallback: float | None = None, return_dict: bool = False,
                  subscores: Sequence[str] = (), media_root: str | None = None):
-        if not math.isfinite(float(fallback)):
-            raise ValueError(f"fallback must be a finite number, got {fallback}")
+        fallback = resolve_fallback(reward, fallback)
         reserved = {"score", "unscored"} & set(subscores)
         if reserved:
             raise ValueError(f"sub-score names {sorted(reserved)} clash with the result's own keys")
@@ -158,7 +161,7 @@ class VerlScorer:
         return self.score_batch(solution_strs, ground_truths, extra_infos)
 
 
-def make_compute_score(reward: Any, fallback: float = 0.0, return_dict: bool = False,
+def make_compute_score(reward: Any, fallback: float | None = None, return_dict: bool = False,
                        subscores: Sequence[str] = (), media_root: str | None = None) -> VerlScorer:
     """A veRL ``compute_score`` for ``reward`` (a capreward reward object); options as for
     :class:`VerlScorer`. The returned object is callable with veRL's per-sample signature; its
@@ -182,9 +185,10 @@ def default_scorer() -> VerlScorer:
         if _default is None:
             env = os.environ
             reward = build_reward(env.get("CAPREWARD_REWARD", "emscore"), RewardOptions.from_env())
+            fallback = (env.get("CAPREWARD_FALLBACK") or "").strip()
             _default = VerlScorer(
                 reward,
-                fallback=float(env.get("CAPREWARD_FALLBACK", "0.0")),
+                fallback=float(fallback) if fallback else None,  # unset: the bottom of the reward's range
                 return_dict=_truthy(env.get("CAPREWARD_RETURN_DICT")),
                 subscores=[k.strip() for k in env.get("CAPREWARD_SUBSCORES", "").split(",") if k.strip()],
                 media_root=env.get("CAPREWARD_MEDIA_ROOT") or None,

@@ -1,7 +1,8 @@
 """CLIP towers for the matching metrics: per-token and pooled text embeddings, frame embeddings.
 
 All embeddings come back L2-normalised, in fp32, on the backbone's device. Visual embeddings are
-cached (LRU) by an explicit id or a content key, so the video of a GRPO group is encoded once. Caption
+cached (LRU) by a content key (file identity or pixel hash, narrowed by an explicit id when one is given;
+an id alone never serves an embedding), so the video of a GRPO group is encoded once. Caption
 embeddings are cached (LRU, bounded in entries and bytes) by their token ids, so references that recur
 over training steps and repeated completions are encoded once; captions missing from the cache are
 encoded in length-planned batches (:func:`plan_text_batches`) rather than padded to the longest.
@@ -18,7 +19,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..media import describe, frames_to_pil, load_image, load_video, media_key, to_rgb
+from ..media import describe, frames_to_pil, load_image, load_video, to_rgb
+from ..media.keys import content_key, with_id
 from .cache import LRUCache
 from .clip_loading import DEFAULT_CLIP, load_clip
 
@@ -305,7 +307,9 @@ class CLIPBackbone:
         """Frame embeddings [k, D] for each visual item (an image is a one-frame video).
 
         Each distinct item is decoded and encoded once per call, and kept in the LRU cache keyed by
-        its explicit id or content key (together with ``kind`` and ``frames``). Raises
+        its content key (file identity or pixel hash, :func:`~capreward.media.keys.content_key`),
+        narrowed by its explicit id when ``ids`` gives one (an id alone never serves an embedding),
+        together with ``kind`` and ``frames``. Raises
         :class:`~capreward.media.MediaError` naming the first unusable item.
         """
         if kind not in ("video", "image"):
@@ -318,12 +322,9 @@ class CLIPBackbone:
         # A GRPO group repeats the same object many times; hash its pixels once per call, not per sample.
         key_of_object: dict[int, str | None] = {}
         for i, item in enumerate(items):
-            if ids is None or ids[i] is None:
-                if id(item) not in key_of_object:
-                    key_of_object[id(item)] = media_key(item, None)
-                base = key_of_object[id(item)]
-            else:
-                base = media_key(item, ids[i])
+            if id(item) not in key_of_object:
+                key_of_object[id(item)] = content_key(item)
+            base = with_id(key_of_object[id(item)], None if ids is None else ids[i])
             key = None if base is None else (kind, frames if kind == "video" else None, base)
             if key is not None and key in pending:
                 pending[key].append(i)

@@ -10,6 +10,7 @@ import threading
 
 from ..adapters.factory import ALIASES, REWARD_NAMES
 from ..backbones.clip_loading import DEFAULT_CLIP
+from ..metrics.harmonic import HARMONIC_MEANS
 from .common import add_device_option, add_media_limit_options, metric_name
 
 
@@ -23,6 +24,7 @@ def run(args: argparse.Namespace) -> int:
         clip_model=args.clip_model, fleur_model=args.fleur_model or DEFAULT_FLEUR, device=args.device,
         precision=None if args.precision == "fp32" else args.precision, dtype=args.dtype, idf=args.idf,
         frames=None if args.frames == 0 else args.frames, w=args.w, composite=args.composite,
+        harmonic_mean=args.harmonic_mean,
     )
     reward = build_reward(args.reward, options)
     load_models = getattr(reward, "load_models", None)
@@ -41,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    print(f"capreward serve: ready on {server.url}/get_reward (reward {args.reward})", file=sys.stderr, flush=True)
+    print(f"capreward serve: ready on {server.url}/get_reward (reward {args.reward}, unscorable samples get "
+          f"{server.service.fallback:g})", file=sys.stderr, flush=True)
     try:
         server.serve_forever(poll_interval=0.2)
     finally:
@@ -74,6 +77,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--idf", help="EMScore idf corpus: a text file with one caption per line (default: no idf)")
     p.add_argument("--frames", type=int, default=10, help="frames per video (0: all)")
     p.add_argument("--w", type=float, help="CLIP-S scale (default: 2.5)")
+    p.add_argument("--harmonic-mean", default="sign-safe", choices=list(HARMONIC_MEANS),
+                   help="how emscore's F (from P and R) and clip_s's RefCLIP-S are formed: sign-safe = 2ab/(a+b) "
+                        "when both parts are positive, else the smaller part (in range, never rewards opposite "
+                        "signs); released = the papers' 2ab/(a+b), clipped to the reward's range")
     add_device_option(p)
     add_media_limit_options(p)
     p.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"], help="CLIP precision")
@@ -83,7 +90,11 @@ def add_parser(subparsers) -> None:
                    "against it; paths that resolve outside it, symlinks included, are refused)")
     p.add_argument("--allow-any-path", action="store_true",
                    help="let labels name any file this process can read (trusted clients only)")
-    p.add_argument("--fallback", type=float, default=0.0, help="reward of a sample that cannot be scored")
+    p.add_argument("--fallback", type=float, default=None,
+                   help="reward of a sample that cannot be scored (empty completion, unreadable or refused file, invalid "
+                        "references); default: the bottom of the reward's range (emscore -1; clip_s -1, where RefCLIP-S "
+                        "reaches, 0 with --harmonic-mean released; hallucination -1; fleur 0; composite the sum of its "
+                        "terms' and guards' bottoms), so an unscorable sample never outranks a scored one")
     p.add_argument("--max-body-bytes", type=int, default=16 * 1024 * 1024, help="larger requests get 413")
     p.add_argument("--max-items", type=int, default=4096, help="more queries per request get 413")
     p.add_argument("--max-concurrent", type=int, default=None,

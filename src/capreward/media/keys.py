@@ -1,8 +1,17 @@
-"""Cache keys for visual inputs: an explicit id, or a key derived from the content.
+"""Cache keys for visual inputs: the content's identity, narrowed by an explicit id when one is given.
 
-A path is keyed by its resolved location, size and modification time, so a cache hit never needs
-to decode the file (a :class:`~capreward.media.files.ConfinedFile` the same way, from ``fstat`` of its
-confined descriptor, never from the name); in-memory pixels are keyed by a BLAKE2 hash of their bytes.
+A path is keyed by its file's identity: resolved location, device, inode, size, modification time and
+status-change time (``st_ctime_ns``), so a cache hit never needs to decode the file, and a file
+rewritten in place with the same size and its old modification time restored (``cp -p``, ``rsync -t``,
+``tar``, ``os.utime``) is a miss: the rewrite and the restoring ``utime`` both set the ctime, which no
+unprivileged call can set back. (A :class:`~capreward.media.files.ConfinedFile` is keyed the same way,
+from ``fstat`` of its confined descriptor, never from the name.) In-memory pixels are keyed by a
+BLAKE2 hash of their bytes.
+
+An explicit id (a dataset's ``visual_id``, a label's ``"visual_id"``) never names a cache entry by
+itself: reused for other content (in one call, across calls, across clients of the reward server), it
+would serve the other content's embedding. It only narrows the content key; an item that has no
+content key (an unsupported type, an image too large to hash) is not cached at all.
 """
 
 from __future__ import annotations
@@ -27,25 +36,43 @@ def hash_bytes(data: Any) -> str:
 def media_key(item: Any, explicit_id: str | None = None) -> str | None:
     """A string that identifies ``item``'s pixels, or None if it cannot be keyed cheaply.
 
-    ``explicit_id`` wins when given. Returns None for unsupported types (the caller then loads the
-    item, which raises the appropriate error).
+    The key is :func:`content_key` of ``item``; an ``explicit_id`` is added to it (``id:<id>|<content
+    key>``), never used alone. Returns None when the content has no key (unsupported types, over-large
+    images: the caller then loads the item, which raises the appropriate error, and caches nothing).
     """
-    if explicit_id is not None:
-        return f"id:{explicit_id}"
+    return with_id(content_key(item), explicit_id)
+
+
+def with_id(content: str | None, explicit_id: str | None) -> str | None:
+    """``content`` (a :func:`content_key`) narrowed by ``explicit_id``; None when there is no content key."""
+    if content is None or explicit_id is None:
+        return content
+    return f"id:{explicit_id}|{content}"
+
+
+def file_identity(st: os.stat_result) -> str:
+    """Device, inode, size, modification and status-change times (ns) of a ``stat`` result."""
+    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+
+def content_key(item: Any) -> str | None:
+    """The identity of ``item``'s content: its file's identity for a path or confined file (see the
+    module docstring), a hash of the pixels for in-memory images, arrays, tensors and frame lists;
+    None for anything else."""
     if isinstance(item, (str, os.PathLike)):
         path = os.path.realpath(os.fspath(item))
         try:
             st = os.stat(path)
         except OSError:
             return None
-        return f"path:{path}:{st.st_size}:{st.st_mtime_ns}"
+        return f"path:{path}:{file_identity(st)}"
     if isinstance(item, ConfinedFile):
         try:
             with item.opened() as fd:
                 st = os.fstat(fd)
         except FileRefused:
             return None  # loading it raises the refusal
-        return f"path:{item.path}:{st.st_size}:{st.st_mtime_ns}"
+        return f"path:{item.path}:{file_identity(st)}"
     if isinstance(item, torch.Tensor):
         item = item.detach().cpu().contiguous().numpy()
     if isinstance(item, np.ndarray):

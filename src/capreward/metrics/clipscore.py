@@ -3,9 +3,11 @@ Captioning", EMNLP 2021); PAC-S (Sarto et al., CVPR 2023) is the same math with 
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
-from .emscore import f_measure
+from .harmonic import released_harmonic_mean
 
 
 def clip_s(image: torch.Tensor, text: torch.Tensor, w: float = 2.5) -> torch.Tensor:
@@ -19,6 +21,14 @@ def reference_similarity(text: torch.Tensor, refs: torch.Tensor, ref_mask: torch
     return sims.max(dim=1).values
 
 
-def ref_clip_s(clip_score: torch.Tensor, ref_similarity: torch.Tensor) -> torch.Tensor:
-    """Harmonic mean of CLIP-S and the (unscaled, unclipped) best reference similarity; 0 where both are 0."""
-    return f_measure(clip_score, ref_similarity)
+def ref_clip_s(
+    clip_score: torch.Tensor,
+    ref_similarity: torch.Tensor,
+    mean: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = released_harmonic_mean,
+) -> torch.Tensor:
+    """Harmonic mean of CLIP-S and the (unscaled, unclipped) best reference similarity.
+
+    ``mean``: the paper's 2ab/(a+b) (0 where both are 0) by default, which leaves [0, w] when the
+    reference similarity is negative; with :func:`~capreward.metrics.harmonic.sign_safe_harmonic_mean`
+    the result lies in [min(CLIP-S, similarity), max(...)], so in [-1, w] for w >= 1."""
+    return mean(clip_score, ref_similarity)

@@ -9,8 +9,11 @@ score never depends on what else is in the batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
+
+from .harmonic import released_harmonic_mean
 
 
 @dataclass
@@ -32,10 +35,9 @@ def masked_weighted_mean(values: torch.Tensor, weights: torch.Tensor, mask: torc
 
 
 def f_measure(p: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
-    """Harmonic mean 2PR/(P+R); 0 where P+R == 0."""
-    denom = p + r
-    safe = torch.where(denom == 0, torch.ones_like(denom), denom)
-    return torch.where(denom == 0, torch.zeros_like(denom), 2 * p * r / safe)
+    """The paper's F: harmonic mean 2PR/(P+R), 0 where P+R == 0 (see
+    :func:`~capreward.metrics.harmonic.released_harmonic_mean`)."""
+    return released_harmonic_mean(p, r)
 
 
 def greedy_match(
@@ -45,6 +47,7 @@ def greedy_match(
     target: torch.Tensor,
     target_mask: torch.Tensor,
     target_weight: torch.Tensor,
+    mean: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = released_harmonic_mean,
 ) -> FineMatch:
     """Token-to-target greedy matching of EMScore's fine-grained score.
 
@@ -52,7 +55,9 @@ def greedy_match(
     reference token embeddings; masks [N, L*] are True on real positions; weights [N, L*] are the idf
     weights (uniform for frames).
 
-    P = Σ_i w_i max_j s_ij / Σ_i w_i, R = Σ_j w*_j max_i s_ij / Σ_j w*_j, F = 2PR/(P+R), each in [-1, 1].
+    P = Σ_i w_i max_j s_ij / Σ_i w_i, R = Σ_j w*_j max_i s_ij / Σ_j w*_j, each in [-1, 1], and
+    F = ``mean(P, R)``: the paper's 2PR/(P+R) by default (which leaves [-1, 1] when P and R have
+    opposite signs), or :func:`~capreward.metrics.harmonic.sign_safe_harmonic_mean` (in [-1, 1]).
     """
     sim = torch.bmm(cand, target.transpose(1, 2))  # [N, Lc, Lt]
     pair_mask = cand_mask[:, :, None] & target_mask[:, None, :]
@@ -66,7 +71,7 @@ def greedy_match(
     return FineMatch(
         p=p,
         r=r,
-        f=f_measure(p, r),
+        f=mean(p, r),
         best_target=best_target.masked_fill(~cand_mask, -1),
         best_similarity=best_sim,
     )

@@ -1,7 +1,8 @@
 """Rewards from the CLIP-based scorers: EMScore (videos, images, references) and CLIP-S / PAC-S.
 
 Both share the scorer's :class:`~capreward.backbones.CLIPBackbone`, whose LRU cache keys visuals by
-path (+size, mtime) or content hash, so the visual of a GRPO group is decoded and encoded once per
+file identity (path, device, inode, size, mtime and ctime) or content hash, narrowed by the
+``visual_id`` column when there is one, so the visual of a GRPO group is decoded and encoded once per
 process even when its completions arrive over several calls.
 """
 
@@ -10,6 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..metrics.clipscore import ref_clip_s
+from ..metrics.harmonic import harmonic_mean as harmonic_mean_named
 from ..scorers.clipscore import CLIPScore, PACScore
 from ..scorers.emscore import EMScore
 from ..scorers.results import MatchScores
@@ -25,9 +28,14 @@ def _column(values) -> list[float]:
 
 class EMScoreReward(CaptionReward):
     """EMScore as a reward: the full F of EMScore(X, V) (with references: of EMScore(X, V, X*)), in
-    [-1, 1] (cosine based; around 0.2-0.4 for real captions with a real CLIP). The paper's F leaves
-    [-1, 1] when P and R have opposite signs; the reward clips such values and counts them
-    (``rewards/<name>/clipped``).
+    [-1, 1] (cosine based; around 0.2-0.4 for real captions with a real CLIP).
+
+    ``harmonic_mean``: how every F is formed from P and R (video, each reference, hence combined and
+    full). ``"sign-safe"`` (default): :func:`~capreward.metrics.harmonic.sign_safe_harmonic_mean`,
+    2PR/(P+R) when P > 0 and R > 0, else min(P, R); every field then lies in [-1, 1] without clipping
+    and never decreases when P or R grows. ``"released"``: the paper's 2PR/(P+R), which leaves [-1, 1]
+    (and changes sign) when P and R have opposite signs, so that a wrong caption can get the top
+    reward (P -0.61, R 0.46: F 3.59); such values are clipped and counted (``rewards/<name>/clipped``).
 
     Constructor: ``model``, ``device``, ``idf``, ``frames``, ``batch_size``, ``cache_size``,
     ``precision``, ``backbone`` as for :class:`~capreward.scorers.EMScore` (``idf="batch"``, the released
@@ -41,20 +49,22 @@ class EMScoreReward(CaptionReward):
     __name__ = "emscore"
     needs_visual = False
 
-    def __init__(self, *, field: str = "full_f", **kwargs: Any):
+    def __init__(self, *, field: str = "full_f", harmonic_mean: str = "sign-safe", **kwargs: Any):
         if field not in MATCH_FIELDS:
             raise ValueError(f"field must be one of {MATCH_FIELDS}, got {field!r}")
         if kwargs.get("idf") == "batch":
             raise ValueError("idf='batch' makes a sample's reward depend on its batch; pass a corpus or dict")
-        self.field = field
+        harmonic_mean_named(harmonic_mean)  # ValueError naming the choices
+        self.field, self.harmonic_mean = field, harmonic_mean
         super().__init__(**kwargs)
 
     def _build(self) -> EMScore:
         return EMScore(**self.scorer_kwargs)
 
     def value_range(self) -> tuple[float, float]:
-        """[-1, 1]. The paper's F-measure leaves it when P and R have opposite signs (EMScore can then
-        be -12 for a very long caption); such values are clipped and counted (``clipped``)."""
+        """[-1, 1]. With ``harmonic_mean="released"`` the paper's F-measure leaves it when P and R have
+        opposite signs (EMScore can then be -12 for a very long caption); such values are clipped and
+        counted (``clipped``). The sign-safe mean stays inside."""
         return (-1.0, 1.0)
 
     def metric_names(self) -> tuple[str, ...]:
@@ -70,6 +80,7 @@ class EMScoreReward(CaptionReward):
             images=visuals if kind == "image" else None,
             references=references,
             video_ids=visual_ids,
+            harmonic_mean=self.harmonic_mean,
         )
         main: MatchScores = result.combined or result.video or result.reference
         metrics: dict[str, list[float]] = {}
@@ -83,9 +94,14 @@ class EMScoreReward(CaptionReward):
 
 class CLIPScoreReward(CaptionReward):
     """CLIP-S as a reward: ``w * max(cos(image, caption), 0)`` in [0, w] (w = 2.5 by default); with
-    references RefCLIP-S (harmonic mean of CLIP-S and the best reference cosine, clipped to [0, w]:
-    the harmonic mean is unbounded when that cosine is negative; clipped values are counted as
-    ``clipped``).
+    references RefCLIP-S, the harmonic mean of CLIP-S and the best reference cosine s.
+
+    ``harmonic_mean``: ``"sign-safe"`` (default) uses
+    :func:`~capreward.metrics.harmonic.sign_safe_harmonic_mean`: 2ab/(a+b) when CLIP-S > 0 and s > 0,
+    else the smaller of the two, so RefCLIP-S lies between its parts and never decreases when either
+    grows; a negative s gives s itself, so the range is [-1, w] when references are used (w >= 1).
+    ``"released"``: the paper's 2ab/(a+b), unbounded when s < 0; the reward then clips to [0, w] and
+    counts what it clipped (``clipped``).
     Videos are scored through their mean frame embedding. Constructor: ``model``, ``device``, ``w``,
     ``prefix``, ``batch_size``, ``cache_size``, ``precision``, ``frames``, ``backbone`` as for
     :class:`~capreward.scorers.CLIPScore`, plus the column options of :class:`CaptionReward`.
@@ -95,18 +111,30 @@ class CLIPScoreReward(CaptionReward):
     __name__ = "clipscore"
     scorer_class = CLIPScore
 
+    def __init__(self, *, harmonic_mean: str = "sign-safe", **kwargs: Any):
+        harmonic_mean_named(harmonic_mean)  # ValueError naming the choices
+        self.harmonic_mean = harmonic_mean
+        super().__init__(**kwargs)
+
     def _build(self) -> CLIPScore:
         return self.scorer_class(**self.scorer_kwargs)
 
     def value_range(self) -> tuple[float, float]:
-        """[0, w]. RefCLIP-S (a harmonic mean with an unclipped reference cosine) leaves it when the
-        best reference cosine is negative; such values are clipped and counted (``clipped``)."""
+        """CLIP-S alone: [0, w]. With references and the sign-safe mean (the default): RefCLIP-S lies
+        between CLIP-S and the reference cosine s in [-1, 1], so the range is [-1, max(w, 2w/(w+1))]
+        ([-1, w] for w >= 1). With ``harmonic_mean="released"``: [0, w], outside which the released
+        RefCLIP-S goes when s < 0; such values are clipped and counted (``clipped``)."""
         if self._given_scorer is not None:
             w = self._given_scorer.w
         else:
             w = self.scorer_kwargs.get("w")
             w = self.scorer_class.default_w if w is None else float(w)
-        return (min(0.0, w), max(0.0, w))
+        lo, hi = min(0.0, w), max(0.0, w)
+        if self.use_references and self.harmonic_mean == "sign-safe":
+            lo = min(lo, -1.0)  # H(CLIP-S, s) is s when s < 0
+            if w > 0:
+                hi = max(hi, 2 * w / (w + 1))  # H(w, 1), above w when w < 1
+        return (lo, hi)
 
     def metric_names(self) -> tuple[str, ...]:
         """``clip_s``, ``ref_similarity`` (NaN without references) and ``clipped``."""
@@ -123,12 +151,16 @@ class CLIPScoreReward(CaptionReward):
         metrics = {"clip_s": _column(result.clip_s)}
         if result.ref_similarity is not None:
             metrics["ref_similarity"] = _column(result.ref_similarity)
-        scores = _column(result.score)
+            mean = harmonic_mean_named(self.harmonic_mean)
+            scores = _column(ref_clip_s(result.clip_s, result.ref_similarity, mean))
+        else:
+            scores = _column(result.clip_s)
         return GroupScores(scores=[None if math.isnan(s) else s for s in scores], metrics=metrics)
 
 
 class PACScoreReward(CLIPScoreReward):
-    """PAC-S (RefPAC-S with references) as a reward, in [0, 2]: ``model`` must be the PAC-S weights."""
+    """PAC-S (RefPAC-S with references) as a reward, in [0, 2] ([-1, 2] with references and the
+    sign-safe mean; see :class:`CLIPScoreReward`): ``model`` must be the PAC-S weights."""
 
     __name__ = "pacscore"
     scorer_class = PACScore

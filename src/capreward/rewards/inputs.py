@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from ..scorers.partial import references_problem
+
 #: Keyword arguments TRL adds that are not dataset columns.
 TRL_CONTROL_KWARGS = ("trainer_state", "log_extra", "log_metric", "environments")
 
@@ -84,7 +86,7 @@ class Columns:
     images: str = "images"
     video: str = "video"
     references: str = "references"
-    visual_id: str | None = None  # optional column of cache ids for the visuals
+    visual_id: str | None = None  # optional column of ids narrowing the visuals' cache keys (never alone)
 
 
 @dataclass
@@ -124,14 +126,19 @@ def _column(kwargs: dict, name: str | None, n: int) -> list[Any] | None:
 
 
 def _references(value: Any, index: int, column: str) -> tuple[list[str] | None, str | None]:
-    """A sample's references as a list of non-empty strings (a str becomes [str]); or an error."""
+    """A sample's references as a list of non-empty strings (a str becomes [str]), None when it has
+    none (``None``), or an error: an empty list, a blank or non-str entry, or another type is refused
+    as the scorers and ``capreward score`` refuse it
+    (:func:`~capreward.scorers.partial.references_problem`), never read as "no references", which
+    would score the sample with another metric."""
     if value is None:
         return None, None
-    refs = [value] if isinstance(value, str) else value
-    if not isinstance(refs, (list, tuple)):
+    if not isinstance(value, (str, list, tuple)):
         return None, f"{column}[{index}] must be a str or list of str, got {type(value).__name__}"
-    refs = [r for r in refs if isinstance(r, str) and r.strip()]
-    return (refs or None), None
+    problem = references_problem(value, f"{column}[{index}]")
+    if problem is not None:
+        return None, problem
+    return ([value] if isinstance(value, str) else list(value)), None
 
 
 def _first_image(value: Any) -> Any:

@@ -8,6 +8,7 @@ are averaged.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from ..backbones.clip import CLIPBackbone, embed_captions
 from ..backbones.clip_loading import DEFAULT_CLIP
 from ..media import DEFAULT_FRAMES
 from ..metrics.emscore import FineMatch, coarse_score, greedy_match, pad_stack, video_embedding
+from ..metrics.harmonic import harmonic_mean as harmonic_mean_named
 from ..metrics.idf import IdfTable, idf_from_mapping, idf_from_rows
 from .partial import check_error_mode, score_valid
 from .results import MatchScores
@@ -117,8 +119,10 @@ class EMScore:
 
     Ranges: coarse, P and R are cosine based, in [-1, 1]. F = 2PR/(P+R) is the paper's formula kept
     as released, so it leaves [-1, 1] (unbounded near P = -R) when P and R have opposite signs, e.g.
-    -12.6 for a 20,000-character caption; ``full_f`` = (``fine_f`` + coarse)/2 inherits that. The
-    rewards clip to their stated range (:class:`~capreward.rewards.EMScoreReward`).
+    -12.6 for a 20,000-character caption; ``full_f`` = (``fine_f`` + coarse)/2 inherits that.
+    ``score(..., harmonic_mean="sign-safe")`` forms every F with
+    :func:`~capreward.metrics.harmonic.sign_safe_harmonic_mean` instead (each in [-1, 1]), as
+    :class:`~capreward.rewards.EMScoreReward` does by default.
 
     Args:
         model: CLIP specification (name/tag, OpenAI-format ``.pt``, open_clip checkpoint, factory).
@@ -181,9 +185,14 @@ class EMScore:
         images: Sequence[Any] | None = None,
         video_ids: Sequence[str | None] | None = None,
         errors: str = "raise",
+        harmonic_mean: str = "released",
     ) -> EMScoreResult:
         """Score ``candidates`` against ``videos`` (or ``images``, one-frame videos) and/or
         ``references`` (one list of reference captions per candidate).
+
+        ``harmonic_mean``: how every F (video, each reference, hence combined and full) is formed from
+        P and R: ``"released"`` (the paper's 2PR/(P+R), default) or ``"sign-safe"``
+        (:func:`~capreward.metrics.harmonic.sign_safe_harmonic_mean`, what the rewards use).
 
         ``errors="raise"`` (default): a bad item (empty caption, unreadable visual) raises, naming it.
         ``errors="nan"``: bad items get NaN in every score (None alignment) and their reason in
@@ -195,11 +204,13 @@ class EMScore:
                 raise ValueError("give videos or images, not both")
             kind = "video" if videos is not None else "image"
             return score_valid(
-                self.score, candidates, videos if videos is not None else images, f"{kind}s", video_ids, "video_ids",
+                functools.partial(self.score, harmonic_mean=harmonic_mean), candidates,
+                videos if videos is not None else images, f"{kind}s", video_ids, "video_ids",
                 references,
                 lambda vs, ids: self.backbone.visual_embeddings(vs, kind=kind, frames=self.frames, ids=ids),
                 lambda n: EMScoreResult(torch.full((n,), float("nan")), None, None, None, None, [False] * n),
             )
+        mean = harmonic_mean_named(harmonic_mean)
         candidates = check_captions(candidates)
         n = len(candidates)
         visuals, kind = self._visual_inputs(n, videos, images, video_ids)
@@ -214,7 +225,7 @@ class EMScore:
         tokens, mask = pad_stack(text.tokens)
         weights = self._weights_for(pad_ids(text.ids), mask, idf_vector)
         cand = CandidateText(tokens=tokens, mask=mask, weights=weights, pooled=text.pooled, ids=text.ids)
-        result = self._score_text(cand, visuals, kind, video_ids, refs, idf_vector)
+        result = self._score_text(cand, visuals, kind, video_ids, refs, idf_vector, mean)
         result.truncated = text.truncated
         return result
 
@@ -227,14 +238,16 @@ class EMScore:
         *,
         images: Sequence[Any] | None = None,
         video_ids: Sequence[str | None] | None = None,
+        harmonic_mean: str = "released",
     ) -> EMScoreResult:
-        """Differentiable EMScore of soft captions.
+        """Differentiable EMScore of soft captions (``harmonic_mean`` as for :meth:`score`).
 
         ``probs`` [N, L, V] holds a distribution over CLIP's vocabulary at each position (position 0 is
         SOS, position ``lengths[i]-1`` is EOS, later positions are ignored). Token embeddings are the
         probability-weighted mix of CLIP's token embeddings and idf weights are expected idf, so the
         returned tensors carry gradients to ``probs``.
         """
+        mean = harmonic_mean_named(harmonic_mean)
         n = probs.shape[0]
         lengths = torch.as_tensor(lengths, dtype=torch.long)
         check_same_length(n, lengths, "lengths")
@@ -250,7 +263,7 @@ class EMScore:
         else:
             weights = (probs.float() @ self._idf_vector.to(probs.device)) * emb.mask
         cand = CandidateText(tokens=emb.tokens, mask=emb.mask, weights=weights, pooled=emb.pooled, ids=None)
-        return self._score_text(cand, visuals, kind, video_ids, refs, self._idf_vector)
+        return self._score_text(cand, visuals, kind, video_ids, refs, self._idf_vector, mean)
 
     # --------------------------------------------------------------- internals
     def _visual_inputs(self, n, videos, images, video_ids):
@@ -275,7 +288,7 @@ class EMScore:
             return mask.float()
         return idf_vector[ids.cpu()].to(mask.device) * mask
 
-    def _score_text(self, cand: CandidateText, visuals, kind, video_ids, refs, idf_vector) -> EMScoreResult:
+    def _score_text(self, cand: CandidateText, visuals, kind, video_ids, refs, idf_vector, mean) -> EMScoreResult:
         if visuals is None and refs is None:
             raise ValueError("EMScore needs videos (or images) and/or references")
         video = reference = combined = None
@@ -283,27 +296,29 @@ class EMScore:
         if visuals is not None:
             frame_list = self.backbone.visual_embeddings(visuals, kind=kind, frames=self.frames, ids=video_ids)
             frames, frame_mask = pad_stack([f.to(cand.tokens.device) for f in frame_list])
-            fine = greedy_match(cand.tokens, cand.mask, cand.weights, frames, frame_mask, frame_mask.float())
+            fine = greedy_match(cand.tokens, cand.mask, cand.weights, frames, frame_mask, frame_mask.float(), mean)
             coarse = coarse_score(cand.pooled, video_embedding(frames, frame_mask))
             video = MatchScores.from_parts(coarse, fine.p, fine.r, fine.f)
             if cand.ids is not None:
                 alignment = self._alignments(cand, fine)
         if refs is not None:
-            reference = self._reference_scores(cand, refs, idf_vector)
+            reference = self._reference_scores(cand, refs, idf_vector, mean)
         if video is not None and reference is not None:
             combined = MatchScores.average(video, reference)
         main = combined or video or reference
         truncated = [False] * cand.tokens.shape[0]
         return EMScoreResult(main.full_f, video, reference, combined, alignment, truncated)
 
-    def _reference_scores(self, cand: CandidateText, refs: list[list[str]], idf_vector) -> MatchScores:
+    def _reference_scores(self, cand: CandidateText, refs: list[list[str]], idf_vector, mean) -> MatchScores:
+        """Each component maxed over the candidate's references; F = ``mean(P_r, R_r)`` per reference,
+        then maxed."""
         flat = [r for rs in refs for r in rs]
         owner = torch.tensor([i for i, rs in enumerate(refs) for _ in rs], device=cand.tokens.device)
         ref_text = embed_captions(self.backbone, flat, self.batch_size)
         ref_tokens, ref_mask = pad_stack([t.to(cand.tokens.device) for t in ref_text.tokens])
         ref_weights = self._weights_for(pad_ids(ref_text.ids), ref_mask, idf_vector)
         fine = greedy_match(
-            cand.tokens[owner], cand.mask[owner], cand.weights[owner], ref_tokens, ref_mask, ref_weights
+            cand.tokens[owner], cand.mask[owner], cand.weights[owner], ref_tokens, ref_mask, ref_weights, mean
         )
         coarse = coarse_score(cand.pooled[owner], ref_text.pooled.to(cand.tokens.device))
         n = cand.tokens.shape[0]

@@ -40,6 +40,7 @@ from ..judges.vlm_prompts import GVEVAL_MODES, gveval_prompt, gveval_template
 from ..media import MediaError, load_image
 from ..media.composite import video_composite
 from ..metrics.gveval import ACCR_MARKERS, OVERALL_MARKER, expected_score, parse_marked_score
+from .partial import references_problem
 from .vlm_common import is_exact_backend, score_distributions
 
 log = logging.getLogger(__name__)
@@ -167,9 +168,12 @@ class GVEval:
         if self.mode != "ref-free":
             if references is None or len(references) != n:
                 raise ValueError(f"G-VEval mode {self.mode!r} needs one list of references per candidate")
-            for i, refs in enumerate(references):
-                if isinstance(refs, str) or not refs:
-                    raise ValueError(f"references[{i}] must be a non-empty list of strings")
+            for i, refs in enumerate(references):  # the rule of every scorer and reward: no [], [""], non-str
+                if isinstance(refs, str):
+                    raise ValueError(f"references[{i}] must be a non-empty list of strings, got a str")
+                problem = references_problem(refs, f"references[{i}]")
+                if problem is not None:
+                    raise ValueError(problem)
         visual, pictures, errors = self._visuals(n, images, videos)
         for i, c in enumerate(candidates):  # a judge would rate an empty caption: give no score instead
             if is_blank(c) and errors[i] is None:  # blank once special-token strings are removed too

@@ -35,15 +35,19 @@ def caption_problem(caption: Any) -> str | None:
     return None
 
 
-def references_problem(refs: Any) -> str | None:
-    """Why one candidate's references cannot be used, or None (a single str counts as one reference)."""
+def references_problem(refs: Any, where: str = "references") -> str | None:
+    """Why one candidate's references cannot be used, or None (a single str counts as one reference).
+
+    The one rule of every entry point (scorers, rewards, ``capreward score``): references are a
+    non-empty list of non-blank str; ``[]``, ``[""]`` or a non-str entry is an error, never "no
+    references". ``where`` names the list in the reason."""
     refs = [refs] if isinstance(refs, str) else refs
     if not isinstance(refs, (list, tuple)) or not refs:
-        return "references must be a non-empty list of captions"
+        return f"{where} must be a non-empty list of captions"
     for k, r in enumerate(refs):
         problem = caption_problem(r)
         if problem:
-            return f"references[{k}]: {problem}"
+            return f"{where}[{k}]: {problem}"
     return None
 
 

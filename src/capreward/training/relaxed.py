@@ -33,6 +33,7 @@ from typing import Any, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
+from ..metrics.harmonic import harmonic_mean as harmonic_mean_named
 from ..scorers.emscore import EMScore
 
 UNMAPPABLE = ("refuse", "exclude")
@@ -226,6 +227,9 @@ class DifferentiableRewardLoss:
     Args:
         scorer: a :class:`~capreward.scorers.EMScore` (reward: ``field`` of its main scores, default the
             full F) or :class:`~capreward.scorers.CLIPScore` / ``PACScore`` (reward: CLIP-S).
+        harmonic_mean: how EMScore's F is formed from P and R: ``"sign-safe"`` (default, as
+            :class:`~capreward.rewards.EMScoreReward`: in [-1, 1], never decreasing when P or R grows,
+            so no gradient climbs towards P = -R) or ``"released"`` (the paper's 2PR/(P+R)).
         bridge: the :class:`VocabularyBridge` from the captioner's tokenizer to the scorer's backbone.
         tokenizer: the captioner's tokenizer (for the decoded captions).
         tau: Gumbel-softmax temperature; hard: straight-through (one-hot forward) or soft forward.
@@ -243,6 +247,7 @@ class DifferentiableRewardLoss:
         max_new_tokens: int = 16,
         field: str = "full_f",
         visual: str = "image",
+        harmonic_mean: str = "sign-safe",
     ):
         if not hasattr(scorer, "score_soft"):
             raise TypeError(f"{type(scorer).__name__} has no differentiable path (score_soft)")
@@ -251,14 +256,16 @@ class DifferentiableRewardLoss:
         if bridge.clip_vocab != scorer.backbone.vocab_size:
             raise ValueError("the bridge was built for another CLIP vocabulary")
         self.scorer, self.bridge, self.tokenizer = scorer, bridge, tokenizer
+        harmonic_mean_named(harmonic_mean)  # a ValueError now for an unknown name
         self.tau, self.hard, self.max_new_tokens, self.field, self.visual = tau, hard, max_new_tokens, field, visual
+        self.harmonic_mean = harmonic_mean
 
     def rewards(self, relaxed: RelaxedCaptions, visuals: Sequence[Any], references=None) -> torch.Tensor:
         """The scorer's differentiable reward [N] of relaxed captions."""
         probs, lengths = clip_soft_captions(relaxed, self.bridge, self.scorer.backbone)
         where = {"images" if self.visual == "image" else "videos": list(visuals)}
         if isinstance(self.scorer, EMScore):
-            result = self.scorer.score_soft(probs, lengths, references=references, **where)
+            result = self.scorer.score_soft(probs, lengths, references=references, harmonic_mean=self.harmonic_mean, **where)
             main = result.combined or result.video or result.reference
             return getattr(main, self.field)
         if references is not None:
