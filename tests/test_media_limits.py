@@ -82,7 +82,7 @@ def test_an_oversized_video_is_refused_before_decord_sees_it(clip, decord_calls,
     assert decord_calls == []
     with media_limits(max_pixels=H * W):  # at the limit: decoded
         assert load_video(item, frames=2, backend="decord").shape == (2, H, W, 3)
-    assert decord_calls == ["open", "decode"]  # the first frame was checked by the probe
+    assert decord_calls == ["open", "decode", "decode"]  # its first frame checked, then the sampled ones
 
 
 @needs_decord
@@ -93,5 +93,5 @@ def test_too_many_frames_are_refused_before_any_frame_is_decoded(clip, decord_ca
     decord_calls.clear()
     with media_limits(max_video_pixels=4 * H * W):
         frames = load_video(clip, frames=4, backend="decord")
-    assert frames.shape == (4, H, W, 3) and decord_calls == ["open", "decode"]
+    assert frames.shape == (4, H, W, 3) and decord_calls == ["open", "decode", "decode"]
     assert np.array_equal(frames, load_video(clip, frames=4, backend="pyav"))

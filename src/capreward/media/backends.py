@@ -7,9 +7,10 @@ ARM, and Windows) is always installed, and it also reads every header (:mod:`cap
 Choice: ``"auto"`` (the default) decodes with decord when it can be imported, else with PyAV;
 ``"decord"`` or ``"pyav"`` pick one (:func:`set_video_backend`, the ``with video_backend(...)`` block,
 the ``CAPREWARD_VIDEO_BACKEND`` environment variable, or ``backend=`` of
-:func:`capreward.media.load_video`). Two kinds of file always go to PyAV, because decord decodes them
-wrongly: rotated videos (decord applies the display matrix itself and returns frames of the wrong
-shape) and frames narrower than 32 pixels (its row alignment garbles them).
+:func:`capreward.media.load_video`). Files decord decodes wrongly always go to PyAV: rotated videos
+(decord applies the display matrix itself, and returns frames of the wrong shape for quarter turns),
+frames narrower than 32 pixels, and any file whose first frame decord returns at another size than
+PyAV's (its RGB row alignment garbles some widths, 48 px among them).
 
 Both read the same frame indices: decord indexes one frame per packet of the stream, sorted by
 presentation time; PyAV counts the same packets and decodes in presentation order, frame ``i`` being
@@ -89,8 +90,13 @@ def resolve_backend(name: str | None = None) -> str:
     return name
 
 
+class DecordMismatch(Exception):
+    """decord decoded the first frame at another size than the header's (its row-alignment bug)."""
+
+
 class DecordReader:
-    """decord's reader on ``source`` (a path, ``/proc/self/fd/N`` for a confined file)."""
+    """decord's reader on ``source`` (a path, ``/proc/self/fd/N`` for a confined file); ``count``: its
+    frame index's length."""
 
     name = "decord"
 
@@ -99,6 +105,16 @@ class DecordReader:
 
         self._reader = decord.VideoReader(source, ctx=decord.cpu(0))
         self.count = len(self._reader)
+
+    def check_first(self, size: tuple[int, int]) -> None:
+        """Decode the first frame; :class:`DecordMismatch` unless it is ``size`` (width, height), the size
+        PyAV decoded it at (decord garbles some frame widths, e.g. 48 px: the caller decodes with PyAV)."""
+        try:
+            first = self._reader.get_batch([0]).asnumpy()
+        except Exception as exc:  # its size check fails inside: "The size must exactly match"
+            raise DecordMismatch(str(exc).strip().splitlines()[0][:300] if str(exc).strip() else "") from None
+        if first.shape != (1, size[1], size[0], 3):
+            raise DecordMismatch(f"decord returned {tuple(first.shape)}")
 
     def frames(self, indices: Sequence[int], chunk: int) -> Iterator[np.ndarray]:
         """uint8 (n, H, W, 3) arrays of the frames at ``indices`` (in their order), ``chunk`` at a time."""
@@ -169,5 +185,5 @@ def _short(values: list[int]) -> str:
     return str(values) if len(values) <= 12 else f"[{values[0]}, {values[1]}, ..., {values[-1]}] ({len(values)} frames)"
 
 
-__all__ = ["BACKENDS", "DECORD_MIN_WIDTH", "DecodeError", "DecordReader", "PyAVReader", "check_backend",
+__all__ = ["BACKENDS", "DECORD_MIN_WIDTH", "DecodeError", "DecordMismatch", "DecordReader", "PyAVReader", "check_backend",
            "decord_available", "get_video_backend", "resolve_backend", "set_video_backend", "video_backend"]

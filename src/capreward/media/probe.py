@@ -78,12 +78,14 @@ def _options(container: str, max_pixels: int | None) -> tuple[dict[str, str], di
 
 @contextlib.contextmanager
 def open_container(fd: int, container: str, max_pixels: int | None = None) -> Iterator[Any]:
-    """A PyAV input container reading the file open at ``fd`` (through a duplicate descriptor, closed
-    after the block) with the demuxer of ``container`` only. Raises :class:`ProbeError`."""
+    """A PyAV input container reading the file open at ``fd`` from its start (through a duplicate
+    descriptor, closed after the block) with the demuxer of ``container`` only. Raises
+    :class:`ProbeError`."""
     import av
 
     codec, fmt = _options(container, max_pixels)
     with os.fdopen(os.dup(fd), "rb") as f:
+        f.seek(0)  # a duplicate shares the offset, which an earlier container moved
         try:
             c = av.open(f, "r", format=CONTAINERS[container], options=codec, container_options=fmt,
                         timeout=(PROBE_TIMEOUT, None))

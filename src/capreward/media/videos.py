@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .backends import DECORD_MIN_WIDTH, DecodeError, DecordReader, PyAVReader, resolve_backend
+from .backends import DECORD_MIN_WIDTH, DecodeError, DecordMismatch, DecordReader, PyAVReader, resolve_backend
 from .containers import NOT_A_CONTAINER, identify_container, read_head
 from .errors import MediaError
 from .files import ConfinedFile, fd_path
@@ -187,13 +187,20 @@ def open_video_file(
                                        name, limits, declared=False)
             except ProbeError as exc:
                 raise MediaError(name, f"cannot decode video: {exc}") from None
-        try:
-            reader = DecordReader(source) if chosen == "decord" else PyAVReader(
-                fd, container, header.stream, limits.max_video_frames, limits.max_pixels)
-        except (MediaError, ProbeError) as exc:
-            raise MediaError(name, f"cannot decode video: {exc}") from None
-        except Exception as exc:  # decord raises DECORDError, RuntimeError, AssertionError (no frames)
-            raise MediaError(name, f"cannot decode video: {type(exc).__name__}: {_first_line(exc)}") from None
+
+        def pyav_reader() -> PyAVReader:
+            try:
+                return PyAVReader(fd, container, header.stream, limits.max_video_frames, limits.max_pixels)
+            except ProbeError as exc:
+                raise MediaError(name, f"cannot decode video: {exc}") from None
+
+        if chosen == "decord":
+            try:
+                reader = DecordReader(source)
+            except Exception as exc:  # decord raises DECORDError, RuntimeError, AssertionError (no frames)
+                raise MediaError(name, f"cannot decode video: {type(exc).__name__}: {_first_line(exc)}") from None
+        else:
+            reader = pyav_reader()
         try:
             total = reader.count
             if total <= 0:
@@ -203,6 +210,15 @@ def open_video_file(
             width, height = header.displayed_size
             _check_frame_size(width, height, len(indices), name, limits)
             stored = (header.height, header.width)
+            if isinstance(reader, DecordReader):
+                try:
+                    reader.check_first((header.width, header.height))
+                except DecordMismatch:  # decord garbles this frame size: PyAV decodes the file
+                    reader.close()
+                    reader, chosen = pyav_reader(), "pyav"
+                    if reader.count != total:
+                        raise MediaError(name, f"cannot decode video: decord counts {total} frames, PyAV "
+                                               f"{reader.count}") from None
 
             def chunks(size: int) -> Iterator[np.ndarray]:
                 done = 0
