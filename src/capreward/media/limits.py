@@ -108,10 +108,11 @@ def set_media_limits(max_pixels: int | None = None, max_video_pixels: int | None
 
 
 @contextlib.contextmanager
-def media_limits(max_pixels: int | None = None, max_video_pixels: int | None = None) -> Iterator[MediaLimits]:
+def media_limits(max_pixels: int | None = None, max_video_pixels: int | None = None,
+                 max_video_frames: int | None = None, max_model_pixels: int | None = None) -> Iterator[MediaLimits]:
     """``with media_limits(max_pixels=...):`` the limits inside the block, restored after it."""
     global _limits
-    previous = set_media_limits(max_pixels, max_video_pixels)
+    previous = set_media_limits(max_pixels, max_video_pixels, max_video_frames, max_model_pixels)
     try:
         yield _limits
     finally:
