@@ -198,7 +198,7 @@ def _pyav_frames(path: str) -> np.ndarray:
         return np.stack([f.to_ndarray(format="rgb24") for f in c.decode(video=0)])
 
 
-ROTATED_STORED = RNG.integers(0, 256, (12, 4, 6, 3)).astype(np.uint8).repeat(8, 1).repeat(8, 2)  # 12 x 32x48
+ROTATED_STORED = RNG.integers(0, 256, (12, 6, 8, 3)).astype(np.uint8).repeat(8, 1).repeat(8, 2)  # 12 x 64x48 (W x H)
 
 
 def _rotated(root: Path) -> str:

@@ -161,3 +161,22 @@ def test_the_header_bounds_the_frame_count(tmp_path):
     assert big.stat().st_size < 4096
     with pytest.raises(MediaError, match=r"header declares 3,000,000, over the limit of 262,144 \(max_video_frames"):
         load_video(str(big))
+
+
+def test_a_file_rewritten_while_decord_reads_it_is_refused(tmp_path, monkeypatch):
+    """decord opens the file by name again (it probes the format itself): if anyone writes the file
+    between the container check and the end of decord's read, the result is refused."""
+    pytest.importorskip("decord")
+    import capreward.media.backends as backends
+
+    path = write_mp4(tmp_path / "clip.mp4", _clip((220, 30, 30)))
+    real = backends.DecordReader.frames
+
+    def frames(self, indices, chunk):
+        with open(path, "ab") as f:  # a writer inside the root, while decord reads
+            f.write(b"\0" * 16)
+        yield from real(self, indices, chunk)
+
+    monkeypatch.setattr(backends.DecordReader, "frames", frames)
+    with pytest.raises(MediaError, match="the file changed while it was read"):
+        load_video(str(path), backend="decord")

@@ -139,9 +139,15 @@ class VideoFrames:
         yield from self._chunks(size)
 
     def read(self) -> np.ndarray:
-        """Every sampled frame, uint8 (k, H, W, 3)."""
-        parts = list(self.chunks(self.count))
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        """Every sampled frame, uint8 (k, H, W, 3) (filled chunk by chunk: one copy of the frames)."""
+        out = np.empty((self.count, self.height, self.width, 3), np.uint8)
+        done = 0
+        for part in self.chunks(self.count):
+            out[done:done + len(part)] = part
+            done += len(part)
+        if done != self.count:  # pragma: no cover - the readers raise when frames are missing
+            raise MediaError(self.name, f"cannot decode video: {done} of {self.count} frames decoded")
+        return out
 
 
 def _identity(fd: int) -> tuple[int, ...]:
