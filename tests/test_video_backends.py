@@ -125,3 +125,26 @@ def test_a_bad_backend_name_is_an_error_naming_the_choices(clips):
         load_video(clips["plain"], backend="opencv")
     with pytest.raises(MediaError, match="does not exist"):
         load_video(clips["plain"] + ".absent", backend="pyav")
+
+
+def test_decord_is_required_only_where_it_has_wheels():
+    """pyproject: PyAV on every platform; decord (wheels for Linux and Windows on x86-64 only, no sdist)
+    behind an environment marker, so that `pip install capreward` resolves on macOS arm64 and Linux
+    aarch64."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    from conftest import REPO
+
+    deps = [Requirement(r) for r in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]]
+    by_name = {r.name: r for r in deps}
+    assert "av" in by_name and by_name["av"].marker is None
+    decord = by_name["decord"]
+    platforms = {
+        ("linux", "x86_64"): True, ("win32", "AMD64"): True,
+        ("linux", "aarch64"): False, ("darwin", "arm64"): False, ("darwin", "x86_64"): False,
+    }
+    for (system, machine), expected in platforms.items():
+        env = {"sys_platform": system, "platform_machine": machine}
+        assert (decord.marker is not None and decord.marker.evaluate(env)) is expected, (system, machine)
