@@ -36,6 +36,7 @@ from capreward.media import DEFAULT_MAX_PIXELS, MediaError
 
 from capreward.adapters.openrlhf import post_json
 from conftest import random_video, write_mp4
+from media_files import declaring_frames, ffconcat_list, hls_playlist, ts_segment, write_rotated
 from fixtures_llava import one_torch_thread, tiny_judge, tiny_judge_path, vlm_judge  # noqa: F401
 from serve_process import Server
 
@@ -161,6 +162,77 @@ def _no_stream(root: Path) -> str:
     return str(path)
 
 
+def _outside_segment(root: Path) -> Path:
+    """A blue MPEG-TS segment beside the matrix's root (outside it: the server's media root)."""
+    path = root.parent / f"{root.name}_outside_segment.ts"
+    if not path.exists():
+        ts_segment(path, np.full((4, SIDE, SIDE, 3), (30, 30, 220), np.uint8))
+    return path
+
+
+def _hls(name: str, repeats: int = 1) -> Callable[[Path], str]:
+    def make(root: Path) -> str:
+        path = root / name
+        if not path.exists():
+            hls_playlist(path, _outside_segment(root), repeats)
+        return str(path)
+
+    return make
+
+
+def _ffconcat(root: Path) -> str:
+    path = root / "concat_list.mkv"
+    if not path.exists():
+        link = root / "segment_link.ts"  # a name inside the root leading out of it
+        if not link.is_symlink():
+            link.symlink_to(_outside_segment(root))
+        ffconcat_list(path, link.name)
+    return str(path)
+
+
+def _pyav_frames(path: str) -> np.ndarray:
+    """Every frame as PyAV decodes it (FFmpeg directly, not capreward), stored orientation."""
+    import av
+
+    with av.open(path) as c:
+        return np.stack([f.to_ndarray(format="rgb24") for f in c.decode(video=0)])
+
+
+ROTATED_STORED = RNG.integers(0, 256, (12, 6, 8, 3)).astype(np.uint8).repeat(8, 1).repeat(8, 2)  # 12 x 64x48 (W x H)
+
+
+def _rotated(root: Path) -> str:
+    path = root / "phone_rotated.mp4"
+    if not path.exists():
+        write_rotated(path, ROTATED_STORED, 90)
+    return str(path)
+
+
+def _rotated_upright(root: Path) -> np.ndarray:
+    return np.ascontiguousarray(np.rot90(_pyav_frames(_rotated(root)), 1, axes=(1, 2)))  # 90 deg counter-clockwise
+
+
+def _narrow(root: Path) -> str:
+    path = root / "narrow16.mp4"
+    if not path.exists():
+        write_mp4(path, random_video(91, frames=12, height=48, width=16))
+    return str(path)
+
+
+def _declares_millions(root: Path) -> str:
+    path = root / "declares_3M_frames.mp4"
+    if not path.exists():
+        declaring_frames(Path(_one_frame(root)), path, 3_000_000)
+    return str(path)
+
+
+def _nan_tiff(root: Path) -> str:
+    path = root / "nan.tiff"
+    if not path.exists():
+        Image.fromarray(np.full((SIDE, SIDE), np.nan, np.float32), "F").save(path)
+    return str(path)
+
+
 def _directory(root: Path, name: str) -> str:
     (root / name).mkdir(exist_ok=True)
     return str(root / name)
@@ -168,6 +240,8 @@ def _directory(root: Path, name: str) -> str:
 
 TEXT = b"this is not an image, it is a text file\n" * 20
 CANNOT = r"cannot (read|decode)"
+NOT_A_CONTAINER = r"cannot decode video: not a self-contained video file .*playlists, concat lists and other formats are refused"
+NAN = r"image contains NaN or infinite values"
 
 CASES: dict[str, Case] = {
     # ---- image files
@@ -180,6 +254,8 @@ CASES: dict[str, Case] = {
     "huge PNG": Case("image", written("huge.png", blank_png(8000, 6000)), r"over the limit"),
     "image is None": Case("image", lambda r: None, r"missing|no image", files=False),
     "NaN tensor image": Case("image", lambda r: __import__("torch").full((3, 8, 8), float("nan")), r"NaN", files=False),
+    "all-NaN float TIFF": Case("image", _nan_tiff, NAN),
+    "NaN float array": Case("image", lambda r: np.full((SIDE, SIDE, 3), np.nan, np.float32), NAN, files=False),
     "unsupported image type": Case("image", lambda r: 12345, r"unsupported image type", files=False),
     # valid images, each equal to its 8-bit RGB equivalent
     "1x1 image": Case("image", saved("one.png", _image(RGB[:1, :1])), equivalent=lambda r: np.ascontiguousarray(RGB[:1, :1]),
@@ -200,6 +276,13 @@ CASES: dict[str, Case] = {
     "video is None": Case("video", lambda r: None, r"missing|no image or video", files=False),
     "float video array": Case("video", lambda r: np.zeros((3, 8, 8, 3), np.float32), r"uint8", files=False),
     "1-frame video": Case("video", _one_frame, equivalent=_decoded_one_frame, files_equivalent=False),
+    "HLS playlist named .mp4": Case("video", _hls("playlist.mp4"), NOT_A_CONTAINER),
+    "ffconcat list named .mkv": Case("video", _ffconcat, NOT_A_CONTAINER),
+    "playlist repeating a segment 3000 times": Case("video", _hls("repeat3000.mp4", 3000), NOT_A_CONTAINER),
+    "mp4 declaring 3,000,000 frames": Case("video", _declares_millions, r"too many frames: its header declares 3,000,000"),
+    # valid videos as people record them, each equal to the frames FFmpeg decodes, made upright here
+    "rotated phone video": Case("video", _rotated, equivalent=_rotated_upright, files_equivalent=False),
+    "16-px-wide video": Case("video", _narrow, equivalent=lambda r: _pyav_frames(_narrow(r)), files_equivalent=False),
     # ---- captions (the middle sample's; its visual is a good image)
     "empty caption": Case("caption", lambda r: "", r"empty"),
     "whitespace caption": Case("caption", lambda r: " \t\n ", r"empty"),
@@ -377,7 +460,8 @@ def raises(entry: str, name: str) -> bool:
     return False
 
 
-MEDIA_REASON = r"cannot (read|decode)|does not exist|not a file|too large|over the limit|unsupported|is empty|uint8"
+MEDIA_REASON = (r"cannot (read|decode)|does not exist|not a file|too large|over the limit|unsupported|is empty|uint8"
+                r"|NaN or infinite|too many frames")
 
 
 #: The reward server refuses every path it will not serve with one text that reveals nothing about the

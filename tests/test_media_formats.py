@@ -87,8 +87,11 @@ def test_16bit_and_float_scaling_rounds_and_clips():
     assert np.asarray(viewable(sixteen, "x")).tolist() == [[0, 0, 1, 1, 255]]
     wide = Image.fromarray(np.array([[-5, 70000]], dtype=np.int32), mode="I")
     assert np.asarray(viewable(wide, "x")).tolist() == [[0, 255]]
-    floats = Image.fromarray(np.array([[-0.5, 0.5, 2.0, np.nan]], dtype=np.float32), mode="F")
+    floats = Image.fromarray(np.array([[-0.5, 0.5, 2.0, 0.0]], dtype=np.float32), mode="F")
     assert np.asarray(viewable(floats, "x")).tolist() == [[0, 128, 255, 0]]
+    for bad in (np.nan, np.inf, -np.inf):  # no colour to show: refused (test_nan_images_are_refused_everywhere)
+        with pytest.raises(MediaError, match="NaN or infinite"):
+            viewable(Image.fromarray(np.array([[0.5, bad]], dtype=np.float32), mode="F"), "x")
     # PIL's own conversion saturates: the bug this fixes
     assert np.asarray(sixteen.convert("RGB"))[0, 3].tolist() == [255, 255, 255]  # 385 is 1.5 in 8 bits
 

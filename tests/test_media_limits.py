@@ -1,9 +1,8 @@
 """A video over the size limits is refused from its container header, before any frame is decoded here.
 
-decord would only tell the frame size by decoding a frame; the loader asks ffmpeg for the header's
-declared size first (in a child process). The tests spy on decord: an over-large video never reaches
-it, or reaches it only to count frames and never decodes one. Without an ffmpeg binary the first
-decoded frame is still checked.
+The header is read through PyAV (:mod:`capreward.media.probe`) with the demuxer forced and FFmpeg's
+own decoder limit ``max_pixels`` in force while it analyses the streams. The tests spy on decord: an
+over-large video never reaches it, or reaches it only to count frames and never decodes one.
 """
 
 from __future__ import annotations
@@ -13,11 +12,13 @@ import os
 import numpy as np
 import pytest
 
-import capreward.media.probe as probe
 from capreward.media import ConfinedFile, MediaError, load_video, media_limits
-from capreward.media.probe import header_frame_sizes, parse_stream_sizes
+from capreward.media.backends import decord_available
+from capreward.media.probe import ProbeError, probe_video
 
 from conftest import random_video, write_mp4
+
+needs_decord = pytest.mark.skipif(not decord_available(), reason="decord is not installed here")
 
 H, W, T = 40, 56, 6  # the clip: 2,240 pixels a frame
 
@@ -52,53 +53,45 @@ def decord_calls(monkeypatch) -> list[str]:
     return calls
 
 
-def test_the_header_gives_the_size_without_decoding(clip):
-    assert header_frame_sizes(str(clip)) == [(W, H)]
+def test_the_header_gives_the_size_and_count_before_a_frame_is_decoded(clip):
     fd = os.open(clip, os.O_RDONLY)
-    try:  # through the descriptor, as confined files are read; ffmpeg's own decoder bounded to 100 px
-        assert header_frame_sizes(f"/proc/self/fd/{fd}", pass_fd=fd, max_pixels=100) == [(W, H)]
+    try:
+        seen = []
+        header = probe_video(fd, "mp4", max_pixels=H * W, before_decode=lambda *a: seen.append(a))
+        assert seen == [(((W, H),), T)]  # what the header declares, handed over before the first decode
+        assert (header.width, header.height, header.declared_frames, header.container) == (W, H, T, "mp4")
+        assert header.orientation.identity
+        with pytest.raises(RuntimeError, match="refused"):  # the caller's refusal stops the probe there
+            probe_video(fd, "mp4", before_decode=lambda *a: (_ for _ in ()).throw(RuntimeError("refused")))
+        # FFmpeg's decoder itself is bounded while the probe decodes (at about twice the limit, as it
+        # counts its padded buffer): a limit far under the frame fails in the decoder
+        with pytest.raises(ProbeError, match="first frame"):
+            probe_video(fd, "mp4", max_pixels=H * W // 8)  # 2 x 280 + 1024 < 64 x 40 padded
     finally:
         os.close(fd)
-    assert header_frame_sizes(str(clip.parent / "absent.mp4")) is None
 
 
-def test_stream_listing_parse():
-    text = """Input #0, mov,mp4,m4a,3gp,3g2,mj2, from 'x.mp4':
-  Stream #0:0[0x1](und): Video: h264 (High) (avc1 / 0x31637661), yuv420p(progressive), 1920x1080 [SAR 1:1 DAR 16:9], 25 fps
-  Stream #0:1[0x2](und): Audio: aac (LC) (mp4a / 0x6134706D), 44100 Hz, stereo, fltp, 128 kb/s
-  Stream #0:2: Video: mjpeg (Baseline), yuvj420p(pc, bt470bg/unknown/unknown), 600x800, 90k tbn (attached pic)
-  Stream #0:3: Video: h264, none, 0x0
-"""
-    assert parse_stream_sizes(text) == [(1920, 1080), (600, 800)]  # tags like 0x31637661 are no sizes
-
-
+@needs_decord
 @pytest.mark.parametrize("confined", [False, True])
 def test_an_oversized_video_is_refused_before_decord_sees_it(clip, decord_calls, confined):
     item = ConfinedFile(clip.parent.resolve(), clip.name) if confined else str(clip)
     with media_limits(max_pixels=H * W - 1), pytest.raises(MediaError) as exc:
-        load_video(item, index=3)
+        load_video(item, index=3, backend="decord")
     assert f"item 3 ('{clip.resolve() if confined else clip}')" in str(exc.value)
     assert f"{W}x{H} = {H * W:,} pixels, over the limit of {H * W - 1:,}" in str(exc.value)
     assert decord_calls == []
     with media_limits(max_pixels=H * W):  # at the limit: decoded
-        assert load_video(item, frames=2).shape == (2, H, W, 3)
-    assert decord_calls == ["open", "decode", "decode"]
+        assert load_video(item, frames=2, backend="decord").shape == (2, H, W, 3)
+    assert decord_calls == ["open", "decode", "decode"]  # its first frame checked, then the sampled ones
 
 
+@needs_decord
 def test_too_many_frames_are_refused_before_any_frame_is_decoded(clip, decord_calls):
     with media_limits(max_video_pixels=4 * H * W - 1), pytest.raises(MediaError, match="4 frames of 56x40"):
-        load_video(clip, frames=4, index=0)
+        load_video(clip, frames=4, index=0, backend="decord")
     assert decord_calls == ["open"]  # opened to count the frames, none decoded
     decord_calls.clear()
     with media_limits(max_video_pixels=4 * H * W):
-        frames = load_video(clip, frames=4)
+        frames = load_video(clip, frames=4, backend="decord")
     assert frames.shape == (4, H, W, 3) and decord_calls == ["open", "decode", "decode"]
-    assert np.array_equal(frames, load_video(clip, frames=4))
-
-
-def test_without_ffmpeg_the_first_decoded_frame_is_checked(clip, decord_calls, monkeypatch):
-    monkeypatch.setattr(probe, "ffmpeg_exe", lambda: None)
-    assert header_frame_sizes(str(clip)) is None
-    with media_limits(max_pixels=H * W - 1), pytest.raises(MediaError, match="over the limit"):
-        load_video(clip)
-    assert decord_calls == ["open", "decode"]  # one frame, then refused
+    assert np.array_equal(frames, load_video(clip, frames=4, backend="pyav"))

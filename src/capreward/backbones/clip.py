@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..media import describe, frames_to_pil, load_image, load_video, to_rgb
+from ..media import MediaError, describe, frames_to_pil, get_media_limits, load_image, open_video, to_rgb
 from ..media.keys import content_key, with_id
 from .cache import LRUCache
 from .clip_loading import DEFAULT_CLIP, load_clip
@@ -297,6 +297,29 @@ class CLIPBackbone:
             pixels = self.preprocess(to_rgb(image, describe(item, index)))
         return pixels[None]
 
+    @property
+    def input_pixels(self) -> int:
+        """Pixels of one encoder input (the preprocessed height x width, e.g. 224 x 224), measured once
+        on the transform itself so that any ``preprocess`` is right."""
+        if getattr(self, "_input_pixels", None) is None:
+            from PIL import Image
+
+            probe = self.preprocess(Image.new("RGB", (64, 48)))
+            self._input_pixels = int(probe.shape[-1] * probe.shape[-2])
+        return self._input_pixels
+
+    def check_frame_budget(self, count: int, name: str) -> None:
+        """MediaError naming the item when ``count`` frames of this encoder's input size are over the
+        frame budget ``max_model_pixels`` (:mod:`capreward.media.limits`)."""
+        budget = get_media_limits().max_model_pixels
+        cost = count * self.input_pixels
+        if cost > budget:
+            raise MediaError(
+                name,
+                f"{count:,} frames at the encoder's input of {self.input_pixels:,} pixels are {cost:,} pixels, over "
+                f"the frame budget of {budget:,} (max_model_pixels; sample fewer frames or raise the limit)",
+            )
+
     def visual_embeddings(
         self,
         items: Sequence[Any],
@@ -309,8 +332,11 @@ class CLIPBackbone:
         Each distinct item is decoded and encoded once per call, and kept in the LRU cache keyed by
         its content key (file identity or pixel hash, :func:`~capreward.media.keys.content_key`),
         narrowed by its explicit id when ``ids`` gives one (an id alone never serves an embedding),
-        together with ``kind`` and ``frames``. Raises
-        :class:`~capreward.media.MediaError` naming the first unusable item.
+        together with ``kind`` and ``frames``. A video's frame count is checked against the frame budget
+        (:meth:`check_frame_budget`) before any frame is decoded; its frames are then decoded,
+        preprocessed and encoded a chunk of ``image_batch_size`` at a time (images of the call share the
+        same passes), so that memory holds one chunk of pixels and the embeddings, whatever the number
+        of frames. Raises :class:`~capreward.media.MediaError` naming the first unusable item.
         """
         if kind not in ("video", "image"):
             raise ValueError(f"kind must be 'video' or 'image', got {kind!r}")
@@ -318,7 +344,7 @@ class CLIPBackbone:
             raise ValueError(f"got {len(ids)} ids for {len(items)} {kind}s")
         results: list[torch.Tensor | None] = [None] * len(items)
         pending: dict[Any, list[int]] = {}
-        pending_pixels: dict[Any, torch.Tensor] = {}
+        queue = _EncodeQueue(self.encode_pixels, self.image_batch_size)
         # A GRPO group repeats the same object many times; hash its pixels once per call, not per sample.
         key_of_object: dict[int, str | None] = {}
         for i, item in enumerate(items):
@@ -333,28 +359,60 @@ class CLIPBackbone:
             if cached is not None:
                 results[i] = cached
                 continue
-            # preprocess at once: only CLIP-sized pixels are held, never the decoded full-size frames
-            if kind == "video":
-                pixels = self.pixels_of(load_video(item, frames=frames, index=i))
-            else:
-                pixels = self.image_pixels(item, i)
             pending_key = key if key is not None else ("uncached", i)
             pending[pending_key] = [i]
-            pending_pixels[pending_key] = pixels
-        if pending_pixels:
-            keys = list(pending_pixels)
-            pixels = [pending_pixels[k] for k in keys]
-            counts = [p.shape[0] for p in pixels]
-            # no_grad rather than inference_mode: cached frames may later meet tensors that need grad
-            with torch.no_grad():
-                embeds = self.encode_pixels(torch.cat(pixels))
-            for key, chunk in zip(keys, torch.split(embeds, counts)):
-                chunk = chunk.clone()
-                if key[0] != "uncached":
-                    self.cache.put(key, chunk)
-                for i in pending[key]:
-                    results[i] = chunk
+            # only CLIP-sized pixels are queued, a chunk at a time, never the decoded full-size frames
+            if kind == "video":
+                with open_video(item, frames=frames, index=i) as video:
+                    self.check_frame_budget(video.count, video.name)
+                    for chunk in video.chunks(self.image_batch_size):
+                        queue.add(pending_key, self.pixels_of(chunk))
+            else:
+                queue.add(pending_key, self.image_pixels(item, i))
+        for key, chunk in queue.finish().items():
+            if key[0] != "uncached":
+                self.cache.put(key, chunk)
+            for i in pending[key]:
+                results[i] = chunk
         return results  # type: ignore[return-value]
+
+
+class _EncodeQueue:
+    """Preprocessed pixels of several items, encoded as soon as ``batch`` frames are waiting (and at
+    :meth:`finish`), so that at most about two batches of pixels are held; the embeddings are gathered
+    per item."""
+
+    def __init__(self, encode: Callable[[torch.Tensor], torch.Tensor], batch: int):
+        self.encode, self.batch = encode, max(1, int(batch))
+        self.waiting: list[tuple[Hashable, torch.Tensor]] = []
+        self.count = 0
+        self.parts: dict[Hashable, list[torch.Tensor]] = {}
+
+    def add(self, key: Hashable, pixels: torch.Tensor) -> None:
+        self.parts.setdefault(key, [])
+        self.waiting.append((key, pixels))
+        self.count += pixels.shape[0]
+        if self.count >= self.batch:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self.waiting:
+            return
+        keys = [k for k, _ in self.waiting]
+        counts = [p.shape[0] for _, p in self.waiting]
+        pixels = torch.cat([p for _, p in self.waiting])
+        self.waiting, self.count = [], 0
+        # no_grad rather than inference_mode: cached frames may later meet tensors that need grad
+        with torch.no_grad():
+            embeds = self.encode(pixels)
+        del pixels
+        for key, part in zip(keys, torch.split(embeds, counts)):
+            self.parts[key].append(part)
+
+    def finish(self) -> dict[Hashable, torch.Tensor]:
+        """Every item's embeddings [k, D], in the order the items were added."""
+        self._flush()
+        return {k: (parts[0].clone() if len(parts) == 1 else torch.cat(parts)) for k, parts in self.parts.items()}
 
 
 def pixel_dtype(visual: torch.nn.Module) -> torch.dtype:

@@ -83,19 +83,25 @@ def add_media_limit_options(parser: argparse.ArgumentParser) -> None:
                              "naming the item (JPEGs are decoded at a reduced scale instead when one fits)")
     parser.add_argument("--max-video-pixels", type=pixel_count, default=limits.max_video_pixels, metavar="N",
                         help="most pixels of the frames sampled from one video, all together")
+    parser.add_argument("--max-video-frames", type=pixel_count, default=limits.max_video_frames, metavar="N",
+                        help="most frames one video file may hold, read from its header before it is indexed")
+    parser.add_argument("--max-model-pixels", type=pixel_count, default=limits.max_model_pixels, metavar="N",
+                        help="frame budget of one video: frames encoded x the encoder's input pixels "
+                             "(e.g. 224x224); checked before decoding, whatever --frames asks")
 
 
 @contextlib.contextmanager
 def media_limit_settings(args: argparse.Namespace) -> Iterator[None]:
     """Within the block: the media limits of ``args`` (when the command has the options), process-wide
     (see :mod:`capreward.media.limits`); the previous limits after it."""
-    if getattr(args, "max_pixels", None) is None and getattr(args, "max_video_pixels", None) is None:
+    names = ("max_pixels", "max_video_pixels", "max_video_frames", "max_model_pixels")
+    values = {n: getattr(args, n, None) for n in names}
+    if all(v is None for v in values.values()):
         yield
         return
     from ..media.limits import media_limits
 
-    with media_limits(max_pixels=getattr(args, "max_pixels", None),
-                      max_video_pixels=getattr(args, "max_video_pixels", None)):
+    with media_limits(**values):
         yield
 
 

@@ -8,8 +8,8 @@ it), and every open walks that path one component at a time from a descriptor of
 ``O_NOFOLLOW`` (a component that has become a symlink fails the walk), then checks the opened file
 with ``fstat`` (a regular file) and, on Linux, the descriptor's own path
 (``/proc/self/fd/N`` lies inside the root). The loaders read the opened descriptor: PIL through a file
-object, decord (and the ffmpeg header probe) through ``/proc/self/fd/N``, which opens the same file
-whatever happens to its name since. Each open lasts one decode: no descriptor outlives the loader.
+object, PyAV (the header probe, and the decoder where it decodes) through a duplicate of the descriptor,
+decord through ``/proc/self/fd/N``, which opens the same file whatever happens to its name since. Each open lasts one decode: no descriptor outlives the loader.
 
 A refused open raises :class:`FileRefused` with :data:`REFUSED`, the one text of every refusal (no
 matter whether the name is missing, a symlink, a directory...), so that a client learns nothing.

@@ -30,6 +30,10 @@ from .limits import MediaLimits, get_media_limits
 
 ImageLike = Any  # str | os.PathLike | ConfinedFile | PIL.Image.Image | np.ndarray | torch.Tensor
 
+#: The one refusal of float pixels that are NaN or infinite, whatever the form (file, PIL image, tensor,
+#: array): such an image has no colour to score (an all-NaN float TIFF is not a black image).
+NAN_IMAGE = "image contains NaN or infinite values"
+
 
 def describe(item: Any, index: int | None = None) -> str:
     """A short human-readable name for an input item, used in error messages."""
@@ -47,6 +51,8 @@ def describe(item: Any, index: int | None = None) -> str:
 
 def array_to_pil(array: np.ndarray, name: str) -> Image.Image:
     """Validate a uint8 (H, W, 3) array and wrap it as an RGB image."""
+    if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
+        raise MediaError(name, NAN_IMAGE)
     if array.dtype != np.uint8:
         raise MediaError(name, f"image arrays must be uint8 (H, W, 3), got dtype {array.dtype}")
     if array.ndim != 3 or array.shape[2] != 3:
@@ -69,8 +75,8 @@ def tensor_to_pil(tensor: torch.Tensor, name: str) -> Image.Image:
     if tensor.shape[1] == 0 or tensor.shape[2] == 0:
         raise MediaError(name, "image is empty (zero height or width)")
     t = tensor.detach().float().cpu()
-    if torch.isnan(t).any() or torch.isinf(t).any():
-        raise MediaError(name, "image tensor contains NaN or infinite values")
+    if not bool(torch.isfinite(t).all()):
+        raise MediaError(name, NAN_IMAGE)
     if t.min() < 0 or t.max() > 1:
         raise MediaError(name, f"float image values must lie in [0, 1], got [{t.min():.3g}, {t.max():.3g}]")
     array = (t * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
@@ -94,7 +100,8 @@ def viewable(image: Image.Image, name: str) -> Image.Image:
       ``round(v / 257)`` (65535 -> 255; ``I`` values outside 0..65535 are clipped), where PIL would clip
       every value above 255 to white;
     - float ``F`` is read as intensity in [0, 1] (the floating-point image convention) and becomes ``L``
-      by ``round(255 v)``, clipped, NaN as 0, where PIL would read it on a 0..255 scale;
+      by ``round(255 v)``, clipped, where PIL would read it on a 0..255 scale; NaN or infinite values
+      are refused (:data:`NAN_IMAGE`), as for tensors and arrays;
     - ``La`` (premultiplied) becomes ``LA``; any other mode is converted to RGB by PIL.
 
     Raises :class:`MediaError` naming the item when PIL cannot convert the mode.
@@ -108,11 +115,15 @@ def viewable(image: Image.Image, name: str) -> Image.Image:
             eight = (np.clip(values, 0, 65535) + 128) // 257
             return Image.fromarray(eight.astype(np.uint8), mode="L")
         if mode == "F":
-            values = np.nan_to_num(np.asarray(image, dtype=np.float32), nan=0.0, posinf=1.0, neginf=0.0)
+            values = np.asarray(image, dtype=np.float32)
+            if not np.isfinite(values).all():
+                raise MediaError(name, NAN_IMAGE)
             return Image.fromarray(np.clip(np.rint(values * 255.0), 0, 255).astype(np.uint8), mode="L")
         if mode == "La":
             return image.convert("LA")
         return image.convert("RGB")
+    except MediaError:
+        raise
     except Exception as exc:  # PIL raises ValueError/OSError for modes it cannot convert
         raise MediaError(name, f"cannot convert image mode {mode!r} to RGB: {exc}") from exc
 

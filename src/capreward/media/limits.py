@@ -2,7 +2,7 @@
 
 Every image and video reaches the scorers through :func:`capreward.media.load_image` and
 :func:`capreward.media.load_video`, which read the size from the file's header (images; videos through
-``ffmpeg -i`` in a child process, see :mod:`capreward.media.probe`, then again from the first decoded
+the container header read by PyAV, see :mod:`capreward.media.probe`, then again from the first decoded
 frame) and refuse what exceeds the limits with a :class:`~capreward.media.MediaError` naming the item,
 before decoding (the rest).
 
@@ -15,12 +15,23 @@ Defaults (see :class:`MediaLimits`):
   reduced scale (1/2, 1/4 or 1/8, by the codec, so the full-size pixels never exist) that fits the
   limit. Formats without reduced decoding (PNG, WebP, TIFF, GIF...) above the limit are refused.
 - ``max_video_pixels = 2**28`` (268 MP): the sampled frames of one video together (10 frames of up to
-  26 MP, or every frame of a 129-frame 1080p clip), about 800 MB as uint8. Raise it, or sample fewer
-  frames (``frames=k``), for longer clips.
+  26 MP, or every frame of a 129-frame 1080p clip), about 800 MB as uint8 if held at once (the encoders
+  decode and encode them in bounded chunks, so it bounds decoding work, not memory). Raise it, or sample
+  fewer frames (``frames=k``), for longer clips.
+- ``max_video_frames = 2**18`` (262,144 frames: 2.4 hours at 30 fps): the frames one video may hold,
+  checked from the container header (declared count, or duration x frame rate) before the decoder
+  indexes the file. A playlist repeating one segment is refused as a playlist
+  (:mod:`capreward.media.containers`); this bounds a container that declares millions of frames.
+- ``max_model_pixels = 2**28``: the frame budget of one video in model-input pixels, frames x the
+  encoder's input size squared (5,350 frames at 224 px, 2,378 at 336 px, 262,144 at the tiny CLIP's 32
+  px), checked before decoding. What the encoder sees, not what the file holds, is what costs: 19,000
+  decoded 16x16 frames are 14.6 MB, but 19,000 CLIP inputs at 224 px are 11 GB of float pixels. The
+  frames are encoded in chunks (see :meth:`capreward.backbones.CLIPBackbone.visual_embeddings`), so
+  memory stays bounded whatever the budget; the budget bounds the work of ``frames=None`` (``--frames 0``).
 
 The limits are process-wide: :func:`set_media_limits` changes them, the ``with media_limits(...)``
-context manager changes them temporarily, and the environment variables ``CAPREWARD_MAX_PIXELS`` and
-``CAPREWARD_MAX_VIDEO_PIXELS`` set them at import (so reward servers, scoring jobs and Ray workers pick
+context manager changes them temporarily, and the environment variables ``CAPREWARD_MAX_PIXELS``,
+``CAPREWARD_MAX_VIDEO_PIXELS``, ``CAPREWARD_MAX_VIDEO_FRAMES`` and ``CAPREWARD_MAX_MODEL_PIXELS`` set them at import (so reward servers, scoring jobs and Ray workers pick
 them up without code), and the ``--max-pixels`` / ``--max-video-pixels`` options of ``capreward score``,
 ``serve`` and ``explain`` set them for the command (the Ray engine's actors get the driver's limits). PIL's own ``Image.MAX_IMAGE_PIXELS`` guard still applies above our limit.
 """
@@ -34,18 +45,31 @@ from typing import Iterator
 
 DEFAULT_MAX_PIXELS = 2**25
 DEFAULT_MAX_VIDEO_PIXELS = 2**28
+DEFAULT_MAX_VIDEO_FRAMES = 2**18
+DEFAULT_MAX_MODEL_PIXELS = 2**28
+
+_FIELDS = (
+    ("max_pixels", "CAPREWARD_MAX_PIXELS"),
+    ("max_video_pixels", "CAPREWARD_MAX_VIDEO_PIXELS"),
+    ("max_video_frames", "CAPREWARD_MAX_VIDEO_FRAMES"),
+    ("max_model_pixels", "CAPREWARD_MAX_MODEL_PIXELS"),
+)
 
 
 @dataclass(frozen=True)
 class MediaLimits:
     """``max_pixels``: width x height of one image or one video frame; ``max_video_pixels``: total
-    pixels of the frames sampled from one video. Both must be positive."""
+    pixels of the frames sampled from one video; ``max_video_frames``: frames one video file may hold
+    (from its header); ``max_model_pixels``: frames encoded from one video x the encoder's input
+    pixels. All must be positive."""
 
     max_pixels: int = DEFAULT_MAX_PIXELS
     max_video_pixels: int = DEFAULT_MAX_VIDEO_PIXELS
+    max_video_frames: int = DEFAULT_MAX_VIDEO_FRAMES
+    max_model_pixels: int = DEFAULT_MAX_MODEL_PIXELS
 
     def __post_init__(self) -> None:
-        for field in ("max_pixels", "max_video_pixels"):
+        for field, _ in _FIELDS:
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{field} must be a positive int, got {value!r}")
@@ -53,7 +77,7 @@ class MediaLimits:
 
 def _from_env() -> MediaLimits:
     values = {}
-    for field, var in (("max_pixels", "CAPREWARD_MAX_PIXELS"), ("max_video_pixels", "CAPREWARD_MAX_VIDEO_PIXELS")):
+    for field, var in _FIELDS:
         raw = os.environ.get(var)
         if raw:
             try:
@@ -71,20 +95,24 @@ def get_media_limits() -> MediaLimits:
     return _limits
 
 
-def set_media_limits(max_pixels: int | None = None, max_video_pixels: int | None = None) -> MediaLimits:
+def set_media_limits(max_pixels: int | None = None, max_video_pixels: int | None = None,
+                     max_video_frames: int | None = None, max_model_pixels: int | None = None) -> MediaLimits:
     """Change the process-wide limits (None keeps a limit as it is); returns the previous limits."""
     global _limits
     previous = _limits
-    changes = {k: v for k, v in (("max_pixels", max_pixels), ("max_video_pixels", max_video_pixels)) if v is not None}
+    changes = {k: v for k, v in (("max_pixels", max_pixels), ("max_video_pixels", max_video_pixels),
+                                 ("max_video_frames", max_video_frames), ("max_model_pixels", max_model_pixels))
+               if v is not None}
     _limits = replace(_limits, **changes)
     return previous
 
 
 @contextlib.contextmanager
-def media_limits(max_pixels: int | None = None, max_video_pixels: int | None = None) -> Iterator[MediaLimits]:
+def media_limits(max_pixels: int | None = None, max_video_pixels: int | None = None,
+                 max_video_frames: int | None = None, max_model_pixels: int | None = None) -> Iterator[MediaLimits]:
     """``with media_limits(max_pixels=...):`` the limits inside the block, restored after it."""
     global _limits
-    previous = set_media_limits(max_pixels, max_video_pixels)
+    previous = set_media_limits(max_pixels, max_video_pixels, max_video_frames, max_model_pixels)
     try:
         yield _limits
     finally:
