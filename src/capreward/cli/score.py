@@ -42,7 +42,7 @@ import sys
 
 from ..backbones.clip_loading import DEFAULT_CLIP
 from ..jobs.runners import METRICS
-from .common import add_device_option, add_media_limit_options, metric_list
+from .common import add_device_option, add_media_limit_options, add_resume_options, metric_list
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         summary = run_job(args.manifest, args.out, options, idf=args.idf, engine=args.engine,
                           num_actors=args.num_actors, csv=args.csv, progress=not args.no_progress,
-                          accept_unrecorded_settings=args.accept_unrecorded_settings)
+                          accept_unrecorded_settings=args.accept_unrecorded_settings,
+                          quarantine_bad_lines=args.quarantine_bad_lines)
     except (JobError, ManifestError) as exc:
         print(f"capreward score: error: {exc}", file=sys.stderr)
         return 2
@@ -118,5 +119,6 @@ def add_parser(subparsers) -> None:
     p.add_argument("--accept-unrecorded-settings", action="store_true",
                    help="resume a results file that has rows but no <out>.settings.json (written before settings "
                         "were recorded), recording this run's settings as theirs: only if they are the same")
+    add_resume_options(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     p.set_defaults(func=run)

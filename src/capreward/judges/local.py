@@ -29,6 +29,7 @@ from typing import Any, Sequence
 import torch
 from PIL import Image
 
+from ..text import well_formed
 from .cache import growing_cache
 from .images import mean_background, pad_to_square
 from .loading import DEFAULT_LLAVA, load_llava, resolve_device, resolve_dtype
@@ -226,8 +227,9 @@ class LocalJudge:
 
     def encode_prompts(self, prompts: Sequence[str], num_image_tokens: int) -> list[list[int]]:
         """Token ids of each prompt (BOS included), the image placeholder expanded to ``num_image_tokens``
-        copies, as the processor does. Raises if a prompt does not hold exactly one placeholder."""
-        encoded = self.tokenizer(list(prompts), add_special_tokens=True)["input_ids"]
+        copies, as the processor does. Raises if a prompt does not hold exactly one placeholder. A lone
+        surrogate in a prompt (text UTF-8 cannot encode) reads as U+FFFD, as in CLIP's text cleaning."""
+        encoded = self.tokenizer([well_formed(p) for p in prompts], add_special_tokens=True)["input_ids"]
         out = []
         for i, ids in enumerate(encoded):
             count = sum(1 for t in ids if t == self.image_token_id)
