@@ -271,3 +271,17 @@ def test_ctrl_c_is_one_line_with_the_rows_safe_and_the_same_command_resumes(job,
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stderr.strip().splitlines()[-1])["skipped"] == safe
     assert sorted(r["id"] for r in rows_of(out)) == sorted(r["id"] for r in rows)
+
+
+def test_explain_refuses_a_corrupt_middle_line_too(job, tmp_path, capsys):
+    """explain shares the results file: a bad middle line stops it before any judge is loaded."""
+    _, _, lines, _ = job
+    out = tmp_path / "why.jsonl"
+    out.write_bytes(lines[0] + BAD_LINES["invalid JSON"] + lines[1])
+    before = out.read_bytes()
+    args = ["explain", str(job[0]), "--out", str(out), "--judge-model", str(tmp_path / "no-judge"), "--device", "cpu",
+            "--accept-unrecorded-settings", "--no-progress"]
+    assert main(args) == 2
+    errors = error_lines(capsys)
+    assert len(errors) == 1 and f"{out}:2:" in errors[0] and "--quarantine-bad-lines" in errors[0], errors
+    assert out.read_bytes() == before
