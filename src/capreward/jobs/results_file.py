@@ -261,20 +261,24 @@ ADVICE = {
 
 
 @contextmanager
-def disk_errors(out: str | Path) -> Iterator[None]:
-    """Within the block, a disk error (:data:`DISK_ERRNOS`) writing any of a job's files becomes one
-    :class:`DiskError` line naming the file, the reason, what to do, and how many rows are safe in
-    ``out`` (counted after the failed batch was cut off); the same command resumes."""
+def disk_errors(out: str | Path, *others: str | Path | None) -> Iterator[None]:
+    """Within the block, a disk error (:data:`DISK_ERRNOS`) on one of a job's own files (``out`` and the
+    files beside it named ``<out>.*``, or ``others`` such as the CSV) becomes one :class:`DiskError` line
+    naming the file, the reason, what to do, and how many rows are safe in ``out`` (counted after the
+    failed batch was cut off); the same command resumes. Errors on other files (a manifest or a model
+    that cannot be read) pass through."""
     try:
         yield
     except OSError as exc:
-        if exc.errno not in DISK_ERRNOS:
+        name = os.fspath(out) if exc.filename is None else os.fspath(exc.filename)
+        ours = (name.startswith(os.fspath(out)) or os.fspath(out).startswith(name.rstrip(os.sep) + os.sep)
+                or name in {os.fspath(o) for o in others if o})  # the out file, <out>.*, its folders, others
+        if exc.errno not in DISK_ERRNOS or not ours:
             raise
         safe = count_rows(out)
         rows = "an unknown number of rows (it cannot be read)" if safe is None else f"{safe} row{'s' * (safe != 1)}"
-        name = exc.filename if exc.filename is not None else out
         raise DiskError(
-            f"cannot write {printable(os.fspath(name))}: {exc.strerror}; {rows} are safe in {printable(os.fspath(out))}; "
+            f"cannot write {printable(name)}: {exc.strerror}; {rows} are safe in {printable(os.fspath(out))}; "
             f"{ADVICE.get(exc.errno, 'fix it')}, then run the same command again to resume"
         ) from None
 

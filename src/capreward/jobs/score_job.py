@@ -68,7 +68,7 @@ def run_job(manifest: str | Path, out: str | Path, options: ScoreOptions, idf: s
     :class:`~capreward.jobs.results_file.DiskError` naming the file and the rows safe in ``out``."""
     if engine not in ("local", "ray"):
         raise ValueError(f"unknown engine {engine!r}; use 'local' or 'ray'")
-    with disk_errors(out), exclusive_output(out):
+    with disk_errors(out, csv), exclusive_output(out):
         rows = read_manifest(manifest)  # a bad manifest is refused before anything is written
         has_results = Path(out).is_file() and Path(out).stat().st_size > 0
         job_settings(out, options, has_results=has_results, accept_unrecorded=accept_unrecorded_settings)
