@@ -39,7 +39,9 @@ The settings that change an explanation are fixed per output file: the first run
 references, the judge model and its files' size and time, dtype, max new tokens, media limits; not the
 batch size, device or progress) in <out>.settings.json, and a resume with any of them different is
 refused, naming each; an output with rows but no settings record (from before they were recorded) is
-refused unless --accept-unrecorded-settings."""
+refused unless --accept-unrecorded-settings. Resumes repair only a torn last line: any other line that is
+not a result row stops the run with the file as it is (--quarantine-bad-lines moves such lines to
+<out>.quarantine); a disk error and Ctrl-C end with one line saying how many rows are safe."""
 
 #: How each setting in explain's settings record is set on the command line (for the refusal message).
 EXPLAIN_FLAGS = {

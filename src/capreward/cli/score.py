@@ -23,7 +23,12 @@ visce2 and gveval run on the local LLaVA of ``--judge-model``, or on an OpenAI-c
 ``errors[metric]``; the other rows and metrics are unaffected.
 
 A row's scores never depend on the rest of its batch, the row order or a resume. Rerun the same command
-to resume. The scoring settings are fixed per results file: the first run records those that change a
+to resume: only a torn last line (from a killed run) is repaired; any other line of ``--out`` that is not a
+result row stops the run with the file left as it is (``--quarantine-bad-lines`` moves such lines to
+``<out>.quarantine`` and goes on). A full disk, a read-only file system or a file that cannot be written,
+and Ctrl-C, end with one line saying how many rows are safe. Manifest keys other than ``id``, ``caption``,
+``image``, ``video`` and ``references`` are carried to the results as they are; a near miss of one of these
+(``refrences``) is refused with "did you mean ...". The scoring settings are fixed per results file: the first run records those that change a
 row (metrics, models and their files' size and time, frames, precision, judge options, ...; not the
 batch size, device, engine or progress) in ``<out>.settings.json``, and a resume with any of them
 different is refused, naming each; a results file with rows but no settings record (from before they
