@@ -174,3 +174,43 @@ def test_label_forms():
     # blank references are kept as given: the reward refuses them per sample (never "no references")
     assert parse_label({"video": "/abs/v.mp4", "references": ["", "  "]}, "x", "/data").references == ["", "  "]
     assert parse_label({"references": []}, "x", "/data").references == []
+
+
+HOSTILE_GROUND_TRUTHS = {
+    "a 200,000-character reference": "a red car " * 20_000,
+    "100,000 references": ["a car"] * 100_000,
+    "JSON nested 50,000 deep": "[" * 50_000 + "]" * 50_000,
+    "JSON with a 5,000-digit integer": "[" + "7" * 5_000 + "]",
+    "a dict": {"references": ["a car"]},
+    "a number": 3.5,
+    "a list of numbers": [1, 2],
+    "bytes": b"a car",
+    "a set": {"a car"},
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE_GROUND_TRUTHS)
+def test_a_hostile_ground_truth_gets_the_fallback_alone(name, clip_reward, media, caplog):
+    """Only that sample gets the fallback (with its reason logged); the others score as they do alone."""
+    compute_score = make_compute_score(clip_reward, fallback=-1.0)
+    images = [media["images"][0], media["images"][1], media["images"][0]]
+    truths = [REFS[0], HOSTILE_GROUND_TRUTHS[name], REFS[2]]
+    with caplog.at_level(logging.WARNING, logger="capreward"):
+        out = compute_score.batch(["d"] * 3, CAPTIONS, truths, [{"image": p} for p in images])
+    alone = [compute_score("d", CAPTIONS[i], REFS[i], {"image": images[i]}) for i in (0, 2)]
+    assert out[1] == -1.0 and out[0] == pytest.approx(alone[0], abs=1e-6) and out[2] == pytest.approx(alone[1], abs=1e-6)
+    assert "sample 1" in caplog.text
+    assert compute_score("d", CAPTIONS[1], HOSTILE_GROUND_TRUTHS[name], {"image": images[1]}) == -1.0
+
+
+@pytest.mark.parametrize("solution", [None, 5, ["a dog runs across the grass"], b"a dog runs across the grass"],
+                         ids=["None", "int", "list", "bytes"])
+def test_a_solution_that_is_not_a_str_gets_the_fallback(solution, clip_reward, media, caplog):
+    """None is never scored as the text "None" (nor a list as its repr)."""
+    compute_score = make_compute_score(clip_reward, fallback=-1.0, return_dict=True)
+    with caplog.at_level(logging.WARNING, logger="capreward"):
+        got = compute_score("d", solution, None, {"image": media["images"][1]})
+        batch = compute_score.batch(["d"] * 2, [solution, CAPTIONS[1]], [None] * 2, [{"image": media["images"][1]}] * 2)
+    assert got == {"score": -1.0, "unscored": 1.0} and batch[0] == got
+    assert batch[1]["unscored"] == 0.0
+    assert f"solution_str must be a str, got {type(solution).__name__}" in caplog.text

@@ -297,6 +297,9 @@ CASES: dict[str, Case] = {
     "special-tokens-only caption": Case("caption", lambda r: "<s></s>", invalid_for={
         e: r"empty caption" for e in ("FLEUR", "VisCE2", "GVEval", "FLEURReward", "VisCE2Reward", "GVEvalReward")}),
     "emoji caption": Case("caption", lambda r: "a red ball 🟥 with a 🐕 🌳"),
+    # a lone surrogate (a truncated emoji escape in scraped JSON): read as U+FFFD everywhere, written escaped
+    "lone surrogate caption": Case("caption", lambda r: "a red \ud800 ball", equivalent=lambda r: "a red \ufffd ball"),
+    "caption is bytes": Case("caption", lambda r: b"a red ball", r"must be (a )?str|bytes", files=False),
 }
 IMAGE_CASES = [k for k, c in CASES.items() if c.kind == "image"]
 VIDEO_CASES = [k for k, c in CASES.items() if c.kind == "video"]
@@ -441,7 +444,8 @@ def applies(entry: str, name: str) -> bool:
     if case.kind == "video" and entry in IMAGE_ONLY:
         return False
     if entry in SUBPROCESS and not case.files:
-        return False
+        # veRL hands the adapter its decoded response in process: any caption object can arrive there
+        return entry == "veRL adapter" and case.kind == "caption"
     return True
 
 
@@ -892,6 +896,84 @@ def label_runner(entry: str, request) -> Callable:
     raise AssertionError(entry)
 
 
+# ------------------------------------------------------------------- references (ground truths, labels)
+@dataclass
+class RefCase:
+    """Hostile or unusual references for the middle sample of a batch: ``value()`` is its veRL ground
+    truth and its server label's ``references``; ``error``: regex of the reason (None: valid, scored like
+    ``equivalent()``); ``manifest``: expressible as a manifest's ``references`` (valid ones only: a
+    manifest's bad row refuses the manifest, see test_manifest.py)."""
+
+    value: Callable[[], Any]
+    error: str | None = None
+    equivalent: Callable[[], Any] | None = None
+    manifest: bool = False
+
+
+REF_CASES: dict[str, RefCase] = {
+    "lone surrogate reference": RefCase(lambda: ["a red \ud800 ball", "a ball"], manifest=True,
+                                        equivalent=lambda: ["a red \ufffd ball", "a ball"]),
+    "references JSON nested 50,000 deep": RefCase(lambda: "[" * 50_000 + "]" * 50_000, r"nested too deeply"),
+    "references JSON with a 5,000-digit integer": RefCase(lambda: "[" + "7" * 5_000 + "]", r"digits"),
+    "200,000-character reference": RefCase(lambda: "a red ball " * 18_200, r"characters"),
+    "100,000 references": RefCase(lambda: ["a red ball"] * 100_000, r"100000 references; at most"),
+    "references are an object": RefCase(lambda: {"a": "a red ball"}, r"must be a str or a list of str"),
+    "a reference is a number": RefCase(lambda: ["a red ball", 5], r"references\[1\] must be a str"),
+}
+REF_ENTRY_POINTS = ("capreward score", "reward server", "veRL adapter")
+REF_MATRIX = [(e, n) for e in REF_ENTRY_POINTS for n in REF_CASES if e != "capreward score" or REF_CASES[n].manifest]
+GOOD_REFS = [["a red ball", "a ball"], ["a green box", "a box"]]
+
+
+def _ref_runner(entry: str, request) -> Callable[[Any], tuple[int, Any]]:
+    """``run(references of the middle sample, or None for the two good samples alone)`` -> ``(200,
+    [(value, reason), ...])`` or, for a request the server refuses, ``(status, body)``. RefCLIP-S (CLIP-S
+    with references) on good0, good0, good1."""
+    root = request.getfixturevalue("root")
+    goods = good_visuals(root, "image")
+
+    def batch(middle):
+        if middle is None:
+            return list(GOOD_CAPTIONS), [goods[0], goods[1]], list(GOOD_REFS)
+        return [GOOD_CAPTIONS[0], GOOD_CAPTIONS[0], GOOD_CAPTIONS[1]], [goods[0], goods[0], goods[1]], \
+            [GOOD_REFS[0], middle, GOOD_REFS[1]]
+
+    if entry == "veRL adapter":
+        from capreward.adapters import make_compute_score
+
+        reward = request.getfixturevalue("rewards")["CLIPScoreReward"]
+        scorer = make_compute_score(reward, fallback=-7.0, return_dict=True, media_root=str(root))
+
+        def run(middle):
+            captions, visuals, refs = batch(middle)
+            rows = scorer.batch(["src"] * len(captions), captions, refs, [{"image": _relative(root, v)} for v in visuals])
+            return 200, [(None, "unscored") if r["unscored"] else (r["score"], None) for r in rows]
+        return run
+    if entry == "reward server":
+        server = request.getfixturevalue("server")
+
+        def run(middle):
+            captions, visuals, refs = batch(middle)
+            status, body = server.post(captions, [{"image": _relative(root, v), "references": r}
+                                                  for v, r in zip(visuals, refs)])
+            if status != 200:
+                return status, body
+            return status, [(None, e) if e else (v, None) for v, e in zip(body["rewards"], body["errors"])]
+        return run
+    if entry == "capreward score":
+        clip_path, factory = request.getfixturevalue("clip_path"), request.getfixturevalue("tmp_path_factory")
+
+        def run(middle):
+            captions, visuals, refs = batch(middle)
+            rows = [{"id": f"r{i}", "caption": c, "image": v, "references": r}
+                    for i, (c, v, r) in enumerate(zip(captions, visuals, refs))]
+            by_id, _ = _cli_rows(root, clip_path, factory.mktemp("cli-refs"), rows)
+            return 200, [(None, str(by_id[f"r{i}"]["errors"])) if by_id[f"r{i}"].get("errors")
+                         else (float(by_id[f"r{i}"]["ref_clip_s"]), None) for i in range(len(rows))]
+        return run
+    raise AssertionError(entry)
+
+
 def _label_sample(root: Path, name: str) -> tuple[str, str, Any, str | None]:
     """(caption, image, references, id) of the middle sample of case ``name``."""
     case = LABEL_CASES[name]
@@ -940,10 +1022,33 @@ def test_bad_references_and_reused_ids(entry, name, request, root, results):
         assert reason and re.search(case.error, reason) and re.search(r"reference", reason), reason
 
 
+@pytest.mark.parametrize("entry, name", REF_MATRIX, ids=[f"{e}-{n}" for e, n in REF_MATRIX])
+def test_bad_references(entry, name, request, results):
+    """The veRL adapter gives the sample the fallback (the others score as they do without it); the
+    server refuses the request with 400 naming labels[1] (its contract for a malformed label); a valid
+    case scores like its equivalent at every entry point."""
+    case = REF_CASES[name]
+    run = _ref_runner(entry, request)
+    status, got = no_hang(lambda: run(case.value()))
+    if entry == "reward server" and case.error is not None:
+        assert status == 400 and r"labels[1]" in got["error"] and re.search(case.error, got["error"]), (status, got)
+        return
+    assert status == 200, got
+    _, clean = results.get(("references", entry, "clean"), lambda: run(None))
+    assert _same(got[0], clean[0]) and _same(got[2], clean[1]), (got, clean)
+    value, reason = got[1]
+    if case.error is not None:
+        assert value is None, f"{name}: expected no score, got {value}"
+        return
+    _, equivalent = run(case.equivalent())
+    assert value is not None and _same(got[1], equivalent[1]), (got[1], equivalent[1])
+
+
 def test_matrix_size():
     """The README's Reliability section quotes these counts."""
     assert len(CASES) >= 25 and len(ENTRY_POINTS) == 17
     assert DEFAULT_MAX_PIXELS == 2**25
     print(f"{len(CASES)} cases x {len(ENTRY_POINTS)} entry points = {len(MATRIX)} applicable cells")
     assert len(LABEL_CASES) == 5 and len(LABEL_MATRIX) == 69
-    print(f"{len(LABEL_CASES)} reference/id cases: {len(LABEL_MATRIX)} applicable cells")
+    print(f"{len(LABEL_CASES)} reference/id cases: {len(LABEL_MATRIX)} applicable cells; references: "
+          f"{len(REF_CASES)} cases x {len(REF_ENTRY_POINTS)} entry points = {len(REF_MATRIX)} applicable cells")

@@ -53,7 +53,8 @@ def test_help_shows_defaults_and_choices_without_developer_markup(command):
         # the help entry of this option: its line and the continuation lines up to the next option
         start = next(i for i, line in enumerate(lines) if line.lstrip().startswith(flag + " ") or line.strip() == flag
                      or line.lstrip().startswith(flag + ","))
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].lstrip().startswith("-")), len(lines))
+        # the next option starts at the options' indent (a continuation line may start with a flag it names)
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("  -")), len(lines))
         entry = " ".join(" ".join(lines[start:end]).split())
         if not action.required:
             assert "default" in entry, f"{command} {flag}: no default in {entry!r}"
@@ -209,6 +210,20 @@ def test_serve_with_a_missing_model_fails_at_start_not_after_ready(tmp_path):
                        "--allow-any-path", "--no-progress", cwd=tmp_path)
         assert "ready" not in proc.stderr
         assert_one_line_error(proc, "--clip-model", "does not exist", "nope.pt")
+
+
+def test_serve_refuses_to_start_without_a_media_root(tmp_path):
+    """Without --media-root the server would read no file and answer the fallback for every sample; it
+    refuses at once (before loading any model) unless --allow-any-path says so, and the help says why."""
+    proc = run_cli("serve", "--reward", "clip_s", "--clip-model", tmp_path / "nope.pt", "--port", "0", "--no-progress",
+                   cwd=tmp_path)
+    assert "ready" not in proc.stderr
+    assert_one_line_error(proc, "--media-root", "--allow-any-path", "fallback")
+    proc = run_cli("serve", "--reward", "clip_s", "--clip-model", tmp_path / "nope.pt", "--port", "0", "--no-progress",
+                   "--media-root", tmp_path / "no-such-folder", cwd=tmp_path)
+    assert_one_line_error(proc, "--media-root", "not a directory")
+    text = " ".join(run_cli("serve", "--help").stdout.split())
+    assert "Required unless --allow-any-path is given: none would mean that no file is ever read" in text
 
 
 def test_missing_judge_directory_names_the_flag(tmp_path, manifest):

@@ -62,6 +62,34 @@ def test_report_structure(scored):
     assert ">cooking<sup>" in text
 
 
+def test_report_finds_the_media_as_score_did_from_another_working_directory(tmp_path, tiny_clip_path):
+    """A manifest named by a relative path, with relative media paths (resolved against the manifest's
+    folder by score): the report, run from elsewhere, shows every visual."""
+    data = tmp_path / "work" / "data"
+    data.mkdir(parents=True)
+    write_mp4(data / "clip.mp4", random_video(5, frames=6))
+    (data / "m.jsonl").write_text(json.dumps({"id": "a", "caption": "a man is cooking", "video": "clip.mp4"}) + "\n")
+    proc = subprocess.run([sys.executable, "-m", "capreward.cli.main", "score", "data/m.jsonl", "--out", "scores.jsonl",
+                           "--metrics", "clip-s", "--clip-model", str(tiny_clip_path), "--frames", "2", "--no-progress"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path / "work")
+    assert proc.returncode == 0, proc.stderr
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "capreward.cli.main", "report", "../work/scores.jsonl", "--out",
+                           "r.html", "--frames", "2", "--no-progress"], capture_output=True, text=True, timeout=300,
+                          cwd=elsewhere)
+    assert proc.returncode == 0 and "not found" not in proc.stderr, proc.stderr
+    text = (elsewhere / "r.html").read_text()
+    assert "cannot show the visual" not in text and text.count('<img class="frame') == 2
+
+
+def test_report_warns_about_visuals_it_cannot_find(scored, tmp_path):
+    _, scores = scored
+    proc = cli("report", scores, "--out", tmp_path / "r.html", "--frames", "4", "--no-progress")
+    assert proc.returncode == 0
+    assert "warning: 1 of 3 visuals not found" in proc.stderr and "gone.mp4" in proc.stderr
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium is not installed (scripts/bootstrap.sh installs it)")
 def test_report_renders_in_headless_chromium(scored, tmp_path):
     d, scores = scored

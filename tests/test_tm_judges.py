@@ -64,3 +64,13 @@ def test_judge_metric_argument_errors(backend):
     g = GVEvalMetric(backend, mode="combined")
     with pytest.raises(ValueError, match="needs references"):
         g.update(["a"], [probe_image("gveval", "red")])
+
+
+def test_judge_metrics_refuse_an_id_twice_in_one_update(backend):
+    """Two samples with one id in one update: the second would be dropped at compute; refused before the
+    judge is asked anything."""
+    images = [probe_image("visce2", c) for c in ("green", "blue")]
+    for metric in (VisCE2Metric(backend), GVEvalMetric(backend, visual="image")):
+        with pytest.raises(ValueError, match=r"ids\[1\] = 7 repeats ids\[0\] in one update"):
+            metric.update(["a green ball", "a blue kite"], images, ids=[7, 7])
+        assert metric.ids == []

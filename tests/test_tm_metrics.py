@@ -150,6 +150,34 @@ def test_shared_backbone_is_never_copied_or_moved(tiny_backbone, videos):
     assert [(p, p.data_ptr(), p.dtype) for p in tiny_backbone.model.parameters()] == params
 
 
+def test_duplicate_ids_in_one_update_are_refused_but_padding_across_processes_is_not(tiny_backbone, videos,
+                                                                                     fresh_scorers):
+    """A real DistributedSampler (2 processes, 5 samples: one padded repeat) gives each process ids without
+    a repeat; the metric dedups the padding at sync. The same id twice in one update would drop a sample
+    and is refused."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    data = list(range(5))
+    ranks = [list(DistributedSampler(data, num_replicas=2, rank=r, shuffle=False)) for r in range(2)]
+    assert sorted(ranks[0] + ranks[1]) == [0, 0, 1, 2, 3, 4]  # sample 0 is the padding, on the other process
+    states = []
+    for r, ids in enumerate(ranks):
+        m = EMScoreMetric(backbone=tiny_backbone, frames=FRAMES)
+        m.update([CAPTIONS[i] for i in ids], [videos[i] for i in ids], ids=ids)  # one update per process: accepted
+        states.append((torch.cat(m.ids), torch.cat(m.values)))
+    remote = iter(states[1])
+    rank0 = EMScoreMetric(backbone=tiny_backbone, frames=FRAMES, per_sample=True,
+                          dist_sync_fn=lambda t, group=None: [t, next(remote)], distributed_available_fn=lambda: True)
+    rank0.update([CAPTIONS[i] for i in ranks[0]], [videos[i] for i in ranks[0]], ids=ranks[0])
+    out = rank0.compute()
+    assert out["per_sample/id"].tolist() == data
+    torch.testing.assert_close(out["per_sample/score"], fresh_scorers[0].score(CAPTIONS[:5], videos=videos[:5]).score,
+                               atol=1e-5, rtol=0)
+    single = EMScoreMetric(backbone=tiny_backbone, frames=FRAMES)
+    with pytest.raises(ValueError, match=r"ids\[1\] = 3 repeats ids\[0\]"):
+        single.update(CAPTIONS[:2], videos[:2], ids=torch.tensor([3, 3]))
+
+
 def test_simulated_two_process_sync_deduplicates_padded_samples(tiny_backbone, videos, fresh_scorers):
     """Rank 0 holds samples 0, 2, 4; rank 1 holds 1, 3, 5 and a repeat of 0 (a DistributedSampler's pad).
 
@@ -242,6 +270,9 @@ def test_errors_name_the_offending_item(tiny_backbone, videos):
         metric.update(["a dog", "a cat"], videos[:2], ids=[0, "x"])
     with pytest.raises(ValueError, match=r"ids\[0\] = -1"):
         metric.update(["a dog", "a cat"], videos[:2], ids=[-1, 1])
+    with pytest.raises(ValueError, match=r"ids\[2\] = 4 repeats ids\[0\] in one update"):
+        metric.update(["a dog", "a cat", "a bird"], videos[:3], ids=[4, 1, 4])
+    assert metric.ids == []  # the refused update kept nothing
     with pytest.raises(TypeError, match=r"references\[0\]\[1\]"):
         metric.update(["a dog", "a cat"], videos[:2], [["ok", 3], ["fine"]])
     with pytest.raises(ValueError, match="needs visuals and/or references"):

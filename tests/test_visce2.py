@@ -181,3 +181,34 @@ def test_visce2_reward_guards_its_range(backend):
     values = reward(None, ["a green ball", "many red cars"], image=images, log_extra=logged.__setitem__)
     assert values[0] == pytest.approx(VISCE2_ANSWERS["green"] / 100)
     assert values[1] is None and "150, outside 0..100" in logged["visce2/error"][1]  # no reward of 1.5
+
+
+def test_the_context_cache_is_a_bounded_lru(backend):
+    """At most ``context_cache_size`` contexts stay in memory, the least recently used leaving first; a
+    call with more distinct images than that still gets every context."""
+    from capreward.rewards import VisCE2Reward
+
+    images = {c: probe_image("visce2", c) for c in ("green", "blue", "red")}
+    counting = CountingBackend(backend)
+    v = VisCE2(counting, context_cache_size=2)
+
+    def ask(colour: str) -> None:
+        assert v.score([f"a {colour} ball"], [images[colour]]).context == [context_answer(colour)]
+
+    ask("green"), ask("blue")
+    assert counting.context_calls == 2 and len(v.cache) == 2
+    ask("green")  # a hit, and now the most recently used
+    assert counting.context_calls == 2
+    ask("red")  # evicts blue, the least recently used
+    assert counting.context_calls == 3 and len(v.cache) == 2
+    ask("green")
+    assert counting.context_calls == 3
+    ask("blue")
+    assert counting.context_calls == 4 and len(v.cache) == 2
+    small = VisCE2(CountingBackend(backend), context_cache_size=1)
+    r = small.score(["a green ball", "a blue kite", "a red car"], [images[c] for c in ("green", "blue", "red")])
+    assert r.context == [context_answer(c) for c in ("green", "blue", "red")] and len(small.cache) == 1
+    assert len(VisCE2(backend, context_cache_size=0).cache) == 0
+    assert VisCE2Reward(backend=backend, context_cache_size=3).scorer.cache.max_entries == 3
+    with pytest.raises(ValueError, match="context cache size"):
+        VisCE2(backend, context_cache_size=-1)

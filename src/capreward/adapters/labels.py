@@ -30,6 +30,11 @@ from ..media.files import ConfinedFile
 from .paths import MediaPaths, PathRefused
 
 LABEL_KEYS = ("image", "images", "video", "references", "visual_id")
+#: The most references one sample may have, and the most characters they (or the JSON text holding them)
+#: may have together: a sample over either is refused (None / the fallback) instead of costing the batch
+#: seconds of tokenising (captioning datasets have 5 to 20 references of a sentence each).
+MAX_REFERENCES = 256
+MAX_REFERENCE_CHARS = 100_000
 
 
 class LabelError(ValueError):
@@ -63,27 +68,41 @@ def parse_references(value: Any, where: str) -> list[str] | None:
     """A str or list of str as a list of references (None for None).
 
     A str that holds a JSON list (``'["a", "b"]'``) is decoded. Raises :class:`LabelError` naming
-    ``where`` for other types and for entries that are not str. An empty list or a blank entry is kept
-    as given: the reward gives that sample None (the fallback here) with the reason, as the scorers and
-    ``capreward score`` refuse it, rather than scoring it without references (another metric).
+    ``where`` for other types, for entries that are not str, for JSON that does not parse (nested too
+    deeply, an integer over Python's 4300-digit limit included), and for more than
+    :data:`MAX_REFERENCES` references or :data:`MAX_REFERENCE_CHARS` characters. An empty list or a blank
+    entry is kept as given: the reward gives that sample None (the fallback here) with the reason, as the
+    scorers and ``capreward score`` refuse it, rather than scoring it without references (another metric).
     """
     value = _tolist(value)
     if value is None:
         return None
     if isinstance(value, str):
+        if len(value) > MAX_REFERENCE_CHARS:
+            raise LabelError(f"{where}: references of {len(value)} characters; at most {MAX_REFERENCE_CHARS}")
         stripped = value.strip()
         if stripped.startswith("["):
             try:
                 value = json.loads(stripped)
             except json.JSONDecodeError as exc:
                 raise LabelError(f"{where}: references look like a JSON list but do not parse: {exc}") from None
+            except RecursionError:
+                raise LabelError(f"{where}: references look like a JSON list but are nested too deeply") from None
+            except ValueError as exc:  # an integer over sys.get_int_max_str_digits() digits
+                raise LabelError(f"{where}: references look like a JSON list but do not parse: {exc}") from None
         else:
             value = [value]
     if not isinstance(value, (list, tuple)):
         raise LabelError(f"{where}: references must be a str or a list of str, got {type(value).__name__}")
+    if len(value) > MAX_REFERENCES:
+        raise LabelError(f"{where}: {len(value)} references; at most {MAX_REFERENCES}")
+    chars = 0
     for j, r in enumerate(value):
         if not isinstance(r, str):
             raise LabelError(f"{where}: references[{j}] must be a str, got {type(r).__name__}")
+        chars += len(r)
+        if chars > MAX_REFERENCE_CHARS:
+            raise LabelError(f"{where}: references of more than {MAX_REFERENCE_CHARS} characters together")
     return list(value)
 
 
@@ -125,6 +144,8 @@ def parse_label(label: Any, where: str = "label", paths: MediaPaths | str | os.P
                              '{"video": "clip.mp4", "references": ["..."]}') from None
         except RecursionError:
             raise LabelError(f"{where} is nested too deeply") from None
+        except ValueError as exc:  # an integer over sys.get_int_max_str_digits() digits
+            raise LabelError(f"{where} is not valid JSON ({exc})") from None
     if not isinstance(label, dict):
         raise LabelError(f"{where} must be an object with image/video/references keys, got {type(label).__name__}")
     unknown = sorted(set(label) - set(LABEL_KEYS))

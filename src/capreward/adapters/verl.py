@@ -32,10 +32,14 @@ Two ways to configure it:
 - In your own reward file: ``compute_score = make_compute_score(EMScoreReward(model=..., idf=...))``.
 
 Unscorable samples: veRL needs a number for every response, so a sample that cannot be scored (empty
-response, unreadable video, malformed extra_info, invalid references) gets ``fallback`` and the reason
-is logged with ``logging`` (logger ``capreward.adapters.verl``); in dict mode ``"unscored"`` is 1.0 for
-it. The fallback is the bottom of the reward's range by default (-1 for EMScore and RefCLIP-S): a
-mid-range value such as 0.0 for EMScore would rank an empty response above every wrong caption.
+response, a response that is not a str, unreadable video, malformed extra_info, invalid references, a
+ground truth of the wrong type, that does not parse or is over
+:data:`~capreward.adapters.labels.MAX_REFERENCES` references or
+:data:`~capreward.adapters.labels.MAX_REFERENCE_CHARS` characters) gets ``fallback`` and the reason is
+logged with ``logging`` (logger ``capreward.adapters.verl``); in dict mode ``"unscored"`` is 1.0 for it.
+The other samples of the batch score as they do alone. The fallback is the bottom of the reward's range
+by default (-1 for EMScore and RefCLIP-S): a mid-range value such as 0.0 for EMScore would rank an empty
+response above every wrong caption.
 
 veRL loads the file with ``importlib`` as a standalone module, so this file uses absolute imports only.
 """
@@ -69,6 +73,14 @@ def sample_label(ground_truth: Any, extra_info: Any, paths: MediaPaths | str | N
     if refs is not None:
         fields["references"] = refs
     return parse_label(fields, f"{where} extra_info", paths)
+
+
+def solution_problem(solution: Any, where: str) -> str | None:
+    """Why ``solution`` (veRL's decoded response) cannot be scored: it is not a str (None is never
+    scored as the text "None"); None when it is one."""
+    if isinstance(solution, str):
+        return None
+    return f"{where}: solution_str must be a str, got {type(solution).__name__}"
 
 
 class VerlScorer:
@@ -113,14 +125,18 @@ class VerlScorer:
         labels: list[Label | None] = []
         reasons: list[str | None] = []
         for i in range(n):
+            labels.append(None)
+            reasons.append(solution_problem(solution_strs[i], f"sample {i}"))
+            if reasons[i] is not None:
+                continue
             try:
-                labels.append(sample_label(ground_truths[i], extra_infos[i], self.paths, where=f"sample {i}"))
-                reasons.append(None)
+                labels[i] = sample_label(ground_truths[i], extra_infos[i], self.paths, where=f"sample {i}")
             except LabelError as exc:
-                labels.append(None)
-                reasons.append(str(exc))
+                reasons[i] = str(exc)
+            except Exception as exc:  # noqa: BLE001 - a hostile ground truth or extra_info costs its sample only
+                reasons[i] = f"sample {i}: unusable ground_truth or extra_info ({type(exc).__name__}: {str(exc)[:200]})"
         ok = [i for i in range(n) if labels[i] is not None]
-        scored = score_labelled(self.reward, [str(solution_strs[i]) for i in ok], [labels[i] for i in ok])
+        scored = score_labelled(self.reward, [solution_strs[i] for i in ok], [labels[i] for i in ok])
         values: list[float | None] = [None] * n
         metrics: dict[str, list[float]] = {}
         for j, i in enumerate(ok):

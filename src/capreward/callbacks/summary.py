@@ -68,9 +68,13 @@ def nanmean(values: torch.Tensor) -> float:
 
 
 def check_ids(ids, n: int) -> torch.Tensor:
-    """Validate ``n`` sample ids (ints in [0, 2**24)) and return them as a float32 tensor.
+    """Validate ``n`` sample ids of one update (distinct ints in [0, 2**24)) and return them as a float32
+    tensor.
 
-    Raises TypeError/ValueError naming the offending position.
+    Raises TypeError/ValueError naming the offending position. An id given twice in one update is an
+    error: :func:`summarize` keeps one row per id, so the second sample would be dropped silently. The
+    repeats a ``DistributedSampler`` pads with are never in one update: a padded sample repeats one that
+    another process holds.
     """
     if isinstance(ids, torch.Tensor):
         if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
@@ -85,6 +89,15 @@ def check_ids(ids, n: int) -> torch.Tensor:
         v = int(v)
         if not 0 <= v < MAX_SAMPLE_ID:
             raise ValueError(f"ids[{i}] = {v} is outside [0, 2**24)")
+    first: dict[int, int] = {}
+    for i, v in enumerate(int(v) for v in ids):
+        if v in first:
+            raise ValueError(
+                f"ids[{i}] = {v} repeats ids[{first[v]}] in one update: each sample needs its own id (the dataset "
+                "index), else one of the two would be dropped (a DistributedSampler's padding repeats a sample "
+                "of another process, never one of the same batch)"
+            )
+        first[v] = i
     return torch.tensor([int(v) for v in ids], dtype=torch.float32)
 
 

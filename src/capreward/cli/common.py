@@ -90,6 +90,14 @@ def add_media_limit_options(parser: argparse.ArgumentParser) -> None:
                              "(e.g. 224x224); checked before decoding, whatever --frames asks")
 
 
+def add_resume_options(parser: argparse.ArgumentParser) -> None:
+    """``--quarantine-bad-lines`` of the commands that append to a resumable results file."""
+    parser.add_argument("--quarantine-bad-lines", action="store_true",
+                        help="on resume, move lines of --out that are not result rows (invalid JSON or UTF-8, no "
+                             "id) to <out>.quarantine and go on; without it such a line stops the run with the file "
+                             "left as it is (a torn last line, from a killed run, is always repaired)")
+
+
 @contextlib.contextmanager
 def media_limit_settings(args: argparse.Namespace) -> Iterator[None]:
     """Within the block: the media limits of ``args`` (when the command has the options), process-wide

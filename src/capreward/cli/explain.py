@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from .common import add_device_option, add_media_limit_options
+from .common import add_device_option, add_media_limit_options, add_resume_options
 
 DESCRIPTION = """Writes one JSONL row per manifest row (resumable: rerun to continue, no row twice): id, caption,
 image/video, references (with --references), metric, the score under the metric's name (fleur / gveval,
@@ -39,7 +39,9 @@ The settings that change an explanation are fixed per output file: the first run
 references, the judge model and its files' size and time, dtype, max new tokens, media limits; not the
 batch size, device or progress) in <out>.settings.json, and a resume with any of them different is
 refused, naming each; an output with rows but no settings record (from before they were recorded) is
-refused unless --accept-unrecorded-settings."""
+refused unless --accept-unrecorded-settings. Resumes repair only a torn last line: any other line that is
+not a result row stops the run with the file as it is (--quarantine-bad-lines moves such lines to
+<out>.quarantine); a disk error and Ctrl-C end with one line saying how many rows are safe."""
 
 #: How each setting in explain's settings record is set on the command line (for the refusal message).
 EXPLAIN_FLAGS = {
@@ -170,9 +172,10 @@ def explain_manifest(args: argparse.Namespace) -> dict:
     (:class:`~capreward.jobs.settings_file.SettingsMismatch` before ``--out`` is touched)."""
     from ..jobs.manifest import read_manifest
     from ..jobs.output_lock import exclusive_output
+    from ..jobs.results_file import disk_errors
     from ..jobs.settings_file import JobKind, check_settings
 
-    with exclusive_output(args.out):
+    with disk_errors(args.out), exclusive_output(args.out):
         rows = read_manifest(args.manifest)
         has_results = Path(args.out).is_file() and Path(args.out).stat().st_size > 0
         check_settings(args.out, explanation_settings(args), JobKind("explain", "explained", EXPLAIN_FLAGS),
@@ -187,7 +190,7 @@ def _explain_rows(args: argparse.Namespace, rows: list) -> dict:
     from ..jobs.runners import base_fields, isolate_errors
     from ..jobs.score_job import batches, unscored
 
-    todo = unscored(rows, args.out)
+    todo = unscored(rows, args.out, args.quarantine_bad_lines)
     written = 0
     if todo:
         explain = EXPLAINERS[args.metric](args)
@@ -240,5 +243,6 @@ def add_parser(subparsers) -> None:
     p.add_argument("--accept-unrecorded-settings", action="store_true",
                    help="resume an output that has rows but no <out>.settings.json (written before settings were "
                         "recorded), recording this run's settings as theirs: only if they are the same")
+    add_resume_options(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     p.set_defaults(func=run)

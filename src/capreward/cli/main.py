@@ -4,7 +4,8 @@ Each sub-command module exposes ``add_parser(subparsers)``, which registers its 
 ``func`` (taking the parsed arguments, returning an exit code). Shared here: the help formatter (every
 option shows its default), ``--version``, ``--no-progress`` on every sub-command, ``--device auto``,
 the media limits of ``--max-pixels`` / ``--max-video-pixels`` for the command's duration
-and the translation of user errors (a missing model, a bad manifest) into one line and exit status 2.
+and the translation of user errors (a missing model, a bad manifest, a full disk) into one line and exit
+status 2, and of Ctrl-C into one line (for score and explain: how many rows are safe) and exit status 130.
 """
 
 from __future__ import annotations
@@ -137,6 +138,22 @@ def argument_naming(parser: argparse.ArgumentParser, args: argparse.Namespace, v
     return None
 
 
+#: Commands that append to a resumable results file (``--out``).
+RESUMABLE_COMMANDS = ("score", "explain")
+
+
+def interrupted_message(args: argparse.Namespace) -> str:
+    """The one line printed on Ctrl-C: for a resumable job, how many rows are safe in its ``--out`` (the
+    batch being written when it came was cut off again) and that the same command resumes."""
+    if args.command not in RESUMABLE_COMMANDS or getattr(args, "out", None) is None:
+        return f"capreward {args.command}: interrupted"
+    from ..jobs.results_file import count_rows
+
+    safe = count_rows(args.out)
+    rows = "an unknown number of rows" if safe is None else f"{safe} row{'s' * (safe != 1)}"
+    return f"capreward {args.command}: interrupted; {rows} are safe in {args.out}; run the same command to resume"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -145,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with progress_settings(show=not getattr(args, "no_progress", False)), media_limit_settings(args):
             return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print(interrupted_message(args), file=sys.stderr)
+        return 130
     except Exception as exc:
         message = user_error_message(exc, parser, args)
         if message is None:

@@ -3,18 +3,36 @@
 The page opens with a summary table (per metric: n, mean, median, std, min, max, errors) and a histogram
 per metric; each sample shows its frames, caption (tokens coloured by their best frame with
 --alignment), references, errors and scores (sub-scores folded under each headline score). Samples can
-be sorted by any metric and filtered to errors or flagged samples in the page itself."""
+be sorted by any metric and filtered to errors or flagged samples in the page itself.
+
+Visuals are read from the paths the rows hold: capreward score writes the path it scored (a manifest's
+relative path resolved against the manifest's folder), so the report finds them from any working
+directory. A relative path in a row (a results file from an older version, or written by hand) is
+resolved against the working directory; visuals that cannot be found are counted in a warning."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+
+
+def missing_visuals(rows: list[dict]) -> list[str]:
+    """The image/video paths of ``rows`` that are not files."""
+    paths = [r.get("image") or r.get("video") for r in rows]
+    return [p for p in paths if isinstance(p, str) and p and not os.path.isfile(p)]
 
 
 def run(args: argparse.Namespace) -> int:
     from ..jobs.results_file import read_results
+    from ..text import printable
     from ..report import render_report
 
     rows = read_results(args.scores)
+    missing = missing_visuals(rows)
+    if missing:
+        print(f"capreward report: warning: {len(missing)} of {len(rows)} visuals not found (first: "
+              f"{printable(missing[0])}); relative paths are resolved against the working directory", file=sys.stderr)
     path = render_report(rows, args.out, frames=None if args.frames == 0 else args.frames,
                          title=args.title, progress=not args.no_progress)
     print(path)

@@ -23,7 +23,12 @@ visce2 and gveval run on the local LLaVA of ``--judge-model``, or on an OpenAI-c
 ``errors[metric]``; the other rows and metrics are unaffected.
 
 A row's scores never depend on the rest of its batch, the row order or a resume. Rerun the same command
-to resume. The scoring settings are fixed per results file: the first run records those that change a
+to resume: only a torn last line (from a killed run) is repaired; any other line of ``--out`` that is not a
+result row stops the run with the file left as it is (``--quarantine-bad-lines`` moves such lines to
+``<out>.quarantine`` and goes on). A full disk, a read-only file system or a file that cannot be written,
+and Ctrl-C, end with one line saying how many rows are safe. Manifest keys other than ``id``, ``caption``,
+``image``, ``video`` and ``references`` are carried to the results as they are; a near miss of one of these
+(``refrences``) is refused with "did you mean ...". The scoring settings are fixed per results file: the first run records those that change a
 row (metrics, models and their files' size and time, frames, precision, judge options, ...; not the
 batch size, device, engine or progress) in ``<out>.settings.json``, and a resume with any of them
 different is refused, naming each; a results file with rows but no settings record (from before they
@@ -42,7 +47,7 @@ import sys
 
 from ..backbones.clip_loading import DEFAULT_CLIP
 from ..jobs.runners import METRICS
-from .common import add_device_option, add_media_limit_options, metric_list
+from .common import add_device_option, add_media_limit_options, add_resume_options, metric_list
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         summary = run_job(args.manifest, args.out, options, idf=args.idf, engine=args.engine,
                           num_actors=args.num_actors, csv=args.csv, progress=not args.no_progress,
-                          accept_unrecorded_settings=args.accept_unrecorded_settings)
+                          accept_unrecorded_settings=args.accept_unrecorded_settings,
+                          quarantine_bad_lines=args.quarantine_bad_lines)
     except (JobError, ManifestError) as exc:
         print(f"capreward score: error: {exc}", file=sys.stderr)
         return 2
@@ -118,5 +124,6 @@ def add_parser(subparsers) -> None:
     p.add_argument("--accept-unrecorded-settings", action="store_true",
                    help="resume a results file that has rows but no <out>.settings.json (written before settings "
                         "were recorded), recording this run's settings as theirs: only if they are the same")
+    add_resume_options(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     p.set_defaults(func=run)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -11,12 +12,14 @@ import threading
 from ..adapters.factory import ALIASES, REWARD_NAMES
 from ..backbones.clip_loading import DEFAULT_CLIP
 from ..metrics.harmonic import HARMONIC_MEANS
-from .common import add_device_option, add_media_limit_options, metric_name
+from .common import CLIError, add_device_option, add_media_limit_options, metric_name
 
 
 def run(args: argparse.Namespace) -> int:
     from ..adapters.factory import DEFAULT_FLEUR, RewardOptions, build_reward
     from ..adapters.openrlhf import ServerLimits, make_server
+
+    check_media_options(args)  # before any model is loaded
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -54,6 +57,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_media_options(args: argparse.Namespace) -> None:
+    """Refuse a server that could only answer the fallback: without ``--media-root`` every label's path is
+    refused (and OpenRLHF ignores the ``errors`` field, so a run would train on constant rewards), unless
+    ``--allow-any-path`` says labels may name any file; a media root must be a directory."""
+    if args.media_root is None:
+        if not args.allow_any_path:
+            raise CLIError(
+                "--media-root DIR is required: without it the server reads no file, so every sample that names an "
+                "image or video gets the fallback (and OpenRLHF ignores 'errors': a run would train on constant "
+                "rewards). Pass --media-root with the folder of the visuals, or --allow-any-path to let labels "
+                "name any file this process can read (trusted clients only)")
+    elif not os.path.isdir(os.path.expanduser(args.media_root)):
+        raise CLIError(f"--media-root: {args.media_root!r} is not a directory")
+
+
 def reward_name(name: str) -> str:
     """The one spelling of a reward name (aliases such as clip-s mapped); unknown names pass through to
     argparse's choices check."""
@@ -87,9 +105,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"],
                    help="judge dtype for fleur (default: float16 on GPU, float32 on CPU)")
     p.add_argument("--media-root", help="the only directory whose files labels may name (relative paths are resolved "
-                   "against it; paths that resolve outside it, symlinks included, are refused)")
+                   "against it; paths that resolve outside it, symlinks included, are refused). Required unless "
+                   "--allow-any-path is given: none would mean that no file is ever read, so that every sample with "
+                   "an image or video would get the fallback; the server refuses to start then")
     p.add_argument("--allow-any-path", action="store_true",
-                   help="let labels name any file this process can read (trusted clients only)")
+                   help="let labels name any file this process can read (trusted clients only); with --media-root, "
+                   "relative paths are still joined to it")
     p.add_argument("--fallback", type=float, default=None,
                    help="reward of a sample that cannot be scored (empty completion, unreadable or refused file, invalid "
                         "references); default: the bottom of the reward's range (emscore -1; clip_s -1, where RefCLIP-S "

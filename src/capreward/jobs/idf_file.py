@@ -45,8 +45,10 @@ def record_path(out: str | Path) -> Path:
 
 
 def corpus_digest(corpus: list[str]) -> str:
-    """SHA-256 of the corpus as a multiset (its order does not change the idf)."""
-    return hashlib.sha256(json.dumps(sorted(corpus), ensure_ascii=False).encode("utf-8")).hexdigest()
+    """SHA-256 of the corpus as a multiset (its order does not change the idf). Text UTF-8 cannot encode
+    (a lone surrogate) is hashed by its code point (``surrogatepass``), so it neither fails nor collides
+    with other text; every other corpus hashes as before."""
+    return hashlib.sha256(json.dumps(sorted(corpus), ensure_ascii=False).encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def choose_idf(option: str, rows: list[ManifestRow], manifest: str | Path) -> IdfChoice:
@@ -66,7 +68,11 @@ def choose_idf(option: str, rows: list[ManifestRow], manifest: str | Path) -> Id
     if path.name.endswith(".idf.json"):
         record = read_record(path)
         return IdfChoice(f"{path} ({record['source']})", record["corpus_sha256"], table=table_of(record))
-    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    try:
+        lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[: exc.start].count(b"\n") + 1
+        raise JobError(f"--idf {option}: line {line} is not valid UTF-8 (byte 0x{exc.object[exc.start]:02x})") from None
     corpus = [line for line in lines if line]
     if not corpus:
         raise JobError(f"--idf {option}: the file has no captions")

@@ -1,8 +1,15 @@
 """Reading a scoring manifest: JSONL, one candidate per line.
 
-Each row has ``caption`` and ``image`` or ``video`` (a path, relative paths resolved against the
-manifest's folder), optionally ``references`` (list of str) and ``id``. Rows without an id get
-``"line-N"`` (1-based line number), which is stable across reruns of the same manifest.
+Each row has ``caption`` and ``image`` or ``video`` (a path; a relative path is resolved against the
+manifest's folder, and rows record the absolute path they were scored with, so ``capreward report``
+finds the visual from any working directory), optionally ``references`` (list of str) and ``id``. Rows
+without an id get ``"line-N"`` (1-based line number), which is stable across reruns of the same manifest.
+
+Other keys are carried to the results untouched (a dataset's own fields: a source URL, a split, ...),
+except a near miss of a key above (``"refrences"``, ``"imgae"``, ``"captoin"``: see :func:`near_miss`),
+which is refused with "did you mean ...", and a key that is one of the fields a job writes (``errors``,
+a metric's name, ...), which would be overwritten. A line that is not a JSON object (invalid UTF-8 or
+JSON, nesting too deep, an integer over Python's 4300-digit limit) is refused naming the line.
 """
 
 from __future__ import annotations
@@ -11,6 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..jsonl import json_lines
+
+#: The keys a manifest row may have that capreward reads.
+KNOWN_KEYS = ("id", "caption", "image", "video", "references")
+#: Fields the jobs write (with every ``<metric>.``-prefixed sub-score): a carried key may not be one.
+WRITTEN_FIELDS = ("errors", "alignment", "metric", "explanation", "emscore", "clip_s", "ref_clip_s", "pac_s",
+                  "ref_pac_s", "fleur", "hallucination", "visce2", "gveval")
+
+
+#: The deepest nesting of lists and objects a manifest row may have (a carried value is written back out).
+MAX_DEPTH = 64
 
 
 class ManifestError(ValueError):
@@ -24,12 +41,78 @@ class ManifestRow:
     kind: str  # "image" or "video"
     path: str
     references: list[str] | None = None
-    extra: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)  # other keys of the row, carried to the results as they are
+
+
+def edit_distance(a: str, b: str) -> int:
+    """The optimal-string-alignment distance of ``a`` and ``b``: insertions, deletions, substitutions
+    and swaps of two adjacent characters each count 1 (``"imgae"`` is 1 from ``"image"``)."""
+    prev2: list[int] = []
+    prev = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        cur = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            cost = a[i - 1] != b[j - 1]
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                cur[j] = min(cur[j], prev2[j - 2] + 1)
+        prev2, prev = prev, cur
+    return prev[len(b)]
+
+
+def near_miss(key: str, row: dict) -> str | None:
+    """The known key that ``key`` (an unknown key of ``row``) is a misspelling of, or None: one the row
+    lacks (a row with an image or a video lacks neither), at edit distance at most 2 (letter case ignored)
+    and less than half its length. So ``"refrences"``, ``"imgae"``, ``"captoin"``, ``"Caption"`` and
+    ``"ID"`` are near misses, but ``"uid"``, or ``"vid"`` in a row with an image or a video, are a
+    dataset's own fields."""
+    if len(key) > 2 * max(map(len, KNOWN_KEYS)):
+        return None
+    best = None
+    has_visual = "image" in row or "video" in row  # a row gives one of them: it lacks the other by design
+    for known in KNOWN_KEYS:
+        if known in row or (has_visual and known in ("image", "video")):
+            continue
+        d = edit_distance(key.lower(), known)
+        if d <= 2 and d < len(known) / 2 and (best is None or d < best[0]):
+            best = (d, known)
+    return None if best is None else best[1]
+
+
+def _carried(obj: dict, where: str) -> dict:
+    extra = {}
+    for key, value in obj.items():
+        if key in KNOWN_KEYS:
+            continue
+        if (known := near_miss(key, obj)) is not None:
+            raise ManifestError(f"{where}: unknown key {key!r}; did you mean {known!r}? (known keys: "
+                                f"{', '.join(KNOWN_KEYS)}; other keys are carried to the results as they are)")
+        if key in WRITTEN_FIELDS or any(key.startswith(f + ".") for f in WRITTEN_FIELDS):
+            raise ManifestError(f"{where}: key {key!r} is a field the results hold (it would be overwritten); "
+                                "rename it")
+        extra[key] = value
+    return extra
+
+
+def nesting_depth(value: object) -> int:
+    """How deeply lists and objects nest in ``value`` (0 for a scalar), without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth + 1)
+            if deepest > MAX_DEPTH:
+                return deepest
+            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 def parse_row(obj: object, where: str, base: Path) -> ManifestRow:
     if not isinstance(obj, dict):
         raise ManifestError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    if nesting_depth(obj) > MAX_DEPTH:
+        raise ManifestError(f"{where}: JSON nested deeper than {MAX_DEPTH} levels")
+    extra = _carried(obj, where)
     caption = obj.get("caption")
     if not isinstance(caption, str):
         raise ManifestError(f"{where}: 'caption' must be a string")
@@ -37,7 +120,9 @@ def parse_row(obj: object, where: str, base: Path) -> ManifestRow:
     if len(kinds) != 1:
         raise ManifestError(f"{where}: give exactly one of 'image' or 'video'")
     kind = kinds[0]
-    path = str(obj[kind])
+    if not isinstance(obj[kind], str) or not obj[kind]:
+        raise ManifestError(f"{where}: {kind!r} must be a path (a non-empty string)")
+    path = obj[kind]
     if not Path(path).is_absolute():
         path = str(base / path)
     refs = obj.get("references")
@@ -46,7 +131,6 @@ def parse_row(obj: object, where: str, base: Path) -> ManifestRow:
             refs = [refs]
         if not isinstance(refs, list) or not all(isinstance(r, str) for r in refs):
             raise ManifestError(f"{where}: 'references' must be a list of strings")
-    extra = {k: v for k, v in obj.items() if k not in ("id", "caption", "image", "video", "references")}
     return ManifestRow(id="", caption=caption, kind=kind, path=path, references=refs, extra=extra)
 
 
@@ -55,8 +139,9 @@ def read_manifest(path: str | Path) -> list[ManifestRow]:
     path = Path(path)
     rows: list[ManifestRow] = []
     seen: dict[str, int] = {}
+    base = path.parent.absolute()  # rows record the paths scored, valid from any working directory
     for lineno, where, obj in json_lines(path, ManifestError):
-        row = parse_row(obj, where, path.parent)
+        row = parse_row(obj, where, base)
         row.id = str(obj["id"]) if obj.get("id") is not None else f"line-{lineno}"
         if row.id in seen:
             raise ManifestError(f"{where}: duplicate id {row.id!r} (first on line {seen[row.id]})")

@@ -319,9 +319,12 @@ def alignment_fields(a) -> dict:
 
 
 def base_fields(row: ManifestRow) -> dict:
+    """The fields of ``row``'s result before any metric: id, caption, visual path, ``errors``,
+    references (when given) and the manifest's other keys, as they are."""
     out = {"id": row.id, "caption": row.caption, row.kind: row.path, "errors": {}}
     if row.references is not None:
         out["references"] = row.references
+    out.update(row.extra)
     return out
 
 

@@ -1,6 +1,7 @@
 """Run a scoring job over a manifest: lock the results file, check or record the job's scoring settings,
 fix its idf, skip rows already in the output, score the rest in batches, append each batch durably, show
-progress (rate and ETA) on stderr."""
+progress (rate and ETA) on stderr. A disk error on any of the job's files is one
+:class:`~capreward.jobs.results_file.DiskError` saying how many rows are safe."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from tqdm import tqdm
 from .idf_file import choose_idf, job_idf
 from .manifest import ManifestRow, read_manifest
 from .output_lock import exclusive_output
-from .results_file import ResultsWriter, read_results, recover, write_csv
+from .results_file import ResultsWriter, disk_errors, read_results, recover, write_csv
 from .runners import ManifestScorer, ScoreOptions
 from .settings_file import job_settings
 
@@ -25,9 +26,11 @@ def batches(rows: list[ManifestRow], size: int):
         yield rows[start : start + size]
 
 
-def unscored(rows: list[ManifestRow], out: str | Path) -> list[ManifestRow]:
-    """The rows not yet in ``out``; repairs a torn last line of ``out``."""
-    done = recover(out)
+def unscored(rows: list[ManifestRow], out: str | Path, quarantine: bool = False) -> list[ManifestRow]:
+    """The rows not yet in ``out``; repairs a torn last line of ``out``, refuses a file with other bad
+    lines (:class:`~capreward.jobs.results_file.ResultsCorrupt`, nothing changed) or with ``quarantine``
+    moves them to ``<out>.quarantine``."""
+    done = recover(out, quarantine=quarantine)
     return [r for r in rows if r.id not in done]
 
 
@@ -50,7 +53,7 @@ def run_local(todo: list[ManifestRow], options: ScoreOptions, out: str | Path, p
 
 def run_job(manifest: str | Path, out: str | Path, options: ScoreOptions, idf: str = "auto",
             engine: str = "local", num_actors: int = 2, csv: str | Path | None = None, progress: bool = True,
-            accept_unrecorded_settings: bool = False) -> dict:
+            accept_unrecorded_settings: bool = False, quarantine_bad_lines: bool = False) -> dict:
     """Score every manifest row not yet in ``out``; returns counts {total, skipped, written, errors}.
 
     Holds ``<out>.lock`` for the whole job (:class:`~capreward.jobs.output_lock.OutputLocked` if another
@@ -58,14 +61,18 @@ def run_job(manifest: str | Path, out: str | Path, options: ScoreOptions, idf: s
     (:class:`~capreward.jobs.settings_file.SettingsMismatch` if a resume would change one, or if ``out``
     has rows but no record and not ``accept_unrecorded_settings``; checked before ``out`` is touched,
     whatever the engine) and the idf of emscore/hallucination in ``<out>.idf.json``
-    (:class:`~capreward.jobs.idf_file.IdfMismatch` if a resume would change it)."""
+    (:class:`~capreward.jobs.idf_file.IdfMismatch` if a resume would change it). A complete line of
+    ``out`` that is not a result row stops the job with ``out`` unchanged
+    (:class:`~capreward.jobs.results_file.ResultsCorrupt`), unless ``quarantine_bad_lines`` (then such
+    lines move to ``<out>.quarantine``); a disk error on any of the job's files is a
+    :class:`~capreward.jobs.results_file.DiskError` naming the file and the rows safe in ``out``."""
     if engine not in ("local", "ray"):
         raise ValueError(f"unknown engine {engine!r}; use 'local' or 'ray'")
-    with exclusive_output(out):
+    with disk_errors(out, csv), exclusive_output(out):
         rows = read_manifest(manifest)  # a bad manifest is refused before anything is written
         has_results = Path(out).is_file() and Path(out).stat().st_size > 0
         job_settings(out, options, has_results=has_results, accept_unrecorded=accept_unrecorded_settings)
-        todo = unscored(rows, out)
+        todo = unscored(rows, out, quarantine_bad_lines)
         clip = []  # the CLIP backbone, loaded at most once: for the idf table and the local scorers
 
         def backbone():

@@ -269,9 +269,13 @@ def write_record(path: Path, settings: dict[str, Any], kind: JobKind = SCORE) ->
     record = {"format": RECORD_FORMAT, "command": kind.command, "settings": settings,
               "written_by": f"capreward {__version__}"}
     tmp = path.with_name(path.name + ".tmp")
+    text = json.dumps(record, indent=1, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a path with bytes that are not UTF-8 (a lone surrogate): escaped
+        text = json.dumps(record, indent=1)
     with tmp.open("w", encoding="utf-8") as f:
-        json.dump(record, f, indent=1, ensure_ascii=False)
-        f.write("\n")
+        f.write(text + "\n")
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

@@ -26,6 +26,8 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
+from ..text import well_formed
+
 #: Special-token strings of the common chat-model families, and the shapes they come in: LLaMA/LLaVA
 #: ``<s>``/``</s>``/``<unk>``/``<pad>``/``<image>``, Gemma ``<start_of_turn>``/``<bos>``, ChatML, LLaMA-3 and
 #: Phi ``<|...|>``, LLaMA-2 ``<<SYS>>``, Mistral ``[INST]``/``[/INST]``/``[IMG]``.
@@ -212,7 +214,7 @@ def encode_parts(tokenizer: Any, parts: PromptParts, control: set[int], add_spec
     """Token ids of ``parts``: the rendered prompt encoded as a whole (so clean prompts get exactly the
     ids of encoding the text), then every control token that overlaps a :class:`Data` piece re-spelled
     as its literal characters (:func:`literal_token_ids`). Template text keeps its special tokens."""
-    text = render(parts)
+    text = well_formed(render(parts))  # lone surrogates as U+FFFD: the same length, the same spans
     spans = data_spans(parts)
     if not spans:
         return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])

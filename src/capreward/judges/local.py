@@ -29,6 +29,7 @@ from typing import Any, Sequence
 import torch
 from PIL import Image
 
+from ..text import well_formed
 from .cache import growing_cache
 from .images import mean_background, pad_to_square
 from .loading import DEFAULT_LLAVA, load_llava, resolve_device, resolve_dtype
@@ -253,13 +254,14 @@ class LocalJudge:
         template) or parts (:meth:`conversation_parts`): template ``str`` pieces and
         :class:`~capreward.judges.caller_text.Data` pieces, whose text never becomes a special token (a
         caption's "</s>" or "<image>" is spelled out as characters; clean text gets exactly the ids of
-        encoding the rendered string). Raises ValueError naming the prompt (``names[i]``, default
+        encoding the rendered string; a lone surrogate reads as U+FFFD, as in CLIP's text cleaning).
+        Raises ValueError naming the prompt (``names[i]``, default
         ``prompts[i]``) when it does not hold exactly one image placeholder."""
         out = []
         control = self.control_token_ids
         for i, prompt in enumerate(prompts):
             if isinstance(prompt, str):
-                ids = list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+                ids = list(self.tokenizer(well_formed(prompt), add_special_tokens=True)["input_ids"])
             else:
                 ids = encode_parts(self.tokenizer, prompt, control)
             count = sum(1 for t in ids if t == self.image_token_id)

@@ -349,5 +349,5 @@ def render_report(rows: Iterable[dict], out: str | Path, frames: int | None = 10
         f"<script>{SCRIPT}</script></body></html>"
     )
     out = Path(out)
-    out.write_text(page, encoding="utf-8")
+    out.write_bytes(page.encode("utf-8", "backslashreplace"))  # a lone surrogate in a row shows as \udXXX
     return out

@@ -29,10 +29,11 @@ class VisCE2Reward(CaptionReward):
     """VisCE² as a reward (images; reference-free).
 
     ``backend`` and the other :class:`~capreward.scorers.visce2.VisCE2` options (``expected``,
-    ``cache_dir``, ``context_max_tokens``, ``max_tokens``, ``top_logprobs``) go to the scorer, or pass a
-    built ``scorer``. As in the paper an answer without an integer scores 0 (its reason is logged in the
-    ``parsed`` sub-score, 1 or 0). With ``use_expected=True`` (and ``expected=True``) the reward is the
-    expected score instead of the written one. Visual contexts are cached across calls, so a GRPO group
+    ``cache_dir``, ``context_cache_size``, ``context_max_tokens``, ``max_tokens``, ``top_logprobs``) go
+    to the scorer, or pass a built ``scorer``. As in the paper an answer without an integer scores 0 (its
+    reason is logged in the ``parsed`` sub-score, 1 or 0). With ``use_expected=True`` (and
+    ``expected=True``) the reward is the expected score instead of the written one. Visual contexts are
+    cached across calls (the ``context_cache_size`` most recently used in memory), so a GRPO group
     sharing an image asks for its context once.
     """
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -71,20 +72,39 @@ class VisCE2Result:
         return len(self.raw)
 
 
-class ContextCache:
-    """Visual contexts by key, in memory and optionally as JSON files under ``directory``."""
+#: Visual contexts kept in memory by default (a context is a few hundred to a few thousand characters).
+DEFAULT_CONTEXT_CACHE_SIZE = 1024
 
-    def __init__(self, directory: str | os.PathLike | None = None):
-        self.memory: dict[str, str] = {}
+
+class ContextCache:
+    """Visual contexts by key: the ``max_entries`` most recently used in memory (least recently used
+    evicted first; 0 keeps none), and optionally all of them as JSON files under ``directory`` (the disk
+    cache is not bounded: it is the operator's folder)."""
+
+    def __init__(self, directory: str | os.PathLike | None = None, max_entries: int = DEFAULT_CONTEXT_CACHE_SIZE):
+        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 0:
+            raise ValueError(f"context cache size must be a non-negative int, got {max_entries!r}")
+        self.max_entries = max_entries
+        self.memory: OrderedDict[str, str] = OrderedDict()
         self.directory = Path(directory) if directory is not None else None
         if self.directory is not None:
             self.directory.mkdir(parents=True, exist_ok=True)
+
+    def __len__(self) -> int:
+        return len(self.memory)
+
+    def _remember(self, key: str, context: str) -> None:
+        self.memory[key] = context
+        self.memory.move_to_end(key)
+        while len(self.memory) > self.max_entries:
+            self.memory.popitem(last=False)
 
     def _path(self, key: str) -> Path:
         return self.directory / f"{hash_bytes(key.encode())}.json"  # type: ignore[operator]
 
     def get(self, key: str) -> str | None:
         if key in self.memory:
+            self.memory.move_to_end(key)
             return self.memory[key]
         if self.directory is not None:
             path = self._path(key)
@@ -95,12 +115,12 @@ class ContextCache:
                     log.warning("ignoring unreadable visual-context cache file %s: %s", path, exc)
                     return None
                 if entry.get("key") == key:
-                    self.memory[key] = entry["context"]
+                    self._remember(key, entry["context"])
                     return entry["context"]
         return None
 
     def put(self, key: str, context: str) -> None:
-        self.memory[key] = context
+        self._remember(key, context)
         if self.directory is not None:
             path = self._path(key)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -113,8 +133,10 @@ class VisCE2:
 
     ``backend``: a :class:`~capreward.judges.protocol.JudgeBackend` (a
     :class:`~capreward.judges.local_chat.LocalChatJudge`, a remote server backend, ...).
-    ``expected``: also compute the expected score from the token distribution. ``cache_dir``: keep
-    visual contexts on disk too. ``context_max_tokens`` / ``max_tokens``: generation budgets of the two
+    ``expected``: also compute the expected score from the token distribution. ``context_cache_size``:
+    visual contexts kept in memory (the most recently used; default :data:`DEFAULT_CONTEXT_CACHE_SIZE`, 0
+    for none), so a long run does not grow without bound. ``cache_dir``: keep every visual context on
+    disk too. ``context_max_tokens`` / ``max_tokens``: generation budgets of the two
     stages (1024 each, the release's ``max_new_tokens``, so a five-object context is not cut off; the
     stages stop at the end of the answer, so short answers cost no more). ``temperature``: 0 (default)
     decodes greedily, deterministic for rewards; the release samples at 0.2 (see :meth:`released`).
@@ -134,6 +156,7 @@ class VisCE2:
         *,
         expected: bool = False,
         cache_dir: str | os.PathLike | None = None,
+        context_cache_size: int = DEFAULT_CONTEXT_CACHE_SIZE,
         context_max_tokens: int = 1024,
         max_tokens: int = 1024,
         temperature: float = 0.0,
@@ -148,7 +171,7 @@ class VisCE2:
         self.temperature = float(temperature)
         self.prompt = prompt
         self.expected = expected
-        self.cache = ContextCache(cache_dir)
+        self.cache = ContextCache(cache_dir, max_entries=context_cache_size)
         self.context_max_tokens = context_max_tokens
         self.max_tokens = max_tokens
         self.top_logprobs = top_logprobs
@@ -188,7 +211,11 @@ class VisCE2:
             key = self.context_key(media_key(image, explicit) or f"object:{id(item)}")
             pil.setdefault(key, image)
             keys.append(key)
-        missing = [k for k in dict.fromkeys(k for k in keys if k is not None) if self.cache.get(k) is None]
+        found: dict[str, str] = {}  # this call's contexts (the cache may evict some before the end of the call)
+        for k in dict.fromkeys(k for k in keys if k is not None):
+            if (context := self.cache.get(k)) is not None:
+                found[k] = context
+        missing = [k for k in dict.fromkeys(k for k in keys if k is not None) if k not in found]
         if missing:
             requests = [
                 ChatRequest(
@@ -204,6 +231,7 @@ class VisCE2:
                     if response.finish_reason == "length":
                         log.warning("VisCE² visual context cut at context_max_tokens=%d tokens", self.context_max_tokens)
                     self.cache.put(key, response.text)
+                    found[key] = response.text
                 else:
                     failed[key] = f"visual context failed: {response.error}"
                     log.warning("VisCE² visual context failed: %s", response.error)
@@ -215,7 +243,7 @@ class VisCE2:
             if key in failed:
                 errors[i] = failed[key]
             else:
-                contexts[i] = self.cache.get(key)
+                contexts[i] = found[key]
         row_images = [pil[k] if k is not None else None for k in keys]
         return contexts, errors, row_images
 

@@ -661,18 +661,47 @@ def tiny_judge_dir(
     """The directory of the trained judge for ``recipe`` (``save_pretrained`` layout: config, weights,
     processor and tokenizer files); built and trained first if it is not cached yet (about a minute of
     CPU for the FLEUR recipe), then reused. Concurrent callers (parallel test sessions) wait on a file
-    lock and train once; the result is written to a temporary directory and renamed into place."""
+    lock and train once; the result is written to a temporary directory and renamed into place (a rebuild
+    swaps it with the old one atomically, so a reader never finds the directory missing).
+
+    Each key has its own directory, so environments with other torch/transformers versions (other keys)
+    keep their own judges side by side: other keys of the recipe are deleted only when unused for
+    :data:`STALE_AFTER_DAYS` days and not being built (see :func:`_remove_stale_versions`)."""
     root = Path(cache_dir) if cache_dir is not None else cache_root()
     target = root / "tiny_llava" / f"{recipe.name}-{recipe.key()}"
     if target.is_dir() and not rebuild and (target / "config.json").exists():
+        _mark_used(target)
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with _locked(target.parent / f".{target.name}.lock"):
-        if target.is_dir() and not rebuild and (target / "config.json").exists():
-            return target  # trained by another process while we waited
-        _train_into(recipe, target, log)
+        if not (target.is_dir() and not rebuild and (target / "config.json").exists()):
+            _train_into(recipe, target, log)
+        _mark_used(target)  # (else trained by another process while we waited)
     _remove_stale_versions(target, recipe.name)
     return target
+
+
+#: A cached judge of another key is deleted once unused for this many days (another environment, with
+#: other torch/transformers versions, may still use it: two venvs on one machine must not keep deleting
+#: and retraining each other's judges).
+STALE_AFTER_DAYS = 30
+USED_MARKER = ".last_used"
+
+
+def _mark_used(target: Path) -> None:
+    """Record that ``target`` was just used (the modification time of its :data:`USED_MARKER`)."""
+    try:
+        (target / USED_MARKER).touch()
+    except OSError:
+        pass  # a read-only cache is still usable; it is then never pruned as unused either way
+
+
+def _last_used(path: Path) -> float:
+    marker = path / USED_MARKER
+    try:
+        return (marker if marker.exists() else path).stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 @contextlib.contextmanager
@@ -710,25 +739,80 @@ def _train_into(recipe: JudgeRecipe, target: Path, log: Callable[[str], None] | 
         processor.save_pretrained(tmp)
         record = {"recipe": recipe.name, "key": recipe.key(), "final_loss": float(np.mean(losses[-20:]))}
         (tmp / "capreward_recipe.json").write_text(json.dumps(record, indent=2))
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
+        install_directory(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two directory entries atomically (Linux ``renameat2(RENAME_EXCHANGE)``); False where the
+    call or the file system does not offer it."""
+    import ctypes
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+def install_directory(new: Path, target: Path) -> None:
+    """Put the finished directory ``new`` at ``target`` (same parent): a rename when ``target`` does not
+    exist; else an atomic swap, the old contents then deleted, so a reader never finds ``target`` missing
+    or half written (without the swap, where the file system lacks it: the old directory is renamed aside
+    first, a window of two renames)."""
+    if not target.exists():
+        os.replace(new, target)
+        return
+    if not _exchange(new, target):
+        aside = Path(tempfile.mkdtemp(prefix=f".{target.name}-old-", dir=target.parent))
+        os.replace(target, aside / "old")
+        os.replace(new, target)
+        new = aside
+    shutil.rmtree(new, ignore_errors=True)  # now the old contents
+
+
 def _remove_stale_versions(target: Path, name: str) -> None:
-    """Delete earlier trainings of the recipe called ``name`` (other keys), so the cache does not grow
-    with every edit of a recipe or of this module."""
-    pattern = re.compile(rf"\.?{re.escape(name)}-[0-9a-f]{{16}}(\.lock)?")
+    """Delete trainings of the recipe called ``name`` under other keys (an edit of a recipe or of this
+    module, other library versions) that have not been used for :data:`STALE_AFTER_DAYS` days and are
+    not being built (their lock is free), so the cache does not grow forever while a judge another
+    environment still uses stays."""
+    import time
+
+    pattern = re.compile(rf"{re.escape(name)}-[0-9a-f]{{16}}")
+    cutoff = time.time() - STALE_AFTER_DAYS * 86400
     for sibling in target.parent.iterdir():
-        if sibling.name in (target.name, f".{target.name}.lock") or not pattern.fullmatch(sibling.name):
+        if sibling.name == target.name or not pattern.fullmatch(sibling.name) or not sibling.is_dir():
             continue
-        if sibling.is_dir():
-            shutil.rmtree(sibling, ignore_errors=True)
-        else:
-            sibling.unlink(missing_ok=True)
+        if _last_used(sibling) > cutoff:
+            continue
+        lock = target.parent / f".{sibling.name}.lock"
+        with _try_locked(lock) as held:
+            if held and _last_used(sibling) <= cutoff:
+                shutil.rmtree(sibling, ignore_errors=True)
+                lock.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _try_locked(path: Path):
+    """Yields whether the exclusive lock on ``path`` was free (and is now held for the block)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield False
+        return
+    with open(path, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def load_tiny_judge(

@@ -251,7 +251,8 @@ def trained_clip_path(
 
     Trained and written on the first call for ``recipe`` (atomically: a temporary file renamed into
     place, so concurrent callers never read a partial file), then reused. A ``.json`` beside it records
-    the recipe and the final training loss.
+    the recipe and the final training loss. Each key (recipe, this module, torch version) has its own
+    file and none is ever deleted, so environments with other versions keep theirs.
     """
     root = Path(cache_dir) if cache_dir is not None else _cache_root()
     target = root / "trained_clip" / f"{recipe.name}-{recipe.key()}.pt"
@@ -259,17 +260,17 @@ def trained_clip_path(
         return target
     model, losses = train_colour_clip(recipe, log=log)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}-", dir=target.parent)
-    os.close(fd)
-    try:
-        torch.save(openai_state_dict(model), tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    target.with_suffix(".json").write_text(
-        json.dumps({"recipe": asdict(recipe), "final_loss": float(np.mean(losses[-20:]))}, indent=2)
-    )
+    record = json.dumps({"recipe": asdict(recipe), "final_loss": float(np.mean(losses[-20:]))}, indent=2)
+    for path, write in ((target.with_suffix(".json"), lambda tmp: Path(tmp).write_text(record)),
+                        (target, lambda tmp: torch.save(openai_state_dict(model), tmp))):
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=target.parent)
+        os.close(fd)
+        try:
+            write(tmp)
+            os.replace(tmp, path)  # atomic: a concurrent reader sees the old file or the new one, whole
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
     return target
 
 
