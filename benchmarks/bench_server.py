@@ -192,7 +192,8 @@ def main() -> None:
         (root / "media").mkdir()
         images = make_images(root / "media", args.images)
         common = ["--reward", args.reward, "--clip-model", model, "--media-root", str(root / "media"),
-                  "--max-connections", str(max(args.clients) + 8)]
+                  "--max-connections", str(max(args.clients) + 8),
+                  "--max-connections-per-peer", str(max(args.clients) + 8), "--reserved-connections", "0"]
         on_workers = [] if args.on_max_concurrent is None else ["--max-concurrent", str(args.on_max_concurrent)]
         modes = {"off": ["--max-batch-size", "0", "--max-concurrent", str(args.max_concurrent)],
                  "on": ["--max-batch-size", str(args.max_batch_size), "--max-wait-ms", str(args.max_wait_ms),

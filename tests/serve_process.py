@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import socket
@@ -51,5 +52,19 @@ class Server:
         host, port = self.url.removeprefix("http://").split(":")
         return host, int(port)
 
-    def connect(self, timeout: float = 60.0) -> socket.socket:
-        return socket.create_connection(self.address, timeout=timeout)
+    def connect(self, timeout: float = 60.0, peer: str = "127.0.0.1") -> socket.socket:
+        """A connection from the loopback address ``peer`` (127.0.0.2, 127.0.0.3 ... are distinct client
+        addresses on Linux: the server sees distinct peers)."""
+        assert peer.startswith("127."), "tests connect from loopback addresses only"
+        return socket.create_connection(self.address, timeout=timeout, source_address=(peer, 0))
+
+    def health(self, peer: str = "127.0.0.1") -> dict:
+        """``GET /health`` on a new connection from ``peer``."""
+        with self.connect(60, peer) as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), answer[:300]
+        return json.loads(body)

@@ -29,7 +29,6 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any, Callable
 
 from .batching import slice_batch
@@ -80,13 +79,7 @@ def reward_app(reward_factory: Callable[[], Any], *, fallback: float = 0.0, medi
                 return JSONResponse({"error": f"request body of {len(body)} bytes exceeds the limit of "
                                               f"{limits.max_body_bytes}"}, 413)
             try:
-                payload = json.loads(body)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                return JSONResponse({"error": f"the request body is not valid JSON: {exc}"}, 400)
-            except RecursionError:
-                return JSONResponse({"error": "the request body is nested too deeply"}, 400)
-            try:
-                captions, labels = self.service.parse(payload)
+                captions, labels = self.service.parse(self.service.decode(body))
             except RequestError as exc:
                 return JSONResponse({"error": exc.message}, exc.status)
             parts = await asyncio.gather(*(self.score_samples((c, lab)) for c, lab in zip(captions, labels)))
