@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -13,11 +15,23 @@ import threading
 from capreward.adapters.openrlhf import post_json
 
 
-class Server:
-    """A ``capreward serve`` subprocess; ``url`` is read from its readiness line on stderr."""
+def serve_command() -> list[str]:
+    """The server command the tests start: ``capreward serve``, or the command in
+    ``CAPREWARD_TEST_SERVE_COMMAND`` (taking the same flags; ``python`` there is this interpreter), to run
+    the subprocess server tests against another front (``experiments/asgi_front.py``)."""
+    other = os.environ.get("CAPREWARD_TEST_SERVE_COMMAND")
+    if not other:
+        return [sys.executable, "-m", "capreward.cli.main", "serve"]
+    words = shlex.split(other)
+    return [sys.executable if w == "python" else w for w in words]
 
-    def __init__(self, args: list[str], timeout: float = 180.0):
-        cmd = [sys.executable, "-m", "capreward.cli.main", "serve", "--host", "127.0.0.1", "--port", "0", *args]
+
+class Server:
+    """A ``capreward serve`` subprocess; ``url`` is read from its readiness line on stderr.
+    ``command``: the server command (default :func:`serve_command`)."""
+
+    def __init__(self, args: list[str], timeout: float = 180.0, command: list[str] | None = None):
+        cmd = [*(command or serve_command()), "--host", "127.0.0.1", "--port", "0", *args]
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
         self.lines: list[str] = []
         ready = threading.Event()

@@ -102,7 +102,7 @@ def exchange(sock, body: bytes) -> tuple[int, dict]:
         assert chunk, f"the connection was closed without an answer: {data!r}"
         data += chunk
     head, _, rest = data.partition(b"\r\n\r\n")
-    length = int(re.search(rb"Content-Length: (\d+)", head).group(1))
+    length = int(re.search(rb"content-length: (\d+)", head, re.IGNORECASE).group(1))
     while len(rest) < length:
         chunk = sock.recv(65536)
         assert chunk
