@@ -232,8 +232,8 @@ def main() -> None:
         finally:
             for server in servers.values():
                 server.stop()
-        ceiling = batching_ceiling(args.reward, model, root / "media", images, args.samples, args.max_batch_size,
-                                   args.repeats)
+        ceiling = None if args.compare_front else batching_ceiling(
+            args.reward, model, root / "media", images, args.samples, args.max_batch_size, args.repeats)
     by = {(r["mode"], r["clients"]): r for r in rows}
     for clients in args.clients:
         same, worst = identical(answers["off", clients], answers["on", clients])
@@ -243,20 +243,23 @@ def main() -> None:
     if args.json:
         print(json.dumps({"runs": rows, "in_process": ceiling}, indent=1))
         return
+    batching = (f"--max-batch-size {args.max_batch_size} --max-wait-ms {args.max_wait_ms} "
+                f"--max-concurrent {args.on_max_concurrent or '1 (default)'}")
     if args.compare_front:
-        print(f"fronts compared: 'off' = capreward serve, 'on' = {args.compare_front}, both with batching "
-              f"(--max-batch-size {args.max_batch_size} --max-wait-ms {args.max_wait_ms}); 'on/off' is their ratio")
+        modes_text = f"'off' = capreward serve, 'on' = {args.compare_front}, both with batching {batching}"
+    else:
+        modes_text = (f"batching on = {batching}, batching off = --max-batch-size 0 --max-concurrent "
+                      f"{args.max_concurrent}")
     print(f"reward {args.reward}, model {args.clip_model or 'tiny CLIP'}, {args.samples} samples/request, "
-          f"{args.requests} requests/client, batching on = --max-batch-size {args.max_batch_size} "
-          f"--max-wait-ms {args.max_wait_ms} --max-concurrent {args.on_max_concurrent or '1 (default)'}, batching off = "
-          f"--max-batch-size 0 --max-concurrent "
-          f"{args.max_concurrent}, best of {args.repeats}")
+          f"{args.requests} requests/client, {modes_text}, best of {args.repeats}")
     print(f"{'clients':>7} {'mode':>4} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'on/off':>7} identical")
     for clients in args.clients:
         for mode in ("off", "on"):
             r = by[mode, clients]
             extra = f" {r['speedup']:6.2f}x {r['identical']} (max diff {r['max_abs_diff']:.1e})" if mode == "on" else ""
             print(f"{clients:>7} {mode:>4} {r['requests_per_s']:8.1f} {r['p50_ms']:8.1f} {r['p99_ms']:8.1f}{extra}")
+    if ceiling is None:
+        return
     print(f"ceiling of batching here (this process, no HTTP, same scorer): 64 requests of {args.samples} captions "
           f"scored alone {ceiling['alone_requests_per_s']:.1f} req/s, merged into calls of {args.max_batch_size} "
           f"{ceiling['merged_requests_per_s']:.1f} req/s: {ceiling['ceiling']:.2f}x at most (target >= 3x at 16 "

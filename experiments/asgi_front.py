@@ -27,6 +27,36 @@ slow connection counts against ``limit_concurrency`` like any other). These need
 uvicorn's private protocol classes (``H11Protocol``/``HttpToolsProtocol``). Under Ray Serve, where
 the proxy's uvicorn is started by Ray with only ``keep_alive_timeout_s`` and ``request_timeout_s``
 configurable (``http_options.middlewares`` is deprecated), none of it can be added by us at all.
+uvicorn also bounds headers only with h11: with httptools (what it picks when installed, as
+``uvicorn[standard]`` does) 8 connections each sent 16 MB of headers, unanswered, and the process grew
+118 MB.
+
+Measured (2026-11-24, this project's 2-core machine shared with other sessions: load average 8-15, so
+only ratios within one run mean anything):
+
+- every limit test, ``CAPREWARD_TEST_SERVE_COMMAND="python experiments/asgi_front.py"`` over
+  ``tests/test_serve*.py``: 11 of the subprocess tests fail on this front (71 pass): stalled and
+  trickling clients are never dropped, one address takes every slot, headers have no size bound or
+  deadline, and uvicorn's own 400/503 answers (invalid or conflicting Content-Length, concurrency
+  limit) are plain text, not JSON naming the problem. With 64 threads for blocking calls instead of
+  the default 6, a 32-client run got uvicorn's 503 "Exceeded concurrency limit" at 32 connections
+  under a limit of 40 (it counts tasks too).
+- ``bench_server.py --compare-front "python experiments/asgi_front.py"``: requests/s uvicorn/threading
+  and p99 (ms, threading -> uvicorn), two runs each. Tiny CLIP (``--repeats 4``: HTTP overhead
+  dominates): 8 clients 1.15x / 1.45x (p99 50 -> 32, 92 -> 31), 16 clients 1.08x / 1.09x (106 -> 122,
+  90 -> 45), 32 clients 2.21x / 1.04x (249 -> 180, 316 -> 418). ViT-B-32 random weights
+  (``--clip-model ViT-B-32/random --repeats 2``: scoring dominates): 8 clients 0.85x / 1.29x (p99 2083 ->
+  3288, 2636 -> 3550), 16 clients 1.41x / 1.27x (4499 -> 5137, 4561 -> 5569), 32 clients 1.30x /
+  1.23x (8621 -> 8863, 5684 -> 7018). Answers identical (< 1e-6) in every run.
+
+Decision: ``capreward serve`` stays a stdlib threading server. One ASGI app on uvicorn would not be
+simpler: it would need the app plus subclasses of uvicorn's private protocol classes (for both parsers)
+to get back the header deadline, the per-address cap, the reserve and the header bound, and it would
+still not carry them to Ray Serve, whose proxy we do not configure. It would also not keep the limit
+tests green as it stands (11 fail). Its throughput edge under this load (about 1.1-1.4x, with p99 up
+to 1.6x worse at the real model's size) is within what this shared machine's noise allows but was
+seen in most rows; it is worth measuring again on an idle machine before anyone concludes the
+threading front costs throughput.
 """
 
 from __future__ import annotations

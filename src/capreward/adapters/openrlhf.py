@@ -49,6 +49,10 @@ Concurrent requests are merged into one scorer call (:mod:`capreward.adapters.ba
 by default with batching, 4 without), and a request whose batch has not started within
 ``queue_timeout`` seconds gets 503. ``GET /health`` answers once the model is loaded, with the number
 of batches and samples scored so far and the connection counters (open, peers, refused, timeouts).
+
+The HTTP front is the standard library's threading server, not an ASGI app on uvicorn: uvicorn has no
+header deadline, per-address cap or reserve, and bounds headers only with its h11 parser; measured and
+decided in ``experiments/asgi_front.py``.
 """
 
 from __future__ import annotations
