@@ -15,6 +15,25 @@ import threading
 from capreward.adapters.openrlhf import post_json
 
 
+def read_answer(sock: socket.socket) -> tuple[int, dict[str, str], dict]:
+    """One HTTP answer read from ``sock`` (kept open): status, headers (names lower-cased) and the
+    body decoded as JSON ({} when empty)."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed without an answer: {buf!r}"
+        buf += chunk
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    length = int(headers.get("content-length", "0"))
+    while len(rest) < length:
+        chunk = sock.recv(65536)
+        assert chunk
+        rest += chunk
+    return int(lines[0].split()[1]), headers, json.loads(rest[:length]) if length else {}
+
+
 def serve_command() -> list[str]:
     """The server command the tests start: ``capreward serve``, or the command in
     ``CAPREWARD_TEST_SERVE_COMMAND`` (taking the same flags; ``python`` there is this interpreter), to run
@@ -76,9 +95,7 @@ class Server:
         """``GET /health`` on a new connection from ``peer``."""
         with self.connect(60, peer) as sock:
             sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-            answer = b""
-            while chunk := sock.recv(65536):
-                answer += chunk
-        head, _, body = answer.partition(b"\r\n\r\n")
-        assert head.startswith(b"HTTP/1.1 200"), answer[:300]
-        return json.loads(body)
+            status, _, body = read_answer(sock)
+            assert sock.recv(1) == b""  # closed: the server has released the connection's slot
+        assert status == 200, body
+        return body

@@ -17,7 +17,7 @@ from capreward.adapters.openrlhf import RequestError, ServerLimits
 from capreward.rewards import CLIPScoreReward
 
 from conftest import random_video
-from serve_process import Server
+from serve_process import Server, read_answer
 
 CAPTION = "two people dance"
 HUGE = "9" * 5000  # past Python's 4300-digit limit for int()
@@ -96,18 +96,8 @@ def exchange(sock, body: bytes) -> tuple[int, dict]:
     """One keep-alive POST on ``sock``; (status, decoded answer)."""
     sock.sendall(b"POST /get_reward HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: "
                  + str(len(body)).encode() + b"\r\n\r\n" + body)
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        assert chunk, f"the connection was closed without an answer: {data!r}"
-        data += chunk
-    head, _, rest = data.partition(b"\r\n\r\n")
-    length = int(re.search(rb"content-length: (\d+)", head, re.IGNORECASE).group(1))
-    while len(rest) < length:
-        chunk = sock.recv(65536)
-        assert chunk
-        rest += chunk
-    return int(head.split()[1]), json.loads(rest[:length])
+    status, _, answer = read_answer(sock)
+    return status, answer
 
 
 BAD = [
