@@ -35,12 +35,11 @@ Measured (2026-11-24, this project's 2-core machine shared with other sessions: 
 only ratios within one run mean anything):
 
 - every limit test, ``CAPREWARD_TEST_SERVE_COMMAND="python experiments/asgi_front.py"`` over
-  ``tests/test_serve*.py``: 11 of the subprocess tests fail on this front (71 pass): stalled and
-  trickling clients are never dropped, one address takes every slot, headers have no size bound or
-  deadline, and uvicorn's own 400/503 answers (invalid or conflicting Content-Length, concurrency
-  limit) are plain text, not JSON naming the problem. With 64 threads for blocking calls instead of
-  the default 6, a 32-client run got uvicorn's 503 "Exceeded concurrency limit" at 32 connections
-  under a limit of 40 (it counts tasks too).
+  ``tests/test_serve*.py``: 11 subprocess tests fail on this front and 70 pass; 7 of the 11 passed on
+  the threading server before this change. Stalled and trickling clients are never dropped, one
+  address takes every slot, headers have no size bound or deadline, and uvicorn's own 400/503 answers
+  (invalid or conflicting Content-Length, concurrency limit) are plain text, not JSON naming the
+  problem.
 - ``bench_server.py --compare-front "python experiments/asgi_front.py"``: requests/s uvicorn/threading
   and p99 (ms, threading -> uvicorn), two runs each. Tiny CLIP (``--repeats 4``: HTTP overhead
   dominates): 8 clients 1.15x / 1.45x (p99 50 -> 32, 92 -> 31), 16 clients 1.08x / 1.09x (106 -> 122,
@@ -48,15 +47,23 @@ only ratios within one run mean anything):
   (``--clip-model ViT-B-32/random --repeats 2``: scoring dominates): 8 clients 0.85x / 1.29x (p99 2083 ->
   3288, 2636 -> 3550), 16 clients 1.41x / 1.27x (4499 -> 5137, 4561 -> 5569), 32 clients 1.30x /
   1.23x (8621 -> 8863, 5684 -> 7018). Answers identical (< 1e-6) in every run.
+- the noise floor, ``--compare-front "python -m capreward.cli.main serve"`` (the same server on both
+  sides), two runs each: tiny CLIP 0.40x / 1.16x, 1.12x / 0.92x, 1.46x / 1.01x (so no tiny-CLIP ratio
+  above means anything); ViT-B-32 1.36x / 1.04x, 1.01x / 1.05x, 0.98x / 1.04x.
+- so uvicorn's 1.2-1.4x at 16 and 32 clients with ViT-B-32 is above the noise. It comes from batch
+  sizes, not from the HTTP stack: the app's blocking calls run in asyncio's default thread pool (6
+  threads here), so at most 6 requests (24 samples) are merged, while the threading server merges up
+  to ``--max-batch-size`` 64. With ``--max-batch-size 24`` for both, uvicorn/threading was 1.02x at 16
+  and 0.81x at 32 clients (p99 2648 -> 3237, 5889 -> 6093 ms), and both fronts served about 10 req/s
+  against 5-8 at 64 in the other runs (those are different runs under changing load; whether smaller
+  batches pay on an idle machine is not measured here).
 
 Decision: ``capreward serve`` stays a stdlib threading server. One ASGI app on uvicorn would not be
 simpler: it would need the app plus subclasses of uvicorn's private protocol classes (for both parsers)
 to get back the header deadline, the per-address cap, the reserve and the header bound, and it would
 still not carry them to Ray Serve, whose proxy we do not configure. It would also not keep the limit
-tests green as it stands (11 fail). Its throughput edge under this load (about 1.1-1.4x, with p99 up
-to 1.6x worse at the real model's size) is within what this shared machine's noise allows but was
-seen in most rows; it is worth measuring again on an idle machine before anyone concludes the
-threading front costs throughput.
+tests green as it stands (11 fail). It is not faster at equal batch sizes, and its p99 was higher in
+every ViT-B-32 row.
 """
 
 from __future__ import annotations
