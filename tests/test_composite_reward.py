@@ -21,7 +21,9 @@ from capreward.rewards import (
 from capreward.rewards.guards import words
 
 from conftest import random_video
-from test_rewards import trl_rewards
+from test_rewards import trl_is_async, trl_name, trl_rewards
+
+pytestmark = pytest.mark.integration  # run by scripts/version_matrix.sh at both ends
 
 
 # ------------------------------------------------------------------------------ guards by hand
@@ -168,7 +170,6 @@ def test_composite_pickles_and_async_matches(components):
     assert asyncio.run(comp.as_async()(None, texts, video=videos)) == sync_values
     clone = pickle.loads(pickle.dumps(comp))
     assert clone(None, texts, video=videos) == pytest.approx(sync_values, rel=1e-6)
-    from trl.trainer.utils import get_callable_name, is_async_callable
 
-    assert get_callable_name(comp) == "composite" and is_async_callable(comp.as_async())
+    assert trl_name(comp) == "composite" and trl_is_async(comp.as_async())
     assert not isinstance(comp, torch.nn.Module)

@@ -60,6 +60,7 @@ def step_logs(log_history):
     return [h for h in log_history if "reward" in h]
 
 
+@pytest.mark.integration
 def test_grpo_run_logs_every_reward_and_the_values_reach_the_trainer(recipe, tmp_path):
     args = recipe.parse_args(
         [*ARGS, "--out", str(tmp_path), "--rewards", "emscore:1,clipscore:0.5,hallucination:0.5", "--combine", "trl"]

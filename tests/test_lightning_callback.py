@@ -196,6 +196,7 @@ class TextRecorder(Logger):
 
 
 # ------------------------------------------------------------------------------------- tests
+@pytest.mark.integration
 def test_logged_values_equal_scorers_and_best_epoch_is_checkpointed(tmp_path):
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="val/emscore", mode="max", save_top_k=1,
                            filename="best-{epoch}")
@@ -250,6 +251,7 @@ def test_logged_values_equal_scorers_and_best_epoch_is_checkpointed(tmp_path):
     assert resumed.history[: best_epoch + 1] == callback.history[: best_epoch + 1]
 
 
+@pytest.mark.integration
 def test_early_stopping_on_the_logged_metric(tmp_path):
     stop = EarlyStopping(monitor="val/emscore", mode="max", patience=1, min_delta=10.0)
     trainer, _ = fit(tmp_path, [make_callback(examples=0), stop], epochs=6)
@@ -266,6 +268,7 @@ def test_sanity_check_is_skipped_unless_asked(tmp_path):
     assert [h["n"] for h in asked.history] == [4, N_VAL]  # 2 sanity batches of 2, then the full epoch
 
 
+@pytest.mark.integration
 def test_works_with_the_pytorch_lightning_package(tmp_path):
     pl = pytest.importorskip("pytorch_lightning")
     callback = make_callback(examples=0, test=True)

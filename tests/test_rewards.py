@@ -21,19 +21,36 @@ from capreward.scorers.emscore import EMScore
 
 from conftest import random_video, write_mp4
 
+pytestmark = pytest.mark.integration  # run by scripts/version_matrix.sh at both ends
+
 
 # ------------------------------------------------------------------------------ TRL's call path
+def trl_name(func) -> str:
+    """TRL's name for a reward function: ``get_callable_name`` (trl >= 1.9) or ``__name__``."""
+    from trl.trainer import utils as trl_utils
+
+    return trl_utils.get_callable_name(func) if hasattr(trl_utils, "get_callable_name") else func.__name__
+
+
+def trl_is_async(func) -> bool:
+    """Whether TRL awaits a reward: ``is_async_callable`` (trl >= 1.14) or ``inspect.iscoroutinefunction``."""
+    import inspect
+
+    from trl.trainer import utils as trl_utils
+
+    return trl_utils.is_async_callable(func) if hasattr(trl_utils, "is_async_callable") else inspect.iscoroutinefunction(func)
+
+
 class TrainerStandIn:
     """The attributes GRPOTrainer._calculate_rewards reads, so the real method can run without a model."""
 
     def __init__(self, reward_funcs):
         from accelerate import PartialState
-        from trl.trainer.utils import get_callable_name
 
         PartialState()  # TRL's logger and gather() need accelerate's (single-process) state
         self.reward_funcs = list(reward_funcs)
         self.reward_processing_classes = [None] * len(self.reward_funcs)
-        self.reward_func_names = [get_callable_name(f) for f in self.reward_funcs]
+        self.reward_func_names = [trl_name(f) for f in self.reward_funcs]
         self.args = SimpleNamespace(report_to=[])
         self.state = SimpleNamespace(global_step=0)
         self.accelerator = SimpleNamespace(device=torch.device("cpu"), is_main_process=True)
@@ -132,16 +149,14 @@ def test_prompt_images_found_in_order():
 
 
 def test_trl_names_and_async_detection(clip_model):
-    from trl.trainer.utils import get_callable_name, is_async_callable
-
     r = EMScoreReward(model=clip_model)
-    assert get_callable_name(r) == "emscore"
-    assert get_callable_name(CLIPScoreReward(model=clip_model)) == "clipscore"
-    assert get_callable_name(EMScoreReward(model=clip_model, name="em_ref")) == "em_ref"
+    assert trl_name(r) == "emscore"
+    assert trl_name(CLIPScoreReward(model=clip_model)) == "clipscore"
+    assert trl_name(EMScoreReward(model=clip_model, name="em_ref")) == "em_ref"
     assert not isinstance(r, torch.nn.Module)
-    assert not is_async_callable(r)
-    assert is_async_callable(r.as_async())
-    assert get_callable_name(r.as_async()) == "emscore"
+    assert not trl_is_async(r)
+    assert trl_is_async(r.as_async())
+    assert trl_name(r.as_async()) == "emscore"
 
 
 # ------------------------------------------------------------------------------ values

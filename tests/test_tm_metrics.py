@@ -22,6 +22,8 @@ from capreward.backbones import CLIPBackbone
 from capreward.callbacks import CaptionScores, CLIPScoreMetric, EMScoreMetric, FLEURMetric
 from capreward.testing import tiny_clip_factory
 
+pytestmark = pytest.mark.integration  # run by scripts/version_matrix.sh at both ends
+
 CAPTIONS = ["a red car on a road", "two dogs", "a bowl of fruit", "snow on a mountain", "a man cooking", "a cat"]
 REFS = [["a car", "a red vehicle"], ["dogs playing"], ["fruit in a bowl"], ["a snowy peak"], ["someone cooks"], ["a kitten"]]
 FRAMES = 4

@@ -44,7 +44,8 @@ def tiny_tokenizer():
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="[PAD]", bos_token="[BOS]", eos_token="[EOS]", unk_token="[UNK]"
+        tokenizer_object=tok, pad_token="[PAD]", bos_token="[BOS]", eos_token="[EOS]", unk_token="[UNK]",
+        model_input_names=["input_ids", "attention_mask"],  # a causal LM's: transformers < 5 refuses token_type_ids in generate()
     )
 
 
@@ -185,6 +186,7 @@ class ModeAtLog(TrainerCallback):
             self.training.append(model.training)
 
 
+@pytest.mark.integration
 def test_grpo_trainer_logs_caption_metrics(tmp_path, tiny_backbone):
     trl = pytest.importorskip("trl")
     from datasets import Dataset

@@ -5,8 +5,13 @@ Protocol (OpenRLHF's remote reward model): ``POST /get_reward`` with the JSON bo
 is ``{"rewards": [...], "scores": [...], "extra_logs": {name: [...]}}`` with one number per query.
 ``rewards`` drive the advantage, ``scores`` (the same values here) OpenRLHF's dynamic filtering, and
 ``extra_logs`` are per-sample sub-scores that OpenRLHF logs (plus ``unscored``: 1.0 where a sample got
-the fallback). The answer also has ``errors`` (per sample, None or why it got the fallback), which
-OpenRLHF ignores.
+the fallback). ``extra_logs`` has one fixed key set per server, the reward's
+:meth:`~capreward.rewards.RewardFunction.metric_names` plus ``unscored``, whatever the request: a
+sub-score a sample does not have (unscored, no references) is NaN (JSON ``NaN``, which Python's
+``json`` and so OpenRLHF's client read). OpenRLHF sends one query per request and stacks the answers'
+``extra_logs`` per key (``Experience.concat_experiences``), then splits them per sample: keys that
+varied from answer to answer broke that split. The answer also has ``errors`` (per sample, None or
+why it got the fallback), which OpenRLHF ignores.
 
 The completion is the part of the query after its prompt; trailing end-of-text markers
 (:data:`END_MARKERS`) are removed. Labels (JSON strings or objects) name the visual and references:
@@ -235,6 +240,11 @@ class RewardService:
         self.fallback = float(fallback)
         self.paths = MediaPaths(media_root, allow_any_path=allow_any_path)
         self.limits = limits or ServerLimits()
+        names = reward.metric_names() if hasattr(reward, "metric_names") else ()
+        if "unscored" in names:
+            raise ValueError("the reward reports a sub-score named 'unscored', which the server's own column uses")
+        #: the ``extra_logs`` keys of every answer
+        self.log_keys: tuple[str, ...] = (*names, "unscored")
 
     @property
     def name(self) -> str:
@@ -274,19 +284,25 @@ class RewardService:
         return concat_batches([self.score([c], [lab]) for c, lab in zip(captions, labels)])
 
     def respond(self, batch: ScoredBatch) -> dict[str, Any]:
-        """The ``/get_reward`` answer for one request's scored samples. ``extra_logs`` has a column for
-        each sub-score that at least one of the request's samples has (a sample without it gets the
-        fallback), so the answer depends on the request alone, not on what it was batched with."""
+        """The ``/get_reward`` answer for one request's scored samples. ``extra_logs`` has exactly the
+        keys :attr:`log_keys` (the reward's sub-scores and ``unscored``), each with one number per
+        sample, NaN where the sample has no such sub-score; so the answer depends on the request
+        alone, not on what it was batched with, and every answer has the same keys."""
         rewards = batch.filled(self.fallback)
+        n = len(batch.values)
         extra: dict[str, list[float]] = {
-            key: [v if math.isfinite(v) else self.fallback for v in map(float, column)]
-            for key, column in sorted(batch.metrics.items())
-            if any(math.isfinite(float(v)) for v in column)
+            key: [v if math.isfinite(v) else math.nan for v in map(float, batch.metrics.get(key, [math.nan] * n))]
+            for key in self.log_keys[:-1]
         }
         extra["unscored"] = [float(v is None) for v in batch.values]
         errors = [None if v is not None else self.paths.redact(_local_index(r or "no score", j))
                   for j, (v, r) in enumerate(zip(batch.values, batch.reasons))]
         return {"rewards": rewards, "scores": list(rewards), "extra_logs": extra, "errors": errors}
+
+    @staticmethod
+    def encode(answer: dict[str, Any]) -> bytes:
+        """An answer as JSON bytes; NaN (an undefined sub-score in ``extra_logs``) is written ``NaN``."""
+        return json.dumps(answer, allow_nan=True).encode("utf-8")
 
     def handle(self, payload: Any) -> dict[str, Any]:
         """The ``/get_reward`` response for a decoded JSON body, scored alone (RequestError for bad
@@ -383,7 +399,7 @@ class _Handler(BaseHTTPRequestHandler):
         logger.info("%s - %s", self.address_string(), format % args)
 
     def _send(self, status: int, body: dict[str, Any], close: bool = False) -> None:
-        data = json.dumps(body, allow_nan=False).encode("utf-8")
+        data = RewardService.encode(body)
         self.connection.settimeout(self.server.service.limits.read_timeout)  # for the writes
         self.send_response(status)
         self.send_header("Content-Type", "application/json")

@@ -54,7 +54,7 @@ def reward_app(reward_factory: Callable[[], Any], *, fallback: float = 0.0, medi
     """
     from ray import serve
     from starlette.requests import Request
-    from starlette.responses import JSONResponse
+    from starlette.responses import JSONResponse, Response
 
     limits = limits or ServerLimits()
     max_batch_size = max(1, limits.max_batch_size)
@@ -88,7 +88,9 @@ def reward_app(reward_factory: Callable[[], Any], *, fallback: float = 0.0, medi
             except RequestError as exc:
                 return JSONResponse({"error": exc.message}, exc.status)
             parts = await asyncio.gather(*(self.score_samples((c, lab)) for c, lab in zip(captions, labels)))
-            return JSONResponse(self.service.respond(concat_batches(parts)))
+            # RewardService.encode: extra_logs carries NaN for undefined sub-scores (JSONResponse refuses NaN)
+            answer = self.service.respond(concat_batches(parts))
+            return Response(self.service.encode(answer), media_type="application/json")
 
     return CaptionRewardReplica.bind()
 

@@ -132,9 +132,12 @@ class VerlScorer:
         return self._results(ScoredBatch(values, reasons, metrics))
 
     def _results(self, batch: ScoredBatch) -> list[float | dict[str, float]]:
+        return self.rows(batch) if self.return_dict else batch.filled(self.fallback)
+
+    def rows(self, batch: ScoredBatch) -> list[dict[str, float]]:
+        """Dict-mode results: ``{"score", "unscored", <each of subscores>}`` per sample (always these
+        keys: veRL's reward loop takes the extra-info keys of a batch from its first sample)."""
         filled = batch.filled(self.fallback)
-        if not self.return_dict:
-            return filled
         out = []
         for i, value in enumerate(filled):
             row = {"score": value, "unscored": float(batch.values[i] is None)}

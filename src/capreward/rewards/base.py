@@ -97,6 +97,24 @@ class RewardFunction:
         are clipped and counted), or None when the reward promises none."""
         return None
 
+    def metric_names(self) -> tuple[str, ...]:
+        """Every per-sample sub-score this reward can report (the keys of :attr:`RewardOutput.metrics`),
+        fixed by its configuration, whatever the batch: :meth:`compute` returns each of them for every
+        call, NaN where a sample has none (unscored, no references...), so a framework that stacks the
+        sub-scores of separately scored samples sees one key set. ``clipped`` when the reward has a
+        :meth:`value_range`."""
+        return ("clipped",) if self.value_range() is not None else ()
+
+    def with_metric_names(self, out: RewardOutput) -> RewardOutput:
+        """``out`` with a column for each of :meth:`metric_names` (NaN where missing), in that order
+        (in place; a sub-score a subclass reports without declaring it is kept after them, and the
+        reward server leaves it out of its fixed key set). Returns ``out``."""
+        n = len(out.values)
+        names = self.metric_names()
+        declared = {key: list(out.metrics.get(key, [math.nan] * n)) for key in names}
+        out.metrics = {**declared, **{k: v for k, v in out.metrics.items() if k not in declared}}
+        return out
+
     def compute(self, prompts: Sequence[Any] | None, completions: Sequence[Any], **kwargs: Any) -> RewardOutput:
         """Score the completions without logging anything (see :meth:`__call__`)."""
         raise NotImplementedError
@@ -154,22 +172,47 @@ class RewardFunction:
         return AsyncReward(self)
 
 
-class AsyncReward:
-    """An async wrapper: ``await reward(...)`` runs the wrapped reward in a worker thread.
+async def _trl_reward_signature(
+    prompts: Sequence[Any] | None, completions: Sequence[Any], completion_ids: Any = None, **kwargs: Any
+) -> list[float | None]:
+    """The signature of an async TRL reward function: :class:`AsyncReward` carries its code object."""
+    raise NotImplementedError  # never called: AsyncReward.__call__ runs the reward
 
-    TRL 1.x detects it via ``inspect.iscoroutinefunction(obj.__call__)`` and awaits it together with
-    the other async rewards, so a slow judge does not serialise with them. The wrapped reward's lock
+
+class AsyncReward:
+    """A reward as a coroutine function: ``await reward(prompts, completions, ...)`` runs the wrapped
+    reward in a worker thread and returns its values.
+
+    ``inspect.iscoroutinefunction(async_reward)`` is True on every Python capreward supports: besides
+    its ``async def __call__``, the object has the attributes of a function (``__name__``, and the
+    ``__code__``, ``__defaults__``, ``__kwdefaults__`` and ``__annotations__`` of an ``async def`` with
+    TRL's reward signature), which is how :mod:`inspect` recognises compiled functions (Cython). So
+    every TRL treats it as async: trl < 1.14 tests ``inspect.iscoroutinefunction(func)``, later
+    releases ``is_async_callable`` (which also looks at ``__call__``). GRPOTrainer and RLOOTrainer
+    await it together with the other async rewards, so a slow judge does not serialise with them;
+    TRL's experimental OnlineDPOTrainer calls rewards synchronously and takes the reward itself, not
+    this form. It names itself like the wrapped reward (``__name__``, TRL's metric prefix) and pickles
+    (TRL's experimental AsyncGRPOTrainer sends rewards to a spawned process). The wrapped reward's lock
     keeps one scorer from running two batches at once.
     """
+
+    __code__ = _trl_reward_signature.__code__
+    __defaults__ = _trl_reward_signature.__defaults__
+    __kwdefaults__ = _trl_reward_signature.__kwdefaults__
+    __annotations__ = dict(_trl_reward_signature.__annotations__)
 
     def __init__(self, reward: RewardFunction):
         self.reward = reward
         self.__name__ = reward.__name__
+        self.__qualname__ = reward.__name__
 
     async def __call__(
         self, prompts: Sequence[Any] | None, completions: Sequence[Any], completion_ids: Any = None, **kwargs: Any
     ) -> list[float | None]:
         return await asyncio.to_thread(self.reward, prompts, completions, completion_ids, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"AsyncReward({self.reward.__name__})"
 
 
 def _visual_group_key(sample: Sample) -> Any:
@@ -286,7 +329,7 @@ class CaptionReward(RewardFunction):
                 self.scorer  # build outside the per-sample error handling: a bad config must raise
             for (kind, with_refs), rows in groups.items():
                 self._score_rows(inputs.samples, rows, kind, with_refs, values, reasons, metrics, n)
-        return clip_to_range(RewardOutput(values, reasons, metrics), self.value_range())
+        return self.with_metric_names(clip_to_range(RewardOutput(values, reasons, metrics), self.value_range()))
 
     def _score_rows(self, samples, rows, kind, with_refs, values, reasons, metrics, n) -> None:
         """Score ``rows`` together; if an input error escapes, retry per distinct visual, then per row,

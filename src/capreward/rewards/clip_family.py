@@ -16,6 +16,7 @@ from ..scorers.results import MatchScores
 from .base import CaptionReward, GroupScores
 
 MATCH_FIELDS = ("coarse", "fine_p", "fine_r", "fine_f", "full_p", "full_r", "full_f")
+EM_SUBSCORES = ("coarse", "fine_p", "fine_r", "full_f")  # logged for the video and the reference part
 
 
 def _column(values) -> list[float]:
@@ -56,6 +57,11 @@ class EMScoreReward(CaptionReward):
         be -12 for a very long caption); such values are clipped and counted (``clipped``)."""
         return (-1.0, 1.0)
 
+    def metric_names(self) -> tuple[str, ...]:
+        """``video/<f>`` and ``reference/<f>`` for f in coarse, fine_p, fine_r, full_f, and ``clipped``."""
+        parts = [f"{part}/{f}" for part in ("video", "reference") for f in EM_SUBSCORES]
+        return (*parts, *super().metric_names())
+
     def score_group(self, captions, visuals, kind, references, visual_ids) -> GroupScores:
         scorer = self.scorer
         result = scorer.score(
@@ -70,7 +76,7 @@ class EMScoreReward(CaptionReward):
         for part in ("video", "reference"):
             scores = getattr(result, part)
             if scores is not None:
-                for f in ("coarse", "fine_p", "fine_r", "full_f"):
+                for f in EM_SUBSCORES:
                     metrics[f"{part}/{f}"] = _column(getattr(scores, f))
         return GroupScores(scores=_column(getattr(main, self.field)), metrics=metrics)
 
@@ -101,6 +107,10 @@ class CLIPScoreReward(CaptionReward):
             w = self.scorer_kwargs.get("w")
             w = self.scorer_class.default_w if w is None else float(w)
         return (min(0.0, w), max(0.0, w))
+
+    def metric_names(self) -> tuple[str, ...]:
+        """``clip_s``, ``ref_similarity`` (NaN without references) and ``clipped``."""
+        return ("clip_s", "ref_similarity", *super().metric_names())
 
     def score_group(self, captions, visuals, kind, references, visual_ids) -> GroupScores:
         result = self.scorer.score(

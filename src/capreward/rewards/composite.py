@@ -95,6 +95,18 @@ class CompositeReward(RewardFunction):
                 hi += max(0.0, -weight)
         return (lo, hi)
 
+    def metric_names(self) -> tuple[str, ...]:
+        """Per component (named by its label): its value and ``<label>/<sub-score>`` for each of its
+        own :meth:`~RewardFunction.metric_names`; ``guard/<term>`` per enabled guard; ``clipped``."""
+        names: list[str] = []
+        for label, func, _ in self.components:
+            names.append(label)
+            if isinstance(func, RewardFunction):
+                names.extend(f"{label}/{key}" for key in func.metric_names())
+        if self.guards is not None:
+            names.extend(f"guard/{term}" for term in self.guards.weights())
+        return (*names, *super().metric_names())
+
     def _component_output(self, func: Callable, prompts, completions, kwargs) -> RewardOutput:
         if isinstance(func, RewardFunction):
             return func.compute(prompts, completions, **kwargs)
@@ -139,4 +151,4 @@ class CompositeReward(RewardFunction):
                     metrics.setdefault(f"guard/{term}", [math.nan] * n)[i] = value
                     if values[i] is not None:
                         values[i] += value
-        return clip_to_range(RewardOutput(values, reasons, metrics), self.value_range())
+        return self.with_metric_names(clip_to_range(RewardOutput(values, reasons, metrics), self.value_range()))

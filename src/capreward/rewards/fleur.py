@@ -30,6 +30,10 @@ class FLEURReward(CaptionReward):
         """[0, 1] (values outside would be clipped and counted as ``clipped``)."""
         return (0.0, 1.0)
 
+    def metric_names(self) -> tuple[str, ...]:
+        """``raw_score`` (the greedy answer read as a number) and ``clipped``."""
+        return ("raw_score", *super().metric_names())
+
     def score_group(self, captions, visuals, kind, references, visual_ids) -> GroupScores:
         result = self.scorer.score(
             captions,

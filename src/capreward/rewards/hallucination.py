@@ -129,6 +129,10 @@ class HallucinationPenalty(CaptionReward):
         return self.threshold
 
     # ------------------------------------------------------------------- reward
+    def metric_names(self) -> tuple[str, ...]:
+        """``content_tokens``, ``unsupported_tokens`` and ``clipped``."""
+        return ("content_tokens", "unsupported_tokens", *super().metric_names())
+
     def score_group(self, captions, visuals, kind, references, visual_ids) -> GroupScores:
         reports = [self.report_for(a) for a in self.alignments(captions, visuals, kind, visual_ids)]
         return GroupScores(

@@ -50,6 +50,13 @@ class VisCE2Reward(CaptionReward):
         gets None with the scorer's reason; anything else outside would be clipped and counted."""
         return (min(0.0, 100 * self.scale), max(0.0, 100 * self.scale))
 
+    def _option(self, name: str) -> Any:
+        return getattr(self._given_scorer, name) if self._given_scorer is not None else self.scorer_kwargs.get(name, False)
+
+    def metric_names(self) -> tuple[str, ...]:
+        """``parsed`` (1/0), ``expected`` when the scorer computes expected scores, and ``clipped``."""
+        return ("parsed", *(("expected",) if self._option("expected") else ()), *super().metric_names())
+
     def score_group(self, captions, visuals, kind, references, visual_ids) -> GroupScores:
         if kind != "image":
             reason = f"VisCE² scores images, got a {kind or 'sample without visual'}"
@@ -91,6 +98,12 @@ class GVEvalReward(CaptionReward):
     def value_range(self) -> tuple[float, float]:
         """[0, 100 * scale] (values outside are clipped and counted as ``clipped``)."""
         return (min(0.0, 100 * self.scale), max(0.0, 100 * self.scale))
+
+    def metric_names(self) -> tuple[str, ...]:
+        """``parsed``, the four ACCR dimensions with ``accr=True``, and ``clipped``."""
+        accr = self._given_scorer.accr if self._given_scorer is not None else self.scorer_kwargs.get("accr", False)
+        dims = ("accuracy", "completeness", "conciseness", "relevance") if accr else ()
+        return ("parsed", *dims, *super().metric_names())
 
     def score_group(self, captions, visuals, kind, references, visual_ids) -> GroupScores:
         if self.mode != "ref-free" and references is None:

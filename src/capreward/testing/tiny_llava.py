@@ -102,7 +102,8 @@ def build_tiny_tokenizer(words: Sequence[str] = PROMPT_WORDS) -> Any:
     ``▁`` and the printable ASCII characters, then ``▁word`` and ``word`` for each of ``words``; added
     special tokens ``<image>`` and ``<pad>`` follow. No piece joins a digit to anything, so digits are
     single tokens and a number after a space starts with a lone ``▁`` (LLaMA's behaviour). Returns a
-    ``PreTrainedTokenizerFast`` that adds ``<s>`` in front and pads on the left.
+    ``PreTrainedTokenizerFast`` that adds ``<s>`` in front, pads on the left and, like LLaMA's, returns
+    no ``token_type_ids`` (trl 1.0's GRPOTrainer passes whatever the processor returns to ``generate``).
     """
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
@@ -144,6 +145,7 @@ def build_tiny_tokenizer(words: Sequence[str] = PROMPT_WORDS) -> Any:
         extra_special_tokens={"image_token": IMAGE_TOKEN},
         padding_side="left",
         model_max_length=4096,
+        model_input_names=["input_ids", "attention_mask"],  # as LLaMA's: no token_type_ids for generate()
     )
 
 

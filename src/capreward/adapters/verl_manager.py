@@ -1,0 +1,115 @@
+"""A veRL reward manager for veRL's reward loop that scores samples together in capreward batches.
+
+veRL's reward loop (``verl.experimental.reward_loop``, the only reward path of ``verl.trainer.main_ppo``
+since 0.8; the old ``reward_model.reward_manager=batch`` no longer exists) hands its reward manager one
+sample per ``run_single`` call, many at once as concurrent asyncio tasks. The built-in ``naive``
+manager then calls ``compute_score`` once per sample. :class:`CaprewardRewardManager` instead collects
+the samples that arrive together (within ``CAPREWARD_VERL_MAX_WAIT_MS`` milliseconds, default 5, up to
+``CAPREWARD_VERL_MAX_BATCH`` samples, default 256) and scores them in one call of the
+environment-configured reward (:func:`capreward.adapters.verl.default_scorer`), in a worker thread so
+the loop keeps receiving samples; a visual shared by a group is then decoded and encoded once, and
+batched text encoding is used. Scores do not depend on the batch (capreward's scorers are
+batch-invariant). Each sample's ``reward_extra_info`` is ``{"score", "unscored", <CAPREWARD_SUBSCORES>...}``,
+the same keys for every sample, as veRL's reward loop requires.
+
+veRL loads it by path (this module imports veRL, which :mod:`capreward.adapters.verl` does not)::
+
+    reward.reward_manager.source=importlib
+    reward.reward_manager.module.path=pkg://capreward.adapters.verl_manager
+    reward.reward_manager.name=CaprewardRewardManager
+
+configured with the same ``CAPREWARD_*`` environment variables as :func:`capreward.adapters.verl.compute_score`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
+
+from capreward.adapters.labels import Label, LabelError
+from capreward.adapters.scoring import ScoredBatch, score_labelled
+from capreward.adapters.verl import VerlScorer, default_scorer, sample_label
+
+logger = logging.getLogger("capreward.adapters.verl")
+
+
+class CaprewardRewardManager(RewardManagerBase):
+    """veRL reward-loop manager (see the module docstring). ``scorer``: a
+    :class:`~capreward.adapters.verl.VerlScorer` (default: the environment-configured one);
+    ``max_batch_size``/``max_wait`` (seconds) override ``CAPREWARD_VERL_MAX_BATCH`` and
+    ``CAPREWARD_VERL_MAX_WAIT_MS``. veRL passes ``compute_score`` (unused: the scorer is capreward's)
+    and, with a reward model, its router address and tokenizer (unused)."""
+
+    def __init__(self, config: Any, tokenizer: Any, compute_score: Any = None, reward_router_address: Any = None,
+                 reward_model_tokenizer: Any = None, scorer: VerlScorer | None = None,
+                 max_batch_size: int | None = None, max_wait: float | None = None, **kwargs: Any):
+        super().__init__(config, tokenizer, compute_score)
+        self.scorer = scorer if scorer is not None else default_scorer()
+        env = os.environ
+        self.max_batch_size = int(max_batch_size if max_batch_size is not None
+                                  else env.get("CAPREWARD_VERL_MAX_BATCH", "256"))
+        self.max_wait = float(max_wait if max_wait is not None
+                              else float(env.get("CAPREWARD_VERL_MAX_WAIT_MS", "5")) / 1000)
+        if self.max_batch_size < 1 or self.max_wait < 0:
+            raise ValueError(f"bad batching settings: max_batch_size={self.max_batch_size}, max_wait={self.max_wait}")
+        self.batches = 0  # scorer calls made (each scores one or more samples)
+        self._pending: list[tuple[str, Label, asyncio.Future]] = []
+        self._timer: asyncio.TimerHandle | None = None
+
+    async def run_single(self, data: Any) -> dict:
+        """One sample's ``{"reward_score", "reward_extra_info"}``, scored with the samples that
+        arrive with it."""
+        item = data[-1:][0]  # like veRL's naive manager: the last sequence of a multi-sequence output
+        response_ids = item.batch["responses"]
+        valid = int(item.batch["attention_mask"][-response_ids.shape[-1]:].sum())
+        response = self.tokenizer.decode(response_ids[:valid], skip_special_tokens=True)
+        ground_truth = item.non_tensor_batch["reward_model"]["ground_truth"]
+        extra_info = item.non_tensor_batch.get("extra_info", None)
+        try:
+            label = sample_label(ground_truth, extra_info, self.scorer.paths)
+        except LabelError as exc:
+            logger.warning("unscored sample gets %s: %s", self.scorer.fallback, exc)
+            row = self.scorer.rows(ScoredBatch([None], [str(exc)]))[0]
+        else:
+            row = await self._submit(response, label)
+        return {"reward_score": row["score"], "reward_extra_info": row}
+
+    def _submit(self, caption: str, label: Label) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._pending.append((caption, label, future))
+        if len(self._pending) >= self.max_batch_size:
+            self._flush()
+        elif self._timer is None:
+            self._timer = loop.call_later(self.max_wait, self._flush)
+        return future
+
+    def _flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        batch, self._pending = self._pending, []
+        if batch:
+            asyncio.get_running_loop().create_task(self._score(batch))
+
+    async def _score(self, batch: list[tuple[str, Label, asyncio.Future]]) -> None:
+        captions, labels = [c for c, _, _ in batch], [lab for _, lab, _ in batch]
+        try:
+            scored = await asyncio.to_thread(score_labelled, self.scorer.reward, captions, labels)
+            rows = self.scorer.rows(scored)
+        except Exception as exc:  # noqa: BLE001 - a broken reward is every waiting sample's error
+            for _, _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        self.batches += 1
+        for (_, _, future), row in zip(batch, rows):  # score_labelled logged the unscored ones' reasons
+            if not future.done():
+                future.set_result(row)
+
+
+__all__ = ["CaprewardRewardManager"]

@@ -1,0 +1,45 @@
+"""The version matrix runs in CI as part of the test suite: ``bash scripts/version_matrix.sh`` installs
+the lowest versions pyproject.toml allows, and then the newest, each in a virtual environment layered on
+the bootstrap's .venv, and runs the integration tests (``-m "integration and not slow"``) at both ends.
+Needs the package registry (pip) and the bootstrap's .venv; about 5-10 minutes on 2 cores."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "scripts"))
+import matrix_requirements  # noqa: E402
+
+
+def test_oldest_end_pins_every_lower_bound():
+    reqs = matrix_requirements.requirements(REPO / "pyproject.toml")
+    oldest = [matrix_requirements.oldest(r) for r in reqs]
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    for req in declared:
+        bound = re.search(r">=\s*([0-9][^,;\s]*)", req)
+        name = matrix_requirements.name_of(req)
+        if bound and name not in matrix_requirements.FIXED:
+            assert any(o.lower().replace("_", "-").startswith(f"{name}==") and o.endswith(bound.group(1))
+                       for o in oldest), req
+    assert matrix_requirements.oldest('foo[bar]>=1.2,<2; python_version < "3.13"') == 'foo[bar]==1.2; python_version < "3.13"'
+
+
+@pytest.mark.slow
+def test_integration_tests_pass_at_the_oldest_and_newest_versions():
+    if not (REPO / ".venv" / "bin" / "python").exists():
+        pytest.skip("the matrix layers on the bootstrap's .venv (bash scripts/bootstrap.sh --test)")
+    run = subprocess.run(["bash", str(REPO / "scripts" / "version_matrix.sh")], cwd=REPO, capture_output=True,
+                         text=True, timeout=2400)
+    out = run.stdout + run.stderr
+    print(out)
+    assert run.returncode == 0, out[-6000:]
+    for end in ("oldest", "newest"):
+        assert re.search(rf"\[matrix\] {end}: passed in \d+ s \(\d+ passed", out), out[-6000:]
