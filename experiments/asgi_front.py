@@ -95,7 +95,7 @@ class RewardASGI:
                                       max_wait=self.limits.max_wait, workers=self.limits.max_concurrent)
 
     async def _answer(self, send, status: int, body: dict, close: bool = False) -> None:
-        data = json.dumps(body, allow_nan=False).encode()
+        data = RewardService.encode(body)  # as capreward serve writes it (NaN for undefined sub-scores)
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
         if close:
             headers.append((b"connection", b"close"))
