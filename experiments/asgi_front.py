@@ -69,7 +69,6 @@ every ViT-B-32 row.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import signal
 import socket
