@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import shlex
 import statistics
 import sys
 import tempfile
@@ -177,6 +178,9 @@ def main() -> None:
     parser.add_argument("--on-max-concurrent", type=int,
                         help="of the server with batching on (default: the server's, 1 with batching)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per setting (interleaved); the best is shown")
+    parser.add_argument("--compare-front", metavar="COMMAND",
+                        help="instead of batching off vs on: the batching server (capreward serve) vs COMMAND given the "
+                        "same flags, e.g. \"python experiments/asgi_front.py\" (uvicorn); the ratio is COMMAND/serve")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -192,14 +196,18 @@ def main() -> None:
         (root / "media").mkdir()
         images = make_images(root / "media", args.images)
         common = ["--reward", args.reward, "--clip-model", model, "--media-root", str(root / "media"),
-                  "--max-connections", str(max(args.clients) + 8)]
+                  "--max-connections", str(max(args.clients) + 8),
+                  "--max-connections-per-peer", str(max(args.clients) + 8), "--reserved-connections", "0"]
         on_workers = [] if args.on_max_concurrent is None else ["--max-concurrent", str(args.on_max_concurrent)]
-        modes = {"off": ["--max-batch-size", "0", "--max-concurrent", str(args.max_concurrent)],
-                 "on": ["--max-batch-size", str(args.max_batch_size), "--max-wait-ms", str(args.max_wait_ms),
-                        *on_workers]}
+        on_flags = ["--max-batch-size", str(args.max_batch_size), "--max-wait-ms", str(args.max_wait_ms), *on_workers]
+        modes = {"off": ["--max-batch-size", "0", "--max-concurrent", str(args.max_concurrent)], "on": on_flags}
+        commands: dict[str, list[str] | None] = {"off": None, "on": None}
+        if args.compare_front:  # "off" is the batching capreward serve, "on" the other front with the same flags
+            modes["off"] = on_flags
+            commands["on"] = [sys.executable if w == "python" else w for w in shlex.split(args.compare_front)]
         rows = []
         answers: dict[tuple[str, int], list] = {}
-        servers = {mode: Server(common + flags) for mode, flags in modes.items()}
+        servers = {mode: Server(common + flags, command=commands[mode]) for mode, flags in modes.items()}
         try:
             for server in servers.values():
                 drive(server, make_payloads(4, 2, args.samples, images, seed=99))  # warm-up
@@ -224,8 +232,8 @@ def main() -> None:
         finally:
             for server in servers.values():
                 server.stop()
-        ceiling = batching_ceiling(args.reward, model, root / "media", images, args.samples, args.max_batch_size,
-                                   args.repeats)
+        ceiling = None if args.compare_front else batching_ceiling(
+            args.reward, model, root / "media", images, args.samples, args.max_batch_size, args.repeats)
     by = {(r["mode"], r["clients"]): r for r in rows}
     for clients in args.clients:
         same, worst = identical(answers["off", clients], answers["on", clients])
@@ -235,17 +243,23 @@ def main() -> None:
     if args.json:
         print(json.dumps({"runs": rows, "in_process": ceiling}, indent=1))
         return
+    batching = (f"--max-batch-size {args.max_batch_size} --max-wait-ms {args.max_wait_ms} "
+                f"--max-concurrent {args.on_max_concurrent or '1 (default)'}")
+    if args.compare_front:
+        modes_text = f"'off' = capreward serve, 'on' = {args.compare_front}, both with batching {batching}"
+    else:
+        modes_text = (f"batching on = {batching}, batching off = --max-batch-size 0 --max-concurrent "
+                      f"{args.max_concurrent}")
     print(f"reward {args.reward}, model {args.clip_model or 'tiny CLIP'}, {args.samples} samples/request, "
-          f"{args.requests} requests/client, batching on = --max-batch-size {args.max_batch_size} "
-          f"--max-wait-ms {args.max_wait_ms} --max-concurrent {args.on_max_concurrent or '1 (default)'}, batching off = "
-          f"--max-batch-size 0 --max-concurrent "
-          f"{args.max_concurrent}, best of {args.repeats}")
+          f"{args.requests} requests/client, {modes_text}, best of {args.repeats}")
     print(f"{'clients':>7} {'mode':>4} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'on/off':>7} identical")
     for clients in args.clients:
         for mode in ("off", "on"):
             r = by[mode, clients]
             extra = f" {r['speedup']:6.2f}x {r['identical']} (max diff {r['max_abs_diff']:.1e})" if mode == "on" else ""
             print(f"{clients:>7} {mode:>4} {r['requests_per_s']:8.1f} {r['p50_ms']:8.1f} {r['p99_ms']:8.1f}{extra}")
+    if ceiling is None:
+        return
     print(f"ceiling of batching here (this process, no HTTP, same scorer): 64 requests of {args.samples} captions "
           f"scored alone {ceiling['alone_requests_per_s']:.1f} req/s, merged into calls of {args.max_batch_size} "
           f"{ceiling['merged_requests_per_s']:.1f} req/s: {ceiling['ceiling']:.2f}x at most (target >= 3x at 16 "

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -12,11 +15,42 @@ import threading
 from capreward.adapters.openrlhf import post_json
 
 
-class Server:
-    """A ``capreward serve`` subprocess; ``url`` is read from its readiness line on stderr."""
+def read_answer(sock: socket.socket) -> tuple[int, dict[str, str], dict]:
+    """One HTTP answer read from ``sock`` (kept open): status, headers (names lower-cased) and the
+    body decoded as JSON ({} when empty)."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed without an answer: {buf!r}"
+        buf += chunk
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    length = int(headers.get("content-length", "0"))
+    while len(rest) < length:
+        chunk = sock.recv(65536)
+        assert chunk
+        rest += chunk
+    return int(lines[0].split()[1]), headers, json.loads(rest[:length]) if length else {}
 
-    def __init__(self, args: list[str], timeout: float = 180.0):
-        cmd = [sys.executable, "-m", "capreward.cli.main", "serve", "--host", "127.0.0.1", "--port", "0", *args]
+
+def serve_command() -> list[str]:
+    """The server command the tests start: ``capreward serve``, or the command in
+    ``CAPREWARD_TEST_SERVE_COMMAND`` (taking the same flags; ``python`` there is this interpreter), to run
+    the subprocess server tests against another front (``experiments/asgi_front.py``)."""
+    other = os.environ.get("CAPREWARD_TEST_SERVE_COMMAND")
+    if not other:
+        return [sys.executable, "-m", "capreward.cli.main", "serve"]
+    words = shlex.split(other)
+    return [sys.executable if w == "python" else w for w in words]
+
+
+class Server:
+    """A ``capreward serve`` subprocess; ``url`` is read from its readiness line on stderr.
+    ``command``: the server command (default :func:`serve_command`)."""
+
+    def __init__(self, args: list[str], timeout: float = 180.0, command: list[str] | None = None):
+        cmd = [*(command or serve_command()), "--host", "127.0.0.1", "--port", "0", *args]
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
         self.lines: list[str] = []
         ready = threading.Event()
@@ -51,5 +85,17 @@ class Server:
         host, port = self.url.removeprefix("http://").split(":")
         return host, int(port)
 
-    def connect(self, timeout: float = 60.0) -> socket.socket:
-        return socket.create_connection(self.address, timeout=timeout)
+    def connect(self, timeout: float = 60.0, peer: str = "127.0.0.1") -> socket.socket:
+        """A connection from the loopback address ``peer`` (127.0.0.2, 127.0.0.3 ... are distinct client
+        addresses on Linux: the server sees distinct peers)."""
+        assert peer.startswith("127."), "tests connect from loopback addresses only"
+        return socket.create_connection(self.address, timeout=timeout, source_address=(peer, 0))
+
+    def health(self, peer: str = "127.0.0.1") -> dict:
+        """``GET /health`` on a new connection from ``peer``."""
+        with self.connect(60, peer) as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            status, _, body = read_answer(sock)
+            assert sock.recv(1) == b""  # closed: the server has released the connection's slot
+        assert status == 200, body
+        return body

@@ -741,6 +741,47 @@ def test_server_refuses_a_non_string_caption_naming_it(server, root):
     assert status == 400 and re.search(r"query\[1\]", body["error"]), body
 
 
+#: Request-level kinds of the reward server (issue 21.4): JSON the server refuses as a whole with 400
+#: naming the field, body text -> the field the error must name. The good image is good0.png.
+_Q = '"<|user|> <image> Describe. <|assistant|> a red square"'
+SERVER_JSON_KINDS = {
+    "integer over 4300 digits": ('{"query": [%s], "labels": [{"image": "good0.png", "visual_id": %s}]}' % (_Q, "7" * 5000),
+                                 r"^labels\[0\]\.visual_id is an integer of 5000 digits, out of range"),
+    "integer over 4300 digits in a label string": (
+        '{"query": [%s], "labels": ["{\\"image\\": \\"good0.png\\", \\"visual_id\\": %s}"]}' % (_Q, "7" * 5000),
+        r"^labels\[0\]\.visual_id is an integer of 5000 digits, out of range"),
+    "number overflowing to infinity": ('{"query": [%s], "labels": [{"image": "good0.png", "visual_id": 1e999}]}' % _Q,
+                                       r"^labels\[0\]\.visual_id is the number 1e999, out of range"),
+    "nesting past the depth limit": ('{"query": [%s], "labels": [{"image": "good0.png", "references": %s}]}'
+                                     % (_Q, "[" * 40 + "]" * 40), r"^labels\[0\]\.references\S* is nested too deeply"),
+    "nesting past the decoder": ('{"query": [%s], "labels": [%s]}' % (_Q, "[" * 100_000 + "]" * 100_000),
+                                 r"^labels\[0\]\S* is nested too deeply"),
+    "string over the length limit": ('{"query": ["%s"], "labels": [{"image": "good0.png"}]}' % ("a" * 300_000),
+                                     r"^query\[0\] is a string of 300000 characters, over the limit"),
+    "array over the length limit": ('{"query": [%s], "labels": [{"image": "good0.png", "references": [%s]}]}'
+                                    % (_Q, ",".join(['"a red square"'] * 5000)),
+                                    r"^labels\[0\]\.references has 5000 entries, over the limit"),
+}
+
+
+@pytest.mark.parametrize("kind", SERVER_JSON_KINDS)
+def test_server_refuses_json_beyond_its_limits_naming_the_field(server, kind):
+    """The reward server's request-level kinds: 400 naming the field (a JSON integer past Python's
+    4300 digits used to drop the connection with no answer), and the server goes on serving."""
+    import urllib.error
+    import urllib.request
+
+    body, error = SERVER_JSON_KINDS[kind]
+    request = urllib.request.Request(server.url + "/get_reward", data=body.encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(request, timeout=300)
+    answer = json.loads(exc.value.read())
+    assert exc.value.code == 400 and re.search(error, answer["error"]), answer
+    status, body = server.post(["a red square"], [{"image": "good0.png"}])
+    assert status == 200 and body["errors"] == [None]
+
+
 def test_cli_refuses_a_manifest_row_without_a_string_caption(root, clip_path, tmp_path):
     manifest = tmp_path / "m.jsonl"
     manifest.write_text(json.dumps({"caption": "a red square", "image": str(root / "good0.png")}) + "\n"

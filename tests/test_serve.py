@@ -269,7 +269,7 @@ def test_a_burst_of_connections_waits_in_the_backlog_and_is_served(tiny_clip_pat
     import socket
 
     server = make_server(CLIPScoreReward(model=str(tiny_clip_path)), "127.0.0.1", 0, media_root=str(media),
-                         limits=ServerLimits(max_connections=64))
+                         limits=ServerLimits(max_connections=64, max_connections_per_peer=64))
     port = server.server_address[1]
     clients = []
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)

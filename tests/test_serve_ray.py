@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import functools
+import json
 import socket
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -66,6 +69,13 @@ def test_ray_serve_replica_answers_like_the_plain_server(tiny_clip_path, media):
         assert answers[0][1]["errors"][2] == "query[2] is empty"
         status, body = post_json(url + "/get_reward", {"query": ["a"], "labels": [{"imag": "x"}]}, timeout=300)
         assert status == 400 and "labels[0] has unknown keys" in body["error"]
+        # the replicas decode with the server's JSON limits: an integer past 4300 digits is 400 naming it
+        huge = b'{"query": ["a"], "labels": [{"image": "i0.png", "visual_id": ' + b"7" * 5000 + b"}]}"
+        request = urllib.request.Request(url + "/get_reward", data=huge, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as exc:
+            urllib.request.urlopen(request, timeout=300)
+        assert exc.value.code == 400
+        assert json.loads(exc.value.read())["error"].startswith("labels[0].visual_id is an integer of 5000 digits")
     finally:
         serve.shutdown()
         ray.shutdown()

@@ -5,6 +5,8 @@
 - :mod:`capreward.adapters.labels`: the per-sample label format both use to name visuals and references.
 - :mod:`capreward.adapters.paths`: which files a label may name (confinement to a media root).
 - :mod:`capreward.adapters.batching`: the server's dynamic batching across requests.
+- :mod:`capreward.adapters.connections`: which connections the server admits (per peer, reserve).
+- :mod:`capreward.adapters.json_limits`: bounds on a request's JSON, each refusal naming the field.
 - :mod:`capreward.adapters.ray_serve`: the server as Ray Serve replicas (``capreward[serve]``).
 """
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..media.files import ConfinedFile
+from . import json_limits
 from .paths import MediaPaths, PathRefused
 
 LABEL_KEYS = ("image", "images", "video", "references", "visual_id")
@@ -138,7 +139,9 @@ def parse_label(label: Any, where: str = "label", paths: MediaPaths | str | os.P
     """
     if isinstance(label, (str, bytes)):
         try:
-            label = json.loads(label)
+            label = json_limits.loads(label, where=where)
+        except json_limits.JSONLimitError as exc:  # names the field: labels[2].visual_id is an integer of ...
+            raise LabelError(str(exc)) from None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise LabelError(f"{where} is not valid JSON ({exc}); expected an object such as "
                              '{"video": "clip.mp4", "references": ["..."]}') from None

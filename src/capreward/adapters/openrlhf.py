@@ -36,15 +36,30 @@ refused, unless the operator passes ``allow_any_path``.
 
 Limits (:class:`ServerLimits`): bodies need a ``Content-Length`` (missing: 411; negative, non-numeric
 or repeated with different values: 400; chunked bodies: 411) and bodies over ``max_body_bytes`` get
-413, all without reading the body; more than ``max_items`` queries get 413; JSON nested too deeply 400.
-A request must arrive whole (request line, headers and body) within ``read_timeout`` seconds of the
-server starting to wait for it, however slowly its bytes trickle in: otherwise the connection is
-closed (408 when the headers were complete), idle keep-alive connections included. At most ``max_connections``
-connections are served at once (others get 503 and are closed). Concurrent requests are merged into
-one scorer call (:mod:`capreward.adapters.batching`: up to ``max_batch_size`` samples or ``max_wait``
-seconds); ``max_concurrent`` batches are scored at once (1 by default with batching, 4 without), and
-a request whose batch has not started within ``queue_timeout`` seconds gets 503. ``GET /health``
-answers once the model is loaded, with the number of batches and samples scored so far.
+413, all without reading the body; a request line and headers over ``max_header_bytes`` get 431; more
+than ``max_items`` queries get 413. The JSON is bounded too (:mod:`capreward.adapters.json_limits`):
+an integer outside 64 bits or a number that overflows, nesting deeper than ``max_json_depth``, a
+string longer than ``max_string_chars`` or an array longer than ``max_items`` get 400 naming the field
+(``labels[2].visual_id is an integer of 5000 digits, out of range (at most 64-bit signed)``).
+
+Slow clients: a request's line and headers must arrive within ``header_timeout`` seconds (10) of the
+server starting to wait for it (a new connection, or the previous answer sent: idle keep-alive
+connections are closed then), and the whole request, body included, within ``read_timeout`` (30) of
+the same start, however slowly its bytes trickle in; else the connection is closed (408 when the
+headers were complete). Connections are admitted by :class:`~capreward.adapters.connections.ConnectionSlots`:
+``max_connections`` (128) in all, ``max_connections_per_peer`` (64) from one client address, and the
+last ``reserved_connections`` (16) only for addresses that hold none, so one client's slow connections
+cannot take the slots of another; a connection over a limit gets 503 saying which, and is closed.
+
+Concurrent requests are merged into one scorer call (:mod:`capreward.adapters.batching`: up to
+``max_batch_size`` samples or ``max_wait`` seconds); ``max_concurrent`` batches are scored at once (1
+by default with batching, 4 without), and a request whose batch has not started within
+``queue_timeout`` seconds gets 503. ``GET /health`` answers once the model is loaded, with the number
+of batches and samples scored so far and the connection counters (open, peers, refused, timeouts).
+
+The HTTP front is the standard library's threading server, not an ASGI app on uvicorn: uvicorn has no
+header deadline, per-address cap or reserve, and bounds headers only with its h11 parser; measured and
+decided in ``experiments/asgi_front.py``.
 """
 
 from __future__ import annotations
@@ -62,6 +77,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Sequence
 
 from .batching import Busy, DynamicBatcher
+from .connections import ConnectionSlots, peer_of
+from .json_limits import JSONLimitError, JSONLimits
+from .json_limits import check as check_json
+from .json_limits import loads as loads_json
 from .labels import Label, LabelError, parse_label
 from .paths import MediaPaths
 from .scoring import ScoredBatch, concat_batches, resolve_fallback, score_labelled
@@ -84,12 +103,19 @@ class RequestError(Exception):
 class ServerLimits:
     """Bounds on what one server accepts (see the module docstring).
 
-    ``max_body_bytes``/``max_items``: per request; ``max_concurrent``: batches scored at once (None:
-    1 with batching, as a merged batch already keeps every core busy and a second one running beside it
-    only slows both, 10-15 % fewer requests/s measured at 16 clients on 2 cores; 4 without batching);
-    ``queue_timeout``: seconds a request may wait for its batch to start; ``read_timeout``: seconds a
-    whole request (line, headers, body) may take to arrive, idle keep-alive time included;
-    ``max_connections``: connections served at once; ``max_batch_size`` (samples, 0 = no merging) and
+    ``max_body_bytes``/``max_items``: per request (``max_items`` also bounds every JSON array in it);
+    ``max_json_depth``/``max_string_chars``: nesting and string length in a request's JSON;
+    ``max_header_bytes``: request line and headers together; ``max_concurrent``: batches scored at once
+    (None: 1 with batching, as a merged batch already keeps every core busy and a second one running
+    beside it only slows both, 10-15 % fewer requests/s measured at 16 clients on 2 cores; 4 without
+    batching); ``queue_timeout``: seconds a request may wait for its batch to start;
+    ``header_timeout``: seconds from when the server starts waiting for a request (a new connection,
+    or after the previous answer) until its headers are complete, idle keep-alive time included;
+    ``read_timeout``: seconds the whole request (line, headers, body) may take from the same start;
+    ``max_connections``: connections served at once; ``max_connections_per_peer`` (None:
+    ``max_connections // 2``): connections one client address may hold; ``reserved_connections``
+    (None: ``max_connections // 8``): of ``max_connections``, the slots only clients holding none may
+    take (:mod:`capreward.adapters.connections`); ``max_batch_size`` (samples, 0 = no merging) and
     ``max_wait`` (seconds): dynamic batching.
     """
 
@@ -97,14 +123,38 @@ class ServerLimits:
     max_items: int = 4096
     max_concurrent: int | None = None
     queue_timeout: float = 120.0
+    header_timeout: float = 10.0
     read_timeout: float = 30.0
-    max_connections: int = 64
+    max_connections: int = 128
+    max_connections_per_peer: int | None = None
+    reserved_connections: int | None = None
+    max_header_bytes: int = 64 * 1024
+    max_json_depth: int = 32
+    max_string_chars: int = 1 << 18
     max_batch_size: int = 64
     max_wait: float = 0.005
 
     def __post_init__(self):
         if self.max_concurrent is None:
             self.max_concurrent = 1 if self.max_batch_size > 0 else 4
+        if self.max_connections_per_peer is None:
+            self.max_connections_per_peer = max(1, self.max_connections // 2)
+        if self.reserved_connections is None:
+            self.reserved_connections = self.max_connections // 8
+        if not (self.header_timeout > 0 and self.read_timeout > 0):
+            raise ValueError(f"timeouts must be positive, got header_timeout={self.header_timeout}, "
+                             f"read_timeout={self.read_timeout}")
+        if not (1 <= self.max_connections_per_peer <= self.max_connections
+                and 0 <= self.reserved_connections < self.max_connections):
+            raise ValueError(f"connection limits need 1 <= max_connections_per_peer ({self.max_connections_per_peer}) "
+                             f"<= max_connections ({self.max_connections}) and 0 <= reserved_connections "
+                             f"({self.reserved_connections}) < max_connections")
+
+    @property
+    def json(self) -> JSONLimits:
+        """The bounds on a request's decoded JSON (arrays: at most ``max_items`` entries)."""
+        return JSONLimits(max_depth=self.max_json_depth, max_string_chars=self.max_string_chars,
+                          max_array_length=self.max_items)
 
 
 def completion_of(query: str, prompt: str | None, where: str) -> str:
@@ -155,6 +205,10 @@ def parse_request(payload: Any, limits: ServerLimits, paths: MediaPaths | None =
     n = len(queries)
     if n > limits.max_items:
         raise RequestError(413, f"{n} queries in one request; this server accepts at most {limits.max_items}")
+    try:
+        check_json(payload, limits.json)
+    except JSONLimitError as exc:
+        raise RequestError(400, str(exc)) from None
     prompts = _string_list(payload, "prompts", n)
     labels = _string_list(payload, "labels", n)
     if labels is None and n:
@@ -204,6 +258,17 @@ class RewardService:
         for reward in [self.reward, *parts]:
             if hasattr(reward, "scorer"):
                 reward.scorer  # noqa: B018 - the property builds the scorer
+
+    def decode(self, body: bytes) -> Any:
+        """A request body decoded as JSON, to hand to :meth:`parse` (which checks it against the
+        limits, naming the field); RequestError(400) when it is not JSON or nested past what the
+        decoder can follow (naming where)."""
+        try:
+            return loads_json(body, self.limits.json, checked=False)
+        except JSONLimitError as exc:
+            raise RequestError(400, str(exc)) from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise RequestError(400, f"the request body is not valid JSON: {exc}") from None
 
     def parse(self, payload: Any) -> tuple[list[str], list[Label]]:
         """Captions and labels of a decoded body (RequestError for bad requests)."""
@@ -258,13 +323,23 @@ def _local_index(reason: str, j: int) -> str:
 
 
 _LENGTH = re.compile(r"[0-9]{1,18}")
-_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
-         b"Content-Length: 46\r\n\r\n" + b'{"error": "server busy: too many connections"}')
+
+
+def _busy_answer(reason: str) -> bytes:
+    """A complete 503 answer (closing the connection) for a connection refused at accept time."""
+    body = json.dumps({"error": f"server busy: {reason}"}).encode("utf-8")
+    return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+class _HeadersTooLarge(Exception):
+    """The request line and headers went over ``max_header_bytes``."""
 
 
 class _DeadlineReader(io.RawIOBase):
     """A connection's bytes, every read bounded by what is left of the handler's ``deadline``: a
-    client that trickles a byte at a time cannot hold its connection past it."""
+    client that trickles a byte at a time cannot hold its connection past it. While the handler reads
+    a request's line and headers, their bytes are counted against ``max_header_bytes``."""
 
     def __init__(self, sock: socket.socket, handler: "_Handler"):
         self.sock, self.handler = sock, handler
@@ -273,11 +348,21 @@ class _DeadlineReader(io.RawIOBase):
         return True
 
     def readinto(self, buffer) -> int:
-        remaining = self.handler.deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError("the request did not arrive in time")
-        self.sock.settimeout(remaining)
-        return self.sock.recv_into(buffer)
+        handler = self.handler
+        remaining = handler.deadline - time.monotonic()
+        try:
+            if remaining <= 0:
+                raise TimeoutError("the request did not arrive in time")
+            self.sock.settimeout(remaining)
+            n = self.sock.recv_into(buffer)
+        except TimeoutError:
+            handler.server.count("header_timeouts" if handler.reading_headers else "body_timeouts")
+            raise
+        if handler.reading_headers:
+            handler.header_bytes += n
+            if handler.header_bytes > handler.server.service.limits.max_header_bytes:
+                raise _HeadersTooLarge()
+        return n
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -289,13 +374,28 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
-        self.deadline = time.monotonic() + self.server.service.limits.read_timeout
+        self.reading_headers, self.header_bytes = True, 0
+        self.started = self.deadline = time.monotonic()
         self.rfile = io.BufferedReader(_DeadlineReader(self.connection, self))
 
     def handle_one_request(self) -> None:
-        # waiting for the request, its headers and its body: read_timeout in all
-        self.deadline = time.monotonic() + self.server.service.limits.read_timeout
-        super().handle_one_request()
+        # from now: the request's line and headers within header_timeout, all of it within read_timeout
+        limits = self.server.service.limits
+        self.started = time.monotonic()
+        self.deadline = self.started + min(limits.header_timeout, limits.read_timeout)
+        self.reading_headers, self.header_bytes = True, 0
+        self.request_version, self.requestline, self.command = "HTTP/1.1", "", ""  # for an early answer
+        try:
+            super().handle_one_request()
+        except _HeadersTooLarge:
+            self.server.count("headers_too_large")
+            self._send(431, {"error": f"the request line and headers exceed {limits.max_header_bytes} bytes"},
+                       close=True)
+
+    def _headers_done(self) -> None:
+        """The headers are in: the body may take until the whole request's deadline."""
+        self.reading_headers = False
+        self.deadline = self.started + self.server.service.limits.read_timeout
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         logger.info("%s - %s", self.address_string(), format % args)
@@ -313,10 +413,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        self._headers_done()
         if self.path.rstrip("/") == "/health":
-            batcher = self.server.batcher
-            self._send(200, {"status": "ok", "reward": self.server.service.name,
-                             "batches": batcher.batches, "samples": batcher.samples})
+            self._send(200, self.server.health())
         else:
             self._send(404, {"error": f"no such endpoint {self.path!r}; use POST /get_reward or GET /health"})
 
@@ -353,6 +452,7 @@ class _Handler(BaseHTTPRequestHandler):
         return body
 
     def do_POST(self) -> None:  # noqa: N802
+        self._headers_done()
         if self.path.rstrip("/") != "/get_reward":
             self._send(404, {"error": f"no such endpoint {self.path!r}; use POST /get_reward"}, close=True)
             return
@@ -364,15 +464,7 @@ class _Handler(BaseHTTPRequestHandler):
         if body is None:
             return
         try:
-            payload = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            self._send(400, {"error": f"the request body is not valid JSON: {exc}"})
-            return
-        except RecursionError:
-            self._send(400, {"error": "the request body is nested too deeply"})
-            return
-        try:
-            captions, labels = service.parse(payload)
+            captions, labels = service.parse(service.decode(body))
             batch = self.server.batcher.submit(captions, labels, timeout=limits.queue_timeout)
             self._send(200, service.respond(batch))
         except RequestError as exc:
@@ -385,9 +477,11 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class RewardHTTPServer(ThreadingHTTPServer):
-    """A threading HTTP server around a :class:`RewardService`: one thread per connection, at most
-    ``limits.max_connections`` of them (more get 503 and are closed), requests merged into batches by
-    a :class:`~capreward.adapters.batching.DynamicBatcher`. Stop it with ``shutdown()`` (from another
+    """A threading HTTP server around a :class:`RewardService`: one thread per admitted connection
+    (:class:`~capreward.adapters.connections.ConnectionSlots`: ``limits.max_connections`` in all,
+    ``max_connections_per_peer`` per client address, ``reserved_connections`` kept for addresses
+    holding none; others get 503 and are closed), requests merged into batches by a
+    :class:`~capreward.adapters.batching.DynamicBatcher`. Stop it with ``shutdown()`` (from another
     thread) and then :meth:`close_gracefully`, which lets queued and running batches finish but does
     not wait for idle keep-alive connections."""
 
@@ -402,7 +496,10 @@ class RewardHTTPServer(ThreadingHTTPServer):
         super().__init__(address, _Handler)
         self.service = service
         limits = service.limits
-        self.connections = threading.BoundedSemaphore(limits.max_connections)
+        self.slots = ConnectionSlots(limits.max_connections, limits.max_connections_per_peer,
+                                     limits.reserved_connections)
+        self.counters = {"header_timeouts": 0, "body_timeouts": 0, "headers_too_large": 0}
+        self._counters_lock = threading.Lock()
         self.batcher = DynamicBatcher(service.score, max_batch_size=limits.max_batch_size,
                                       max_wait=limits.max_wait, workers=limits.max_concurrent)
 
@@ -411,25 +508,40 @@ class RewardHTTPServer(ThreadingHTTPServer):
         host, port = self.server_address[:2]
         return f"http://{host}:{port}"
 
+    def count(self, event: str) -> None:
+        with self._counters_lock:
+            self.counters[event] += 1
+
+    def health(self) -> dict[str, Any]:
+        """``GET /health``: the reward, batches and samples scored, and the connections: ``open``,
+        ``peers`` holding them, the ``largest`` number one peer holds, ``refused`` at accept, and
+        connections closed for ``header_timeouts``, ``body_timeouts`` and ``headers_too_large``."""
+        with self._counters_lock:
+            counters = dict(self.counters)
+        return {"status": "ok", "reward": self.service.name, "batches": self.batcher.batches,
+                "samples": self.batcher.samples, "connections": {**self.slots.snapshot(), **counters}}
+
     def process_request(self, request, client_address) -> None:
-        if not self.connections.acquire(blocking=False):
+        peer = peer_of(client_address)
+        refusal = self.slots.acquire(peer)
+        if refusal is not None:
             try:  # a fresh socket's send buffer takes this at once
                 request.settimeout(1.0)
-                request.sendall(_BUSY)
+                request.sendall(_busy_answer(refusal))
             except OSError:
                 pass
             self.shutdown_request(request)
             return
-        threading.Thread(target=self.process_request_thread, args=(request, client_address), daemon=True).start()
+        threading.Thread(target=self._serve_connection, args=(request, client_address, peer), daemon=True).start()
 
-    def process_request_thread(self, request, client_address) -> None:
+    def _serve_connection(self, request, client_address, peer: str) -> None:
         try:
             self.finish_request(request, client_address)
         except Exception:  # noqa: BLE001 - socketserver's convention
             self.handle_error(request, client_address)
         finally:
             # free the slot before the client sees the connection close
-            self.connections.release()
+            self.slots.release(peer)
             self.shutdown_request(request)
 
     def close_gracefully(self, timeout: float = 120.0) -> bool:

@@ -8,8 +8,13 @@ same validation, path confinement and answers. Dynamic batching inside a replica
 ``batch_wait_timeout_s`` is the wait bound, exactly like ``--max-batch-size``/``--max-wait-ms``; the
 merged samples are scored in one call in a worker thread, and each request gathers its own samples
 back in order. Ray Serve's proxy spreads requests over the replicas; HTTP-level limits (timeouts,
-connections) are the proxy's (see Ray Serve's ``http_options``), while the body size and item limits
-are checked here.
+connections) are the proxy's (see Ray Serve's ``http_options``), while the body size, item and JSON
+limits are checked here (the same :meth:`~capreward.adapters.openrlhf.RewardService.decode` and
+``parse``). Ray's proxy is uvicorn started by Ray with only ``keep_alive_timeout_s`` and
+``request_timeout_s`` to set: it has no header deadline, no per-address connection cap and no capacity
+kept for other clients (``capreward serve`` has all three), so a deployment open to untrusted clients
+needs a reverse proxy in front that has them (nginx ``client_header_timeout`` and ``limit_conn``,
+Envoy ``request_headers_timeout`` and per-downstream connection limits).
 
 Example::
 
@@ -29,7 +34,6 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any, Callable
 
 from .batching import slice_batch
@@ -80,13 +84,7 @@ def reward_app(reward_factory: Callable[[], Any], *, fallback: float | None = No
                 return JSONResponse({"error": f"request body of {len(body)} bytes exceeds the limit of "
                                               f"{limits.max_body_bytes}"}, 413)
             try:
-                payload = json.loads(body)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                return JSONResponse({"error": f"the request body is not valid JSON: {exc}"}, 400)
-            except RecursionError:
-                return JSONResponse({"error": "the request body is nested too deeply"}, 400)
-            try:
-                captions, labels = self.service.parse(payload)
+                captions, labels = self.service.parse(self.service.decode(body))
             except RequestError as exc:
                 return JSONResponse({"error": exc.message}, exc.status)
             parts = await asyncio.gather(*(self.score_samples((c, lab)) for c, lab in zip(captions, labels)))

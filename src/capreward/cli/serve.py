@@ -17,12 +17,17 @@ from .common import CLIError, add_device_option, add_media_limit_options, metric
 
 def run(args: argparse.Namespace) -> int:
     from ..adapters.factory import DEFAULT_FLEUR, RewardOptions, build_reward
-    from ..adapters.openrlhf import ServerLimits, make_server
+    from ..adapters.openrlhf import make_server
 
     check_media_options(args)  # before any model is loaded
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        limits = server_limits(args)
+    except ValueError as exc:
+        print(f"capreward serve: {exc}", file=sys.stderr)
+        return 2
     options = RewardOptions(
         clip_model=args.clip_model, fleur_model=args.fleur_model or DEFAULT_FLEUR, device=args.device,
         precision=None if args.precision == "fp32" else args.precision, dtype=args.dtype, idf=args.idf,
@@ -33,10 +38,6 @@ def run(args: argparse.Namespace) -> int:
     load_models = getattr(reward, "load_models", None)
     if load_models is not None:
         load_models()  # a missing model fails here, in one line, not on every request after "ready"
-    limits = ServerLimits(max_body_bytes=args.max_body_bytes, max_items=args.max_items,
-                          max_concurrent=args.max_concurrent, queue_timeout=args.queue_timeout,
-                          read_timeout=args.read_timeout, max_connections=args.max_connections,
-                          max_batch_size=args.max_batch_size, max_wait=args.max_wait_ms / 1000.0)
     server = make_server(reward, args.host, args.port, fallback=args.fallback, media_root=args.media_root,
                          limits=limits, allow_any_path=args.allow_any_path)
 
@@ -70,6 +71,20 @@ def check_media_options(args: argparse.Namespace) -> None:
                 "name any file this process can read (trusted clients only)")
     elif not os.path.isdir(os.path.expanduser(args.media_root)):
         raise CLIError(f"--media-root: {args.media_root!r} is not a directory")
+
+
+def server_limits(args: argparse.Namespace):
+    """The :class:`~capreward.adapters.openrlhf.ServerLimits` of the command line (ValueError for
+    inconsistent ones)."""
+    from ..adapters.openrlhf import ServerLimits
+
+    return ServerLimits(max_body_bytes=args.max_body_bytes, max_items=args.max_items,
+                        max_concurrent=args.max_concurrent, queue_timeout=args.queue_timeout,
+                        header_timeout=args.header_timeout, read_timeout=args.read_timeout,
+                        max_connections=args.max_connections, max_connections_per_peer=args.max_connections_per_peer,
+                        reserved_connections=args.reserved_connections, max_header_bytes=args.max_header_bytes,
+                        max_json_depth=args.max_json_depth, max_string_chars=args.max_string_chars,
+                        max_batch_size=args.max_batch_size, max_wait=args.max_wait_ms / 1000.0)
 
 
 def reward_name(name: str) -> str:
@@ -123,9 +138,22 @@ def add_parser(subparsers) -> None:
                    "merged batch already uses every core; 4 with --max-batch-size 0). Raise it when requests differ "
                    "much in size, so that one slow batch does not stall the others")
     p.add_argument("--queue-timeout", type=float, default=120.0, help="seconds a request waits for its batch to start before 503")
+    p.add_argument("--max-json-depth", type=int, default=32, help="deeper JSON nesting in a request gets 400 naming the field")
+    p.add_argument("--max-string-chars", type=int, default=1 << 18,
+                   help="a longer string anywhere in a request gets 400 naming the field")
+    p.add_argument("--max-header-bytes", type=int, default=64 * 1024, help="a longer request line and headers get 431")
+    p.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds a request's line and headers may take to arrive (from the connection, or from the "
+                   "previous answer: idle keep-alive connections are closed after it); slower clients are disconnected")
     p.add_argument("--read-timeout", type=float, default=30.0,
-                   help="seconds a whole request (headers and body) may take to arrive; idle connections are closed after it")
-    p.add_argument("--max-connections", type=int, default=64, help="connections served at once; more get 503")
+                   help="seconds a whole request (headers and body) may take to arrive, from the same start; else 408")
+    p.add_argument("--max-connections", type=int, default=128, help="connections served at once; more get 503")
+    p.add_argument("--max-connections-per-peer", type=int, default=None,
+                   help="connections one client address (an IPv6 /64) may hold at once; more get 503 "
+                   "(default: half of --max-connections)")
+    p.add_argument("--reserved-connections", type=int, default=None,
+                   help="of --max-connections, how many only addresses holding no connection may take, so that busy "
+                   "clients cannot shut out others (default: an eighth of --max-connections)")
     p.add_argument("--max-batch-size", type=int, default=64,
                    help="most samples of concurrent requests merged into one scorer call (0: no merging)")
     p.add_argument("--max-wait-ms", type=float, default=5.0,
