@@ -136,7 +136,7 @@ def test_trl_names_and_async_detection(clip_model):
 
     r = EMScoreReward(model=clip_model)
     assert get_callable_name(r) == "emscore"
-    assert get_callable_name(CLIPScoreReward(model=clip_model)) == "clipscore"
+    assert get_callable_name(CLIPScoreReward(model=clip_model)) == "clip_s"
     assert get_callable_name(EMScoreReward(model=clip_model, name="em_ref")) == "em_ref"
     assert not isinstance(r, torch.nn.Module)
     assert not is_async_callable(r)

@@ -52,8 +52,8 @@ def test_emscore_metric_equals_the_scorer(tiny_backbone, videos, fresh_scorers):
     assert float(out["score"]) == pytest.approx(float(direct.score.double().mean()), abs=1e-5)
     for part in ("video", "reference", "combined"):
         for name, value in getattr(direct, part).as_dict().items():
-            torch.testing.assert_close(out[f"per_sample/{part}.{name}"], value, atol=1e-5, rtol=0)
-            assert float(out[f"{part}.{name}"]) == pytest.approx(float(value.double().mean()), abs=1e-5)
+            torch.testing.assert_close(out[f"per_sample/{part}/{name}"], value, atol=1e-5, rtol=0)
+            assert float(out[f"{part}/{name}"]) == pytest.approx(float(value.double().mean()), abs=1e-5)
     assert float(out["empty"]) == 0.0 and float(out["truncated"]) == 0.0
 
     # the default compute() is just the mean, as a 0-d tensor
@@ -76,7 +76,7 @@ def test_emscore_metric_on_images_and_reference_only(tiny_backbone, videos, fres
     out = refs_only.compute()
     direct = fresh_scorers[0].score(CAPTIONS, references=REFS)
     assert float(out["score"]) == pytest.approx(float(direct.score.double().mean()), abs=1e-5)
-    assert "reference.fine_r" in out and "video.fine_r" not in out  # columns never computed are left out
+    assert "reference/fine_r" in out and "video/fine_r" not in out  # columns never computed are left out
 
 
 def test_clipscore_metric_equals_the_scorer(tiny_backbone, videos, fresh_scorers):
@@ -184,7 +184,7 @@ def test_empty_captions_get_empty_score_and_are_counted(tiny_backbone, videos, f
     assert out["per_sample/score"].tolist() == pytest.approx([0.0, float(direct.score[0]), 0.0], abs=1e-5)
     assert out["per_sample/empty"].tolist() == [1.0, 0.0, 1.0]
     assert float(out["empty"]) == pytest.approx(2 / 3)
-    assert out["per_sample/video.fine_p"][0] == 0.0
+    assert out["per_sample/video/fine_p"][0] == 0.0
 
     skip = EMScoreMetric(backbone=tiny_backbone, frames=FRAMES, empty_score=None)
     skip.update(caps, videos[:3])

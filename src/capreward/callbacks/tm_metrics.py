@@ -39,6 +39,7 @@ from torchmetrics.utilities.data import dim_zero_cat
 from ..backbones.clip import CLIPBackbone
 from ..backbones.clip_loading import DEFAULT_CLIP
 from ..media import DEFAULT_FRAMES
+from ..names import sub_score
 from .sources import as_captions, as_references, per_visual
 from .sources import per_sample as split_per_sample
 from .distributed import is_distributed
@@ -69,7 +70,8 @@ class CaptionMetric(Metric):
     Subclasses set ``columns`` (``"score"`` first, ``"empty"`` second) and implement
     :meth:`_score_rows`. ``compute()`` returns a 0-d float32 tensor with the mean of ``"score"`` over
     the samples that have one (NaN when none); with ``sub_scores=True`` or ``per_sample=True`` a flat
-    dict instead: ``"score"`` (the mean), each other column's mean under its own name, and with
+    dict instead: ``"score"`` (the mean), each other column's mean under its own name (sub-scores named
+    with ``/``, as everywhere in capreward: ``video/full_f``), and with
     ``per_sample=True`` ``"per_sample/<column>"`` Tensor [N] plus ``"per_sample/id"`` LongTensor [N]
     when ids were given. ``dataset_size``: the number of samples one evaluation should count, for the
     padding check: the metric warns when it counted more, and (under DDP) when it got no ids. Extra
@@ -349,7 +351,7 @@ class EMScoreMetric(CaptionMetric):
     EMScore(X, V, X*) depending on what ``update`` gets (in [-1, 1]; higher is better).
 
     Columns: ``score``, ``empty`` (1 for an empty caption), ``truncated`` (1 when the caption was cut
-    to CLIP's context) and ``<part>.<component>`` for part in video/reference/combined and component in
+    to CLIP's context) and ``<part>/<component>`` for part in video/reference/combined and component in
     coarse, fine_p/r/f, full_p/r/f (NaN for parts not computed).
 
     Args: ``model`` (any CLIP specification) or ``backbone`` (a shared :class:`CLIPBackbone`) or
@@ -361,7 +363,7 @@ class EMScoreMetric(CaptionMetric):
     """
 
     columns = ("score", "empty", "truncated") + tuple(
-        f"{part}.{f}" for part in ("video", "reference", "combined") for f in _MATCH_FIELDS
+        sub_score(part, f) for part in ("video", "reference", "combined") for f in _MATCH_FIELDS
     )
     default_name = "emscore"
     plot_lower_bound = -1.0
@@ -398,7 +400,7 @@ class EMScoreMetric(CaptionMetric):
         for part in ("video", "reference", "combined"):
             scores = getattr(res, part)
             if scores is not None:
-                cols.update({f"{part}.{k}": v for k, v in scores.as_dict().items()})
+                cols.update({sub_score(part, k): v for k, v in scores.as_dict().items()})
         return self._row_tensor(cols, len(candidates))
 
     def _parts(self, has_visuals, has_refs):
@@ -406,13 +408,13 @@ class EMScoreMetric(CaptionMetric):
         present = [p for p, on in (("video", has_visuals), ("reference", has_refs)) if on]
         if has_visuals and has_refs:
             present.append("combined")
-        return parts + [f"{p}.{f}" for p in present for f in _MATCH_FIELDS]
+        return parts + [sub_score(p, f) for p in present for f in _MATCH_FIELDS]
 
 
 # ------------------------------------------------------------------------------------------- CLIP-S
 class CLIPScoreMetric(CaptionMetric):
     """CLIP-S (or RefCLIP-S when ``update`` gets references) as a torchmetrics Metric; in [0, w]
-    (w = 2.5; PAC-S: pass ``scorer=PACScore(...)``), higher is better.
+    (w = 2.5; PAC-S: pass ``scorer=PACScore(...)``, then named ``pac_s`` and in [0, 2]), higher is better.
 
     Columns: ``score`` (RefCLIP-S with references, else CLIP-S), ``empty``, ``truncated``, ``clip_s``,
     ``ref_clip_s`` and ``ref_similarity`` (max cosine to the references, in [-1, 1]).
@@ -446,6 +448,10 @@ class CLIPScoreMetric(CaptionMetric):
             raise ValueError("give either scorer= or backbone=, not both")
         if visual is None:
             raise ValueError("CLIP-S needs visuals: visual must be 'image' or 'video'")
+        from ..scorers.clipscore import PACScore
+
+        if kwargs.get("name") is None and isinstance(scorer, PACScore):
+            kwargs["name"] = "pac_s"  # PAC-S has its own one name (capreward.names)
         super().__init__(scorer, visual=visual, **kwargs)
 
     @property

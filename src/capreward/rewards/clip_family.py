@@ -86,7 +86,7 @@ class CLIPScoreReward(CaptionReward):
     Sub-scores ``clip_s`` and ``ref_similarity`` are logged via ``log_metric``.
     """
 
-    __name__ = "clipscore"
+    __name__ = "clip_s"
     scorer_class = CLIPScore
 
     def _build(self) -> CLIPScore:
@@ -120,5 +120,5 @@ class CLIPScoreReward(CaptionReward):
 class PACScoreReward(CLIPScoreReward):
     """PAC-S (RefPAC-S with references) as a reward, in [0, 2]: ``model`` must be the PAC-S weights."""
 
-    __name__ = "pacscore"
+    __name__ = "pac_s"
     scorer_class = PACScore
