@@ -276,7 +276,8 @@ def test_help_has_a_description_and_numeric_defaults():
     for name, parser in parsers.items():
         assert parser.description and len(parser.description.split()) >= 8, f"{name} --help has no description"
     proc = run_cli("score", "--help", env={"COLUMNS": "200"})
-    entry = " ".join(proc.stdout.split("--hallucination-threshold", 1)[1].split("--idf")[0].split())
+    options = proc.stdout.split("\n  --hallucination-threshold", 1)[1]  # its entry, not the usage line
+    entry = " ".join(options.split("\n  --idf")[0].split())
     from capreward.rewards.hallucination import DEFAULT_THRESHOLD
 
     assert f"(default: {DEFAULT_THRESHOLD})" in entry, entry

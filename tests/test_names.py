@@ -101,17 +101,20 @@ def test_metrics_are_named_by_their_metric(tiny_backbone):
 
 
 def test_trl_logs_use_the_canonical_name_and_slash_sub_scores(tiny_backbone):
-    from capreward.rewards import CLIPScoreReward, EMScoreReward
+    from capreward import PACScore
+    from capreward.rewards import CLIPScoreReward, EMScoreReward, PACScoreReward
     from capreward.testing.trained_clip import colour_image
 
     logged: dict[str, float] = {}
     image = colour_image("red")
-    for reward in (CLIPScoreReward(backbone=tiny_backbone), EMScoreReward(backbone=tiny_backbone)):
+    pac = PACScoreReward(scorer=PACScore(None, backbone=tiny_backbone))
+    for reward in (CLIPScoreReward(backbone=tiny_backbone), EMScoreReward(backbone=tiny_backbone), pac):
         values = reward(None, ["a red image", "a dog"], image=[image, image], references=[["a red picture"]] * 2,
                         log_metric=lambda k, v: logged.__setitem__(k, v))
         assert all(v is not None and math.isfinite(v) for v in values)
     assert "rewards/clip_s/clip_s" in logged and "rewards/clip_s/ref_similarity" in logged
     assert "rewards/emscore/video/full_f" in logged and "rewards/emscore/reference/fine_p" in logged
+    assert "rewards/pac_s/pac_s" in logged and "rewards/pac_s/clip_s" not in logged
     assert not any("clipscore" in k or "." in k for k in logged)
 
 

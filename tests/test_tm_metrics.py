@@ -386,3 +386,24 @@ def test_sampler_ids_follow_the_distributed_sampler_batch_by_batch():
             assert sum(seen, []) == [1, 3, 5, 7, 9, 11, 0]
     assert loader_batch_ids(DataLoader(data, batch_size=3, shuffle=True), 0) is None
     assert loader_batch_ids(DataLoader(data, batch_size=3), 0) is None
+
+
+def test_plot_draws_the_main_score_between_the_metric_bounds(tiny_backbone, videos):
+    """torchmetrics' Metric.plot conventions: plot() plots compute(); plot(values) a list of forward()
+    results as steps; dict results (sub_scores=True) plot their main score; the axis spans the metric's range."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metric = EMScoreMetric(backbone=tiny_backbone, frames=FRAMES, sub_scores=True)
+    steps = [metric(CAPTIONS[:3], videos[:3]), metric(CAPTIONS[3:], videos[3:])]
+    fig, ax = metric.plot(steps)
+    (line,) = [l for l in ax.lines if len(l.get_ydata()) == 2]
+    assert list(line.get_ydata()) == pytest.approx([float(s["score"]) for s in steps])
+    low, high = ax.get_ylim()
+    assert low < -1.0 and high > 1.0  # EMScore's range [-1, 1], with torchmetrics' margin
+    plt.close(fig)
+    fig, ax = metric.plot()
+    assert [float(y) for l in ax.lines for y in l.get_ydata()][:1] == pytest.approx([float(metric.compute()["score"])])
+    plt.close(fig)
