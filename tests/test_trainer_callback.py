@@ -348,7 +348,7 @@ def vlm_trainer(tmp_path, processor=None):
 
 
 def vlm_examples():
-    from capreward.testing import colour_image
+    from capreward.testing.trained_clip import colour_image
 
     prompts = ["Describe the image", [{"role": "user", "content": "Describe the image"}],
                [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe the image"}]}]]
