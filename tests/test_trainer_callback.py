@@ -402,3 +402,22 @@ def test_vlm_generator_that_cannot_prepare_the_examples_fails_at_construction(tm
     no_image = [{"prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "a"}]}]}]
     with pytest.raises(ValueError, match="no 'image' or 'images'.*generate_fn"):
         CaptionEvalCallback(trainer, no_image, [metric], visuals=None, table=None)
+
+
+def test_mlflow_file_store_is_refused_at_construction(tmp_path, monkeypatch, tiny_backbone):
+    """A Trainer reporting to MLflow's file store cannot hold eval_emscore beside eval_emscore/video/full_f:
+    refused when the callback is built (not at the first evaluation), and accepted with log_sub_scores=False."""
+    pytest.importorskip("mlflow")
+    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "file:" + str(tmp_path / "mlruns"))
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    tokenizer = tiny_tokenizer()
+    policy = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+                                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), report_to=["mlflow"], use_cpu=True)
+    trainer = Trainer(model=policy, args=args, processing_class=tokenizer)
+    metric = EMScoreMetric(backbone=tiny_backbone)
+    with pytest.raises(ValueError, match=r"eval_emscore and eval_emscore/video/full_f.*MLflow's file store"):
+        CaptionEvalCallback(trainer, [{"prompt": "a"}], [metric])
+    CaptionEvalCallback(trainer, [{"prompt": "a"}], [metric], log_sub_scores=False)

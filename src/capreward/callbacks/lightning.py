@@ -40,6 +40,7 @@ from typing import Any
 
 from ..names import sub_score
 from .distributed import gather_objects
+from .loggers import file_store_refusal, is_file_store
 from .sampler_ids import eval_loaders, sample_ids
 from .sources import Source, as_captions, as_ids, as_references, per_sample, per_visual, read
 from .summary import CaptionScores
@@ -345,16 +346,9 @@ def check_loggers(loggers: Sequence[Any], prefixes: Mapping[str, str]) -> None:
     ``val/emscore/video/full_f``): an MLFlowLogger on MLflow's file store, which writes each key as a
     file path."""
     for lg in loggers:
-        if type(lg).__name__ != "MLFlowLogger":
-            continue
-        uri = str(getattr(lg, "_tracking_uri", None) or "")
-        if uri.startswith("file:") or (uri and "://" not in uri):
-            raise ValueError(
-                f"CaptionScoreCallback logs each metric and its sub-scores under it ({prefixes['validate']}emscore and "
-                f"{prefixes['validate']}emscore/video/full_f), which MLflow's file store ({uri}) cannot hold (it "
-                "writes each key as a file path): give MLFlowLogger a database store, e.g. "
-                "tracking_uri='sqlite:///mlflow.db', or pass log_sub_scores=False"
-            )
+        uri = getattr(lg, "_tracking_uri", None)
+        if type(lg).__name__ == "MLFlowLogger" and is_file_store(uri):
+            raise ValueError(file_store_refusal(uri, f"{prefixes['validate']}emscore", "CaptionScoreCallback"))
 
 
 def first_samples(trainer, stage: str, dataloader_idx: int | None = None) -> list[tuple[str, Any]]:

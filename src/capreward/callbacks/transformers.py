@@ -30,6 +30,7 @@ from transformers import TrainerCallback
 
 from ..names import sub_score
 from .generation import CaptionGenerator, has_image_blocks, is_image_processor
+from .loggers import file_store_refusal, is_file_store
 from .sources import Source, as_captions, as_references, read
 from .summary import CaptionScores
 from .tables import TABLE_FORMATS, best_and_worst, examples_markdown, merge_records, score_table, write_table
@@ -77,6 +78,23 @@ def default_generator(trainer: Any, dataset: Sequence[Mapping[str, Any]], input_
     return generator
 
 
+def check_trainer_loggers(trainer: Any, prefix: str) -> None:
+    """ValueError when the trainer reports to MLflow's file store, which cannot hold ``eval_emscore`` beside
+    ``eval_emscore/video/full_f`` (see :mod:`capreward.callbacks.loggers`)."""
+    import os
+
+    handler = getattr(trainer, "callback_handler", None)
+    if not any(type(c).__name__ == "MLflowCallback" for c in getattr(handler, "callbacks", ())):
+        return
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        import mlflow
+
+        uri = mlflow.get_tracking_uri()
+    if is_file_store(uri):
+        raise ValueError(file_store_refusal(uri, f"{prefix}emscore", "CaptionEvalCallback"))
+
+
 class CaptionEvalCallback(TrainerCallback):
     """Generate captions for ``dataset`` at each evaluation, score them, log through the trainer.
 
@@ -97,7 +115,8 @@ class CaptionEvalCallback(TrainerCallback):
         batch_size: examples per ``generate`` call on each process.
         max_new_tokens, generation_kwargs: passed to the default generator.
         prefix: log key prefix (``"eval_"``, the Trainer's convention).
-        log_sub_scores: also log ``<prefix><metric>/<column>`` means.
+        log_sub_scores: also log ``<prefix><metric>/<column>`` means (refused at construction when the
+            trainer reports to MLflow's file store, which cannot hold a key beside keys under it).
         add_to_metrics: also add the values to the ``metrics`` dict of ``on_evaluate``.
         table: ``"jsonl"``/``"csv"``: write every caption and its scores per evaluation to ``table_dir``
             (default ``<output_dir>/caption_eval``) on the main process; None: no file.
@@ -147,6 +166,8 @@ class CaptionEvalCallback(TrainerCallback):
             generate_fn = default_generator(trainer, dataset, input_keys, prompt_key, image_key, max_new_tokens,
                                             generation_kwargs)
         self.generate_fn = generate_fn
+        if log_sub_scores:
+            check_trainer_loggers(trainer, prefix)
         self.visuals = visuals
         self.references = references
         self.batch_size = batch_size
