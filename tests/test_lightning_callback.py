@@ -364,6 +364,32 @@ def test_a_metric_of_the_wrong_visual_kind_stops_the_run_at_setup(tmp_path):
     assert {"val/emscore", "val/clip_s"} <= set(trainer.callback_metrics)
 
 
+class HookLoaders(CountingCaptioner):
+    """Loaders from the module's own hooks; the validation set is built in the module's setup(), which
+    Lightning runs after the callbacks' setup."""
+
+    def setup(self, stage):
+        self.val_items = make_items(N_VAL)
+
+    def train_dataloader(self):
+        return loaders()[0]
+
+    def val_dataloader(self):
+        return DataLoader(self.val_items, batch_size=2, collate_fn=collate)
+
+
+def test_visual_kind_check_reads_hook_loaders_and_skips_what_it_cannot_read_early(tmp_path):
+    """A val_dataloader hook that needs the module's setup cannot be read at the callback's setup: the check
+    is skipped (the run goes on and scores), it never breaks a run that would work."""
+    backbone = CLIPBackbone(tiny_clip_factory(0))
+    callback = CaptionScoreCallback([EMScoreMetric(backbone=backbone, frames=FRAMES)], examples=0)
+    trainer = lp.Trainer(default_root_dir=tmp_path, accelerator="cpu", max_epochs=1, limit_train_batches=1,
+                         num_sanity_val_steps=0, enable_progress_bar=False, enable_model_summary=False,
+                         logger=False, enable_checkpointing=False, callbacks=[callback])
+    trainer.fit(HookLoaders())
+    assert [h["n"] for h in callback.history] == [N_VAL]
+
+
 @pytest.mark.slow
 def test_ddp_two_processes_equal_one_process(tmp_path):
     """A 2-process gloo DDP validation equals a 1-process one sample for sample.

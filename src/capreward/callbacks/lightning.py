@@ -354,8 +354,10 @@ def check_loggers(loggers: Sequence[Any], prefixes: Mapping[str, str]) -> None:
 def first_samples(trainer, stage: str, dataloader_idx: int | None = None) -> list[tuple[str, Any]]:
     """``(where, batch)`` with a one-sample batch of each evaluation loader of the setup ``stage`` ("fit":
     the validation loaders of fit, "validate", "test"), collated by the loader's own ``collate_fn`` from
-    ``dataset[0]``; loaders without a map-style dataset (or an empty one), and trainers whose loaders
-    cannot be read before the loop runs, give none."""
+    ``dataset[0]``. Best effort: loaders without a map-style dataset (or an empty one), trainers whose
+    loaders cannot be read before the loop runs, and a ``*_dataloader`` hook or collate function that fails
+    this early (a module's hook may need the module's own ``setup``, which runs after the callbacks') give
+    none, and the loop itself reports what is wrong."""
     if stage == "fit":
         loop = getattr(getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None), "val_loop", None)
     else:
@@ -363,7 +365,11 @@ def first_samples(trainer, stage: str, dataloader_idx: int | None = None) -> lis
     source = getattr(loop, "_data_source", None)
     if source is None or not getattr(source, "is_defined", lambda: False)():
         return []
-    loaders = source.dataloader()
+    try:
+        loaders = source.dataloader()
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        logger.debug("CaptionScoreCallback: %s loaders not readable at setup (%s); visual kinds not checked", stage, exc)
+        return []
     if isinstance(loaders, Mapping):
         loaders = list(loaders.values())
     elif not isinstance(loaders, Sequence):
@@ -382,7 +388,10 @@ def first_samples(trainer, stage: str, dataloader_idx: int | None = None) -> lis
         except TypeError:  # an IterableDataset
             continue
         where = f"{'test' if stage == 'test' else 'validation'} loader {i}"
-        out.append((where, collate([dataset[0]])))
+        try:
+            out.append((where, collate([dataset[0]])))
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            logger.debug("CaptionScoreCallback: first sample of %s not readable at setup (%s)", where, exc)
     return out
 
 
