@@ -22,7 +22,7 @@ from capreward.testing.chat_server import ChatServer
 
 def run(server: ChatServer, n: int, concurrency: int) -> tuple[float, int]:
     judge = OpenAIJudge(
-        server.base_url, "bench", api_key_env=None, max_concurrency=concurrency, backoff=0.02, max_backoff=0.2, seed=0
+        server.base_url, "bench", api_key_env=None, max_concurrency=concurrency
     )
     requests = [ChatRequest((user_turn(f"sample {i}"),), max_tokens=16, top_logprobs=5) for i in range(n)]
     start = time.perf_counter()

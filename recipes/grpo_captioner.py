@@ -16,7 +16,7 @@ Runs offline on tiny, locally built models (a seeded tiny LLaVA policy, the tiny
 With real weights::
 
     python recipes/grpo_captioner.py --model llava-hf/llava-1.5-7b-hf --clip ViT-B-32/openai \\
-        --manifest data/train.jsonl --rewards emscore:1,clipscore:0.5,hallucination:0.5 \\
+        --manifest data/train.jsonl --rewards emscore:1,clip_s:0.5,hallucination:0.5 \\
         --steps 500 --num-generations 8 --batch-size 8 --max-completion-length 48 --bf16 --out runs/grpo
 
 Manifest: one JSON object per line with ``image`` or ``video`` (a path, relative paths resolved from
@@ -41,8 +41,8 @@ import numpy as np
 from transformers import TrainerCallback
 
 # ----------------------------------------------------------------------------------------- rewards
-REWARD_NAMES = ("emscore", "clipscore", "fleur", "hallucination")
-DEFAULT_REWARDS = "emscore:1.0,clipscore:0.5,hallucination:0.5"
+REWARD_NAMES = ("emscore", "clip_s", "fleur", "hallucination")  # capreward.names' one name of each
+DEFAULT_REWARDS = "emscore:1.0,clip_s:0.5,hallucination:0.5"
 TINY_WORDS = (
     "a", "an", "the", "of", "in", "is", "on", "image", "photo", "picture", "video", "frame", "colour",
     "red", "green", "blue", "yellow", "purple", "orange", "white", "black", "gray", "Describe", "describe",
@@ -50,15 +50,18 @@ TINY_WORDS = (
 
 
 def parse_rewards(spec: str) -> list[tuple[str, float]]:
-    """``"emscore:1,clipscore:0.5"`` -> ``[("emscore", 1.0), ("clipscore", 0.5)]`` (a bare name weighs 1).
+    """``"emscore:1,clip_s:0.5"`` -> ``[("emscore", 1.0), ("clip_s", 0.5)]`` (a bare name weighs 1; the
+    aliases of :mod:`capreward.names`, such as ``clipscore``, are accepted for their one name).
 
     Raises ValueError naming the bad entry (unknown reward, bad or non-finite weight, duplicates)."""
+    from capreward.names import spelling
+
     out: list[tuple[str, float]] = []
     for part in (p.strip() for p in spec.split(",")):
         if not part:
             continue
         name, _, weight = part.partition(":")
-        name = name.strip().lower()
+        name = spelling(name)
         if name not in REWARD_NAMES:
             raise ValueError(f"unknown reward {name!r} in --rewards {spec!r}; choose from {REWARD_NAMES}")
         try:
@@ -81,7 +84,7 @@ def build_reward(name: str, args: argparse.Namespace, clip: Any, judge: Any) -> 
 
     if name == "emscore":
         return rewards.EMScoreReward(model=clip, device=args.reward_device, frames=args.frames)
-    if name == "clipscore":
+    if name == "clip_s":
         return rewards.CLIPScoreReward(model=clip, device=args.reward_device, w=args.clip_w, frames=args.frames)
     if name == "fleur":
         return rewards.FLEURReward(model=judge, device=args.reward_device)

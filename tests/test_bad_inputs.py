@@ -257,9 +257,13 @@ CASES: dict[str, Case] = {
     "all-NaN float TIFF": Case("image", _nan_tiff, NAN),
     "NaN float array": Case("image", lambda r: np.full((SIDE, SIDE, 3), np.nan, np.float32), NAN, files=False),
     "unsupported image type": Case("image", lambda r: 12345, r"unsupported image type", files=False),
+    "int tensor image out of 0..255": Case("image", lambda r: __import__("torch").full((3, 8, 8), 300), r"0\.\.255", files=False),
     # valid images, each equal to its 8-bit RGB equivalent
     "1x1 image": Case("image", saved("one.png", _image(RGB[:1, :1])), equivalent=lambda r: np.ascontiguousarray(RGB[:1, :1]),
                       files_equivalent=False),
+    # torchmetrics' image tensors: int64 0..255, channel-first
+    "int64 tensor image": Case("image", lambda r: __import__("torch").from_numpy(RGB).permute(2, 0, 1).to(__import__("torch").int64),
+                               equivalent=lambda r: np.ascontiguousarray(RGB), files=False, files_equivalent=False),
     "16-bit PNG": Case("image", saved("g16.png", _image(GREY.astype(np.uint16) * 257)), equivalent=saved("g8.png", _image(GREY))),
     "float TIFF": Case("image", saved("f.tiff", _image(GREY.astype(np.float32) / 255, "F")), equivalent=saved("g8.png", _image(GREY))),
     "1-bit PNG": Case("image", saved("b1.png", _image(GREY >= 128)), equivalent=saved("b8.png", _image(np.where(GREY >= 128, 255, 0).astype(np.uint8)))),

@@ -96,7 +96,7 @@ def test_explain_matches_fleur_called_directly(manifest, fleur_run, fleur):
         row = got[r["id"]]
         assert row["metric"] == "fleur" and row["caption"] == r["caption"] and row["image"] == images[k]
         assert "references" not in row  # not asked for with --references
-        assert row["fleur.raw"] == expected.raw[k]
+        assert row["fleur/raw"] == expected.raw[k]
         if expected.error[k] is None:
             scored += 1
             assert row["fleur"] == pytest.approx(float(expected.score[k]), abs=1e-5)
@@ -148,7 +148,7 @@ def test_explain_with_references_uses_reffleur(manifest, tiny_judge_path, fleur,
     got = read_rows(out)
     assert got[0]["references"] == ["a car"]
     expected = fleur.score([rows[0]["caption"]], [str(path.parent / rows[0]["image"])], references=[["a car"]])
-    assert got[0]["fleur.raw"] == expected.raw[0]
+    assert got[0]["fleur/raw"] == expected.raw[0]
     assert got[1]["errors"] == {"fleur": f"ValueError: --references: row {rows[1]['id']!r} has no references"}
 
 
@@ -178,7 +178,7 @@ def test_explain_gveval_reasons(tmp_path):
     expected = GVEval(LocalChatJudge(tiny_vlm_judge(), batch_size=8), max_tokens=120).score(
         [r["caption"] for r in rows], images=[r["image"] for r in rows])
     for k, row in enumerate(got):
-        assert row["metric"] == "gveval" and row["gveval.raw"] == expected.raw[k]
+        assert row["metric"] == "gveval" and row["gveval/raw"] == expected.raw[k]
         assert row["explanation"] == expected.raw[k]
         if expected.error[k] is None:
             assert row["gveval"] == pytest.approx(float(expected.score[k]), abs=1e-4)
@@ -215,7 +215,8 @@ def test_explain_records_the_settings_that_change_an_explanation(fleur_run, tiny
     assert judge["mtime_ns"] == max(p.stat().st_mtime_ns for p in files)
     assert record["settings"] == {"metric": "fleur", "references": False, "judge_model": judge,
                                   "judge_dtype": "float32", "max_new_tokens": MAX_NEW,
-                                  "max_pixels": limits.max_pixels, "max_video_pixels": limits.max_video_pixels}
+                                  "max_pixels": limits.max_pixels, "max_video_pixels": limits.max_video_pixels,
+                                  "sub_score_separator": "/"}
 
 
 def test_batch_size_device_and_progress_are_not_settings(tiny_judge_path, tmp_path):
@@ -256,7 +257,8 @@ def test_explain_resume_with_another_setting_is_refused(case, extra, says, manif
     out = copy_job(fleur_run[0], tmp_path / "out.jsonl", lines=3)
     before = files_of(out)
     limits = get_media_limits()
-    values = {"judge": tiny_judge_path, "max_pixels": limits.max_pixels, "max_video_pixels": limits.max_video_pixels}
+    values = {"judge": tiny_judge_path, "max_pixels": limits.max_pixels, "max_video_pixels": limits.max_video_pixels,
+                                  "sub_score_separator": "/"}
     capsys.readouterr()
     assert main(explain_args(path, out, tiny_judge_path, *extra)) == 2
     [line] = error_lines(capsys)

@@ -71,13 +71,13 @@ def test_scores_every_row_once_with_errors_on_the_bad_row_only(tmp_path, media, 
     assert "does not exist" in bad["errors"]["emscore"] and "does not exist" in bad["errors"]["clip_s"]
     assert "emscore" not in bad
     good = [r for r in rows if r["id"] != "r4"]
-    assert all(r["errors"] is None and "emscore.video.fine_p" in r or "emscore.combined.coarse" in r for r in good)
+    assert all(r["errors"] is None and "emscore/video/fine_p" in r or "emscore/combined/coarse" in r for r in good)
     # values equal a direct scorer call (independent of how the job batched the rows)
     em = EMScore(model=tiny_clip_path, idf=[ref for r in rows for ref in r["references"]])
     r0 = by_id(rows)["r0"]
     direct = em.score([r0["caption"]], videos=[r0["video"]], references=[r0["references"]])
     assert r0["emscore"] == pytest.approx(direct.score.item(), abs=1e-6)
-    assert r0["emscore.video.fine_p"] == pytest.approx(direct.video.fine_p.item(), abs=1e-6)
+    assert r0["emscore/video/fine_p"] == pytest.approx(direct.video.fine_p.item(), abs=1e-6)
     csv_lines = (tmp_path / "scores.csv").read_text().splitlines()
     assert len(csv_lines) == 10 and csv_lines[0].startswith("id,")
 
@@ -188,7 +188,7 @@ def test_hallucination_equals_the_penalty_called_directly(hallucination_job, col
             got = scored[r["id"]]
             assert got["errors"] is None
             assert got["hallucination"] == pytest.approx(report.penalty, abs=1e-6)
-            assert got["hallucination.flagged"] == report.flagged_index
+            assert got["hallucination/flagged"] == report.flagged_index
             assert -1.0 <= got["hallucination"] <= 0.0
 
 
@@ -197,7 +197,7 @@ def test_hallucination_flags_index_the_alignment_tokens(hallucination_job):
     for r in rows:
         got = scored[r["id"]]
         tokens, sims = got["alignment"]["tokens"], got["alignment"]["similarity"]
-        flagged = got["hallucination.flagged"]
+        flagged = got["hallucination/flagged"]
         assert tokens[0] == "<sos>" and tokens[-1] == "<eos>"
         # the indices are positions in alignment.tokens: exactly the content tokens below the threshold
         assert flagged == [j for j in (2, 3) if sims[j] < HALLUCINATION_THRESHOLD]  # "colour", "image"
@@ -219,7 +219,7 @@ def test_report_outlines_the_flagged_tokens(hallucination_job):
     for r in rows:
         section = text.split(f'id="sample-{r["id"]}"', 1)[1].split('<div class="sample"', 1)[0]
         outlined = re.findall(r'<span class="token flagged"[^>]*data-index="(\d+)"[^>]*>([^<]*)<sup>', section)
-        flagged = scored[r["id"]]["hallucination.flagged"]
+        flagged = scored[r["id"]]["hallucination/flagged"]
         assert [int(i) for i, _ in outlined] == flagged
         assert [t for _, t in outlined] == [scored[r["id"]]["alignment"]["tokens"][j] for j in flagged]
         if "foil" in r:
@@ -241,7 +241,7 @@ def test_hallucination_alone_writes_the_same_alignment_as_emscore(tmp_path, medi
         assert a["alignment"]["tokens"] == b["alignment"]["tokens"]
         np.testing.assert_allclose(a["alignment"]["similarity"], b["alignment"]["similarity"], atol=1e-6)
         report = direct.reports([row.caption], [row.path], kind=row.kind)[0]
-        assert a["hallucination"] == pytest.approx(report.penalty) and a["hallucination.flagged"] == report.flagged_index
+        assert a["hallucination"] == pytest.approx(report.penalty) and a["hallucination/flagged"] == report.flagged_index
         assert "emscore" not in a
 
 
@@ -320,13 +320,13 @@ def assert_gveval_rows(scored, rows, result, accr=False):
     for pos, r in enumerate(rows):
         got = scored[r["id"]]
         assert got["gveval"] == approx_or_none(result.score[pos], rel=1e-5)
-        assert got["gveval.raw"] == result.raw[pos]
+        assert got["gveval/raw"] == result.raw[pos]
         assert (got["errors"] or {}).get("gveval") == result.error[pos]
         for name in ("accuracy", "completeness", "conciseness", "relevance"):
             if accr:
-                assert got[f"gveval.{name}"] == approx_or_none(getattr(result, name)[pos], rel=1e-5)
+                assert got[f"gveval/{name}"] == approx_or_none(getattr(result, name)[pos], rel=1e-5)
             else:
-                assert f"gveval.{name}" not in got
+                assert f"gveval/{name}" not in got
 
 
 def test_visce2_equals_the_scorer_called_directly(judged, judge_manifest, chat):
@@ -338,7 +338,7 @@ def test_visce2_equals_the_scorer_called_directly(judged, judge_manifest, chat):
     for pos, r in enumerate(images):
         got = judged[r["id"]]
         assert got["visce2"] == nan_to_none(want.score[pos])
-        assert got["visce2.raw"] == want.raw[pos] and got["visce2.context"] == want.context[pos]
+        assert got["visce2/raw"] == want.raw[pos] and got["visce2/context"] == want.context[pos]
         assert (got["errors"] or {}).get("visce2") == want.error[pos]
     assert judged["green"]["visce2"] == 85 and judged["green"]["errors"] is None
     assert judged["yellow"]["visce2"] == 0 and "no integer" in judged["yellow"]["errors"]["visce2"]
@@ -373,7 +373,7 @@ def test_gveval_accr_and_reference_modes(judge_manifest, vlm_dir, chat):
     want = GVEval(chat, mode="ref-only", accr=True).score(
         [r["caption"] for r in video], videos=[r["video"] for r in video], references=[r["references"] for r in video])
     assert_gveval_rows(scored, video, want, accr=True)
-    assert scored["vid-red"]["gveval.accuracy"] is not None
+    assert scored["vid-red"]["gveval/accuracy"] is not None
     assert "needs references" in scored["vid-blue"]["errors"]["gveval"] and "gveval" not in scored["vid-blue"]
     for r in rows[:4]:  # the released ACCR prompts are for videos only
         assert "videos only" in scored[r["id"]]["errors"]["gveval"] and "gveval" not in scored[r["id"]]
@@ -403,7 +403,7 @@ def test_judges_through_an_openai_compatible_server(tmp_path, judge_manifest, vl
                                    "--judge-api-model", "tiny-vlm", env=env)
     assert key not in proc.stdout + proc.stderr + (tmp_path / "remote.jsonl").read_text()
     for r in rows:  # VisCE² reads the written integer: the same as on the local judge
-        for field_ in ("visce2", "visce2.raw", "visce2.context"):
+        for field_ in ("visce2", "visce2/raw", "visce2/context"):
             assert scored[r["id"]].get(field_) == judged[r["id"]].get(field_)
         assert (scored[r["id"]]["errors"] or {}).get("visce2") == (judged[r["id"]]["errors"] or {}).get("visce2")
     # G-VEval on a server reads the top alternatives after "$" (the released rule)
@@ -411,7 +411,7 @@ def test_judges_through_an_openai_compatible_server(tmp_path, judge_manifest, vl
     want = GVEval(AsServer(chat)).score([r["caption"] for r in images], images=[r["image"] for r in images])
     for pos, r in enumerate(images):
         assert scored[r["id"]]["gveval"] == approx_or_none(want.score[pos], rel=1e-5)
-        assert scored[r["id"]]["gveval.raw"] == want.raw[pos]
+        assert scored[r["id"]]["gveval/raw"] == want.raw[pos]
 
 
 def test_fleur_scores_image_and_video_rows_like_the_scorer(judge_manifest):
@@ -438,7 +438,7 @@ def test_fleur_scores_image_and_video_rows_like_the_scorer(judge_manifest):
             res = direct.score([r.caption for r, _ in part], references=[r.references for r, _ in part],
                                **{f"{kind}s": [r.path for r, _ in part]})
             for j, (_, s) in enumerate(part):
-                assert s["fleur.raw"] == res.raw[j]
+                assert s["fleur/raw"] == res.raw[j]
                 assert s["fleur"] == approx_or_none(float(res.score[j]), abs=1e-6)
                 assert (s["errors"] or {}).get("fleur") == res.error[j]
     finally:

@@ -261,5 +261,38 @@ def test_progress_bars_show_loading_and_rows_and_no_progress_silences_them(tmp_p
     assert quiet.returncode == 0, quiet.stderr
     lines = [line for line in quiet.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and json.loads(lines[0])["written"] == 1  # only the summary
+    # the summary names the idf the job used (the manifest has no references: auto means none)
+    assert json.loads(lines[0])["idf"] == f"auto: {manifest} has no references, so none (every token weight 1)"
     report = run_cli("report", tmp_path / "x1.jsonl", "--out", tmp_path / "r.html", "--no-progress", cwd=tmp_path)
     assert report.returncode == 0 and report.stderr.strip() == ""
+
+
+def test_no_progress_silences_the_judges_weight_loading_bars(tmp_path, manifest):
+    """transformers' "Loading weights" bar of a LLaVA judge is silenced by --no-progress as well: stderr
+    holds the summary line only (and without --no-progress the bar is there, so the check means something)."""
+    from capreward.testing import FLEUR_RECIPE, tiny_judge_dir
+
+    judge = str(tiny_judge_dir(FLEUR_RECIPE))  # trained once, then read from the fixture cache
+
+    def score(*extra):
+        out = tmp_path / f"f{len(extra)}.jsonl"
+        return run_cli("score", manifest, "--out", out, "--metrics", "fleur", "--judge-model", judge, *extra, cwd=tmp_path)
+
+    quiet = score("--no-progress")
+    assert quiet.returncode == 0, quiet.stderr
+    lines = [line for line in quiet.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and json.loads(lines[0])["written"] == 1, quiet.stderr
+    shown = score()
+    assert shown.returncode == 0 and "Loading weights" in shown.stderr, shown.stderr
+
+
+def test_help_has_a_description_and_numeric_defaults():
+    parsers = subcommand_parsers()
+    for name, parser in parsers.items():
+        assert parser.description and len(parser.description.split()) >= 8, f"{name} --help has no description"
+    proc = run_cli("score", "--help", env={"COLUMNS": "200"})
+    options = proc.stdout.split("\n  --hallucination-threshold", 1)[1]  # its entry, not the usage line
+    entry = " ".join(options.split("\n  --idf")[0].split())
+    from capreward.rewards.hallucination import DEFAULT_THRESHOLD
+
+    assert f"(default: {DEFAULT_THRESHOLD})" in entry, entry

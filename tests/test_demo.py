@@ -50,7 +50,7 @@ def test_foil_facts_hold_and_match_direct_scoring(clip):
 def test_grpo_part_prints_steps_and_an_honest_summary(clip, tmp_path):
     r = demo.run_grpo(clip, steps=2, out=str(tmp_path), sft_steps=2)
     assert len(r.reward) == len(r.right) == len(r.words) == 2
-    assert set(r.components) >= {"emscore", "clipscore", "hallucination", "guard/truncation"}
+    assert set(r.components) >= {"emscore", "clip_s", "hallucination", "guard/truncation"}
     assert "composite" not in r.components and "total" not in r.components  # no column repeats the reward
     table = demo.format_grpo(r).splitlines()
     assert table[0].split()[:3] == ["steps", "reward", "EMScore"] and len(table) == 4

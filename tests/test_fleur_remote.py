@@ -87,7 +87,7 @@ def test_unanswered_samples_keep_their_slot_with_a_reason():
 
 
 def test_failed_requests_give_nan_and_reasons_not_exceptions(colour_images):
-    judge = OpenAIJudge("http://127.0.0.1:9/v1", "m", api_key_env=None, max_retries=1, backoff=0.01, timeout=2)
+    judge = OpenAIJudge("http://127.0.0.1:9/v1", "m", api_key_env=None, max_retries=1, timeout=2)
     result = RemoteFLEUR(judge).score(["a red car", "", "a blue kite"], [colour_images["red"]] * 3)
     assert torch.isnan(result.score).all()
     assert "connection error" in result.error[0] and "connection error" in result.error[2]

@@ -70,7 +70,7 @@ def test_grpo_run_logs_every_reward_and_the_values_reach_the_trainer(recipe, tmp
 
     logs = step_logs(result["log_history"])
     assert [h["step"] for h in logs] == [1, 2, 3]
-    names = ["emscore", "clipscore", "hallucination"]
+    names = ["emscore", "clip_s", "hallucination"]  # "clipscore" given: its one name
     for func, name in zip(funcs, names):
         assert func.__name__ == name
         # one call per step, each with the whole generation batch, one value per completion
@@ -88,8 +88,8 @@ def test_grpo_run_logs_every_reward_and_the_values_reach_the_trainer(recipe, tmp
     # sub-scores reported through TRL's log_metric reach the logs too
     assert "rewards/emscore/video/fine_p" in logs[0] or "rewards/emscore/reference/fine_p" in logs[0]
     # the trajectory the recipe prints is the logged one
-    assert [r["clipscore"] for r in result["trajectory"]] == pytest.approx(
-        [h["rewards/clipscore/mean"] for h in logs]
+    assert [r["clip_s"] for r in result["trajectory"]] == pytest.approx(
+        [h["rewards/clip_s/mean"] for h in logs]
     )
     # the policy was trained through LoRA adapters only
     model = result["trainer"].model
@@ -150,14 +150,14 @@ def test_main_composite_reward_prints_the_trajectory(recipe, tmp_path, capsys):
     assert "reward trajectory (2 GRPO steps" in out
     table = out[out.index("reward trajectory") :].splitlines()
     # one reward function: its mean is the total, so no separate "composite" column
-    header = ["step", "total", "clipscore", "emscore", "guard/repetition", "guard/truncation", "guard/length", "guard/injection"]
+    header = ["step", "total", "clip_s", "emscore", "guard/repetition", "guard/truncation", "guard/length", "guard/injection"]
     assert table[1].split() == header
     printed = [[float(x) for x in line.split()] for line in table[3:5]]
     assert [int(r[0]) for r in printed] == [1, 2]
     logs = step_logs(result["log_history"])
     for row, h in zip(printed, logs):
         assert row[1] == pytest.approx(h["rewards/composite/mean"], abs=1e-4)
-        assert row[2] == pytest.approx(h["rewards/composite/clipscore"], abs=1e-4)
+        assert row[2] == pytest.approx(h["rewards/composite/clip_s"], abs=1e-4)
         # batch means of the terms add up to the composite's mean when no sample is unscored
         if h["rewards/composite/unscored_frac"] == 0:
             assert row[1] == pytest.approx(0.5 * row[2] + row[3] + sum(row[4:]), abs=1e-3)
@@ -169,7 +169,7 @@ def test_main_composite_reward_prints_the_trajectory(recipe, tmp_path, capsys):
 
 def test_parse_rewards_and_argument_errors(recipe):
     assert recipe.parse_rewards("emscore:1, clipscore:0.5,hallucination") == [
-        ("emscore", 1.0), ("clipscore", 0.5), ("hallucination", 1.0)
+        ("emscore", 1.0), ("clip_s", 0.5), ("hallucination", 1.0)
     ]
     for spec, message in [
         ("emscore,bleu:1", "unknown reward 'bleu'"),

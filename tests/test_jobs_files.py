@@ -203,7 +203,7 @@ def test_csv_puts_id_caption_and_headline_scores_first_and_alignment_last(tmp_pa
     with table.open(newline="") as f:
         header, *lines = list(csv.reader(f))
     assert header[:6] == ["id", "caption", "emscore", "clip_s", "ref_clip_s", "hallucination"]
-    assert header[-1] == "alignment" and header.index("emscore.video.fine_p") > header.index("errors")
+    assert header[-1] == "alignment" and header.index("emscore/video/fine_p") > header.index("errors")
     assert [line[0] for line in lines] == ["cat-0", "cat-1", "cat-2"]
     errors = json.loads(lines[1][header.index("errors")])
     for metric in ("emscore", "clip_s", "hallucination"):

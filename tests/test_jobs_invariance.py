@@ -113,10 +113,10 @@ def reference(rows, tmp_path_factory, tiny_clip_path):
 def test_the_manifest_exercises_every_case(reference):
     _, want = reference
     assert want["img-refs"]["errors"] is None and "ref_clip_s" in want["img-refs"]
-    assert "emscore.combined.full_f" in want["vid-refs"] and "emscore.reference.full_f" in want["real-refs"]
-    assert "ref_clip_s" not in want["img-norefs"] and "emscore.reference.full_f" not in want["vid-norefs"]
+    assert "emscore/combined/full_f" in want["vid-refs"] and "emscore/reference/full_f" in want["real-refs"]
+    assert "ref_clip_s" not in want["img-norefs"] and "emscore/reference/full_f" not in want["vid-norefs"]
     # the same video without references has no reference components, with them it has
-    assert want["real-norefs"]["emscore.video.full_f"] == pytest.approx(want["real-refs"]["emscore.video.full_f"], abs=1e-6)
+    assert want["real-norefs"]["emscore/video/full_f"] == pytest.approx(want["real-refs"]["emscore/video/full_f"], abs=1e-6)
     for rid, problem in [("missing-img", "does not exist"), ("missing-vid", "does not exist"),
                          ("empty-caption", "caption is empty"), ("corrupt-vid", "cannot decode"),
                          ("empty-ref", "references[0] is empty")]:

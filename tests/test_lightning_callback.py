@@ -208,10 +208,10 @@ def test_logged_values_equal_scorers_and_best_epoch_is_checkpointed(tmp_path):
     captions, em, cs = direct_scores(model)
     logged = trainer.callback_metrics
     assert float(logged["val/emscore"]) == pytest.approx(float(em.score.double().mean()), abs=1e-5)
-    assert float(logged["val/emscore.video.fine_p"]) == pytest.approx(float(em.video.fine_p.double().mean()), abs=1e-5)
-    assert float(logged["val/emscore.reference.full_f"]) == pytest.approx(float(em.reference.full_f.double().mean()), abs=1e-5)
+    assert float(logged["val/emscore/video/fine_p"]) == pytest.approx(float(em.video.fine_p.double().mean()), abs=1e-5)
+    assert float(logged["val/emscore/reference/full_f"]) == pytest.approx(float(em.reference.full_f.double().mean()), abs=1e-5)
     assert float(logged["val/clip_s"]) == pytest.approx(float(cs.ref_clip_s.double().mean()), abs=1e-5)
-    assert float(logged["val/clip_s.ref_similarity"]) == pytest.approx(float(cs.ref_similarity.double().mean()), abs=1e-5)
+    assert float(logged["val/clip_s/ref_similarity"]) == pytest.approx(float(cs.ref_similarity.double().mean()), abs=1e-5)
     assert [r["caption"] for r in callback.last_table] == captions
     assert [r["emscore"] for r in callback.last_table] == pytest.approx(em.score.tolist(), abs=1e-5)
 
@@ -324,6 +324,75 @@ def test_clear_errors_for_bad_sources(tmp_path):
         CaptionScoreCallback([EMScoreMetric(backbone=backbone), EMScoreMetric(backbone=backbone)])
 
 
+class CountingCaptioner(TinyCaptioner):
+    training_steps = 0
+
+    def training_step(self, batch, batch_idx):
+        type(self).training_steps += 1
+        return super().training_step(batch, batch_idx)
+
+
+def setup_failure(tmp_path, callback, run="fit"):
+    """Run ``run`` (fit without a sanity check, or validate) and return (the exception, training steps)."""
+    CountingCaptioner.training_steps = 0
+    trainer = lp.Trainer(default_root_dir=tmp_path, accelerator="cpu", max_epochs=1, limit_train_batches=2,
+                         num_sanity_val_steps=0, enable_progress_bar=False, enable_model_summary=False,
+                         logger=False, enable_checkpointing=False, callbacks=[callback])
+    model = CountingCaptioner()
+    train, val = loaders()
+    with pytest.raises((ValueError, KeyError)) as info:
+        trainer.fit(model, train, val) if run == "fit" else trainer.validate(model, val, verbose=False)
+    assert trainer.global_step == 0 and CountingCaptioner.training_steps == 0
+    return info.value
+
+
+def test_a_metric_of_the_wrong_visual_kind_stops_the_run_at_setup(tmp_path):
+    """The batches hold videos; a CLIP-S metric left at its default visual="image" (or fed an image source)
+    is refused at setup, before the first training step, naming the metric and the fix; so is a visuals key
+    the batches do not have. The same metrics with the right kind train and validate."""
+    backbone = CLIPBackbone(tiny_clip_factory(0))
+    wrong = CaptionScoreCallback([EMScoreMetric(backbone=backbone, frames=FRAMES), CLIPScoreMetric(backbone=backbone)],
+                                 references="references")
+    exc = setup_failure(tmp_path, wrong)
+    assert "metric 'clip_s' takes an image (visual='image')" in str(exc) and "visual='video'" in str(exc)
+    assert "validation loader 0" in str(exc)
+    exc = setup_failure(tmp_path, CaptionScoreCallback([EMScoreMetric(backbone=backbone, visual="image")]), run="validate")
+    assert "metric 'emscore' takes an image" in str(exc)
+    exc = setup_failure(tmp_path, CaptionScoreCallback([EMScoreMetric(backbone=backbone)], visuals="clip"))
+    assert isinstance(exc, KeyError) and "'clip' not found" in str(exc)
+
+    right = CaptionScoreCallback([EMScoreMetric(backbone=backbone, frames=FRAMES),
+                                  CLIPScoreMetric(backbone=backbone, visual="video", frames=FRAMES)], examples=0)
+    trainer, _ = fit(tmp_path, [right], epochs=1)
+    assert {"val/emscore", "val/clip_s"} <= set(trainer.callback_metrics)
+
+
+class HookLoaders(CountingCaptioner):
+    """Loaders from the module's own hooks; the validation set is built in the module's setup(), which
+    Lightning runs after the callbacks' setup."""
+
+    def setup(self, stage):
+        self.val_items = make_items(N_VAL)
+
+    def train_dataloader(self):
+        return loaders()[0]
+
+    def val_dataloader(self):
+        return DataLoader(self.val_items, batch_size=2, collate_fn=collate)
+
+
+def test_visual_kind_check_reads_hook_loaders_and_skips_what_it_cannot_read_early(tmp_path):
+    """A val_dataloader hook that needs the module's setup cannot be read at the callback's setup: the check
+    is skipped (the run goes on and scores), it never breaks a run that would work."""
+    backbone = CLIPBackbone(tiny_clip_factory(0))
+    callback = CaptionScoreCallback([EMScoreMetric(backbone=backbone, frames=FRAMES)], examples=0)
+    trainer = lp.Trainer(default_root_dir=tmp_path, accelerator="cpu", max_epochs=1, limit_train_batches=1,
+                         num_sanity_val_steps=0, enable_progress_bar=False, enable_model_summary=False,
+                         logger=False, enable_checkpointing=False, callbacks=[callback])
+    trainer.fit(HookLoaders())
+    assert [h["n"] for h in callback.history] == [N_VAL]
+
+
 @pytest.mark.slow
 def test_ddp_two_processes_equal_one_process(tmp_path):
     """A 2-process gloo DDP validation equals a 1-process one sample for sample.
@@ -349,7 +418,7 @@ def test_ddp_two_processes_equal_one_process(tmp_path):
     assert [r["caption"] for r in ddp["table"]] == [r["caption"] for r in single["table"]]
     assert ddp["table"] == single["table"]  # every sample's caption, references and every (sub-)score
     assert ddp["metrics"] == single["metrics"]  # every logged value, exactly
-    assert {"val/emscore", "val/emscore.video.fine_p", "val/clip_s"} <= set(single["metrics"])
+    assert {"val/emscore", "val/emscore/video/fine_p", "val/clip_s"} <= set(single["metrics"])
 
 
 N_PADDED = 13  # 2 processes: rank 0 gets samples 0, 2, ..., 12, rank 1 gets 1, 3, ..., 11 and a repeat of 0

@@ -203,7 +203,7 @@ def test_mlflow_markdown_artifact_at_each_validation_step(tmp_path, mlflow_file_
     from lightning.pytorch.loggers import MLFlowLogger
 
     logger = MLFlowLogger(experiment_name="captions", tracking_uri=mlflow_file_store)
-    _, _, _, epochs = fit_with(tmp_path, logger)
+    _, _, _, epochs = fit_with(tmp_path, logger, log_sub_scores=False)  # the file store holds no sub-scores
 
     client = logger.experiment
     names = sorted(a.path for a in client.list_artifacts(logger.run_id))
@@ -215,13 +215,24 @@ def test_mlflow_markdown_artifact_at_each_validation_step(tmp_path, mlflow_file_
         check_markdown(mlflow.artifacts.load_text(f"{root}/val_captions_step{step}.md"), rows)
 
 
-def test_mlflow_file_store_with_sub_scores(tmp_path, mlflow_file_store):
-    """MLflow's file store keeps each metric in a file named by its key, so a sub-score named
-    ``val/emscore/<column>`` would need ``val/emscore`` to be a directory and crash the first validation
-    epoch. Sub-scores are therefore named ``val/emscore.<column>``; this run must go through."""
+def test_mlflow_file_store_with_sub_scores_stops_at_setup(tmp_path, mlflow_file_store):
+    """MLflow's file store keeps each metric in a file named by its key, so it cannot hold ``val/emscore``
+    beside ``val/emscore/video/fine_p`` (the one sub-score separator, "/"): the callback says so at setup,
+    before the first training step, and runs with ``log_sub_scores=False``."""
+    import lightning.pytorch as lp
     from lightning.pytorch.loggers import MLFlowLogger
 
+    from test_lightning_callback import loaders
+
     logger = MLFlowLogger(experiment_name="captions", tracking_uri=mlflow_file_store)
-    fit(tmp_path, [make_callback(examples=0)], epochs=1, logger=logger)
+    model = NumberedCaptioner()
+    trainer = lp.Trainer(default_root_dir=tmp_path, accelerator="cpu", max_epochs=1, limit_train_batches=2,
+                         num_sanity_val_steps=0, enable_progress_bar=False, enable_model_summary=False,
+                         logger=logger, callbacks=[make_callback(examples=0)])
+    with pytest.raises(ValueError, match=r"MLflow's file store .* cannot hold .*sqlite:///mlflow.db.*log_sub_scores=False"):
+        trainer.fit(model, *loaders())
+    assert trainer.global_step == 0
+
+    logger = MLFlowLogger(experiment_name="captions2", tracking_uri=mlflow_file_store)
+    fit(tmp_path, [make_callback(examples=0, log_sub_scores=False)], epochs=1, logger=logger)
     assert logger.experiment.get_metric_history(logger.run_id, "val/emscore")
-    assert logger.experiment.get_metric_history(logger.run_id, "val/emscore.video.fine_p")

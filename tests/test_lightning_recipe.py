@@ -45,7 +45,7 @@ def test_recipe_trains_and_keeps_the_best_epoch_by_emscore(recipe, tmp_path):
         rows = list(csv.DictReader(f))
     logged = [float(r["val/emscore"]) for r in rows if r.get("val/emscore")]
     assert logged == pytest.approx(history, abs=1e-6)
-    assert {"val/clip_s", "val/emscore.video.fine_p", "val_loss"} <= set(rows[0])
+    assert {"val/clip_s", "val/emscore/video/fine_p", "val_loss"} <= set(rows[0])
     losses = [float(r["train_loss"]) for r in rows if r.get("train_loss")]
     assert losses[-1] < losses[0]
     tables = sorted((Path(result["log_dir"]) / "captions").glob("val-epoch=*.jsonl"))

@@ -106,7 +106,7 @@ def policy_and_data(ns: dict, tmp: Path) -> None:
     adapter = tmp / "adapter"
     if not (adapter / "adapter_config.json").is_file():
         recipe.main(["--tiny", "--quiet", "--steps", "1", "--batch-size", "2", "--num-generations", "2",
-                     "--max-completion-length", "4", "--rewards", "clipscore", "--out", str(adapter)])
+                     "--max-completion-length", "4", "--rewards", "clip_s", "--out", str(adapter)])
     importlib.invalidate_caches()
     images = [colour_image(c) for c in ("red", "blue")]
     ns.update(
@@ -223,3 +223,39 @@ def test_main_job_imports_only_core_dependencies():
         todo.extend(name(r) for r in reqs if "extra ==" not in r)
     missing = sorted(d for d in used if name(d) not in allowed)
     assert missing == [], f"imported by the demo's modules but not core dependencies: {missing}"
+
+
+BUILDER_TABLE = re.compile(r"^\| builder \| what you get \|\n\|[- |]+\|\n((?:\|.*\|\n)+)", re.M)
+
+
+def readme_builders() -> list[tuple[str, str]]:
+    """``(name, argument text)`` of every builder in the README's "Try it without weights" table."""
+    table = BUILDER_TABLE.search(README.read_text(encoding="utf-8"))
+    assert table, "README.md has no '| builder | what you get |' table"
+    out = []
+    for line in table.group(1).splitlines():
+        cell = line.split("|")[1].strip()
+        call = re.fullmatch(r"`([A-Za-z_][\w.]*)\((.*)\)`", cell)
+        assert call, f"builder cell {cell!r} is not a `name(args)` call"
+        out.append((call.group(1), call.group(2)))
+    return out
+
+
+def test_every_builder_in_the_readme_table_is_importable_from_capreward_testing():
+    """Each builder the README names is a top-level name of capreward.testing (``from capreward.testing
+    import name``), callable with the arguments the table shows (their names and defaults)."""
+    import inspect
+
+    import capreward.testing as testing
+
+    builders = readme_builders()
+    assert len(builders) >= 5
+    for name, args in builders:
+        assert "." not in name, f"{name}: name the builder as capreward.testing exports it"
+        assert name in testing.__all__ and callable(getattr(testing, name, None)), f"capreward.testing lacks {name}"
+        params = inspect.signature(getattr(testing, name)).parameters
+        for arg in filter(None, (a.strip() for a in args.split(","))):
+            key, _, default = arg.partition("=")
+            assert key in params, f"{name}({args}): no parameter {key!r}"
+            if default:
+                assert repr(params[key].default) == default, f"{name}: {key} defaults to {params[key].default!r}"

@@ -4,7 +4,8 @@
   LocalChatJudge's in-process answers (texts exactly, log-probabilities to 1e-5).
 - The ``echo`` server (no model) answers "echo: <prompt>", so every answer shows which request it
   belongs to: faults (429, 500, malformed JSON, timeouts, a killed and restarted server) must lose no
-  sample and misalign none.
+  sample and misalign none. HTTP and network failures are retried by the ``openai`` client itself (its
+  log says "Retrying request"); only malformed 2xx bodies are asked again by capreward.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def echo(echo_server):
 
 
 def fast_judge(server, **kwargs) -> OpenAIJudge:
-    options = dict(max_retries=4, backoff=0.02, max_backoff=0.2, timeout=5.0, max_concurrency=4, seed=0)
+    options = dict(max_retries=4, timeout=5.0, max_concurrency=4)
     options.update(kwargs)
     return OpenAIJudge(server.base_url, ECHO, api_key_env=None, **options)
 
@@ -139,13 +140,15 @@ def test_429_500_and_malformed_json_lose_no_sample(echo, caplog):
     echo.control(malformed=3)
     echo.control(status=503, count=2)
     echo.control(jitter=0.03)  # answers finish out of order
-    with caplog.at_level(logging.WARNING, logger="capreward.judges.remote"):
+    with caplog.at_level(logging.INFO):
         responses = fast_judge(echo).generate(echo_requests(30))
     assert_echoed(responses, 30)
     stats = echo.stats()
     assert stats["faults"] == 11 and stats["answered"] == 30 and stats["chat_requests"] == 41
-    text = caplog.text
-    assert "HTTP 429" in text and "HTTP 500" in text and "HTTP 503" in text and "malformed response" in text
+    # the 8 HTTP faults were retried by the openai client, the 3 malformed bodies asked again here
+    sdk = [r for r in caplog.records if r.name.startswith("openai") and "Retrying request" in r.getMessage()]
+    ours = [r for r in caplog.records if r.name == "capreward.judges.remote" and "malformed response" in r.getMessage()]
+    assert len(sdk) == 8 and len(ours) == 3
 
 
 def test_timeouts_are_retried(echo):
@@ -170,16 +173,33 @@ def test_a_request_that_keeps_failing_gets_an_error_in_its_own_slot(echo):
 
 
 def test_retry_after_is_honoured(echo):
-    echo.control(status=429, count=1, retry_after=0.4)
+    echo.control(status=429, count=1, retry_after=1.5)
     start = time.monotonic()
-    responses = fast_judge(echo, backoff=0.01, max_backoff=2.0).generate(echo_requests(1))
+    responses = fast_judge(echo).generate(echo_requests(1))
     assert_echoed(responses, 1)
-    assert time.monotonic() - start >= 0.4  # not the 0.01 s of its own backoff
+    assert time.monotonic() - start >= 1.5  # the server's wait, not the client's first backoff (at most 0.5 s)
     assert echo.stats()["faults"] == 1
 
 
+def test_retries_are_the_openai_clients(echo, caplog):
+    """max_retries is the openai client's: no HTTP retry loop of capreward's own runs beside it (0 retries:
+    one request; 2 retries: three, each logged by the client), and the client's backoff replaces
+    capreward's former backoff options."""
+    echo.control(status=429, count=1)
+    (once,) = fast_judge(echo, max_retries=0).generate(echo_requests(1))
+    assert "HTTP 429" in once.error and echo.stats()["chat_requests"] == 1
+    echo.control(reset=True)
+    echo.control(status=500, count=2)
+    with caplog.at_level(logging.INFO, logger="openai"):
+        assert_echoed(fast_judge(echo, max_retries=2).generate(echo_requests(1)), 1)
+    assert echo.stats()["chat_requests"] == 3
+    assert sum(r.name.startswith("openai") and "Retrying request" in r.getMessage() for r in caplog.records) == 2
+    with pytest.raises(TypeError):
+        OpenAIJudge(echo.base_url, ECHO, backoff=0.1)  # noqa: the client's backoff is the one used
+
+
 def test_client_errors_are_not_retried(echo):
-    judge = OpenAIJudge(echo.base_url, "no-such-model", api_key_env=None, max_retries=4, backoff=0.01)
+    judge = OpenAIJudge(echo.base_url, "no-such-model", api_key_env=None, max_retries=4)
     responses = judge.generate(echo_requests(3))
     assert all("HTTP 404" in r.error and "no-such-model" in r.error for r in responses)
     assert [r.error.split(" failed")[0] for r in responses] == ["request 0", "request 1", "request 2"]
@@ -202,7 +222,7 @@ def test_concurrency_is_bounded(echo):
 def test_server_killed_and_restarted_mid_run(tmp_path):
     n = 40
     with ChatServer("echo", model=ECHO, faults=[{"latency": 0.05}], log_path=tmp_path / "server.log") as server:
-        judge = fast_judge(server, max_retries=10, backoff=0.1, max_backoff=1.0, timeout=3.0)
+        judge = fast_judge(server, max_retries=10, timeout=3.0)
         out = {}
         worker = threading.Thread(target=lambda: out.update(responses=judge.generate(echo_requests(n))))
         worker.start()
@@ -238,7 +258,7 @@ def test_api_key_is_sent_and_never_logged_or_shown(tmp_path, monkeypatch, caplog
     secret = "sk-test-0123456789abcdef-SECRET"
     monkeypatch.setenv("CAPREWARD_TEST_KEY", secret)
     with ChatServer("echo", model=ECHO, api_key=secret, log_path=tmp_path / "server.log") as server:
-        judge = OpenAIJudge(server.base_url, ECHO, api_key_env="CAPREWARD_TEST_KEY", max_retries=2, backoff=0.01)
+        judge = OpenAIJudge(server.base_url, ECHO, api_key_env="CAPREWARD_TEST_KEY", max_retries=2)
         server.control(status=429, count=2)
         with caplog.at_level(logging.DEBUG):
             good = judge.generate(echo_requests(3))
@@ -251,7 +271,7 @@ def test_api_key_is_sent_and_never_logged_or_shown(tmp_path, monkeypatch, caplog
     assert any("HTTP 401" in r.error and "***" in r.error for r in failing)  # the server echoed it; masked
     shown = caplog.text + repr(judge) + str(judge.__dict__) + "".join(r.error for r in failing)
     assert secret not in shown and wrong not in shown
-    assert "HTTP 429" in caplog.text  # the retries were logged, without the key
+    assert "Retrying request" in caplog.text  # the client's retries were logged, without the key
 
 
 def test_invalid_settings_are_refused():

@@ -44,7 +44,7 @@ def scored(tmp_path_factory, tiny_clip_path):
     assert proc.returncode == 0, proc.stderr
     # mark a token as flagged, as a hallucination penalty would
     results = read_results(out)
-    results[1]["hallucination.flagged"] = [2]
+    results[1]["hallucination/flagged"] = [2]
     out.write_text("".join(json.dumps(r) + "\n" for r in results))
     return d, out
 
@@ -130,9 +130,10 @@ def handmade(tmp_path_factory):
         row = {"id": f"r{k:02d}", "caption": f"caption number {k}", "image": str(image),
                "references": [f"reference one of {k}", f"reference two of {k}"], "errors": {}}
         row["emscore"] = round(rng.uniform(0.1, 0.4), 6)
+        sep = "/" if k % 3 else "."  # every third row as files written before sub-scores were named with "/"
         for part in ("video", "reference"):
             for comp in ("fine_p", "fine_r", "fine_f", "coarse", "full_p", "full_r", "full_f"):
-                row[f"emscore.{part}.{comp}"] = round(rng.uniform(0, 1), 6)
+                row[f"emscore{sep}{part}{sep}{comp}"] = round(rng.uniform(0, 1), 6)
         row["clip_s"] = round(rng.uniform(0.2, 1.0), 6) if k != 5 else 0.55  # one tie with k=6 below
         if k == 6:
             row["clip_s"] = 0.55
@@ -141,9 +142,9 @@ def handmade(tmp_path_factory):
             row["errors"]["fleur"] = "answer 'no idea' is not a number in [0, 1]"
         else:
             row["fleur"] = round(rng.uniform(0, 1), 6)
-            row["fleur.raw"] = "0.7"
+            row[f"fleur{sep}raw"] = "0.7"
         if k in (2, 9):
-            row["hallucination.flagged"] = [1]
+            row[f"hallucination{sep}flagged"] = [1]
         rows.append(row)
     path = d / "scores.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -198,7 +199,8 @@ def test_samples_show_references_and_fold_sub_scores_under_the_headline(handmade
         folded = re.search(r'<details class="headline" data-metric="emscore"><summary>(.*?)</summary>(.*?)</details>',
                            section, re.S)
         assert folded and f"{row['emscore']:.4f}" in folded.group(1) and "14 sub-scores" in folded.group(1)
-        assert folded.group(2).count("<tr>") == 14 and "video.fine_p" in folded.group(2)
+        sep = "." if "emscore.video.fine_p" in row else "/"
+        assert folded.group(2).count("<tr>") == 14 and f"video{sep}fine_p" in folded.group(2)
 
 
 def chromium_dom(page: Path, fragment: str, profile: Path) -> str:
@@ -235,6 +237,11 @@ def test_sorting_and_filtering_in_headless_chromium(handmade, tmp_path):
     got = dom_samples(dom)
     assert [i for i, _ in got] == [r["id"] for r in rows]
     assert {i for i, hidden in got if not hidden} == {"r02", "r09"}
+
+    # opened as it is (no fragment, the default "highest first"), or with dir=desc: manifest order
+    for fragment, profile in (("", "p4"), ("#sort=order&dir=desc&filter=all", "p5")):
+        got = dom_samples(chromium_dom(page, fragment, tmp_path / profile))
+        assert [i for i, _ in got] == [r["id"] for r in rows], fragment
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium is not installed (scripts/bootstrap.sh installs it)")

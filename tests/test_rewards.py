@@ -152,7 +152,7 @@ def test_prompt_images_found_in_order():
 def test_trl_names_and_async_detection(clip_model):
     r = EMScoreReward(model=clip_model)
     assert trl_name(r) == "emscore"
-    assert trl_name(CLIPScoreReward(model=clip_model)) == "clipscore"
+    assert trl_name(CLIPScoreReward(model=clip_model)) == "clip_s"
     assert trl_name(EMScoreReward(model=clip_model, name="em_ref")) == "em_ref"
     assert not isinstance(r, torch.nn.Module)
     assert not trl_is_async(r)

@@ -160,7 +160,7 @@ def test_scst_step_with_a_capreward_composite_logs_sub_scores(captioner, colour_
     direct = clip.scorer.score([out.captions[i] for i in keep], images=[images[i] for i in keep]).clip_s
     assert [out.rewards.reshape(-1)[i].item() for i in keep] == pytest.approx(direct.tolist(), abs=1e-5)
     assert all(math.isnan(out.rewards.reshape(-1)[i].item()) for i in range(len(images)) if i not in keep)
-    assert "clipscore" in out.metrics and out.metrics["reward"] == pytest.approx(out.metrics["clipscore"], abs=1e-6)
+    assert "clip_s" in out.metrics and out.metrics["reward"] == pytest.approx(out.metrics["clip_s"], abs=1e-6)
 
 
 @pytest.mark.parametrize("baseline", ["mean", "greedy"])

@@ -69,7 +69,7 @@ def em_server(tiny_clip_path, media, tmp_path_factory):
 def test_health(clip_server):
     with urllib.request.urlopen(clip_server.url + "/health", timeout=30) as resp:
         health = json.loads(resp.read())
-    assert health["status"] == "ok" and health["reward"] == "clipscore"
+    assert health["status"] == "ok" and health["reward"] == "clip_s"
     assert isinstance(health["batches"], int) and isinstance(health["samples"], int)
 
 
@@ -245,7 +245,7 @@ def test_composite_service_equals_the_composite_called_directly(tiny_clip_path, 
     assert answer["rewards"][:2] == pytest.approx(direct, abs=1e-6)
     assert answer["rewards"][2] == -3.0 and answer["errors"][2] == f"video: {REFUSED}"
     assert answer["extra_logs"]["guard/repetition"][1] < 0  # the repeated caption is penalised
-    assert {"emscore", "clipscore", "hallucination"} <= set(answer["extra_logs"])
+    assert {"emscore", "clip_s", "hallucination"} <= set(answer["extra_logs"])
 
 
 def _accept_queue_length(port: int) -> int | None:

@@ -54,8 +54,8 @@ def test_emscore_metric_equals_the_scorer(tiny_backbone, videos, fresh_scorers):
     assert float(out["score"]) == pytest.approx(float(direct.score.double().mean()), abs=1e-5)
     for part in ("video", "reference", "combined"):
         for name, value in getattr(direct, part).as_dict().items():
-            torch.testing.assert_close(out[f"per_sample/{part}.{name}"], value, atol=1e-5, rtol=0)
-            assert float(out[f"{part}.{name}"]) == pytest.approx(float(value.double().mean()), abs=1e-5)
+            torch.testing.assert_close(out[f"per_sample/{part}/{name}"], value, atol=1e-5, rtol=0)
+            assert float(out[f"{part}/{name}"]) == pytest.approx(float(value.double().mean()), abs=1e-5)
     assert float(out["empty"]) == 0.0 and float(out["truncated"]) == 0.0
 
     # the default compute() is just the mean, as a 0-d tensor
@@ -78,7 +78,7 @@ def test_emscore_metric_on_images_and_reference_only(tiny_backbone, videos, fres
     out = refs_only.compute()
     direct = fresh_scorers[0].score(CAPTIONS, references=REFS)
     assert float(out["score"]) == pytest.approx(float(direct.score.double().mean()), abs=1e-5)
-    assert "reference.fine_r" in out and "video.fine_r" not in out  # columns never computed are left out
+    assert "reference/fine_r" in out and "video/fine_r" not in out  # columns never computed are left out
 
 
 def test_clipscore_metric_equals_the_scorer(tiny_backbone, videos, fresh_scorers):
@@ -214,7 +214,7 @@ def test_empty_captions_get_empty_score_and_are_counted(tiny_backbone, videos, f
     assert out["per_sample/score"].tolist() == pytest.approx([0.0, float(direct.score[0]), 0.0], abs=1e-5)
     assert out["per_sample/empty"].tolist() == [1.0, 0.0, 1.0]
     assert float(out["empty"]) == pytest.approx(2 / 3)
-    assert out["per_sample/video.fine_p"][0] == 0.0
+    assert out["per_sample/video/fine_p"][0] == 0.0
 
     skip = EMScoreMetric(backbone=tiny_backbone, frames=FRAMES, empty_score=None)
     skip.update(caps, videos[:3])
@@ -419,3 +419,24 @@ def test_sampler_ids_follow_the_distributed_sampler_batch_by_batch():
             assert sum(seen, []) == [1, 3, 5, 7, 9, 11, 0]
     assert loader_batch_ids(DataLoader(data, batch_size=3, shuffle=True), 0) is None
     assert loader_batch_ids(DataLoader(data, batch_size=3), 0) is None
+
+
+def test_plot_draws_the_main_score_between_the_metric_bounds(tiny_backbone, videos):
+    """torchmetrics' Metric.plot conventions: plot() plots compute(); plot(values) a list of forward()
+    results as steps; dict results (sub_scores=True) plot their main score; the axis spans the metric's range."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metric = EMScoreMetric(backbone=tiny_backbone, frames=FRAMES, sub_scores=True)
+    steps = [metric(CAPTIONS[:3], videos[:3]), metric(CAPTIONS[3:], videos[3:])]
+    fig, ax = metric.plot(steps)
+    (line,) = [l for l in ax.lines if len(l.get_ydata()) == 2]
+    assert list(line.get_ydata()) == pytest.approx([float(s["score"]) for s in steps])
+    low, high = ax.get_ylim()
+    assert low < -1.0 and high > 1.0  # EMScore's range [-1, 1], with torchmetrics' margin
+    plt.close(fig)
+    fig, ax = metric.plot()
+    assert [float(y) for l in ax.lines for y in l.get_ydata()][:1] == pytest.approx([float(metric.compute()["score"])])
+    plt.close(fig)

@@ -141,7 +141,7 @@ def test_seq2seq_trainer_logs_caption_metrics_and_selects_the_best_checkpoint(tm
     for h in ours:  # logged after (not into) the trainer's own eval entry of the same step
         own = [i for i, e in enumerate(history) if "eval_loss" in e and e["step"] == h["step"]]
         assert own and own[0] < history.index(h)
-        assert {"eval_clip_s", "eval_emscore.video.fine_p", "eval_emscore.reference.full_f"} <= set(h)
+        assert {"eval_clip_s", "eval_emscore/video/fine_p", "eval_emscore/reference/full_f"} <= set(h)
 
     # the trainer tracked the best checkpoint by eval_emscore (first of equal values, like Trainer)
     values = [h["eval_emscore"] for h in ours]
@@ -225,7 +225,7 @@ def test_grpo_trainer_logs_caption_metrics(tmp_path, tiny_backbone):
     history = trainer.state.log_history
     ours = [h for h in history if "eval_emscore" in h]
     assert [h["step"] for h in ours] == [1, 2]
-    assert all(math.isfinite(h["eval_emscore"]) and "eval_emscore.empty" in h for h in ours)
+    assert all(math.isfinite(h["eval_emscore"]) and "eval_emscore/empty" in h for h in ours)
     for h in ours:  # GRPO's own evaluation ran first (its loss and rewards on eval_dataset)
         own = [e for e in history[: history.index(h)] if "eval_loss" in e and e["step"] == h["step"]]
         assert own and "eval_reward" in own[0]
@@ -336,3 +336,90 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# ------------------------------------------------------------------ image-prompt (VLM) policies
+def vlm_trainer(tmp_path, processor=None):
+    from transformers import Trainer, TrainingArguments
+
+    from capreward.testing import build_tiny_llava
+
+    model, built = build_tiny_llava()
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, disable_tqdm=True)
+    return Trainer(model=model, args=args, processing_class=processor or built), built
+
+
+def vlm_examples():
+    from capreward.testing.trained_clip import colour_image
+
+    prompts = ["Describe the image", [{"role": "user", "content": "Describe the image"}],
+               [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe the image"}]}]]
+    return [{"prompt": p, "image": colour_image(c, size=(40, 40))} for p, c in zip(prompts, ("red", "green", "blue"))]
+
+
+def test_vlm_policy_generates_through_the_processor_chat_template(tmp_path, tiny_backbone):
+    """A tiny LLaVA policy (a processor with a chat template, image column): the default generator puts
+    each example's image into its prompt (a string, a conversation without image blocks, one with) and
+    generates; the captions equal the README's path (chat template, processor with images, greedy
+    generate, new tokens decoded), encoded as TRL encodes its prompts (no special tokens added)."""
+    trainer, processor = vlm_trainer(tmp_path)
+    examples = vlm_examples()
+    callback = CaptionEvalCallback(trainer, examples, [CLIPScoreMetric(backbone=tiny_backbone)], visuals="image",
+                                   max_new_tokens=4, table=None, examples=0)
+    values = callback.evaluate()
+
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe the image"}]}]
+    prompt = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    processor.tokenizer.padding_side = "left"
+    inputs = processor(images=[e["image"] for e in examples], text=[prompt] * 3, return_tensors="pt", padding=True,
+                       add_special_tokens=False)
+    with torch.no_grad():
+        out = trainer.model.eval().generate(**inputs, do_sample=False, max_new_tokens=4,
+                                            pad_token_id=processor.tokenizer.pad_token_id)
+    captions = [t.strip() for t in processor.batch_decode(out[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)]
+    assert [r["caption"] for r in callback.last_table] == captions
+    assert any(captions)  # the tiny random policy writes words: the comparison is not of empty strings
+    scored = [c for c in captions if c.strip()]
+    if scored:
+        direct = CLIPScoreMetric(backbone=CLIPBackbone(tiny_clip_factory(0)))
+        direct.update(captions, [e["image"] for e in examples])
+        assert values["eval_clip_s"] == pytest.approx(float(direct.compute()), abs=1e-5)
+
+
+def test_vlm_generator_that_cannot_prepare_the_examples_fails_at_construction(tmp_path, tiny_backbone):
+    from capreward.testing import build_tiny_processor
+
+    no_template = build_tiny_processor()
+    no_template.chat_template = None
+    no_template.tokenizer.chat_template = None
+    trainer, _ = vlm_trainer(tmp_path, processor=no_template)
+    metric = CLIPScoreMetric(backbone=tiny_backbone)
+    with pytest.raises(ValueError, match="cannot prepare example 0 .*LlavaProcessor.*pass generate_fn="):
+        CaptionEvalCallback(trainer, vlm_examples(), [metric], visuals="image", table=None)
+    two_blocks = [{"prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "image"}]}],
+                   "image": vlm_examples()[0]["image"]}]
+    trainer, _ = vlm_trainer(tmp_path)
+    with pytest.raises(ValueError, match="2 image blocks for 1 images.*generate_fn"):
+        CaptionEvalCallback(trainer, two_blocks, [metric], visuals="image", table=None)
+    no_image = [{"prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "a"}]}]}]
+    with pytest.raises(ValueError, match="no 'image' or 'images'.*generate_fn"):
+        CaptionEvalCallback(trainer, no_image, [metric], visuals=None, table=None)
+
+
+def test_mlflow_file_store_is_refused_at_construction(tmp_path, monkeypatch, tiny_backbone):
+    """A Trainer reporting to MLflow's file store cannot hold eval_emscore beside eval_emscore/video/full_f:
+    refused when the callback is built (not at the first evaluation), and accepted with log_sub_scores=False."""
+    pytest.importorskip("mlflow")
+    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "file:" + str(tmp_path / "mlruns"))
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    tokenizer = tiny_tokenizer()
+    policy = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+                                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), report_to=["mlflow"], use_cpu=True)
+    trainer = Trainer(model=policy, args=args, processing_class=tokenizer)
+    metric = EMScoreMetric(backbone=tiny_backbone)
+    with pytest.raises(ValueError, match=r"eval_emscore and eval_emscore/video/full_f.*MLflow's file store"):
+        CaptionEvalCallback(trainer, [{"prompt": "a"}], [metric])
+    CaptionEvalCallback(trainer, [{"prompt": "a"}], [metric], log_sub_scores=False)

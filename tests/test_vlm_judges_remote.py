@@ -28,7 +28,7 @@ def server(tmp_path_factory):
 
 
 def remote(server, retries=3):
-    return OpenAIJudge(server.base_url, "tiny-vlm", api_key_env=None, timeout=60, max_retries=retries, backoff=0.05)
+    return OpenAIJudge(server.base_url, "tiny-vlm", api_key_env=None, timeout=60, max_retries=retries)
 
 
 class AsServer(SyncBackendMixin):

@@ -8,10 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from ..backbones.clip_loading import DEFAULT_CLIP
+from ..names import canonical
 
 REWARD_NAMES = ("clip_s", "emscore", "fleur", "hallucination", "composite")
-ALIASES = {"clip-s": "clip_s", "clipscore": "clip_s", "clip_score": "clip_s", "em": "emscore",
-           "hallucination_penalty": "hallucination"}
 CLIP_BASED = ("clip_s", "emscore", "hallucination")
 DEFAULT_FLEUR = "llava-hf/llava-1.5-13b-hf"
 VISUAL_ID_COLUMN = "visual_id"  # the adapters pass label ids under this column name
@@ -61,12 +60,9 @@ class RewardOptions:
 
 
 def canonical_name(name: str) -> str:
-    """``name`` as one of :data:`REWARD_NAMES` (aliases such as ``clip-s`` accepted); ValueError otherwise."""
-    key = name.strip().lower()
-    key = ALIASES.get(key, key)
-    if key not in REWARD_NAMES:
-        raise ValueError(f"unknown reward {name!r}; choose one of {list(REWARD_NAMES)}")
-    return key
+    """``name`` as one of :data:`REWARD_NAMES`, through the one alias table of :mod:`capreward.names`
+    (``clip-s``, ``clipscore`` … accepted); ValueError naming the choices otherwise."""
+    return canonical(name, REWARD_NAMES, what="reward")
 
 
 def read_idf_corpus(path: str | os.PathLike) -> list[str]:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..devices import checked_device
 from ..media import MediaError, describe, frames_to_pil, get_media_limits, load_image, open_video, to_rgb
 from ..media.keys import content_key, with_id
 from .cache import LRUCache
@@ -66,7 +67,7 @@ class CLIPBackbone:
         text_cache_bytes: int = 256 * 2**20,
         text_tokens_per_pass: int = 8192,
     ):
-        self.device = torch.device(device)
+        self.device = checked_device(device)  # a missing GPU is one clear error, not torch's from deep in .to()
         self.model, self.preprocess, self.tokenizer = load_clip(model, self.device, precision)
         for attr in ("token_embedding", "positional_embedding", "transformer", "ln_final", "text_projection"):
             if not hasattr(self.model, attr):

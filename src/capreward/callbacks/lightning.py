@@ -3,9 +3,13 @@
 Per validation batch the callback reads the generated captions from ``validation_step``'s output and
 the visuals, references and sample ids from the batch, and updates its metrics. At epoch end it
 computes them (synced across processes by torchmetrics) and logs ``val/<metric>`` and
-``val/<metric>.<sub-score>`` through ``pl_module.log``, so ``ModelCheckpoint(monitor="val/emscore")``
-and ``EarlyStopping`` work. (A dot, not a slash, before the sub-score: MLflow's file store cannot
-hold a metric ``val/emscore`` and a folder of the same name.) Optionally it writes every sample's caption and scores to
+``val/<metric>/<sub-score>`` (``val/emscore/video/full_f``: the ``/`` of every capreward sub-score name,
+as in TRL's ``rewards/emscore/video/full_f``) through ``pl_module.log``, so
+``ModelCheckpoint(monitor="val/emscore")`` and ``EarlyStopping`` work. MLflow's deprecated file store
+keeps each metric in a file named by its key and so cannot hold ``val/emscore`` beside
+``val/emscore/video/full_f``: with an ``MLFlowLogger`` on a ``file:`` store and sub-scores on, the
+callback stops at setup saying so (use a database store, ``sqlite:///mlflow.db``, or
+``log_sub_scores=False``). Optionally it writes every sample's caption and scores to
 ``<log_dir>/captions/val-epoch=NNN.jsonl`` (or ``.csv``) and sends the best and worst captions as a
 text table to the loggers that take text (TensorBoard, Weights & Biases, MLflow, Comet).
 
@@ -16,6 +20,11 @@ metrics count each sample once and order them by dataset index when they get ids
 ``DistributedSampler`` (:func:`~capreward.callbacks.sample_ids`), so the results equal a single-process
 run's without any change to the dataset. Where neither exists (an ``IterableDataset``, a custom
 sampler) the repeats are counted and the metrics warn.
+
+At setup the callback reads the first sample of the validation (and, with ``test=True``, test) loader
+and loads its visual as each metric's kind (``visual="video"`` or ``"image"``), so a metric configured
+for the other kind, or a ``visuals`` key the batches do not have, stops the run before the first
+training step rather than at the first validation, after a whole epoch.
 
 Works with ``lightning`` (``lightning.pytorch``) and with the standalone ``pytorch_lightning``
 package: the trainers call callbacks by duck typing; the base class is taken from whichever is installed.
@@ -29,9 +38,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..names import sub_score
 from .distributed import gather_objects
+from .loggers import file_store_refusal, is_file_store
 from .sampler_ids import eval_loaders, sample_ids
-from .sources import Source, as_captions, as_ids, as_references, per_sample, read
+from .sources import Source, as_captions, as_ids, as_references, per_sample, per_visual, read
 from .summary import CaptionScores
 from .tables import (
     TABLE_FORMATS,
@@ -169,6 +180,52 @@ class CaptionScoreCallback(Callback):
         self.history = [dict(h) for h in state_dict.get("history", [])]
 
     # ------------------------------------------------------------------------------------- hooks
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        """Check, before any step runs: the loggers can hold the keys this callback logs, and the first
+        sample of each loader the callback scores has a visual of each metric's kind (see the module
+        docstring). Raises ValueError (KeyError for a missing batch key) naming the metric and the fix."""
+        if self.log_sub_scores:
+            check_loggers(trainer.loggers, self.prefixes)
+        if stage == "fit" and getattr(trainer, "limit_val_batches", 1) == 0:
+            return  # no validation in this run
+        if stage == "test" and not self.score_test:
+            return
+        for where, batch in first_samples(trainer, stage, self.dataloader_idx):
+            self._check_visual_kinds(batch, where)
+
+    def _check_visual_kinds(self, batch: Any, where: str) -> None:
+        """Load the visual of the one-sample ``batch`` as each metric's kind; ValueError on a mismatch."""
+        from ..media import MediaError, load_image, load_video
+
+        for name, metric in self.metrics.items():
+            source = self.visuals.get(name) if isinstance(self.visuals, Mapping) else self.visuals
+            if source is None or metric.visual is None:
+                continue
+            if callable(source):
+                try:
+                    value = source(batch)
+                except Exception:  # a user function may need more than one sample: the first batch will tell
+                    continue
+            else:
+                value = read(source, batch, f"visuals for {name} (in {where})")
+            if value is None:
+                continue
+            item = per_visual(value, None, metric.visual, f"visuals for {name} (in {where})")[0]
+            try:
+                if metric.visual == "video":
+                    load_video(item, frames=1)
+                else:
+                    load_image(item)
+            except MediaError as exc:
+                other = "image" if metric.visual == "video" else "video"
+                article = "an" if metric.visual == "image" else "a"
+                raise ValueError(
+                    f"CaptionScoreCallback: metric {name!r} takes {article} {metric.visual} (visual={metric.visual!r}) but "
+                    f"the first sample of {where} cannot be read as one: {exc.problem}. If the batches hold "
+                    f"{other}s, build the metric with visual={other!r}; else point visuals= at the {metric.visual} "
+                    "(a key per metric: visuals={name: key})"
+                ) from None
+
     def on_validation_epoch_start(self, trainer, pl_module) -> None:
         self._start(trainer, pl_module)
 
@@ -248,7 +305,7 @@ class CaptionScoreCallback(Callback):
             means = s.means()
             logged[f"{prefix}{name}"] = means.pop("score")
             if self.log_sub_scores:
-                logged.update({f"{prefix}{name}.{k}": v for k, v in means.items()})
+                logged.update({sub_score(f"{prefix}{name}", k): v for k, v in means.items()})
         for key, value in logged.items():
             # Values are already identical on every process (synced by torchmetrics): a max-reduce keeps
             # them exact and tells Lightning they are synced.
@@ -282,6 +339,60 @@ class CaptionScoreCallback(Callback):
         if self.examples > 0:
             best, worst = best_and_worst(rows, self.rank_by, self.examples)
             log_text(trainer.loggers, f"{self.prefixes[stage]}captions", best, worst, self.rank_by, _logger_step(trainer))
+
+
+def check_loggers(loggers: Sequence[Any], prefixes: Mapping[str, str]) -> None:
+    """ValueError when a logger cannot hold a metric beside its sub-scores (``val/emscore`` and
+    ``val/emscore/video/full_f``): an MLFlowLogger on MLflow's file store, which writes each key as a
+    file path."""
+    for lg in loggers:
+        uri = getattr(lg, "_tracking_uri", None)
+        if type(lg).__name__ == "MLFlowLogger" and is_file_store(uri):
+            raise ValueError(file_store_refusal(uri, f"{prefixes['validate']}emscore", "CaptionScoreCallback"))
+
+
+def first_samples(trainer, stage: str, dataloader_idx: int | None = None) -> list[tuple[str, Any]]:
+    """``(where, batch)`` with a one-sample batch of each evaluation loader of the setup ``stage`` ("fit":
+    the validation loaders of fit, "validate", "test"), collated by the loader's own ``collate_fn`` from
+    ``dataset[0]``. Best effort: loaders without a map-style dataset (or an empty one), trainers whose
+    loaders cannot be read before the loop runs, and a ``*_dataloader`` hook or collate function that fails
+    this early (a module's hook may need the module's own ``setup``, which runs after the callbacks') give
+    none, and the loop itself reports what is wrong."""
+    if stage == "fit":
+        loop = getattr(getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None), "val_loop", None)
+    else:
+        loop = getattr(trainer, {"validate": "validate_loop", "test": "test_loop"}.get(stage, ""), None)
+    source = getattr(loop, "_data_source", None)
+    if source is None or not getattr(source, "is_defined", lambda: False)():
+        return []
+    try:
+        loaders = source.dataloader()
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        logger.debug("CaptionScoreCallback: %s loaders not readable at setup (%s); visual kinds not checked", stage, exc)
+        return []
+    if isinstance(loaders, Mapping):
+        loaders = list(loaders.values())
+    elif not isinstance(loaders, Sequence):
+        loaders = [loaders]
+    out = []
+    for i, loader in enumerate(loaders):
+        if dataloader_idx is not None and i != dataloader_idx:
+            continue
+        dataset = getattr(loader, "dataset", None)
+        collate = getattr(loader, "collate_fn", None)
+        if dataset is None or collate is None or not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+            continue
+        try:
+            if len(dataset) == 0:
+                continue
+        except TypeError:  # an IterableDataset
+            continue
+        where = f"{'test' if stage == 'test' else 'validation'} loader {i}"
+        try:
+            out.append((where, collate([dataset[0]])))
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            logger.debug("CaptionScoreCallback: first sample of %s not readable at setup (%s)", where, exc)
+    return out
 
 
 def log_text(loggers: Sequence[Any], tag: str, best: list[dict], worst: list[dict], key: str, step: int) -> list[str]:

@@ -58,6 +58,31 @@ def per_sample(value: Any, n: int | None, what: str) -> list[Any]:
     return items
 
 
+#: Dimensions of one visual of each kind: an image (3, H, W) / (H, W, 3), a video (T, H, W, 3).
+VISUAL_NDIM = {"image": 3, "video": 4}
+
+
+def per_visual(value: Any, n: int | None, kind: str, what: str = "visuals") -> list[Any]:
+    """``value`` as one visual per sample: a tensor or array with the dimensions of one visual of
+    ``kind`` (an image (3, H, W) or (H, W, 3); a video (T, H, W, 3)) is one sample, a batched one is split
+    along dim 0, a list is taken as it is (torchmetrics' CLIPScore takes images the same way).
+
+    Raises ValueError for a tensor or array with fewer dimensions than one visual, or a length other
+    than ``n``.
+    """
+    if isinstance(value, (torch.Tensor, np.ndarray)) and kind in VISUAL_NDIM:
+        ndim = VISUAL_NDIM[kind]
+        if value.ndim < ndim:
+            shapes = "(3, H, W) or (H, W, 3)" if kind == "image" else "(T, H, W, 3)"
+            raise ValueError(
+                f"{what}: expected one {kind} of shape {shapes} or a batch of them, got a {type(value).__name__} "
+                f"of shape {tuple(value.shape)}"
+            )
+        if value.ndim == ndim:
+            value = [value]
+    return per_sample(value, n, what)
+
+
 def as_references(value: Any, n: int, what: str = "references") -> list[list[str]]:
     """One list of reference captions per sample (a single str per sample becomes a one-item list).
 

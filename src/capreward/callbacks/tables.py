@@ -1,7 +1,8 @@
 """Per-sample score tables: joining captions with metric scores, best/worst examples, files, text.
 
 A table is a list of flat dicts, one per sample: ``id``, ``caption``, ``references`` (when known),
-``<metric>`` (the main score) and ``<metric>.<column>`` (its sub-scores).
+``<metric>`` (the main score) and ``<metric>/<column>`` (its sub-scores, named as everywhere in capreward:
+``emscore/video/full_f``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from ..names import SEP, sub_score
 from .summary import CaptionScores
 
 logger = logging.getLogger(__name__)
@@ -53,7 +55,7 @@ def score_table(records: Sequence[dict], scores: Mapping[str, CaptionScores], su
         cols = {k: v.tolist() for k, v in s.values.items() if sub_scores or k == "score"}
         for r, n in zip(rows, index):
             for k, v in cols.items():
-                r[name if k == "score" else f"{name}.{k}"] = v[n]
+                r[name if k == "score" else sub_score(name, k)] = v[n]
     return rows
 
 
@@ -99,8 +101,8 @@ def example_columns(rows: Sequence[dict], key: str) -> list[str]:
     cols = ["id", "caption"]
     if rows and rows[0].get("references") is not None:
         cols.append("references")
-    # sub-score columns are "<metric>.<column>"; the main scores are the bare metric names
-    metrics = [c for c in rows[0] if c not in ("id", "caption", "references") and "." not in c] if rows else []
+    # sub-score columns are "<metric>/<column>"; the main scores are the bare metric names
+    metrics = [c for c in rows[0] if c not in ("id", "caption", "references") and SEP not in c] if rows else []
     return cols + sorted(metrics, key=lambda c: c != key)
 
 

@@ -30,6 +30,7 @@ import os
 from collections.abc import Mapping
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 from torchmetrics import Metric
 from torchmetrics.utilities import rank_zero_warn
@@ -39,7 +40,8 @@ from ..backbones.clip import CLIPBackbone
 from ..backbones.clip_loading import DEFAULT_CLIP
 from ..judges.caller_text import is_blank
 from ..media import DEFAULT_FRAMES
-from .sources import as_captions, as_references
+from ..names import sub_score
+from .sources import as_captions, as_references, per_visual
 from .sources import per_sample as split_per_sample
 from .distributed import is_distributed
 from .summary import NO_ID, CaptionScores, check_ids, nanmean, summarize
@@ -69,7 +71,8 @@ class CaptionMetric(Metric):
     Subclasses set ``columns`` (``"score"`` first, ``"empty"`` second) and implement
     :meth:`_score_rows`. ``compute()`` returns a 0-d float32 tensor with the mean of ``"score"`` over
     the samples that have one (NaN when none); with ``sub_scores=True`` or ``per_sample=True`` a flat
-    dict instead: ``"score"`` (the mean), each other column's mean under its own name, and with
+    dict instead: ``"score"`` (the mean), each other column's mean under its own name (sub-scores named
+    with ``/``, as everywhere in capreward: ``video/full_f``), and with
     ``per_sample=True`` ``"per_sample/<column>"`` Tensor [N] plus ``"per_sample/id"`` LongTensor [N]
     when ids were given. ``dataset_size``: the number of samples one evaluation should count, for the
     padding check: the metric warns when it counted more, and (under DDP) when it got no ids. Extra
@@ -133,16 +136,25 @@ class CaptionMetric(Metric):
     ) -> None:
         """Score a batch and keep its per-caption rows.
 
-        ``visuals``: one video (or image, per ``visual=``) per caption: a list, or a batched tensor/array
-        split along dim 0. ``references``: one caption or list of captions per candidate. ``ids``: one
-        int sample id per caption (dataset index), needed for exact results under a DistributedSampler.
-        ``visual_ids``: optional cache keys for the visuals.
+        ``candidates``: the captions (a list, or one str for one sample). ``visuals``: one video (or image,
+        per ``visual=``) per caption: a list, a batched tensor/array split along dim 0, or one tensor/array
+        for one caption. Images as torchmetrics takes them: paths, PIL images, tensors (3, H, W) or
+        (H, W, 3) of integers 0..255 (uint8, int64 …) or floats in [0, 1], uint8 arrays (H, W, 3); videos
+        as paths or uint8 (T, H, W, 3) frames. ``references``: one caption or list of captions per
+        candidate. ``ids``: one int sample id per caption (dataset index), needed for exact results under
+        a DistributedSampler. ``visual_ids``: optional cache keys for the visuals.
+
+        The captions come first (torchmetrics' CLIPScore takes images first): visuals given as the first
+        argument are refused with a TypeError saying so.
         """
-        candidates = as_captions(candidates, what="candidates")
+        candidates = self._captions_first(candidates, visuals)
         n = len(candidates)
         if n == 0:
             return
-        visuals = None if visuals is None else split_per_sample(visuals, n, "visuals")
+        if visuals is not None and self.visual is not None:
+            visuals = per_visual(visuals, n, self.visual, "visuals")
+        elif visuals is not None:
+            visuals = split_per_sample(visuals, n, "visuals")
         refs = None if references is None else as_references(references, n)
         if visual_ids is not None:
             visual_ids = split_per_sample(visual_ids, n, "visual_ids")
@@ -163,6 +175,24 @@ class CaptionMetric(Metric):
         self.ids.append(id_tensor.to(self.device))
         self.values.append(rows.reshape(-1).to(self.device))
         self._mode = (visuals is not None, refs is not None)
+
+    def _captions_first(self, candidates: Any, visuals: Any) -> list[str]:
+        """The captions as a list (one str is one caption); a TypeError naming the argument order when the
+        visuals came first (torchmetrics' CLIPScore order) or a caption is not a str."""
+        if isinstance(candidates, str):
+            return [candidates]
+        looks_visual = isinstance(candidates, (torch.Tensor, np.ndarray)) or (
+            isinstance(candidates, Sequence) and len(candidates) > 0 and not isinstance(candidates[0], str)
+            and isinstance(visuals, (str, Sequence)) and not isinstance(visuals, (torch.Tensor, np.ndarray))
+            and len(visuals) > 0 and (isinstance(visuals, str) or isinstance(visuals[0], str))
+        )
+        if looks_visual:
+            raise TypeError(
+                f"{type(self).__name__}.update takes (captions, visuals, references): the captions come first "
+                f"(torchmetrics' CLIPScore takes (images, captions)); got a {type(candidates).__name__} of "
+                "visuals where the captions go"
+            )
+        return as_captions(candidates, what="candidates")
 
     def compute(self) -> torch.Tensor | dict[str, torch.Tensor]:
         """The mean score (0-d float32), or a dict (see the class docstring)."""
@@ -194,6 +224,14 @@ class CaptionMetric(Metric):
     def reset(self) -> None:
         super().reset()
         self._mode = getattr(self, "_mode_across_reset", None)
+
+    def plot(self, val: Any = None, ax: Any = None) -> Any:
+        """torchmetrics' ``Metric.plot``: the main score of ``val`` (a result of ``compute()`` or
+        ``forward()``, or a list of them, plotted as steps; default: ``compute()`` now) between the
+        metric's bounds (``plot_lower_bound``/``plot_upper_bound``), on ``ax`` or a new figure.
+        Returns ``(figure, axes)``; needs matplotlib."""
+        val = self.compute() if val is None else val
+        return self._plot(_main_score(val), ax)
 
     # ---------------------------------------------------------------------------------- results
     def summary(self) -> CaptionScores:
@@ -295,6 +333,16 @@ def named_metrics(metrics: Sequence[CaptionMetric] | Mapping[str, CaptionMetric]
     return named
 
 
+def _main_score(val: Any) -> Any:
+    """The main score of a compute()/forward() result (a 0-d tensor, or the ``"score"`` of a dict), or of
+    each result of a list."""
+    if isinstance(val, Mapping):
+        return val["score"]
+    if isinstance(val, (list, tuple)):
+        return [_main_score(v) for v in val]
+    return val
+
+
 def _cat(state: Any) -> torch.Tensor:
     if isinstance(state, torch.Tensor):
         return state
@@ -307,7 +355,7 @@ class EMScoreMetric(CaptionMetric):
     EMScore(X, V, X*) depending on what ``update`` gets (in [-1, 1]; higher is better).
 
     Columns: ``score``, ``empty`` (1 for an empty caption), ``truncated`` (1 when the caption was cut
-    to CLIP's context) and ``<part>.<component>`` for part in video/reference/combined and component in
+    to CLIP's context) and ``<part>/<component>`` for part in video/reference/combined and component in
     coarse, fine_p/r/f, full_p/r/f (NaN for parts not computed).
 
     Args: ``model`` (any CLIP specification) or ``backbone`` (a shared :class:`CLIPBackbone`) or
@@ -319,7 +367,7 @@ class EMScoreMetric(CaptionMetric):
     """
 
     columns = ("score", "empty", "truncated") + tuple(
-        f"{part}.{f}" for part in ("video", "reference", "combined") for f in _MATCH_FIELDS
+        sub_score(part, f) for part in ("video", "reference", "combined") for f in _MATCH_FIELDS
     )
     default_name = "emscore"
     plot_lower_bound = -1.0
@@ -356,7 +404,7 @@ class EMScoreMetric(CaptionMetric):
         for part in ("video", "reference", "combined"):
             scores = getattr(res, part)
             if scores is not None:
-                cols.update({f"{part}.{k}": v for k, v in scores.as_dict().items()})
+                cols.update({sub_score(part, k): v for k, v in scores.as_dict().items()})
         return self._row_tensor(cols, len(candidates))
 
     def _parts(self, has_visuals, has_refs):
@@ -364,13 +412,13 @@ class EMScoreMetric(CaptionMetric):
         present = [p for p, on in (("video", has_visuals), ("reference", has_refs)) if on]
         if has_visuals and has_refs:
             present.append("combined")
-        return parts + [f"{p}.{f}" for p in present for f in _MATCH_FIELDS]
+        return parts + [sub_score(p, f) for p in present for f in _MATCH_FIELDS]
 
 
 # ------------------------------------------------------------------------------------------- CLIP-S
 class CLIPScoreMetric(CaptionMetric):
     """CLIP-S (or RefCLIP-S when ``update`` gets references) as a torchmetrics Metric; in [0, w]
-    (w = 2.5; PAC-S: pass ``scorer=PACScore(...)``), higher is better.
+    (w = 2.5; PAC-S: pass ``scorer=PACScore(...)``, then named ``pac_s`` and in [0, 2]), higher is better.
 
     Columns: ``score`` (RefCLIP-S with references, else CLIP-S), ``empty``, ``truncated``, ``clip_s``,
     ``ref_clip_s`` and ``ref_similarity`` (max cosine to the references, in [-1, 1]).
@@ -382,7 +430,6 @@ class CLIPScoreMetric(CaptionMetric):
     columns = ("score", "empty", "truncated", "clip_s", "ref_clip_s", "ref_similarity")
     default_name = "clip_s"
     plot_lower_bound = 0.0
-    plot_upper_bound = 2.5
 
     def __init__(
         self,
@@ -405,7 +452,16 @@ class CLIPScoreMetric(CaptionMetric):
             raise ValueError("give either scorer= or backbone=, not both")
         if visual is None:
             raise ValueError("CLIP-S needs visuals: visual must be 'image' or 'video'")
+        from ..scorers.clipscore import PACScore
+
+        if kwargs.get("name") is None and isinstance(scorer, PACScore):
+            kwargs["name"] = "pac_s"  # PAC-S has its own one name (capreward.names)
         super().__init__(scorer, visual=visual, **kwargs)
+
+    @property
+    def plot_upper_bound(self) -> float:  # type: ignore[override]
+        """The top of the range, w: 2.5 for CLIP-S, 2.0 for PAC-S, or the ``w`` given."""
+        return float(self.scorer.w)
 
     def _check_mode(self, has_visuals, has_refs):
         if not has_visuals:

@@ -5,7 +5,8 @@ trainer's model, split across processes with ``accelerator.split_between_process
 every process runs the same number of batches, which DeepSpeed ZeRO-3 generation needs), scores each
 process's share with the metrics (synced by torchmetrics; the padding repeats are dropped by sample id),
 gathers the captions with ``accelerate.utils.gather_object`` and logs ``eval_<metric>`` and
-``eval_<metric>.<sub-score>`` through ``trainer.log`` on every process, as ``Trainer.evaluate`` does.
+``eval_<metric>/<sub-score>`` (``eval_emscore/video/full_f``) through ``trainer.log`` on every process, as
+``Trainer.evaluate`` does.
 
 ``on_evaluate`` runs after ``Trainer.evaluate`` has logged its own metrics, so values added to the
 ``metrics`` dict there are never logged; that is why this callback calls ``trainer.log``. With
@@ -27,13 +28,71 @@ from typing import Any, Callable
 import torch
 from transformers import TrainerCallback
 
-from .generation import CaptionGenerator
+from ..names import sub_score
+from .generation import CaptionGenerator, has_image_blocks, is_image_processor
+from .loggers import file_store_refusal, is_file_store
 from .sources import Source, as_captions, as_references, read
 from .summary import CaptionScores
 from .tables import TABLE_FORMATS, best_and_worst, examples_markdown, merge_records, score_table, write_table
 from .tm_metrics import CaptionMetric, named_metrics
 
 logger = logging.getLogger(__name__)
+
+
+def default_generator(trainer: Any, dataset: Sequence[Mapping[str, Any]], input_keys: Sequence[str] | None,
+                      prompt_key: str | None, image_key: str | None, max_new_tokens: int,
+                      generation_kwargs: Mapping[str, Any] | None) -> CaptionGenerator:
+    """The :class:`CaptionGenerator` for the trainer's ``processing_class`` and the examples' keys (see
+    :class:`CaptionEvalCallback`), checked on the first example. Raises ValueError naming ``generate_fn``
+    when the inputs cannot be told or the first example cannot be prepared."""
+    processing_class = getattr(trainer, "processing_class", None) or getattr(trainer, "tokenizer", None)
+    first = dataset[0]
+    if input_keys is None and prompt_key is None:
+        if "pixel_values" in first:
+            input_keys = ("pixel_values",)
+        elif "prompt" in first:
+            prompt_key = "prompt"
+        else:
+            raise ValueError(
+                f"cannot tell the model inputs from the example keys {sorted(first)}: give input_keys, "
+                "prompt_key or generate_fn"
+            )
+    if image_key is None and prompt_key is not None and is_image_processor(processing_class):
+        image_key = next((k for k in ("image", "images") if first.get(k) is not None), None)
+        if image_key is None and has_image_blocks(first.get(prompt_key)):
+            raise ValueError(
+                f"the prompts have image blocks but the examples have no 'image' or 'images' (keys: {sorted(first)}): "
+                "give image_key, or generate_fn=fn(model, examples) -> captions"
+            )
+    generator = CaptionGenerator(processing_class, input_keys=input_keys or (), prompt_key=prompt_key,
+                                 image_key=image_key, max_new_tokens=max_new_tokens,
+                                 generation_kwargs=generation_kwargs)
+    try:
+        generator.inputs([first], torch.device("cpu"))
+    except Exception as exc:
+        raise ValueError(
+            f"the default caption generator cannot prepare example 0 with the trainer's processing_class "
+            f"({type(processing_class).__name__}): {type(exc).__name__}: {exc}; pass "
+            "generate_fn=fn(model, examples) -> list of captions"
+        ) from exc
+    return generator
+
+
+def check_trainer_loggers(trainer: Any, prefix: str) -> None:
+    """ValueError when the trainer reports to MLflow's file store, which cannot hold ``eval_emscore`` beside
+    ``eval_emscore/video/full_f`` (see :mod:`capreward.callbacks.loggers`)."""
+    import os
+
+    handler = getattr(trainer, "callback_handler", None)
+    if not any(type(c).__name__ == "MLflowCallback" for c in getattr(handler, "callbacks", ())):
+        return
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        import mlflow
+
+        uri = mlflow.get_tracking_uri()
+    if is_file_store(uri):
+        raise ValueError(file_store_refusal(uri, f"{prefix}emscore", "CaptionEvalCallback"))
 
 
 class CaptionEvalCallback(TrainerCallback):
@@ -45,14 +104,19 @@ class CaptionEvalCallback(TrainerCallback):
         dataset: held-out examples (a list of dicts or a ``datasets.Dataset``); example ``i`` has id ``i``.
         metrics: :class:`~capreward.callbacks.CaptionMetric` instances (list, or mapping name → metric).
         generate_fn: ``fn(model, examples) -> list[str]``; default: :class:`CaptionGenerator` built from
-            ``input_keys``/``prompt_key`` (inferred: ``"pixel_values"`` if examples have it, else
-            ``"prompt"``) and the trainer's ``processing_class``.
+            ``input_keys``/``prompt_key``/``image_key`` (inferred: ``"pixel_values"`` if examples have it,
+            else ``"prompt"``, with ``"image"`` or ``"images"`` as the prompt's image when the examples
+            have one and the trainer's ``processing_class`` is a processor with an image processor, as for a
+            VLM policy trained by TRL on an image column) and the trainer's ``processing_class``. The
+            default generator prepares the first example at construction: what it cannot prepare (no
+            chat template, a prompt it cannot read) fails there, naming ``generate_fn``.
         visuals: example key (or ``fn(example)``, or mapping metric name → source) of each sample's video or
             image; references: key or ``fn(example)`` of its reference captions (None: none).
         batch_size: examples per ``generate`` call on each process.
         max_new_tokens, generation_kwargs: passed to the default generator.
         prefix: log key prefix (``"eval_"``, the Trainer's convention).
-        log_sub_scores: also log ``<prefix><metric>/<column>`` means.
+        log_sub_scores: also log ``<prefix><metric>/<column>`` means (refused at construction when the
+            trainer reports to MLflow's file store, which cannot hold a key beside keys under it).
         add_to_metrics: also add the values to the ``metrics`` dict of ``on_evaluate``.
         table: ``"jsonl"``/``"csv"``: write every caption and its scores per evaluation to ``table_dir``
             (default ``<output_dir>/caption_eval``) on the main process; None: no file.
@@ -72,6 +136,7 @@ class CaptionEvalCallback(TrainerCallback):
         generate_fn: Callable[[Any, list], list[str]] | None = None,
         input_keys: Sequence[str] | None = None,
         prompt_key: str | None = None,
+        image_key: str | None = None,
         visuals: Source | Mapping[str, Source] = "video",
         references: Source = None,
         batch_size: int = 8,
@@ -98,25 +163,11 @@ class CaptionEvalCallback(TrainerCallback):
             if unknown:
                 raise ValueError(f"visuals given for unknown metrics {unknown}; metrics are {sorted(self.metrics)}")
         if generate_fn is None:
-            first = dataset[0]
-            if input_keys is None and prompt_key is None:
-                if "pixel_values" in first:
-                    input_keys = ("pixel_values",)
-                elif "prompt" in first:
-                    prompt_key = "prompt"
-                else:
-                    raise ValueError(
-                        f"cannot tell the model inputs from the example keys {sorted(first)}: give input_keys, "
-                        "prompt_key or generate_fn"
-                    )
-            generate_fn = CaptionGenerator(
-                getattr(trainer, "processing_class", None) or getattr(trainer, "tokenizer", None),
-                input_keys=input_keys or (),
-                prompt_key=prompt_key,
-                max_new_tokens=max_new_tokens,
-                generation_kwargs=generation_kwargs,
-            )
+            generate_fn = default_generator(trainer, dataset, input_keys, prompt_key, image_key, max_new_tokens,
+                                            generation_kwargs)
         self.generate_fn = generate_fn
+        if log_sub_scores:
+            check_trainer_loggers(trainer, prefix)
         self.visuals = visuals
         self.references = references
         self.batch_size = batch_size
@@ -150,7 +201,7 @@ class CaptionEvalCallback(TrainerCallback):
         """Generate, score and log now (on every process); return the logged values.
 
         Values are means over the held-out set: ``<prefix><metric>`` in the metric's range and
-        ``<prefix><metric>.<column>`` for its sub-scores; NaN values are not logged.
+        ``<prefix><metric>/<column>`` for its sub-scores; NaN values are not logged.
         """
         trainer = self.trainer
         accelerator = trainer.accelerator
@@ -183,7 +234,7 @@ class CaptionEvalCallback(TrainerCallback):
             means = s.means()
             logs[f"{self.prefix}{name}"] = means.pop("score")
             if self.log_sub_scores:
-                logs.update({f"{self.prefix}{name}.{k}": v for k, v in means.items()})
+                logs.update({sub_score(f"{self.prefix}{name}", k): v for k, v in means.items()})
         logs = {k: float(v) for k, v in logs.items() if not math.isnan(v)}  # JSON loggers reject NaN
         trainer.log(dict(logs))  # Trainer.log adds "epoch" to the dict it gets
         step = trainer.state.global_step

@@ -120,9 +120,19 @@ def plain_text(doc: str) -> str:
 
 
 def metric_name(name: str) -> str:
-    """A metric or reward name in its one spelling: lower case, underscores (``clip-s`` → ``clip_s``),
-    the same as the fields it writes and the Python API."""
-    return name.strip().lower().replace("-", "_")
+    """A metric or reward name in its one spelling (:mod:`capreward.names`: lower case, underscores, the
+    aliases mapped: ``clip-s`` and ``clipscore`` → ``clip_s``), the same as the fields it writes and the
+    Python API; a name that is none of them comes back normalised, for the choices check to refuse."""
+    from ..names import spelling
+
+    return spelling(name)
+
+
+def spelled_aliases(choices: tuple[str, ...]) -> str:
+    """``"clipscore, clip_score -> clip_s; ..."``: the aliases of :mod:`capreward.names` for ``choices``."""
+    from ..names import aliases_of
+
+    return "; ".join(f"{', '.join(aliases_of(c))} -> {c}" for c in choices if aliases_of(c))
 
 
 def metric_list(choices: tuple[str, ...]):

@@ -284,7 +284,7 @@ def run_grpo(clip_model: Any, steps: int, out: str, seed: int = 0, sft_steps: in
 
 
 #: Short column titles of the GRPO table (log names -> titles).
-COLUMN_TITLES = {"emscore": "EMScore", "clipscore": "CLIP-S", "hallucination": "penalty", "guard/repetition": "repeat",
+COLUMN_TITLES = {"emscore": "EMScore", "clip_s": "CLIP-S", "hallucination": "penalty", "guard/repetition": "repeat",
                  "guard/truncation": "trunc", "guard/length": "length"}
 
 
@@ -385,7 +385,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("demo", help="colour foils scored by EMScore/CLIP-S/penalty, then a short GRPO run; tiny local models")
+    p = subparsers.add_parser("demo", help="colour foils scored by EMScore/CLIP-S/penalty, then a short GRPO run; tiny local models",
+                              description=__doc__)
     p.add_argument("--videos", default=str(default_video_dir()), help="folder of video clips to tint (default: %(default)s)")
     p.add_argument("--frames", type=int, default=10, help="frames sampled per video (default: %(default)s)")
     p.add_argument("--no-table", action="store_true", help="skip the colour-foil table")

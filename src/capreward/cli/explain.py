@@ -3,7 +3,7 @@
 Writes one JSONL row per manifest row (resumable like ``capreward score``: rerun to continue, no row
 twice): ``id``, ``caption``, ``image``/``video``, ``references`` (with ``--references``), ``metric``, the
 score under the metric's name (``fleur`` / ``gveval``, null when there is none), the judge's first
-answer (``<metric>.raw``), ``explanation`` (null when there is no score to explain) and ``errors``.
+answer (``<metric>/raw``), ``explanation`` (null when there is no score to explain) and ``errors``.
 
 Metrics: ``fleur`` (FLEUR, or RefFLEUR with ``--references``: the score, then the follow-up question
 "Why? Tell me the reason.") and ``gveval`` (G-VEval: the judge writes its reasoning before the score;
@@ -24,11 +24,13 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from .common import add_device_option, add_media_limit_options, add_resume_options
+from ..jobs.settings_file import SEPARATOR_FLAG
+from ..names import SEP, sub_score
+from .common import add_device_option, add_media_limit_options, add_resume_options, metric_name
 
 DESCRIPTION = """Writes one JSONL row per manifest row (resumable: rerun to continue, no row twice): id, caption,
 image/video, references (with --references), metric, the score under the metric's name (fleur / gveval,
-null when there is none), the judge's first answer (<metric>.raw), explanation (null when there is no
+null when there is none), the judge's first answer (<metric>/raw), explanation (null when there is no
 score to explain) and errors.
 
 Metrics: fleur (FLEUR, or RefFLEUR with --references: the score, then the follow-up question "Why? Tell
@@ -52,6 +54,7 @@ EXPLAIN_FLAGS = {
     "max_new_tokens": "--max-new-tokens",
     "max_pixels": "--max-pixels",
     "max_video_pixels": "--max-video-pixels",
+    "sub_score_separator": SEPARATOR_FLAG,
 }
 
 Explainer = Callable[[list], list[dict]]  # manifest rows -> one result dict per row
@@ -90,7 +93,7 @@ def fleur_explainer(args: argparse.Namespace) -> Explainer:
                                        scores=[scores[k] for k in ok], **sub)
                 explanations = dict(zip(ok, texts))
             for k, i in enumerate(idx):
-                row = {"fleur": None if math.isnan(scores[k]) else scores[k], "fleur.raw": res.raw[k],
+                row = {"fleur": None if math.isnan(scores[k]) else scores[k], sub_score("fleur", "raw"): res.raw[k],
                        "explanation": explanations.get(k)}
                 if res.error[k]:
                     row["_error"] = res.error[k]
@@ -118,7 +121,7 @@ def gveval_explainer(args: argparse.Namespace) -> Explainer:
             res = scorer.score([rows[i].caption for i in idx], references=refs, **visual)
             for k, i in enumerate(idx):
                 score = float(res.score[k])
-                row = {"gveval": None if math.isnan(score) else score, "gveval.raw": res.raw[k],
+                row = {"gveval": None if math.isnan(score) else score, sub_score("gveval", "raw"): res.raw[k],
                        "explanation": res.raw[k] or None}
                 if res.error[k]:
                     row["_error"] = res.error[k]
@@ -141,7 +144,8 @@ def explanation_settings(args: argparse.Namespace) -> dict[str, Any]:
     and modification time, so new weights at the same path count as another judge); ``judge_dtype``
     (``--dtype`` resolved: float16 on CUDA, else float32, when not given); ``max_new_tokens`` (where an
     explanation is cut); ``max_pixels`` and ``max_video_pixels`` (the limits in force: they decide which
-    rows are refused, and a JPEG over ``max_pixels`` is decoded at a reduced scale, which the judge sees).
+    rows are refused, and a JPEG over ``max_pixels`` is decoded at a reduced scale, which the judge sees);
+    ``sub_score_separator`` (``/`` in ``<metric>/raw``).
 
     Excluded: ``--batch-size`` (a row never depends on its batch), ``--device`` (a job may go on on
     another machine; the dtype it implies is recorded, what is left is other hardware's float
@@ -160,6 +164,7 @@ def explanation_settings(args: argparse.Namespace) -> dict[str, Any]:
         "max_new_tokens": int(args.max_new_tokens),
         "max_pixels": limits.max_pixels,
         "max_video_pixels": limits.max_video_pixels,
+        "sub_score_separator": SEP,
     }
 
 
@@ -232,7 +237,8 @@ def add_parser(subparsers) -> None:
                               description=DESCRIPTION)
     p.add_argument("manifest", help="JSONL rows: caption, image|video, optional references, id")
     p.add_argument("--out", required=True, help="explanations JSONL (appended to; rerun to resume)")
-    p.add_argument("--metric", default="fleur", choices=sorted(EXPLAINERS), help="the judge metric to explain")
+    p.add_argument("--metric", default="fleur", choices=sorted(EXPLAINERS), type=metric_name,
+                   help="the judge metric to explain")
     p.add_argument("--references", action="store_true", help="use the rows' references (RefFLEUR / G-VEval combined)")
     p.add_argument("--judge-model", default="llava-hf/llava-1.5-13b-hf", help="LLaVA hub name or local directory")
     add_device_option(p)

@@ -60,23 +60,31 @@ def build_parser() -> argparse.ArgumentParser:
 @contextlib.contextmanager
 def progress_settings(show: bool):
     """Within the block: the status bars of capreward.progress on when ``show``; otherwise no progress bar
-    from anything in this process or its children (tqdm, huggingface_hub, transformers). Restored after,
-    so that calling :func:`main` in-process leaves no trace."""
+    from anything in this process or its children (tqdm, huggingface_hub, transformers' "Loading weights"
+    of the judges). Restored after, so that calling :func:`main` in-process leaves no trace.
+
+    tqdm reads ``TQDM_DISABLE`` only when it is imported, so the environment variables reach child
+    processes and late imports; huggingface_hub's switch, which transformers copies when it is imported,
+    and transformers' own switch, when it is already imported, are set here."""
     from .. import progress
 
     saved_env = {k: os.environ.get(k) for k in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS")}
-    hub_bars_were_off = None
+    hub_bars_were_off = transformers_bars_were_on = None
     before = progress.is_enabled()
     if show:
         progress.enable()
     else:
         os.environ["TQDM_DISABLE"] = "1"
         os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
-        if "huggingface_hub" in sys.modules:
-            from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars
+        from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars
 
-            hub_bars_were_off = are_progress_bars_disabled()
-            disable_progress_bars()
+        hub_bars_were_off = are_progress_bars_disabled()
+        disable_progress_bars()
+        if "transformers" in sys.modules:
+            from transformers.utils import logging as transformers_logging
+
+            transformers_bars_were_on = transformers_logging.is_progress_bar_enabled()
+            transformers_logging.disable_progress_bar()
     try:
         yield
     finally:
@@ -90,6 +98,10 @@ def progress_settings(show: bool):
             from huggingface_hub.utils import enable_progress_bars
 
             enable_progress_bars()
+        if transformers_bars_were_on:
+            from transformers.utils import logging as transformers_logging
+
+            transformers_logging.enable_progress_bar()
 
 
 def flag_of(parser: argparse.ArgumentParser, args: argparse.Namespace, value, candidates: tuple[str, ...]) -> str:
@@ -106,6 +118,7 @@ def flag_of(parser: argparse.ArgumentParser, args: argparse.Namespace, value, ca
 def user_error_message(exc: BaseException, parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
     """One line for a user error (what, in flag terms, and what to do); None for anything else (a bug)."""
     from ..backbones.clip_loading import ModelLoadError
+    from ..devices import DeviceUnavailableError
     from ..judges.loading import JudgeLoadError
     from ..jobs.errors import JobError
     from ..jobs.manifest import ManifestError
@@ -118,6 +131,8 @@ def user_error_message(exc: BaseException, parser: argparse.ArgumentParser, args
     if isinstance(exc, JudgeLoadError):
         flag = flag_of(parser, args, exc.spec, ("judge_model", "fleur_model"))
         return f"{flag}: {exc.summary}; {MODEL_HINTS['--judge-model']}"
+    if isinstance(exc, DeviceUnavailableError):
+        return f"--device: {exc}"
     if isinstance(exc, (CLIError, JobError, ManifestError, JudgmentError)):
         return str(exc)
     if isinstance(exc, FileNotFoundError) and exc.filename is not None:
@@ -157,9 +172,12 @@ def interrupted_message(args: argparse.Namespace) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "device", None) is not None:
-        args.device = resolve_device(args.device)
     try:
+        if getattr(args, "device", None) is not None:
+            from ..devices import checked_device
+
+            args.device = resolve_device(args.device)
+            checked_device(args.device)  # a missing GPU: one line now, not a traceback from the first model
         with progress_settings(show=not getattr(args, "no_progress", False)), media_limit_settings(args):
             return int(args.func(args) or 0)
     except KeyboardInterrupt:

@@ -71,12 +71,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("meta-eval", help="correlate scores with human judgments (benchmark protocols)")
+    p = subparsers.add_parser("meta-eval", help="correlate scores with human judgments (benchmark protocols)",
+                              description=__doc__)
     p.add_argument("--benchmark", required=True, choices=BENCHMARK_CHOICES, help="the benchmark and its protocol")
     p.add_argument("--judgments", required=True, help="the benchmark's released judgments file (VATEX-EVAL: its folder)")
     p.add_argument("--scores", required=True, help="JSONL with image|video, caption and a score (e.g. `capreward score` output)")
     p.add_argument("--score-field", help="field holding the score (default 'score', or the one metric in the file); "
-                                         "a key such as clip_s or emscore.full_f, or a dotted path into nested objects")
+                                         "a key such as clip_s or emscore/video/full_f, or a dotted path into nested objects")
     p.add_argument("--protocol", choices=PROTOCOL_CHOICES,
                    help="the benchmark's protocol (default: its first). flickr8k-expert: per-rating (CLIP-S/PAC-S) or "
                         "per-candidate (G-VEval: three ratings averaged); msvd-eval: per-annotator (G-VEval's release: "

@@ -3,19 +3,21 @@
 Metrics (``--metrics``, comma-separated; ``-`` and ``_`` are interchangeable) and the fields each
 writes per row (details in ``capreward.jobs.runners``):
 
-- ``emscore``: ``emscore``, ``emscore.<part>.<component>``; ``--alignment`` adds ``alignment``
+Sub-score fields are named ``<metric>/<sub-score>``, as the rewards and callbacks log them.
+
+- ``emscore``: ``emscore``, ``emscore/<part>/<component>``; ``--alignment`` adds ``alignment``
   (tokens SOS..EOS, best frame, similarity, idf weight).
 - ``clip_s`` / ``pac_s``: ``clip_s`` / ``pac_s`` (``ref_clip_s`` / ``ref_pac_s`` with references).
 - ``hallucination``: ``hallucination`` in [-1, 0] (minus the weighted fraction of the caption's content
-  words without a matching frame: 0 all supported, -1 none) and ``hallucination.flagged`` (positions of
+  words without a matching frame: 0 all supported, -1 none) and ``hallucination/flagged`` (positions of
   the flagged tokens in ``alignment.tokens``, outlined by ``capreward report``). Threshold:
   ``--hallucination-threshold``; uses the CLIP of ``--clip-model`` and the idf of ``--idf``.
-- ``fleur``: ``fleur`` in [0, 1], ``fleur.raw`` (local LLaVA of ``--judge-model``; videos on
+- ``fleur``: ``fleur`` in [0, 1], ``fleur/raw`` (local LLaVA of ``--judge-model``; videos on
   G-VEval's three-frame composite).
-- ``visce2``: ``visce2`` in [0, 100], ``visce2.raw``, ``visce2.context`` (images only; a video row gets
+- ``visce2``: ``visce2`` in [0, 100], ``visce2/raw``, ``visce2/context`` (images only; a video row gets
   an error).
-- ``gveval``: ``gveval`` in [0, 100], ``gveval.raw``; ``--gveval-accr`` adds ``gveval.accuracy``,
-  ``gveval.completeness``, ``gveval.conciseness``, ``gveval.relevance`` (videos only). ``--gveval-mode``.
+- ``gveval``: ``gveval`` in [0, 100], ``gveval/raw``; ``--gveval-accr`` adds ``gveval/accuracy``,
+  ``gveval/completeness``, ``gveval/conciseness``, ``gveval/relevance`` (videos only). ``--gveval-mode``.
 
 visce2 and gveval run on the local LLaVA of ``--judge-model``, or on an OpenAI-compatible server
 (vLLM, OpenAI) when ``--judge-base-url`` or ``--judge-api-model`` is given; the API key is read from
@@ -47,7 +49,8 @@ import sys
 
 from ..backbones.clip_loading import DEFAULT_CLIP
 from ..jobs.runners import METRICS
-from .common import add_device_option, add_media_limit_options, add_resume_options, metric_list
+from ..rewards.hallucination import DEFAULT_THRESHOLD
+from .common import add_device_option, add_media_limit_options, add_resume_options, metric_list, spelled_aliases
 
 
 def run(args: argparse.Namespace) -> int:
@@ -85,8 +88,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--out", required=True, help="results JSONL (appended to; rerun to resume)")
     p.add_argument("--csv", help="also write the results as CSV")
     p.add_argument("--metrics", default="emscore", type=metric_list(METRICS),
-                   help=f"comma-separated, from: {', '.join(METRICS)} (clip-s and pac-s are accepted too) "
-                        "(default: emscore)")
+                   help=f"comma-separated, from: {', '.join(METRICS)}; any case, - for _, and the aliases "
+                        f"{spelled_aliases(METRICS)} (default: emscore)")
     p.add_argument("--clip-model", default=DEFAULT_CLIP,
                    help="CLIP for emscore/clip-s/hallucination (one shared copy): name/tag, .pt path, ...")
     p.add_argument("--pac-model", help="PAC-S checkpoint path (for pac-s)")
@@ -103,10 +106,9 @@ def add_parser(subparsers) -> None:
                         "references on every row")
     p.add_argument("--gveval-accr", action="store_true",
                    help="G-VEval's four ACCR scores (accuracy, completeness, conciseness, relevance; videos only)")
-    p.add_argument("--hallucination-threshold", type=float, default=None,
-                   help="token->frame similarity below which a content word is flagged (default: the library's "
-                        "uncalibrated DEFAULT_THRESHOLD; set it from HallucinationPenalty.calibrate on "
-                        "known-good captions)")
+    p.add_argument("--hallucination-threshold", type=float, default=DEFAULT_THRESHOLD,
+                   help="token->frame similarity below which a content word is flagged (an uncalibrated starting "
+                        "point; set it from HallucinationPenalty.calibrate on known-good captions)")
     p.add_argument("--idf", default="auto",
                    help="idf of emscore/hallucination (default: auto = the manifest's references, none if it has "
                         "none); refs | none | FILE (one caption per line) | OUT.idf.json (a recorded idf). "

@@ -9,10 +9,10 @@ import signal
 import sys
 import threading
 
-from ..adapters.factory import ALIASES, REWARD_NAMES
+from ..adapters.factory import REWARD_NAMES
 from ..backbones.clip_loading import DEFAULT_CLIP
 from ..metrics.harmonic import HARMONIC_MEANS
-from .common import CLIError, add_device_option, add_media_limit_options, metric_name
+from .common import CLIError, add_device_option, add_media_limit_options, metric_name, spelled_aliases
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,10 +88,9 @@ def server_limits(args: argparse.Namespace):
 
 
 def reward_name(name: str) -> str:
-    """The one spelling of a reward name (aliases such as clip-s mapped); unknown names pass through to
-    argparse's choices check."""
-    key = metric_name(name)
-    return ALIASES.get(key, ALIASES.get(name.strip().lower(), key))
+    """The one spelling of a reward name (the aliases of capreward.names mapped); unknown names pass
+    through to argparse's choices check."""
+    return metric_name(name)
 
 
 def add_parser(subparsers) -> None:
@@ -100,7 +99,7 @@ def add_parser(subparsers) -> None:
         description=__doc__,
     )
     p.add_argument("--reward", default="emscore", choices=REWARD_NAMES, type=reward_name,
-                   help="the reward served (clip-s is accepted for clip_s)")
+                   help=f"the reward served (aliases: {spelled_aliases(REWARD_NAMES)})")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=5000, help="0: pick a free port (printed on stderr when ready)")
     p.add_argument("--clip-model", default=DEFAULT_CLIP, help="CLIP for clip_s/emscore: name/tag, .pt path, ...")

@@ -2,21 +2,23 @@
 
 One runner per metric, built by ``ManifestScorer._build_<metric>``; the fields each writes:
 
-- ``emscore``: ``emscore`` and ``emscore.<part>.<component>`` (``video.fine_p``, ``reference.full_f``, ...);
+Sub-score fields are named ``<metric>/<sub-score>`` (the one separator of :mod:`capreward.names`).
+
+- ``emscore``: ``emscore`` and ``emscore/<part>/<component>`` (``video/fine_p``, ``reference/full_f``, ...);
   with ``alignment=True`` also ``alignment`` = {tokens (SOS..EOS), best_frame, similarity, weight}.
 - ``clip_s`` / ``pac_s``: ``clip_s`` / ``pac_s`` (and ``ref_clip_s`` / ``ref_pac_s`` with references).
 - ``hallucination``: ``hallucination``, the penalty of
   :class:`~capreward.rewards.hallucination.HallucinationPenalty` in [-1, 0] (0: every content word of the
-  caption has a matching frame; -1: none has; more negative is worse), and ``hallucination.flagged``,
+  caption has a matching frame; -1: none has; more negative is worse), and ``hallucination/flagged``,
   the positions of the flagged tokens in the caption's token list, the same list as ``alignment.tokens``
   (SOS at 0), which ``capreward report`` outlines. With ``alignment=True`` and no ``emscore`` runner it
   writes ``alignment`` itself.
-- ``fleur``: ``fleur`` in [0, 1] and ``fleur.raw`` (videos judged on G-VEval's three-frame composite).
-- ``visce2``: ``visce2`` in [0, 100], ``visce2.raw`` (the rating answer) and ``visce2.context`` (the
+- ``fleur``: ``fleur`` in [0, 1] and ``fleur/raw`` (videos judged on G-VEval's three-frame composite).
+- ``visce2``: ``visce2`` in [0, 100], ``visce2/raw`` (the rating answer) and ``visce2/context`` (the
   visual context). Images only: a video row gets an error, and so does an unreadable image (no fields).
   An answer without an integer scores 0, as in the paper, with the reason in ``errors``.
-- ``gveval``: ``gveval`` in [0, 100] and ``gveval.raw``; with ACCR also ``gveval.accuracy``,
-  ``gveval.completeness``, ``gveval.conciseness``, ``gveval.relevance`` (ACCR: videos only). Videos are
+- ``gveval``: ``gveval`` in [0, 100] and ``gveval/raw``; with ACCR also ``gveval/accuracy``,
+  ``gveval/completeness``, ``gveval/conciseness``, ``gveval/relevance`` (ACCR: videos only). Videos are
   judged on their three-frame composite.
 
 CLIP-based metrics (emscore, clip_s, hallucination) share one CLIP backbone; judge metrics (fleur,
@@ -42,11 +44,13 @@ from typing import Callable
 from ..backbones.clip_loading import DEFAULT_CLIP
 from ..media.errors import MediaError
 from ..media.images import describe
+from ..names import METRICS as NAMES
+from ..names import spelling, sub_score
 from .manifest import ManifestRow
 
 logger = logging.getLogger(__name__)
 
-METRICS = ("emscore", "clip_s", "pac_s", "fleur", "hallucination", "visce2", "gveval")
+METRICS = NAMES  # every metric, by its one name (capreward.names)
 #: Metrics computed on the shared CLIP backbone.
 CLIP_METRICS = ("emscore", "clip_s", "hallucination")
 
@@ -75,7 +79,7 @@ class ScoreOptions:
     alignment: bool = False  # store EMScore's token -> best-frame alignment per row (for reports)
 
     def __post_init__(self):
-        self.metrics = [m.strip().lower().replace("-", "_") for m in self.metrics]  # "clip-s" is "clip_s"
+        self.metrics = [spelling(m) for m in self.metrics]  # "clip-s", "clipscore" are "clip_s"
         unknown = [m for m in self.metrics if m not in METRICS]
         if unknown:
             raise ValueError(f"unknown metrics {unknown}; choose from {list(METRICS)}")
@@ -126,7 +130,7 @@ class ManifestScorer:
                 visual = {f"{kind}s": [rows[i].path for i in idx]}
                 res = scorer.score([rows[i].caption for i in idx], references=refs, **visual)
                 for pos, (j, flat) in enumerate(zip(idx, res.rows())):
-                    out[j] = {"emscore": flat.pop("score"), **{f"emscore.{k}": v for k, v in flat.items()}}
+                    out[j] = {"emscore": flat.pop("score"), **{sub_score("emscore", k): v for k, v in flat.items()}}
                     if self.options.alignment and res.alignment is not None:
                         out[j]["alignment"] = alignment_fields(res.alignment[pos])
             return out
@@ -177,7 +181,7 @@ class ManifestScorer:
                 alignments = penalty.alignments([rows[i].caption for i in idx], [rows[i].path for i in idx], kind)
                 for j, a in zip(idx, alignments):
                     report = penalty.report_for(a)
-                    out[j] = {"hallucination": report.penalty, "hallucination.flagged": report.flagged_index}
+                    out[j] = {"hallucination": report.penalty, sub_score("hallucination", "flagged"): report.flagged_index}
                     if write_alignment:
                         out[j]["alignment"] = alignment_fields(a)
             return out
@@ -218,7 +222,7 @@ class ManifestScorer:
                 visual = {f"{kind}s": [rows[i].path for i in idx]}
                 res = scorer.score([rows[i].caption for i in idx], references=refs, **visual)
                 for j, k in enumerate(idx):
-                    out[k] = {"fleur": finite_or_none(float(res.score[j])), "fleur.raw": res.raw[j]}
+                    out[k] = {"fleur": finite_or_none(float(res.score[j])), sub_score("fleur", "raw"): res.raw[j]}
                     if res.error[j]:
                         out[k]["_error"] = res.error[j]
             return out
@@ -243,8 +247,8 @@ class ManifestScorer:
                 if (visual := visual_error(rows[i], pos, res.error[pos])) is not None:
                     out[i] = {"_error": visual}
                     continue
-                out[i] = {"visce2": finite_or_none(float(res.score[pos])), "visce2.raw": res.raw[pos],
-                          "visce2.context": res.context[pos]}
+                out[i] = {"visce2": finite_or_none(float(res.score[pos])), sub_score("visce2", "raw"): res.raw[pos],
+                          sub_score("visce2", "context"): res.context[pos]}
                 if res.error[pos]:
                     out[i]["_error"] = res.error[pos]
             return out
@@ -281,10 +285,10 @@ class ManifestScorer:
                     if (visual := visual_error(rows[i], pos, res.error[pos])) is not None:
                         out[i] = {"_error": visual}
                         continue
-                    out[i] = {"gveval": finite_or_none(float(res.score[pos])), "gveval.raw": res.raw[pos]}
+                    out[i] = {"gveval": finite_or_none(float(res.score[pos])), sub_score("gveval", "raw"): res.raw[pos]}
                     if accr:
                         for name in ACCR_MARKERS:
-                            out[i][f"gveval.{name}"] = finite_or_none(float(getattr(res, name)[pos]))
+                            out[i][sub_score("gveval", name)] = finite_or_none(float(getattr(res, name)[pos]))
                     if res.error[pos]:
                         out[i]["_error"] = res.error[pos]
             return out

@@ -54,7 +54,9 @@ def run_local(todo: list[ManifestRow], options: ScoreOptions, out: str | Path, p
 def run_job(manifest: str | Path, out: str | Path, options: ScoreOptions, idf: str = "auto",
             engine: str = "local", num_actors: int = 2, csv: str | Path | None = None, progress: bool = True,
             accept_unrecorded_settings: bool = False, quarantine_bad_lines: bool = False) -> dict:
-    """Score every manifest row not yet in ``out``; returns counts {total, skipped, written, errors}.
+    """Score every manifest row not yet in ``out``; returns counts {total, skipped, written, errors} and,
+    when emscore or hallucination is scored, ``idf``: where the job's idf comes from (``"auto: the 12
+    references in manifest.jsonl"``, ``"none (every token weight 1)"`` …, as ``<out>.idf.json`` records it).
 
     Holds ``<out>.lock`` for the whole job (:class:`~capreward.jobs.output_lock.OutputLocked` if another
     run holds it), fixes the scoring settings per results file in ``<out>.settings.json``
@@ -74,6 +76,7 @@ def run_job(manifest: str | Path, out: str | Path, options: ScoreOptions, idf: s
         job_settings(out, options, has_results=has_results, accept_unrecorded=accept_unrecorded_settings)
         todo = unscored(rows, out, quarantine_bad_lines)
         clip = []  # the CLIP backbone, loaded at most once: for the idf table and the local scorers
+        idf_source = None
 
         def backbone():
             if not clip:
@@ -89,8 +92,10 @@ def run_job(manifest: str | Path, out: str | Path, options: ScoreOptions, idf: s
 
         if set(IDF_METRICS) & set(options.metrics):
             has_results = Path(out).is_file() and Path(out).stat().st_size > 0  # after a torn line's repair
-            table = job_idf(out, choose_idf(idf, rows, manifest), has_results=has_results,
-                            compute=compute_idf, clip_model=str(options.clip_model))
+            choice = choose_idf(idf, rows, manifest)
+            table = job_idf(out, choice, has_results=has_results, compute=compute_idf,
+                            clip_model=str(options.clip_model))
+            idf_source = choice.source
             options.idf_weights = None if table is None else table.weights
             options.idf_default = None if table is None else table.default
         if engine == "local":
@@ -103,9 +108,12 @@ def run_job(manifest: str | Path, out: str | Path, options: ScoreOptions, idf: s
         if csv is not None:
             order = {r.id: i for i, r in enumerate(rows)}
             write_csv(sorted(results, key=lambda r: order.get(r["id"], len(order))), csv)
-    return {
+    summary = {
         "total": len(rows),
         "skipped": len(rows) - len(todo),
         "written": written,
         "errors": sum(1 for r in results if r.get("errors")),
     }
+    if idf_source is not None:
+        summary["idf"] = idf_source
+    return summary

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from ..names import SEP
 from .errors import JobError
 from .runners import CLIP_METRICS, ScoreOptions
 
@@ -40,6 +41,11 @@ RECORD_FORMAT = "capreward-settings/1"
 CHAT_METRICS = ("visce2", "gveval")
 #: A "model folder" with more files than this is refused (see model_identity): a listing stays bounded.
 MAX_MODEL_FILES = 10_000
+
+#: How a results file's fields name sub-scores (``emscore/video/fine_p``); files from before it was
+#: recorded name them ``emscore.video.fine_p``, and a resume would mix both in one file.
+SEPARATOR_FLAG = ("the separator of sub-score fields (this capreward writes <metric>/<sub-score>; 'not used' is "
+                  "a file written with <metric>.<sub-score>)")
 
 #: How each recorded setting is set on the command line (for the refusal message).
 FLAGS = {
@@ -58,6 +64,7 @@ FLAGS = {
     "alignment": "--alignment",
     "max_pixels": "--max-pixels",
     "max_video_pixels": "--max-video-pixels",
+    "sub_score_separator": SEPARATOR_FLAG,
 }
 
 
@@ -100,7 +107,8 @@ def scoring_settings(options: ScoreOptions) -> dict[str, Any]:
     shows); ``alignment`` (emscore/hallucination: it changes which fields a row holds, and a report over
     rows with and without alignment would be inconsistent); ``max_pixels`` and ``max_video_pixels``, for
     every metric (the limits in force decide which rows are refused, and a JPEG over ``max_pixels`` is
-    decoded at a reduced scale, which changes its score). Models on local disk are recorded with
+    decoded at a reduced scale, which changes its score); ``sub_score_separator`` (how the rows name their
+    sub-score fields, ``/``: see :mod:`capreward.names`). Models on local disk are recorded with
     :func:`model_identity`, so new weights at the same path count as another model.
 
     Excluded: ``batch_size`` (a row never depends on its batch: tested per metric), ``device`` (a job
@@ -145,6 +153,7 @@ def scoring_settings(options: ScoreOptions) -> dict[str, Any]:
     limits = get_media_limits()  # the command's --max-pixels / --max-video-pixels (main() sets them)
     settings["max_pixels"] = limits.max_pixels
     settings["max_video_pixels"] = limits.max_video_pixels
+    settings["sub_score_separator"] = SEP
     return settings
 
 

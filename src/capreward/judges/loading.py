@@ -56,7 +56,8 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
-    """A torch device; None picks CUDA when available, else CPU."""
+    """A torch device; None picks CUDA when available, else CPU. (Whether the machine has it is checked
+    where a model is put on it: :func:`capreward.devices.checked_device`.)"""
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)

@@ -32,6 +32,7 @@ from PIL import Image
 from ..text import well_formed
 from .cache import growing_cache
 from .images import mean_background, pad_to_square
+from ..devices import checked_device
 from .loading import DEFAULT_LLAVA, load_llava, resolve_device, resolve_dtype
 from .caller_text import Data, PromptParts, control_token_ids, control_token_strings, encode_parts
 from .prompts import IMAGE_PLACEHOLDER, LLAVA_V1_SYSTEM, llava_v1_conversation, llava_v1_parts
@@ -125,7 +126,7 @@ class LocalJudge:
                 raise TypeError("pass model=(model, processor), or model=... and processor=... separately")
             model, processor = model
         if isinstance(model, (str, os.PathLike)):
-            dev = resolve_device(device)
+            dev = checked_device(resolve_device(device))  # a missing GPU: one clear error before loading
             model, processor = load_llava(
                 model,
                 dtype=resolve_dtype(dtype, dev),
@@ -137,7 +138,7 @@ class LocalJudge:
             if processor is None:
                 raise TypeError("a model object needs its processor: pass model=(model, processor)")
             if device is not None or dtype is not None:
-                dev = resolve_device(device) if device is not None else next(model.parameters()).device
+                dev = checked_device(resolve_device(device)) if device is not None else next(model.parameters()).device
                 target = resolve_dtype(dtype, dev) if dtype is not None else next(model.parameters()).dtype
                 model.to(device=dev, dtype=target)
             model.eval()

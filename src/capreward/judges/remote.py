@@ -8,12 +8,13 @@ vLLM's default ``max_logprobs``).
 Robustness, because a reward batch must never lose or shift a sample:
 
 - at most ``max_concurrency`` requests in flight (an ``asyncio.Semaphore``);
-- every attempt has a hard ``timeout``;
-- 408/409/429/5xx answers, connection errors, timeouts and malformed bodies (not JSON, no choices) are
-  retried up to ``max_retries`` times with exponential backoff and jitter (a server's ``Retry-After`` is
-  honoured up to ``max_backoff``); the client's own retries are switched off (``max_retries=0``) so that
-  these are the only ones;
-- other 4xx answers (a bad request) are not retried;
+- retries are the ``openai`` client's own (``max_retries``): 408/409/429/5xx answers, connection errors
+  and timeouts (``timeout``: the client's per-attempt connect/read/write limits) are retried with its
+  exponential backoff and jitter, honouring a server's ``Retry-After``; other 4xx answers (a bad
+  request) are not retried;
+- what the client does not do, done here: a 2xx body that is not a chat completion (not JSON, no
+  choices), which the client hands back as it is, is asked again, up to ``max_retries`` times; and the
+  whole request, every attempt and wait included, is bounded (:meth:`OpenAIJudge.request_deadline`);
 - ``result[i]`` always answers ``requests[i]``: results are stored by index, never by completion order,
   and a request that still fails gets a :class:`ChatResponse` with ``error`` naming the failure.
 
@@ -29,7 +30,6 @@ import concurrent.futures
 import io
 import logging
 import os
-import random
 from dataclasses import replace
 from typing import Any, Sequence
 
@@ -42,8 +42,10 @@ log = logging.getLogger(__name__)
 
 #: OpenAI's and vLLM's (default ``max_logprobs``) limit on ``top_logprobs``.
 TOP_LOGPROBS_CAP = 20
-#: HTTP statuses worth retrying: timeout, conflict, rate limit, server errors.
+#: HTTP statuses the openai client retries (and every 5xx): timeout, conflict, rate limit.
 RETRY_STATUSES = frozenset({408, 409, 429})
+#: The longest ``Retry-After`` the openai client waits for before a retry (its ``MAX_RETRY_AFTER_DELAY``).
+CLIENT_MAX_RETRY_AFTER = 120.0
 
 
 class MalformedResponse(Exception):
@@ -128,12 +130,12 @@ class OpenAIJudge:
     model name (also this backend's ``name``, used in cache keys); the default is the snapshot G-VEval's
     released ``scorer.py`` calls, ``gpt-4o-2024-05-13``. ``api_key_env``: the environment
     variable holding the key (None, or unset for a local server: the placeholder ``"EMPTY"`` that vLLM
-    accepts). ``max_concurrency``: requests in flight. ``timeout``: seconds per attempt.
-    ``max_retries``: retries after the first attempt. ``backoff``/``max_backoff``: the n-th retry waits
-    ``min(max_backoff, backoff * 2**n)`` seconds times a random factor in [0.5, 1]. ``system``: an
-    optional system message. ``extra_body``: extra request fields (e.g. vLLM's
-    ``{"top_k": 1}``). ``token_limit_param``: ``"max_tokens"`` (vLLM, older OpenAI models) or
-    ``"max_completion_tokens"`` (newer OpenAI models). ``seed``: seeds the jitter.
+    accepts). ``max_concurrency``: requests in flight. ``timeout``: the ``openai`` client's timeout of
+    one attempt (seconds). ``max_retries``: the client's retries after the first attempt (its backoff:
+    0.5 s doubling up to 8 s, with jitter, or the server's ``Retry-After``); malformed 2xx bodies are
+    asked again as many times. ``system``: an optional system message. ``extra_body``: extra request
+    fields (e.g. vLLM's ``{"top_k": 1}``). ``token_limit_param``: ``"max_tokens"`` (vLLM, older OpenAI
+    models) or ``"max_completion_tokens"`` (newer OpenAI models).
     """
 
     def __init__(
@@ -145,13 +147,10 @@ class OpenAIJudge:
         max_concurrency: int = 8,
         timeout: float = 60.0,
         max_retries: int = 5,
-        backoff: float = 0.5,
-        max_backoff: float = 30.0,
         top_logprobs_cap: int = TOP_LOGPROBS_CAP,
         system: str | None = None,
         extra_body: dict | None = None,
         token_limit_param: str = "max_tokens",
-        seed: int | None = None,
     ):
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be at least 1, got {max_concurrency}")
@@ -168,13 +167,10 @@ class OpenAIJudge:
         self.max_concurrency = int(max_concurrency)
         self.timeout = float(timeout)
         self.max_retries = int(max_retries)
-        self.backoff = float(backoff)
-        self.max_backoff = float(max_backoff)
         self.top_logprobs_cap = int(top_logprobs_cap)
         self.system = system
         self.extra_body = dict(extra_body or {})
         self.token_limit_param = token_limit_param
-        self._rng = random.Random(seed)
 
     def __repr__(self) -> str:
         return (
@@ -212,7 +208,8 @@ class OpenAIJudge:
                 uris[id(image)] = image_data_uri(image)
             return uris[id(image)]
 
-        async with AsyncOpenAI(base_url=self.base_url, api_key=key, max_retries=0, timeout=self.timeout) as client:
+        async with AsyncOpenAI(base_url=self.base_url, api_key=key, max_retries=self.max_retries,
+                               timeout=self.timeout) as client:
 
             async def run(index: int, request: ChatRequest) -> None:
                 try:
@@ -227,6 +224,12 @@ class OpenAIJudge:
         return [r if r is not None else ChatResponse(text="", error="internal error: no result") for r in results]
 
     # ------------------------------------------------------------------------------------ internals
+    def request_deadline(self) -> float:
+        """Seconds one request may take, every attempt and wait included: each of the ``max_retries + 1``
+        attempts ``timeout`` and each wait the longest ``Retry-After`` the client honours. Beyond it the
+        request gets an error (a server that trickles its answer cannot hold a sample for ever)."""
+        return (self.max_retries + 1) * self.timeout + self.max_retries * CLIENT_MAX_RETRY_AFTER
+
     def _api_key(self) -> str:
         value = os.environ.get(self.api_key_env) if self.api_key_env else None
         return value or "EMPTY"
@@ -255,40 +258,40 @@ class OpenAIJudge:
         return body
 
     async def _complete(self, client: Any, index: int, body: dict, key: str) -> ChatResponse:
-        """One request with retries; never raises for server or network failures."""
+        """One request; never raises for server or network failures. The client retries what HTTP says is
+        worth retrying; here only a 2xx body that is not a chat completion is asked again."""
         import openai
 
-        body = dict(body)
+        attempts = f"after {self.max_retries + 1} attempts"
         last = "no attempt made"
         for attempt in range(self.max_retries + 1):
-            retry_after = None
             try:
-                completion = await asyncio.wait_for(
-                    client.chat.completions.create(**body), timeout=self.timeout
-                )
+                completion = await asyncio.wait_for(client.chat.completions.create(**body),
+                                                    timeout=self.request_deadline())
                 return parse_completion(completion)
-            except (asyncio.TimeoutError, openai.APITimeoutError):
-                last = f"timed out after {self.timeout:g} s"
-            except openai.APIConnectionError as exc:
-                last = f"connection error ({exc})"
-            except openai.APIStatusError as exc:
-                last = f"HTTP {exc.status_code} ({_short(exc.message)})"
-                if not (exc.status_code in RETRY_STATUSES or exc.status_code >= 500):
-                    return ChatResponse(text="", error=_mask(f"request {index} failed: {last}", key))
-                retry_after = _retry_after(exc.response)
             except (MalformedResponse, openai.APIResponseValidationError, ValueError) as exc:
                 # json.JSONDecodeError is a ValueError: a 2xx body that is not JSON
                 last = f"malformed response ({_short(str(exc))})"
-            if attempt < self.max_retries:
-                delay = min(self.max_backoff, self.backoff * 2**attempt) * (0.5 + 0.5 * self._rng.random())
-                if retry_after is not None:
-                    delay = min(self.max_backoff, max(delay, retry_after))
-                log.warning(
-                    "%s: request %d attempt %d/%d failed: %s; retrying in %.2f s",
-                    self.model, index, attempt + 1, self.max_retries + 1, _mask(last, key), delay,
-                )
-                await asyncio.sleep(delay)
-        error = _mask(f"request {index} failed after {self.max_retries + 1} attempts: {last}", key)
+                if attempt < self.max_retries:
+                    log.warning("%s: request %d attempt %d/%d: %s; asking again", self.model, index, attempt + 1,
+                                self.max_retries + 1, _mask(last, key))
+                continue
+            except asyncio.TimeoutError:
+                last = f"no answer within {self.request_deadline():g} s (every attempt and wait)"
+            except openai.APITimeoutError:
+                last = f"timed out after {self.timeout:g} s, {attempts}"
+            except openai.APIConnectionError as exc:
+                last = f"connection error ({exc}), {attempts}"
+            except openai.APIStatusError as exc:
+                retried = exc.status_code in RETRY_STATUSES or exc.status_code >= 500
+                status = f"HTTP {exc.status_code} ({_short(exc.message)})"
+                return self._failed(f"request {index} failed {attempts}: {status}" if retried
+                                    else f"request {index} failed: {status}", key)
+            return self._failed(f"request {index} failed: {last}", key)
+        return self._failed(f"request {index} failed {attempts}: {last}", key)
+
+    def _failed(self, error: str, key: str) -> ChatResponse:
+        error = _mask(error, key)
         log.error("%s: %s", self.model, error)
         return ChatResponse(text="", error=error)
 
@@ -302,11 +305,3 @@ def _mask(text: str, key: str) -> str:
     """``text`` with any occurrence of the API key replaced (a server may echo it back)."""
     return text.replace(key, "***") if key and key != "EMPTY" else text
 
-
-def _retry_after(response: Any) -> float | None:
-    """Seconds from a ``Retry-After`` header in seconds form, else None."""
-    try:
-        value = response.headers.get("retry-after")
-        return max(0.0, float(value)) if value is not None else None
-    except (AttributeError, TypeError, ValueError):
-        return None

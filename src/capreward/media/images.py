@@ -2,7 +2,8 @@
 
 Accepted forms: a path (str or ``os.PathLike``), a :class:`~capreward.media.files.ConfinedFile` (a
 file opened only inside its root), a ``PIL.Image.Image``, a uint8 array of shape (H, W, 3), or a
-float tensor of shape (3, H, W) with values in [0, 1]. Everything is turned into an
+tensor of shape (3, H, W) or (H, W, 3), holding integers 0..255 (uint8, int64 …) or floats in [0, 1]
+(torchmetrics' conventions). Everything is turned into an
 RGB ``PIL.Image`` so that every form goes through the same (CLIP or VLM) preprocessing and gives
 identical scores.
 
@@ -62,24 +63,44 @@ def array_to_pil(array: np.ndarray, name: str) -> Image.Image:
     return Image.fromarray(np.ascontiguousarray(array), mode="RGB")
 
 
-def tensor_to_pil(tensor: torch.Tensor, name: str) -> Image.Image:
-    """Validate a float (3, H, W) tensor in [0, 1] and convert it to an RGB image."""
-    if tensor.dtype == torch.uint8:
-        if tensor.ndim == 3 and tensor.shape[0] == 3 and tensor.shape[2] != 3:
-            return array_to_pil(tensor.permute(1, 2, 0).cpu().numpy(), name)
-        return array_to_pil(tensor.cpu().numpy(), name)
-    if not tensor.is_floating_point():
-        raise MediaError(name, f"image tensors must be float (3, H, W) in [0, 1], got dtype {tensor.dtype}")
-    if tensor.ndim != 3 or tensor.shape[0] != 3:
-        raise MediaError(name, f"image tensors must have shape (3, H, W), got {tuple(tensor.shape)}")
-    if tensor.shape[1] == 0 or tensor.shape[2] == 0:
+def _tensor_layout(tensor: torch.Tensor, name: str) -> torch.Tensor:
+    """The (H, W, 3) view of a 3-channel image tensor: (3, H, W) channel-first (torch's convention, also
+    taken when the shape is (3, H, 3)) or (H, W, 3) channel-last; MediaError naming the item otherwise."""
+    if tensor.ndim != 3 or 3 not in (tensor.shape[0], tensor.shape[2]):
+        raise MediaError(
+            name, f"image tensors must be one 3-d image, (3, H, W) or (H, W, 3), got shape {tuple(tensor.shape)}"
+        )
+    hwc = tensor.permute(1, 2, 0) if tensor.shape[0] == 3 else tensor
+    if hwc.shape[0] == 0 or hwc.shape[1] == 0:
         raise MediaError(name, "image is empty (zero height or width)")
-    t = tensor.detach().float().cpu()
-    if not bool(torch.isfinite(t).all()):
-        raise MediaError(name, NAN_IMAGE)
-    if t.min() < 0 or t.max() > 1:
-        raise MediaError(name, f"float image values must lie in [0, 1], got [{t.min():.3g}, {t.max():.3g}]")
-    array = (t * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+    return hwc
+
+
+def tensor_to_pil(tensor: torch.Tensor, name: str) -> Image.Image:
+    """An RGB image from one image tensor, with torchmetrics' conventions: (3, H, W) or (H, W, 3);
+    integer dtypes (uint8, int64 …) hold 0..255, floating dtypes [0, 1] (rounded to 8 bits, as
+    ``torchvision``'s ``to_pil_image`` does after scaling by 255). Values outside the range, NaN, bool and
+    complex tensors are a MediaError naming the item."""
+    if tensor.dtype == torch.bool or tensor.is_complex():
+        raise MediaError(name, f"image tensors must hold integers 0..255 or floats in [0, 1], got dtype {tensor.dtype}")
+    hwc = _tensor_layout(tensor.detach(), name).cpu()
+    if tensor.is_floating_point():
+        t = hwc.float()
+        if not bool(torch.isfinite(t).all()):
+            raise MediaError(name, NAN_IMAGE)
+        if t.min() < 0 or t.max() > 1:
+            raise MediaError(
+                name, f"float image values must lie in [0, 1], got [{t.min():.3g}, {t.max():.3g}] "
+                "(integer tensors hold 0..255)"
+            )
+        array = (t * 255).round().to(torch.uint8).numpy()
+    else:
+        if hwc.dtype != torch.uint8:
+            lo, hi = int(hwc.min()), int(hwc.max())
+            if lo < 0 or hi > 255:
+                raise MediaError(name, f"integer image values must lie in 0..255, got {lo}..{hi} (dtype {tensor.dtype})")
+            hwc = hwc.to(torch.uint8)
+        array = hwc.numpy()
     return Image.fromarray(np.ascontiguousarray(array), mode="RGB")
 
 

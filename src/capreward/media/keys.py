@@ -74,7 +74,10 @@ def content_key(item: Any) -> str | None:
             return None  # loading it raises the refusal
         return f"path:{item.path}:{file_identity(st)}"
     if isinstance(item, torch.Tensor):
-        item = item.detach().cpu().contiguous().numpy()
+        tensor = item.detach().cpu().contiguous()
+        if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16: key its bits (the dtype is in the key)
+            return f"tensor:{tensor.dtype}:{tuple(tensor.shape)}:{hash_bytes(tensor.view(torch.int16).numpy().data)}"
+        item = tensor.numpy()
     if isinstance(item, np.ndarray):
         array = np.ascontiguousarray(item)
         return f"array:{array.dtype}:{array.shape}:{hash_bytes(array.data)}"

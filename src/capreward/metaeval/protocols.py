@@ -23,7 +23,7 @@ Some benchmarks offer more than one protocol (``run_protocol(..., protocol=name)
 - MSVD-Eval: tau-b and tau-c per ACCR dimension and overall (the top-level ``tau_b``/``tau_c`` are the
   overall ones). ``per-annotator`` (default; G-VEval's released ``correlation.py``): one row per
   (candidate, annotator), the two annotators' rows stacked. ``annotator-mean``: one row per candidate
-  against the annotators' mean. A metric that gives one score per dimension (``gveval.accuracy`` … with
+  against the annotators' mean. A metric that gives one score per dimension (``gveval/accuracy`` … with
   ``--score-field gveval``) is correlated dimension by dimension with the matching human dimension and
   its main score with ``overall``, as the release does for G-VEval's ACCR; a single score is correlated
   with every human dimension (the release reports only ``overall`` for such metrics).

@@ -3,10 +3,11 @@
 A scores row names its visual by ``image`` or ``video`` (or ``image_id`` / ``video_id``): a path or
 an id as the judgments file writes it; its file name or stem also match. Its caption is matched after
 whitespace normalisation. The score is ``score`` unless another field is chosen: a top-level key such
-as ``clip_s`` or ``emscore.full_f`` (``capreward score`` writes flat keys), or a dotted path into
+as ``clip_s`` or ``emscore/video/full_f`` (``capreward score`` writes flat keys), or a dotted path into
 nested objects (``metrics.clip_s``). For benchmarks with human dimensions (MSVD-Eval's ACCR) a row may also
-carry one score per dimension as ``<field>.<dimension>`` (``gveval.accuracy`` …, as ``capreward score
---gveval-accr`` writes them); the protocol then correlates each with the matching human dimension.
+carry one score per dimension as ``<field>/<dimension>`` (``gveval/accuracy`` …, as ``capreward score
+--gveval-accr`` writes them; ``<field>.<dimension>`` in files written before capreward named sub-scores
+with ``/``); the protocol then correlates each with the matching human dimension.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..names import sub_score
 from .judgments import JudgmentError, Judgments, normalize_caption, visual_aliases
 from .readers import read_jsonl_objects
 
@@ -30,7 +32,7 @@ class ScoreRow:
     caption: str
     score: float | None  # None: the row has no usable score (``reason`` says why)
     reason: str | None = None
-    parts: dict[str, float] = field(default_factory=dict)  # dimension -> score, from ``<field>.<dimension>``
+    parts: dict[str, float] = field(default_factory=dict)  # dimension -> score, from ``<field>/<dimension>``
 
 
 def field_value(row: dict, name: str) -> object:
@@ -65,7 +67,7 @@ def _number(value: object) -> float | None:
 def read_scores(path: str | Path, score_field: str | None = None, parts: tuple[str, ...] = ()) -> list[ScoreRow]:
     """Every row of a scores JSONL. Rows whose score is missing, null or NaN are kept with
     ``score=None`` and a reason (they count as unmatched); rows without a visual or caption raise.
-    ``parts``: dimension names whose per-dimension scores ``<field>.<dimension>`` are read into
+    ``parts``: dimension names whose per-dimension scores ``<field>/<dimension>`` (or ``<field>.<dimension>``) are read into
     ``ScoreRow.parts`` where the row has them as numbers."""
     path = Path(path)
     rows: list[ScoreRow] = []
@@ -92,9 +94,12 @@ def read_scores(path: str | Path, score_field: str | None = None, parts: tuple[s
         found = {}
         for part in parts:
             try:
-                value = _number(field_value(obj, f"{name}.{part}"))
+                value = _number(field_value(obj, sub_score(name, part)))
             except KeyError:
-                continue
+                try:
+                    value = _number(field_value(obj, f"{name}.{part}"))
+                except KeyError:
+                    continue
             if value is not None:
                 found[part] = value
         rows.append(ScoreRow(where, str(visual), obj["caption"], score, reason, found))

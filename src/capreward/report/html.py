@@ -1,6 +1,6 @@
 """Render scored rows as one self-contained HTML page (no external assets, no server).
 
-The page opens with a summary: per headline metric (a numeric field without a dot, such as ``emscore``,
+The page opens with a summary: per headline metric (a numeric field that is no sub-score, such as ``emscore``,
 ``clip_s``, ``fleur``) the number of scores, mean, median, population standard deviation, minimum,
 maximum and the number of rows whose ``errors`` name the metric, and an inline SVG histogram of its
 scores. Controls sort the samples by any headline metric (rows without that score last) and show only
@@ -10,8 +10,9 @@ the rows with an error or with flagged tokens; the view is kept in the address's
 Each sample shows its image or sampled video frames (embedded as base64 JPEG thumbnails), its
 caption, its scores, and, when the row carries an EMScore ``alignment``, every token coloured by its
 best visual similarity with the index of its best frame (the EMScore paper's Figure 7). Tokens listed
-in ``hallucination.flagged`` are marked. Each sample lists its references, and its sub-scores (fields
-``<metric>.<part>``, e.g. the 25 components of EMScore) are folded under the headline score.
+in ``hallucination/flagged`` are marked. Each sample lists its references, and its sub-scores (fields
+``<metric>/<part>``, e.g. the 21 components of EMScore; ``<metric>.<part>`` in files written before
+capreward named every sub-score with ``/``) are folded under the headline score.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import numpy as np
 from PIL import Image
 
 from ..media import MediaError, load_image, load_video
+from ..names import SEP, sub_score
 
 THUMB_HEIGHT = 96
 
@@ -75,7 +77,8 @@ SCRIPT = """
     return typeof v === 'number' ? v : null;
   }
   function apply() {
-    var key = sortKey.value, sign = sortDir.value === 'asc' ? 1 : -1, only = filter.value;
+    // manifest order is one order: the direction (highest/lowest first) is for the metrics
+    var key = sortKey.value, sign = key === 'order' || sortDir.value === 'asc' ? 1 : -1, only = filter.value;
     var items = Array.prototype.slice.call(box.children);
     items.sort(function (a, b) {
       var x = value(a, key), y = value(b, key), tie = a.dataset.order - b.dataset.order;
@@ -126,16 +129,22 @@ def is_score(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def is_sub_score(key: str) -> bool:
+    """Whether a field is a sub-score: ``<metric>/<part>``, or ``<metric>.<part>`` (files written before
+    capreward named every sub-score with ``/``)."""
+    return SEP in key or "." in key
+
+
 def headline_metrics(rows: list[dict]) -> list[str]:
-    """The headline metrics of the rows in order of first appearance: numeric fields without a dot (and
-    metrics named only in ``errors``)."""
+    """The headline metrics of the rows in order of first appearance: numeric fields that are no
+    sub-score (see :func:`is_sub_score`), and metrics named only in ``errors``."""
     names: dict[str, None] = {}
     for row in rows:
         for key, value in row.items():
-            if "." not in key and key != "id" and (is_score(value) or (value is None and key in (row.get("errors") or {}))):
+            if not is_sub_score(key) and key != "id" and (is_score(value) or (value is None and key in (row.get("errors") or {}))):
                 names.setdefault(key)
         for key in row.get("errors") or {}:
-            if "." not in key:
+            if not is_sub_score(key):
                 names.setdefault(key)
     return list(names)
 
@@ -263,7 +272,7 @@ def token_spans(alignment: dict, flagged: set[int], lo: float, hi: float) -> str
 
 
 def score_table(row: dict, metrics: list[str]) -> str:
-    """Each headline score, with its sub-scores (``<metric>.<part>`` fields) folded under it in a
+    """Each headline score, with its sub-scores (``<metric>/<part>`` fields) folded under it in a
     ``<details>``; numeric fields outside any headline metric are listed after."""
     parts = []
     claimed: set[str] = set()
@@ -272,7 +281,7 @@ def score_table(row: dict, metrics: list[str]) -> str:
             continue
         value = row.get(m)
         shown = f"{value:.4f}" if is_score(value) else "n/a"
-        subs = [(k, v) for k, v in row.items() if k.startswith(m + ".") and is_score(v)]
+        subs = [(k, v) for k, v in row.items() if k.startswith((m + SEP, m + ".")) and is_score(v)]
         claimed.update(k for k, _ in subs)
         label = f'{html.escape(m)} <span class="value">{shown}</span>'
         if subs:
@@ -291,7 +300,7 @@ def score_table(row: dict, metrics: list[str]) -> str:
 def sample_section(row: dict, order: int, metrics: list[str], frames: int | None, lo: float, hi: float) -> str:
     scores = {m: row[m] for m in metrics if is_score(row.get(m))}
     has_error = bool(row.get("errors"))
-    flagged = set(row.get("hallucination.flagged") or [])
+    flagged = set(row.get(sub_score("hallucination", "flagged")) or row.get("hallucination.flagged") or [])
     rid = html.escape(str(row.get("id", "")))
     parts = [f'<div class="sample" id="sample-{rid}" data-id="{rid}" data-order="{order}" '
              f'data-error="{int(has_error)}" data-flagged="{int(bool(flagged))}" '

@@ -105,11 +105,13 @@ class CLIPScoreReward(CaptionReward):
     Videos are scored through their mean frame embedding. Constructor: ``model``, ``device``, ``w``,
     ``prefix``, ``batch_size``, ``cache_size``, ``precision``, ``frames``, ``backbone`` as for
     :class:`~capreward.scorers.CLIPScore`, plus the column options of :class:`CaptionReward`.
-    Sub-scores ``clip_s`` and ``ref_similarity`` are logged via ``log_metric``.
+    Sub-scores ``clip_s`` (the reference-free score) and ``ref_similarity`` are logged via ``log_metric``.
     """
 
-    __name__ = "clipscore"
+    __name__ = "clip_s"
     scorer_class = CLIPScore
+    #: the sub-score holding the reference-free score (the metric's one name: ``clip_s`` / ``pac_s``)
+    free_field = "clip_s"
 
     def __init__(self, *, harmonic_mean: str = "sign-safe", **kwargs: Any):
         harmonic_mean_named(harmonic_mean)  # ValueError naming the choices
@@ -148,7 +150,7 @@ class CLIPScoreReward(CaptionReward):
             references=references,
             image_ids=visual_ids,
         )
-        metrics = {"clip_s": _column(result.clip_s)}
+        metrics = {self.free_field: _column(result.clip_s)}
         if result.ref_similarity is not None:
             metrics["ref_similarity"] = _column(result.ref_similarity)
             mean = harmonic_mean_named(self.harmonic_mean)
@@ -160,7 +162,9 @@ class CLIPScoreReward(CaptionReward):
 
 class PACScoreReward(CLIPScoreReward):
     """PAC-S (RefPAC-S with references) as a reward, in [0, 2] ([-1, 2] with references and the
-    sign-safe mean; see :class:`CLIPScoreReward`): ``model`` must be the PAC-S weights."""
+    sign-safe mean; see :class:`CLIPScoreReward`): ``model`` must be the PAC-S weights. Sub-scores
+    ``pac_s`` (the reference-free score) and ``ref_similarity``."""
 
-    __name__ = "pacscore"
+    __name__ = "pac_s"
     scorer_class = PACScore
+    free_field = "pac_s"

@@ -19,6 +19,7 @@ import torch
 from ..backbones.clip import CLIPBackbone, embed_captions
 from ..backbones.clip_loading import DEFAULT_CLIP
 from ..media import DEFAULT_FRAMES
+from ..names import sub_score
 from ..metrics.emscore import FineMatch, coarse_score, greedy_match, pad_stack, video_embedding
 from ..metrics.harmonic import harmonic_mean as harmonic_mean_named
 from ..metrics.idf import IdfTable, idf_from_mapping, idf_from_rows
@@ -91,14 +92,15 @@ class EMScoreResult:
     errors: list[str | None] | None = None  # with errors="nan": why item i got NaN (None: scored)
 
     def rows(self) -> list[dict[str, float]]:
-        """One flat dict per candidate: ``score`` and every computed component (``video.fine_p`` …)."""
+        """One flat dict per candidate: ``score`` and every computed component (``video/fine_p`` …, the
+        sub-score names of :mod:`capreward.names`)."""
         out = []
         for i in range(len(self.score)):
             row = {"score": float(self.score[i])}
             for name in ("video", "reference", "combined"):
                 part = getattr(self, name)
                 if part is not None:
-                    row.update({f"{name}.{k}": v for k, v in part.row(i).items()})
+                    row.update({sub_score(name, k): v for k, v in part.row(i).items()})
             out.append(row)
         return out
 

@@ -2,7 +2,12 @@
 
 The red-team suite lives here too: :mod:`~capreward.testing.susceptible_judge` (a tiny judge that falls
 for prompt injection) and :mod:`~capreward.testing.red_team` (hostile captions x every judge scorer and
-reward)."""
+reward).
+
+Every builder the README's "Try it without weights" table names is importable from here
+(``from capreward.testing import tiny_vlm_judge``); tests/test_readme.py checks the table against this
+package.
+"""
 
 from .tiny_clip import (
     TINY_CLIP_CONFIG,
@@ -40,6 +45,8 @@ from .tiny_llava import (
     tiny_judge_dir,
     train_tiny_judge,
 )
+from .tiny_vlm_judges import tiny_vlm_judge, tiny_vlm_judge_dir
+from .trained_clip import TrainedClipFactory, colour_caption, colour_image, trained_clip_path
 
 __all__ = [
     "ATTACKS",
@@ -58,12 +65,15 @@ __all__ = [
     "JudgeRecipe",
     "SAMPLERS",
     "TINY_CLIP_CONFIG",
+    "TrainedClipFactory",
     "TinyLlavaSpec",
     "build_tiny_clip",
     "build_tiny_llava",
     "build_tiny_processor",
     "build_tiny_tokenizer",
     "cache_root",
+    "colour_caption",
+    "colour_image",
     "fleur_explain_example",
     "fleur_score_example",
     "fleur_task_answer",
@@ -78,5 +88,8 @@ __all__ = [
     "tiny_clip_factory",
     "tiny_fleur_judge",
     "tiny_judge_dir",
+    "tiny_vlm_judge",
+    "tiny_vlm_judge_dir",
     "train_tiny_judge",
+    "trained_clip_path",
 ]

@@ -1,0 +1,75 @@
+"""One name per metric, and one separator before a sub-score, at every entry point.
+
+The canonical names (:data:`METRICS`) are what every entry point accepts and writes: ``capreward score
+--metrics``, ``serve --reward``, ``explain --metric``, veRL's ``CAPREWARD_REWARD``, the reward classes'
+``__name__`` (TRL's ``rewards/<name>/…``), the torchmetrics metrics' default names (``val/<name>`` in
+Lightning, ``eval_<name>`` in the Trainer) and the fields of results files. :data:`ALIASES` is the one
+table of other spellings, accepted wherever a name is read: :func:`canonical` maps any of them (case
+and ``-``/``_`` insensitive) to the canonical name.
+
+A sub-score is named ``<metric>/<sub-score>`` everywhere (:data:`SEP`): ``rewards/emscore/video/full_f``
+in TRL, ``val/emscore/video/full_f`` in Lightning, ``eval_emscore/video/full_f`` in the Trainer,
+``emscore/video/full_f`` in results files, ``video/full_f`` inside one metric's own output.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+#: Every metric's one name.
+METRICS = ("emscore", "clip_s", "pac_s", "fleur", "hallucination", "visce2", "gveval")
+
+#: Other spellings of the names, as normalised by :func:`normalize` (lower case, ``-`` as ``_``).
+ALIASES = {
+    "clipscore": "clip_s",
+    "clip_score": "clip_s",
+    "pacscore": "pac_s",
+    "pac_score": "pac_s",
+    "em": "emscore",
+    "em_score": "emscore",
+    "hallucination_penalty": "hallucination",
+    "visce_2": "visce2",
+    "visce²": "visce2",
+    "g_veval": "gveval",
+}
+
+#: The separator between a metric and its sub-score, and between the parts of a sub-score.
+SEP = "/"
+
+
+def normalize(name: str) -> str:
+    """``name`` stripped, in lower case, ``-`` written ``_`` (``CLIP-S`` → ``clip_s``)."""
+    return name.strip().lower().replace("-", "_")
+
+
+def spelling(name: str) -> str:
+    """``name`` normalised and, when it is an alias, the name it stands for (``CLIPScore`` → ``clip_s``);
+    any other name comes back normalised (for a choices check to refuse)."""
+    key = normalize(name)
+    return ALIASES.get(key, key)
+
+
+def canonical(name: str, choices: Sequence[str] = METRICS, what: str = "metric") -> str:
+    """The canonical name of ``name`` (an alias or any spelling of a name in ``choices``).
+
+    Raises ValueError naming ``name`` and ``choices`` when it is none of them.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"a {what} name must be a str, got {type(name).__name__}")
+    key = spelling(name)
+    if key not in choices:
+        raise ValueError(f"unknown {what} {name!r}; choose one of {', '.join(choices)}")
+    return key
+
+
+def sub_score(*parts: str) -> str:
+    """``parts`` joined by :data:`SEP`: ``sub_score("emscore", "video", "full_f")`` = ``"emscore/video/full_f"``."""
+    return SEP.join(parts)
+
+
+def aliases_of(name: str) -> list[str]:
+    """The aliases that :func:`canonical` maps to ``name``."""
+    return [alias for alias, target in ALIASES.items() if target == name]
+
+
+__all__ = ["ALIASES", "METRICS", "SEP", "aliases_of", "canonical", "normalize", "spelling", "sub_score"]
