@@ -95,9 +95,7 @@ def policy_and_data(ns: dict, tmp: Path) -> None:
     from capreward.testing import TinyLlavaSpec, build_tiny_llava
     from capreward.testing.trained_clip import colour_image
 
-    from conftest import import_script
-
-    recipe = import_script(REPO / "recipes" / "grpo_captioner.py", "grpo_captioner")
+    from capreward.recipes import grpo_captioner as recipe
     base = tmp / "tiny_policy"
     if not base.is_dir():
         model, processor = build_tiny_llava(TinyLlavaSpec(words=recipe.TINY_WORDS, seed=0))
@@ -177,11 +175,12 @@ def test_ci_runs_the_readme_commands_exactly_and_in_order():
     assert ci == commands[:2]
 
 
-def test_main_job_imports_only_core_dependencies():
-    """Every third-party distribution that the modules of ours the demo loads (capreward's and the GRPO
-    recipe's) import, at the top or inside functions, is a core dependency of pyproject.toml or required
-    (transitively) by one: the demo must run on a plain `bootstrap.sh` install. (Third-party packages'
-    own optional imports are theirs to guard.)"""
+def test_main_job_imports_only_core_and_demo_dependencies():
+    """Every third-party distribution that the modules of ours the demo loads (capreward's, the GRPO
+    recipe's included) import, at the top or inside functions, is a core dependency of pyproject.toml, in
+    its `demo` extra, or required (transitively) by one: the demo must run on a plain `bootstrap.sh`
+    install, which installs the `demo` extra. (Third-party packages' own optional imports are theirs to
+    guard.)"""
     import ast
     import subprocess
     import sys
@@ -209,7 +208,8 @@ def test_main_job_imports_only_core_dependencies():
     def name(req: str) -> str:
         return re.split(r"[\s<>=!~\[;(]", req, maxsplit=1)[0].lower().replace("_", "-")
 
-    core = {name(r) for r in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]}
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    core = {name(r) for r in project["dependencies"] + project["optional-dependencies"]["demo"]}
     allowed, todo = set(), list(core)
     while todo:
         dist = todo.pop()
@@ -222,4 +222,4 @@ def test_main_job_imports_only_core_dependencies():
             continue
         todo.extend(name(r) for r in reqs if "extra ==" not in r)
     missing = sorted(d for d in used if name(d) not in allowed)
-    assert missing == [], f"imported by the demo's modules but not core dependencies: {missing}"
+    assert missing == [], f"imported by the demo's modules but neither core nor demo dependencies: {missing}"

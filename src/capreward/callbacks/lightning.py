@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .._extras import require
 from .distributed import gather_objects
 from .sampler_ids import eval_loaders, sample_ids
 from .sources import Source, as_captions, as_ids, as_references, per_sample, read
@@ -44,10 +45,7 @@ from .tables import (
 )
 from .tm_metrics import CaptionMetric, named_metrics
 
-try:  # pragma: no cover - which one is installed is an environment fact
-    from lightning.pytorch import Callback
-except ImportError:  # pragma: no cover
-    from pytorch_lightning import Callback
+Callback = require("callbacks", "lightning.pytorch", "pytorch_lightning", used_by="CaptionScoreCallback").Callback
 
 logger = logging.getLogger(__name__)
 

@@ -104,6 +104,7 @@ def flag_of(parser: argparse.ArgumentParser, args: argparse.Namespace, value, ca
 
 def user_error_message(exc: BaseException, parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
     """One line for a user error (what, in flag terms, and what to do); None for anything else (a bug)."""
+    from .._extras import MissingExtraError
     from ..backbones.clip_loading import ModelLoadError
     from ..judges.loading import JudgeLoadError
     from ..jobs.errors import JobError
@@ -117,7 +118,7 @@ def user_error_message(exc: BaseException, parser: argparse.ArgumentParser, args
     if isinstance(exc, JudgeLoadError):
         flag = flag_of(parser, args, exc.spec, ("judge_model", "fleur_model"))
         return f"{flag}: {exc.summary}; {MODEL_HINTS['--judge-model']}"
-    if isinstance(exc, (CLIError, JobError, ManifestError, JudgmentError)):
+    if isinstance(exc, (CLIError, JobError, ManifestError, JudgmentError, MissingExtraError)):
         return str(exc)
     if isinstance(exc, FileNotFoundError) and exc.filename is not None:
         named = argument_naming(parser, args, exc.filename)
