@@ -181,11 +181,8 @@ def test_main_job_imports_only_core_and_demo_dependencies():
     its `demo` extra, or required (transitively) by one: the demo must run on a plain `bootstrap.sh`
     install, which installs the `demo` extra. (Third-party packages' own optional imports are theirs to
     guard.)"""
-    import ast
     import subprocess
     import sys
-    import tomllib
-    from importlib import metadata
 
     code = (
         "import sys, capreward.cli.demo as d, capreward.cli.main, capreward.testing.colour_task, capreward.testing.trained_clip;"
@@ -195,31 +192,14 @@ def test_main_job_imports_only_core_and_demo_dependencies():
     files = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     ours = [Path(f) for f in files if f.endswith(".py") and (f.startswith(str(REPO / "src")) or f.startswith(str(REPO / "recipes")))]
     assert any(f.name == "grpo_captioner.py" for f in ours) and any(f.name == "demo.py" for f in ours)
-    imported = set()
+    from test_packaging import CORE, OPTIONAL, _closure, providers, required_extras, third_party_imports
+
+    core_and_demo = _closure(tuple(CORE + OPTIONAL["demo"]))
+    missing = set()
     for f in ours:
-        for node in ast.walk(ast.parse(f.read_text())):
-            if isinstance(node, ast.Import):
-                imported.update(a.name.split(".")[0] for a in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                imported.add(node.module.split(".")[0])
-    owners = metadata.packages_distributions()
-    used = {dist for m in imported for dist in owners.get(m, [])} - {"capreward"}
-
-    def name(req: str) -> str:
-        return re.split(r"[\s<>=!~\[;(]", req, maxsplit=1)[0].lower().replace("_", "-")
-
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    core = {name(r) for r in project["dependencies"] + project["optional-dependencies"]["demo"]}
-    allowed, todo = set(), list(core)
-    while todo:
-        dist = todo.pop()
-        if dist in allowed:
-            continue
-        allowed.add(dist)
-        try:
-            reqs = metadata.requires(dist) or []
-        except metadata.PackageNotFoundError:
-            continue
-        todo.extend(name(r) for r in reqs if "extra ==" not in r)
-    missing = sorted(d for d in used if name(d) not in allowed)
+        # an import behind require("<extra>", ...) is that extra's (the demo never reaches it; if it did, the
+        # error would name the extra): the rest must come with core + demo
+        gated = _closure(tuple(r for e in sorted(required_extras(f) - {"demo", "recipes"}) for r in OPTIONAL[e]))
+        missing |= {m for m in third_party_imports(f) if not providers(m) & (core_and_demo | gated)}
+    missing = sorted(missing)
     assert missing == [], f"imported by the demo's modules but neither core nor demo dependencies: {missing}"
