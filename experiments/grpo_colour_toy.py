@@ -13,7 +13,7 @@ Per seed:
    often whatever it sees (chance: 25 % right), which gives GRPO groups with reward variance.
 2. Measure the mean reward (and the fraction of captions naming the right colour) of captions sampled
    at temperature 1 on held-out images.
-3. Run ``--steps`` GRPO steps through ``recipes/grpo_captioner.py`` (TRL ``GRPOTrainer``; full
+3. Run ``--steps`` GRPO steps through ``capreward.recipes.grpo_captioner`` (TRL ``GRPOTrainer``; full
    fine-tuning by default: LoRA did not move this tiny policy within the step budget) with CLIP-S
    behind capreward's anti-hacking guards (a ``CompositeReward``; empty captions get -1), then measure
    again on the same held-out images.
@@ -43,7 +43,7 @@ for this tiny policy; the figures above are what the default configuration gives
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
 import json
 import statistics
 import sys
@@ -63,19 +63,10 @@ from capreward.testing.colour_task import (
     sft_random_colours,
 )
 
-REPO = Path(__file__).resolve().parents[1]
-
 
 def load_recipe() -> Any:
-    """The GRPO recipe module (``recipes/grpo_captioner.py``)."""
-    name = "grpo_captioner"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "recipes" / "grpo_captioner.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    """The GRPO recipe module (:mod:`capreward.recipes.grpo_captioner`)."""
+    return importlib.import_module("capreward.recipes.grpo_captioner")
 
 
 # ------------------------------------------------------------------------------------------- eval

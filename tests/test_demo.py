@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 
 from capreward.cli import demo
@@ -12,7 +13,7 @@ from capreward.scorers.clipscore import CLIPScore
 from capreward.scorers.emscore import EMScore
 
 from fixtures_llava import one_torch_thread  # noqa: F401 (autouse: one torch thread)
-from conftest import sample_clips
+from conftest import VIDEO_DIR, sample_clips
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +79,7 @@ def test_trend_is_judged_on_printed_values():
 def test_demo_command_output_is_quiet_and_closes_with_what_it_showed(tmp_path, capfd):
     from capreward.cli.main import main
 
-    if not sample_clips():
-        pytest.skip("sample clips not available")
+    # the checkout's sample clips when present, else the synthesised ones
     assert main(["demo", "--steps", "1", "--frames", "4", "--out", str(tmp_path)]) == 0
     out, err = capfd.readouterr()
     assert "What the numbers showed" in out and "GRPO: mean reward" in out
@@ -87,3 +87,39 @@ def test_demo_command_output_is_quiet_and_closes_with_what_it_showed(tmp_path, c
     # no third-party warnings, log records, progress bars, raw per-step dicts or model-loading lines
     for noise in ("Warning", "warn(", "{'loss'", "it/s]", "Map:", "loading CLIP"):
         assert noise not in out + err, noise
+
+
+def test_without_sample_clips_the_foil_table_runs_on_synthesised_clips(clip, monkeypatch, capsys):
+    """An installed wheel has no ../shared: the demo synthesises its clips, and the facts still hold."""
+    from capreward.cli.main import main
+
+    monkeypatch.setattr(demo, "default_video_dir", lambda: None)
+    assert main(["demo", "--steps", "0", "--frames", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "two clips synthesised in memory" in out and "stripes (synthetic)" in out
+    assert ("true caption above its foil: EMScore 8/8, CLIP-S 8/8; swapped colour word flagged in 8/8 foils, "
+            "true colour word flagged in 0/8 true captions") in out
+
+
+def test_clip_source_order_named_folder_then_checkout_then_synthesised(tmp_path, monkeypatch):
+    from capreward.testing.colour_task import synthetic_clips
+
+    clips, names, source = demo.demo_clips(str(tmp_path), frames=3)  # a folder the user named: its clips only
+    assert (clips, names) == ([], []) and str(tmp_path) in source
+    monkeypatch.setattr(demo, "default_video_dir", lambda: tmp_path / "missing")
+    clips, names, source = demo.demo_clips(None, frames=3)
+    expected, expected_names = synthetic_clips(3)
+    assert names == expected_names and "synthesised" in source
+    assert all(c.shape == (3, 120, 160, 3) and c.dtype == np.uint8 and (c == e).all() for c, e in zip(clips, expected))
+    # grey content that moves: channels equal, frames differ
+    assert all((c[..., 0] == c[..., 2]).all() and not (c[0] == c[-1]).all() for c in clips)
+    if sample_clips():
+        monkeypatch.setattr(demo, "default_video_dir", lambda: VIDEO_DIR)
+        _, names, source = demo.demo_clips(None, frames=3)
+        assert names == [p.name for p in sample_clips()] and "sample clips" in source
+
+
+def test_the_checkout_is_found_only_from_a_checkout():
+    from conftest import REPO
+
+    assert demo.checkout_root() == REPO and demo.default_video_dir() == REPO.parent / "shared" / "data" / "videos"

@@ -1,4 +1,4 @@
-"""recipes/grpo_captioner.py: real TRL GRPOTrainer runs on CPU with the tiny LLaVA policy, LoRA and
+"""capreward.recipes.grpo_captioner (recipes/grpo_captioner.py runs it): real TRL GRPOTrainer runs on CPU with the tiny LLaVA policy, LoRA and
 capreward's rewards on the tiny CLIP. Checks that every reward is logged per step, that the values the
 rewards return are exactly what the trainer logs (per-step means, weighted total), that samples a
 reward cannot score (None) leave training running, and the command-line surface."""
@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,13 +17,14 @@ import pytest
 
 from conftest import import_script, write_mp4
 
-RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "grpo_captioner.py"
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def recipe():
-    yield import_script(RECIPE, "grpo_captioner")
-    sys.modules.pop("grpo_captioner", None)
+    from capreward.recipes import grpo_captioner
+
+    return grpo_captioner
 
 
 class Recording:
@@ -279,7 +281,7 @@ def test_full_fine_tuning_saves_the_whole_model(recipe, tmp_path):
 def test_colour_toy_experiment_runs_end_to_end(tmp_path, capsys):
     """experiments/grpo_colour_toy.py at toy size (its figures come from a full run, see its docstring):
     before/after evaluation, per-step trajectory and the summary over seeds are produced and consistent."""
-    path = RECIPE.parents[1] / "experiments" / "grpo_colour_toy.py"
+    path = REPO / "experiments" / "grpo_colour_toy.py"
     module = import_script(path, "grpo_colour_toy")
     out = module.main(
         ["--seeds", "0", "1", "--steps", "2", "--sft-steps", "2", "--batch-size", "8", "--num-generations", "4",
@@ -296,3 +298,15 @@ def test_colour_toy_experiment_runs_end_to_end(tmp_path, capsys):
     assert out["summary"]["reward_before"].startswith(f"{np.mean(before):.3f} +- ")
     assert json.loads((tmp_path / "r.json").read_text())["summary"] == out["summary"]
     assert "over 2 seeds, 2 GRPO steps" in capsys.readouterr().out
+
+
+def test_recipe_runs_as_a_package_module_and_as_the_repository_script():
+    """The recipe ships inside the package (a wheel install has it); recipes/grpo_captioner.py runs it."""
+    runs = [[sys.executable, "-m", "capreward.recipes.grpo_captioner", "--help"],
+            [sys.executable, str(REPO / "recipes" / "grpo_captioner.py"), "--help"]]
+    helps = []
+    for command in runs:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO.parent)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        helps.append(proc.stdout.split("\n", 1)[1])  # the usage line names the program
+    assert helps[0] == helps[1] and "--lora-r" in helps[0] and "--tiny" in helps[0]

@@ -95,9 +95,7 @@ def policy_and_data(ns: dict, tmp: Path) -> None:
     from capreward.testing import TinyLlavaSpec, build_tiny_llava
     from capreward.testing.trained_clip import colour_image
 
-    from conftest import import_script
-
-    recipe = import_script(REPO / "recipes" / "grpo_captioner.py", "grpo_captioner")
+    from capreward.recipes import grpo_captioner as recipe
     base = tmp / "tiny_policy"
     if not base.is_dir():
         model, processor = build_tiny_llava(TinyLlavaSpec(words=recipe.TINY_WORDS, seed=0))
@@ -177,16 +175,14 @@ def test_ci_runs_the_readme_commands_exactly_and_in_order():
     assert ci == commands[:2]
 
 
-def test_main_job_imports_only_core_dependencies():
-    """Every third-party distribution that the modules of ours the demo loads (capreward's and the GRPO
-    recipe's) import, at the top or inside functions, is a core dependency of pyproject.toml or required
-    (transitively) by one: the demo must run on a plain `bootstrap.sh` install. (Third-party packages'
-    own optional imports are theirs to guard.)"""
-    import ast
+def test_main_job_imports_only_core_and_demo_dependencies():
+    """Every third-party distribution that the modules of ours the demo loads (capreward's, the GRPO
+    recipe's included) import, at the top or inside functions, is a core dependency of pyproject.toml, in
+    its `demo` extra, or required (transitively) by one: the demo must run on a plain `bootstrap.sh`
+    install, which installs the `demo` extra. (Third-party packages' own optional imports are theirs to
+    guard.)"""
     import subprocess
     import sys
-    import tomllib
-    from importlib import metadata
 
     code = (
         "import sys, capreward.cli.demo as d, capreward.cli.main, capreward.testing.colour_task, capreward.testing.trained_clip;"
@@ -196,33 +192,17 @@ def test_main_job_imports_only_core_dependencies():
     files = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     ours = [Path(f) for f in files if f.endswith(".py") and (f.startswith(str(REPO / "src")) or f.startswith(str(REPO / "recipes")))]
     assert any(f.name == "grpo_captioner.py" for f in ours) and any(f.name == "demo.py" for f in ours)
-    imported = set()
+    from test_packaging import CORE, OPTIONAL, _closure, providers, required_extras, third_party_imports
+
+    core_and_demo = _closure(tuple(CORE + OPTIONAL["demo"]))
+    missing = set()
     for f in ours:
-        for node in ast.walk(ast.parse(f.read_text())):
-            if isinstance(node, ast.Import):
-                imported.update(a.name.split(".")[0] for a in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                imported.add(node.module.split(".")[0])
-    owners = metadata.packages_distributions()
-    used = {dist for m in imported for dist in owners.get(m, [])} - {"capreward"}
-
-    def name(req: str) -> str:
-        return re.split(r"[\s<>=!~\[;(]", req, maxsplit=1)[0].lower().replace("_", "-")
-
-    core = {name(r) for r in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]}
-    allowed, todo = set(), list(core)
-    while todo:
-        dist = todo.pop()
-        if dist in allowed:
-            continue
-        allowed.add(dist)
-        try:
-            reqs = metadata.requires(dist) or []
-        except metadata.PackageNotFoundError:
-            continue
-        todo.extend(name(r) for r in reqs if "extra ==" not in r)
-    missing = sorted(d for d in used if name(d) not in allowed)
-    assert missing == [], f"imported by the demo's modules but not core dependencies: {missing}"
+        # an import behind require("<extra>", ...) is that extra's (the demo never reaches it; if it did, the
+        # error would name the extra): the rest must come with core + demo
+        gated = _closure(tuple(r for e in sorted(required_extras(f) - {"demo", "recipes"}) for r in OPTIONAL[e]))
+        missing |= {m for m in third_party_imports(f) if not providers(m) & (core_and_demo | gated)}
+    missing = sorted(missing)
+    assert missing == [], f"imported by the demo's modules but neither core nor demo dependencies: {missing}"
 
 
 BUILDER_TABLE = re.compile(r"^\| builder \| what you get \|\n\|[- |]+\|\n((?:\|.*\|\n)+)", re.M)

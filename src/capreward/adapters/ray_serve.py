@@ -52,7 +52,9 @@ def reward_app(reward_factory: Callable[[], Any], *, fallback: float | None = No
     ``limits.max_wait`` (seconds) configure ``@serve.batch``; the other arguments as for
     :func:`~capreward.adapters.openrlhf.make_server`.
     """
-    from ray import serve
+    from .._extras import require
+
+    serve = require("serve", "ray.serve", used_by="capreward.adapters.ray_serve")
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response
 

@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .._extras import require
 from ..names import sub_score
 from .distributed import gather_objects
 from .loggers import file_store_refusal, is_file_store
@@ -55,10 +56,7 @@ from .tables import (
 )
 from .tm_metrics import CaptionMetric, named_metrics
 
-try:  # pragma: no cover - which one is installed is an environment fact
-    from lightning.pytorch import Callback
-except ImportError:  # pragma: no cover
-    from pytorch_lightning import Callback
+Callback = require("callbacks", "lightning.pytorch", "pytorch_lightning", used_by="CaptionScoreCallback").Callback
 
 logger = logging.getLogger(__name__)
 

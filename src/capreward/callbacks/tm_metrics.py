@@ -32,7 +32,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
-from torchmetrics import Metric
+
+from .._extras import require
+
+require("callbacks", "torchmetrics", used_by="capreward's torchmetrics metrics")
+from torchmetrics import Metric  # noqa: E402 (after the check that names the extra)
 from torchmetrics.utilities import rank_zero_warn
 from torchmetrics.utilities.data import dim_zero_cat
 

@@ -28,6 +28,7 @@ from typing import Any, Callable
 import torch
 from transformers import TrainerCallback
 
+from .._extras import require
 from ..names import sub_score
 from .generation import CaptionGenerator, has_image_blocks, is_image_processor
 from .loggers import file_store_refusal, is_file_store
@@ -223,7 +224,7 @@ class CaptionEvalCallback(TrainerCallback):
 
         records = self._generate_and_update(model, accelerator)
         scores: dict[str, CaptionScores] = {name: m.summary() for name, m in self.metrics.items()}  # collective
-        from accelerate.utils import gather_object
+        gather_object = require("callbacks", "accelerate.utils", used_by="CaptionEvalCallback").gather_object
 
         gathered = gather_object(records) if accelerator.num_processes > 1 else records
         rows = score_table(merge_records([gathered], by_id=True), scores)

@@ -7,12 +7,18 @@ toy task (:mod:`capreward.testing.colour_task`):
 1. **Foils.** The sample clips tinted red, green, blue and yellow; each tinted clip gets its true
    caption ("a red image.") and a foil that swaps the colour word. EMScore and CLIP-S score both, and
    the hallucination penalty (threshold calibrated on other true captions) lists the words it flags.
+   The clips are those of ``--videos``, else the checkout's ``../shared/data/videos``, else (an installed
+   wheel, or no sample clips) two clips synthesised in memory
+   (:func:`~capreward.testing.colour_task.synthetic_clips`).
 2. **GRPO.** A tiny LLaVA captioner, first taught the answer format with colours drawn at random, is
-   trained with TRL's ``GRPOTrainer`` (``recipes/grpo_captioner.py``) on images of one colour, rewarded
+   trained with TRL's ``GRPOTrainer`` (:mod:`capreward.recipes.grpo_captioner`) on images of one colour, rewarded
    by a ``CompositeReward`` of EMScore + CLIP-S + the penalty behind the anti-hacking guards. The
    per-step reward and the share of captions naming the right colour are printed.
 
 A closing line says what the numbers showed (computed from them, whichever way they went).
+
+Needs the ``demo`` extra (TRL, PEFT, datasets; ``scripts/bootstrap.sh`` installs it); without it the
+command stops at once with one line naming it.
 """
 
 from __future__ import annotations
@@ -32,41 +38,49 @@ from typing import Any, Sequence
 VIDEO_SUFFIXES = {".mp4", ".avi", ".mkv", ".webm", ".mov"}
 
 
-def default_video_dir() -> Path:
-    """``../shared/data/videos`` beside the repository (where CI and developers keep the clips)."""
-    return Path(__file__).resolve().parents[3].parent / "shared" / "data" / "videos"
+def checkout_root() -> Path | None:
+    """The repository checkout this package runs from (``src/capreward`` inside it, a ``pyproject.toml``
+    beside ``src``), or None for an installed package."""
+    root = Path(__file__).resolve().parents[3]
+    return root if (root / "pyproject.toml").is_file() and (root / "src" / "capreward").is_dir() else None
 
 
-def recipe_path() -> Path:
-    """``recipes/grpo_captioner.py`` of the repository this package is run from."""
-    return Path(__file__).resolve().parents[3] / "recipes" / "grpo_captioner.py"
+def default_video_dir() -> Path | None:
+    """``../shared/data/videos`` beside the checkout (where CI and developers keep the sample clips);
+    None when the package is installed rather than run from a checkout."""
+    root = checkout_root()
+    return None if root is None else root.parent / "shared" / "data" / "videos"
 
 
-def load_recipe(path: Path | None = None):
-    """Import the GRPO recipe script as a module. Raises FileNotFoundError naming the path when the
-    package is not run from a repository checkout."""
-    import importlib.util
-    import sys
+def require_demo_extra() -> None:
+    """Raise :class:`~capreward._extras.MissingExtraError` (one line naming the ``demo`` extra) unless
+    what the GRPO part imports is installed; checked before anything is trained."""
+    from .._extras import require
 
-    path = path or recipe_path()
-    if "grpo_captioner" in sys.modules and getattr(sys.modules["grpo_captioner"], "__file__", None) == str(path):
-        return sys.modules["grpo_captioner"]
-    if not path.is_file():
-        raise FileNotFoundError(f"GRPO recipe not found at {path} (run the demo from a capreward checkout)")
-    spec = importlib.util.spec_from_file_location("grpo_captioner", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["grpo_captioner"] = module
-    spec.loader.exec_module(module)
-    return module
+    for module in ("trl", "datasets"):
+        require("demo", module, used_by="capreward demo")
+
+
+def load_recipe():
+    """The GRPO recipe, :mod:`capreward.recipes.grpo_captioner` (needs the ``demo`` extra)."""
+    require_demo_extra()
+    import importlib
+
+    return importlib.import_module("capreward.recipes.grpo_captioner")
 
 
 @contextlib.contextmanager
 def quiet_third_parties():
     """Keep third-party warnings, log records and progress bars off the terminal (our own lines stay):
     Python warnings are ignored, transformers/TRL/datasets log errors only, datasets' bars are off, and so
-    are our own model-loading status lines (the demo's tiny models load in an instant, many times)."""
-    import datasets
+    are our own model-loading status lines (the demo's tiny models load in an instant, many times).
+    (datasets comes with the demo extra; the foil table alone runs without it.)"""
     import transformers
+
+    try:
+        import datasets
+    except ImportError:
+        datasets = None
 
     from .. import progress
 
@@ -74,7 +88,7 @@ def quiet_third_parties():
     loggers = ("transformers", "trl", "datasets", "accelerate", "peft", "capreward.rewards")
     levels = {name: logging.getLogger(name).level for name in loggers}
     tf_verbosity = transformers.logging.get_verbosity()
-    bars = datasets.is_progress_bar_enabled()
+    bars = datasets is not None and datasets.is_progress_bar_enabled()
     status_lines = progress.is_enabled()
     progress.enable(False)
     with warnings.catch_warnings():
@@ -82,7 +96,8 @@ def quiet_third_parties():
         transformers.logging.set_verbosity_error()
         for name in levels:
             logging.getLogger(name).setLevel(logging.ERROR)
-        datasets.disable_progress_bars()
+        if datasets is not None:
+            datasets.disable_progress_bars()
         try:
             yield
         finally:
@@ -191,11 +206,30 @@ def foils_summary(s: FoilScores) -> str:
 
 
 def read_clips(video_dir: Path, frames: int) -> tuple[list[Any], list[str]]:
-    """The clips of ``video_dir`` decoded to ``frames`` frames each, and their file names."""
+    """The clips of ``video_dir`` decoded to ``frames`` frames each, and their file names (none when the
+    folder does not exist)."""
     from ..media import load_video
 
     paths = sorted(p for p in video_dir.glob("*") if p.suffix.lower() in VIDEO_SUFFIXES)
     return [load_video(p, frames=frames) for p in paths], [p.name for p in paths]
+
+
+def demo_clips(videos: str | None, frames: int) -> tuple[list[Any], list[str], str]:
+    """The clips the foil table tints, their names and a line saying where they came from: the folder
+    ``videos`` when given (possibly none), else the checkout's sample clips, else two clips synthesised
+    in memory (an installed wheel has no ``../shared``)."""
+    from ..testing.colour_task import synthetic_clips
+
+    if videos is not None:
+        clips, names = read_clips(Path(videos), frames)
+        return clips, names, f"clips from {videos}"
+    folder = default_video_dir()
+    if folder is not None and folder.is_dir():
+        clips, names = read_clips(folder, frames)
+        if clips:
+            return clips, names, f"sample clips from {folder}"
+    clips, names = synthetic_clips(frames)
+    return clips, names, "no sample clips at hand (../shared/data/videos): two clips synthesised in memory"
 
 
 # ------------------------------------------------------------------------------------------ part 2
@@ -250,7 +284,7 @@ def build_reward(clip_model: Any, calibration_rows: Sequence[dict[str, Any]]) ->
 
 def run_grpo(clip_model: Any, steps: int, out: str, seed: int = 0, sft_steps: int = 80) -> GRPOResult:
     """SFT the tiny LLaVA policy to the answer format, then ``steps`` GRPO steps (full fine-tuning,
-    16 images x 4 completions per step, lr :data:`LR` cosine) through ``recipes/grpo_captioner.py``."""
+    16 images x 4 completions per step, lr :data:`LR` cosine) through :mod:`capreward.recipes.grpo_captioner`."""
     from ..testing import TinyLlavaSpec, build_tiny_llava
     from ..testing.colour_task import WORDS, ColourTally, colour_rows, grpo_dataset, sft_random_colours
 
@@ -351,6 +385,8 @@ def trend(before: float, after: float, fmt: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from ..testing.trained_clip import TrainedClipFactory, trained_clip_path
 
+    if args.steps > 0:
+        require_demo_extra()
     with quiet_third_parties(), one_thread():
         start = time.perf_counter()
         print("capreward demo: tiny CLIP trained on colour words (cached after the first run); nothing is downloaded")
@@ -358,12 +394,12 @@ def run(args: argparse.Namespace) -> int:
         clip = TrainedClipFactory()
         summary = []
         if not args.no_table:
-            clips, names = read_clips(Path(args.videos), args.frames)
+            clips, names, source = demo_clips(args.videos, args.frames)
             if not clips:
                 print(f"no videos found in {args.videos} (pass --videos DIR)")
                 return 1
             print(f"\n1. Colour foils: {len(names)} clips x 4 tints, {args.frames} frames each; "
-                  "true caption vs the same caption with the colour swapped")
+                  f"true caption vs the same caption with the colour swapped ({source})")
             foils = score_foils(clip, clips, names, args.frames)
             print(format_foils(foils))
             print(f"(penalty threshold {foils.threshold:.3f}: 5% quantile of true captions' content-word similarities)")
@@ -387,7 +423,9 @@ def run(args: argparse.Namespace) -> int:
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("demo", help="colour foils scored by EMScore/CLIP-S/penalty, then a short GRPO run; tiny local models",
                               description=__doc__)
-    p.add_argument("--videos", default=str(default_video_dir()), help="folder of video clips to tint (default: %(default)s)")
+    p.add_argument("--videos", default=None,
+                   help="folder of video clips to tint (default: ../shared/data/videos beside the checkout; "
+                        "two synthesised clips when there is none)")
     p.add_argument("--frames", type=int, default=10, help="frames sampled per video (default: %(default)s)")
     p.add_argument("--no-table", action="store_true", help="skip the colour-foil table")
     p.add_argument("--steps", type=int, default=80, help="GRPO steps; 0 skips the GRPO part (default: %(default)s)")

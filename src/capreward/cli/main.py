@@ -117,6 +117,7 @@ def flag_of(parser: argparse.ArgumentParser, args: argparse.Namespace, value, ca
 
 def user_error_message(exc: BaseException, parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
     """One line for a user error (what, in flag terms, and what to do); None for anything else (a bug)."""
+    from .._extras import MissingExtraError
     from ..backbones.clip_loading import ModelLoadError
     from ..devices import DeviceUnavailableError
     from ..judges.loading import JudgeLoadError
@@ -133,7 +134,7 @@ def user_error_message(exc: BaseException, parser: argparse.ArgumentParser, args
         return f"{flag}: {exc.summary}; {MODEL_HINTS['--judge-model']}"
     if isinstance(exc, DeviceUnavailableError):
         return f"--device: {exc}"
-    if isinstance(exc, (CLIError, JobError, ManifestError, JudgmentError)):
+    if isinstance(exc, (CLIError, JobError, ManifestError, JudgmentError, MissingExtraError)):
         return str(exc)
     if isinstance(exc, FileNotFoundError) and exc.filename is not None:
         named = argument_naming(parser, args, exc.filename)

@@ -43,7 +43,10 @@ def run_ray(todo: list[ManifestRow], options: ScoreOptions, out: str | Path, num
     """Score ``todo`` on ``num_actors`` Ray actors; returns the number of rows written."""
     import json
 
-    import ray
+    from .._extras import require
+
+    ray = require("ray", "ray", used_by="the Ray engine (--engine ray)")
+    require("ray", "ray.data", used_by="the Ray engine (--engine ray)")
 
     if not todo:
         return 0

@@ -193,7 +193,9 @@ class OpenAIJudge:
     async def agenerate(self, requests: Sequence[ChatRequest]) -> list[ChatResponse]:
         """Answer every request concurrently (at most ``max_concurrency`` in flight); ``result[i]`` answers
         ``requests[i]``."""
-        from openai import AsyncOpenAI
+        from .._extras import require
+
+        AsyncOpenAI = require("remote", "openai", used_by="OpenAIJudge").AsyncOpenAI
 
         requests = list(requests)
         results: list[ChatResponse | None] = [None] * len(requests)

@@ -19,8 +19,9 @@ def _title(result: MetaEvalResult) -> str:
 
 def plot_result(result: MetaEvalResult, path: str | Path, metric_name: str = "metric") -> Path:
     """Write the plot of ``result`` as a PNG to ``path``; returns the path."""
-    import matplotlib
+    from .._extras import require
 
+    matplotlib = require("plot", "matplotlib", used_by="meta-evaluation plots (--plot)")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np

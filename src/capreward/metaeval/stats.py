@@ -10,7 +10,14 @@ import math
 from typing import Sequence
 
 import numpy as np
-from scipy import stats
+
+from .._extras import require
+
+
+def _scipy_stats():
+    """scipy.stats (the ``metaeval`` extra), imported when a correlation is first computed, so that the
+    judgment readers and ``capreward meta-eval --help`` work without it."""
+    return require("metaeval", "scipy.stats", used_by="meta-evaluation correlations (capreward meta-eval)")
 
 
 def _pair(x: Sequence[float], y: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
@@ -27,19 +34,19 @@ def kendall(x: Sequence[float], y: Sequence[float], variant: str = "c") -> float
     if variant not in ("b", "c"):
         raise ValueError(f"variant must be 'b' or 'c', got {variant!r}")
     x, y = _pair(x, y)
-    return float(stats.kendalltau(x, y, variant=variant).statistic)
+    return float(_scipy_stats().kendalltau(x, y, variant=variant).statistic)
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
     """Spearman's rank correlation, in [-1, 1]."""
     x, y = _pair(x, y)
-    return float(stats.spearmanr(x, y).statistic)
+    return float(_scipy_stats().spearmanr(x, y).statistic)
 
 
 def pearson(x: Sequence[float], y: Sequence[float]) -> float:
     """Pearson's linear correlation, in [-1, 1]."""
     x, y = _pair(x, y)
-    return float(stats.pearsonr(x, y).statistic)
+    return float(_scipy_stats().pearsonr(x, y).statistic)
 
 
 def pairwise_outcomes(preferred: Sequence[float | None], other: Sequence[float | None]) -> dict[str, int]:

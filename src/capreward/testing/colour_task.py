@@ -5,6 +5,7 @@ colour scores high and one naming another colour scores low. This module provide
 
 - foils on real footage: :func:`tint` colours every frame of a clip, :func:`colour_foils` pairs each
   tinted clip with its true caption ("a red image.") and a foil that swaps the colour word;
+  :func:`synthetic_clips` makes footage-like clips in memory when no sample clips are at hand;
 - a GRPO task for a tiny LLaVA policy: images of one solid colour (:func:`colour_rows`), the prompt
   :data:`PROMPT` in TRL's conversational format (:func:`grpo_dataset`), and a short SFT
   (:func:`sft_random_colours`) that teaches the answer format "a <colour> image" with colours drawn
@@ -52,6 +53,27 @@ class ColourFoils:
     calibration: list[str]
 
 
+def synthetic_clips(frames: int = 10, height: int = 120, width: int = 160, seed: int = 0) -> tuple[list[np.ndarray], list[str]]:
+    """Two clips synthesised in memory, for the demo when the sample clips are absent (an installed
+    wheel has no ``../shared``): uint8 arrays (``frames``, ``height``, ``width``, 3) of grey, textured
+    content that moves (diagonal stripes drifting over noise; a bright disc crossing a dark, noisy
+    background), and their names. Deterministic for ``seed``; colour comes only from :func:`tint`."""
+    if frames < 1 or height < 8 or width < 8:
+        raise ValueError(f"need frames >= 1 and a frame of at least 8x8, got {frames} frames of {height}x{width}")
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float64)
+    stripes, disc = [], []
+    for t in range(frames):
+        phase = t / max(frames, 2)
+        wave = 0.5 + 0.5 * np.sin(2 * np.pi * ((x + y) / 24.0 - phase))
+        stripes.append(60 + 150 * wave + rng.normal(0, 10, (height, width)))
+        cx, cy, r = width * (0.2 + 0.6 * phase), height * 0.5, min(height, width) * 0.22
+        inside = (x - cx) ** 2 + (y - cy) ** 2 <= r * r
+        disc.append(np.where(inside, 220.0, 40.0) + rng.normal(0, 12, (height, width)))
+    clips = [np.repeat(np.clip(np.stack(c), 0, 255).astype(np.uint8)[..., None], 3, axis=-1) for c in (stripes, disc)]
+    return clips, ["stripes (synthetic)", "disc (synthetic)"]
+
+
 def colour_foils(clips: Sequence[np.ndarray], names: Sequence[str] | None = None, colours: Sequence[str] = TASK_COLOURS) -> ColourFoils:
     """Every clip of ``clips`` (decoded uint8 frames) tinted with every colour of ``colours``; the true
     caption "a <colour> image.", the foil naming the next colour of the list, and the calibration
@@ -91,7 +113,9 @@ def colour_rows(n: int, seed: int, colours: Sequence[str] = TASK_COLOURS) -> lis
 def grpo_dataset(rows: Sequence[dict[str, Any]], keep_colour: bool = False) -> Any:
     """TRL's conversational VLM format: a user turn with :data:`PROMPT`, and the image (and, with
     ``keep_colour``, the true ``colour``, which TRL passes on to the rewards)."""
-    from datasets import Dataset
+    from .._extras import require
+
+    Dataset = require("demo", "datasets", used_by="the demo's GRPO task").Dataset
 
     def record(r):
         out = {"prompt": [{"role": "user", "content": PROMPT}], "image": r["image"]}

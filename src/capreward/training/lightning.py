@@ -14,13 +14,12 @@ from typing import Any, Sequence
 
 import torch
 
-try:  # pragma: no cover - which one is installed is an environment fact
-    import lightning.pytorch as lp
-except ImportError:  # pragma: no cover
-    import pytorch_lightning as lp
-
+from .._extras import require
 from .relaxed import DifferentiableRewardLoss
 from .scst import SelfCriticalStep, greedy_captions
+
+# lightning.pytorch, or the standalone pytorch_lightning package
+lp = require("callbacks", "lightning.pytorch", "pytorch_lightning", used_by="capreward.training.lightning")
 
 
 class RewardCaptionerModule(lp.LightningModule):
