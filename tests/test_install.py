@@ -31,7 +31,7 @@ import pytest
 from packaging.requirements import Requirement
 
 from conftest import REPO
-from test_packaging import CASES, CORE_OK, dist_name
+from test_packaging import CASES, CORE_OK, FRAMEWORK_PLUGINS, dist_name
 
 pytestmark = pytest.mark.install
 
@@ -188,6 +188,9 @@ def test_core_install_imports_every_module_or_names_its_extra(core_venv, fresh_c
     assert out["torch"][0].split("+")[0] == "2.14.1" and "local_torch" in out["torch"][1]
     assert len(out["modules"]) > 100
     failed = {name: err for name, err in out["modules"].items() if err is not None}
+    for name, framework in FRAMEWORK_PLUGINS.items():  # a framework's plugin names the framework it needs
+        err = failed.pop(name)
+        assert err["type"] == "ModuleNotFoundError" and "\n" not in err["message"] and f"needs {framework}" in err["message"].lower(), err
     assert set(failed) == set(IMPORT_NEEDS_EXTRA), failed
     for name, err in failed.items():
         extra = IMPORT_NEEDS_EXTRA[name]

@@ -28,7 +28,15 @@ import logging
 import os
 from typing import Any
 
-from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
+try:
+    from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
+except ModuleNotFoundError as exc:  # a plugin of veRL's, loaded by veRL: no capreward extra installs veRL
+    raise ModuleNotFoundError(
+        f"capreward.adapters.verl_manager is a reward manager that veRL loads into its own process "
+        f"(reward.reward_manager.module.path=pkg://capreward.adapters.verl_manager); it needs veRL "
+        f"(>= 0.8, with its reward loop), which cannot be imported here ({exc.name} is missing)",
+        name=exc.name,
+    ) from None
 
 from capreward.adapters.labels import Label, LabelError
 from capreward.adapters.scoring import ScoredBatch, score_labelled

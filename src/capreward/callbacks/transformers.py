@@ -85,13 +85,12 @@ def check_trainer_loggers(trainer: Any, prefix: str) -> None:
     import os
 
     handler = getattr(trainer, "callback_handler", None)
-    if not any(type(c).__name__ == "MLflowCallback" for c in getattr(handler, "callbacks", ())):
+    mlflow_callbacks = [c for c in getattr(handler, "callbacks", ()) if type(c).__name__ == "MLflowCallback"]
+    if not mlflow_callbacks:
         return
     uri = os.environ.get("MLFLOW_TRACKING_URI")
-    if not uri:
-        import mlflow
-
-        uri = mlflow.get_tracking_uri()
+    if not uri:  # the mlflow module transformers' MLflowCallback imported (it exists only when mlflow does)
+        uri = mlflow_callbacks[0]._ml_flow.get_tracking_uri()
     if is_file_store(uri):
         raise ValueError(file_store_refusal(uri, f"{prefix}emscore", "CaptionEvalCallback"))
 
