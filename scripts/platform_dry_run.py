@@ -32,8 +32,9 @@ TARGETS: dict[str, tuple[list[str], dict[str, str]]] = {
     "macos-arm64": (["macosx_11_0_arm64"], MACOS),
     # macOS 14 (current torch ships macOS wheels for 14.0 and later only)
     "macos14-arm64": (["macosx_14_0_arm64"], MACOS),
-    # glibc 2.17 (manylinux2014)
-    "linux-aarch64": (["manylinux2014_aarch64"], LINUX_ARM),
+    # glibc 2.17 to 2.28 (manylinux_2_28: the oldest glibc current torch and hf-xet ship aarch64 wheels
+    # for; a glibc 2.17-only machine, such as CentOS 7, cannot install transformers' huggingface_hub there)
+    "linux-aarch64": (["manylinux2014_aarch64"] + [f"manylinux_2_{v}_aarch64" for v in range(17, 29)], LINUX_ARM),
     # glibc 2.17 to 2.39 (a current distribution, e.g. Ubuntu 24.04)
     "linux-aarch64-glibc2.39": (["manylinux2014_aarch64"] + [f"manylinux_2_{v}_aarch64" for v in range(17, 40)], LINUX_ARM),
 }
