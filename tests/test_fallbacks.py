@@ -42,7 +42,7 @@ def plain_reward(prompts, completions, **kwargs):
     (VisCE2Reward(), 0.0),
     (GVEvalReward(scale=1.0), 0.0),
     (CompositeReward([(EMScoreReward(), 1.0), (HallucinationPenalty(), 0.5)], guards=Guards(length=0.5)),
-     -1.0 - 0.5 - 1.0 - 1.0 - 0.5),
+     -1.0 - 0.5 - 1.0 - 1.0 - 0.5 - 1.0),  # terms, repetition, truncation, length, injection
 ], ids=lambda x: x if isinstance(x, float) else type(x).__name__)
 def test_the_default_fallback_is_the_bottom_of_the_range(reward, bottom):
     from capreward.adapters.scoring import resolve_fallback

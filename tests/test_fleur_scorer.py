@@ -8,8 +8,10 @@ HF processor, and applies the released code's smoothing (token search included).
 from __future__ import annotations
 
 import math
+import os
 import random
 import re
+import time
 
 import numpy as np
 import pytest
@@ -230,14 +232,20 @@ def test_a_recipe_for_a_new_answer_format_trains_caches_and_decodes(tmp_path, mo
         words=("What", "final", "score", "The"),
     )  # fmt: skip
     recipe = JudgeRecipe("final-score", generators=((final_score_example, 1.0),), spec=spec, steps=60, batch_size=8, lr=1e-2)
-    stale, other = tmp_path / "tiny_llava" / "final-score-0123456789abcdef", tmp_path / "tiny_llava" / "final-0123456789abcdef"
-    stale.mkdir(parents=True)
-    other.mkdir()
-    path = tiny_judge_dir(recipe, cache_dir=tmp_path)
-    assert path.parent == tmp_path / "tiny_llava" and path.name == f"final-score-{recipe.key()}"
-    assert not stale.exists() and other.exists()  # an earlier training of this recipe is dropped, others kept
     from capreward.testing import tiny_llava
 
+    base = tmp_path / "tiny_llava"
+    stale, recent, other = base / "final-score-0123456789abcdef", base / "final-score-fedcba9876543210", base / "final-0123456789abcdef"
+    for d in (stale, recent, other):
+        d.mkdir(parents=True)
+    old = time.time() - (tiny_llava.STALE_AFTER_DAYS + 1) * 86400
+    os.utime(stale, (old, old))
+    os.utime(other, (old, old))
+    path = tiny_judge_dir(recipe, cache_dir=tmp_path)
+    assert path.parent == base and path.name == f"final-score-{recipe.key()}"
+    # another key of this recipe unused for over STALE_AFTER_DAYS is dropped; one another environment may
+    # still use (recently used) stays, and other recipes' trainings are not this recipe's to prune
+    assert not stale.exists() and recent.exists() and other.exists()
     def no_training(*args, **kwargs):
         raise AssertionError("a cached recipe must not be trained again")
 

@@ -92,11 +92,11 @@ def test_as_async_is_a_coroutine_function_for_every_trl(clip_model):
 
     if hasattr(trl_utils, "is_async_callable"):  # trl >= 1.14
         assert trl_utils.is_async_callable(async_reward)
-    assert getattr(trl_utils, "get_callable_name", lambda f: f.__name__)(async_reward) == "clipscore"
-    assert async_reward.__name__ == "clipscore"
+    assert getattr(trl_utils, "get_callable_name", lambda f: f.__name__)(async_reward) == "clip_s"
+    assert async_reward.__name__ == "clip_s"
     assert list(inspect.signature(async_reward).parameters) == ["prompts", "completions", "completion_ids", "kwargs"]
     clone = pickle.loads(pickle.dumps(async_reward))  # AsyncGRPOTrainer pickles rewards into its worker
-    assert inspect.iscoroutinefunction(clone) and clone.__name__ == "clipscore"
+    assert inspect.iscoroutinefunction(clone) and clone.__name__ == "clip_s"
 
 
 # ------------------------------------------------------------------------------ GRPO and RLOO
@@ -121,15 +121,15 @@ def run_group_trainer(kind, clip_model, dataset, tmp_path):
 @pytest.mark.parametrize("kind", ["grpo", "rloo"])
 def test_group_trainer_two_steps_with_sync_and_async_rewards(kind, clip_model, dataset, tmp_path):
     trainer, sync = run_group_trainer(kind, clip_model, dataset, tmp_path)
-    logs = step_logs(trainer, "rewards/clipscore/mean")
+    logs = step_logs(trainer, "rewards/clip_s/mean")
     assert [h["step"] for h in logs] == [1, 2]
     # one call per step with the whole generation batch: 2 prompts x 2 generations
     assert [c["n"] for c in sync.calls] == [4, 4]
     assert all(None not in c["values"] and len(c["values"]) == c["n"] for c in sync.calls)
-    assert [h["rewards/clipscore/mean"] for h in logs] == pytest.approx([mean(c["values"]) for c in sync.calls], abs=1e-5)
+    assert [h["rewards/clip_s/mean"] for h in logs] == pytest.approx([mean(c["values"]) for c in sync.calls], abs=1e-5)
     # the async reward was awaited on the same completions: its logged means equal the sync ones
     assert [h["rewards/clipscore_async/mean"] for h in logs] == pytest.approx(
-        [h["rewards/clipscore/mean"] for h in logs], abs=1e-5)
+        [h["rewards/clip_s/mean"] for h in logs], abs=1e-5)
     assert all(math.isfinite(h["reward"]) for h in logs)
     assert any(len(set(round(v, 6) for v in c["values"])) > 1 for c in sync.calls)  # real, differing scores
 

@@ -136,7 +136,8 @@ def test_reward_server_refuses_playlists(tree, tiny_clip_path):
     assert body["errors"][0] is None and body["rewards"][0] != -7
     assert body["rewards"][1:] == [-7.0] * len(PLAYLISTS)
     # one text for every playlist, whatever it lists (the root itself is redacted by the server)
-    assert body["errors"][1:] == [f"video input ('<media-root>/{n}'): {NOT_A_CONTAINER}" for n in PLAYLISTS]
+    assert body["errors"][1:] == [f"query[{i}]: video input ('<media-root>/{n}'): {NOT_A_CONTAINER}"
+                                  for i, n in enumerate(PLAYLISTS, 1)]
 
 
 def test_verl_refuses_playlists(tree, tiny_backbone, caplog):
