@@ -423,3 +423,28 @@ def test_mlflow_file_store_is_refused_at_construction(tmp_path, monkeypatch, tin
     with pytest.raises(ValueError, match=r"eval_emscore and eval_emscore/video/full_f.*MLflow's file store"):
         CaptionEvalCallback(trainer, [{"prompt": "a"}], [metric])
     CaptionEvalCallback(trainer, [{"prompt": "a"}], [metric], log_sub_scores=False)
+
+
+def test_mlflow_tracking_uri_set_in_code_is_read_through_the_trainers_mlflow(tmp_path, monkeypatch, tiny_backbone):
+    """Without MLFLOW_TRACKING_URI the store is what mlflow itself says (a URI set in code), read through
+    the mlflow module transformers' MLflowCallback holds: a file store is refused, a database store is not."""
+    mlflow = pytest.importorskip("mlflow")
+    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    tokenizer = tiny_tokenizer()
+    policy = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+                                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+    trainer = Trainer(model=policy, args=TrainingArguments(output_dir=str(tmp_path / "out"), report_to=["mlflow"],
+                                                           use_cpu=True), processing_class=tokenizer)
+    metric = EMScoreMetric(backbone=tiny_backbone)
+    previous = mlflow.get_tracking_uri()
+    try:
+        mlflow.set_tracking_uri("file:" + str(tmp_path / "mlruns"))
+        with pytest.raises(ValueError, match=r"MLflow's file store"):
+            CaptionEvalCallback(trainer, [{"prompt": "a"}], [metric])
+        mlflow.set_tracking_uri("sqlite:///" + str(tmp_path / "mlflow.db"))
+        CaptionEvalCallback(trainer, [{"prompt": "a"}], [metric])
+    finally:
+        mlflow.set_tracking_uri(previous)
