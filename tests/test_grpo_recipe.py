@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import import_script, write_mp4
+from reward_recording import Recording, nanmean
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -25,28 +26,6 @@ def recipe():
     from capreward.recipes import grpo_captioner
 
     return grpo_captioner
-
-
-class Recording:
-    """Wraps a reward, keeping what each call returned (a picklable plain callable, same TRL name)."""
-
-    def __init__(self, reward):
-        self.reward = reward
-        self.__name__ = reward.__name__
-        self.calls: list[dict] = []
-
-    def __call__(self, prompts, completions, completion_ids=None, **kwargs):
-        values = self.reward(prompts, completions, completion_ids, **kwargs)
-        from capreward.rewards import completion_text
-
-        texts = [completion_text(c) for c in completions]
-        self.calls.append({"n": len(completions), "values": list(values), "video": kwargs.get("video"), "texts": texts})
-        return values
-
-
-def nanmean(values) -> float:
-    finite = [v for v in values if v is not None]
-    return sum(finite) / len(finite) if finite else math.nan
 
 
 ARGS = ["--tiny", "--quiet", "--steps", "3", "--batch-size", "4", "--num-generations", "2",

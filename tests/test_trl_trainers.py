@@ -20,32 +20,13 @@ import pickle
 import pytest
 from PIL import Image
 
-from capreward.rewards import CLIPScoreReward, completion_text
+from capreward.rewards import CLIPScoreReward
+from reward_recording import Recording, nanmean
 
 pytestmark = pytest.mark.integration
 
 WORDS = ("a", "an", "the", "of", "image", "photo", "red", "green", "blue", "yellow", "Describe", "describe")
 COLOURS = {"red": (215, 30, 35), "green": (35, 165, 50), "blue": (35, 70, 215), "yellow": (240, 215, 35)}
-
-
-class Recording:
-    """A synchronous reward that keeps what each call returned (same TRL name as the reward)."""
-
-    def __init__(self, reward):
-        self.reward = reward
-        self.__name__ = reward.__name__
-        self.calls: list[dict] = []
-
-    def __call__(self, prompts, completions, completion_ids=None, **kwargs):
-        values = self.reward(prompts, completions, completion_ids, **kwargs)
-        self.calls.append({"n": len(completions), "values": list(values),
-                           "texts": [completion_text(c) for c in completions]})
-        return values
-
-
-def mean(values) -> float:
-    finite = [v for v in values if v is not None]
-    return sum(finite) / len(finite) if finite else math.nan
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +107,7 @@ def test_group_trainer_two_steps_with_sync_and_async_rewards(kind, clip_model, d
     # one call per step with the whole generation batch: 2 prompts x 2 generations
     assert [c["n"] for c in sync.calls] == [4, 4]
     assert all(None not in c["values"] and len(c["values"]) == c["n"] for c in sync.calls)
-    assert [h["rewards/clip_s/mean"] for h in logs] == pytest.approx([mean(c["values"]) for c in sync.calls], abs=1e-5)
+    assert [h["rewards/clip_s/mean"] for h in logs] == pytest.approx([nanmean(c["values"]) for c in sync.calls], abs=1e-5)
     # the async reward was awaited on the same completions: its logged means equal the sync ones
     assert [h["rewards/clipscore_async/mean"] for h in logs] == pytest.approx(
         [h["rewards/clip_s/mean"] for h in logs], abs=1e-5)
@@ -157,7 +138,7 @@ def test_online_dpo_two_steps_with_a_sync_reward(clip_model, dataset, tmp_path):
     # each step scores two completions per prompt (chosen and rejected are picked by the reward)
     assert [c["n"] for c in sync.calls] == [4, 4]
     assert all(None not in c["values"] for c in sync.calls)
-    assert [h["objective/scores"] for h in logs] == pytest.approx([mean(c["values"]) for c in sync.calls], abs=1e-5)
+    assert [h["objective/scores"] for h in logs] == pytest.approx([nanmean(c["values"]) for c in sync.calls], abs=1e-5)
 
 
 def test_online_dpo_calls_rewards_synchronously_as_the_readme_says(clip_model, dataset, tmp_path):

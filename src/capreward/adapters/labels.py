@@ -145,10 +145,6 @@ def parse_label(label: Any, where: str = "label", paths: MediaPaths | str | os.P
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise LabelError(f"{where} is not valid JSON ({exc}); expected an object such as "
                              '{"video": "clip.mp4", "references": ["..."]}') from None
-        except RecursionError:
-            raise LabelError(f"{where} is nested too deeply") from None
-        except ValueError as exc:  # an integer over sys.get_int_max_str_digits() digits
-            raise LabelError(f"{where} is not valid JSON ({exc})") from None
     if not isinstance(label, dict):
         raise LabelError(f"{where} must be an object with image/video/references keys, got {type(label).__name__}")
     unknown = sorted(set(label) - set(LABEL_KEYS))
