@@ -43,7 +43,8 @@ from capreward import CLIPScore
 from capreward.backbones.clip import pixel_dtype
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_emscore import make_captions, make_video, synchronize  # noqa: E402  (shared workload generators)
+from bench_emscore import counted_flops, make_captions, make_video, synchronize  # noqa: E402  (shared workload generators)
+from gpu_common import matmul_peak, write_json  # noqa: E402
 
 
 class OpenClipAsTransformers(torch.nn.Module):
@@ -99,6 +100,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="4 images, 1 round")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json-out", help="also write the results to this JSON file")
     args = parser.parse_args(argv)
     if args.quick:
         args.images, args.repeats = 4, 1
@@ -118,7 +120,8 @@ def main(argv=None) -> dict:
     bb = ours.backbone
     wrapped = OpenClipAsTransformers(bb.model).eval()
     processor = OpenClipProcessor(bb.preprocess, bb.tokenizer)
-    tm = TMCLIPScore(model_name_or_path=lambda: (wrapped, processor))
+    # the metric's states live where its model runs: moved to the device with the metric
+    tm = TMCLIPScore(model_name_or_path=lambda: (wrapped, processor)).to(args.device)
 
     def run_tm(caps):
         tm.reset()
@@ -137,6 +140,20 @@ def main(argv=None) -> dict:
         synchronize(args.device)
         return time.perf_counter() - start, time.process_time() - cpu, out
 
+    # explicit warm-up of both paths (first-call allocations, kernel selection), then the FLOPs of one call
+    # of each (fused attention disabled while counting, so attention is counted)
+    warm_caps = make_captions(rng, n)
+    run_tm(warm_caps)
+    clear()
+    ours.score(warm_caps, images=per_caption)
+    with counted_flops() as tm_flops:
+        run_tm(make_captions(rng, n))
+    clear()
+    with counted_flops() as cold_flops:
+        ours.score(make_captions(rng, n), images=per_caption)
+    with counted_flops() as warm_flops:
+        ours.score(make_captions(rng, n), images=per_caption)
+    peak = matmul_peak(args.device, next(bb.model.parameters()).dtype, seconds=0.5)
     rounds = []
     for _ in range(args.repeats):
         caps, other = make_captions(rng, n), make_captions(rng, n)
@@ -168,7 +185,16 @@ def main(argv=None) -> dict:
         "cpu_speedup_warm": cpu["torchmetrics"] / cpu["capreward warm"],
         "per_pair_100cos_difference": max(r["agreement"] for r in rounds),
         "torchmetrics_value_difference": max(r["value_check"] for r in rounds),
+        "matmul_peak_gflop_per_s": peak / 1e9,
+        # whole-call FLOP/s (preprocessing and Python included) as a share of the measured matmul peak
+        "efficiency": {k: {"gflop": f["flops"] / 1e9, "peak_fraction": f["flops"] / best[k] / peak}
+                       for k, f in (("torchmetrics", tm_flops), ("capreward cold", cold_flops),
+                                    ("capreward warm", warm_flops))},
     }
+    if torch.device(args.device).type != "cpu":  # process CPU time means nothing for GPU work
+        for k in ("cpu_speedup_cold", "cpu_speedup_warm"):
+            result[k] = None
+    write_json(args.json_out, result)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -178,8 +204,11 @@ def main(argv=None) -> dict:
               f"best of {c['repeats']} rounds")
         for k, s in best.items():
             print(f"  {k:16s} {s:7.3f} s  ({n / s:6.1f} captions/s; CPU {cpu[k]:.2f} s)")
-        print(f"capreward vs torchmetrics: cold {result['speedup_cold']:.1f}x, warm {result['speedup_warm']:.1f}x "
-              f"(process CPU time: {result['cpu_speedup_cold']:.1f}x, {result['cpu_speedup_warm']:.1f}x)")
+        cpu_note = "" if result["cpu_speedup_cold"] is None else \
+            f" (process CPU time: {result['cpu_speedup_cold']:.1f}x, {result['cpu_speedup_warm']:.1f}x)"
+        print(f"capreward vs torchmetrics: cold {result['speedup_cold']:.1f}x, warm {result['speedup_warm']:.1f}x{cpu_note}")
+        print("whole calls as a share of the measured matmul peak: " + ", ".join(
+            f"{k} {e['gflop']:.1f} GFLOP at {100 * e['peak_fraction']:.1f}%" for k, e in result["efficiency"].items()))
         print(f"torchmetrics' per-pair 100*cos vs capreward's embeddings: max |diff| "
               f"{result['per_pair_100cos_difference']:.1e}; its value max(mean 100*cos, 0) recomputed: "
               f"{result['torchmetrics_value_difference']:.1e} (note: torchmetrics returns that one number, no prefix; "

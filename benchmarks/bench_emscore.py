@@ -132,14 +132,19 @@ def counted_flops():
 
 
 class Stopwatch:
-    """Accumulates the seconds spent inside wrapped functions (GPU work included: synchronised)."""
+    """Accumulates the seconds spent inside wrapped functions (GPU work included: synchronised) while
+    ``enabled``; disabled, a wrapped function runs as it is (no synchronisation, so the timed rounds keep
+    the overlap of CPU preprocessing and GPU encoding; one instrumented round measures the split)."""
 
     def __init__(self, device: torch.device | str = "cpu"):
         self.seconds = 0.0
         self.device = device
+        self.enabled = True
 
     def wrap(self, fn):
         def wrapper(*args, **kwargs):
+            if not self.enabled:
+                return fn(*args, **kwargs)
             synchronize(self.device)
             start = time.perf_counter()
             try:
@@ -190,25 +195,29 @@ class ReleasedPathEMScore:
     def encode_text(self, ids: torch.Tensor) -> torch.Tensor:
         """Every position's ln_final(h) @ text_projection over the full context, L2-normalised."""
         m = self.model
-        synchronize(self.device)
+        if self.encoders.enabled:
+            synchronize(self.device)
         start = time.perf_counter()
         with torch.no_grad():
             x = (m.token_embedding(ids.to(self.device)) + m.positional_embedding).to(self.dtype)
             x = m.transformer(x, attn_mask=m.attn_mask)
             x = (m.ln_final(x) @ m.text_projection).to(self.match_dtype)
-        synchronize(self.device)
-        self.encoders.seconds += time.perf_counter() - start
+        if self.encoders.enabled:
+            synchronize(self.device)
+            self.encoders.seconds += time.perf_counter() - start
         return x / x.norm(dim=-1, keepdim=True)
 
     def encode_video(self, frames: np.ndarray) -> torch.Tensor:
         """All frames of one video preprocessed and encoded as one batch; L2-normalised [k, D]."""
         pixels = torch.stack([self.preprocess(Image.fromarray(f).convert("RGB")) for f in frames])
-        synchronize(self.device)
+        if self.encoders.enabled:
+            synchronize(self.device)
         start = time.perf_counter()
         with torch.no_grad():
             feats = self.model.encode_image(pixels.to(self.device, self.image_dtype)).to(self.match_dtype)
-        synchronize(self.device)
-        self.encoders.seconds += time.perf_counter() - start
+        if self.encoders.enabled:
+            synchronize(self.device)
+            self.encoders.seconds += time.perf_counter() - start
         return feats / feats.norm(dim=-1, keepdim=True)
 
     def score(self, cands: list[str], refs: list[list[str]], videos: list[np.ndarray], video_keys: list,
@@ -378,21 +387,32 @@ def exact_errors(rounds: list[dict], truths: list[MatchScores]) -> dict[str, dic
     return out
 
 
-def bf16_comparison(model_parts, w: Workload, args, fp32: EMScore) -> dict:
-    """bf16 against fp32 on the same captions: seconds cold and warm (one call), largest score difference."""
+def precision_comparison(model_parts, w: Workload, args, fp32: EMScore | None, other_precision: str = "bf16",
+                         other: EMScore | None = None) -> dict:
+    """``other_precision`` against fp32 on the same captions: seconds cold and warm (one call), largest score
+    difference. The scorer of whichever side is not given is built from ``model_parts`` (an fp32 model)."""
     model, preprocess, tokenizer = model_parts
-    em16 = EMScore(model=lambda: (copy.deepcopy(model), preprocess, tokenizer), frames=args.frames,
-                   idf=w.corpus, device=args.device, precision="bf16")
-    caps, other = w.captions(), w.captions()
+
+    def build(precision):
+        return EMScore(model=lambda: (copy.deepcopy(model).float(), preprocess, tokenizer), frames=args.frames,
+                       idf=w.corpus, device=args.device, precision=None if precision == "fp32" else precision)
+
+    fp32 = fp32 or build("fp32")
+    em16 = other or build(other_precision)
+    caps, other_caps = w.captions(), w.captions()
+    for em in (fp32, em16):  # warm-up of both paths (first-call allocations, lazy initialisation)
+        clear(em)
+        ours_call(em, w, other_caps)
     res = {}
     for name, em in (("fp32", fp32), ("bf16", em16)):
         clear(em)
         cold, _, scores, _ = timed(lambda: ours_call(em, w, caps), Stopwatch(args.device))
         clear(em)
-        ours_call(em, w, other)
+        ours_call(em, w, other_caps)
         warm, _, _, _ = timed(lambda: ours_call(em, w, caps), Stopwatch(args.device))
         res[name] = {"cold_s": cold, "warm_s": warm, "scores": scores.full_f}
     return {
+        "precision": other_precision,
         "fp32_cold_s": res["fp32"]["cold_s"], "bf16_cold_s": res["bf16"]["cold_s"],
         "fp32_warm_s": res["fp32"]["warm_s"], "bf16_warm_s": res["bf16"]["warm_s"],
         "speedup_cold": res["fp32"]["cold_s"] / res["bf16"]["cold_s"],
@@ -420,23 +440,39 @@ def main(argv=None) -> dict:
     parser.add_argument("--no-bf16", action="store_true", help="skip the bf16 comparison")
     parser.add_argument("--no-fp64", action="store_true",
                         help="skip the exact reference (the released path in fp64 on every round's captions)")
+    parser.add_argument("--compare-fp32", action="store_true",
+                        help="with --precision fp16/bf16: also time capreward in fp32 on the same captions and give "
+                             "the largest score difference (the bf16 comparison, for the run's own precision)")
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    parser.add_argument("--json-out", help="also write the results to this JSON file")
     parser.add_argument("--profile", action="store_true", help="also print a torch.profiler table of a warm call")
     args = parser.parse_args(argv)
     if args.quick:
         args.videos, args.repeats, args.no_bf16, args.no_fp64 = 2, 1, True, True
-    if args.precision != "fp32":
+    if args.precision != "fp32" and not args.compare_fp32:
         args.no_bf16 = True  # the bf16 comparison is against fp32
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     w = Workload(args)
+    master = None
+    if args.precision != "fp32":  # the fp32 weights, for the fp64 reference and the fp32 comparison
+        from capreward.backbones import load_clip
+
+        master = load_clip(args.model, "cpu", "fp32")[0]
+        torch.manual_seed(args.seed)  # NAME/random: the same seeded weights again
     em = EMScore(model=args.model, frames=args.frames, idf=w.corpus, device=args.device,
                  precision=None if args.precision == "fp32" else args.precision)
     bb: CLIPBackbone = em.backbone
     dtype = next(bb.model.parameters()).dtype
     parts = (bb.model, bb.preprocess, bb.tokenizer)
     base = ReleasedPathEMScore(*parts, context_length=bb.context_length)
+    if master is not None:
+        same = torch.equal(master.token_embedding.weight.to(bb.model.token_embedding.weight.dtype),
+                           bb.model.token_embedding.weight.cpu())
+        if not same:
+            raise SystemExit(f"{args.model}: the fp32 copy's weights differ from the {args.precision} model's")
+    fp32_parts = (master if master is not None else bb.model, bb.preprocess, bb.tokenizer)
     fixed_idf = base.idf_dict(w.corpus)
     watch = Stopwatch(args.device)
     bb.encode_pixels = watch.wrap(bb.encode_pixels)
@@ -444,21 +480,28 @@ def main(argv=None) -> dict:
     bb._text_tower_packed = watch.wrap(bb._text_tower_packed)
 
     flops = count_scenario_flops(em, base, w)
+    # explicit warm-up of every path (first-call allocations, cuDNN/cuBLAS heuristics, lazy state)
+    watch.enabled = base.encoders.enabled = False
+    run_scenarios(em, base, w, watch, fixed_idf)
     rounds, peaks, scored = [], [], []
-    for _ in range(args.repeats):
+    for _ in range(args.repeats):  # timed rounds: no synchronisation inside a call
         peaks.append(matmul_peak(args.threads, device=args.device, dtype=dtype))
         out, caps = run_scenarios(em, base, w, watch, fixed_idf)
         rounds.append(out)
         scored.append(caps)
+    # one instrumented round: the encoders' own seconds (synchronised around every encoder call)
+    watch.enabled = base.encoders.enabled = True
+    instrumented, _ = run_scenarios(em, base, w, watch, fixed_idf)
     peak = max(peaks)
+    preprocess_floor = preprocessing_floor(bb, w)
     exact = None
     if not args.no_fp64:
-        fp64 = ReleasedPathEMScore(copy.deepcopy(bb.model).double(), bb.preprocess, bb.tokenizer,
+        fp64 = ReleasedPathEMScore(copy.deepcopy(fp32_parts[0]).double().to(args.device), bb.preprocess, bb.tokenizer,
                                    context_length=bb.context_length)
         exact = exact_errors(rounds, [base_call(fp64, w, caps) for caps in scored])
 
     best = {k: min(r[k][0] for r in rounds) for k in rounds[0]}
-    enc = {k: min(r[k][1] for r in rounds) for k in rounds[0]}
+    enc = {k: v[1] for k, v in instrumented.items()}
     diffs = {k: {d: max(differences(r[k][2], r["released one call"][2])[d] for r in rounds)
                  for d in ("components", "score")}
              for k in rounds[0] if k != "released one call"}
@@ -473,6 +516,7 @@ def main(argv=None) -> dict:
         }
 
     ratios, cpu_ratios = ratio_table(best), ratio_table(cpu)
+    on_gpu = torch.device(args.device).type != "cpu"
     flop_of = {"released one call": flops["released"], "capreward one call, cold": flops["cold"],
                "capreward one call, warm": flops["warm"]}
     efficiency = {k: {"gflop": f / 1e9, "encoder_s": enc[k], "encoder_peak_fraction": f / enc[k] / peak}
@@ -480,13 +524,16 @@ def main(argv=None) -> dict:
     result = {
         "config": {k: getattr(args, k) for k in ("videos", "captions", "frames", "references", "height", "width",
                                                  "model", "threads", "repeats", "device", "precision")},
+        "workload": {"captions": w.n, "frames": args.videos * args.frames},
         "matmul_peak_gflop_per_s": peak / 1e9,
         "matmul_peak_gflop_per_s_per_round": [p / 1e9 for p in peaks],
         "seconds_best": best,
         "seconds_per_round": [{k: v[0] for k, v in r.items()} for r in rounds],
         "cpu_seconds_best": cpu,
         "ratios": ratios,
-        "cpu_time_ratios": cpu_ratios,
+        # process CPU time means nothing for GPU work (a waiting thread spins or sleeps): CPU runs only
+        "cpu_time_ratios": None if on_gpu else cpu_ratios,
+        "instrumented_seconds": {k: v[0] for k, v in instrumented.items()},
         "efficiency": efficiency,
         "max_score_difference": diffs,
         # a cold call must at least run every frame through the image tower: at 100 % of the fp32 peak
@@ -494,11 +541,20 @@ def main(argv=None) -> dict:
         "cold_ceiling": {"frames_gflop": flops["frames"] / 1e9,
                          "frames_s_at_peak": flops["frames"] / peak,
                          "ratio": best["released one call"] / (flops["frames"] / peak)},
+        # the other floor of a cold call: CLIP preprocessing of every frame on the CPU (this process's threads)
+        "preprocessing_floor": {"seconds": preprocess_floor,
+                                "ratio": best["released one call"] / max(preprocess_floor, 1e-9)},
     }
     if exact is not None:
         result["error_vs_fp64"] = exact
     if not args.no_bf16:
-        result["bf16"] = bf16_comparison(parts, w, args, em)
+        if args.precision == "fp32":
+            result["bf16"] = precision_comparison(fp32_parts, w, args, em, "bf16")
+        else:
+            result["bf16"] = precision_comparison(fp32_parts, w, args, None, args.precision, other=em)
+    from gpu_common import write_json
+
+    write_json(args.json_out, result)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -533,12 +589,16 @@ def print_table(result: dict) -> None:
           f"8 calls of {c['captions']}: cold {r['per group, cold']:.1f}x, warm {r['per group, warm']:.1f}x "
           f"(targets: warm >= 10x, cold >= 3x, per-group warm >= 8x)")
     r = result["cpu_time_ratios"]
-    print(f"same ratios in process CPU time (less sensitive to other load): one call cold {r['one call, cold']:.1f}x, "
-          f"warm {r['one call, warm']:.1f}x; per group cold {r['per group, cold']:.1f}x, warm {r['per group, warm']:.1f}x")
+    if r is not None:
+        print(f"same ratios in process CPU time (less sensitive to other load): one call cold {r['one call, cold']:.1f}x, "
+              f"warm {r['one call, warm']:.1f}x; per group cold {r['per group, cold']:.1f}x, warm {r['per group, warm']:.1f}x")
     cc = result["cold_ceiling"]
     print(f"cold ceiling: the {c['videos'] * c['frames']} frames alone are {cc['frames_gflop']:.0f} GFLOP, "
           f"{cc['frames_s_at_peak']:.2f} s at 100 % of the {c['precision']} matmul peak with everything else free: no exact "
           f"method gets a cold call more than {cc['ratio']:.2f}x faster than the released path here")
+    pf = result["preprocessing_floor"]
+    print(f"preprocessing floor: CLIP preprocessing of the frames alone takes {pf['seconds']:.2f} s on this CPU: with it in "
+          f"the calling thread a cold call is at most {pf['ratio']:.2f}x faster than the released path")
     if "error_vs_fp64" in result:
         e = result["error_vs_fp64"]
         ours = max((k for k in e if k.startswith("capreward")), key=lambda k: e[k]["score"])
@@ -550,9 +610,17 @@ def print_table(result: dict) -> None:
               f"{max(v['components'] for k, v in e.items() if k.startswith('capreward')):.1e}")
     if "bf16" in result:
         b = result["bf16"]
-        print(f"bf16 vs fp32 (capreward, one call): cold {b['fp32_cold_s']:.2f} -> {b['bf16_cold_s']:.2f} s "
+        print(f"{b['precision']} vs fp32 (capreward, one call): cold {b['fp32_cold_s']:.2f} -> {b['bf16_cold_s']:.2f} s "
               f"({b['speedup_cold']:.2f}x), warm {b['fp32_warm_s']:.2f} -> {b['bf16_warm_s']:.2f} s "
               f"({b['speedup_warm']:.2f}x); max |score difference| {b['max_score_difference']:.1e}")
+
+
+def preprocessing_floor(bb: CLIPBackbone, w: Workload) -> float:
+    """Seconds of CLIP preprocessing (PIL resize, crop, normalise) of every frame of the workload."""
+    start = time.perf_counter()
+    for video in w.videos:
+        bb.pixels_of(video)
+    return time.perf_counter() - start
 
 
 def profile_warm(em: EMScore, w: Workload) -> None:

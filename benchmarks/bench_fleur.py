@@ -31,11 +31,19 @@ import numpy as np
 import torch
 from PIL import Image
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_common import copy_bandwidth, matmul_peak, write_json  # noqa: E402
+
 from capreward import FLEUR
 from capreward.judges import mean_background, pad_to_square
 from capreward.testing import TinyLlavaSpec, build_tiny_llava
 
 ARCHS = {
+    # a few-million-parameter judge for a CPU dry run of the GPU command (16 image tokens)
+    "tiny": dict(
+        text_hidden=64, text_layers=2, text_heads=4, text_kv_heads=2, text_intermediate=192,
+        vision_hidden=32, vision_layers=2, vision_heads=2, vision_intermediate=64, image_size=56, max_positions=512,
+    ),
     "small": dict(
         text_hidden=768, text_layers=8, text_heads=12, text_kv_heads=12, text_intermediate=2048,
         vision_hidden=256, vision_layers=4, vision_heads=4, vision_intermediate=1024,
@@ -141,7 +149,7 @@ def workload(args) -> tuple[FLEUR, list[str], list[Image.Image], float]:
     """The judge (random weights) and the GRPO-shaped captions/images; also the build time in seconds."""
     device = torch.device(args.device)
     dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[args.dtype]
-    dims = dict(ARCHS[args.arch], **COMMON)
+    dims = dict(COMMON, **ARCHS[args.arch])
     if args.text_layers is not None:
         dims["text_layers"] = args.text_layers
     rng = random.Random(args.seed)
@@ -160,13 +168,17 @@ def workload(args) -> tuple[FLEUR, list[str], list[Image.Image], float]:
 
 
 def run_one_path(args) -> dict:
-    """Build the judge and time one path (``args.path``) in this process. Memory is measured from
-    before the warm-up call (so memory the warm-up leaves in the allocator still counts) to the end."""
+    """Build the judge and time one path (``args.path``) in this process."""
+    return time_path(args, args.path, *workload(args))
+
+
+def time_path(args, path: str, scorer: FLEUR, captions, images, built: float) -> dict:
+    """Time one path on an already built judge. Memory is measured from before the warm-up call (so
+    memory the warm-up leaves in the allocator still counts) to the end."""
     device = torch.device(args.device)
-    scorer, captions, images, built = workload(args)
     n = len(captions)
     with PeakMemory(device) as mem:
-        if args.path == "batched":
+        if path == "batched":
             scorer.plan(captions[:2], images[:2])  # warm-up: first-call allocations, lazy initialisation
             fn = lambda: scorer.plan(captions, images).tokens  # noqa: E731
         else:
@@ -183,7 +195,7 @@ def run_one_path(args) -> dict:
     n_image = int(model.config.image_seq_length)
     lengths = [len(p) for p in scorer.judge.encode_prompts(scorer.prompts(captions), n_image)]
     return {
-        "path": args.path,
+        "path": path,
         "captions": n,
         "seconds": seconds,
         "captions_per_s": n / seconds,
@@ -214,6 +226,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--path", choices=["both", "batched", "generate"], default="both",
                         help="internal: time one path in this process and print its JSON")
+    parser.add_argument("--one-process", action=argparse.BooleanOptionalAction, default=None,
+                        help="build the judge once and time both paths in this process (default on a GPU: the "
+                             "allocator's peak statistics are reset between the paths; on the CPU each path runs in "
+                             "its own process, so that the RSS peak of each is its own)")
+    parser.add_argument("--json-out", help="write the results to this JSON file")
     args = parser.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -221,17 +238,26 @@ def main(argv: list[str] | None = None) -> dict:
         print(json.dumps(run_one_path(args)))
         return {}
 
-    # Each path runs in its own process, so that neither inherits the other's allocator state and
-    # the peak memory of each is its own.
-    base = [a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("--path")]
     paths = ["batched"] if args.skip_generate else ["batched", "generate"]
     results = {}
-    for path in paths:
-        out = subprocess.run(
-            [sys.executable, os.path.abspath(__file__), *base, "--path", path],
-            check=True, capture_output=True, text=True,
-        )
-        results[path] = json.loads(out.stdout.strip().splitlines()[-1])
+    one_process = args.one_process if args.one_process is not None else torch.device(args.device).type == "cuda"
+    flops = peak = None
+    if one_process:  # the judge (7B: 13 GiB in float16) is built once, directly on the device in its dtype
+        built = workload(args)
+        for path in paths:
+            results[path] = time_path(args, path, *built)
+        flops, peak = prefill_flops(args, *built[:3])
+    else:
+        # Each path runs in its own process, so that neither inherits the other's allocator state and
+        # the peak memory of each is its own.
+        base = [a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("--path")]
+        for path in paths:
+            out = subprocess.run([sys.executable, os.path.abspath(__file__), *base, "--path", path],
+                                 capture_output=True, text=True)
+            if out.returncode != 0:  # the child's own error, not only its exit code
+                sys.stderr.write(out.stdout[-4000:] + out.stderr[-8000:])
+                raise SystemExit(f"the {path} path failed (exit code {out.returncode}); its output is above")
+            results[path] = json.loads(out.stdout.strip().splitlines()[-1])
     fast = results["batched"]
     n = fast["captions"]
     print(
@@ -243,15 +269,31 @@ def main(argv: list[str] | None = None) -> dict:
         f"work: {args.images} images x {args.captions} captions = {n} captions; prompts of "
         f"{fast['prompt_tokens'][0]}-{fast['prompt_tokens'][1]} tokens; greedy budget {args.max_new_tokens} new tokens"
     )
-    report = {"batched_captions_per_s": fast["captions_per_s"], "batched_peak_bytes": fast["peak_bytes"]}
+    report = {"config": {k: getattr(args, k) for k in ("arch", "images", "captions", "max_new_tokens", "batch_size",
+                                                       "device", "dtype")},
+              "one_process": one_process, "params": fast["params"], "weight_bytes": fast["weight_bytes"],
+              "built_s": fast["built_s"], "image_tokens": fast["image_tokens"], "prompt_tokens": fast["prompt_tokens"],
+              "captions": n, "batched_seconds": fast["seconds"], "batched_s_per_caption": fast["seconds"] / n,
+              "batched_captions_per_s": fast["captions_per_s"], "batched_peak_bytes": fast["peak_bytes"]}
+    if flops is not None:
+        report.update({"batched_gflop": flops / 1e9, "matmul_peak_gflop_per_s": peak / 1e9,
+                       # the whole batched call (prefill of the shared image prefix and of every caption,
+                       # then the greedy answer) as a share of the measured matmul peak of the judge's dtype
+                       "prefill_peak_fraction": flops / fast["seconds"] / peak})
     print(f"batched prefix-sharing path: {fast['captions_per_s']:8.2f} captions/s  ({fast['seconds']:7.2f} s, "
           f"{fast['seconds'] / n:.3f} s/caption)  peak memory +{fast['peak_bytes'] / 2**20:8.1f} MiB")
     if "generate" in results:
         slow = results["generate"]
         speedup = slow["seconds"] / fast["seconds"]
         report.update(
-            {"generate_captions_per_s": slow["captions_per_s"], "generate_peak_bytes": slow["peak_bytes"], "speedup": speedup}
+            {"generate_captions_per_s": slow["captions_per_s"], "generate_peak_bytes": slow["peak_bytes"], "speedup": speedup,
+             "generate_seconds": slow["seconds"], "generate_s_per_caption": slow["seconds"] / n}
         )
+        if one_process:  # every decode step reads every weight once: a lower bound of the bytes moved
+            copy = copy_bandwidth(args.device)["device_copy_bytes_per_s"]
+            rate = fast["weight_bytes"] * args.max_new_tokens * n / slow["seconds"]
+            report.update({"generate_weight_read_gb_per_s": rate / 1e9, "device_copy_gb_per_s": copy / 1e9,
+                           "generate_copy_fraction": rate / copy})
         print(f"per-sample generate:         {slow['captions_per_s']:8.2f} captions/s  ({slow['seconds']:7.2f} s, "
               f"{slow['seconds'] / n:.3f} s/caption)  peak memory +{slow['peak_bytes'] / 2**20:8.1f} MiB")
         print(f"speed-up: {speedup:.2f}x (target >= 4x)")
@@ -262,9 +304,28 @@ def main(argv: list[str] | None = None) -> dict:
             same += ours == theirs[:end]
         print(f"greedy tokens identical in {same}/{n} captions")
         report["identical"] = same
+    if "prefill_peak_fraction" in report:
+        print(f"batched call: {report['batched_gflop']:.0f} GFLOP at {100 * report['prefill_peak_fraction']:.1f}% of the "
+              f"measured {args.dtype} matmul peak ({report['matmul_peak_gflop_per_s'] / 1e3:.0f} TFLOP/s)")
+    if "generate_copy_fraction" in report:
+        print(f"per-sample generate reads the weights at >= {report['generate_weight_read_gb_per_s']:.0f} GB/s, "
+              f"{100 * report['generate_copy_fraction']:.0f}% of the measured device copy rate")
     if args.arch == "llava-7b" and args.device.startswith("cuda"):
         print("paper (FLEUR, 13B, RTX 3090): 0.70 s/caption")
+    write_json(args.json_out, report)
     return report
+
+
+def prefill_flops(args, scorer: FLEUR, captions, images) -> tuple[float, float]:
+    """(FLOPs of one batched call, counted with the fused attention disabled; the measured matmul peak
+    of the judge's dtype on the device)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_emscore import counted_flops
+
+    with counted_flops() as box:
+        scorer.plan(captions, images)
+    dtype = next(scorer.judge.model.parameters()).dtype
+    return box["flops"], matmul_peak(args.device, dtype, seconds=0.5)
 
 
 if __name__ == "__main__":

@@ -106,17 +106,17 @@ def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q))
 
 
-def identical(a: list[list[dict]], b: list[list[dict]]) -> tuple[bool, float]:
+def identical(a: list[list[dict]], b: list[list[dict]], tolerance: float = 1e-6) -> tuple[bool, float]:
     worst, same = 0.0, True
     for ca, cb in zip(a, b):
         for x, y in zip(ca, cb):
             worst = max([worst, *(abs(u - v) for u, v in zip(x["rewards"], y["rewards"]))])
             same &= x["errors"] == y["errors"] and len(x["rewards"]) == len(y["rewards"])
-    return same and worst <= 1e-6, worst
+    return same and worst <= tolerance, worst
 
 
 def batching_ceiling(reward_name: str, model: str, media_root: Path, images: list[str], samples: int,
-                     max_batch_size: int, repeats: int) -> dict:
+                     max_batch_size: int, repeats: int, device: str = "cpu", precision: str = "fp32") -> dict:
     """Requests/s of the server's scoring path in this process, without HTTP: 64 requests of ``samples``
     captions scored alone (one call each) and merged (calls of ``max_batch_size`` samples), best of
     ``repeats`` interleaved rounds on new captions each round (answers are compared between the two
@@ -124,7 +124,8 @@ def batching_ceiling(reward_name: str, model: str, media_root: Path, images: lis
     from capreward.adapters.factory import RewardOptions, build_reward
     from capreward.adapters.openrlhf import RewardService
 
-    service = RewardService(build_reward(reward_name, RewardOptions(clip_model=model)), media_root=str(media_root))
+    options = RewardOptions(clip_model=model, device=device, precision=None if precision == "fp32" else precision)
+    service = RewardService(build_reward(reward_name, options), media_root=str(media_root))
     service.warm_up()
     per_call = max(1, max_batch_size // samples)
 
@@ -181,8 +182,16 @@ def main() -> None:
     parser.add_argument("--compare-front", metavar="COMMAND",
                         help="instead of batching off vs on: the batching server (capreward serve) vs COMMAND given the "
                         "same flags, e.g. \"python experiments/asgi_front.py\" (uvicorn); the ratio is COMMAND/serve")
+    parser.add_argument("--device", default="cpu",
+                        help="of the servers and of the in-process ceiling (cpu, cuda, cuda:N)")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "bf16"),
+                        help="CLIP precision of the servers and of the in-process ceiling")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json-out", help="also write the results to this JSON file")
     args = parser.parse_args()
+    # answers of the two servers are compared to this tolerance: fp32 computes the same sums in another
+    # batch composition (rounding ~1e-7); fp16/bf16 round each product at ~1e-3
+    tolerance = 1e-6 if args.precision == "fp32" else 2e-2
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -196,6 +205,7 @@ def main() -> None:
         (root / "media").mkdir()
         images = make_images(root / "media", args.images)
         common = ["--reward", args.reward, "--clip-model", model, "--media-root", str(root / "media"),
+                  "--device", args.device, "--precision", args.precision,
                   "--max-connections", str(max(args.clients) + 8),
                   "--max-connections-per-peer", str(max(args.clients) + 8), "--reserved-connections", "0"]
         on_workers = [] if args.on_max_concurrent is None else ["--max-concurrent", str(args.on_max_concurrent)]
@@ -233,15 +243,25 @@ def main() -> None:
             for server in servers.values():
                 server.stop()
         ceiling = None if args.compare_front else batching_ceiling(
-            args.reward, model, root / "media", images, args.samples, args.max_batch_size, args.repeats)
+            args.reward, model, root / "media", images, args.samples, args.max_batch_size, args.repeats,
+            args.device, args.precision)
     by = {(r["mode"], r["clients"]): r for r in rows}
     for clients in args.clients:
-        same, worst = identical(answers["off", clients], answers["on", clients])
+        same, worst = identical(answers["off", clients], answers["on", clients], tolerance)
         by["on", clients]["speedup"] = by["on", clients]["requests_per_s"] / by["off", clients]["requests_per_s"]
         by["on", clients]["identical"] = same
         by["on", clients]["max_abs_diff"] = worst
+    result = {"config": {k: getattr(args, k) for k in ("clients", "requests", "samples", "reward", "clip_model",
+                                                       "max_batch_size", "max_wait_ms", "max_concurrent", "repeats",
+                                                       "device", "precision")},
+              "identity_tolerance": tolerance, "runs": rows, "in_process": ceiling}
+    if args.json_out:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from gpu_common import write_json
+
+        write_json(args.json_out, result)
     if args.json:
-        print(json.dumps({"runs": rows, "in_process": ceiling}, indent=1))
+        print(json.dumps(result, indent=1))
         return
     batching = (f"--max-batch-size {args.max_batch_size} --max-wait-ms {args.max_wait_ms} "
                 f"--max-concurrent {args.on_max_concurrent or '1 (default)'}")
@@ -250,13 +270,15 @@ def main() -> None:
     else:
         modes_text = (f"batching on = {batching}, batching off = --max-batch-size 0 --max-concurrent "
                       f"{args.max_concurrent}")
-    print(f"reward {args.reward}, model {args.clip_model or 'tiny CLIP'}, {args.samples} samples/request, "
+    print(f"reward {args.reward}, model {args.clip_model or 'tiny CLIP'} ({args.precision} on {args.device}), "
+          f"{args.samples} samples/request, "
           f"{args.requests} requests/client, {modes_text}, best of {args.repeats}")
     print(f"{'clients':>7} {'mode':>4} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'on/off':>7} identical")
     for clients in args.clients:
         for mode in ("off", "on"):
             r = by[mode, clients]
-            extra = f" {r['speedup']:6.2f}x {r['identical']} (max diff {r['max_abs_diff']:.1e})" if mode == "on" else ""
+            extra = (f" {r['speedup']:6.2f}x {r['identical']} (max diff {r['max_abs_diff']:.1e}, tolerance {tolerance:.0e})"
+                     if mode == "on" else "")
             print(f"{clients:>7} {mode:>4} {r['requests_per_s']:8.1f} {r['p50_ms']:8.1f} {r['p99_ms']:8.1f}{extra}")
     if ceiling is None:
         return

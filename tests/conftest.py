@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# The device of the parity tests' scorers (tests marked ``device_parity``), read once: ``cpu`` unless
+# CAPREWARD_TEST_DEVICE names another (``cuda``, ``cuda:1``); benchmarks/gpu_all.sh runs them on a GPU with
+# ``CAPREWARD_TEST_DEVICE=cuda python3 -m pytest -m device_parity``. Their references stay on the CPU.
+TEST_DEVICE = os.environ.get("CAPREWARD_TEST_DEVICE", "cpu")
 SHARED = REPO.parent / "shared"
 VIDEO_DIR = SHARED / "data" / "videos"
 
@@ -29,7 +34,7 @@ def tiny_backbone():
     from capreward.backbones import CLIPBackbone
     from capreward.testing import tiny_clip_factory
 
-    return CLIPBackbone(tiny_clip_factory(seed=0))
+    return CLIPBackbone(tiny_clip_factory(seed=0), device=TEST_DEVICE)
 
 
 @pytest.fixture(scope="session")

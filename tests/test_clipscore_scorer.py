@@ -12,7 +12,10 @@ from PIL import Image
 from capreward import CLIPScore, PACScore
 from capreward.testing import build_tiny_clip
 
-from conftest import random_video
+from conftest import TEST_DEVICE, random_video
+
+# the library runs on CAPREWARD_TEST_DEVICE (tiny_backbone is built there); open_clip's reference on the CPU
+pytestmark = pytest.mark.device_parity
 
 CAPTIONS = ["a dog on a beach", "a red car", "two people talking", "a bowl of fruit on a table", "a cat", "snow"]
 
@@ -38,7 +41,7 @@ def test_clip_s_matches_open_clip_encoders(tiny_backbone, images):
     cos = (img * txt).sum(-1)
     assert (cos > 0).any() and (cos < 0).any()  # both branches of the clip at 0 are exercised
     res = CLIPScore(backbone=tiny_backbone).score(CAPTIONS, images=images)
-    assert torch.allclose(res.clip_s, 2.5 * cos.clamp_min(0), atol=1e-5)
+    assert torch.allclose(res.clip_s.cpu(), 2.5 * cos.clamp_min(0), atol=1e-5)
     assert res.ref_clip_s is None and torch.equal(res.score, res.clip_s)
 
 
@@ -56,8 +59,8 @@ def test_ref_clip_s_is_the_harmonic_mean_with_the_best_reference(tiny_backbone, 
 
 
 def test_pac_s_uses_w_2(tiny_clip_path, images):
-    clip = CLIPScore(model=tiny_clip_path).score(CAPTIONS, images=images)
-    pac = PACScore(model=tiny_clip_path).score(CAPTIONS, images=images)
+    clip = CLIPScore(model=tiny_clip_path, device=TEST_DEVICE).score(CAPTIONS, images=images)
+    pac = PACScore(model=tiny_clip_path, device=TEST_DEVICE).score(CAPTIONS, images=images)
     assert torch.allclose(pac.clip_s, clip.clip_s * 2.0 / 2.5, atol=1e-6)
 
 

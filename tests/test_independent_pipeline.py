@@ -23,7 +23,10 @@ from PIL import Image
 from capreward import CLIPScore, EMScore
 from capreward.testing import build_tiny_clip, openai_state_dict
 
-from conftest import random_video
+from conftest import TEST_DEVICE, random_video, sample_clips
+
+# the library runs on CAPREWARD_TEST_DEVICE (the CPU by default); the reference always on the CPU in float64
+pytestmark = pytest.mark.device_parity
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -251,12 +254,15 @@ def real_clip_frames(real_clips) -> tuple[Path, list[np.ndarray]]:
 
 
 @pytest.fixture(scope="module")
-def videos(real_clip_frames):
+def videos(request):
     """Library inputs (two synthetic uint8 arrays of different sizes and length, and the real clip's
-    path) with their sampled frames as the test sees them."""
+    path) with their sampled frames as the test sees them. Where the sample clips are absent (a device
+    machine: shared/ does not travel) the two synthetic arrays alone."""
     a = random_video(11, frames=23, height=40, width=56)
     b = random_video(12, frames=7, height=64, width=36)  # portrait, fewer frames than samples
-    path, frames = real_clip_frames
+    if not sample_clips():
+        return [a, b], [sample_frames(a), sample_frames(b)]
+    path, frames = request.getfixturevalue("real_clip_frames")
     return [a, b, str(path)], [sample_frames(a), sample_frames(b), frames]
 
 
@@ -269,7 +275,7 @@ def assert_parts_match(lib_parts, expected: list[dict[str, float]], what: str):
     for name, want in zip(("coarse", "fine_p", "fine_r", "fine_f", "full_p", "full_r", "full_f"), zip(*[
         [e[k] for k in ("coarse", "fine_p", "fine_r", "fine_f", "full_p", "full_r", "full_f")] for e in expected
     ])):
-        got = getattr(lib_parts, name).double()
+        got = getattr(lib_parts, name).double().cpu()
         want = torch.tensor(want, dtype=torch.float64)
         assert torch.allclose(got, want, atol=ATOL, rtol=0), f"{what}.{name}: library {got} vs reference {want}"
 
@@ -288,7 +294,7 @@ def test_reference_preprocessing_matches_clip_shapes(ref_clip, videos):
 @pytest.mark.parametrize("use_idf", [False, True], ids=["no-idf", "idf"])
 def test_video_emscore_matches_reference(checkpoint, ref_clip, videos, frame_embeddings, use_idf):
     idf = released_idf(ref_clip, IDF_CORPUS) if use_idf else None
-    em = EMScore(model=str(checkpoint), idf=IDF_CORPUS if use_idf else False, frames=FRAMES)
+    em = EMScore(model=str(checkpoint), idf=IDF_CORPUS if use_idf else False, frames=FRAMES, device=TEST_DEVICE)
     n_vid = len(videos[0])
     cands = CANDIDATES
     vids = [videos[0][i % n_vid] for i in range(len(cands))]
@@ -298,7 +304,7 @@ def test_video_emscore_matches_reference(checkpoint, ref_clip, videos, frame_emb
         emscore_video(ref_clip, c, frame_embeddings[i % n_vid], idf) for i, c in enumerate(cands)
     ])
     assert_parts_match(res.video, list(expected), "video")
-    assert torch.allclose(res.score.double(), torch.tensor([e["full_f"] for e in expected], dtype=torch.float64),
+    assert torch.allclose(res.score.double().cpu(), torch.tensor([e["full_f"] for e in expected], dtype=torch.float64),
                           atol=ATOL, rtol=0)
     assert res.reference is None and res.combined is None
     assert res.truncated == [False, False, False, False, True]
@@ -318,19 +324,19 @@ def test_video_emscore_matches_reference(checkpoint, ref_clip, videos, frame_emb
 @pytest.mark.parametrize("use_idf", [False, True], ids=["no-idf", "idf"])
 def test_reference_emscore_matches_reference(checkpoint, ref_clip, use_idf):
     idf = released_idf(ref_clip, IDF_CORPUS) if use_idf else None
-    em = EMScore(model=str(checkpoint), idf=IDF_CORPUS if use_idf else False)
+    em = EMScore(model=str(checkpoint), idf=IDF_CORPUS if use_idf else False, device=TEST_DEVICE)
     res = em.score(CANDIDATES, references=REFERENCES)
     expected = [emscore_reference(ref_clip, c, refs, idf) for c, refs in zip(CANDIDATES, REFERENCES)]
     assert_parts_match(res.reference, expected, "reference")
     assert res.video is None and res.combined is None
-    assert torch.allclose(res.score.double(), torch.tensor([e["full_f"] for e in expected], dtype=torch.float64),
+    assert torch.allclose(res.score.double().cpu(), torch.tensor([e["full_f"] for e in expected], dtype=torch.float64),
                           atol=ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("use_idf", [False, True], ids=["no-idf", "idf"])
 def test_combined_emscore_matches_reference(checkpoint, ref_clip, videos, frame_embeddings, use_idf):
     idf = released_idf(ref_clip, IDF_CORPUS) if use_idf else None
-    em = EMScore(model=str(checkpoint), idf=IDF_CORPUS if use_idf else False)
+    em = EMScore(model=str(checkpoint), idf=IDF_CORPUS if use_idf else False, device=TEST_DEVICE)
     n_vid = len(videos[0])
     vids = [videos[0][(i + 1) % n_vid] for i in range(len(CANDIDATES))]
     res = em.score(CANDIDATES, videos=vids, references=REFERENCES)
@@ -340,14 +346,14 @@ def test_combined_emscore_matches_reference(checkpoint, ref_clip, videos, frame_
     assert_parts_match(res.video, v_parts, "video")
     assert_parts_match(res.reference, r_parts, "reference")
     assert_parts_match(res.combined, combined, "combined")
-    assert torch.allclose(res.score.double(), torch.tensor([e["full_f"] for e in combined], dtype=torch.float64),
+    assert torch.allclose(res.score.double().cpu(), torch.tensor([e["full_f"] for e in combined], dtype=torch.float64),
                           atol=ATOL, rtol=0)
 
 
 def test_idf_table_matches_released_procedure(checkpoint, ref_clip):
     """Token weights the library reports equal the hand-built idf table, unseen tokens included."""
     table, unseen = released_idf(ref_clip, IDF_CORPUS)
-    em = EMScore(model=str(checkpoint), idf=IDF_CORPUS)
+    em = EMScore(model=str(checkpoint), idf=IDF_CORPUS, device=TEST_DEVICE)
     caption = "a zebra cooks a dog"  # 'zebra' is not in the corpus
     res = em.score([caption], videos=[random_video(3, frames=4)])
     ids = ref_clip.token_ids(caption)
@@ -372,7 +378,7 @@ def clip_s_reference(ref_clip, caption, visual, refs, w=2.5):
 def test_clip_s_and_ref_clip_s_match_reference(checkpoint, ref_clip, videos):
     images = [frames[3] for frames in videos[1]]  # uint8 (H, W, 3) frames of each video
     n = len(images)
-    cs = CLIPScore(model=str(checkpoint))
+    cs = CLIPScore(model=str(checkpoint), device=TEST_DEVICE)
     imgs = [images[i % n] for i in range(len(CANDIDATES))]
     res = cs.score(CANDIDATES, images=imgs, references=REFERENCES)
     expected = [
@@ -380,19 +386,19 @@ def test_clip_s_and_ref_clip_s_match_reference(checkpoint, ref_clip, videos):
     ]
     for k, got in enumerate((res.clip_s, res.ref_similarity, res.ref_clip_s)):
         want = torch.tensor([e[k] for e in expected], dtype=torch.float64)
-        assert torch.allclose(got.double(), want, atol=ATOL, rtol=0), (k, got, want)
+        assert torch.allclose(got.double().cpu(), want, atol=ATOL, rtol=0), (k, got, want)
     # random tiny CLIPs may put every image-caption cosine below 0 (CLIP-S = 0); the reference
     # similarities are unclipped and must vary
     assert spread([e[1] for e in expected]) > 1e-3
 
 
 def test_clip_s_on_videos_uses_the_mean_frame_embedding(checkpoint, ref_clip, videos, frame_embeddings):
-    cs = CLIPScore(model=str(checkpoint))
+    cs = CLIPScore(model=str(checkpoint), device=TEST_DEVICE)
     n_vid = len(videos[0])
-    res = cs.score(CANDIDATES[:3], videos=videos[0][:3])
+    res = cs.score(CANDIDATES[:3], videos=[videos[0][i % n_vid] for i in range(3)])
     expected = []
     for i, c in enumerate(CANDIDATES[:3]):
         mean = frame_embeddings[i % n_vid].sum(0)
         expected.append(clip_s_reference(ref_clip, c, mean / mean.norm(), None)[0])
     assert res.ref_clip_s is None
-    assert torch.allclose(res.clip_s.double(), torch.tensor(expected, dtype=torch.float64), atol=ATOL, rtol=0)
+    assert torch.allclose(res.clip_s.double().cpu(), torch.tensor(expected, dtype=torch.float64), atol=ATOL, rtol=0)

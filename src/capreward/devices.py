@@ -8,6 +8,11 @@ and exits 2, the Python API raises :class:`DeviceUnavailableError` (a ``ValueErr
 
 from __future__ import annotations
 
+import functools
+import threading
+from contextlib import contextmanager
+from typing import Callable, Iterator, TypeVar
+
 import torch
 
 
@@ -47,4 +52,76 @@ def checked_device(device: str | torch.device) -> torch.device:
     return dev
 
 
-__all__ = ["DeviceUnavailableError", "checked_device"]
+# --------------------------------------------------------------------------- what fp32 means on CUDA
+# capreward's "fp32" is IEEE fp32 everywhere. On Ampere and later GPUs torch runs cuDNN convolutions (the CLIP
+# patch embedding) in TF32 by default and, where a program asks for it, matmuls too: ~1e-3 relative error,
+# which would miss the 1e-5 parity with the CPU and the fp64 reference. So every encoder call of capreward on
+# CUDA runs inside :func:`strict_fp32`, which sets TF32 off for matmul and cuDNN and restores the caller's
+# settings afterwards (a training loop that enables TF32 for itself keeps it outside capreward's calls).
+# fp16/bf16 models are unaffected (TF32 concerns fp32 operations only).
+_FP32_LOCK = threading.Lock()
+_FP32_DEPTH = 0
+_FP32_SAVED: list = []
+F = TypeVar("F", bound=Callable)
+
+
+def _tf32_switches() -> list[tuple[object, str]]:
+    """(object, attribute) of each TF32 switch: torch >= 2.9's ``fp32_precision`` ("ieee"/"tf32"/"none"),
+    else the legacy ``allow_tf32`` flags. One API only: torch refuses to read flags set through a mix."""
+    conv = getattr(getattr(torch.backends.cudnn, "conv", None), "fp32_precision", None)
+    if conv is not None:
+        return [(torch.backends.cuda.matmul, "fp32_precision"), (torch.backends.cudnn.conv, "fp32_precision")]
+    return [(torch.backends.cuda.matmul, "allow_tf32"), (torch.backends.cudnn, "allow_tf32")]
+
+
+def _strict_value(attr: str):
+    return "ieee" if attr == "fp32_precision" else False
+
+
+@contextmanager
+def strict_fp32(device: str | torch.device) -> Iterator[None]:
+    """Within the block, fp32 matmuls and cuDNN convolutions on CUDA are IEEE fp32 (TF32 off); the
+    previous settings are restored when the outermost block of any thread exits. Nothing happens for
+    another device.
+
+    Example::
+
+        >>> import torch
+        >>> from capreward.devices import strict_fp32
+        >>> with strict_fp32("cpu"):  # on the CPU: nothing to switch
+        ...     _ = torch.ones(2, 2) @ torch.ones(2, 2)
+    """
+    global _FP32_DEPTH
+    if torch.device(device).type != "cuda":
+        yield
+        return
+    with _FP32_LOCK:
+        if _FP32_DEPTH == 0:
+            switches = _tf32_switches()
+            _FP32_SAVED[:] = [(obj, attr, getattr(obj, attr)) for obj, attr in switches]
+            for obj, attr in switches:
+                setattr(obj, attr, _strict_value(attr))
+        _FP32_DEPTH += 1
+    try:
+        yield
+    finally:
+        with _FP32_LOCK:
+            _FP32_DEPTH -= 1
+            if _FP32_DEPTH == 0:
+                for obj, attr, value in _FP32_SAVED:
+                    setattr(obj, attr, value)
+                _FP32_SAVED.clear()
+
+
+def strict_fp32_method(method: F) -> F:
+    """Runs a method of an object with a ``device`` attribute inside :func:`strict_fp32` of that device."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with strict_fp32(self.device):
+            return method(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+__all__ = ["DeviceUnavailableError", "checked_device", "strict_fp32", "strict_fp32_method"]

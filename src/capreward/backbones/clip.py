@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..devices import checked_device
+from ..devices import checked_device, strict_fp32_method
 from ..media import MediaError, describe, frames_to_pil, get_media_limits, load_image, open_video, to_rgb
 from ..media.keys import content_key, with_id
 from .cache import LRUCache
@@ -122,6 +122,7 @@ class CLIPBackbone:
             rows.append(ids + [0] * (self.context_length - len(ids)))
         return rows
 
+    @strict_fp32_method  # capreward's fp32 is IEEE fp32 on CUDA too (capreward.devices.strict_fp32)
     def _text_tower(self, x: torch.Tensor, lengths: torch.Tensor) -> TextEmbeddings:
         """Run token embeddings ``x`` [N, L, W] through the text tower; normalised per position."""
         m = self.model
@@ -225,6 +226,7 @@ class CLIPBackbone:
             )
         return self._packable_cache
 
+    @strict_fp32_method
     def _text_tower_packed(self, rows: list[tuple[int, ...]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The text tower on rows of token ids packed without padding: every linear layer runs on the
         [total tokens, width] matrix of all rows (large matmuls, no padded work), only attention is done per
@@ -269,6 +271,7 @@ class CLIPBackbone:
         return self._token_text[token_id]
 
     # ---------------------------------------------------------------- images
+    @strict_fp32_method
     def encode_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
         """L2-normalised image embeddings [n, D] (fp32) of preprocessed pixels [n, 3, H, W]."""
         outs = []
