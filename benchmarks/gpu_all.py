@@ -116,7 +116,7 @@ def deviation_head(f):
 def emscore_cmd(arch: str, gpu_sized: bool):
     def cmd(ctx, out):
         if ctx.gpu:
-            size = (["--videos", "32", "--captions", "16", "--frames", "32", "--repeats", "1", "--no-fp64"] if gpu_sized
+            size = (["--videos", "16", "--captions", "32", "--frames", "32", "--repeats", "1", "--no-fp64"] if gpu_sized
                     else ["--repeats", "2"])
         else:
             size = ["--videos", "2", "--captions", "2", "--frames", "3", "--references", "1", "--height", "32",
@@ -194,7 +194,7 @@ STEPS = [
     Step("precision", "fp32/fp16/bf16 against fp64 per component", 45, 90, deviation_cmd, deviation_head),
     Step("emscore_b32", "EMScore ViT-B/32 vs released path, today's sizes", 60, 120, emscore_cmd("ViT-B-32", False), emscore_head),
     Step("emscore_l14", "EMScore ViT-L/14 vs released path, today's sizes", 75, 120, emscore_cmd("ViT-L-14", False), emscore_head),
-    Step("emscore_b32_gpu", "EMScore ViT-B/32, GPU-sized (32 videos x 16 x 32 frames)", 60, 120, emscore_cmd("ViT-B-32", True), emscore_head),
+    Step("emscore_b32_gpu", "EMScore ViT-B/32, GPU-sized (16 videos x 32 captions x 32 frames)", 60, 120, emscore_cmd("ViT-B-32", True), emscore_head),
     Step("emscore_l14_gpu", "EMScore ViT-L/14, GPU-sized", 75, 120, emscore_cmd("ViT-L-14", True), emscore_head),
     Step("clipscore_b32", "CLIP-S ViT-B/32 vs torchmetrics on the device", 40, 90, clipscore_cmd("ViT-B-32"), clipscore_head),
     Step("clipscore_l14", "CLIP-S ViT-L/14 vs torchmetrics on the device", 45, 90, clipscore_cmd("ViT-L-14"), clipscore_head),

@@ -52,6 +52,17 @@ def checked_device(device: str | torch.device) -> torch.device:
     return dev
 
 
+def host_to_device(tensor: torch.Tensor, device: str | torch.device) -> torch.Tensor:
+    """``tensor`` (on the host) on ``device``: on CUDA through pinned memory without blocking the host (the
+    copy is queued on the current stream, so later work on that stream sees it; torch's pinned-memory
+    allocator keeps the buffer until the copy is done), elsewhere a plain ``.to``."""
+    device = torch.device(device)
+    if device.type == "cuda" and tensor.device.type == "cpu":
+        pinned = tensor if tensor.is_pinned() else tensor.pin_memory()
+        return pinned.to(device, non_blocking=True)
+    return tensor.to(device)
+
+
 # --------------------------------------------------------------------------- what fp32 means on CUDA
 # capreward's "fp32" is IEEE fp32 everywhere. On Ampere and later GPUs torch runs cuDNN convolutions (the CLIP
 # patch embedding) in TF32 by default and, where a program asks for it, matmuls too: ~1e-3 relative error,
@@ -124,4 +135,4 @@ def strict_fp32_method(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-__all__ = ["DeviceUnavailableError", "checked_device", "strict_fp32", "strict_fp32_method"]
+__all__ = ["DeviceUnavailableError", "checked_device", "host_to_device", "strict_fp32", "strict_fp32_method"]

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Sequence
 
@@ -19,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..devices import checked_device, strict_fp32_method
+from ..devices import checked_device, host_to_device, strict_fp32_method
 from ..media import MediaError, describe, frames_to_pil, get_media_limits, load_image, open_video, to_rgb
 from ..media.keys import content_key, with_id
 from .cache import LRUCache
@@ -52,7 +54,10 @@ class CLIPBackbone:
     under CLIP's causal mask; ``False`` always runs the full context (the reference implementations'
     behaviour, kept for benchmarks). ``cache_size`` bounds the visual cache (entries);
     ``text_cache_size`` and ``text_cache_bytes`` bound the caption-embedding cache (0 disables it).
-    ``text_tokens_per_pass`` bounds the tokens of one packed text-tower pass (memory).
+    ``text_tokens_per_pass`` bounds the tokens of one packed text-tower pass (memory). The attribute
+    ``preprocess_workers`` (default: up to 4 CPU threads) is how many threads run the CLIP preprocessing of
+    frames and images while the caller's thread decodes the next ones and the encoder runs (each frame is
+    preprocessed by the same function as alone: the pixels are identical); 1 preprocesses in the caller's thread.
     """
 
     def __init__(
@@ -92,6 +97,7 @@ class CLIPBackbone:
         self._token_text: dict[int, str] = {}
         self._packable_cache: bool | None = None
         self.text_tokens_per_pass = text_tokens_per_pass
+        self.preprocess_workers = min(4, os.cpu_count() or 1)
 
     # ------------------------------------------------------------------ text
     def token_ids(self, caption: str) -> tuple[list[int], bool]:
@@ -234,30 +240,40 @@ class CLIPBackbone:
         :meth:`_text_tower`. Returns ``(tokens [L, D], pooled [D])`` per row, L2-normalised, fp32."""
         m = self.model
         dev = self.device
-        lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
-        n, longest = len(rows), int(lengths.max())
-        real = (torch.arange(longest)[None, :] < lengths[:, None]).to(dev)  # [n, longest]
-        flat = torch.tensor([t for r in rows for t in r], dtype=torch.long, device=dev)
-        positions = torch.cat([torch.arange(len(r)) for r in rows]).to(dev)
+        sizes = [len(r) for r in rows]
+        lengths = torch.tensor(sizes, dtype=torch.long)
+        n, longest = len(rows), max(sizes)
+        # Every index is computed on the host from the row lengths and copied once: boolean-mask indexing
+        # on the device (``padded[real] = qkv``) would make the host wait for a nonzero count twice per layer.
+        positions = torch.cat([torch.arange(k) for k in sizes])  # [T]
+        slot = torch.repeat_interleave(torch.arange(n) * longest, lengths) + positions  # [T] in [n * longest]
+        ends = torch.cumsum(lengths, 0) - 1  # [n]: each row's EOS in the packed rows
+        flat = torch.tensor([t for r in rows for t in r], dtype=torch.long)
+        flat, positions, slot, ends = (host_to_device(t, dev) for t in (flat, positions, slot, ends))
         cast = m.transformer.get_cast_dtype()
         x = m.token_embedding(flat).to(cast) + m.positional_embedding[positions].to(cast)  # [T, W]
         causal = m.attn_mask is not None
-        key_mask = None if causal else real[:, None, None, :]
+        key_mask = None
+        if not causal:
+            real = torch.arange(longest)[None, :] < lengths[:, None]  # [n, longest]
+            key_mask = host_to_device(real, dev)[:, None, None, :]
         for block in m.transformer.resblocks:
             attn = block.attn
             heads, width = attn.num_heads, x.shape[-1]
             qkv = F.linear(block.ln_1(x), attn.in_proj_weight, attn.in_proj_bias)  # [T, 3W]
-            padded = qkv.new_zeros(n, longest, 3 * width)
-            padded[real] = qkv
+            padded = qkv.new_zeros(n * longest, 3 * width).index_copy_(0, slot, qkv)
             q, k, v = padded.view(n, longest, 3, heads, width // heads).permute(2, 0, 3, 1, 4)
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, is_causal=causal)
-            a = a.transpose(1, 2).reshape(n, longest, width)[real]
+            a = a.transpose(1, 2).reshape(n * longest, width).index_select(0, slot)
             x = x + block.ls_1(attn.out_proj(a))
             x = x + block.ls_2(block.mlp(block.ln_2(x)))
         x = m.ln_final(x)
         x = m.text_projection(x) if isinstance(m.text_projection, torch.nn.Linear) else x @ m.text_projection
         x = F.normalize(x.float(), dim=-1)
-        return [(t.clone(), t[-1].clone()) for t in torch.split(x, lengths.tolist())]
+        # One fresh tensor per pass, no per-row copies (hundreds of tiny kernels on a GPU): each row's tokens
+        # are a view of the pass's packed rows (no padding in it, so nothing but the rows is held), each
+        # pooled embedding a row of one gathered [n, D] tensor.
+        return list(zip(torch.split(x, sizes), x.index_select(0, ends).unbind(0)))
 
     def decode_token(self, token_id: int) -> str:
         """The text of one BPE token, e.g. ``'dog'``; special tokens as ``<sos>``/``<eos>``."""
@@ -277,13 +293,18 @@ class CLIPBackbone:
         outs = []
         dtype = pixel_dtype(self.model.visual)
         for start in range(0, pixels.shape[0], self.image_batch_size):
-            chunk = pixels[start : start + self.image_batch_size].to(self.device, dtype)
+            # pinned and non-blocking on CUDA (the host goes on preprocessing); cast on the device
+            chunk = host_to_device(pixels[start : start + self.image_batch_size], self.device).to(dtype)
             outs.append(F.normalize(self.model.encode_image(chunk).float(), dim=-1))
         return torch.cat(outs)
 
     def pixels_of(self, frames: np.ndarray) -> torch.Tensor:
-        """CLIP preprocessing (resize, centre crop, normalise) of uint8 frames (k, H, W, 3)."""
-        return torch.stack([self.preprocess(im) for im in frames_to_pil(frames)])
+        """CLIP preprocessing (resize, centre crop, normalise) of uint8 frames (k, H, W, 3); the frames are
+        shared among ``preprocess_workers`` threads (same pixels as one by one)."""
+        images = frames_to_pil(frames)
+        if self.preprocess_workers > 1 and len(images) > 1 and not _in_preprocess_pool():
+            return torch.stack(list(preprocess_pool(self.preprocess_workers).map(self.preprocess, images)))
+        return torch.stack([self.preprocess(im) for im in images])
 
     def image_pixels(self, item: Any, index: int) -> torch.Tensor:
         """CLIP preprocessing of one image, [1, 3, H, W], in the released order: the image keeps its
@@ -348,7 +369,10 @@ class CLIPBackbone:
             raise ValueError(f"got {len(ids)} ids for {len(items)} {kind}s")
         results: list[torch.Tensor | None] = [None] * len(items)
         pending: dict[Any, list[int]] = {}
-        queue = _EncodeQueue(self.encode_pixels, self.image_batch_size)
+        queue = _EncodeQueue(self.encode_pixels, self.image_batch_size, pin=self.device.type == "cuda")
+        # images are loaded and preprocessed in the pool while this thread goes on (the queue waits for each
+        # in order when it encodes, so the first unusable item is still the one reported)
+        pool = preprocess_pool(self.preprocess_workers) if self.preprocess_workers > 1 and kind == "image" else None
         # A GRPO group repeats the same object many times; hash its pixels once per call, not per sample.
         key_of_object: dict[int, str | None] = {}
         for i, item in enumerate(items):
@@ -371,6 +395,8 @@ class CLIPBackbone:
                     self.check_frame_budget(video.count, video.name)
                     for chunk in video.chunks(self.image_batch_size):
                         queue.add(pending_key, self.pixels_of(chunk))
+            elif pool is not None:
+                queue.add(pending_key, pool.submit(self.image_pixels, item, i), count=1)
             else:
                 queue.add(pending_key, self.image_pixels(item, i))
         for key, chunk in queue.finish().items():
@@ -381,21 +407,44 @@ class CLIPBackbone:
         return results  # type: ignore[return-value]
 
 
-class _EncodeQueue:
-    """Preprocessed pixels of several items, encoded as soon as ``batch`` frames are waiting (and at
-    :meth:`finish`), so that at most about two batches of pixels are held; the embeddings are gathered
-    per item."""
+_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+_POOL_THREAD_PREFIX = "capreward-preprocess"
 
-    def __init__(self, encode: Callable[[torch.Tensor], torch.Tensor], batch: int):
-        self.encode, self.batch = encode, max(1, int(batch))
-        self.waiting: list[tuple[Hashable, torch.Tensor]] = []
+
+def preprocess_pool(workers: int) -> ThreadPoolExecutor:
+    """The process's thread pool of ``workers`` threads for CLIP preprocessing (one per process id: a
+    forked child gets its own, never its parent's threads)."""
+    key = (os.getpid(), int(workers))
+    with _POOLS_LOCK:
+        pool = _POOLS.get(key)
+        if pool is None:
+            pool = _POOLS[key] = ThreadPoolExecutor(int(workers), thread_name_prefix=_POOL_THREAD_PREFIX)
+        return pool
+
+
+def _in_preprocess_pool() -> bool:
+    """Whether this thread is one of the pool's (work submitted from there must not wait on the pool)."""
+    return threading.current_thread().name.startswith(_POOL_THREAD_PREFIX)
+
+
+class _EncodeQueue:
+    """Preprocessed pixels of several items (tensors, or futures of the preprocessing pool resolved in
+    order when encoded), encoded as soon as ``batch`` frames are waiting (and at :meth:`finish`), so that
+    at most about two batches of pixels are held; the embeddings are gathered per item. With ``pin`` the
+    pixels of a batch are gathered in pinned memory (a GPU copies them without blocking the host)."""
+
+    def __init__(self, encode: Callable[[torch.Tensor], torch.Tensor], batch: int, pin: bool = False):
+        self.encode, self.batch, self.pin = encode, max(1, int(batch)), pin
+        self.waiting: list[tuple[Hashable, torch.Tensor | Future]] = []
         self.count = 0
         self.parts: dict[Hashable, list[torch.Tensor]] = {}
 
-    def add(self, key: Hashable, pixels: torch.Tensor) -> None:
+    def add(self, key: Hashable, pixels: torch.Tensor | Future, count: int | None = None) -> None:
+        """Queue ``pixels`` [k, 3, H, W] of item ``key`` (a future needs its frame ``count``)."""
         self.parts.setdefault(key, [])
         self.waiting.append((key, pixels))
-        self.count += pixels.shape[0]
+        self.count += pixels.shape[0] if count is None else count
         if self.count >= self.batch:
             self._flush()
 
@@ -403,8 +452,14 @@ class _EncodeQueue:
         if not self.waiting:
             return
         keys = [k for k, _ in self.waiting]
-        counts = [p.shape[0] for _, p in self.waiting]
-        pixels = torch.cat([p for _, p in self.waiting])
+        ready = [p.result() if isinstance(p, Future) else p for _, p in self.waiting]
+        counts = [p.shape[0] for p in ready]
+        if self.pin and all(p.shape[1:] == ready[0].shape[1:] for p in ready):
+            out = torch.empty((sum(counts), *ready[0].shape[1:]), dtype=ready[0].dtype, pin_memory=True)
+            pixels = torch.cat(ready, out=out)
+        else:
+            pixels = torch.cat(ready)
+        del ready
         self.waiting, self.count = [], 0
         # no_grad rather than inference_mode: cached frames may later meet tensors that need grad
         with torch.no_grad():

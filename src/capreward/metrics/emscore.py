@@ -13,6 +13,7 @@ from typing import Callable
 
 import torch
 
+from ..devices import host_to_device
 from .harmonic import released_harmonic_mean
 
 
@@ -90,11 +91,25 @@ def coarse_score(caption: torch.Tensor, visual: torch.Tensor) -> torch.Tensor:
 
 
 def pad_stack(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stack [L_i, D] tensors into [N, max L, D] with a BoolTensor [N, max L] marking real rows."""
-    width = max(r.shape[0] for r in rows)
-    out = rows[0].new_zeros(len(rows), width, rows[0].shape[-1])
-    mask = torch.zeros(len(rows), width, dtype=torch.bool, device=rows[0].device)
-    for i, r in enumerate(rows):
-        out[i, : r.shape[0]] = r
-        mask[i, : r.shape[0]] = True
-    return out, mask
+    """Stack [L_i, D] tensors into [N, max L, D] (zeros after each row, in the first row's dtype and on
+    its device) with a BoolTensor [N, max L] marking real rows.
+
+    A fixed number of device operations whatever N (one concatenation, one indexed copy, one host-to-device
+    copy of the mask and of the row slots, computed on the host from the lengths): a copy per row would
+    launch 2N tiny kernels on a GPU."""
+    first = rows[0]
+    dev = first.device
+    sizes = [r.shape[0] for r in rows]
+    n, width = len(rows), max(sizes)
+    lengths = torch.tensor(sizes, dtype=torch.long)
+    mask = host_to_device(torch.arange(width)[None, :] < lengths[:, None], dev)
+    if any(r.device != dev for r in rows):
+        rows = [r.to(dev) for r in rows]
+    if all(k == width for k in sizes):
+        return torch.stack(rows).to(first.dtype), mask
+    starts = torch.cumsum(lengths, 0) - lengths
+    row = torch.repeat_interleave(torch.arange(n), lengths)
+    slot = row * width + torch.arange(sum(sizes)) - starts[row]  # position of each packed row
+    out = first.new_zeros(n * width, *first.shape[1:])
+    out.index_copy_(0, host_to_device(slot, dev), torch.cat(rows).to(first.dtype))
+    return out.view(n, width, *first.shape[1:]), mask
