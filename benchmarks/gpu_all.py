@@ -194,13 +194,13 @@ STEPS = [
     Step("precision", "fp32/fp16/bf16 against fp64 per component", 45, 90, deviation_cmd, deviation_head),
     Step("emscore_b32", "EMScore ViT-B/32 vs released path, today's sizes", 60, 120, emscore_cmd("ViT-B-32", False), emscore_head),
     Step("emscore_l14", "EMScore ViT-L/14 vs released path, today's sizes", 75, 120, emscore_cmd("ViT-L-14", False), emscore_head),
-    Step("emscore_b32_gpu", "EMScore ViT-B/32, GPU-sized (16 videos x 32 captions x 32 frames)", 60, 120, emscore_cmd("ViT-B-32", True), emscore_head),
-    Step("emscore_l14_gpu", "EMScore ViT-L/14, GPU-sized", 75, 120, emscore_cmd("ViT-L-14", True), emscore_head),
+    Step("emscore_b32_gpu", "EMScore ViT-B/32, GPU-sized (16 videos x 32 captions x 32 frames)", 110, 120, emscore_cmd("ViT-B-32", True), emscore_head),
+    Step("emscore_l14_gpu", "EMScore ViT-L/14, GPU-sized", 120, 120, emscore_cmd("ViT-L-14", True), emscore_head),
     Step("clipscore_b32", "CLIP-S ViT-B/32 vs torchmetrics on the device", 40, 90, clipscore_cmd("ViT-B-32"), clipscore_head),
     Step("clipscore_l14", "CLIP-S ViT-L/14 vs torchmetrics on the device", 45, 90, clipscore_cmd("ViT-L-14"), clipscore_head),
     Step("fleur_7b", "FLEUR at LLaVA-1.5-7B shape: batched vs per-sample generate", 110, 180, fleur_cmd, fleur_head),
-    Step("server", "reward server 8/16/32 clients, batching on/off", 90, 180, server_cmd, server_head),
-    Step("grpo", "GRPO step of the tiny policy with each reward", 90, 240, grpo_cmd, grpo_head),
+    Step("server", "reward server 8/16/32 clients, batching on/off", 120, 180, server_cmd, server_head),
+    Step("grpo", "GRPO step of the tiny policy with each reward", 120, 240, grpo_cmd, grpo_head),
 ]
 
 
