@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from capreward.backbones.clip import preprocess_pool
 from capreward.media import MediaError
-from capreward.metrics.emscore import pad_stack
+from capreward.metrics.emscore import pad_stack, pad_stack_indexed
 
 from conftest import random_video
 
@@ -118,16 +118,20 @@ def test_packed_text_tower_asks_the_device_nothing_back_and_gives_the_same_embed
 
 @pytest.mark.parametrize("n", [1, 5, 40])
 def test_pad_stack_is_a_fixed_number_of_ops_and_equals_the_row_loop(n):
+    """The accelerator path (pad_stack_indexed, what pad_stack runs on a GPU) and the CPU path both equal
+    the row loop; the accelerator path dispatches the same ops whatever the number of rows."""
     g = torch.Generator().manual_seed(n)
     rows = [torch.randn(int(torch.randint(1, 12, (1,), generator=g)), 6, generator=g) for _ in range(n)]
     with OpLog() as log:
-        out, mask = pad_stack(rows)
+        out, mask = pad_stack_indexed(rows)
     want_out, want_mask = old_pad_stack(rows)
     assert torch.equal(out, want_out) and torch.equal(mask, want_mask)
+    cpu_out, cpu_mask = pad_stack(rows)
+    assert torch.equal(cpu_out, want_out) and torch.equal(cpu_mask, want_mask)
     assert log.syncs == []
     two = [torch.randn(1, 6), torch.randn(3, 6)]
     with OpLog() as small:
-        pad_stack(two)
+        pad_stack_indexed(two)
     # the same ops whatever the number of rows (the row loop dispatched 2 per row)
     assert len(log.ops) == len(small.ops) or n == 1 or all(r.shape[0] == rows[0].shape[0] for r in rows)
     with OpLog() as loop:
@@ -137,11 +141,12 @@ def test_pad_stack_is_a_fixed_number_of_ops_and_equals_the_row_loop(n):
 
 def test_pad_stack_of_equal_lengths_and_of_weights():
     rows = [torch.randn(4, 3) for _ in range(3)]
-    for got, want in zip(pad_stack(rows), old_pad_stack(rows)):
-        assert torch.equal(got, want)
     weights = [torch.rand(k, 1, dtype=torch.float64) for k in (2, 5, 1)]
-    for got, want in zip(pad_stack(weights), old_pad_stack(weights)):
-        assert torch.equal(got, want) and got.dtype == want.dtype
+    for fn in (pad_stack, pad_stack_indexed):
+        for got, want in zip(fn(rows), old_pad_stack(rows)):
+            assert torch.equal(got, want)
+        for got, want in zip(fn(weights), old_pad_stack(weights)):
+            assert torch.equal(got, want) and got.dtype == want.dtype
 
 
 @pytest.fixture()

@@ -55,7 +55,7 @@ class CLIPBackbone:
     behaviour, kept for benchmarks). ``cache_size`` bounds the visual cache (entries);
     ``text_cache_size`` and ``text_cache_bytes`` bound the caption-embedding cache (0 disables it).
     ``text_tokens_per_pass`` bounds the tokens of one packed text-tower pass (memory). The attribute
-    ``preprocess_workers`` (default: up to 4 CPU threads) is how many threads run the CLIP preprocessing of
+    ``preprocess_workers`` (default: half the CPU cores, at most 4) is how many threads run the CLIP preprocessing of
     frames and images while the caller's thread decodes the next ones and the encoder runs (each frame is
     preprocessed by the same function as alone: the pixels are identical); 1 preprocesses in the caller's thread.
     """
@@ -97,7 +97,7 @@ class CLIPBackbone:
         self._token_text: dict[int, str] = {}
         self._packable_cache: bool | None = None
         self.text_tokens_per_pass = text_tokens_per_pass
-        self.preprocess_workers = min(4, os.cpu_count() or 1)
+        self.preprocess_workers = max(1, min(4, (os.cpu_count() or 1) // 2))  # 1 on a 2-core machine
 
     # ------------------------------------------------------------------ text
     def token_ids(self, caption: str) -> tuple[list[int], bool]:
