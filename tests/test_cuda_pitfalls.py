@@ -18,7 +18,7 @@ from capreward.backbones.clip import preprocess_pool
 from capreward.media import MediaError
 from capreward.metrics.emscore import pad_stack, pad_stack_indexed
 
-from conftest import random_video
+from conftest import random_video, write_mp4
 
 # ops whose result the host must wait for (data-dependent sizes or a scalar read back)
 SYNCING = {"aten.nonzero", "aten.masked_select", "aten._local_scalar_dense", "aten.item", "aten.is_nonzero",
@@ -156,16 +156,25 @@ def workers(tiny_backbone):
     tiny_backbone.preprocess_workers = saved
 
 
-def test_preprocessing_pool_gives_the_same_pixels_and_embeddings(workers):
+def test_preprocessing_pool_gives_the_same_pixels_and_embeddings(workers, tmp_path):
+    """Frames of arrays and of a decoded file (decoded ahead in chunks of 4 while the pool preprocesses) and
+    images: the same embeddings with 3 threads as with none."""
     bb = workers
     video = random_video(5, frames=9, height=50, width=70)
+    clip = str(write_mp4(tmp_path / "clip.mp4", random_video(6, frames=10, height=48, width=64)))
     images = [random_video(s, frames=1, height=40 + s, width=60)[0] for s in range(6)]
+    batch = bb.image_batch_size
     out = {}
-    for k in (1, 3):
-        bb.preprocess_workers = k
+    try:
+        bb.image_batch_size = 4
+        for k in (1, 3):
+            bb.preprocess_workers = k
+            bb.cache.clear()
+            out[k] = (bb.pixels_of(video), bb.visual_embeddings([video, clip, video], kind="video", frames=6),
+                      bb.visual_embeddings(images, kind="image"))
+    finally:
+        bb.image_batch_size = batch
         bb.cache.clear()
-        out[k] = (bb.pixels_of(video), bb.visual_embeddings([video], kind="video", frames=6),
-                  bb.visual_embeddings(images, kind="image"))
     assert torch.equal(out[1][0], out[3][0])
     for a, b in zip(out[1][1] + out[1][2], out[3][1] + out[3][2]):
         assert torch.equal(a, b)
