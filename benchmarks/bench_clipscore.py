@@ -153,7 +153,7 @@ def main(argv=None) -> dict:
         ours.score(make_captions(rng, n), images=per_caption)
     with counted_flops() as warm_flops:
         ours.score(make_captions(rng, n), images=per_caption)
-    peak = matmul_peak(args.device, next(bb.model.parameters()).dtype, seconds=0.5)
+    peak = matmul_peak(args.device, pixel_dtype(bb.model.visual), seconds=0.5)  # the layers' dtype
     rounds = []
     for _ in range(args.repeats):
         caps, other = make_captions(rng, n), make_captions(rng, n)

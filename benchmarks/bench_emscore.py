@@ -464,9 +464,7 @@ def main(argv=None) -> dict:
     em = EMScore(model=args.model, frames=args.frames, idf=w.corpus, device=args.device,
                  precision=None if args.precision == "fp32" else args.precision)
     bb: CLIPBackbone = em.backbone
-    # the precision the encoders' matmuls run in (the peak is measured in it): the weights' dtype, or the
-    # autocast dtype when the weights stay fp32 under a reduced precision
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(args.precision, next(bb.model.parameters()).dtype)
+    dtype = pixel_dtype(bb.model.visual)  # the layers' dtype (mixed precision keeps some embeddings in fp32)
     parts = (bb.model, bb.preprocess, bb.tokenizer)
     base = ReleasedPathEMScore(*parts, context_length=bb.context_length)
     if master is not None:

@@ -117,7 +117,7 @@ def emscore_cmd(arch: str, gpu_sized: bool):
     def cmd(ctx, out):
         if ctx.gpu:
             size = (["--videos", "16", "--captions", "32", "--frames", "32", "--repeats", "1", "--no-fp64"] if gpu_sized
-                    else ["--repeats", "2"])
+                    else ["--repeats", "1"])
         else:
             size = ["--videos", "2", "--captions", "2", "--frames", "3", "--references", "1", "--height", "32",
                     "--width", "40", "--repeats", "1"] + (["--no-fp64"] if gpu_sized else [])

@@ -9,9 +9,10 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 DEST=${1:-.whl}
 mkdir -p "$DEST"
-if git rev-parse --git-dir >/dev/null 2>&1; then
-  exclude="$(git rev-parse --git-path info/exclude)"
-  grep -qx "/$DEST/" "$exclude" 2>/dev/null || echo "/$DEST/" >> "$exclude"
+# .gitignore ignores .whl/; another folder is added to the checkout's info/exclude so that it travels only
+# when carried
+if git rev-parse --git-dir >/dev/null 2>&1 && ! git check-ignore -q "$DEST"; then
+  echo "/$DEST/" >> "$(git rev-parse --git-path info/exclude)"
 fi
 WHEELS=(
   open_clip_torch==3.3.0 ftfy==6.3.1 wcwidth==0.9.4

@@ -16,9 +16,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from capreward.backbones.clip import preprocess_pool
 from capreward.media import MediaError
-from capreward.metrics.emscore import pad_stack
+from capreward.metrics.emscore import pad_stack, pad_stack_indexed
 
-from conftest import random_video
+from conftest import random_video, write_mp4
 
 # ops whose result the host must wait for (data-dependent sizes or a scalar read back)
 SYNCING = {"aten.nonzero", "aten.masked_select", "aten._local_scalar_dense", "aten.item", "aten.is_nonzero",
@@ -118,16 +118,20 @@ def test_packed_text_tower_asks_the_device_nothing_back_and_gives_the_same_embed
 
 @pytest.mark.parametrize("n", [1, 5, 40])
 def test_pad_stack_is_a_fixed_number_of_ops_and_equals_the_row_loop(n):
+    """The accelerator path (pad_stack_indexed, what pad_stack runs on a GPU) and the CPU path both equal
+    the row loop; the accelerator path dispatches the same ops whatever the number of rows."""
     g = torch.Generator().manual_seed(n)
     rows = [torch.randn(int(torch.randint(1, 12, (1,), generator=g)), 6, generator=g) for _ in range(n)]
     with OpLog() as log:
-        out, mask = pad_stack(rows)
+        out, mask = pad_stack_indexed(rows)
     want_out, want_mask = old_pad_stack(rows)
     assert torch.equal(out, want_out) and torch.equal(mask, want_mask)
+    cpu_out, cpu_mask = pad_stack(rows)
+    assert torch.equal(cpu_out, want_out) and torch.equal(cpu_mask, want_mask)
     assert log.syncs == []
     two = [torch.randn(1, 6), torch.randn(3, 6)]
     with OpLog() as small:
-        pad_stack(two)
+        pad_stack_indexed(two)
     # the same ops whatever the number of rows (the row loop dispatched 2 per row)
     assert len(log.ops) == len(small.ops) or n == 1 or all(r.shape[0] == rows[0].shape[0] for r in rows)
     with OpLog() as loop:
@@ -137,11 +141,12 @@ def test_pad_stack_is_a_fixed_number_of_ops_and_equals_the_row_loop(n):
 
 def test_pad_stack_of_equal_lengths_and_of_weights():
     rows = [torch.randn(4, 3) for _ in range(3)]
-    for got, want in zip(pad_stack(rows), old_pad_stack(rows)):
-        assert torch.equal(got, want)
     weights = [torch.rand(k, 1, dtype=torch.float64) for k in (2, 5, 1)]
-    for got, want in zip(pad_stack(weights), old_pad_stack(weights)):
-        assert torch.equal(got, want) and got.dtype == want.dtype
+    for fn in (pad_stack, pad_stack_indexed):
+        for got, want in zip(fn(rows), old_pad_stack(rows)):
+            assert torch.equal(got, want)
+        for got, want in zip(fn(weights), old_pad_stack(weights)):
+            assert torch.equal(got, want) and got.dtype == want.dtype
 
 
 @pytest.fixture()
@@ -151,16 +156,25 @@ def workers(tiny_backbone):
     tiny_backbone.preprocess_workers = saved
 
 
-def test_preprocessing_pool_gives_the_same_pixels_and_embeddings(workers):
+def test_preprocessing_pool_gives_the_same_pixels_and_embeddings(workers, tmp_path):
+    """Frames of arrays and of a decoded file (decoded ahead in chunks of 4 while the pool preprocesses) and
+    images: the same embeddings with 3 threads as with none."""
     bb = workers
     video = random_video(5, frames=9, height=50, width=70)
+    clip = str(write_mp4(tmp_path / "clip.mp4", random_video(6, frames=10, height=48, width=64)))
     images = [random_video(s, frames=1, height=40 + s, width=60)[0] for s in range(6)]
+    batch = bb.image_batch_size
     out = {}
-    for k in (1, 3):
-        bb.preprocess_workers = k
+    try:
+        bb.image_batch_size = 4
+        for k in (1, 3):
+            bb.preprocess_workers = k
+            bb.cache.clear()
+            out[k] = (bb.pixels_of(video), bb.visual_embeddings([video, clip, video], kind="video", frames=6),
+                      bb.visual_embeddings(images, kind="image"))
+    finally:
+        bb.image_batch_size = batch
         bb.cache.clear()
-        out[k] = (bb.pixels_of(video), bb.visual_embeddings([video], kind="video", frames=6),
-                  bb.visual_embeddings(images, kind="image"))
     assert torch.equal(out[1][0], out[3][0])
     for a, b in zip(out[1][1] + out[1][2], out[3][1] + out[3][2]):
         assert torch.equal(a, b)

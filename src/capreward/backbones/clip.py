@@ -55,7 +55,7 @@ class CLIPBackbone:
     behaviour, kept for benchmarks). ``cache_size`` bounds the visual cache (entries);
     ``text_cache_size`` and ``text_cache_bytes`` bound the caption-embedding cache (0 disables it).
     ``text_tokens_per_pass`` bounds the tokens of one packed text-tower pass (memory). The attribute
-    ``preprocess_workers`` (default: up to 4 CPU threads) is how many threads run the CLIP preprocessing of
+    ``preprocess_workers`` (default: half the CPU cores, at most 4) is how many threads run the CLIP preprocessing of
     frames and images while the caller's thread decodes the next ones and the encoder runs (each frame is
     preprocessed by the same function as alone: the pixels are identical); 1 preprocesses in the caller's thread.
     """
@@ -97,7 +97,7 @@ class CLIPBackbone:
         self._token_text: dict[int, str] = {}
         self._packable_cache: bool | None = None
         self.text_tokens_per_pass = text_tokens_per_pass
-        self.preprocess_workers = min(4, os.cpu_count() or 1)
+        self.preprocess_workers = max(1, min(4, (os.cpu_count() or 1) // 2))  # 1 on a 2-core machine
 
     # ------------------------------------------------------------------ text
     def token_ids(self, caption: str) -> tuple[list[int], bool]:
@@ -370,9 +370,10 @@ class CLIPBackbone:
         results: list[torch.Tensor | None] = [None] * len(items)
         pending: dict[Any, list[int]] = {}
         queue = _EncodeQueue(self.encode_pixels, self.image_batch_size, pin=self.device.type == "cuda")
-        # images are loaded and preprocessed in the pool while this thread goes on (the queue waits for each
-        # in order when it encodes, so the first unusable item is still the one reported)
-        pool = preprocess_pool(self.preprocess_workers) if self.preprocess_workers > 1 and kind == "image" else None
+        # with several preprocess_workers, images are loaded and preprocessed, and video frames preprocessed, in
+        # the pool while this thread decodes the next ones and the encoder runs (the queue waits for each in
+        # order when it encodes, so the first unusable item is still the one reported)
+        pool = preprocess_pool(self.preprocess_workers) if self.preprocess_workers > 1 and not _in_preprocess_pool() else None
         # A GRPO group repeats the same object many times; hash its pixels once per call, not per sample.
         key_of_object: dict[int, str | None] = {}
         for i, item in enumerate(items):
@@ -394,7 +395,11 @@ class CLIPBackbone:
                 with open_video(item, frames=frames, index=i) as video:
                     self.check_frame_budget(video.count, video.name)
                     for chunk in video.chunks(self.image_batch_size):
-                        queue.add(pending_key, self.pixels_of(chunk))
+                        if pool is None:
+                            queue.add(pending_key, self.pixels_of(chunk))
+                        else:  # PIL copies the frames here: the decoder may reuse its buffer for the next chunk
+                            frames_ahead = [pool.submit(self.preprocess, im) for im in frames_to_pil(chunk)]
+                            queue.add(pending_key, frames_ahead, count=len(frames_ahead))
             elif pool is not None:
                 queue.add(pending_key, pool.submit(self.image_pixels, item, i), count=1)
             else:
@@ -436,12 +441,13 @@ class _EncodeQueue:
 
     def __init__(self, encode: Callable[[torch.Tensor], torch.Tensor], batch: int, pin: bool = False):
         self.encode, self.batch, self.pin = encode, max(1, int(batch)), pin
-        self.waiting: list[tuple[Hashable, torch.Tensor | Future]] = []
+        self.waiting: list[tuple[Hashable, torch.Tensor | Future | list[Future]]] = []
         self.count = 0
         self.parts: dict[Hashable, list[torch.Tensor]] = {}
 
-    def add(self, key: Hashable, pixels: torch.Tensor | Future, count: int | None = None) -> None:
-        """Queue ``pixels`` [k, 3, H, W] of item ``key`` (a future needs its frame ``count``)."""
+    def add(self, key: Hashable, pixels: torch.Tensor | Future | list[Future], count: int | None = None) -> None:
+        """Queue ``pixels`` [k, 3, H, W] of item ``key``: a tensor, a future of one, or a list of futures of
+        single frames [3, H, W] (a future needs its frame ``count``)."""
         self.parts.setdefault(key, [])
         self.waiting.append((key, pixels))
         self.count += pixels.shape[0] if count is None else count
@@ -452,7 +458,8 @@ class _EncodeQueue:
         if not self.waiting:
             return
         keys = [k for k, _ in self.waiting]
-        ready = [p.result() if isinstance(p, Future) else p for _, p in self.waiting]
+        ready = [p.result() if isinstance(p, Future) else torch.stack([f.result() for f in p]) if isinstance(p, list)
+                 else p for _, p in self.waiting]
         counts = [p.shape[0] for p in ready]
         if self.pin and all(p.shape[1:] == ready[0].shape[1:] for p in ready):
             out = torch.empty((sum(counts), *ready[0].shape[1:]), dtype=ready[0].dtype, pin_memory=True)

@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from ..devices import host_to_device
+from ..devices import host_to_device, strict_fp32
 from .harmonic import released_harmonic_mean
 
 
@@ -60,7 +60,8 @@ def greedy_match(
     F = ``mean(P, R)``: the paper's 2PR/(P+R) by default (which leaves [-1, 1] when P and R have
     opposite signs), or :func:`~capreward.metrics.harmonic.sign_safe_harmonic_mean` (in [-1, 1]).
     """
-    sim = torch.bmm(cand, target.transpose(1, 2))  # [N, Lc, Lt]
+    with strict_fp32(cand.device):  # IEEE fp32 on CUDA even where the caller allows TF32 (capreward.devices)
+        sim = torch.bmm(cand, target.transpose(1, 2))  # [N, Lc, Lt]
     pair_mask = cand_mask[:, :, None] & target_mask[:, None, :]
     sim = sim.masked_fill(~pair_mask, float("-inf"))
     best_sim, best_target = sim.max(dim=2)
@@ -94,9 +95,22 @@ def pad_stack(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """Stack [L_i, D] tensors into [N, max L, D] (zeros after each row, in the first row's dtype and on
     its device) with a BoolTensor [N, max L] marking real rows.
 
-    A fixed number of device operations whatever N (one concatenation, one indexed copy, one host-to-device
-    copy of the mask and of the row slots, computed on the host from the lengths): a copy per row would
-    launch 2N tiny kernels on a GPU."""
+    On an accelerator a fixed number of device operations whatever N (:func:`pad_stack_indexed`): a copy per
+    row would launch 2N tiny kernels on a GPU. On the CPU, where a copy costs no launch, torch's own
+    ``pad_sequence`` loop, which is faster there than one indexed copy."""
+    first = rows[0]
+    dev = first.device
+    if dev.type != "cpu" or any(r.device != dev for r in rows):
+        return pad_stack_indexed(rows)
+    sizes = [r.shape[0] for r in rows]
+    mask = torch.arange(max(sizes))[None, :] < torch.tensor(sizes)[:, None]
+    out = torch.nn.utils.rnn.pad_sequence([r.to(first.dtype) for r in rows], batch_first=True)
+    return out, mask
+
+
+def pad_stack_indexed(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`pad_stack` in one concatenation and one indexed copy, with the row slots and the mask computed
+    on the host from the lengths and copied once (pinned, non-blocking on CUDA)."""
     first = rows[0]
     dev = first.device
     sizes = [r.shape[0] for r in rows]
