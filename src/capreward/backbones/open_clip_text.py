@@ -100,6 +100,8 @@ class CustomTextBackbone(TowerBackbone):
         ids, real = ids.to(self.device), real.to(self.device)
         with torch.no_grad():
             x, attn_mask = t._embeds(ids)
+            if attn_mask is not None and attn_mask.dim() == 2:  # the causal mask, built for the full context
+                attn_mask = attn_mask[: x.shape[1], : x.shape[1]]
             x = t.transformer(x, attn_mask=attn_mask)
             if t.cls_emb is not None:  # an appended class token is the caption embedding
                 pooled, tokens = t.ln_final(x[:, -1]), t.ln_final(x[:, :-1])
