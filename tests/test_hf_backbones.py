@@ -142,3 +142,12 @@ def test_an_unknown_family_is_refused_by_name():
     bert = BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64))
     with pytest.raises(ModelLoadError, match="model_type 'bert' is not a CLIP family"):
         CLIPBackbone((bert, tiny_hf_clip("clip")[1]))
+
+
+def test_a_hub_name_is_read_from_the_local_cache_and_a_missing_one_fails_at_once(monkeypatch, tmp_path):
+    from capreward.backbones import ModelLoadError
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # never a download in tests
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(ModelLoadError, match="not in the local cache"):
+        CLIPBackbone("transformers:nobody/no-such-clip")

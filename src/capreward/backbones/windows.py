@@ -67,7 +67,12 @@ def _pieces(text: str, pattern: re.Pattern) -> list[str]:
 
 
 def _longest_fitting_prefix(text: str, fits: Callable[[str], bool]) -> int:
-    lo, hi = 0, len(text)  # fits(text[:lo]) holds (or lo == 0); text[:hi+1] may not
+    """The largest n with ``fits(text[:n])`` (0 if none), found by doubling then bisecting, so that no
+    call reads much more than twice a window (a caption-long "word" is never tokenised whole again)."""
+    lo, hi = 0, 1
+    while hi <= len(text) and fits(text[:hi]):
+        lo, hi = hi, 2 * hi
+    hi = min(hi - 1, len(text))  # fits(text[:lo]) holds (or lo == 0); text[:hi+1] does not
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if fits(text[:mid]):
