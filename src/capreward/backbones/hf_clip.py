@@ -143,6 +143,7 @@ class TransformersBackbone(TowerBackbone):
     :func:`load_transformers_clip`.
 
     Example:
+        >>> from capreward.backbones import CLIPBackbone
         >>> from capreward.testing.tiny_hf_clip import tiny_hf_clip
         >>> backbone = CLIPBackbone(tiny_hf_clip("siglip"))  # a (model, processor) pair
         >>> backbone.context_length, backbone.causal

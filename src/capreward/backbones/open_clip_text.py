@@ -32,6 +32,7 @@ class CustomTextBackbone(TowerBackbone):
     ``CLIPBackbone(spec)`` when the loaded model is one (see the module doc).
 
     Example:
+        >>> from capreward.backbones import CLIPBackbone
         >>> from capreward.testing.tiny_custom_clip import tiny_custom_clip_factory
         >>> backbone = CLIPBackbone(tiny_custom_clip_factory("siglip"))
         >>> type(backbone).__name__, backbone.context_length, backbone.causal
