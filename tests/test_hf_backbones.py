@@ -151,3 +151,24 @@ def test_a_hub_name_is_read_from_the_local_cache_and_a_missing_one_fails_at_once
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     with pytest.raises(ModelLoadError, match="not in the local cache"):
         CLIPBackbone("transformers:nobody/no-such-clip")
+
+
+def test_the_command_line_scores_with_a_transformers_directory(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from capreward.jobs.results_file import read_results
+
+    folder = save_tiny_hf_clip(tmp_path / "siglip", "siglip")
+    image = tmp_path / "img.png"
+    _images(1)[0].save(image)
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"id": "a", "caption": CAPTIONS[0], "image": str(image)}) + "\n")
+    out = tmp_path / "scores.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "capreward.cli.main", "score", str(manifest), "--out", str(out),
+                           "--metrics", "clip-s", "--clip-model", f"transformers:{folder}", "--no-progress"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    direct = CLIPScore(model=str(folder)).score(CAPTIONS[:1], images=[str(image)]).clip_s.item()
+    assert read_results(out)[0]["clip_s"] == pytest.approx(direct, abs=1e-6)
