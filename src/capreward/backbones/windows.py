@@ -66,23 +66,34 @@ def _pieces(text: str, pattern: re.Pattern) -> list[str]:
     return [p for p in pieces if p.strip()]
 
 
-def _longest_fitting_prefix(text: str, fits: Callable[[str], bool]) -> int:
-    """The largest n with ``fits(text[:n])`` (0 if none), found by doubling then bisecting, so that no
-    call reads much more than twice a window (a caption-long "word" is never tokenised whole again)."""
-    lo, hi = 0, 1
-    while hi <= len(text) and fits(text[:hi]):
+def _largest(holds: Callable[[int], bool], n: int) -> int:
+    """The largest k in [1, n] with ``holds(k)``, given ``holds(1)``, for a ``holds`` true up to some k
+    and false after it: doubling then bisecting, O(log k) calls."""
+    lo, hi = 1, 2
+    while hi <= n and holds(hi):
         lo, hi = hi, 2 * hi
-    hi = min(hi - 1, len(text))  # fits(text[:lo]) holds (or lo == 0); text[:hi+1] does not
+    hi = min(hi - 1, n)  # holds(lo); not holds(hi + 1)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if fits(text[:mid]):
+        if holds(mid):
             lo = mid
         else:
             hi = mid - 1
     return lo
 
 
+def _longest_fitting_prefix(text: str, fits: Callable[[str], bool]) -> int:
+    """The largest n with ``fits(text[:n])`` (0 if none), found by doubling then bisecting, so that no
+    call reads much more than twice a window (a caption-long "word" is never tokenised whole again)."""
+    if not text or not fits(text[:1]):
+        return 0
+    return _largest(lambda n: fits(text[:n]), len(text))
+
+
 def _pack(text: str, fits: Callable[[str], bool], level: int) -> list[str]:
+    """Greedy packing of ``text``'s pieces at ``level`` (the most consecutive pieces that fit, found by
+    doubling then bisecting rather than piece by piece: O(log) tokenisations per window); a piece that
+    does not fit alone is packed at the next level."""
     if level == len(SPLIT_LEVELS):  # one word longer than the context: cut it into fitting runs
         out, rest = [], text.strip()
         while rest:
@@ -92,22 +103,17 @@ def _pack(text: str, fits: Callable[[str], bool], level: int) -> list[str]:
             out.append(rest[:n])
             rest = rest[n:]
         return out
+    pieces = _pieces(text, SPLIT_LEVELS[level])
     windows: list[str] = []
-    current = ""
-    for piece in _pieces(text, SPLIT_LEVELS[level]):
-        joined = current + piece
-        if fits(joined.strip()):
-            current = joined
+    i = 0
+    while i < len(pieces):
+        if not fits(pieces[i].strip()):
+            windows.extend(_pack(pieces[i], fits, level + 1))
+            i += 1
             continue
-        if current.strip():
-            windows.append(current.strip())
-        if fits(piece.strip()):
-            current = piece
-        else:
-            windows.extend(_pack(piece, fits, level + 1))
-            current = ""
-    if current.strip():
-        windows.append(current.strip())
+        k = _largest(lambda k: fits("".join(pieces[i : i + k]).strip()), len(pieces) - i)
+        windows.append("".join(pieces[i : i + k]).strip())
+        i += k
     return windows
 
 
