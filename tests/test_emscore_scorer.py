@@ -201,7 +201,8 @@ def test_idf_dict_is_used_as_given(tiny_backbone, videos):
 
 def test_long_captions_are_truncated_keeping_eos_and_reported(em, videos, caplog):
     long = " ".join(["word"] * 120)
-    res = em.score([long, CAPTIONS[0]], videos=[videos[0]] * 2)
+    cut = EMScore(backbone=em.backbone, long_captions="truncate")
+    res = cut.score([long, CAPTIONS[0]], videos=[videos[0]] * 2)
     assert res.truncated == [True, False]
     assert len(res.alignment[0].tokens) == 77 and res.alignment[0].tokens[-1] == "<eos>"
     assert "truncated" in caplog.text

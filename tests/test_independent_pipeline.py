@@ -39,7 +39,8 @@ CANDIDATES = [
     "a dog runs across the grass",
     "two people dance on a stage while a crowd watches",
     "a red car",
-    # longer than the 77-token context: cut to 76 tokens + EOS
+    # longer than the 77-token context: cut to 76 tokens + EOS (long_captions="truncate", the released
+    # behaviour the reference below implements; the default reads it whole, tests/test_whole_caption.py)
     "a very long caption " + " ".join(f"word{i}" for i in range(60)),
 ]
 REFERENCES = [
@@ -294,7 +295,7 @@ def test_reference_preprocessing_matches_clip_shapes(ref_clip, videos):
 @pytest.mark.parametrize("use_idf", [False, True], ids=["no-idf", "idf"])
 def test_video_emscore_matches_reference(checkpoint, ref_clip, videos, frame_embeddings, use_idf):
     idf = released_idf(ref_clip, IDF_CORPUS) if use_idf else None
-    em = EMScore(model=str(checkpoint), idf=IDF_CORPUS if use_idf else False, frames=FRAMES, device=TEST_DEVICE)
+    em = EMScore(model=str(checkpoint), idf=IDF_CORPUS if use_idf else False, frames=FRAMES, device=TEST_DEVICE, long_captions="truncate")
     n_vid = len(videos[0])
     cands = CANDIDATES
     vids = [videos[0][i % n_vid] for i in range(len(cands))]
@@ -324,7 +325,7 @@ def test_video_emscore_matches_reference(checkpoint, ref_clip, videos, frame_emb
 @pytest.mark.parametrize("use_idf", [False, True], ids=["no-idf", "idf"])
 def test_reference_emscore_matches_reference(checkpoint, ref_clip, use_idf):
     idf = released_idf(ref_clip, IDF_CORPUS) if use_idf else None
-    em = EMScore(model=str(checkpoint), idf=IDF_CORPUS if use_idf else False, device=TEST_DEVICE)
+    em = EMScore(model=str(checkpoint), idf=IDF_CORPUS if use_idf else False, device=TEST_DEVICE, long_captions="truncate")
     res = em.score(CANDIDATES, references=REFERENCES)
     expected = [emscore_reference(ref_clip, c, refs, idf) for c, refs in zip(CANDIDATES, REFERENCES)]
     assert_parts_match(res.reference, expected, "reference")
@@ -336,7 +337,7 @@ def test_reference_emscore_matches_reference(checkpoint, ref_clip, use_idf):
 @pytest.mark.parametrize("use_idf", [False, True], ids=["no-idf", "idf"])
 def test_combined_emscore_matches_reference(checkpoint, ref_clip, videos, frame_embeddings, use_idf):
     idf = released_idf(ref_clip, IDF_CORPUS) if use_idf else None
-    em = EMScore(model=str(checkpoint), idf=IDF_CORPUS if use_idf else False, device=TEST_DEVICE)
+    em = EMScore(model=str(checkpoint), idf=IDF_CORPUS if use_idf else False, device=TEST_DEVICE, long_captions="truncate")
     n_vid = len(videos[0])
     vids = [videos[0][(i + 1) % n_vid] for i in range(len(CANDIDATES))]
     res = em.score(CANDIDATES, videos=vids, references=REFERENCES)
@@ -353,7 +354,7 @@ def test_combined_emscore_matches_reference(checkpoint, ref_clip, videos, frame_
 def test_idf_table_matches_released_procedure(checkpoint, ref_clip):
     """Token weights the library reports equal the hand-built idf table, unseen tokens included."""
     table, unseen = released_idf(ref_clip, IDF_CORPUS)
-    em = EMScore(model=str(checkpoint), idf=IDF_CORPUS, device=TEST_DEVICE)
+    em = EMScore(model=str(checkpoint), idf=IDF_CORPUS, device=TEST_DEVICE, long_captions="truncate")
     caption = "a zebra cooks a dog"  # 'zebra' is not in the corpus
     res = em.score([caption], videos=[random_video(3, frames=4)])
     ids = ref_clip.token_ids(caption)
@@ -378,7 +379,7 @@ def clip_s_reference(ref_clip, caption, visual, refs, w=2.5):
 def test_clip_s_and_ref_clip_s_match_reference(checkpoint, ref_clip, videos):
     images = [frames[3] for frames in videos[1]]  # uint8 (H, W, 3) frames of each video
     n = len(images)
-    cs = CLIPScore(model=str(checkpoint), device=TEST_DEVICE)
+    cs = CLIPScore(model=str(checkpoint), device=TEST_DEVICE, long_captions="truncate")
     imgs = [images[i % n] for i in range(len(CANDIDATES))]
     res = cs.score(CANDIDATES, images=imgs, references=REFERENCES)
     expected = [
@@ -393,7 +394,7 @@ def test_clip_s_and_ref_clip_s_match_reference(checkpoint, ref_clip, videos):
 
 
 def test_clip_s_on_videos_uses_the_mean_frame_embedding(checkpoint, ref_clip, videos, frame_embeddings):
-    cs = CLIPScore(model=str(checkpoint), device=TEST_DEVICE)
+    cs = CLIPScore(model=str(checkpoint), device=TEST_DEVICE, long_captions="truncate")
     n_vid = len(videos[0])
     res = cs.score(CANDIDATES[:3], videos=[videos[0][i % n_vid] for i in range(3)])
     expected = []

@@ -274,8 +274,9 @@ def test_subscores_logged_as_batch_means(clip_model, video_paths):
     assert logged["rewards/emscore/video/coarse"] == pytest.approx(direct.video.coarse.mean().item(), rel=1e-5)
     quiet = {}
     EMScoreReward(model=clip_model, log_subscores=False)(None, CAPTIONS[:2], video=video_paths, log_metric=quiet.__setitem__)
-    # health metrics stay: the unscored fraction and the number of values clipped into [-1, 1]
-    assert quiet == {"rewards/emscore/unscored_frac": 0.0, "rewards/emscore/clipped": 0.0}
+    # health metrics stay: the unscored fraction, the number of values clipped into [-1, 1] and of
+    # captions cut to the text context (none: long captions are read whole by default)
+    assert quiet == {"rewards/emscore/unscored_frac": 0.0, "rewards/emscore/truncated": 0.0, "rewards/emscore/clipped": 0.0}
 
 
 # ------------------------------------------------------------------------------ lifecycle

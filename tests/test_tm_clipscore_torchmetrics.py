@@ -146,16 +146,21 @@ class TestCLIPScore:
         assert isinstance(ax, matplotlib.axes.Axes)
         plt.close(fig)
 
-    def test_long_caption_is_truncated_and_reported(self, model, reference_all):
-        """torchmetrics warns and truncates a caption over 77 tokens; capreward truncates it keeping EOS and
-        counts it in the ``truncated`` column, and the other sample's score is unchanged."""
-        metric = CLIPScoreMetric(model_spec(model), sub_scores=True, per_sample=True)
+    def test_long_caption_is_read_whole_or_truncated_and_reported(self, model, reference_all):
+        """torchmetrics warns and truncates a caption over 77 tokens; capreward reads it whole by default
+        (sentence windows, nothing cut) or, with a scorer built with ``long_captions="truncate"``, cuts it
+        keeping EOS and counts it in the ``truncated`` column; the other sample's score is unchanged."""
         long = "A 28-year-old chef who recently moved to San Francisco was found dead. " * 100
-        metric.update([CAPTIONS[0][0], long], IMAGES[0])
-        out = metric.compute()
-        assert out["per_sample/truncated"].tolist() == [0.0, 1.0]
-        assert float(out["per_sample/score"][0]) == pytest.approx(float(reference_all[0]), abs=1e-5)
-        assert torch.isfinite(out["per_sample/score"]).all()
+        scores = []
+        for options, cut in (({}, 0.0), ({"long_captions": "truncate"}, 1.0)):
+            metric = CLIPScoreMetric(scorer=CLIPScore(model_spec(model), **options), sub_scores=True, per_sample=True)
+            metric.update([CAPTIONS[0][0], long], IMAGES[0])
+            out = metric.compute()
+            assert out["per_sample/truncated"].tolist() == [0.0, cut]
+            assert float(out["per_sample/score"][0]) == pytest.approx(float(reference_all[0]), abs=1e-5)
+            assert torch.isfinite(out["per_sample/score"]).all()
+            scores.append(float(out["per_sample/score"][1]))
+        assert scores[0] != scores[1]  # the windows read past the cut
 
 
 def _ddp_worker(rank: int, world: int, port: int, out_dir: str) -> None:

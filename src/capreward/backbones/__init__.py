@@ -1,7 +1,14 @@
-"""Model backbones: CLIP towers (open_clip) for the matching metrics."""
+"""Model backbones: CLIP-family towers (open_clip CLIP and CustomTextCLIP, Long-CLIP checkpoints,
+transformers CLIPModel / SiglipModel / Siglip2Model) for the matching metrics."""
 
 from .cache import LRUCache
 from .clip import CLIPBackbone, TextEmbeddings, TokenBatch
 from .clip_loading import DEFAULT_CLIP, ModelLoadError, load_clip
+from .hf_clip import TransformersBackbone
+from .open_clip_text import CustomTextBackbone
+from .windows import split_windows
 
-__all__ = ["CLIPBackbone", "DEFAULT_CLIP", "LRUCache", "ModelLoadError", "TextEmbeddings", "TokenBatch", "load_clip"]
+__all__ = [
+    "CLIPBackbone", "CustomTextBackbone", "DEFAULT_CLIP", "LRUCache", "ModelLoadError", "TextEmbeddings", "TokenBatch",
+    "TransformersBackbone", "load_clip", "split_windows",
+]

@@ -26,6 +26,7 @@ from ..media import MediaError, describe, frames_to_pil, get_media_limits, load_
 from ..media.keys import content_key, with_id
 from .cache import LRUCache
 from .clip_loading import DEFAULT_CLIP, load_clip
+from .windows import check_long_captions, combine_windows, split_windows
 
 
 @dataclass
@@ -60,6 +61,16 @@ class CLIPBackbone:
     preprocessed by the same function as alone: the pixels are identical); 1 preprocesses in the caller's thread.
     """
 
+    def __new__(cls, *args: Any, **kwargs: Any):
+        # A transformers model (a "transformers:" name, a transformers directory, a (model, processor)
+        # pair) gets its own backbone class; everything open_clip loads stays here.
+        if cls is CLIPBackbone:
+            from .hf_clip import TransformersBackbone, is_transformers_spec
+
+            if is_transformers_spec(args[0] if args else kwargs.get("model", DEFAULT_CLIP)):
+                cls = TransformersBackbone
+        return super().__new__(cls)
+
     def __init__(
         self,
         model: str | os.PathLike | Callable[[], tuple] = DEFAULT_CLIP,
@@ -74,6 +85,14 @@ class CLIPBackbone:
     ):
         self.device = checked_device(device)  # a missing GPU is one clear error, not torch's from deep in .to()
         self.model, self.preprocess, self.tokenizer = load_clip(model, self.device, precision)
+        from .open_clip_text import CustomTextBackbone, is_custom_text_clip
+
+        if type(self) is CLIPBackbone and is_custom_text_clip(self.model):  # SigLIP, EVA-CLIP...: own text tower
+            self.__class__ = CustomTextBackbone
+            self._adopt(cache_size=cache_size, image_batch_size=image_batch_size, trim_text=trim_text,
+                        text_cache_size=text_cache_size, text_cache_bytes=text_cache_bytes,
+                        text_tokens_per_pass=text_tokens_per_pass)
+            return
         for attr in ("token_embedding", "positional_embedding", "transformer", "ln_final", "text_projection"):
             if not hasattr(self.model, attr):
                 raise TypeError(
@@ -100,14 +119,24 @@ class CLIPBackbone:
         self.preprocess_workers = max(1, min(4, (os.cpu_count() or 1) // 2))  # 1 on a 2-core machine
 
     # ------------------------------------------------------------------ text
-    def token_ids(self, caption: str) -> tuple[list[int], bool]:
-        """SOS + BPE ids + EOS, cut to the context keeping EOS; and whether it was cut."""
+    def full_ids(self, caption: str) -> list[int]:
+        """SOS + BPE ids + EOS, however long (what :meth:`token_ids` cuts to the context)."""
         if not isinstance(caption, str):
             raise TypeError(f"captions must be str, got {type(caption).__name__}")
-        ids = [self.sot_id, *self.tokenizer.encode(caption), self.eot_id]
+        return [self.sot_id, *self.tokenizer.encode(caption), self.eot_id]
+
+    def token_ids(self, caption: str) -> tuple[list[int], bool]:
+        """SOS + BPE ids + EOS, cut to the context keeping EOS; and whether it was cut."""
+        ids = self.full_ids(caption)
         if len(ids) <= self.context_length:
             return ids, False
         return ids[: self.context_length - 1] + [self.eot_id], True
+
+    def caption_windows(self, caption: str, prefix: str = "") -> list[str]:
+        """The windows of ``caption`` that each fit the text context behind ``prefix`` (the metric's
+        template), as :func:`capreward.backbones.windows.split_windows` defines them: ``[caption]`` when
+        ``prefix + caption`` fits."""
+        return split_windows(caption, lambda text: len(self.full_ids(prefix + text)) <= self.context_length)
 
     def tokenize(self, captions: Sequence[str], pad_to_context: bool | None = None) -> TokenBatch:
         """Token ids padded to the longest caption (or the full context when not trimming)."""
@@ -495,31 +524,62 @@ def pixel_dtype(visual: torch.nn.Module) -> torch.dtype:
 class CaptionEmbeddings:
     """Embeddings of a list of captions, in input order."""
 
-    tokens: list[torch.Tensor]  # [L_i, D] per caption, SOS..EOS, L2-normalised
-    ids: list[torch.Tensor]  # LongTensor [L_i] per caption
+    tokens: list[torch.Tensor]  # [L_i, D] per caption, SOS..EOS of each window, L2-normalised
+    ids: list[torch.Tensor]  # LongTensor [L_i] per caption (its windows' rows, concatenated)
     pooled: torch.Tensor  # [N, D]
-    truncated: list[bool]
+    truncated: list[bool]  # cut to the context (only with long_captions="truncate")
+    windows: list[int] | None = None  # windows per caption (1: the caption fits the context)
 
 
 def embed_captions(
-    backbone: CLIPBackbone, captions: Sequence[str], batch_size: int = 64, dedup: bool = True
+    backbone: CLIPBackbone,
+    captions: Sequence[str],
+    batch_size: int = 64,
+    dedup: bool = True,
+    prefix: str = "",
+    long_captions: str = "windows",
 ) -> CaptionEmbeddings:
-    """Embeddings of ``captions`` in input order: each distinct caption tokenised once, then
-    :meth:`CLIPBackbone.embed_rows` (text cache, length-planned batches, each distinct caption encoded
-    once with ``dedup``)."""
+    """Embeddings of ``prefix + caption`` for each of ``captions``, in input order: each distinct caption
+    tokenised once, then :meth:`CLIPBackbone.embed_rows` (text cache, length-planned batches, each
+    distinct row encoded once with ``dedup``).
+
+    ``long_captions="windows"`` (default): a caption whose ``prefix + caption`` is over the text context
+    is split into windows (:meth:`CLIPBackbone.caption_windows`), each encoded as ``prefix + window`` and
+    combined by :func:`~capreward.backbones.windows.combine_windows` (union of token embeddings,
+    length-weighted pooled mean); a caption that fits is one row, as before. ``"truncate"``: the released
+    behaviour, ``prefix + caption`` cut to the context keeping EOS (``truncated`` says which)."""
+    check_long_captions(long_captions)
     if not captions:
         raise ValueError("no captions to encode")
-    tokenised: dict[str, tuple[list[int], bool]] = {}
-    for caption in captions:
-        if caption not in tokenised:
-            tokenised[caption] = backbone.token_ids(caption)
-    rows = [tuple(tokenised[c][0]) for c in captions]
-    embedded = backbone.embed_rows(rows, batch_size, dedup=dedup)
+    plans: dict[Hashable, tuple[list[tuple[int, ...]], list[int], bool]] = {}
+    keys = [caption if dedup else i for i, caption in enumerate(captions)]
+    prefix_len = len(backbone.full_ids(prefix)) if long_captions == "windows" else 0
+    for key, caption in zip(keys, captions):
+        if key in plans:
+            continue
+        if long_captions == "truncate":
+            row, cut = backbone.token_ids(prefix + caption)
+            plans[key] = ([tuple(row)], [len(row)], cut)
+            continue
+        full = backbone.full_ids(prefix + caption)
+        if len(full) <= backbone.context_length:
+            plans[key] = ([tuple(full)], [len(full)], False)
+            continue
+        rows = [tuple(backbone.full_ids(prefix + w)) for w in backbone.caption_windows(caption, prefix)]
+        plans[key] = (rows, [len(r) - prefix_len for r in rows], False)
+    flat = [row for key in plans for row in plans[key][0]]
+    embedded = iter(backbone.embed_rows(flat, batch_size, dedup=dedup))
+    combined: dict[Hashable, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+    for key, (rows, counts, _) in plans.items():
+        parts = [next(embedded) for _ in rows]
+        tokens, pooled = combine_windows([t for t, _ in parts], [p for _, p in parts], counts)
+        combined[key] = (tokens, pooled, torch.tensor([t for row in rows for t in row], dtype=torch.long))
     return CaptionEmbeddings(
-        tokens=[tokens for tokens, _ in embedded],
-        ids=[torch.tensor(row, dtype=torch.long) for row in rows],
-        pooled=torch.stack([pooled for _, pooled in embedded]),
-        truncated=[tokenised[c][1] for c in captions],
+        tokens=[combined[k][0] for k in keys],
+        ids=[combined[k][2] for k in keys],
+        pooled=torch.stack([combined[k][1] for k in keys]),
+        truncated=[plans[k][2] for k in keys],
+        windows=[len(plans[k][0]) for k in keys],
     )
 
 

@@ -8,6 +8,11 @@ Accepted specifications (``model=`` of every CLIP-based scorer):
 - ``"hf-hub:org/repo"`` and ``"local-dir:/path"``: passed to open_clip as they are.
 - a path to an OpenAI-format ``.pt`` file (a JIT archive or a plain state dict such as OpenAI's
   ``ViT-B-32.pt`` or PAC-S's ``clip_ViT-B-32.pth``): the architecture is inferred from the weights.
+  Long-CLIP checkpoints in their released layout (``longclip-B.pt``: 248 positions, with
+  ``positional_embedding_res`` and, in some files, ``mask1``/``mask2``) load the same way
+  (:func:`merge_long_clip_positions`), with a 248-token context.
+- a transformers model (``"transformers:NAME"``, a transformers directory, a ``(model, processor)``
+  pair): see :mod:`capreward.backbones.hf_clip` (:class:`~capreward.backbones.CLIPBackbone` builds it).
 - a path to a directory: treated as ``local-dir:``.
 - a zero-argument callable returning ``(model, preprocess, tokenizer)``.
 """
@@ -68,6 +73,35 @@ def _unwrap_state_dict(obj: Any) -> dict[str, torch.Tensor]:
     return obj
 
 
+#: Long-CLIP keeps CLIP's first 20 positions (``mask1``) and uses its stretched ones after them (``mask2``).
+LONG_CLIP_KEPT_POSITIONS = 20
+
+
+def merge_long_clip_positions(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A Long-CLIP state dict (beichenzbc/Long-CLIP, ``model_longclip.py``) in OpenAI's layout.
+
+    Long-CLIP's ``encode_text`` adds ``positional_embedding * mask1 + positional_embedding_res * mask2``
+    to the token embeddings, ``mask1`` being 1 on the first :data:`LONG_CLIP_KEPT_POSITIONS` positions and
+    ``mask2`` its complement (taken from the file when it holds them). That sum is one positional
+    embedding, so the model is an OpenAI CLIP with it (exactly: each position takes one of the two).
+    A state dict without ``positional_embedding_res`` is returned unchanged."""
+    if "positional_embedding_res" not in state:
+        return state
+    state = dict(state)
+    pe, res = state["positional_embedding"], state.pop("positional_embedding_res")
+    mask1, mask2 = state.pop("mask1", None), state.pop("mask2", None)
+    if mask1 is None:
+        mask1 = torch.zeros(pe.shape[0], 1)
+        mask1[:LONG_CLIP_KEPT_POSITIONS] = 1
+    if mask2 is None:
+        mask2 = 1 - mask1
+    if pe.shape != res.shape or mask1.shape[0] != pe.shape[0] or mask2.shape[0] != pe.shape[0]:
+        raise ModelLoadError(f"Long-CLIP positions do not match: positional_embedding {tuple(pe.shape)}, "
+                             f"positional_embedding_res {tuple(res.shape)}, mask1 {tuple(mask1.shape)}, mask2 {tuple(mask2.shape)}")
+    state["positional_embedding"] = (pe.float() * mask1.float() + res.float() * mask2.float()).to(pe.dtype)
+    return state
+
+
 def load_openai_format(path: str | os.PathLike, device: str | torch.device, precision: str):
     """Load an OpenAI-format CLIP file (JIT archive or state dict); architecture inferred from weights."""
     import open_clip
@@ -83,7 +117,7 @@ def load_openai_format(path: str | os.PathLike, device: str | torch.device, prec
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:
             raise ModelLoadError(f"cannot read CLIP checkpoint {path!r}: {exc}", spec=path) from exc
-    state = _unwrap_state_dict(state)
+    state = merge_long_clip_positions(_unwrap_state_dict(state))
     if "text_projection" not in state or "token_embedding.weight" not in state:
         raise ModelLoadError(
             f"{path!r} is not an OpenAI-format CLIP state dict (no text_projection/token_embedding); "

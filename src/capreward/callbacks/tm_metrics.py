@@ -359,7 +359,8 @@ class EMScoreMetric(CaptionMetric):
     EMScore(X, V, X*) depending on what ``update`` gets (in [-1, 1]; higher is better).
 
     Columns: ``score``, ``empty`` (1 for an empty caption), ``truncated`` (1 when the caption was cut
-    to CLIP's context) and ``<part>/<component>`` for part in video/reference/combined and component in
+    to CLIP's context: only with a ``scorer`` built with ``long_captions="truncate"``; by default a long
+    caption is read whole, see :mod:`capreward.backbones.windows`) and ``<part>/<component>`` for part in video/reference/combined and component in
     coarse, fine_p/r/f, full_p/r/f (NaN for parts not computed).
 
     Args: ``model`` (any CLIP specification) or ``backbone`` (a shared :class:`CLIPBackbone`) or

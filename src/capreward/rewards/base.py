@@ -79,7 +79,7 @@ def clip_to_range(out: RewardOutput, value_range: tuple[float, float] | None) ->
 
 
 #: Per-sample 1.0/0.0 indicators logged as a count per batch rather than a mean.
-COUNTED_METRICS = ("clipped", "injection")
+COUNTED_METRICS = ("clipped", "injection", "truncated")
 
 
 def _nanmean(values: Sequence[float]) -> float:

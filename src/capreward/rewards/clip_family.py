@@ -43,7 +43,9 @@ class EMScoreReward(CaptionReward):
     here is no idf, a fixed corpus or dict gives idf weights), ``field`` (which of
     :data:`MATCH_FIELDS` is the reward, default ``"full_f"``) and the column options of
     :class:`CaptionReward`. References alone are enough to score a sample (EMScore_ref).
-    Sub-scores ``video/<field>`` and ``reference/<field>`` are logged via ``log_metric``.
+    Sub-scores ``video/<field>`` and ``reference/<field>`` are logged via ``log_metric``, and
+    ``truncated`` (a count: captions cut to the text context, only with ``long_captions="truncate"``;
+    by default a caption longer than the context is read whole, see :mod:`capreward.backbones.windows`).
     """
 
     __name__ = "emscore"
@@ -70,7 +72,7 @@ class EMScoreReward(CaptionReward):
     def metric_names(self) -> tuple[str, ...]:
         """``video/<f>`` and ``reference/<f>`` for f in coarse, fine_p, fine_r, full_f, and ``clipped``."""
         parts = [f"{part}/{f}" for part in ("video", "reference") for f in EM_SUBSCORES]
-        return (*parts, *super().metric_names())
+        return (*parts, "truncated", *super().metric_names())
 
     def score_group(self, captions, visuals, kind, references, visual_ids) -> GroupScores:
         scorer = self.scorer
@@ -89,6 +91,7 @@ class EMScoreReward(CaptionReward):
             if scores is not None:
                 for f in EM_SUBSCORES:
                     metrics[f"{part}/{f}"] = _column(getattr(scores, f))
+        metrics["truncated"] = [float(t) for t in result.truncated]
         return GroupScores(scores=_column(getattr(main, self.field)), metrics=metrics)
 
 
@@ -105,7 +108,9 @@ class CLIPScoreReward(CaptionReward):
     Videos are scored through their mean frame embedding. Constructor: ``model``, ``device``, ``w``,
     ``prefix``, ``batch_size``, ``cache_size``, ``precision``, ``frames``, ``backbone`` as for
     :class:`~capreward.scorers.CLIPScore`, plus the column options of :class:`CaptionReward`.
-    Sub-scores ``clip_s`` (the reference-free score) and ``ref_similarity`` are logged via ``log_metric``.
+    Sub-scores ``clip_s`` (the reference-free score) and ``ref_similarity`` are logged via ``log_metric``,
+    and ``truncated`` (a count: captions cut to the text context, only with ``long_captions="truncate"``;
+    by default a caption longer than the context is read whole, see :mod:`capreward.backbones.windows`).
     """
 
     __name__ = "clip_s"
@@ -139,8 +144,8 @@ class CLIPScoreReward(CaptionReward):
         return (lo, hi)
 
     def metric_names(self) -> tuple[str, ...]:
-        """``clip_s``, ``ref_similarity`` (NaN without references) and ``clipped``."""
-        return ("clip_s", "ref_similarity", *super().metric_names())
+        """``clip_s``, ``ref_similarity`` (NaN without references), ``truncated`` and ``clipped``."""
+        return ("clip_s", "ref_similarity", "truncated", *super().metric_names())
 
     def score_group(self, captions, visuals, kind, references, visual_ids) -> GroupScores:
         result = self.scorer.score(
@@ -150,7 +155,7 @@ class CLIPScoreReward(CaptionReward):
             references=references,
             image_ids=visual_ids,
         )
-        metrics = {self.free_field: _column(result.clip_s)}
+        metrics = {self.free_field: _column(result.clip_s), "truncated": [float(t) for t in result.truncated]}
         if result.ref_similarity is not None:
             metrics["ref_similarity"] = _column(result.ref_similarity)
             mean = harmonic_mean_named(self.harmonic_mean)

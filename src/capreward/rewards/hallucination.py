@@ -130,15 +130,17 @@ class HallucinationPenalty(CaptionReward):
 
     # ------------------------------------------------------------------- reward
     def metric_names(self) -> tuple[str, ...]:
-        """``content_tokens``, ``unsupported_tokens`` and ``clipped``."""
-        return ("content_tokens", "unsupported_tokens", *super().metric_names())
+        """``content_tokens``, ``unsupported_tokens``, ``truncated`` and ``clipped``."""
+        return ("content_tokens", "unsupported_tokens", "truncated", *super().metric_names())
 
     def score_group(self, captions, visuals, kind, references, visual_ids) -> GroupScores:
-        reports = [self.report_for(a) for a in self.alignments(captions, visuals, kind, visual_ids)]
+        alignments = self.alignments(captions, visuals, kind, visual_ids)
+        reports = [self.report_for(a) for a in alignments]
         return GroupScores(
             scores=[r.penalty for r in reports],
             metrics={
                 "content_tokens": [float(len(r.tokens)) for r in reports],
                 "unsupported_tokens": [float(sum(r.unsupported)) for r in reports],
+                "truncated": [float(t) for t in alignments.truncated],
             },
         )

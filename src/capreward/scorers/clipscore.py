@@ -19,6 +19,7 @@ import torch
 
 from ..backbones.clip import CLIPBackbone, embed_captions
 from ..backbones.clip_loading import DEFAULT_CLIP
+from ..backbones.windows import check_long_captions
 from ..media import DEFAULT_FRAMES
 from ..metrics.clipscore import clip_s, ref_clip_s, reference_similarity
 from ..metrics.emscore import pad_stack, video_embedding
@@ -39,6 +40,7 @@ class CLIPScoreResult:
     ref_similarity: torch.Tensor | None
     truncated: list[bool]
     errors: list[str | None] | None = None  # with errors="nan": why item i got NaN (None: scored)
+    windows: list[int] | None = None  # text windows per candidate (1 when it fits the context)
 
     @property
     def score(self) -> torch.Tensor:
@@ -59,7 +61,11 @@ class CLIPScore:
     """CLIP-S and RefCLIP-S on images, or on videos through their mean frame embedding.
 
     Args: model (any CLIP specification), device, w (2.5 for CLIP-S), prefix, batch_size,
-    cache_size, precision, frames (for videos), backbone (share an existing CLIPBackbone).
+    cache_size, precision, frames (for videos), backbone (share an existing CLIPBackbone),
+    long_captions: ``"windows"`` (default) reads a caption longer than the text context whole: its
+    sentence/clause windows are each scored as ``prefix + window`` and their caption embeddings averaged,
+    weighted by length (:mod:`capreward.backbones.windows`); captions that fit keep the released numbers
+    exactly. ``"truncate"``: the released behaviour (cut to the context, EOS kept; ``truncated``).
     """
 
     default_w = 2.5
@@ -75,7 +81,9 @@ class CLIPScore:
         precision: str | None = None,
         frames: int | None = DEFAULT_FRAMES,
         backbone: CLIPBackbone | None = None,
+        long_captions: str = "windows",
     ):
+        self.long_captions = check_long_captions(long_captions)
         self.backbone = backbone or CLIPBackbone(model, device=device, precision=precision, cache_size=cache_size)
         self.w = self.default_w if w is None else float(w)
         self.prefix = prefix
@@ -119,15 +127,19 @@ class CLIPScore:
         refs = check_references(references, n)
         visual = self._visual_embeddings(visuals, kind, image_ids)
 
-        text = embed_captions(self.backbone, [self.prefix + c for c in candidates], self.batch_size)
+        text = embed_captions(
+            self.backbone, candidates, self.batch_size, prefix=self.prefix, long_captions=self.long_captions
+        )
         scores = clip_s(visual, text.pooled.to(visual.device), self.w)
         if refs is None:
-            return CLIPScoreResult(scores, None, None, text.truncated)
-        flat = [self.prefix + r for rs in refs for r in rs]
-        ref_text = embed_captions(self.backbone, flat, self.batch_size)
+            return CLIPScoreResult(scores, None, None, text.truncated, windows=text.windows)
+        flat = [r for rs in refs for r in rs]
+        ref_text = embed_captions(
+            self.backbone, flat, self.batch_size, prefix=self.prefix, long_captions=self.long_captions
+        )
         per_candidate, ref_mask = pad_stack(list(torch.split(ref_text.pooled, [len(rs) for rs in refs])))
         sim = reference_similarity(text.pooled, per_candidate, ref_mask)
-        return CLIPScoreResult(scores, ref_clip_s(scores, sim), sim, text.truncated)
+        return CLIPScoreResult(scores, ref_clip_s(scores, sim), sim, text.truncated, windows=text.windows)
 
     def score_soft(
         self,

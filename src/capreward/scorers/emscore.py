@@ -18,6 +18,7 @@ import torch
 
 from ..backbones.clip import CLIPBackbone, embed_captions
 from ..backbones.clip_loading import DEFAULT_CLIP
+from ..backbones.windows import check_long_captions
 from ..media import DEFAULT_FRAMES
 from ..names import sub_score
 from ..metrics.emscore import FineMatch, coarse_score, greedy_match, pad_stack, video_embedding
@@ -45,11 +46,12 @@ class TokenAlignment:
 class Alignments(Sequence[TokenAlignment]):
     """The per-candidate :class:`TokenAlignment` list, each built on first access: a reward that only
     reads scores never pays for decoding tokens to text. (With ``errors="nan"``, unscored items read as
-    None.)"""
+    None.) ``truncated[i]``: whether candidate i was cut to the text context (``long_captions="truncate"``)."""
 
-    def __init__(self, n: int, build: Callable[[int], TokenAlignment]):
+    def __init__(self, n: int, build: Callable[[int], TokenAlignment], truncated: Sequence[bool] | None = None):
         self._items: list[TokenAlignment | None] = [None] * n
         self._build = build
+        self.truncated = list(truncated) if truncated is not None else [False] * n
 
     @overload
     def __getitem__(self, i: int) -> TokenAlignment: ...
@@ -80,7 +82,8 @@ class EMScoreResult:
     ``score`` is the full F of EMScore(X, V, X*) when videos and references are both given, else of
     whichever was given. ``video``/``reference``/``combined`` are None when not computed.
     ``alignment`` is given with videos (each candidate's built when first read);
-    ``truncated[i]`` says whether candidate i exceeded the context.
+    ``truncated[i]`` says whether candidate i was cut to the context (only with
+    ``long_captions="truncate"``); ``windows[i]`` how many text windows it was read in.
     """
 
     score: torch.Tensor
@@ -90,6 +93,7 @@ class EMScoreResult:
     alignment: Alignments | None
     truncated: list[bool]
     errors: list[str | None] | None = None  # with errors="nan": why item i got NaN (None: scored)
+    windows: list[int] | None = None  # text windows per candidate (1 when it fits the context)
 
     def rows(self) -> list[dict[str, float]]:
         """One flat dict per candidate: ``score`` and every computed component (``video/fine_p`` …, the
@@ -142,6 +146,12 @@ class EMScore:
         batch_size: captions per text-encoder batch. cache_size: visual embeddings kept (LRU).
         trim_text: run the text tower only to the longest caption of a batch (exact; faster).
         backbone: an existing :class:`CLIPBackbone` to share (then model/device/precision are ignored).
+        long_captions: ``"windows"`` (default): a caption (or reference) longer than the text context is
+            read whole, in sentence/clause windows whose token embeddings are united (the fine-grained
+            set) and whose caption embeddings are averaged weighted by length (f_X); see
+            :mod:`capreward.backbones.windows`. Captions that fit keep the released numbers exactly.
+            ``"truncate"``: cut to the context keeping EOS, as the released metric (``truncated`` says
+            which).
     """
 
     def __init__(
@@ -156,7 +166,9 @@ class EMScore:
         precision: str | None = None,
         trim_text: bool = True,
         backbone: CLIPBackbone | None = None,
+        long_captions: str = "windows",
     ):
+        self.long_captions = check_long_captions(long_captions)
         self.backbone = backbone or CLIPBackbone(
             model, device=device, precision=precision, cache_size=cache_size, trim_text=trim_text
         )
@@ -217,7 +229,7 @@ class EMScore:
         n = len(candidates)
         visuals, kind = self._visual_inputs(n, videos, images, video_ids)
         refs = check_references(references, n)
-        text = embed_captions(self.backbone, candidates, self.batch_size)
+        text = embed_captions(self.backbone, candidates, self.batch_size, long_captions=self.long_captions)
         if any(text.truncated):
             logger.warning(
                 "EMScore: candidates %s exceed CLIP's %d-token context and were truncated (EOS kept)",
@@ -229,6 +241,9 @@ class EMScore:
         cand = CandidateText(tokens=tokens, mask=mask, weights=weights, pooled=text.pooled, ids=text.ids)
         result = self._score_text(cand, visuals, kind, video_ids, refs, idf_vector, mean)
         result.truncated = text.truncated
+        result.windows = text.windows
+        if result.alignment is not None:
+            result.alignment.truncated = list(text.truncated)
         return result
 
     def score_soft(
@@ -316,7 +331,7 @@ class EMScore:
         then maxed."""
         flat = [r for rs in refs for r in rs]
         owner = torch.tensor([i for i, rs in enumerate(refs) for _ in rs], device=cand.tokens.device)
-        ref_text = embed_captions(self.backbone, flat, self.batch_size)
+        ref_text = embed_captions(self.backbone, flat, self.batch_size, long_captions=self.long_captions)
         ref_tokens, ref_mask = pad_stack([t.to(cand.tokens.device) for t in ref_text.tokens])
         ref_weights = self._weights_for(pad_ids(ref_text.ids), ref_mask, idf_vector)
         fine = greedy_match(

@@ -90,3 +90,22 @@ def tiny_clip_factory(seed: int = 0):
         return model, preprocess, tokenizer
 
     return factory
+
+
+def save_tiny_long_clip(path: str | os.PathLike, seed: int = 0) -> Path:
+    """A tiny CLIP with Long-CLIP's 248-token context saved in Long-CLIP's released layout
+    (beichenzbc/Long-CLIP: ``positional_embedding`` and ``positional_embedding_res`` [248, W], ``mask1``
+    and ``mask2`` [248, 1]); the two positional tables are drawn independently, so a loader that ignored
+    either one would give other embeddings. Returns the path."""
+    config = {**TINY_CLIP_CONFIG, "text": {**TINY_CLIP_CONFIG["text"], "context_length": 248}}
+    state = openai_state_dict(build_tiny_clip(seed, config))
+    generator = torch.Generator().manual_seed(seed + 248)
+    width = state["positional_embedding"].shape[1]
+    state["positional_embedding_res"] = (torch.randn(248, width, generator=generator) * 0.5).half()
+    state["mask1"] = torch.zeros(248, 1)
+    state["mask1"][:20] = 1
+    state["mask2"] = 1 - state["mask1"]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(state, path)
+    return path
