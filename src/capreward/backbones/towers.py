@@ -19,6 +19,7 @@ its tokens and EOS), as CLIP's are ``ln_final`` then the projection.
 
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import torch
@@ -64,6 +65,7 @@ class TowerBackbone(CLIPBackbone):
         self._token_text: dict[int, str] = {}
         self._packable_cache = False
         self.text_tokens_per_pass = text_tokens_per_pass
+        self.preprocess_workers = max(1, min(4, (os.cpu_count() or 1) // 2))  # as CLIPBackbone
 
     # ------------------------------------------------------------------ text
     def encode_rows(self, rows: Sequence[Sequence[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
