@@ -20,7 +20,12 @@ from capreward.rewards import FLEURReward, GVEvalReward, VisCE2Reward
 from capreward.testing.red_team import ATTACKS
 
 REPO = Path(__file__).resolve().parents[1]
-HUMAN_JUDGMENTS = REPO.parent / "shared" / "data" / "human_judgments"
+#: The shared data folder beside the main checkout (or beside a worktree's parent).
+HUMAN_JUDGMENTS = next(
+    (p / "shared" / "data" / "human_judgments" for p in (REPO.parent, REPO.parent.parent)
+     if (p / "shared" / "data" / "human_judgments").is_dir()),
+    REPO.parent / "shared" / "data" / "human_judgments",
+)
 
 
 def ordinary_captions() -> list[str]:
