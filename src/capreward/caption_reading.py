@@ -23,7 +23,8 @@ returns the caption a person reads, and what it had to change to get there:
    Marks on the letters of other scripts (Cyrillic й, Devanagari vowel signs, Arabic harakat) are kept.
 5. **Spaced or interleaved letters** joined: three or more single letters separated each time by the
    same separator ("r e d", "U S E R", "r.e.d", "r-e-d") are read as one word; a run that starts with the
-   article "a" or "I" followed by at least three letters keeps it apart ("a r e d" is "a red").
+   article "a" or "I" followed by at least three letters keeps it apart ("a r e d" is "a red"); a run of
+   one letter repeated ("w w w") or of more than 16 letters is left as it is.
 6. **Obvious leet**: digits 0, 1, 3, 4, 5, 7 (and "@", "$") between Latin letters are read as the letters
    they stand for ("b1ue", "r3d", "gr33n", "p1nk", "bl@ck"); "1" is "i" between two consonants and "l"
    otherwise. Digits at a word's edge ("3d", "mp3", "2nd") are left alone.
@@ -161,6 +162,8 @@ def _fold_marks(text: str) -> str:
 # ---------------------------------------------------------------------------------- layout tricks
 _LETTER = r"[^\W\d_]"
 _SPACED = re.compile(rf"(?<![^\W_])({_LETTER})([ .\-_*·•~+/|]{{1,3}})((?:{_LETTER}\2){{1,}}{_LETTER})(?![^\W_])")
+#: Runs of more single letters than this are not read as one word.
+_LONGEST_SPELT = 16
 _LEET = {"0": "o", "3": "e", "4": "a", "5": "s", "7": "t", "@": "a", "$": "s"}
 _LEET_WORD = re.compile(r"(?<![\w@$])[A-Za-z]+(?:[013457@$]+[A-Za-z]+)+(?![\w@$])")
 _VOWELS = frozenset("aeiouyAEIOUY")
@@ -168,6 +171,8 @@ _VOWELS = frozenset("aeiouyAEIOUY")
 
 def _join_spaced(m: re.Match) -> str:
     letters = m.group(1) + m.group(3).replace(m.group(2), "")
+    if len(letters) > _LONGEST_SPELT or len(set(letters.lower())) == 1:
+        return m.group(0)  # not a word spelt out: a row of letters ("w w w w", an alphabet)
     if letters[0] in "aAI" and len(letters) >= 4 and m.group(2) == " ":
         return letters[0] + " " + letters[1:]
     return letters
