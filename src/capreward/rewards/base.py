@@ -265,6 +265,10 @@ class CaptionReward(RewardFunction):
             :meth:`value_range` without being scored, the reason is logged (``<name>/injection`` column,
             ``rewards/<name>/injection`` count). None: the class default (:attr:`guard_injection`, on
             for the LLM-judge rewards).
+        injection_judge: with the injection guard on, also ask a judge whether each caption the
+            patterns let through addresses the grader
+            (:class:`~capreward.judges.injection_judge.JudgeInjectionCheck`; image samples only; one
+            judge request per caption). None (default): the patterns alone.
         name, log_subscores: see :class:`RewardFunction`.
         scorer_kwargs: keyword arguments of the scorer class (``model=``, ``device=``, ``backbone=``...).
 
@@ -289,6 +293,7 @@ class CaptionReward(RewardFunction):
         visual_id_column: str | None = None,
         use_references: bool = True,
         injection_guard: bool | None = None,
+        injection_judge: Any = None,
         as_given: bool = False,
         name: str | None = None,
         log_subscores: bool = True,
@@ -296,6 +301,9 @@ class CaptionReward(RewardFunction):
     ):
         super().__init__(name=name, log_subscores=log_subscores)
         self.as_given = bool(as_given)
+        if injection_judge is not None and not callable(getattr(injection_judge, "reasons", None)):
+            raise TypeError("injection_judge must have a reasons(captions, images) method (a JudgeInjectionCheck)")
+        self.injection_judge = injection_judge
         self.injection_guard = self.guard_injection if injection_guard is None else bool(injection_guard)
         self.columns = Columns(image_column, images_column, video_column, references_column, visual_id_column)
         self.use_references = use_references
@@ -434,7 +442,29 @@ class CaptionReward(RewardFunction):
             if s.error is None and not is_blank(s.caption):
                 reason = injection_reason(s.caption)
             out.append(reason)
+        if self.injection_judge is not None:
+            self._ask_injection_judge(samples, out)
         return out
+
+    def _ask_injection_judge(self, samples: Sequence[Sample], out: list[str | None]) -> None:
+        """Fill ``out`` (in place) with the injection judge's reasons for the image samples the patterns
+        let through (their captions as read); a sample whose image cannot be loaded is left to the scorer."""
+        from ..media import load_image
+
+        rows, captions, images = [], [], []
+        for i, s in enumerate(samples):
+            if out[i] is not None or s.error is not None or s.kind != "image" or is_blank(s.caption):
+                continue
+            try:
+                image = load_image(s.visual)
+            except Exception:  # noqa: BLE001 - the scorer reports an unusable visual
+                continue
+            rows.append(i)
+            captions.append(read_caption(s.caption).text)
+            images.append(image)
+        if rows:
+            for i, reason in zip(rows, self.injection_judge.reasons(captions, images)):
+                out[i] = reason
 
     def _score_rows(self, samples, rows, kind, with_refs, values, reasons, metrics, n) -> None:
         """Score ``rows`` in one scorer call. Scorers give a sample whose caption they cannot score NaN
