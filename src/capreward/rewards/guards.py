@@ -18,6 +18,7 @@ length guard. The guards read the whole caption, however long (no model context 
 from __future__ import annotations
 
 import math
+import numbers
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -205,7 +206,7 @@ class Guards:
     def __post_init__(self) -> None:
         for name in ("repetition", "truncation", "length", "injection", "length_ratio"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"Guards.{name} must be a finite number >= 0, got {value!r}")
         if self.length_ratio <= 0:
             raise ValueError(f"Guards.length_ratio must be > 0, got {self.length_ratio!r}")
@@ -245,7 +246,7 @@ class Guards:
                 return self.max_words
             target = max(lengths)
         else:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{column}[{index}] must be a positive number of words, got {value!r}")
             target = value
         return max(1, math.ceil(self.length_ratio * target))
