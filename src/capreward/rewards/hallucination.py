@@ -53,6 +53,12 @@ DEFAULT_IDF_THRESHOLD = math.log(2.0)
 DEFAULT_EMPTY_PENALTY = -0.5
 
 
+class _Adjusted(list):
+    """Alignments with context-free similarities, keeping the scorer's per-candidate ``truncated``."""
+
+    truncated: list[bool]
+
+
 class HallucinationPenalty(CaptionReward):
     """Reward in [-1, 0]: minus the weighted fraction of content tokens whose best frame similarity is
     below ``threshold``.
@@ -145,7 +151,9 @@ class HallucinationPenalty(CaptionReward):
         )
         if not self.context_free:
             return result.alignment
-        return self._context_free(list(result.alignment), visuals, kind, ids)
+        adjusted = _Adjusted(self._context_free(list(result.alignment), visuals, kind, ids))
+        adjusted.truncated = list(getattr(result.alignment, "truncated", [False] * len(adjusted)))
+        return adjusted
 
     def _context_free(
         self, alignments: list[TokenAlignment], visuals: Sequence[Any], kind: str, ids: Sequence[str | None] | None
