@@ -22,6 +22,7 @@ from capreward.testing.red_team import ATTACKS, PLAIN_RIGHT, PLAIN_WRONG, TOLERA
 FAMILIES = {
     "forged turn (special tokens)", "forged turn (plain text)", "judge prompt phrase", "template placeholder",
     "score-like ending", "master key", "image placeholder", "special tokens only", "invisible characters",
+    "look-alike marker", "other-language marker", "paraphrased instruction",  # round 3
 }
 TARGETS = 12  # per path: 6 scorers (FLEUR, RefFLEUR, VisCE², G-VEval x 3 modes) and their 6 rewards
 

@@ -18,6 +18,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from capreward.caption_reading import as_read
 from capreward.metrics.clipscore import ref_clip_s
 from capreward.metrics.harmonic import harmonic_mean, released_harmonic_mean, sign_safe_harmonic_mean
 from capreward.rewards import (
@@ -136,15 +137,17 @@ caption_text = st.text(alphabet=st.sampled_from(list("a the dog red ) \" = $ & '
 @given(captions=st.lists(caption_text, min_size=1, max_size=4), reference=caption_text)
 def test_real_rewards_never_clip_and_equal_the_sign_safe_formula(tiny_scorers, captions, reference):
     """On the random tiny CLIP (where punctuation strings give P and R of opposite signs), the default
-    rewards need no clipping, and their values are H of the scorer's parts."""
+    rewards need no clipping, and their values are H of the scorer's parts on the captions as read
+    ("a0a" is read "aoa": capreward.caption_reading)."""
     em, cs = tiny_scorers
+    read = [as_read(c) for c in captions]
     rng = np.random.default_rng(1)
     video = rng.integers(0, 256, (4, 32, 32, 3), dtype=np.uint8)
     refs = [[reference]] * len(captions)
     for kwargs in ({}, {"references": refs}):
         out = EMScoreReward(scorer=em).compute(None, captions, video=[video] * len(captions), **kwargs)
         assert out.clipped == [] and all(-1 <= v <= 1 for v in out.values)
-        raw = em.score(captions, videos=[video] * len(captions), **kwargs)
+        raw = em.score(read, videos=[video] * len(captions), **kwargs)
         parts = raw.video
         if not kwargs:
             expected = (sign_safe_harmonic_mean(parts.fine_p, parts.fine_r) + parts.coarse) / 2
@@ -154,7 +157,7 @@ def test_real_rewards_never_clip_and_equal_the_sign_safe_formula(tiny_scorers, c
         lo, hi = CLIPScoreReward(scorer=cs).value_range()
         assert out.clipped == [] and all(lo <= v <= hi for v in out.values)
         if kwargs:
-            raw = cs.score(captions, images=[image] * len(captions), **kwargs)
+            raw = cs.score(read, images=[image] * len(captions), **kwargs)
             expected = sign_safe_harmonic_mean(raw.clip_s, raw.ref_similarity)
             assert out.values == pytest.approx(expected.tolist(), abs=1e-5)
 

@@ -45,6 +45,7 @@ from ..backbones.clip_loading import DEFAULT_CLIP
 from ..judges.caller_text import is_blank
 from ..media import DEFAULT_FRAMES
 from ..names import sub_score
+from ..caption_reading import as_read
 from .sources import as_captions, as_references, per_visual
 from .sources import per_sample as split_per_sample
 from .distributed import is_distributed
@@ -88,6 +89,10 @@ class CaptionMetric(Metric):
     higher_is_better = True
     full_state_update = False
     columns: tuple[str, ...] = ("score", "empty")
+    #: score the captions exactly as given (set True on an instance for parity with the released
+    #: metric); by default each caption is read as a person reads it first
+    #: (:func:`~capreward.caption_reading.read_caption`), which leaves ordinary captions unchanged
+    as_given: bool = False
     default_name = "caption_score"
     #: the scorer is an LLM judge: a caption blank once special-token strings ("<s></s>") are removed is
     #: empty too (:func:`~capreward.judges.caller_text.is_blank`)
@@ -184,7 +189,7 @@ class CaptionMetric(Metric):
         """The captions as a list (one str is one caption); a TypeError naming the argument order when the
         visuals came first (torchmetrics' CLIPScore order) or a caption is not a str."""
         if isinstance(candidates, str):
-            return [candidates]
+            return [candidates if self.as_given else as_read(candidates)]
         looks_visual = isinstance(candidates, (torch.Tensor, np.ndarray)) or (
             isinstance(candidates, Sequence) and len(candidates) > 0 and not isinstance(candidates[0], str)
             and isinstance(visuals, (str, Sequence)) and not isinstance(visuals, (torch.Tensor, np.ndarray))
@@ -196,7 +201,8 @@ class CaptionMetric(Metric):
                 f"(torchmetrics' CLIPScore takes (images, captions)); got a {type(candidates).__name__} of "
                 "visuals where the captions go"
             )
-        return as_captions(candidates, what="candidates")
+        captions = as_captions(candidates, what="candidates")
+        return captions if self.as_given else [as_read(c) for c in captions]
 
     def compute(self) -> torch.Tensor | dict[str, torch.Tensor]:
         """The mean score (0-d float32), or a dict (see the class docstring)."""

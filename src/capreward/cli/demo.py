@@ -166,7 +166,10 @@ def score_foils(clip_model: Any, clips: Sequence[Any], names: Sequence[str], fra
     em = EMScore(backbone=backbone, frames=None)
     cs = CLIPScore(backbone=backbone, frames=None)
     penalty = HallucinationPenalty(model=clip_model, frames=None)
-    threshold = penalty.calibrate(task.calibration, task.videos, quantile=0.05)
+    # quantile 0: the lowest similarity of a right colour word (generic words such as "picture" are not
+    # content, so the calibration's content words are its colour words alone, and any higher quantile
+    # flags the least similar right one by construction)
+    threshold = penalty.calibrate(task.calibration, task.videos, quantile=0.0)
     # the clips are already sampled to ``frames`` frames; the scorers take every frame they are given
     em_t, em_f = (em.score(c, videos=task.videos).score.tolist() for c in (task.truth, task.foils))
     cs_t, cs_f = (cs.score(c, videos=task.videos).clip_s.tolist() for c in (task.truth, task.foils))
@@ -402,7 +405,7 @@ def run(args: argparse.Namespace) -> int:
                   f"true caption vs the same caption with the colour swapped ({source})")
             foils = score_foils(clip, clips, names, args.frames)
             print(format_foils(foils))
-            print(f"(penalty threshold {foils.threshold:.3f}: 5% quantile of true captions' content-word similarities)")
+            print(f"(penalty threshold {foils.threshold:.3f}: the lowest content-word similarity of true captions)")
             summary.append(foils_summary(foils))
             print(summary[-1])
         if args.steps > 0:

@@ -26,6 +26,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
+from ..caption_reading import is_invisible
 from ..text import well_formed
 
 #: Special-token strings of the common chat-model families, and the shapes they come in: LLaMA/LLaVA
@@ -98,14 +99,20 @@ def fill_parts(template: str, values: Mapping[str, str]) -> list["str | Data"]:
 
 # ---------------------------------------------------------------------------------- text level
 def _is_invisible(ch: str) -> bool:
-    """Format characters (zero-width, bidi controls, BOM) and control characters other than tab/newline."""
-    category = unicodedata.category(ch)
-    return category == "Cf" or (category == "Cc" and ch not in "\t\n\r")
+    """What :func:`capreward.caption_reading.is_invisible` names: format and control characters (other
+    than tab/newline/CR), every default-ignorable code point (the tag block, variation selectors, Hangul
+    fillers, U+034F) and U+2800."""
+    return is_invisible(ch)
 
 
 def strip_invisible(text: str) -> str:
-    """``text`` without format characters (zero-width spaces and joiners, bidi controls, BOM) and
-    control characters other than tab, newline and carriage return (NUL, ESC, ...)."""
+    """``text`` without invisible characters: format characters (zero-width spaces and joiners, bidi
+    controls, BOM), control characters other than tab, newline and carriage return (NUL, ESC, ...), the
+    other default-ignorable code points (the tag block U+E0000-U+E0FFF, variation selectors, Hangul
+    fillers, U+034F) and U+2800. What is sent to a judge never holds them (:func:`escape_special_tokens`,
+    :func:`encode_parts`): a person does not read them, so a caption cannot write to the judge with them."""
+    if text.isascii() and (text.isprintable() or not any(ch not in "\t\n\r" and not ch.isprintable() for ch in text)):
+        return text
     return "".join(ch for ch in text if not _is_invisible(ch))
 
 
@@ -147,8 +154,9 @@ def escape_special_tokens(text: str, extra: Iterable[str] = ()) -> str:
     space after its first character ("</s>" -> "< /s>"), so that no tokenizer can match it as a special
     token; other text is unchanged. When the NFKC form of ``text`` holds special-token strings that the
     text itself does not (full-width "＜/s＞"), the NFKC form is escaped instead. Repeats until no
-    special-token string is left."""
+    special-token string is left. Invisible characters (:func:`strip_invisible`) are removed first."""
     extra = [e for e in extra if len(e) > 1]
+    text = strip_invisible(text)
     nfkc = unicodedata.normalize("NFKC", text)
     if nfkc != text and len(_matches(nfkc, extra)) > len(_matches(text, extra)):
         text = nfkc
@@ -213,7 +221,9 @@ def literal_token_ids(tokenizer: Any, text: str, control: set[int]) -> list[int]
 def encode_parts(tokenizer: Any, parts: PromptParts, control: set[int], add_special_tokens: bool = True) -> list[int]:
     """Token ids of ``parts``: the rendered prompt encoded as a whole (so clean prompts get exactly the
     ids of encoding the text), then every control token that overlaps a :class:`Data` piece re-spelled
-    as its literal characters (:func:`literal_token_ids`). Template text keeps its special tokens."""
+    as its literal characters (:func:`literal_token_ids`). Template text keeps its special tokens; the
+    :class:`Data` pieces lose their invisible characters (:func:`strip_invisible`)."""
+    parts = [Data(strip_invisible(p.text)) if isinstance(p, Data) else p for p in parts]
     text = well_formed(render(parts))  # lone surrogates as U+FFFD: the same length, the same spans
     spans = data_spans(parts)
     if not spans:

@@ -21,12 +21,43 @@ import re
 import unicodedata
 from typing import Callable
 
-from .caller_text import BIDI_CONTROLS, SPECIAL_TOKEN_PATTERN, strip_invisible
+from ..caption_reading import read_caption
+from .caller_text import BIDI_CONTROLS, SPECIAL_TOKEN_PATTERN
 
+#: Role words of chat templates, in the languages the judges speak (matched on the reading, so accents
+#: are folded: "système" is "systeme").
+ROLE_WORDS = (
+    "user", "assistant", "human", "system", "utilisateur", "usager", "systeme", "benutzer", "nutzer", "assistent",
+    "usuario", "asistente", "sistema", "utente", "assistente", "gebruiker", "systeem", "kullanici", "asistan",
+    "пользователь", "ассистент", "система", "用户", "使用者", "用戶", "助手", "助理", "系统", "系統", "人类",
+    "ユーザー", "ユーザ", "アシスタント", "システム", "사용자", "어시스턴트", "시스템",
+)
+_ROLE_ALT = "|".join(ROLE_WORDS)
+_CAPS_ROLE_ALT = "USER|ASSISTANT|HUMAN|SYSTEM|GPT|BOT|MODEL|AI|UTILISATEUR|BENUTZER|USUARIO"
+#: A marker that is not a colon but does its work: an arrow, a dash followed by a space or the end, a pipe.
+_MARK = r"(?:-+>|=+>|→|⇒|➜|➔|»|>>?|\||[-–—]+(?=\s|$))"
+#: Where a capitalised or lower-case label written with such a marker is a label: the start of a line or
+#: of a sentence.
+_LINE_START = r"(?:^|(?<=[.!?;\n])|(?<=[.!?;]\s))\s*"
 _ROLE = re.compile(
-    r"(?im)(?<![A-Za-z])(?:user|assistant|human|system)\s*:"
+    rf"(?im)(?<![^\W_])(?:{_ROLE_ALT})[*_#\s]*:"
     r"|###\s*(?:response|instruction|input|human|assistant|user|system)\b"
     r"|^\s*(?:gpt|bot|model|ai)\s*:"
+    rf"|[\[(<{{【「]\s*(?:{_ROLE_ALT}|gpt|bot|model|ai)\s*[\])>}}】」]"
+    rf"|^\s*(?:{_ROLE_ALT})\s*$"
+)
+#: Role words in capitals with a colon-less marker anywhere ("USER ->", "USER -", "SYSTEM |"), and role
+#: words in any case with such a marker at the start of a line or sentence ("User -> ...").
+_ROLE_MARK = re.compile(
+    rf"(?m)(?<![^\W_])(?:{_CAPS_ROLE_ALT})\s*{_MARK}"
+    rf"|(?i:{_LINE_START}(?:{_ROLE_ALT}|gpt|bot|model|ai)\s*{_MARK})"
+)
+#: Labels of the judges' prompts in other languages (a caption label, a score label).
+_FOREIGN_LABEL = (
+    r"legende|sous-titre|bildunterschrift|beschreibung|descripcion|subtitulo|didascalia|didascalie|leyenda"
+    r"|puntuacion|puntaje|calificacion|bewertung|punktzahl|punteggio|valutazione|pontuacao|evaluation|évaluation"
+    r"|标题|描述|说明|字幕|评分|分数|得分|答案|回答|说明文字|キャプション|説明|スコア|評価|点数|캡션|설명|점수|평가"
+    r"|подпись|описание|оценка|ответ|балл"
 )
 #: Labels and phrases of the judges' own prompts (FLEUR, RefFLEUR, VisCE², G-VEval).
 _PROMPT_PHRASE = re.compile(
@@ -39,7 +70,46 @@ _PROMPT_PHRASE = re.compile(
     r"|\bchoose\s+a\s+rating\b|\bgrading\s+criteria\b|\bprint\s+real\s+number\s+score\b"
     r"|\bthe\s+final\s+score\s+is\b|\bevaluation\s+(?:steps|criteria)\b|\bresponse\s+format\b|\byour\s+final\s+rating\b"
     r"|\brate\s+the\s+(?:candidate\s+)?caption\b"
+    rf"|(?<![^\W_])(?:{_FOREIGN_LABEL})\s*:"
+    r"|\bnote\s*:\s*\d"
 )
+#: The same labels written with a colon-less marker at the start of a line or sentence ("Caption -",
+#: "Score ->").
+_PROMPT_MARK = re.compile(
+    rf"(?im){_LINE_START}(?:candidate\s+|generated\s+|reference\s+)?(?:captions?|candidate|references?|score|rating"
+    rf"|answer|visual\s+context|context|{_FOREIGN_LABEL})\s*{_MARK}"
+)
+#: Instructions to the grader written as prose: a correction, new instructions, an order to ignore,
+#: a verdict on the caption, a request for a score.
+_INSTRUCTION = re.compile(
+    r"(?i)\b(?:correction|clarification|erratum|update|important|attention|notice|reminder|warning)\s*[:!]"
+    r"|\b(?:correction|clarification)\s*[-–—,]"
+    r"|\b(?:new|updated|revised|additional|further|hidden|secret|system|developer'?s?|admin(?:istrator)?'?s?|operator'?s?)"
+    r"\s+(?:instructions?|directives?|guidelines?|orders?|prompt|task)\b"
+    r"|\binstructions?\s+(?:from|by)\s+the\b|\bfrom\s+the\s+(?:developers?|administrators?|admins?|operators?|system)\s*:"
+    r"|\b(?:ignore|disregard|forget|override|overrule)\s+(?:all\s+|any\s+|the\s+|your\s+|every\s+|previous\s+|prior\s+|above\s+|earlier\s+)*"
+    r"(?:instructions?|previous|above|prior|prompt|rules?|image|picture|photo|video|visual|criteria|context|everything)\b"
+    r"|\b(?:this|the|every|each|all|any)\s+(?:candidate\s+)?captions?\s+(?:here\s+|above\s+)?(?:is|are)\s+(?:\w+\s+)?"
+    r"(?:correct|accurate|perfect|right|excellent|flawless|true|the\s+best|fully\s+correct)\b"
+    r"|\b(?:the\s+)?(?:correct|right|true|real|actual)\s+(?:caption|answer|description|score|rating)\s+(?:is|would\s+be)\b"
+    r"|\b(?:it|this|the\s+(?:image|picture|photo|object))\s+is\s+actually\b|\bactually\s*,?\s+(?:it|this)\s+is\b"
+    r"|\byou\s+(?:must|should|will|shall|have\s+to|need\s+to|are\s+to|are\s+required\s+to)\s+"
+    r"(?:rate|score|grade|answer|output|respond|reply|say|give|print|return|ignore|disregard|follow|treat|consider|assign)\b"
+    r"|\b(?:respond|reply|answer|output|return|print)\s+(?:only\s+)?(?:with|the\s+number)\b"
+    r"|\b(?:give|assign|award)\s+(?:it|this|me|the\s+caption)?\s*(?:a|the)?\s*(?:full|perfect|maximum|max|highest|top|high|\d+(?:\.\d+)?)"
+    r"\s+(?:score|rating|marks?|points?|grade)\b"
+    r"|\b(?:rate|score|grade|evaluate)\s+(?:this|it)\s+(?:caption|description|as|with|a|an|the)\b"
+    r"|\b(?:dear|attention|hey|hello|hi|note\s+to(?:\s+the)?)\s+(?:judge|grader|evaluator|rater|model|ai|assistant|reviewer|annotator)s?\b"
+    r"|\bas\s+an?\s+(?:ai|language\s+model|assistant|evaluator|grader)\b"
+    r"|\b(?:grader|evaluator)s?\b"
+    r"|新(?:的)?(?:指令|指示|说明)|忽略(?:之前|以上|上面|前面|所有)|请(?:给|打)(?:出)?(?:满分|高分|\d)|满分|无视|新しい指示|以前の指示"
+    r"|(?:nouvelles?|neue|nuevas?|nuove|novas?)\s+(?:instructions?|anweisungen|instrucciones|istruzioni|instrucoes)"
+    r"|\bignorez\b|\bignoriere\b|\bignora\b"
+    r"|^\W*instructions?\s*:|\n\s*instructions?\s*:"
+)
+#: Tag characters (U+E0020-U+E007F) outside an emoji flag sequence (U+1F3F4 followed by tags): text
+#: written invisibly, which a model may read and no person or log does.
+_TAG_TEXT = re.compile("(?<![\U0001F3F4\U000E0020-\U000E007E])[\U000E0020-\U000E007E]{2,}")
 _PLACEHOLDER = re.compile(r"\[(?:task|cand|context)\]|\{\{\s*\w+\s*\}\}|\{(?:caption|references)\}", re.IGNORECASE)
 #: A score written at the end of the caption.
 _SCORE_ENDING = re.compile(
@@ -52,14 +122,16 @@ _SCORE_ENDING = re.compile(
 )
 _ACCR_SCORE = re.compile(r"[αβψδ]\s*\d+\s*[αβψδ]")
 _REASONING_OPENER = re.compile(
-    r"(?i)^\W*(?:thought\s+process|let'?s\s+(?:solve|think|break)|let\s+me\s+(?:think|solve)|step[\s-]+by[\s-]+step"
-    r"|solution|answer|reasoning|explanation|analysis|解|答)\b"
+    r"(?i)^\W*(?:thought\s+process|let'?s\s+(?:solve|think|break)|let\s+me\s+(?:think|solve)|step[\s-]+by[\s-]+step)\b"
+    rf"|^\W*(?:solution|answer|reasoning|explanation|analysis|解|答|解答|回答)\s*(?:[:：]|{_MARK}|\W*$)"
 )
 
 
 def normalized(text: str) -> str:
-    """The form patterns are matched on: NFKC, invisible format and control characters removed."""
-    return strip_invisible(unicodedata.normalize("NFKC", text))
+    """The form patterns are matched on: the caption as a person reads it
+    (:func:`~capreward.caption_reading.read_caption`: NFKC, invisible characters removed, look-alike
+    letters and colons mapped, combining overlays removed, spaced letters joined)."""
+    return read_caption(text).text
 
 
 def _first(pattern: re.Pattern, text: str, what: str) -> str | None:
@@ -69,9 +141,10 @@ def _first(pattern: re.Pattern, text: str, what: str) -> str | None:
 
 _CHECKS: tuple[Callable[[str], str | None], ...] = (
     lambda t: _first(SPECIAL_TOKEN_PATTERN, t, "special-token string"),
-    lambda t: _first(_ROLE, t, "role marker"),
+    lambda t: _first(_ROLE, t, "role marker") or _first(_ROLE_MARK, t, "role marker"),
     lambda t: _first(_PLACEHOLDER, t, "template placeholder"),
-    lambda t: _first(_PROMPT_PHRASE, t, "judge prompt phrase"),
+    lambda t: _first(_PROMPT_PHRASE, t, "judge prompt phrase") or _first(_PROMPT_MARK, t, "judge prompt phrase"),
+    lambda t: _first(_INSTRUCTION, t, "instruction to the grader"),
     lambda t: _first(_SCORE_ENDING, t, "score-like ending") or _first(_ACCR_SCORE, t, "score-like ending"),
     lambda t: _first(_REASONING_OPENER, t, "master key (reasoning opener)"),
 )
@@ -95,6 +168,9 @@ def injection_reason(caption: str) -> str | None:
             return f"bidi control character U+{ord(ch):04X}"
         if unicodedata.category(ch) == "Cc" and ch not in "\t\n\r":
             return f"control character U+{ord(ch):04X}"
+    tags = _TAG_TEXT.search(caption)
+    if tags:
+        return f"invisible tag characters spelling {''.join(chr(ord(c) - 0xE0000) for c in tags.group(0))[:40]!r}"
     text = normalized(caption)
     if not text.strip():
         return None

@@ -11,12 +11,14 @@ cannot be loaded, and reporting unscored samples.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from ..caption_reading import read_caption
 from ..judges.caller_text import is_blank
 from ..judges.injection import injection_reason
 from ..media import MediaError, describe, media_key
@@ -47,6 +49,9 @@ class RewardOutput:
     clipped: list[int] = field(default_factory=list)  # samples whose value was clipped into the range
     #: per sample, None or why the injection guard floored it (empty when no guard ran)
     injection: list[str | None] = field(default_factory=list)
+    #: per sample, None or what reading the caption as a person does changed in it (empty when the
+    #: reward scores the text as given)
+    reading: list[str | None] = field(default_factory=list)
 
     @property
     def flagged(self) -> list[int]:
@@ -162,6 +167,8 @@ class RewardFunction:
                 log_extra(f"{self.name}/error", [r if v is None else None for r, v in zip(out.reasons, out.values)])
         if out.flagged and log_extra is not None:  # the log line itself is written when they are floored
             log_extra(f"{self.name}/injection", list(out.injection))
+        if any(r is not None for r in out.reading) and log_extra is not None:
+            log_extra(f"{self.name}/reading", list(out.reading))
         if out.clipped:
             lo, hi = self.value_range() or (math.nan, math.nan)
             logger.info(
@@ -247,11 +254,21 @@ class CaptionReward(RewardFunction):
         image_column, images_column, video_column, references_column, visual_id_column: dataset column
             names (see :func:`capreward.rewards.inputs.collect_inputs` for how a visual is chosen).
         use_references: score against the references column when a sample has references.
+        as_given: score the caption text exactly as given (the released metrics' behaviour, for parity
+            checks) instead of the caption a person reads (default:
+            :func:`~capreward.caption_reading.read_caption` first: NFKC, invisible characters removed,
+            look-alike letters mapped, spaced and leet letters read; what it changed is logged,
+            ``<name>/reading`` column). Ordinary captions read as they are written, so their scores do
+            not depend on this option. The injection guard reads the caption either way.
         injection_guard: floor captions that forge judge-prompt structure
             (:func:`~capreward.judges.injection.injection_reason`): such a caption gets the bottom of
             :meth:`value_range` without being scored, the reason is logged (``<name>/injection`` column,
             ``rewards/<name>/injection`` count). None: the class default (:attr:`guard_injection`, on
             for the LLM-judge rewards).
+        injection_judge: with the injection guard on, also ask a judge whether each caption the
+            patterns let through addresses the grader
+            (:class:`~capreward.judges.injection_judge.JudgeInjectionCheck`; image samples only; one
+            judge request per caption). None (default): the patterns alone.
         name, log_subscores: see :class:`RewardFunction`.
         scorer_kwargs: keyword arguments of the scorer class (``model=``, ``device=``, ``backbone=``...).
 
@@ -276,11 +293,17 @@ class CaptionReward(RewardFunction):
         visual_id_column: str | None = None,
         use_references: bool = True,
         injection_guard: bool | None = None,
+        injection_judge: Any = None,
+        as_given: bool = False,
         name: str | None = None,
         log_subscores: bool = True,
         **scorer_kwargs: Any,
     ):
         super().__init__(name=name, log_subscores=log_subscores)
+        self.as_given = bool(as_given)
+        if injection_judge is not None and not callable(getattr(injection_judge, "reasons", None)):
+            raise TypeError("injection_judge must have a reasons(captions, images) method (a JudgeInjectionCheck)")
+        self.injection_judge = injection_judge
         self.injection_guard = self.guard_injection if injection_guard is None else bool(injection_guard)
         self.columns = Columns(image_column, images_column, video_column, references_column, visual_id_column)
         self.use_references = use_references
@@ -343,11 +366,12 @@ class CaptionReward(RewardFunction):
         """Score collected samples: invalid ones get None, the rest are scored in groups that share a
         visual kind and reference availability."""
         n = len(inputs)
+        injection = self._injection_guard(inputs.samples)  # on the captions as given (it reads them itself)
+        inputs, reading = self._read(inputs)
         values: list[float | None] = [None] * n
         reasons: list[str | None] = [s.error for s in inputs.samples]
         metrics: dict[str, list[float]] = {}
         groups: dict[tuple, list[int]] = {}
-        injection = self._injection_guard(inputs.samples)
         for i, s in enumerate(inputs.samples):
             if s.error is not None:
                 continue
@@ -368,7 +392,7 @@ class CaptionReward(RewardFunction):
             metrics["injection"] = [
                 math.nan if s.error is not None else float(r is not None) for s, r in zip(inputs.samples, injection)
             ]
-        out = RewardOutput(values, reasons, metrics, injection=injection if self.injection_guard else [])
+        out = RewardOutput(values, reasons, metrics, injection=injection if self.injection_guard else [], reading=reading)
         if out.flagged:
             shown = "; ".join(f"[{i}] {injection[i]}" for i in out.flagged[:8])
             more = f"; ... {len(out.flagged) - 8} more" if len(out.flagged) > 8 else ""
@@ -377,6 +401,32 @@ class CaptionReward(RewardFunction):
                 self.name, len(out.flagged), n, shown, more,
             )
         return self.with_metric_names(clip_to_range(out, self.value_range()))
+
+    def _read(self, inputs: RewardInputs) -> tuple[RewardInputs, list[str | None]]:
+        """The samples with each caption as a person reads it (:func:`~capreward.caption_reading.read_caption`),
+        and per sample what the reading changed (None: nothing). A caption that reads as nothing (invisible
+        characters only) is an empty caption. With :attr:`as_given`, the inputs as they are."""
+        if self.as_given:
+            return inputs, []
+        samples, changes = [], []
+        for i, s in enumerate(inputs.samples):
+            if s.error is not None or not isinstance(s.caption, str):
+                samples.append(s)
+                changes.append(None)
+                continue
+            r = read_caption(s.caption)
+            what = r.describe()
+            if r.mixed_script:
+                what = f"{what}; mixed-script words: {', '.join(repr(w) for w in r.mixed_script[:4])}"
+            error = f"completions[{i}] is empty once read (invisible characters only)" if not r.text.strip() else None
+            samples.append(dataclasses.replace(s, caption=r.text, error=error) if r.changed else s)
+            changes.append(what)
+        changed = [i for i, c in enumerate(changes) if c is not None]
+        if changed:
+            shown = "; ".join(f"[{i}] {changes[i]}" for i in changed[:4])
+            more = f"; ... {len(changed) - 4} more" if len(changed) > 4 else ""
+            logger.info("%s: %d/%d captions scored as read: %s%s", self.name, len(changed), len(samples), shown, more)
+        return RewardInputs(samples), changes
 
     def _injection_guard(self, samples: Sequence[Sample]) -> list[str | None]:
         """Per sample, why the guard floors it (:func:`~capreward.judges.injection.injection_reason`), or
@@ -392,7 +442,29 @@ class CaptionReward(RewardFunction):
             if s.error is None and not is_blank(s.caption):
                 reason = injection_reason(s.caption)
             out.append(reason)
+        if self.injection_judge is not None:
+            self._ask_injection_judge(samples, out)
         return out
+
+    def _ask_injection_judge(self, samples: Sequence[Sample], out: list[str | None]) -> None:
+        """Fill ``out`` (in place) with the injection judge's reasons for the image samples the patterns
+        let through (their captions as read); a sample whose image cannot be loaded is left to the scorer."""
+        from ..media import load_image
+
+        rows, captions, images = [], [], []
+        for i, s in enumerate(samples):
+            if out[i] is not None or s.error is not None or s.kind != "image" or is_blank(s.caption):
+                continue
+            try:
+                image = load_image(s.visual)
+            except Exception:  # noqa: BLE001 - the scorer reports an unusable visual
+                continue
+            rows.append(i)
+            captions.append(read_caption(s.caption).text)
+            images.append(image)
+        if rows:
+            for i, reason in zip(rows, self.injection_judge.reasons(captions, images)):
+                out[i] = reason
 
     def _score_rows(self, samples, rows, kind, with_refs, values, reasons, metrics, n) -> None:
         """Score ``rows`` in one scorer call. Scorers give a sample whose caption they cannot score NaN

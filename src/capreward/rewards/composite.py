@@ -147,7 +147,13 @@ class CompositeReward(RewardFunction):
                     text = completion_text(completion, i)
                 except TypeError:
                     text = ""
-                for term, value in self.guards.terms(text).items():
+                try:  # a target-conditioned length guard reads the sample's target from its columns
+                    limit = self.guards.max_words_for(kwargs, i)
+                except (ValueError, TypeError, IndexError) as exc:
+                    why = f"completions[{i}]: length guard: {exc}"
+                    values[i], reasons[i] = None, why if reasons[i] is None else f"{reasons[i]}; {why}"
+                    limit = None
+                for term, value in self.guards.terms(text, max_words=limit).items():
                     metrics.setdefault(f"guard/{term}", [math.nan] * n)[i] = value
                     if values[i] is not None:
                         values[i] += value

@@ -16,6 +16,19 @@ Behaviour on foils (one object word swapped, e.g. "a red image" -> "a blue image
 has no matching frame, so its similarity drops below the threshold and it is flagged. CLIP's text tower
 is causal, so the tokens *after* the swap see it too and usually drop as well ("image" in "a blue
 image" on a red clip): the penalty moves by the swapped word's share of the content weight or more.
+CLIP's causal text tower also lets earlier words carry a later one: after "a red red red red red", the
+token "blue" has seen five reds and matches a red frame. So each content word is also judged alone
+(``context_free``, default on: the word encoded as a caption of its own) and its similarity is the lower
+of the two, so a wrong word is flagged wherever it stands.
+
+What is never content: function words (:data:`~capreward.rewards.support.STOP_WORDS`, or low idf) and
+generic words that name the medium or nothing (:data:`~capreward.rewards.support.GENERIC_WORDS`:
+"image", "picture", "photo", "something"), which no visual supports or contradicts. A caption with no
+content word at all ("a", "image", "a picture.") says nothing the visual supports: it gets
+``empty_penalty`` (default -0.5), between a caption whose words are all supported (0) and one whose
+words are all wrong (-1), so a wrong attribute costs more than an absent one and a content-free caption
+never earns what a supported one does.
+
 A CLIP only knows the words it was trained on: with the random-weight tiny CLIP of the tests the
 similarities carry no meaning; with :mod:`capreward.testing.trained_clip` (a tiny CLIP trained on
 colour words) only colour words are meaningful. tests/test_hallucination.py measures the foil
@@ -24,17 +37,26 @@ behaviour with the latter on colour-tinted frames of the sample clips.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Iterable, Sequence
 
 from ..scorers.emscore import EMScore, TokenAlignment
 from .base import CaptionReward, GroupScores
-from .support import STOP_WORDS, SupportReport, content_mask, quantile_threshold, support_report
+from .support import GENERIC_WORDS, STOP_WORDS, SupportReport, content_mask, quantile_threshold, support_report
 
 #: Starting threshold on token→frame cosine similarity; uncalibrated, call ``calibrate`` on your data.
 DEFAULT_THRESHOLD = 0.2
 #: With an idf corpus, tokens with idf <= ln 2 (in more than about half the captions) are function words.
 DEFAULT_IDF_THRESHOLD = math.log(2.0)
+#: The penalty of a caption without a content word: half of the all-wrong caption's.
+DEFAULT_EMPTY_PENALTY = -0.5
+
+
+class _Adjusted(list):
+    """Alignments with context-free similarities, keeping the scorer's per-candidate ``truncated``."""
+
+    truncated: list[bool]
 
 
 class HallucinationPenalty(CaptionReward):
@@ -46,6 +68,12 @@ class HallucinationPenalty(CaptionReward):
         idf_threshold: with ``idf`` given, tokens whose idf weight is at most this are function words
             (default ln 2); without idf, :data:`~capreward.rewards.support.STOP_WORDS` decides.
         stop_words: the function-word list used without idf.
+        generic_words: words never counted as content (default
+            :data:`~capreward.rewards.support.GENERIC_WORDS`: "image", "picture", "photo", ...).
+        empty_penalty: the penalty of a caption without a content word, in [-1, 0] (default -0.5).
+        context_free: also judge each content word encoded alone and keep the lower similarity, so words
+            before it cannot carry a wrong word ("a red red red blue image"); costs one more text-encoder
+            batch (the visuals' embeddings are cached). False: only the word in its caption.
         idf_weighting: weigh tokens by their idf weight (only with ``idf``); else every content token
             counts 1.
         EMScore arguments (``model``, ``device``, ``idf``, ``frames``, ``backbone``, ...) and the column
@@ -62,6 +90,9 @@ class HallucinationPenalty(CaptionReward):
         threshold: float = DEFAULT_THRESHOLD,
         idf_threshold: float | None = None,
         stop_words: Iterable[str] = STOP_WORDS,
+        generic_words: Iterable[str] = GENERIC_WORDS,
+        empty_penalty: float = DEFAULT_EMPTY_PENALTY,
+        context_free: bool = True,
         idf_weighting: bool = True,
         **kwargs: Any,
     ):
@@ -72,6 +103,12 @@ class HallucinationPenalty(CaptionReward):
         self.threshold = float(threshold)
         self.idf_threshold = idf_threshold
         self.stop_words = frozenset(stop_words)
+        self.generic_words = frozenset(w.lower() for w in generic_words)
+        empty_penalty = float(empty_penalty)
+        if not -1.0 <= empty_penalty <= 0.0:
+            raise ValueError(f"empty_penalty must be in [-1, 0], got {empty_penalty!r}")
+        self.empty_penalty = empty_penalty
+        self.context_free = bool(context_free)
         self.idf_weighting = idf_weighting
 
     def _build(self) -> EMScore:
@@ -88,12 +125,17 @@ class HallucinationPenalty(CaptionReward):
     def report_for(self, alignment: TokenAlignment, threshold: float | None = None) -> SupportReport:
         """The :class:`SupportReport` of one caption's alignment at ``threshold`` (default: the current one)."""
         use_idf = self._uses_idf()
-        idf_threshold = (self.idf_threshold if self.idf_threshold is not None else DEFAULT_IDF_THRESHOLD) if use_idf else None
-        content = content_mask(alignment.tokens, alignment.weight, idf_threshold, self.stop_words)
+        content = self._content(alignment)
         weights = alignment.weight if (use_idf and self.idf_weighting) else None
         return support_report(
-            alignment.tokens, alignment.similarity, self.threshold if threshold is None else threshold, content, weights
+            alignment.tokens, alignment.similarity, self.threshold if threshold is None else threshold, content, weights,
+            empty_penalty=self.empty_penalty,
         )
+
+    def _content(self, alignment: TokenAlignment) -> list[bool]:
+        use_idf = self._uses_idf()
+        idf_threshold = (self.idf_threshold if self.idf_threshold is not None else DEFAULT_IDF_THRESHOLD) if use_idf else None
+        return content_mask(alignment.tokens, alignment.weight, idf_threshold, self.stop_words, self.generic_words)
 
     def alignments(
         self, captions: Sequence[str], visuals: Sequence[Any], kind: str = "video", ids: Sequence[str | None] | None = None
@@ -107,7 +149,44 @@ class HallucinationPenalty(CaptionReward):
             images=visuals if kind == "image" else None,
             video_ids=ids,
         )
-        return result.alignment
+        if not self.context_free:
+            return result.alignment
+        adjusted = _Adjusted(self._context_free(list(result.alignment), visuals, kind, ids))
+        adjusted.truncated = list(getattr(result.alignment, "truncated", [False] * len(adjusted)))
+        return adjusted
+
+    def _context_free(
+        self, alignments: list[TokenAlignment], visuals: Sequence[Any], kind: str, ids: Sequence[str | None] | None
+    ) -> list[TokenAlignment]:
+        """``alignments`` with each content token's similarity lowered to its similarity when encoded
+        alone (one scorer call for every distinct (word, visual) pair of the batch)."""
+        pairs: dict[tuple[str, int], int] = {}
+        for i, a in enumerate(alignments):
+            for j, is_content in enumerate(self._content(a)):
+                if is_content:
+                    pairs.setdefault((a.tokens[j].strip(), i), len(pairs))
+        if not pairs:
+            return alignments
+        order = list(pairs)
+        alone = self.scorer.score(
+            [word for word, _ in order],
+            videos=[visuals[i] for _, i in order] if kind == "video" else None,
+            images=[visuals[i] for _, i in order] if kind == "image" else None,
+            video_ids=None if ids is None else [ids[i] for _, i in order],
+        ).alignment
+        single: list[float] = []
+        for k in range(len(order)):
+            a = alone[k]
+            sims = [s for t, s in zip(a.tokens, a.similarity) if any(ch.isalpha() for ch in t) and t not in ("<sos>", "<eos>")]
+            single.append(min(sims) if sims else math.inf)
+        out = []
+        for i, a in enumerate(alignments):
+            sims = list(a.similarity)
+            for j, is_content in enumerate(self._content(a)):
+                if is_content:
+                    sims[j] = min(float(sims[j]), single[pairs[(a.tokens[j].strip(), i)]])
+            out.append(dataclasses.replace(a, similarity=sims))
+        return out
 
     def reports(
         self, captions: Sequence[str], visuals: Sequence[Any], kind: str = "video", ids: Sequence[str | None] | None = None

@@ -33,6 +33,16 @@ STOP_WORDS = frozenset(
     """.split()
 )
 
+#: Words that name the medium or nothing in particular ("a picture of ...", "something"): a caption that
+#: says only these says nothing a visual could support or contradict, so they are never content.
+GENERIC_WORDS = frozenset(
+    """
+    image images picture pictures pic pics photo photos photograph photographs photography video videos
+    clip clips footage frame frames scene scenes view views shot shots snapshot screenshot illustration
+    thing things something stuff depict depicts depicted depicting show shows showing shown
+    """.split()
+)
+
 SPECIAL_TOKENS = frozenset({"<sos>", "<eos>"})
 
 
@@ -45,18 +55,21 @@ def content_mask(
     weights: Sequence[float] | None = None,
     idf_threshold: float | None = None,
     stop_words: Iterable[str] = STOP_WORDS,
+    generic_words: Iterable[str] = (),
 ) -> list[bool]:
     """For each token, whether it is content.
 
-    Special tokens and tokens without letters (punctuation, numbers) never are. With ``idf_threshold``
-    (and idf ``weights``) a token is content iff its idf weight exceeds the threshold, so frequent
-    tokens (function words in any language) are ignored; otherwise iff it is not in ``stop_words``.
+    Special tokens, tokens without letters (punctuation, numbers) and ``generic_words`` (e.g.
+    :data:`GENERIC_WORDS`: "image", "photo") never are. With ``idf_threshold`` (and idf ``weights``) a
+    token is content iff its idf weight exceeds the threshold, so frequent tokens (function words in any
+    language) are ignored; otherwise iff it is not in ``stop_words``.
     """
     stop = frozenset(stop_words)
+    generic = frozenset(generic_words)
     out = []
     for j, tok in enumerate(tokens):
         word = _word(tok)
-        if tok in SPECIAL_TOKENS or not word:
+        if tok in SPECIAL_TOKENS or not word or word in generic:
             out.append(False)
         elif idf_threshold is not None and weights is not None:
             out.append(float(weights[j]) > idf_threshold)
@@ -95,9 +108,11 @@ def support_report(
     threshold: float,
     content: Sequence[bool],
     weights: Sequence[float] | None = None,
+    empty_penalty: float = 0.0,
 ) -> SupportReport:
     """Penalty = -Σ_{content, sim < threshold} w / Σ_{content} w, with w the token weights (all 1 when
-    ``weights`` is None; idf weights weigh rare, informative words more). Returns a :class:`SupportReport`."""
+    ``weights`` is None; idf weights weigh rare, informative words more); ``empty_penalty`` when the
+    caption has no content token (or none of positive weight). Returns a :class:`SupportReport`."""
     if not (len(tokens) == len(similarity) == len(content)) or (weights is not None and len(weights) != len(tokens)):
         raise ValueError("tokens, similarity, content (and weights) must have one entry per token")
     idx = [j for j, c in enumerate(content) if c]
@@ -105,7 +120,7 @@ def support_report(
     sims = [float(similarity[j]) for j in idx]
     bad = [s < threshold for s in sims]
     total = sum(w)
-    penalty = -sum(wi for wi, b in zip(w, bad) if b) / total if total > 0 else 0.0
+    penalty = -sum(wi for wi, b in zip(w, bad) if b) / total if total > 0 else float(empty_penalty)
     return SupportReport(penalty=penalty, tokens=[tokens[j] for j in idx], similarity=sims, unsupported=bad, index=idx)
 
 
