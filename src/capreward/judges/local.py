@@ -1,7 +1,8 @@
 """A local VLM judge on transformers: prompt + image -> greedy text and token distributions.
 
 :class:`LocalJudge` wraps a ``LlavaForConditionalGeneration`` (or a model built the same way: a
-forward taking ``inputs_embeds``, ``attention_mask``, ``position_ids``, ``past_key_values`` and
+forward taking ``inputs_embeds``, ``attention_mask``, ``position_ids``, a key/value cache (``cache``
+on transformers >= 5.24, ``past_key_values`` before: :func:`~capreward.judges.cache.cache_keyword`) and
 ``logits_to_keep``, ``get_image_features``, a ``.model`` returning hidden states and an output
 embedding) and its processor. It offers the building blocks the
 LLM-judged metrics need:
@@ -30,7 +31,7 @@ import torch
 from PIL import Image
 
 from ..text import well_formed
-from .cache import growing_cache
+from .cache import cache_keyword, growing_cache, output_cache
 from .images import mean_background, pad_to_square
 from ..devices import checked_device
 from .loading import DEFAULT_LLAVA, load_llava, resolve_device, resolve_dtype
@@ -149,6 +150,7 @@ class LocalJudge:
         self.system = system
         self._digit_ids: list[int] | None = None
         self._control_ids: set[int] | None = None
+        self._cache_keyword = cache_keyword(model)  # "cache" or "past_key_values": what this forward takes
         self._check_image_token()
 
     # ----------------------------------------------------------------------------------------- facts
@@ -339,10 +341,14 @@ class LocalJudge:
             inputs_embeds=embeds,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=cache,
             use_cache=True,
             logits_to_keep=logits_to_keep,
+            **{self._cache_keyword: cache},
         )
+
+    def _cache_of(self, output: Any) -> Any:
+        """The updated key/value cache of a forward's ``output``."""
+        return output_cache(output, self._cache_keyword)
 
     @torch.inference_mode()
     def start(
@@ -409,7 +415,7 @@ class LocalJudge:
         embeds = self.embed(ids, row_features, feature_start=placeholders_in_prefix)
         out = self._forward(embeds, mask, positions, cache)
         return DecodeState(
-            cache=out.past_key_values,
+            cache=self._cache_of(out),
             attention_mask=mask,
             next_position=torch.tensor(lengths, dtype=torch.long, device=device),
             logits=out.logits[:, -1, :].float(),
@@ -426,7 +432,7 @@ class LocalJudge:
             raise ValueError(f"{tokens.shape[0]} tokens for {state.batch_size} rows")
         mask = torch.cat([state.attention_mask, torch.ones_like(tokens)], dim=1)
         out = self._forward(self.embed(tokens), mask, state.next_position.view(-1, 1), state.cache)
-        return DecodeState(out.past_key_values, mask, state.next_position + 1, out.logits[:, -1, :].float())
+        return DecodeState(self._cache_of(out), mask, state.next_position + 1, out.logits[:, -1, :].float())
 
     @torch.inference_mode()
     def select(self, state: DecodeState, rows: Sequence[int] | torch.Tensor, reserve: int = 16) -> DecodeState:
