@@ -7,7 +7,9 @@ tokens, 1-D positions). Other families differ in four places, each a method of a
 - the conversation: the model's own chat template (``processor.chat_template``), rendered once with a
   marker per message, the messages then put back as :class:`~capreward.judges.caller_text.Data` (caller
   text never becomes a role, a special token or an image slot);
-- the image: the family's own image processor (Qwen2-VL: patches and an ``image_grid_thw``);
+- the image: the family's own image processor (Qwen2-VL: patches and an ``image_grid_thw``; Idefics3:
+  tiles of the split image plus the global image), and what the one image placeholder of the template
+  becomes in tokens (Idefics3: ``<fake_token_around_image><row_1_col_1><image>...<global-img>...``);
 - the image features: ``model.get_image_features`` with the family's arguments, one row per image;
 - the positions: Qwen2-VL's multimodal rotary positions (temporal, height, width) over the image
   tokens, and text after the image continuing from the image's largest position (a per-image offset).
@@ -34,7 +36,7 @@ from .caller_text import Data, fill_parts
 
 #: model_type -> family class name, for the families other than LLaVA-1.5 (``"llava"``, handled by
 #: ``LocalJudge`` itself).
-FAMILIES = {"qwen2_vl": "Qwen2VLFamily", "qwen2_5_vl": "Qwen2VLFamily"}
+FAMILIES = {"qwen2_vl": "Qwen2VLFamily", "qwen2_5_vl": "Qwen2VLFamily", "idefics3": "Idefics3Family"}
 
 #: The longest side images are resized to when the family's processor would allow more.
 DEFAULT_IMAGE_SIDE = 448
@@ -104,6 +106,11 @@ class JudgeFamily:
 
     def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def image_expansion(self, image_token_id: int, num_image_tokens: int) -> list[int]:
+        """The tokens the template's one image placeholder becomes for an image of ``num_image_tokens``
+        features (default: that many image tokens)."""
+        return [image_token_id] * num_image_tokens
 
     # ------------------------------------------------------------------------------------ positions
     def position_ids(self, positions: torch.Tensor, image_start: torch.Tensor) -> torch.Tensor:
@@ -189,6 +196,47 @@ class Qwen2VLFamily(JudgeFamily):
         return torch.stack([t_pos, h_pos, w_pos])
 
 
+class Idefics3Family(JudgeFamily):
+    """Idefics3: the image is split into tiles (rows x columns of the processor's ``max_image_size``)
+    plus the global image, each tile's features pixel-shuffled to ``image_seq_len`` image tokens; the
+    placeholder becomes the processor's tile layout (``<fake_token_around_image><row_r_col_c>`` and image
+    tokens per tile, ``<global-img>`` and image tokens for the whole image). Positions are 1-D."""
+
+    name = "idefics3"
+
+    def __init__(self, model: Any, processor: Any, image_size: tuple[int, int] | int | None = None):
+        super().__init__(model, processor, image_size)
+        self.expansion: list[int] | None = None
+
+    def default_image_size(self) -> tuple[int, int]:
+        ip = self.processor.image_processor
+        side = int((getattr(ip, "size", None) or {}).get("longest_edge", DEFAULT_IMAGE_SIDE))
+        return (side, side)
+
+    def preprocess(self, images: Sequence[Image.Image], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        resized = [self.resize(im) for im in images]
+        out = self.processor.image_processor(images=[[im] for im in resized], return_tensors="pt")
+        if self.expansion is None:
+            text = self.processor(text=[self.processor.image_token], images=[[resized[0]]], add_special_tokens=False)
+            self.expansion = [int(t) for t in text["input_ids"][0]]
+        return out["pixel_values"].to(device=device, dtype=dtype)
+
+    def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        n_images = pixel_values.shape[0]
+        out = self.model.get_image_features(pixel_values=pixel_values)
+        feats = getattr(out, "pooler_output", out)
+        if isinstance(feats, (list, tuple)):
+            feats = torch.cat([f.reshape(-1, f.shape[-1]) for f in feats])
+        return feats.reshape(n_images, -1, feats.shape[-1])
+
+    def image_expansion(self, image_token_id: int, num_image_tokens: int) -> list[int]:
+        if self.expansion is None:
+            raise RuntimeError("preprocess an image first")
+        if sum(1 for t in self.expansion if t == image_token_id) != num_image_tokens:
+            raise ValueError(f"the processor's image layout holds a different number of image tokens than the {num_image_tokens} features")
+        return list(self.expansion)
+
+
 def judge_family(model: Any, processor: Any, image_size: tuple[int, int] | int | None = None) -> JudgeFamily | None:
     """The :class:`JudgeFamily` of ``model`` (by ``config.model_type``), or None for LLaVA-1.5 (and any
     model built like it), whose path ``LocalJudge`` keeps as released. Raises ValueError for a known
@@ -208,6 +256,6 @@ def judge_family(model: Any, processor: Any, image_size: tuple[int, int] | int |
 #: Image-text families transformers has that the local judges do not run yet (a clear error, not a
 #: LLaVA path that fails somewhere inside).
 UNSUPPORTED = frozenset(
-    {"qwen3_vl", "qwen3_vl_moe", "idefics3", "smolvlm", "llava_onevision", "llava_next", "idefics2",
+    {"qwen3_vl", "qwen3_vl_moe", "smolvlm", "llava_onevision", "llava_next", "idefics2",
      "gemma3", "internvl", "mllama", "paligemma"}
 )

@@ -111,7 +111,7 @@ class LocalJudge:
     ``system``: the conversation's system sentence (LLaVA v1's by default).
 
     Other families (:mod:`capreward.judges.families`, picked from ``config.model_type``: Qwen2-VL,
-    Qwen2.5-VL) run through their own chat template, image processor and positions; ``image_size``
+    Qwen2.5-VL, Idefics3) run through their own chat template, image processor and positions; ``image_size``
     (width, height) is what their images are resized to (None: the family's default), and
     ``pad_to_square``/``system`` are LLaVA's only. :attr:`family` is None for LLaVA-1.5.
     """
@@ -283,7 +283,11 @@ class LocalJudge:
                 name = names[i] if names is not None else f"prompts[{i}]"
                 raise ValueError(f"{name} holds {count} image placeholders; exactly one is needed")
             at = ids.index(self.image_token_id)
-            out.append(list(ids[:at]) + [self.image_token_id] * num_image_tokens + list(ids[at + 1 :]))
+            if self.family is None:
+                expansion = [self.image_token_id] * num_image_tokens
+            else:  # Idefics3: the processor's tile layout around the image tokens
+                expansion = self.family.image_expansion(self.image_token_id, num_image_tokens)
+            out.append(list(ids[:at]) + expansion + list(ids[at + 1 :]))
         return out
 
     def decode(self, tokens: Sequence[int]) -> str:

@@ -8,6 +8,8 @@ family's released chat template. Nothing is downloaded.
 - :func:`build_tiny_qwen2_vl`: Qwen2-VL and Qwen2.5-VL (``Qwen2VLForConditionalGeneration`` /
   ``Qwen2_5_VLForConditionalGeneration`` and their processors: image grid ``image_grid_thw``, 3-D rotary
   positions, the ChatML template with ``<|image_pad|>``).
+- :func:`build_tiny_idefics3`: Idefics3 (``Idefics3ForConditionalGeneration``, ``Idefics3Processor``:
+  image splitting into tiles plus the global image, ``<row_r_col_c>`` tile tags).
 
 The weights are random: what the judges answer is noise, which is what the batched-vs-per-sample checks
 need (any difference in positions, image tokens or cache shows up in the logits).
@@ -145,5 +147,59 @@ def build_tiny_qwen2_vl(
             model.lm_head.weight[rows] *= float(answer_bias)
     model.generation_config.eos_token_id = [ids["<|im_end|>"], ids["<|endoftext|>"]]
     model.generation_config.pad_token_id = ids["<|endoftext|>"]
+    model.generation_config.bos_token_id = None
+    return model.float().eval(), processor
+
+
+#: Idefics3's and SmolVLM's released chat template (transformers' Idefics3 processor tests, SmolVLM).
+IDEFICS3_CHAT_TEMPLATE = (
+    "<|im_start|>{% for message in messages %}{{message['role'] | capitalize}}{% if message['content'][0]['type'] == "
+    "'image' %}{{':'}}{% else %}{{': '}}{% endif %}{% for line in message['content'] %}{% if line['type'] == 'text' "
+    "%}{{line['text']}}{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}<end_of_utterance>\n"
+    "{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+)
+
+IDEFICS3_SPECIAL = (
+    "<|im_start|>", "<end_of_utterance>", "<fake_token_around_image>", "<image>", "<global-img>", "<pad>",
+    *(f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)),
+)
+
+
+def build_tiny_idefics3(seed: int = 0, tile: int = 16, patch_size: int = 4, splits: int = 2,
+                        answer_bias: float | None = None) -> tuple[Any, Any]:
+    """``(Idefics3ForConditionalGeneration, Idefics3Processor)``: a 2-layer SigLIP-style vision tower on
+    ``tile``-pixel tiles of ``patch_size`` patches (pixel shuffle by 2: ``(tile/patch)²/4`` image tokens
+    per tile), a 2-layer LLaMA of width 64; the image processor splits an image of ``splits * tile``
+    pixels a side into ``splits``² tiles plus the global image (Idefics3's image splitting).
+    ``answer_bias`` as in :func:`build_tiny_qwen2_vl`."""
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3ImageProcessor, Idefics3Processor
+
+    tok = build_chatml_tokenizer(IDEFICS3_SPECIAL, eos="<end_of_utterance>", pad="<pad>")
+    image_seq_len = (tile // patch_size) ** 2 // 4
+    image_processor = Idefics3ImageProcessor(
+        do_image_splitting=True, max_image_size={"longest_edge": tile}, size={"longest_edge": splits * tile}
+    )
+    processor = Idefics3Processor(image_processor=image_processor, tokenizer=tok, image_seq_len=image_seq_len,
+                                  chat_template=IDEFICS3_CHAT_TEMPLATE)
+    ids = {t: tok.convert_tokens_to_ids(t) for t in IDEFICS3_SPECIAL}
+    config = Idefics3Config(
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                           image_size=tile, patch_size=patch_size),
+        text_config=dict(model_type="llama", vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=4096, bos_token_id=None, eos_token_id=ids["<end_of_utterance>"],
+                         pad_token_id=ids["<pad>"]),
+        image_token_id=ids["<image>"], scale_factor=2,
+    )
+    devices = [] if not torch.cuda.is_available() else None
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        model = Idefics3ForConditionalGeneration(config)
+    if answer_bias is not None:
+        rows = [tok.convert_tokens_to_ids(str(d)) for d in range(10)] + [tok.convert_tokens_to_ids("$"), ids["<end_of_utterance>"]]
+        with torch.no_grad():
+            model.lm_head.weight[rows] *= float(answer_bias)
+    model.generation_config.eos_token_id = ids["<end_of_utterance>"]
+    model.generation_config.pad_token_id = ids["<pad>"]
     model.generation_config.bos_token_id = None
     return model.float().eval(), processor
