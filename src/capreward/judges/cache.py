@@ -9,6 +9,7 @@ same speed); when the room runs out it doubles.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Sequence
 
 import torch
@@ -123,3 +124,28 @@ def growing_cache(
             else:
                 layer.fill_rows(keys, values, rows)
     return cache
+
+
+def cache_keyword(model: Any) -> str:
+    """The keyword under which ``model.forward`` takes its key/value cache, read from the installed
+    transformers' own signature: ``"cache"`` where the forward declares it (transformers 5.24 renamed
+    ``past_key_values`` to ``cache`` and deprecated the old name for removal in 5.40), else
+    ``"past_key_values"`` (transformers 4.57 - 5.23). The same name is the output's field holding the
+    updated cache (:func:`output_cache`).
+
+    ``inspect.signature`` follows the ``functools.wraps`` of transformers' ``deprecate_kwarg`` decorator
+    to the real parameters. A forward that takes neither by name (only ``**kwargs``) gets
+    ``"past_key_values"``, the name every transformers release before 5.24 reads from its kwargs.
+    """
+    forward = getattr(model, "forward", model)
+    try:
+        params = inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def output_cache(output: Any, keyword: str) -> Any:
+    """The updated cache a forward returned, read under ``keyword`` (:func:`cache_keyword`): reading
+    ``output.past_key_values`` on transformers >= 5.24 goes through a deprecated alias that logs."""
+    return getattr(output, keyword)

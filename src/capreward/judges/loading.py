@@ -1,4 +1,9 @@
-"""Loading a local VLM judge (a transformers LLaVA and its processor) by name or directory."""
+"""Loading a local VLM judge (a transformers image-text model and its processor) by name or directory.
+
+The model class follows the checkpoint's ``config.json`` (``model_type``): ``llava`` is loaded as
+``LlavaForConditionalGeneration`` (LLaVA-1.5, as released), every other type through
+``AutoModelForImageTextToText`` (Qwen2-VL's ``Qwen2VLForConditionalGeneration``, ...); the judge then
+runs it as its family (:mod:`capreward.judges.families`)."""
 
 from __future__ import annotations
 
@@ -75,7 +80,9 @@ def load_llava(
     local_files_only: bool | None = None,
     attn_implementation: str | None = None,
 ) -> tuple[Any, Any]:
-    """Load ``LlavaForConditionalGeneration`` and ``AutoProcessor`` from a hub name or a local directory.
+    """Load the judge model and ``AutoProcessor`` from a hub name or a local directory: a ``llava``
+    checkpoint as ``LlavaForConditionalGeneration``, any other ``model_type`` (read from its config.json)
+    through ``AutoModelForImageTextToText``.
 
     Returns ``(model, processor)`` with the model in eval mode on ``device`` in ``dtype`` and its weights
     frozen. ``local_files_only``: True reads the local cache only; False lets transformers download;
@@ -83,7 +90,7 @@ def load_llava(
     within seconds instead of after transformers' retries). Raises :class:`JudgeLoadError` with
     instructions when the files cannot be found or fetched.
     """
-    from transformers import AutoProcessor, LlavaForConditionalGeneration
+    from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor, LlavaForConditionalGeneration
 
     from ..hub import ModelNotAvailable, load_cached_first
     from ..progress import status
@@ -100,11 +107,13 @@ def load_llava(
 
     def load(local_only: bool):
         kwargs: dict[str, Any] = {"local_files_only": local_only}
+        config = AutoConfig.from_pretrained(source, **kwargs)
         processor = AutoProcessor.from_pretrained(source, **kwargs)
         model_kwargs = dict(kwargs, dtype=dtype)
         if attn_implementation is not None:
             model_kwargs["attn_implementation"] = attn_implementation
-        return LlavaForConditionalGeneration.from_pretrained(source, **model_kwargs), processor
+        model_class = LlavaForConditionalGeneration if config.model_type == "llava" else AutoModelForImageTextToText
+        return model_class.from_pretrained(source, **model_kwargs), processor
 
     hint = (
         "Without network access, download the model on a machine that has it, e.g. "

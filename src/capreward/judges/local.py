@@ -1,7 +1,8 @@
 """A local VLM judge on transformers: prompt + image -> greedy text and token distributions.
 
 :class:`LocalJudge` wraps a ``LlavaForConditionalGeneration`` (or a model built the same way: a
-forward taking ``inputs_embeds``, ``attention_mask``, ``position_ids``, ``past_key_values`` and
+forward taking ``inputs_embeds``, ``attention_mask``, ``position_ids``, a key/value cache (``cache``
+on transformers >= 5.24, ``past_key_values`` before: :func:`~capreward.judges.cache.cache_keyword`) and
 ``logits_to_keep``, ``get_image_features``, a ``.model`` returning hidden states and an output
 embedding) and its processor. It offers the building blocks the
 LLM-judged metrics need:
@@ -30,12 +31,13 @@ import torch
 from PIL import Image
 
 from ..text import well_formed
-from .cache import growing_cache
+from .cache import cache_keyword, growing_cache, output_cache
+from .families import JudgeFamily, judge_family
 from .images import mean_background, pad_to_square
 from ..devices import checked_device
 from .loading import DEFAULT_LLAVA, load_llava, resolve_device, resolve_dtype
-from .caller_text import Data, PromptParts, control_token_ids, control_token_strings, encode_parts
-from .prompts import IMAGE_PLACEHOLDER, LLAVA_V1_SYSTEM, llava_v1_conversation, llava_v1_parts
+from .caller_text import Data, PromptParts, control_token_ids, control_token_strings, encode_parts, render
+from .prompts import IMAGE_PLACEHOLDER, LLAVA_V1_SYSTEM, llava_v1_parts
 
 
 @dataclass
@@ -107,6 +109,11 @@ class LocalJudge:
     available, else CPU+float32 when loading by name; a passed model is moved only when they are given).
     ``pad_to_square``: LLaVA-1.5's padding of images to a square in the processor's mean colour.
     ``system``: the conversation's system sentence (LLaVA v1's by default).
+
+    Other families (:mod:`capreward.judges.families`, picked from ``config.model_type``: Qwen2-VL,
+    Qwen2.5-VL, Idefics3) run through their own chat template, image processor and positions; ``image_size``
+    (width, height) is what their images are resized to (None: the family's default), and
+    ``pad_to_square``/``system`` are LLaVA's only. :attr:`family` is None for LLaVA-1.5.
     """
 
     def __init__(
@@ -120,6 +127,7 @@ class LocalJudge:
         system: str = LLAVA_V1_SYSTEM,
         local_files_only: bool | None = None,
         attn_implementation: str | None = None,
+        image_size: tuple[int, int] | int | None = None,
     ):
         if isinstance(model, (tuple, list)):
             if len(model) != 2 or processor is not None:
@@ -149,6 +157,8 @@ class LocalJudge:
         self.system = system
         self._digit_ids: list[int] | None = None
         self._control_ids: set[int] | None = None
+        self._cache_keyword = cache_keyword(model)  # "cache" or "past_key_values": what this forward takes
+        self.family: JudgeFamily | None = judge_family(model, processor, image_size)
         self._check_image_token()
 
     # ----------------------------------------------------------------------------------------- facts
@@ -225,12 +235,15 @@ class LocalJudge:
 
     # ------------------------------------------------------------------------------------- text side
     def conversation(self, turns: Sequence[tuple[str, str | None]]) -> str:
-        """The LLaVA v1 prompt for ``turns`` with the image placeholder before the first message."""
-        return llava_v1_conversation(turns, system=self.system, image_placeholder=self.image_placeholder)
+        """The LLaVA v1 prompt for ``turns`` with the image placeholder before the first message (another
+        family: its chat template's prompt, the image in the first user turn)."""
+        return render(self.conversation_parts(turns))
 
     def conversation_parts(self, turns: Sequence[tuple[str, str | None]]) -> list[str | Data]:
         """:meth:`conversation` as prompt parts: every message and answer is :class:`Data` (encoded by
         :meth:`encode_prompts` without special tokens)."""
+        if self.family is not None:
+            return self.family.conversation_parts(turns, self.image_placeholder)
         return llava_v1_parts(turns, system=self.system, image_placeholder=self.image_placeholder)
 
     @property
@@ -270,7 +283,11 @@ class LocalJudge:
                 name = names[i] if names is not None else f"prompts[{i}]"
                 raise ValueError(f"{name} holds {count} image placeholders; exactly one is needed")
             at = ids.index(self.image_token_id)
-            out.append(list(ids[:at]) + [self.image_token_id] * num_image_tokens + list(ids[at + 1 :]))
+            if self.family is None:
+                expansion = [self.image_token_id] * num_image_tokens
+            else:  # Idefics3: the processor's tile layout around the image tokens
+                expansion = self.family.image_expansion(self.image_token_id, num_image_tokens)
+            out.append(list(ids[:at]) + expansion + list(ids[at + 1 :]))
         return out
 
     def decode(self, tokens: Sequence[int]) -> str:
@@ -285,8 +302,11 @@ class LocalJudge:
     def preprocess(self, images: Sequence[Image.Image]) -> torch.Tensor:
         """``pixel_values`` (U, 3, H, W) for RGB images, on the judge's device and dtype.
 
-        Each image is padded to a square in the mean colour first when ``pad_to_square`` is set.
+        Each image is padded to a square in the mean colour first when ``pad_to_square`` is set. (Another
+        family: its image processor's output for the images resized to ``image_size``.)
         """
+        if self.family is not None:
+            return self.family.preprocess(images, self.device, self.dtype)
         image_processor = self.processor.image_processor
         if self.pad_to_square:
             background = mean_background(image_processor.image_mean)
@@ -296,6 +316,8 @@ class LocalJudge:
 
     def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """Projected image features (U, n_image_tokens, hidden) for ``pixel_values``. Differentiable."""
+        if self.family is not None:
+            return self.family.image_features(pixel_values.to(device=self.device, dtype=self.dtype))
         out = self.model.get_image_features(pixel_values=pixel_values.to(device=self.device, dtype=self.dtype))
         feats = getattr(out, "pooler_output", out)
         if isinstance(feats, (list, tuple)):
@@ -334,15 +356,34 @@ class LocalJudge:
         return torch.where(mask.unsqueeze(-1), gathered.to(emb.dtype), emb)
 
     # ------------------------------------------------------------------------------------- decoding
+    def _image_starts(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Index of the first image token of each row (-1: none)."""
+        starts = []
+        for ids in rows:
+            ids = list(ids)
+            starts.append(ids.index(self.image_token_id) if self.image_token_id in ids else -1)
+        return torch.tensor(starts, dtype=torch.long, device=self.device)
+
+    def _positions(self, positions: torch.Tensor, image_start: torch.Tensor) -> torch.Tensor:
+        """The model's position ids for sequence indices ``positions`` (B, L) (LLaVA: the indices;
+        Qwen2-VL: 3-D rotary positions over the image)."""
+        if self.family is None:
+            return positions
+        return self.family.position_ids(positions, image_start)
+
     def _forward(self, embeds, attention_mask, position_ids, cache, logits_to_keep=1):
         return self.model(
             inputs_embeds=embeds,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=cache,
             use_cache=True,
             logits_to_keep=logits_to_keep,
+            **{self._cache_keyword: cache},
         )
+
+    def _cache_of(self, output: Any) -> Any:
+        """The updated key/value cache of a forward's ``output``."""
+        return output_cache(output, self._cache_keyword)
 
     @torch.inference_mode()
     def start(
@@ -385,6 +426,7 @@ class LocalJudge:
             feats = features.index_select(0, used) if features is not None else None
             embeds = self.embed(prefix, feats if placeholders_in_prefix else None)
             positions = torch.arange(shared, device=device).unsqueeze(0).expand(len(used), -1)
+            positions = self._positions(positions, self._image_starts([prompt_ids[0]]).expand(len(used)))
             prefix_cache = growing_cache(None, n_layers, reserve=1)
             self._forward(embeds, torch.ones_like(prefix), positions, prefix_cache)
             prefix_kv = [(layer.keys, layer.values) for layer in prefix_cache.layers]
@@ -403,17 +445,26 @@ class LocalJudge:
             mask[n, shared + suffix_len - len(tail) :] = 1
             positions[n, suffix_len - len(tail) :] = torch.arange(shared, len(p))
         ids, mask, positions = ids.to(device), mask.to(device), positions.to(device)
+        starts = self._image_starts(prompt_ids)
+        positions = self._positions(positions, starts)
         row_features = None
         if features is not None and bool((ids == self.image_token_id).any()):
             row_features = features.index_select(0, rows_image)
         embeds = self.embed(ids, row_features, feature_start=placeholders_in_prefix)
         out = self._forward(embeds, mask, positions, cache)
         return DecodeState(
-            cache=out.past_key_values,
+            cache=self._cache_of(out),
             attention_mask=mask,
-            next_position=torch.tensor(lengths, dtype=torch.long, device=device),
+            # after the prompt every token is text: its position is its index plus the family's offset
+            next_position=torch.tensor(lengths, dtype=torch.long, device=device) + self._offset(starts),
             logits=out.logits[:, -1, :].float(),
         )
+
+    def _offset(self, image_start: torch.Tensor) -> torch.Tensor:
+        """Per row: position minus index of a text token after the image (0 for LLaVA)."""
+        if self.family is None:
+            return torch.zeros_like(image_start)
+        return torch.where(image_start >= 0, self.family.position_offset(), 0)
 
     @torch.inference_mode()
     def step(self, state: DecodeState, tokens: torch.Tensor) -> DecodeState:
@@ -426,7 +477,7 @@ class LocalJudge:
             raise ValueError(f"{tokens.shape[0]} tokens for {state.batch_size} rows")
         mask = torch.cat([state.attention_mask, torch.ones_like(tokens)], dim=1)
         out = self._forward(self.embed(tokens), mask, state.next_position.view(-1, 1), state.cache)
-        return DecodeState(out.past_key_values, mask, state.next_position + 1, out.logits[:, -1, :].float())
+        return DecodeState(self._cache_of(out), mask, state.next_position + 1, out.logits[:, -1, :].float())
 
     @torch.inference_mode()
     def select(self, state: DecodeState, rows: Sequence[int] | torch.Tensor, reserve: int = 16) -> DecodeState:
@@ -547,10 +598,16 @@ class LocalJudge:
         index = torch.as_tensor(image_index, dtype=torch.long, device=self.device)
         row_features = features.index_select(0, index) if features is not None else None
         embeds = self.embed(inputs.input_ids, row_features, text_embeds=text_embeds)
+        position_ids = inputs.position_ids
+        if self.family is not None:
+            is_image = inputs.input_ids == self.image_token_id
+            first = is_image.long().argmax(dim=1)
+            starts = torch.where(is_image.any(dim=1), position_ids.gather(1, first.view(-1, 1)).view(-1), -1)
+            position_ids = self._positions(position_ids, starts)
         hidden = self.model.model(
             inputs_embeds=embeds,
             attention_mask=inputs.attention_mask,
-            position_ids=inputs.position_ids,
+            position_ids=position_ids,
             use_cache=False,
         ).last_hidden_state
         picked = hidden.gather(1, inputs.read_index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))

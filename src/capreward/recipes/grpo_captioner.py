@@ -33,6 +33,7 @@ itself (EMScore over ``--frames`` frames; CLIP-S on the mean frame embedding).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -347,6 +348,10 @@ def grpo_config(args: argparse.Namespace, reward_weights: Sequence[float]) -> An
     from trl import GRPOConfig
 
     on_cpu = args.tiny or not torch.cuda.is_available()
+    # transformers 5.24 renamed gradient_checkpointing to activation_checkpointing (the old name warns, to
+    # be removed in v6): pass the name the installed config declares.
+    names = {f.name for f in dataclasses.fields(GRPOConfig)}
+    checkpointing = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
     return GRPOConfig(
         output_dir=args.out,
         max_steps=args.steps,
@@ -365,7 +370,7 @@ def grpo_config(args: argparse.Namespace, reward_weights: Sequence[float]) -> An
         seed=args.seed,
         bf16=bool(args.bf16) and not on_cpu,
         use_cpu=on_cpu,
-        gradient_checkpointing=args.gradient_checkpointing,
+        **{checkpointing: args.gradient_checkpointing},
         dataloader_num_workers=0,
         disable_tqdm=args.quiet,
     )

@@ -1,0 +1,261 @@
+"""What differs between VLM judge families, for :class:`~capreward.judges.local.LocalJudge`.
+
+LLaVA-1.5 is the judge the released FLEUR, VisCE² and G-VEval numbers were made with; ``LocalJudge``
+keeps its path exactly (LLaVA v1 conversation, images padded to a square, a fixed number of image
+tokens, 1-D positions). Other families differ in four places, each a method of a :class:`JudgeFamily`:
+
+- the conversation: the model's own chat template (``processor.chat_template``), rendered once with a
+  marker per message, the messages then put back as :class:`~capreward.judges.caller_text.Data` (caller
+  text never becomes a role, a special token or an image slot);
+- the image: the family's own image processor (Qwen2-VL: patches and an ``image_grid_thw``; Idefics3:
+  tiles of the split image plus the global image), and what the one image placeholder of the template
+  becomes in tokens (Idefics3: ``<fake_token_around_image><row_1_col_1><image>...<global-img>...``);
+- the image features: ``model.get_image_features`` with the family's arguments, one row per image;
+- the positions: Qwen2-VL's multimodal rotary positions (temporal, height, width) over the image
+  tokens, and text after the image continuing from the image's largest position (a per-image offset).
+
+Images are resized to one :attr:`JudgeFamily.image_size` before the processor, so every image of a batch
+has the same grid and the same image tokens: the prompts of a GRPO group then share their whole prefix
+(system text, image, prompt before the caption), which runs once per image, and the captions' suffixes
+run batched on its cached keys and values, as for LLaVA.
+
+:func:`judge_family` picks the family from ``model.config.model_type``; :data:`FAMILIES` lists the
+supported ones.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from typing import Any, Sequence
+
+import torch
+from PIL import Image
+
+from .caller_text import Data, fill_parts
+
+#: model_type -> family class name, for the families other than LLaVA-1.5 (``"llava"``, handled by
+#: ``LocalJudge`` itself).
+FAMILIES = {"qwen2_vl": "Qwen2VLFamily", "qwen2_5_vl": "Qwen2VLFamily", "idefics3": "Idefics3Family"}
+
+#: The longest side images are resized to when the family's processor would allow more.
+DEFAULT_IMAGE_SIDE = 448
+
+
+class JudgeFamily:
+    """A chat-template VLM judge family (see the module docstring). ``model``/``processor``: the loaded
+    pair; ``image_size``: (width, height) every image is resized to (None: the family's default)."""
+
+    name = "chat-template"
+    #: Whether the prompts of one image share their prefix (image included) and are run once per image.
+    shares_prefix = True
+
+    def __init__(self, model: Any, processor: Any, image_size: tuple[int, int] | int | None = None):
+        self.model = model
+        self.processor = processor
+        if getattr(processor, "chat_template", None) is None:
+            raise ValueError(f"the {self.name} judge's processor has no chat template")
+        if isinstance(image_size, int):
+            image_size = (image_size, image_size)
+        self.image_size = tuple(image_size) if image_size is not None else self.default_image_size()
+
+    def default_image_size(self) -> tuple[int, int]:
+        return (DEFAULT_IMAGE_SIDE, DEFAULT_IMAGE_SIDE)
+
+    # --------------------------------------------------------------------------------- conversation
+    def conversation_parts(self, turns: Sequence[tuple[str, str | None]], image_placeholder: str) -> list[str | Data]:
+        """``turns`` [(user message, answer or None), ...] in the model's chat template, the image in the
+        first user turn, ending with the generation prompt; every message and answer as ``Data``."""
+        if not turns:
+            raise ValueError("a conversation needs at least one user turn")
+        marker = f"\ue000{uuid.uuid4().hex}:"
+        texts: dict[str, str] = {}
+        messages: list[dict] = []
+        for i, (message, answer) in enumerate(turns):
+            if answer is None and i != len(turns) - 1:
+                raise ValueError(f"turn {i} has no answer but is not the last turn")
+            key = f"{marker}{len(texts)}\ue001"
+            texts[key] = message
+            content: list[dict] = [{"type": "image"}] if i == 0 else []
+            content.append({"type": "text", "text": key})
+            messages.append({"role": "user", "content": content})
+            if answer is not None:
+                key = f"{marker}{len(texts)}\ue001"
+                texts[key] = answer
+                messages.append({"role": "assistant", "content": [{"type": "text", "text": key}]})
+        text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        if isinstance(text, list):
+            text = text[0]
+        missing = [k for k in texts if text.count(k) != 1]
+        if missing:
+            raise ValueError(f"the {self.name} chat template does not write every message once")
+        if text.count(image_placeholder) != 1:
+            raise ValueError(f"the {self.name} chat template writes {text.count(image_placeholder)} image placeholders")
+        return fill_parts(text, texts)
+
+    # ---------------------------------------------------------------------------------------- image
+    def resize(self, image: Image.Image) -> Image.Image:
+        """``image`` (RGB) at :attr:`image_size` (bicubic), what the processor is given."""
+        image = image.convert("RGB")
+        if image.size != self.image_size:
+            image = image.resize(self.image_size, Image.BICUBIC)
+        return image
+
+    def preprocess(self, images: Sequence[Image.Image], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        raise NotImplementedError
+
+    def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def image_expansion(self, image_token_id: int, num_image_tokens: int) -> list[int]:
+        """The tokens the template's one image placeholder becomes for an image of ``num_image_tokens``
+        features (default: that many image tokens)."""
+        return [image_token_id] * num_image_tokens
+
+    # ------------------------------------------------------------------------------------ positions
+    def position_ids(self, positions: torch.Tensor, image_start: torch.Tensor) -> torch.Tensor:
+        """The model's position ids for tokens at sequence indices ``positions`` (B, L) of rows whose
+        image begins at index ``image_start`` (B,) (-1: no image). Default: the indices themselves."""
+        return positions
+
+    def position_offset(self) -> int:
+        """How far the model's positions of the tokens after the image are from their indices."""
+        return 0
+
+
+class Qwen2VLFamily(JudgeFamily):
+    """Qwen2-VL and Qwen2.5-VL: ``image_grid_thw``, 2x2 merged patches, 3-D rotary positions.
+
+    An image of grid (1, H, W) patches gives ``H/m * W/m`` image tokens (m the spatial merge size); the
+    k-th has positions (s, s + k // (W/m), s + k % (W/m)) for an image starting at index s, and the text
+    after it continues from s + max(H, W)/m (the released ``get_rope_index`` for one image).
+    """
+
+    name = "qwen2-vl"
+
+    def __init__(self, model: Any, processor: Any, image_size: tuple[int, int] | int | None = None):
+        self.merge = int(model.config.vision_config.spatial_merge_size)
+        super().__init__(model, processor, image_size)
+        self.grid: torch.Tensor | None = None
+
+    def default_image_size(self) -> tuple[int, int]:
+        ip = self.processor.image_processor
+        factor = int(ip.patch_size) * int(ip.merge_size)
+        longest = (getattr(ip, "size", None) or {}).get("longest_edge") or getattr(ip, "max_pixels", None)
+        side = DEFAULT_IMAGE_SIDE if longest is None else min(DEFAULT_IMAGE_SIDE, int(math.isqrt(int(longest))))
+        side = max(factor, side // factor * factor)
+        return (side, side)
+
+    def preprocess(self, images: Sequence[Image.Image], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        out = self.processor.image_processor(images=[self.resize(im) for im in images], return_tensors="pt")
+        grid = out["image_grid_thw"]
+        if not bool((grid == grid[0]).all()):
+            raise ValueError(f"images resized to {self.image_size} gave different grids: {grid.tolist()}")
+        self.grid = grid[0].clone()
+        return out["pixel_values"].to(device=device, dtype=dtype)
+
+    @property
+    def patches_per_image(self) -> int:
+        if self.grid is None:
+            raise RuntimeError("preprocess an image first")
+        return int(self.grid.prod())
+
+    @property
+    def grid_hw(self) -> tuple[int, int]:
+        """Height and width of the merged grid (image tokens per column and per row)."""
+        if self.grid is None:
+            raise RuntimeError("preprocess an image first")
+        return int(self.grid[1]) // self.merge, int(self.grid[2]) // self.merge
+
+    def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        n_images = pixel_values.shape[0] // self.patches_per_image
+        grid = self.grid.view(1, 3).expand(n_images, 3).to(pixel_values.device)
+        out = self.model.get_image_features(pixel_values=pixel_values, image_grid_thw=grid)
+        feats = getattr(out, "pooler_output", out)
+        if isinstance(feats, (list, tuple)):
+            return torch.stack(list(feats))
+        return feats.view(n_images, -1, feats.shape[-1])
+
+    def position_offset(self) -> int:
+        h, w = self.grid_hw
+        return max(h, w) - h * w
+
+    def position_ids(self, positions: torch.Tensor, image_start: torch.Tensor) -> torch.Tensor:
+        h, w = self.grid_hw
+        n = h * w
+        start = image_start.view(-1, 1).to(positions.device)
+        rel = positions - start
+        has_image = start >= 0
+        inside = has_image & (rel >= 0) & (rel < n)
+        after = has_image & (rel >= n)
+        text = torch.where(after, positions + (max(h, w) - n), positions)
+        k = rel.clamp(min=0)
+        t_pos = torch.where(inside, start.expand_as(positions), text)
+        h_pos = torch.where(inside, start + k // w, text)
+        w_pos = torch.where(inside, start + k % w, text)
+        return torch.stack([t_pos, h_pos, w_pos])
+
+
+class Idefics3Family(JudgeFamily):
+    """Idefics3: the image is split into tiles (rows x columns of the processor's ``max_image_size``)
+    plus the global image, each tile's features pixel-shuffled to ``image_seq_len`` image tokens; the
+    placeholder becomes the processor's tile layout (``<fake_token_around_image><row_r_col_c>`` and image
+    tokens per tile, ``<global-img>`` and image tokens for the whole image). Positions are 1-D."""
+
+    name = "idefics3"
+
+    def __init__(self, model: Any, processor: Any, image_size: tuple[int, int] | int | None = None):
+        super().__init__(model, processor, image_size)
+        self.expansion: list[int] | None = None
+
+    def default_image_size(self) -> tuple[int, int]:
+        ip = self.processor.image_processor
+        side = int((getattr(ip, "size", None) or {}).get("longest_edge", DEFAULT_IMAGE_SIDE))
+        return (side, side)
+
+    def preprocess(self, images: Sequence[Image.Image], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        resized = [self.resize(im) for im in images]
+        out = self.processor.image_processor(images=[[im] for im in resized], return_tensors="pt")
+        if self.expansion is None:
+            text = self.processor(text=[self.processor.image_token], images=[[resized[0]]], add_special_tokens=False)
+            self.expansion = [int(t) for t in text["input_ids"][0]]
+        return out["pixel_values"].to(device=device, dtype=dtype)
+
+    def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        n_images = pixel_values.shape[0]
+        out = self.model.get_image_features(pixel_values=pixel_values)
+        feats = getattr(out, "pooler_output", out)
+        if isinstance(feats, (list, tuple)):
+            feats = torch.cat([f.reshape(-1, f.shape[-1]) for f in feats])
+        return feats.reshape(n_images, -1, feats.shape[-1])
+
+    def image_expansion(self, image_token_id: int, num_image_tokens: int) -> list[int]:
+        if self.expansion is None:
+            raise RuntimeError("preprocess an image first")
+        if sum(1 for t in self.expansion if t == image_token_id) != num_image_tokens:
+            raise ValueError(f"the processor's image layout holds a different number of image tokens than the {num_image_tokens} features")
+        return list(self.expansion)
+
+
+def judge_family(model: Any, processor: Any, image_size: tuple[int, int] | int | None = None) -> JudgeFamily | None:
+    """The :class:`JudgeFamily` of ``model`` (by ``config.model_type``), or None for LLaVA-1.5 (and any
+    model built like it), whose path ``LocalJudge`` keeps as released. Raises ValueError for a known
+    multimodal type that is not supported yet."""
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    name = FAMILIES.get(model_type)
+    if name is None:
+        if model_type in UNSUPPORTED:
+            raise ValueError(
+                f"local judges of model_type {model_type!r} are not supported yet; supported: llava, "
+                + ", ".join(sorted(FAMILIES))
+            )
+        return None
+    return globals()[name](model, processor, image_size)
+
+
+#: Image-text families transformers has that the local judges do not run yet (a clear error, not a
+#: LLaVA path that fails somewhere inside).
+UNSUPPORTED = frozenset(
+    {"qwen3_vl", "qwen3_vl_moe", "smolvlm", "llava_onevision", "llava_next", "idefics2",
+     "gemma3", "internvl", "mllama", "paligemma"}
+)

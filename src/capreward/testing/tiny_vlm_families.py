@@ -1,0 +1,205 @@
+"""Tiny random judges of the current VLM families, built offline from their configs, for tests.
+
+Each builder returns ``(model, processor)``: the family's own ``...ForConditionalGeneration`` with seeded
+random weights and the family's real processor class around an in-memory tokenizer (the words of the
+judge prompts as whole tokens, digits always single tokens, the family's special tokens) and the
+family's released chat template. Nothing is downloaded.
+
+- :func:`build_tiny_qwen2_vl`: Qwen2-VL and Qwen2.5-VL (``Qwen2VLForConditionalGeneration`` /
+  ``Qwen2_5_VLForConditionalGeneration`` and their processors: image grid ``image_grid_thw``, 3-D rotary
+  positions, the ChatML template with ``<|image_pad|>``).
+- :func:`build_tiny_idefics3`: Idefics3 (``Idefics3ForConditionalGeneration``, ``Idefics3Processor``:
+  image splitting into tiles plus the global image, ``<row_r_col_c>`` tile tags).
+
+The weights are random: what the judges answer is noise, which is what the batched-vs-per-sample checks
+need (any difference in positions, image tokens or cache shows up in the logits).
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Any, Sequence
+
+import torch
+
+from ..judges.vlm_prompts import prompt_words
+from .tiny_llava import PROMPT_WORDS, FLEUR_TASK_WORDS
+
+#: Qwen2-VL's released chat template (Qwen/Qwen2-VL-*-Instruct chat_template.json).
+QWEN2_VL_CHAT_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+    "{% endif %}<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}{{ message['content'] }}"
+    "<|im_end|>\n{% else %}{% for content in message['content'] %}{% if content['type'] == 'image' or 'image' in "
+    "content or 'image_url' in content %}{% set image_count.value = image_count.value + 1 %}{% if add_vision_id %}"
+    "Picture {{ image_count.value }}: {% endif %}<|vision_start|><|image_pad|><|vision_end|>{% elif content['type'] "
+    "== 'video' or 'video' in content %}{% set video_count.value = video_count.value + 1 %}{% if add_vision_id %}"
+    "Video {{ video_count.value }}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>{% elif 'text' in content "
+    "%}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}"
+    "<|im_start|>assistant\n{% endif %}"
+)
+
+QWEN2_VL_SPECIAL = (
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+    "<|video_pad|>",
+)
+
+#: Every word of the FLEUR, VisCE² and G-VEval prompts and of the toy task: whole tokens.
+JUDGE_WORDS: tuple[str, ...] = tuple(dict.fromkeys(PROMPT_WORDS + tuple(prompt_words()) + FLEUR_TASK_WORDS))
+
+
+def build_chatml_tokenizer(special: Sequence[str], words: Sequence[str] = JUDGE_WORDS, eos: str = "<|im_end|>",
+                           pad: str = "<|endoftext|>") -> Any:
+    """A byte-level-free, Qwen-style fast tokenizer built in memory: no BOS, ``special`` tokens first
+    (added, special), then the printable ASCII characters, a space-marker ``Ġ`` piece per word and the
+    words. Digits are always single tokens (as Qwen2's tokenizer splits numbers). Returns a
+    ``PreTrainedTokenizerFast`` padding on the left."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab: list[tuple[str, float]] = [("<unk>", 0.0)]
+    vocab += [(f"<0x{i:02X}>", 0.0) for i in range(256)]
+    seen = {t for t, _ in vocab}
+    for piece in ["▁"] + list(string.ascii_letters + string.digits + string.punctuation):
+        if piece not in seen:
+            vocab.append((piece, -10.0))
+            seen.add(piece)
+    for word in words:
+        if any(c.isdigit() for c in word):
+            raise ValueError(f"word tokens must not contain digits: {word!r}")
+        for piece in ("▁" + word, word):
+            if len(piece) > 1 and piece not in seen:
+                vocab.append((piece, -1.0))
+                seen.add(piece)
+    tok = Tokenizer(models.Unigram(vocab, unk_id=0, byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never", split=True),
+            pre_tokenizers.Digits(individual_digits=True),
+        ]
+    )
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in special])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=eos,
+        pad_token=pad,
+        unk_token="<unk>",
+        padding_side="left",
+        model_max_length=4096,
+        model_input_names=["input_ids", "attention_mask"],
+    )
+
+
+def build_tiny_qwen2_vl(
+    seed: int = 0, image_size: int = 32, patch_size: int = 4, answer_bias: float | None = None, version: str = "2"
+) -> tuple[Any, Any]:
+    """``(Qwen2VLForConditionalGeneration, Qwen2VLProcessor)``: 2 text layers of width 64 (head dim 16,
+    M-RoPE sections 2/3/3), a 2-block vision tower with ``patch_size`` patches merged 2x2, random weights
+    from ``seed``; the processor's image processor resizes to multiples of ``2 * patch_size`` within
+    ``image_size``² pixels. ``answer_bias``: scale the output rows of the digits, "$" and the end of turn
+    by this factor, so that the random model answers with numbers (input-dependent ones) and ends them.
+    ``version="2.5"``: Qwen2.5-VL (``Qwen2_5_VLForConditionalGeneration``, ``Qwen2_5_VLProcessor``, a
+    windowed vision tower). Nothing is downloaded."""
+    import transformers
+    from transformers import Qwen2VLImageProcessor, Qwen2VLVideoProcessor
+
+    if version not in ("2", "2.5"):
+        raise ValueError(f"version must be '2' or '2.5', got {version!r}")
+    prefix = "Qwen2VL" if version == "2" else "Qwen2_5_VL"
+    config_class = getattr(transformers, f"{prefix}Config")
+    model_class = getattr(transformers, f"{prefix}ForConditionalGeneration")
+    processor_class = getattr(transformers, f"{prefix}Processor")
+
+    tok = build_chatml_tokenizer(QWEN2_VL_SPECIAL)
+    factor = 2 * patch_size
+    pixels = {"shortest_edge": factor * factor, "longest_edge": image_size * image_size}
+    image_processor = Qwen2VLImageProcessor(size=pixels, patch_size=patch_size, merge_size=2, temporal_patch_size=2)
+    video_processor = Qwen2VLVideoProcessor(size=pixels, patch_size=patch_size, merge_size=2, temporal_patch_size=2)
+    processor = processor_class(image_processor=image_processor, tokenizer=tok, video_processor=video_processor,
+                                 chat_template=QWEN2_VL_CHAT_TEMPLATE)
+    ids = {t: tok.convert_tokens_to_ids(t) for t in QWEN2_VL_SPECIAL}
+    if version == "2":
+        vision = dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=patch_size,
+                      spatial_merge_size=2, temporal_patch_size=2, in_channels=3)
+    else:
+        vision = dict(depth=2, hidden_size=32, out_hidden_size=64, intermediate_size=64, num_heads=2,
+                      patch_size=patch_size, spatial_merge_size=2, temporal_patch_size=2, in_channels=3,
+                      window_size=4 * patch_size, fullatt_block_indexes=[1])
+    config = config_class(
+        text_config=dict(
+            vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=4096,
+            rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0},
+            bos_token_id=None, eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"],
+        ),
+        vision_config=vision,
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+    )
+    devices = [] if not torch.cuda.is_available() else None
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        model = model_class(config)
+    if answer_bias is not None:
+        rows = [tok.convert_tokens_to_ids(str(d)) for d in range(10)] + [tok.convert_tokens_to_ids("$"), ids["<|im_end|>"]]
+        with torch.no_grad():
+            model.lm_head.weight[rows] *= float(answer_bias)
+    model.generation_config.eos_token_id = [ids["<|im_end|>"], ids["<|endoftext|>"]]
+    model.generation_config.pad_token_id = ids["<|endoftext|>"]
+    model.generation_config.bos_token_id = None
+    return model.float().eval(), processor
+
+
+#: Idefics3's and SmolVLM's released chat template (transformers' Idefics3 processor tests, SmolVLM).
+IDEFICS3_CHAT_TEMPLATE = (
+    "<|im_start|>{% for message in messages %}{{message['role'] | capitalize}}{% if message['content'][0]['type'] == "
+    "'image' %}{{':'}}{% else %}{{': '}}{% endif %}{% for line in message['content'] %}{% if line['type'] == 'text' "
+    "%}{{line['text']}}{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}<end_of_utterance>\n"
+    "{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+)
+
+IDEFICS3_SPECIAL = (
+    "<|im_start|>", "<end_of_utterance>", "<fake_token_around_image>", "<image>", "<global-img>", "<pad>",
+    *(f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)),
+)
+
+
+def build_tiny_idefics3(seed: int = 0, tile: int = 16, patch_size: int = 4, splits: int = 2,
+                        answer_bias: float | None = None) -> tuple[Any, Any]:
+    """``(Idefics3ForConditionalGeneration, Idefics3Processor)``: a 2-layer SigLIP-style vision tower on
+    ``tile``-pixel tiles of ``patch_size`` patches (pixel shuffle by 2: ``(tile/patch)²/4`` image tokens
+    per tile), a 2-layer LLaMA of width 64; the image processor splits an image of ``splits * tile``
+    pixels a side into ``splits``² tiles plus the global image (Idefics3's image splitting).
+    ``answer_bias`` as in :func:`build_tiny_qwen2_vl`."""
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3ImageProcessor, Idefics3Processor
+
+    tok = build_chatml_tokenizer(IDEFICS3_SPECIAL, eos="<end_of_utterance>", pad="<pad>")
+    image_seq_len = (tile // patch_size) ** 2 // 4
+    image_processor = Idefics3ImageProcessor(
+        do_image_splitting=True, max_image_size={"longest_edge": tile}, size={"longest_edge": splits * tile}
+    )
+    processor = Idefics3Processor(image_processor=image_processor, tokenizer=tok, image_seq_len=image_seq_len,
+                                  chat_template=IDEFICS3_CHAT_TEMPLATE)
+    ids = {t: tok.convert_tokens_to_ids(t) for t in IDEFICS3_SPECIAL}
+    config = Idefics3Config(
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                           image_size=tile, patch_size=patch_size),
+        text_config=dict(model_type="llama", vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=4096, bos_token_id=None, eos_token_id=ids["<end_of_utterance>"],
+                         pad_token_id=ids["<pad>"]),
+        image_token_id=ids["<image>"], scale_factor=2,
+    )
+    devices = [] if not torch.cuda.is_available() else None
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        model = Idefics3ForConditionalGeneration(config)
+    if answer_bias is not None:
+        rows = [tok.convert_tokens_to_ids(str(d)) for d in range(10)] + [tok.convert_tokens_to_ids("$"), ids["<end_of_utterance>"]]
+        with torch.no_grad():
+            model.lm_head.weight[rows] *= float(answer_bias)
+    model.generation_config.eos_token_id = ids["<end_of_utterance>"]
+    model.generation_config.pad_token_id = ids["<pad>"]
+    model.generation_config.bos_token_id = None
+    return model.float().eval(), processor
