@@ -250,7 +250,7 @@ JUDGE_ROWS = [  # (id, kind, colour, caption): every answer format of the tiny j
     ("green", "image", "green", "a green ball"),
     ("blue", "image", "blue", "a blue kite"),
     ("yellow", "image", "yellow", "a photo of a kite"),  # VisCE² "no idea" (0), G-VEval no score (null)
-    ("many", "image", "red", "many red cars"),  # VisCE² "150" (out of range: 0)
+    ("many", "image", "red", "many red cars"),  # VisCE² "250" (out of range: 0)
     ("vid-red", "video", "red", "a red car"),
     ("vid-blue", "video", "blue", "a blue kite"),
 ]

@@ -230,7 +230,7 @@ JUDGE_SPEC = [  # (id, kind, colour, caption, references): every answer format o
     ("j-green", "image", "green", "a green ball", ["a green square"]),
     ("j-blue", "image", "blue", "a blue kite", ["a blue kite", "a kite"]),
     ("j-yellow", "image", "yellow", "a photo of a kite", ["a yellow square"]),  # no score from either judge
-    ("j-many", "image", "red", "many red cars", None),  # VisCE² 150; G-VEval combined needs references
+    ("j-many", "image", "red", "many red cars", None),  # VisCE² 250 (out of range); G-VEval combined needs references
     ("j-vid-red", "video", "red", "a red car", ["a red square"]),
     ("j-vid-blue", "video", "blue", "a blue kite", ["a blue square", "a square"]),
     ("j-missing", "image", None, "a red car", ["a red car"]),
@@ -292,7 +292,7 @@ def test_the_judge_manifest_exercises_every_case(judge_reference):
     _, _, want = judge_reference
     scored = [want[r]["gveval"] for r in ("j-green", "j-blue", "j-vid-red", "j-vid-blue")]
     assert None not in scored and len(set(scored)) > 1  # rows differ, so a row scored with another's inputs shows
-    assert want["j-green"]["visce2"] == 85 and want["j-many"]["visce2"] == 150
+    assert want["j-green"]["visce2"] == 85 and want["j-many"]["visce2"] == 250
     assert want["j-yellow"]["gveval"] is None and "no score" in want["j-yellow"]["errors"]["gveval"]
     assert "needs references" in want["j-many"]["errors"]["gveval"] and "gveval" not in want["j-many"]
     assert "images only" in want["j-vid-red"]["errors"]["visce2"]

@@ -10,7 +10,7 @@ from capreward import VisCE2
 from capreward.judges.protocol import ChatRequest, ChatResponse, SyncBackendMixin, user_turn
 from capreward.judges.vlm_prompts import VISCE2_CONTEXT_PROMPT, visce2_prompt
 from capreward.metrics.gveval import expected_score
-from capreward.testing.tiny_vlm_judges import VISCE2_ANSWERS, context_answer, probe_image
+from capreward.testing.tiny_vlm_judges import VISCE2_ANSWERS, VISCE2_TOO_HIGH, context_answer, probe_image
 from fixtures_llava import one_torch_thread, vlm_judge  # noqa: F401 (pytest fixtures)
 
 
@@ -64,7 +64,7 @@ def test_visce2_scores_and_formats(backend):
     assert r.score[1] == 100 and r.error[1] is None
     assert r.score[2] == 0 and "no integer" in r.error[2] and r.raw[2] == "no idea"
     # an integer above 100 is kept as the release keeps it, and flagged (a reward guards its own range)
-    assert r.score[3] == 150 and "outside 0..100" in r.error[3] and r.raw[3] == "150"
+    assert r.score[3] == int(VISCE2_TOO_HIGH) and "outside 0..100" in r.error[3] and r.raw[3] == VISCE2_TOO_HIGH
     assert r.score[4] == VISCE2_ANSWERS["green"]
     assert r.context == [context_answer(c) for c in colours]
     assert r.expected is None
@@ -180,7 +180,7 @@ def test_visce2_reward_guards_its_range(backend):
     logged = {}
     values = reward(None, ["a green ball", "many red cars"], image=images, log_extra=logged.__setitem__)
     assert values[0] == pytest.approx(VISCE2_ANSWERS["green"] / 100)
-    assert values[1] is None and "150, outside 0..100" in logged["visce2/error"][1]  # no reward of 1.5
+    assert values[1] is None and f"{VISCE2_TOO_HIGH}, outside 0..100" in logged["visce2/error"][1]  # no reward of 1.5
 
 
 def test_the_context_cache_is_a_bounded_lru(backend):

@@ -10,7 +10,9 @@ quickly, but copying a word out of a 900-token prompt takes far longer than a te
 
 - VisCE² stage 1: ``"Object 1: a {i} square"``.
 - VisCE² stage 2: an integer (:data:`VISCE2_ANSWERS`; 100 for blue), ``"no idea"`` for yellow images
-  (the no-integer branch), and ``"150"`` (out of range) for captions containing the word "many".
+  (the no-integer branch), and ``"250"`` (out of range) for captions containing the word "many". (Its first
+  digit is no other answer's: with ``"150"`` the judge had to tell "100" from "150" at the second digit,
+  which a judge trained under transformers 5.24 got wrong on every blue image.)
 - G-VEval overall (image and video prompts, every mode): ``"the image is {i}. The final score is $N$."``
   (:data:`GVEVAL_ANSWERS`); ``"I cannot tell."`` for yellow images.
 - G-VEval ACCR (video prompts): ``"the image is {i}. The Accuracy score is α{A}α. The Completeness score
@@ -67,7 +69,7 @@ ACCR_ANSWERS: dict[str, tuple[int, int, int, int]] = {
     "yellow": (30, 45, 60, 12),
 }
 VISCE2_NO_NUMBER = "no idea"
-VISCE2_TOO_HIGH = "150"
+VISCE2_TOO_HIGH = "250"
 GVEVAL_NO_SCORE = "I cannot tell."
 
 
@@ -210,7 +212,7 @@ VLM_PROBES: dict[str, tuple[str, str, str]] = {
     "visce2_integer": ("visce2", "green", "a green ball"),  # "85"
     "visce2_hundred": ("visce2", "blue", "a blue kite"),  # "100"
     "visce2_no_number": ("visce2", "yellow", "a photo of a kite"),  # "no idea"
-    "visce2_too_high": ("visce2", "red", "many red cars"),  # "150"
+    "visce2_too_high": ("visce2", "red", "many red cars"),  # "250"
     "gveval_score": ("gveval", "green", "a green ball"),  # "... $95$."
     "gveval_no_score": ("gveval", "yellow", "the box"),  # "I cannot tell."
     "accr": ("accr", "red", "a red car"),  # α88α β78β ψ90ψ δ94δ
