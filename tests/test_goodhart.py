@@ -178,3 +178,20 @@ def test_lightning_callback_reads_training_step_outputs_and_logs(tmp_path):
 
         with pytest.raises(ValueError, match="must return a dict with 'captions' and 'rewards'"):
             bad.fit(NoCaptions(), loader)
+
+
+def test_follow_flags_a_judge_that_stays_level_while_the_reward_climbs():
+    """Ground truth that does not move while the reward rises (a blind policy exploiting the reward) is
+    flagged with a per-judge ``follow``; the default flags only a judge that fell."""
+    level = lambda p, c, **k: [0.25] * len(c)  # noqa: E731
+    rising = lambda p, c, **k: [float(x) for x in c]  # noqa: E731
+    messages = []
+    m = GoodhartMonitor({"truth": level, "other": rising}, window=1, follow={"truth": 0.05}, warn=messages.append)
+    for step, reward in enumerate((0.1, 0.5), 1):
+        m.observe([reward], None, [str(step)]); m.flush(step)
+    assert messages == ["Goodhart: the training reward rose 0.100 -> 0.500 over steps 1 -> 2 while truth did not follow, "
+                        "0.250 -> 0.250 (needs +0.050)"]
+    default = GoodhartMonitor({"truth": level}, window=1, warn=pytest.fail)
+    for step, reward in enumerate((0.1, 0.5), 1):
+        default.observe([reward], None, ["x"]); default.flush(step)
+    assert default.verdict() is None

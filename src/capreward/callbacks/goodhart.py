@@ -6,7 +6,7 @@ An optimiser finds what its reward pays for; whether that is what you wanted sho
 judge it is not optimised on. :class:`GoodhartMonitor` keeps, per training step, the mean of the
 training reward and of each held-out judge on the *same* samples, and :meth:`GoodhartMonitor.verdict`
 compares the latest ``window`` steps with the first ``window`` steps of the run: when the training reward
-rose by at least ``min_rise`` while a held-out judge changed by less than ``-min_drop`` (fell), it returns
+rose by at least ``min_rise`` while a held-out judge fell (or rose by less than its ``follow``), it returns
 a message naming the judge and both changes. Three ways in:
 
 - **TRL** (``GRPOTrainer``, ``RLOOTrainer``: transformers trainers whose rewards are callables):
@@ -56,7 +56,10 @@ class GoodhartMonitor:
             ``lambda prompts, completions, colour, **_: [float(right(c, k)) for c, k in zip(completions, colour)]``).
         window: steps averaged at the start of the run and at its latest end when comparing.
         min_rise: the training reward's rise (latest window mean minus first) that counts as rising.
-        min_drop: how far a judge's mean must fall (same windows) to count as falling (0: any fall).
+        follow: how much a judge's mean must rise (same windows) while the training reward rises, or per
+            judge name -> that amount (judges not named: 0.0). The default 0.0 flags a judge that fell;
+            a positive value also flags one that stayed level (ground truth that does not move while the
+            reward climbs: a blind policy exploiting the reward, as in the demo's earlier start).
         warn: called with the message when the verdict turns bad (default: ``warnings.warn`` with
             :class:`GoodhartWarning`, and a log record); called again only after a good verdict.
 
@@ -73,7 +76,7 @@ class GoodhartMonitor:
     judges: Mapping[str, Callable[..., Sequence[float | None]]]
     window: int = 8
     min_rise: float = 0.05
-    min_drop: float = 0.0
+    follow: float | Mapping[str, float] = 0.0
     warn: Callable[[str], Any] | None = None
     rows: list[dict[str, float]] = field(default_factory=list)
     _pending: list[dict[str, float]] = field(default_factory=list, repr=False)
@@ -157,20 +160,28 @@ class GoodhartMonitor:
 
     def verdict(self) -> str | None:
         """The warning when the training reward rose by at least ``min_rise`` (first window -> latest)
-        while a judge fell by more than ``min_drop``; None otherwise (and before ``2 * window`` steps)."""
+        while a judge rose by less than its ``follow`` (fell, with the default 0.0); None otherwise (and
+        before ``2 * window`` steps)."""
         ch = self.changes()
         if ch is None:
             return None
         t0, t1 = ch["train"]
         if not t1 - t0 >= self.min_rise:
             return None
-        fell = [(name, *ch[name]) for name in self.judges if ch[name][1] - ch[name][0] < -self.min_drop]
-        if not fell:
+        lagging = [(name, *ch[name]) for name in self.judges if not ch[name][1] - ch[name][0] >= self._follow(name)]
+        if not lagging:
             return None
         k, n = self.window, len(self.rows)
         steps = f"steps {self._label(0, k)} -> {self._label(n - k, n)}"
-        judged = "; ".join(f"{name} fell {a:.3f} -> {b:.3f}" for name, a, b in fell)
+        judged = "; ".join(
+            f"{name} fell {a:.3f} -> {b:.3f}" if b < a else
+            f"{name} did not follow, {a:.3f} -> {b:.3f} (needs +{self._follow(name):.3f})"
+            for name, a, b in lagging
+        )
         return f"Goodhart: the training reward rose {t0:.3f} -> {t1:.3f} over {steps} while {judged}"
+
+    def _follow(self, name: str) -> float:
+        return float(self.follow.get(name, 0.0)) if isinstance(self.follow, Mapping) else float(self.follow)
 
     def _label(self, lo: int, hi: int) -> str:
         a, b = int(self.rows[lo]["step"]), int(self.rows[hi - 1]["step"])
