@@ -354,6 +354,7 @@ def grpo_config(args: argparse.Namespace, reward_weights: Sequence[float]) -> An
         max_steps=args.steps,
         learning_rate=args.lr,
         lr_scheduler_type=args.lr_scheduler,
+        warmup_steps=args.warmup_ratio,  # transformers: a value below 1 is a share of the steps
         per_device_train_batch_size=args.batch_size,
         num_generations=args.num_generations,
         max_completion_length=args.max_completion_length,
@@ -480,6 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--steps", type=int, default=4)
     g.add_argument("--lr", type=float, default=1e-4)
     g.add_argument("--lr-scheduler", default="linear", help="transformers lr_scheduler_type (linear, constant, cosine...)")
+    g.add_argument("--warmup-ratio", type=float, default=0.0, help="share of the steps warming the learning rate up")
     g.add_argument("--batch-size", type=int, default=4, help="completions per device per step")
     g.add_argument("--num-generations", type=int, default=4, help="completions per prompt (GRPO group)")
     g.add_argument("--max-completion-length", type=int, default=12)
