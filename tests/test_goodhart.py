@@ -195,3 +195,70 @@ def test_follow_flags_a_judge_that_stays_level_while_the_reward_climbs():
     for step, reward in enumerate((0.1, 0.5), 1):
         default.observe([reward], None, ["x"]); default.flush(step)
     assert default.verdict() is None
+
+
+def _grpo_with_monitor(tmp_path, start: str, steps: int):
+    """A real TRL GRPO run of the demo's tiny LLaVA watched by the monitor: ``start="blind"`` is the
+    earlier demo (SFT on random colours: the reward rises while the right-colour share stays level),
+    ``start="weak"`` the demo now (weak labels); both with the demo's reward and settings."""
+    from capreward.cli import demo
+    from capreward.rewards import CLIPScoreReward
+    from capreward.testing import TinyLlavaSpec, build_tiny_llava
+    from capreward.testing.colour_task import (WORDS, colour_rows, grpo_dataset, right_colour, sft_colours,
+                                               sft_random_colours, weak_label)
+    from capreward.testing.trained_clip import ColourClipRecipe, TrainedClipFactory, trained_clip_path
+
+    clip = TrainedClipFactory()
+    held_recipe = ColourClipRecipe(seed=1)  # a second CLIP, trained independently: the held-out reward model
+    trained_clip_path(held_recipe)
+    held_clip_s = CLIPScoreReward(model=TrainedClipFactory(held_recipe))
+
+    def truth(prompts, completions, colour, **kwargs):
+        return [float(right_colour(c, k)) for c, k in zip(completions, colour)]
+
+    def held_out(prompts, completions, image, **kwargs):
+        return held_clip_s(prompts, completions, image=image)
+
+    messages = []
+    monitor = GoodhartMonitor({"truth": truth, "held_out_clip_s": held_out}, window=10, follow={"truth": 0.05},
+                              warn=messages.append)
+    torch.manual_seed(0)
+    model, processor = build_tiny_llava(TinyLlavaSpec(words=WORDS, seed=0))
+    if start == "blind":
+        sft_random_colours(model, processor, 80, 0)
+    else:
+        sft_colours(model, processor, 80, 0, label=weak_label)
+    reward = demo.build_reward(clip, colour_rows(16, 3000))  # the same reward and settings for both starts
+    recipe = demo.load_recipe()
+    args = recipe.parse_args(["--tiny", "--quiet", "--out", str(tmp_path), "--seed", "0", "--steps", str(steps),
+                              "--lr", demo.LR, "--lr-scheduler", "cosine", "--batch-size", "64", "--num-generations", "4",
+                              "--max-completion-length", "6", "--lora-r", "0"])
+    callback = GoodhartCallback(monitor)
+    with demo.quiet_third_parties():
+        result = recipe.train(args, reward_funcs=[monitor.watch(reward)], model_and_processor=(model, processor),
+                              dataset=grpo_dataset(colour_rows(32, 0), keep_colour=True), save=False, callbacks=[callback])
+    return monitor, messages, result
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_monitor_flags_the_blind_policy_collapse_and_stays_quiet_on_the_learning_run(tmp_path):
+    """Demonstrated on the demo's task: from an image-blind start GRPO raises the composite reward while the
+    share of captions naming the right colour stays level (the best image-blind policy); the monitor flags
+    it, naming ground truth (measured: at step 20, ground truth 0.239 -> 0.233 while the reward rose 0.221 ->
+    0.461; the second CLIP's CLIP-S fell then too, but over 80 steps it rose with the training reward, 0.75
+    -> 0.86: the same blind captions pay on both CLIPs). From the weakly supervised start it stays quiet."""
+    from fixtures_llava import one_torch_thread  # noqa: F401
+
+    torch.set_num_threads(1)
+    monitor, messages, result = _grpo_with_monitor(tmp_path / "blind", "blind", steps=48)
+    ch = monitor.changes()
+    assert ch["train"][1] - ch["train"][0] >= 0.05  # the reward rose
+    assert abs(ch["truth"][1] - ch["truth"][0]) < 0.05  # the right-colour share did not follow
+    assert len(messages) >= 1 and ("truth did not follow" in messages[0] or "truth fell" in messages[0]), messages
+    logged = [h for h in result["log_history"] if "goodhart/train" in h]
+    assert len(logged) == 48 and all(h["goodhart/train"] == pytest.approx(h["reward"], abs=1e-4) for h in logged)
+
+    monitor, messages, _ = _grpo_with_monitor(tmp_path / "weak", "weak", steps=48)
+    ch = monitor.changes()
+    assert ch["truth"][1] - ch["truth"][0] >= 0.05 and messages == [], (ch, messages)
