@@ -26,7 +26,11 @@ Per seed:
 
 Prints per-seed figures and mean ± std over seeds, and a JSON summary with ``--json``::
 
-    python experiments/scst_colour_toy.py                 # 3 seeds, about 2 min in all on 2 idle cores
+    bash scripts/bootstrap.sh --test                      # it needs the `callbacks` extra (Lightning)
+    .venv/bin/python experiments/scst_colour_toy.py       # 3 seeds, about 2 min in all on 2 idle cores
+
+It runs torch on one thread (``--threads``): on 2 loaded cores the default thread count made it run past
+15 minutes, one thread under 6.5.
 
 Measured (defaults; seeds 0, 1, 2), held-out greedy captions, mean ± std over seeds:
 
@@ -189,8 +193,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--val-size", type=int, default=48)
     p.add_argument("--max-new-tokens", type=int, default=8)
     p.add_argument("--json", help="also write the per-seed results and summary to this file")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (toy-sized ops: more threads only add contention on a shared machine)")
     args = p.parse_args(argv)
 
+    # the recipe it runs is a Lightning module: fail here, naming what installs it, not deep in an import
+    from capreward._extras import require
+
+    require("callbacks", "lightning.pytorch", used_by="experiments/scst_colour_toy.py (install it with "
+            "`bash scripts/bootstrap.sh --test`, or `pip install -e '.[callbacks]'`)")
     from capreward import CLIPScore
     from capreward.backbones import CLIPBackbone
     from capreward.testing.trained_clip import TrainedClipFactory
@@ -198,14 +209,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     backbone = CLIPBackbone(TrainedClipFactory())
     clip_scorer = CLIPScore(backbone=backbone)
     runs = []
-    for seed in range(args.seeds):
-        run = run_seed(args, seed, backbone, clip_scorer)
-        runs.append(run)
-        b = run["before"]
-        print(f"seed {seed}: start reward {b['reward']:.3f} correct {b['correct']:.1%} repeated {b['repeated']:.1%}  e.g. {b['examples'][:2]}")
-        for c, a in run["after"].items():
-            print(f"    {c:17s} reward {a['reward']:.3f} correct {a['correct']:.1%} repeated {a['repeated']:.1%}"
-                  f"  ({a['cpu_s']:.0f} CPU s)  e.g. {a['examples'][:2]}")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        for seed in range(args.seeds):
+            run = run_seed(args, seed, backbone, clip_scorer)
+            runs.append(run)
+            b = run["before"]
+            print(f"seed {seed}: start reward {b['reward']:.3f} correct {b['correct']:.1%} repeated {b['repeated']:.1%}  e.g. {b['examples'][:2]}")
+            for c, a in run["after"].items():
+                print(f"    {c:17s} reward {a['reward']:.3f} correct {a['correct']:.1%} repeated {a['repeated']:.1%}"
+                      f"  ({a['cpu_s']:.0f} CPU s)  e.g. {a['examples'][:2]}")
+    finally:
+        torch.set_num_threads(threads)
     keys = ("reward", "correct", "repeated")
     summary = {"start": {k: mean_std([r["before"][k] for r in runs]) for k in keys}}
     for c in CONDITIONS:

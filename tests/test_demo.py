@@ -48,11 +48,28 @@ def test_foil_facts_hold_and_match_direct_scoring(clip):
     assert table.count("\n") == 2 * n + 1 and "composite" not in table
 
 
-def test_grpo_part_prints_steps_and_an_honest_summary(clip, tmp_path):
-    r = demo.run_grpo(clip, steps=2, out=str(tmp_path), sft_steps=2)
+def test_grpo_part_measures_start_grpo_and_control_on_held_out_images(clip, tmp_path):
+    from capreward.testing.colour_task import FAMILIES, ColourEval
+
+    r = demo.run_grpo(clip, steps=2, out=str(tmp_path), sft_steps=2, eval_images=8)
     assert len(r.reward) == len(r.right) == len(r.words) == 2
-    assert set(r.components) >= {"emscore", "clip_s", "hallucination", "guard/truncation"}
-    assert "composite" not in r.components and "total" not in r.components  # no column repeats the reward
+    assert set(r.components) >= {"emscore", "clip_s", "hallucination", "guard/truncation", "guard/repetition"}
+    assert "total" not in r.components  # no column repeats the reward
+    for e in (r.before, r.after, r.control):
+        assert isinstance(e, ColourEval) and len(e.greedy) == 8 and [len(s) for s in e.sampled] == [demo.EVAL_SAMPLES] * 8
+        assert e.colours == ["red", "green", "blue", "yellow"] * 2
+    # the levels are the reward's own values: the right caption beats the best image-blind caption, which
+    # is one caption scored on every held-out image
+    from capreward.testing.colour_task import colour_rows
+
+    reward = demo.build_reward(clip, colour_rows(16, 3000))
+
+    rows = colour_rows(8, 5000)
+    images = [x["image"] for x in rows]
+    blind = reward(None, [r.levels["blind_caption"]] * 8, image=images)
+    assert r.levels["blind"] == pytest.approx(np.mean(blind), abs=1e-6)
+    right = reward(None, [f"a {x['colour']} image" for x in rows], image=images)
+    assert r.levels["right"] == pytest.approx(np.mean(right), abs=1e-6) and r.levels["right"] > r.levels["blind"] + 1.0
     table = demo.format_grpo(r).splitlines()
     assert table[0].split()[:3] == ["steps", "reward", "EMScore"] and len(table) == 4
     assert [line.split()[0] for line in table[2:]] == ["1", "2"]
@@ -64,11 +81,49 @@ def test_grpo_part_prints_steps_and_an_honest_summary(clip, tmp_path):
                                components={k: [0.0] * 5 for k in r.components})
     folded = demo.format_grpo(five, rows=2).splitlines()[2:]
     assert [(line.split()[0], float(line.split()[1])) for line in folded] == [("1-3", 1.0), ("4-5", 3.5)]
-    summary = demo.grpo_summary(r)
-    expected = "rose" if round(r.reward[1], 3) > round(r.reward[0], 3) else ("fell" if round(r.reward[1], 3) < round(r.reward[0], 3) else "stayed level")
-    assert summary.startswith(f"GRPO: mean reward {expected}, {r.reward[0]:.3f} (first 1 steps) -> {r.reward[1]:.3f} (last 1)")
-    # nothing saved by the demo's run
-    assert not (tmp_path / "adapter_config.json").exists()
+    evaluation = demo.format_evaluation(r)
+    assert f"{r.before.greedy_right:.0%}" in evaluation.splitlines()[1] and "control" in evaluation
+    assert demo.grpo_summary(r).startswith(f"GRPO: held-out greedy right colour ")
+    assert not (tmp_path / "adapter_config.json").exists()  # nothing saved by the demo's run
+    # the weak labels name the image's family only
+    assert all(c in FAMILIES[c] for c in FAMILIES) and {FAMILIES["red"], FAMILIES["blue"]} == {("red", "yellow"), ("green", "blue")}
+
+
+def _eval(greedy, sampled=None):
+    from capreward.testing.colour_task import ColourEval
+
+    colours = ["red", "green", "blue", "yellow"] * (len(greedy) // 4)
+    return ColourEval(colours, [f"a {g} image" for g in greedy], [[f"a {s} image"] for s in (sampled or greedy)])
+
+
+def test_closing_line_is_computed_from_held_out_greedy_accuracy():
+    import dataclasses
+
+    from capreward.testing.colour_task import ColourEval
+
+    start = _eval(["red", "green", "green", "red"])  # 2 of 4 right
+    taught = _eval(["red", "green", "blue", "yellow"], ["red", "green", "blue", "red"])  # 4/4 greedy, 3/4 sampled
+    control = _eval(["red", "blue", "blue", "red"])  # 2 of 4
+    base = demo.GRPOResult(reward=[0.5, 0.6, 1.8, 2.0], components={}, right=[0.5] * 4, words=[3.0] * 4, sft_loss=0.2,
+                           seconds=1.0, before=start, after=taught, control=control)
+    assert (start.greedy_right, taught.greedy_right, taught.sampled_right, control.greedy_right) == (0.5, 1.0, 0.75, 0.5)
+    line = demo.grpo_summary(base)
+    assert line.startswith("GRPO: held-out greedy right colour rose, 50% -> 100% (sampled 50% -> 75%; chance 25%); "
+                           "control arm (as many more supervised steps) 50%; training reward 0.500 -> 2.000")
+    assert "The reward taught the task" in line
+    # at or below the control arm: not taught, whatever the rise
+    assert "taught" not in demo.grpo_summary(dataclasses.replace(base, control=taught))
+    five_of_eight = _eval(["red", "green", "blue", "red", "red", "green", "green", "red"])
+    assert five_of_eight.greedy_right == 5 / 8
+    below = demo.grpo_summary(dataclasses.replace(base, before=_eval(["red", "green", "green", "red"] * 2), after=five_of_eight))
+    assert "rose, 50% -> 62%" in below and "not to 75 %" in below and "taught" not in below
+    # the training reward rising alone is called what it is
+    flat = demo.grpo_summary(dataclasses.replace(base, after=start))
+    assert "stayed level, 50% -> 50%" in flat and "did not teach the task" in flat
+    # the per-colour view reads the greedy captions
+    assert start.per_colour() == {"red": ("a red image", 1.0), "green": ("a green image", 1.0),
+                                  "blue": ("a green image", 0.0), "yellow": ("a red image", 0.0)}
+    assert isinstance(start, ColourEval)
 
 
 def test_trend_is_judged_on_printed_values():
@@ -82,7 +137,8 @@ def test_demo_command_output_is_quiet_and_closes_with_what_it_showed(tmp_path, c
     # the checkout's sample clips when present, else the synthesised ones
     assert main(["demo", "--steps", "1", "--frames", "4", "--out", str(tmp_path)]) == 0
     out, err = capfd.readouterr()
-    assert "What the numbers showed" in out and "GRPO: mean reward" in out
+    assert "What the numbers showed" in out and "GRPO: held-out greedy right colour" in out
+    assert "reference levels of this reward" in out and "control: more SFT" in out and "weakly supervised" in out
     assert re.search(r"true caption above its foil: EMScore \d+/\d+", out)
     # no third-party warnings, log records, progress bars, raw per-step dicts or model-loading lines
     for noise in ("Warning", "warn(", "{'loss'", "it/s]", "Map:", "loading CLIP"):
@@ -123,3 +179,19 @@ def test_the_checkout_is_found_only_from_a_checkout():
     from conftest import REPO
 
     assert demo.checkout_root() == REPO and demo.default_video_dir() == REPO.parent / "shared" / "data" / "videos"
+
+
+def test_tiny_caption_policy_captions_within_the_images_colour_family():
+    """capreward.testing.tiny_caption_policy: a tiny LLaVA trained in memory to caption; with weak labels it
+    attends to the image (every held-out greedy caption names a colour of the image's family) without
+    knowing which of the two it is."""
+    from capreward.testing import tiny_caption_policy
+    from capreward.testing.colour_task import FAMILIES, TASK_COLOURS, caption_colours, colour_rows
+
+    model, processor = tiny_caption_policy(seed=0)
+    e = caption_colours(model, processor, colour_rows(16, 5000), samples=2, seed=0)
+    named = [[w for w in g.split() if w in TASK_COLOURS] for g in e.greedy]
+    assert all(len(n) == 1 and n[0] in FAMILIES[c] for n, c in zip(named, e.colours)), list(zip(e.greedy, e.colours))
+    assert 0.25 <= e.greedy_right <= 0.75
+    with pytest.raises(ValueError, match="labels must be one of"):
+        tiny_caption_policy(labels="noisy")

@@ -257,6 +257,30 @@ def test_full_fine_tuning_saves_the_whole_model(recipe, tmp_path):
         assert torch.allclose(loaded(**enc).logits, trained(**enc).logits, atol=1e-5)
 
 
+@pytest.mark.integration
+def test_kl_regularisation_with_an_in_memory_policy_uses_that_policy_as_reference(recipe, tmp_path):
+    """``--beta > 0`` with full fine-tuning of a policy built in memory: TRL builds its reference by loading
+    the policy's config name from disk, which is empty here (TRL failed loading ""); the recipe hands it a
+    snapshot of the policy as given, changed in memory after it was built."""
+    import torch
+
+    args = recipe.parse_args([*ARGS, "--steps", "2", "--rewards", "clipscore", "--lora-r", "0", "--beta", "0.5",
+                              "--lr", "1e-2", "--out", str(tmp_path)])
+    model, processor = recipe.build_policy(args)
+    with torch.no_grad():  # an in-memory change (as an SFT stage makes): the reference must have it
+        model.lm_head.weight.mul_(1.5)
+    start = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    assert model.config._name_or_path == ""
+    result = recipe.train(args, model_and_processor=(model, processor), save=False)
+    trainer = result["trainer"]
+    ref = trainer.ref_model.state_dict()
+    assert ref.keys() == start.keys() and all(torch.equal(ref[k], start[k]) for k in start)
+    assert any(not torch.equal(v, start[k]) for k, v in trainer.model.state_dict().items())  # the policy moved
+    assert model.config._name_or_path == ""  # the snapshot's temporary name is not left behind
+    kl = [h["kl"] for h in step_logs(result["log_history"])]
+    assert len(kl) == 2 and kl[0] == pytest.approx(0.0, abs=1e-6) and kl[1] > 1e-6  # reference == start
+
+
 def test_colour_toy_experiment_runs_end_to_end(tmp_path, capsys):
     """experiments/grpo_colour_toy.py at toy size (its figures come from a full run, see its docstring):
     before/after evaluation, per-step trajectory and the summary over seeds are produced and consistent."""

@@ -311,3 +311,18 @@ def test_recipe_trains_validates_and_saves(tmp_path, objective):
 
     assert AutoTokenizer.from_pretrained(result["model_dir"]).get_vocab() == build_word_tokenizer().get_vocab()
     AutoImageProcessor.from_pretrained(result["model_dir"])
+
+
+def test_scst_colour_toy_names_what_installs_lightning_when_it_is_missing(monkeypatch):
+    """experiments/scst_colour_toy.py runs a Lightning recipe: without the `callbacks` extra it stops at
+    once with one error naming the extra and the bootstrap command, not an ImportError deep in the recipe."""
+    import sys as _sys
+    from pathlib import Path as _Path
+
+    from capreward._extras import MissingExtraError
+    from conftest import import_script
+
+    module = import_script(_Path(__file__).resolve().parents[1] / "experiments" / "scst_colour_toy.py", "scst_colour_toy_missing")
+    monkeypatch.setitem(_sys.modules, "lightning.pytorch", None)  # as if not installed
+    with pytest.raises(MissingExtraError, match=r"bootstrap\.sh --test.*capreward\[callbacks\]"):
+        module.main(["--seeds", "1"])

@@ -10,6 +10,10 @@
   ``DistributedSampler``, for exact results under DDP (``metric.update(..., ids=sample_ids(...))``).
 - :class:`CaptionEvalCallback` (``transformers``): at each evaluation of a transformers/TRL trainer,
   generates captions for a held-out set on all processes, scores them and logs through the trainer.
+- :class:`GoodhartMonitor`, :class:`GoodhartCallback` (``goodhart``; TRL and transformers trainers),
+  :class:`GoodhartLightningCallback` (``goodhart_lightning``): score the training samples with held-out
+  judges (a second reward model, ground truth) beside the training reward, and warn when the training
+  reward rises while a held-out judge falls.
 
 Imports are lazy so that using one integration never imports the other framework.
 """
@@ -29,6 +33,10 @@ _LAZY = {
     "CaptionScoreCallback": "capreward.callbacks.lightning",
     "CaptionEvalCallback": "capreward.callbacks.transformers",
     "sample_ids": "capreward.callbacks.sampler_ids",
+    "GoodhartMonitor": "capreward.callbacks.goodhart",
+    "GoodhartCallback": "capreward.callbacks.goodhart",
+    "GoodhartWarning": "capreward.callbacks.goodhart",
+    "GoodhartLightningCallback": "capreward.callbacks.goodhart_lightning",
 }
 
 __all__ = sorted(_LAZY)

@@ -10,12 +10,17 @@ toy task (:mod:`capreward.testing.colour_task`):
    The clips are those of ``--videos``, else the checkout's ``../shared/data/videos``, else (an installed
    wheel, or no sample clips) two clips synthesised in memory
    (:func:`~capreward.testing.colour_task.synthetic_clips`).
-2. **GRPO.** A tiny LLaVA captioner, first taught the answer format with colours drawn at random, is
-   trained with TRL's ``GRPOTrainer`` (:mod:`capreward.recipes.grpo_captioner`) on images of one colour, rewarded
-   by a ``CompositeReward`` of EMScore + CLIP-S + the penalty behind the anti-hacking guards. The
-   per-step reward and the share of captions naming the right colour are printed.
+2. **GRPO.** A tiny LLaVA captioner is first taught weakly (SFT on labels naming the image's colour
+   family, warm or cool, and one of its two colours at random: it attends to the image and is right
+   about half the time), then trained with TRL's ``GRPOTrainer`` (:mod:`capreward.recipes.grpo_captioner`)
+   rewarded by EMScore + CLIP-S + the hallucination penalty behind the anti-hacking guards. RL sharpens a policy that already attends to the
+   image; from an image-blind start (the earlier demo's SFT on random colours) GRPO settles on the best
+   image-blind caption the reward allows instead. Printed: the per-step reward and right-colour share;
+   the reward's reference levels (always right, the best image-blind policy, the start); held-out accuracy
+   greedy and sampled before and after, beside a control arm (the same start given as many more
+   supervised steps on the same labels); what the policy says per image colour; a few sampled captions.
 
-A closing line says what the numbers showed (computed from them, whichever way they went).
+A closing line says what the numbers showed, computed from held-out greedy accuracy (whichever way it went).
 
 Needs the ``demo`` extra (TRL, PEFT, datasets; ``scripts/bootstrap.sh`` installs it); without it the
 command stops at once with one line naming it.
@@ -237,12 +242,18 @@ def demo_clips(videos: str | None, frames: int) -> tuple[list[Any], list[str], s
 
 # ------------------------------------------------------------------------------------------ part 2
 LR = "1e-3"
+#: Held-out images (disjoint seeds from the SFT pool and the GRPO images), and samples per image.
+EVAL_IMAGES = 32
+EVAL_SAMPLES = 4
 
 
 @dataclass
 class GRPOResult:
-    """Per GRPO step (parallel lists): the composite reward's mean and its components' means (name ->
-    list), the right-colour share and mean caption length; plus the SFT loss and wall time."""
+    """Per GRPO step (parallel lists): the reward's mean and its components' means (name -> list), the
+    right-colour share and mean caption length of the sampled captions; the held-out evaluations of the
+    start (``before``), of the GRPO policy (``after``) and of the control arm (``control``: the same start
+    given as many more supervised steps as GRPO steps); the reference reward levels; the SFT loss and
+    wall time."""
 
     reward: list[float]
     components: dict[str, list[float]]
@@ -250,6 +261,10 @@ class GRPOResult:
     words: list[float]
     sft_loss: float
     seconds: float
+    before: Any = None
+    after: Any = None
+    control: Any = None
+    levels: dict[str, Any] = field(default_factory=dict)
     example: list[str] = field(default_factory=list)
 
     def window(self) -> int:
@@ -261,14 +276,23 @@ class GRPOResult:
         return statistics.fmean(values[:k]), statistics.fmean(values[-k:])
 
 
-def build_reward(clip_model: Any, calibration_rows: Sequence[dict[str, Any]]) -> Any:
-    """The composite GRPO reward: EMScore (weight 1) + CLIP-S (0.5) + the hallucination penalty (0.5,
-    threshold calibrated on true captions "a <colour> image" of ``calibration_rows``), behind the guards, with empty
-    completions at -1 (:class:`~capreward.testing.colour_task.EmptyIsWorst`)."""
-    from ..rewards import CLIPScoreReward, CompositeReward, EMScoreReward, Guards, HallucinationPenalty
-    from ..testing.colour_task import EmptyIsWorst
+def guards_for_the_task() -> Any:
+    """The anti-hacking guards for the task's captions ("a red image": no final period, so the truncation
+    guard checks for dangling words only; three words before the length guard starts)."""
+    from ..rewards import Guards
 
-    from ..testing.colour_task import TASK_COLOURS
+    return Guards(require_punctuation=False, max_words=3, length_scale=2)
+
+
+def build_reward(clip_model: Any, calibration_rows: Sequence[dict[str, Any]]) -> Any:
+    """The demo's GRPO reward: EMScore (weight 1) + CLIP-S (0.5) + the hallucination penalty (0.5,
+    threshold calibrated on true captions "a <colour> image" of ``calibration_rows``), behind the guards
+    (:func:`guards_for_the_task`), with empty completions at -1
+    (:class:`~capreward.testing.colour_task.EmptyIsWorst`). From an image-blind start GRPO drives it from
+    0.12 to 0.51 while the right colour stays at 24 % (the best image-blind policy it allows); from the
+    weakly supervised start it teaches the colour."""
+    from ..rewards import CLIPScoreReward, CompositeReward, EMScoreReward, HallucinationPenalty
+    from ..testing.colour_task import TASK_COLOURS, EmptyIsWorst
 
     # idf over the task's caption form: "a" and "image" occur in every caption (idf 0), so EMScore
     # weighs the colour word and the penalty counts only it as content (without idf, dropping "a"
@@ -276,28 +300,71 @@ def build_reward(clip_model: Any, calibration_rows: Sequence[dict[str, Any]]) ->
     corpus = [f"a {c} image" for c in TASK_COLOURS]
     penalty = HallucinationPenalty(model=clip_model)
     penalty.calibrate([f"a {r['colour']} image" for r in calibration_rows], [r["image"] for r in calibration_rows], kind="image")
-    # The task's captions have no final period, so the truncation guard checks for dangling words only.
-    guards = Guards(require_punctuation=False, max_words=3, length_scale=2)
     composite = CompositeReward(
         [(EMScoreReward(model=clip_model, idf=corpus), 1.0), (CLIPScoreReward(model=clip_model), 0.5), (penalty, 0.5)],
-        guards=guards, name="composite",
+        guards=guards_for_the_task(), name="composite",
     )
     return EmptyIsWorst(composite)
 
 
-def run_grpo(clip_model: Any, steps: int, out: str, seed: int = 0, sft_steps: int = 80) -> GRPOResult:
-    """SFT the tiny LLaVA policy to the answer format, then ``steps`` GRPO steps (full fine-tuning,
-    16 images x 4 completions per step, lr :data:`LR` cosine) through :mod:`capreward.recipes.grpo_captioner`."""
+#: The earlier demo's reward is the same composite (the Goodhart monitor's test runs it from the blind start).
+composite_reward = build_reward
+
+
+def reference_levels(reward: Any, rows: Sequence[dict[str, Any]], start: Any) -> dict[str, Any]:
+    """The reward's value on the held-out ``rows`` for reference policies: ``right`` (always the right
+    caption "a <colour> image"), ``blind`` (the best image-blind policy: the one caption, of every 1-3 word
+    sequence over the task's answer words, with the highest mean over the images; an image-blind policy's
+    expected reward is a mean of such captions, so none does better) and its caption ``blind_caption``,
+    and ``start`` (the start policy's sampled captions, :class:`ColourEval` ``start``)."""
+    import itertools
+
+    from ..testing.colour_task import TASK_COLOURS
+
+    images = [r["image"] for r in rows]
+    mean = lambda values: statistics.fmean(v for v in values if v is not None)  # noqa: E731
+    right = mean(reward(None, [f"a {r['colour']} image" for r in rows], image=images))
+    words = ("a", "image") + TASK_COLOURS
+    candidates = [" ".join(c) for n in (1, 2, 3) for c in itertools.product(words, repeat=n)]
+    # one image per colour is enough to rank the candidates (images of a colour score alike); the winner
+    # is then scored on every held-out image
+    probe = [next(r for r in rows if r["colour"] == c) for c in dict.fromkeys(r["colour"] for r in rows)]
+    flat = reward(None, [c for c in candidates for _ in probe], image=[r["image"] for _ in candidates for r in probe])
+    k = len(probe)
+    best = max(range(len(candidates)), key=lambda i: mean(flat[i * k:(i + 1) * k]))
+    blind = mean(reward(None, [candidates[best]] * len(rows), image=images))
+    sampled = [c for caps in start.sampled for c in caps]
+    start_level = mean(reward(None, sampled, image=[im for im, caps in zip(images, start.sampled) for _ in caps]))
+    return {"right": right, "blind": blind, "blind_caption": candidates[best], "start": start_level}
+
+
+def run_grpo(clip_model: Any, steps: int, out: str, seed: int = 0, sft_steps: int = 80,
+             eval_images: int = EVAL_IMAGES, control: bool = True) -> GRPOResult:
+    """The weakly supervised start, then GRPO, then its control arm, all measured on held-out images.
+
+    1. SFT the tiny LLaVA policy for ``sft_steps`` steps on weak labels
+       (:func:`~capreward.testing.colour_task.weak_label`: the image's colour family, warm or cool, one of
+       its two colours at random): it attends to the image but is right about half the time.
+    2. ``steps`` GRPO steps (full fine-tuning, 16 images x 4 completions per step, lr :data:`LR` cosine)
+       through :mod:`capreward.recipes.grpo_captioner`, rewarded by :func:`build_reward`.
+    3. With ``control``, the control arm: the same start given ``steps`` more supervised steps (16 images
+       each, the same weak labels): the same number of optimiser steps and images spent on supervision.
+
+    Held-out evaluation (``eval_images`` images no stage trains on): greedy and 4 sampled captions per image."""
     from ..testing import TinyLlavaSpec, build_tiny_llava
-    from ..testing.colour_task import WORDS, ColourTally, colour_rows, grpo_dataset, sft_random_colours
+    from ..testing.colour_task import WORDS, ColourTally, caption_colours, colour_rows, grpo_dataset, sft_colours, weak_label
 
     import torch
 
     start = time.perf_counter()
     torch.manual_seed(seed)  # the same run whether or not the foil table ran first
     recipe = load_recipe()
-    model, processor = build_tiny_llava(TinyLlavaSpec(words=WORDS, seed=seed))
-    sft_loss = sft_random_colours(model, processor, sft_steps, seed)
+    spec = TinyLlavaSpec(words=WORDS, seed=seed)
+    model, processor = build_tiny_llava(spec)
+    sft_loss = sft_colours(model, processor, sft_steps, seed, label=weak_label)
+    start_weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    held_out = colour_rows(eval_images, seed + 5000)
+    before = caption_colours(model, processor, held_out, EVAL_SAMPLES, seed)
     reward = ColourTally(build_reward(clip_model, colour_rows(16, seed + 3000)))
     args = recipe.parse_args(
         ["--tiny", "--quiet", "--out", out, "--seed", str(seed), "--steps", str(steps), "--lr", LR,
@@ -308,6 +375,14 @@ def run_grpo(clip_model: Any, steps: int, out: str, seed: int = 0, sft_steps: in
         args, reward_funcs=[reward], model_and_processor=(model, processor),
         dataset=grpo_dataset(colour_rows(32, seed), keep_colour=True), save=False,
     )
+    after = caption_colours(result["trainer"].model, processor, held_out, EVAL_SAMPLES, seed)
+    control_eval = None
+    if control:
+        twin, _ = build_tiny_llava(spec)
+        twin.load_state_dict(start_weights)
+        sft_colours(twin, processor, steps, seed + 1, label=weak_label)
+        control_eval = caption_colours(twin, processor, held_out, EVAL_SAMPLES, seed)
+    levels = reference_levels(reward.reward, held_out, before)
     rows = result["trajectory"]
     names = [k for k in rows[0] if k not in ("step", "total")] if rows else []
     return GRPOResult(
@@ -317,18 +392,19 @@ def run_grpo(clip_model: Any, steps: int, out: str, seed: int = 0, sft_steps: in
         words=reward.words,
         sft_loss=sft_loss,
         seconds=time.perf_counter() - start,
+        before=before, after=after, control=control_eval, levels=levels,
     )
 
 
 #: Short column titles of the GRPO table (log names -> titles).
 COLUMN_TITLES = {"emscore": "EMScore", "clip_s": "CLIP-S", "hallucination": "penalty", "guard/repetition": "repeat",
-                 "guard/truncation": "trunc", "guard/length": "length"}
+                 "guard/truncation": "trunc", "guard/length": "length", "guard/injection": "inject"}
 
 
 def format_grpo(r: GRPOResult, rows: int = 16) -> str:
     """The per-step figures as at most ``rows`` lines: each line averages a block of consecutive steps
-    (one step per line for short runs): the composite reward, each logged component/guard mean,
-    the share of captions naming the right colour and their mean length in words."""
+    (one step per line for short runs): the reward, each logged component/guard mean, the share of
+    sampled training captions naming the right colour and their mean length in words."""
     names = list(r.components)
     titles = [COLUMN_TITLES.get(n, n) for n in names]
     width = max([8] + [len(t) + 1 for t in titles])
@@ -349,30 +425,60 @@ def format_grpo(r: GRPOResult, rows: int = 16) -> str:
     return "\n".join(lines)
 
 
+def format_levels(levels: dict[str, Any], after: float | None = None) -> str:
+    """The reference reward levels on the held-out images (and the GRPO policy's, when given)."""
+    line = (f"reference levels of this reward on the held-out images: always right {levels['right']:.3f}; "
+            f"best image-blind policy {levels['blind']:.3f} ({levels['blind_caption']!r} whatever the image); "
+            f"the start's samples {levels['start']:.3f}")
+    return line + (f"; after GRPO {after:.3f}" if after is not None else "")
+
+
+def format_evaluation(r: GRPOResult, samples: int = 2) -> str:
+    """Held-out accuracy greedy and sampled for the start, GRPO and the control arm; per image colour the
+    most frequent greedy caption of each and its share right; and a few sampled captions before and after."""
+    arms = [("start (weak SFT)", r.before), ("after GRPO", r.after)]
+    if r.control is not None:
+        arms.append(("control: more SFT", r.control))
+    lines = [f"{'held-out images':<18}{'greedy right':>13}{'sampled right':>15}"]
+    lines += [f"{name:<18}{e.greedy_right:>13.0%}{e.sampled_right:>15.0%}" for name, e in arms]
+    lines.append("per image colour, the most frequent greedy caption (share right):")
+    per = [(name, e.per_colour()) for name, e in arms]
+    for colour in r.before.per_colour():
+        cells = "   ".join(f"{name.split(' ')[0].rstrip(':')} {p[colour][0]!r} ({p[colour][1]:.0%})" for name, p in per)
+        lines.append(f"  {colour:<7} {cells}")
+    lines.append("sampled captions, start -> after GRPO:")
+    seen = []
+    for i, colour in enumerate(r.before.colours):
+        if colour in seen:
+            continue
+        seen.append(colour)
+        lines.append(f"  {colour:<7} {r.before.sampled[i][:samples]} -> {r.after.sampled[i][:samples]}")
+    return "\n".join(lines)
+
+
 def grpo_summary(r: GRPOResult) -> str:
-    """What the run showed, from its numbers: did the reward rise, did correctness follow, how often
-    the truncation guard fired."""
-    if not r.reward:
+    """The closing line, computed from held-out greedy accuracy: did GRPO raise it to at least 75 % and
+    above its control arm; with the training reward's start and end beside it."""
+    if not r.reward or r.before is None or r.after is None:
         return "GRPO logged no reward"
-    k = r.window()
     r0, r1 = r.start_end(r.reward)
-    c0, c1 = r.start_end(r.right)
-    w0, w1 = r.start_end(r.words)
-    trunc = r.components.get("guard/truncation")
-    guard = (
-        f"truncation guard term {statistics.fmean(trunc):.3f} on average (0: never fires, -1: on every caption)"
-        if trunc else "no truncation guard"
-    )
-    line = (
-        f"GRPO: mean reward {trend(r0, r1, '.3f')}, {r0:.3f} (first {k} steps) -> {r1:.3f} (last {k}); "
-        f"right colour {trend(c0, c1, '.0%')}, {c0:.0%} -> {c1:.0%} (chance 25%); "
-        f"words per caption {w0:.1f} -> {w1:.1f}; {guard}"
-    )
-    if r1 > r0 and c1 - c0 < 0.05:
-        line += (". The reward rose but the captions did not name the right colour much more often: this"
-                 " run did not teach the task (experiments/grpo_colour_toy.py measures this over seeds and longer runs)")
+    b, a = r.before.greedy_right, r.after.greedy_right
+    line = (f"GRPO: held-out greedy right colour {trend(b, a, '.0%')}, {b:.0%} -> {a:.0%} "
+            f"(sampled {r.before.sampled_right:.0%} -> {r.after.sampled_right:.0%}; chance 25%)")
+    c = r.control.greedy_right if r.control is not None else None
+    if c is not None:
+        line += f"; control arm (as many more supervised steps) {c:.0%}"
+    line += f"; training reward {r0:.3f} -> {r1:.3f}"
+    taught = a >= 0.75 and a > b and (c is None or a > c)
+    if taught:
+        line += (". The reward taught the task: the policy names the image's colour where its supervision"
+                 " could not" + (" (the control arm stayed below)" if c is not None else ""))
+    elif a > b:
+        line += ". Correctness rose, but not to 75 %" + ("" if c is None or a > c else " or above the control arm")
     elif r1 > r0:
-        line += ". The captions name the right colour more often as the reward rises"
+        line += ". The reward rose but held-out correctness did not: this run did not teach the task"
+    else:
+        line += ". Neither the reward nor held-out correctness rose"
     return line
 
 
@@ -412,9 +518,15 @@ def run(args: argparse.Namespace) -> int:
             out = args.out or tempfile.mkdtemp(prefix="capreward-demo-")
             print(f"\n2. GRPO (TRL): tiny LLaVA captioner, {args.steps} steps x 64 captions of solid-colour images; "
                   "reward = EMScore + 0.5 CLIP-S + 0.5 penalty + guards")
+            print("   Start: weakly supervised (SFT on labels that name the image's colour family, warm or cool, and"
+                  " one of its two colours at random: right half the time). RL sharpens a policy that already"
+                  " attends to the image; from an image-blind start it finds the best blind caption instead"
+                  " (the earlier demo: right colour 24% -> 24%).")
             grpo = run_grpo(clip, args.steps, out, seed=args.seed)
             print(format_grpo(grpo))
-            print("(each line: the mean over those steps; per step 16 images x 4 sampled captions)")
+            print("(each line: the mean over those steps of the 16 images x 4 sampled training captions)")
+            print(format_levels(grpo.levels))
+            print(format_evaluation(grpo))
             summary.append(grpo_summary(grpo))
             print(summary[-1])
         print(f"\nWhat the numbers showed ({time.perf_counter() - start:.0f} s):")

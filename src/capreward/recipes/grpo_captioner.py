@@ -33,12 +33,14 @@ itself (EMScore over ``--frames`` frames; CLIP-S on the mean frame embedding).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import random
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -357,6 +359,7 @@ def grpo_config(args: argparse.Namespace, reward_weights: Sequence[float]) -> An
         max_steps=args.steps,
         learning_rate=args.lr,
         lr_scheduler_type=args.lr_scheduler,
+        warmup_steps=args.warmup_ratio,  # transformers: a value below 1 is a share of the steps
         per_device_train_batch_size=args.batch_size,
         num_generations=args.num_generations,
         max_completion_length=args.max_completion_length,
@@ -403,15 +406,18 @@ def train(
         manifest = args.manifest or write_tiny_manifest(Path(args.out) / "tiny_data", seed=args.seed)
         dataset = build_dataset(read_manifest(manifest), args.prompt, args.video_as)
     trajectory = RewardTrajectory(trajectory_columns(reward_funcs))
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=list(reward_funcs),
-        args=grpo_config(args, reward_weights),
-        train_dataset=dataset,
-        processing_class=processor,
-        peft_config=lora_config(args),
-        callbacks=[trajectory, *callbacks],
-    )
+    peft_config = lora_config(args)
+    in_memory = model_and_processor is not None or args.tiny
+    with reference_snapshot(model, args.beta > 0 and peft_config is None and in_memory):
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=list(reward_funcs),
+            args=grpo_config(args, reward_weights),
+            train_dataset=dataset,
+            processing_class=processor,
+            peft_config=peft_config,
+            callbacks=[trajectory, *callbacks],
+        )
     if args.quiet:  # no per-step log dicts either; the trajectory is printed at the end
         from transformers.trainer_callback import PrinterCallback
 
@@ -419,6 +425,27 @@ def train(
     trainer.train()
     saved = save_policy(trainer, processor, args.out) if save else None
     return {"trajectory": trajectory.rows, "log_history": trainer.state.log_history, "trainer": trainer, "saved": saved}
+
+
+@contextlib.contextmanager
+def reference_snapshot(model: Any, needed: bool):
+    """While ``needed``, point ``model.config._name_or_path`` at a temporary copy of ``model``'s weights
+    as they are now, so that TRL's ``GRPOTrainer`` (which, with ``beta > 0`` and no LoRA, builds its KL
+    reference by loading ``get_config_model_id(model.config)`` from disk) gets the policy it was given:
+    an in-memory policy has an empty name (TRL then fails to load ``""``), and one loaded and then changed
+    in memory (an SFT stage) would otherwise be compared with the weights on disk. The name is restored
+    and the copy deleted on exit (the trainer has loaded its reference by then)."""
+    if not needed:
+        yield
+        return
+    original = getattr(model.config, "_name_or_path", "")
+    with tempfile.TemporaryDirectory(prefix="capreward-grpo-ref-") as folder:
+        model.save_pretrained(folder)
+        model.config._name_or_path = folder
+        try:
+            yield
+        finally:
+            model.config._name_or_path = original
 
 
 def save_policy(trainer: Any, processor: Any, out: str | os.PathLike) -> Path:
@@ -459,6 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--steps", type=int, default=4)
     g.add_argument("--lr", type=float, default=1e-4)
     g.add_argument("--lr-scheduler", default="linear", help="transformers lr_scheduler_type (linear, constant, cosine...)")
+    g.add_argument("--warmup-ratio", type=float, default=0.0, help="share of the steps warming the learning rate up")
     g.add_argument("--batch-size", type=int, default=4, help="completions per device per step")
     g.add_argument("--num-generations", type=int, default=4, help="completions per prompt (GRPO group)")
     g.add_argument("--max-completion-length", type=int, default=12)

@@ -2,7 +2,8 @@
 
 ``EMScoreReward``, ``CLIPScoreReward``/``PACScoreReward`` and ``FLEURReward``, ``VisCE2Reward`` and ``GVEvalReward``
 wrap the scorers;
-``HallucinationPenalty`` penalises caption words the visuals do not support; ``CompositeReward`` sums
+``HallucinationPenalty`` penalises caption words the visuals do not support; ``SpecificityReward`` pays a
+caption for fitting its own visual better than the other visuals of its batch (an image-blind caption earns 0); ``CompositeReward`` sums
 weighted rewards with guards against reward hacking (repetition, truncation, over-length, prompt
 injection). The LLM-judge rewards floor captions that forge the judge's prompt (the injection guard).
 """
@@ -14,6 +15,7 @@ from .fleur import FLEURReward
 from .guards import Guards, injection_penalty, length_penalty, repetition_penalty, truncation_penalty
 from .hallucination import DEFAULT_THRESHOLD, HallucinationPenalty
 from .judges import GVEvalReward, VisCE2Reward
+from .specificity import SpecificityReward
 from .inputs import Columns, collect_inputs, completion_text, prompt_images
 
 __all__ = [
@@ -32,6 +34,7 @@ __all__ = [
     "PACScoreReward",
     "RewardFunction",
     "RewardOutput",
+    "SpecificityReward",
     "VisCE2Reward",
     "collect_inputs",
     "completion_text",

@@ -46,6 +46,7 @@ from .tiny_llava import (
     train_tiny_judge,
 )
 from .tiny_vlm_judges import tiny_vlm_judge, tiny_vlm_judge_dir
+from .colour_task import tiny_caption_policy
 from .trained_clip import TrainedClipFactory, colour_caption, colour_image, trained_clip_path
 
 __all__ = [
@@ -86,6 +87,7 @@ __all__ = [
     "sample_fleur_example",
     "save_tiny_clip_openai",
     "tiny_clip_factory",
+    "tiny_caption_policy",
     "tiny_fleur_judge",
     "tiny_judge_dir",
     "tiny_vlm_judge",

@@ -136,6 +136,39 @@ def sft_random_colours(model: Any, processor: Any, steps: int, seed: int, batch_
     """Teach the policy the answer format "a <colour> image" with a colour drawn independently of the
     image (so it cannot learn which colour is right). Returns the final loss (about ln 4 = 1.39 per
     colour token when the colours are uniform). Leaves the model in eval mode."""
+    return sft_colours(model, processor, steps, seed, label=random_label, batch_size=batch_size, lr=lr)
+
+
+#: The weak labels' colour families: an annotator who only tells warm from cool.
+FAMILIES: dict[str, tuple[str, str]] = {"red": ("red", "yellow"), "yellow": ("red", "yellow"),
+                                        "green": ("green", "blue"), "blue": ("green", "blue")}
+
+
+def random_label(colour: str, rng: random.Random) -> str:
+    """Any task colour, whatever the image (teaches the format only)."""
+    return rng.choice(TASK_COLOURS)
+
+
+def weak_label(colour: str, rng: random.Random) -> str:
+    """A weak label: a colour of the image's family (:data:`FAMILIES`: warm red/yellow, cool green/blue)
+    drawn at random, so the label is right half the time and never names the other family. A policy
+    fitted to these labels attends to the image (warm or cool) but, within the family, can do no better
+    than half right however long it trains on them."""
+    return rng.choice(FAMILIES[colour])
+
+
+def true_label(colour: str, rng: random.Random) -> str:
+    """The image's colour."""
+    return colour
+
+
+def sft_colours(
+    model: Any, processor: Any, steps: int, seed: int, label: Any = weak_label, batch_size: int = 16, lr: float = 3e-3,
+) -> float:
+    """Supervised fine-tuning on "a <colour> image", the colour given by ``label(image colour, rng)``
+    (:func:`random_label`, :func:`weak_label` or :func:`true_label`), ``batch_size`` images of a pool of
+    64 per step (AdamW, constant ``lr``). Returns the final loss; leaves the model in eval mode.
+    Deterministic for ``seed``."""
     import torch
 
     rng = random.Random(seed)
@@ -147,7 +180,7 @@ def sft_random_colours(model: Any, processor: Any, steps: int, seed: int, batch_
     loss = torch.tensor(float("nan"))
     for _ in range(steps):
         batch = [rng.choice(pool) for _ in range(batch_size)]
-        texts = [f"{prompt} a {rng.choice(TASK_COLOURS)} image</s>" for _ in batch]
+        texts = [f"{prompt} a {label(b['colour'], rng)} image</s>" for b in batch]
         enc = processor(images=[b["image"] for b in batch], text=texts, return_tensors="pt", padding=True)
         labels = enc["input_ids"].clone()
         # left padding: every prompt ends at the same column, so the answer starts at -(answer length)
@@ -209,3 +242,100 @@ class ColourTally(WrappedReward):
         self.right.append(sum(map(right_colour, texts, kwargs["colour"])) / len(texts))
         self.words.append(sum(len(t.split()) for t in texts) / len(texts))
         return self.reward(prompts, completions, completion_ids, **kwargs)
+
+
+# ------------------------------------------------------------------------------------- evaluation
+@dataclass
+class ColourEval:
+    """A policy's captions of held-out images (parallel to ``colours``): one greedy caption each and
+    ``samples`` captions sampled at temperature 1 each."""
+
+    colours: list[str]
+    greedy: list[str]
+    sampled: list[list[str]]
+
+    @property
+    def greedy_right(self) -> float:
+        """Share of greedy captions naming the image's colour and no other (:func:`right_colour`)."""
+        return sum(map(right_colour, self.greedy, self.colours)) / len(self.colours)
+
+    @property
+    def sampled_right(self) -> float:
+        """Share of sampled captions naming the image's colour and no other."""
+        pairs = [(c, colour) for caps, colour in zip(self.sampled, self.colours) for c in caps]
+        return sum(right_colour(c, colour) for c, colour in pairs) / len(pairs)
+
+    def per_colour(self) -> dict[str, tuple[str, float]]:
+        """Image colour -> (its most frequent greedy caption, the share of its greedy captions naming it right)."""
+        from collections import Counter
+
+        out = {}
+        for colour in dict.fromkeys(self.colours):
+            caps = [g for g, c in zip(self.greedy, self.colours) if c == colour]
+            out[colour] = (Counter(caps).most_common(1)[0][0], sum(right_colour(c, colour) for c in caps) / len(caps))
+        return out
+
+
+def caption_colours(model: Any, processor: Any, rows: Sequence[dict[str, Any]], samples: int = 4, seed: int = 0,
+                    max_new_tokens: int = 6) -> ColourEval:
+    """Caption ``rows`` (:func:`colour_rows`) with ``model``: greedily, and ``samples`` times each at
+    temperature 1 (no top-k/top-p), at most ``max_new_tokens`` tokens, the prompt as TRL renders it.
+    Deterministic for ``seed``; restores the model's train/eval mode and leaves the global RNG as it was."""
+    import torch
+
+    prompt = prompt_text(processor)
+    images = [r["image"] for r in rows]
+    was_training = model.training
+    model.eval()
+    devices = [] if not torch.cuda.is_available() else None
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            enc = processor(images=images, text=[prompt] * len(images), return_tensors="pt", padding=True)
+            n = enc["input_ids"].shape[1]
+            out = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens)
+            greedy = processor.batch_decode(out[:, n:], skip_special_tokens=True)
+            many = processor(images=[im for im in images for _ in range(samples)], text=[prompt] * (len(images) * samples),
+                             return_tensors="pt", padding=True)
+            out = model.generate(**many, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens)
+            flat = processor.batch_decode(out[:, n:], skip_special_tokens=True)
+    finally:
+        model.train(was_training)
+    return ColourEval(
+        colours=[r["colour"] for r in rows],
+        greedy=[g.strip() for g in greedy],
+        sampled=[[c.strip() for c in flat[i * samples:(i + 1) * samples]] for i in range(len(images))],
+    )
+
+
+# ----------------------------------------------------------------------------------- tiny policy
+def tiny_caption_policy(seed: int = 0, sft_steps: int = 80, labels: str = "weak") -> tuple[Any, Any]:
+    """``(model, processor)``: a tiny LLaVA captioner (:func:`~capreward.testing.build_tiny_llava`, vocabulary
+    :data:`WORDS`) fine-tuned in memory for ``sft_steps`` steps (seconds on a CPU) to caption colour images
+    (:func:`colour_rows`) "a <colour> image" when prompted with :data:`PROMPT` in TRL's conversational
+    format: a policy to start an offline GRPO script from (an untrained one says nothing the rewards can
+    grade). ``labels`` picks what it learned: ``"weak"`` (:func:`weak_label`: it attends to the image and is
+    right about half the time: a start RL can sharpen), ``"true"`` (:func:`true_label`) or ``"random"``
+    (:func:`random_label`: the format only, image-blind). Deterministic for ``seed``; in eval mode.
+
+    Raises:
+        ValueError: for an unknown ``labels``.
+
+    Example:
+        >>> from capreward.testing import tiny_caption_policy
+        >>> model, processor = tiny_caption_policy(sft_steps=2)
+        >>> # GRPOTrainer(model=model, processing_class=processor, train_dataset=grpo_dataset(colour_rows(32, 0)), ...)
+    """
+    import torch
+
+    from .tiny_llava import TinyLlavaSpec, build_tiny_llava
+
+    labellers = {"weak": weak_label, "true": true_label, "random": random_label}
+    if labels not in labellers:
+        raise ValueError(f"labels must be one of {sorted(labellers)}, got {labels!r}")
+    model, processor = build_tiny_llava(TinyLlavaSpec(words=WORDS, seed=seed))
+    devices = [] if not torch.cuda.is_available() else None
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        sft_colours(model, processor, sft_steps, seed, label=labellers[labels])
+    return model, processor

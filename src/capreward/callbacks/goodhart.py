@@ -1,0 +1,229 @@
+"""A Goodhart monitor: score the samples the training reward scored with a held-out reward (and ground
+truth where the dataset has it), log them beside the training reward, and warn when the training reward
+rises while the held-out one falls.
+
+An optimiser finds what its reward pays for; whether that is what you wanted shows only against a
+judge it is not optimised on. :class:`GoodhartMonitor` keeps, per training step, the mean of the
+training reward and of each held-out judge on the *same* samples, and :meth:`GoodhartMonitor.verdict`
+compares the latest ``window`` steps with the first ``window`` steps of the run: when the training reward
+rose by at least ``min_rise`` while a held-out judge fell (or rose by less than its ``follow``), it returns
+a message naming the judge and both changes. Three ways in:
+
+- **TRL** (``GRPOTrainer``, ``RLOOTrainer``: transformers trainers whose rewards are callables):
+  ``trainer = GRPOTrainer(reward_funcs=[monitor.watch(reward)], callbacks=[GoodhartCallback(monitor)], ...)``.
+  The watched reward returns exactly what ``reward`` returns; the held-out judges see the same prompts,
+  completions and dataset columns.
+- **transformers** ``Trainer`` (a custom RL loop in ``compute_loss``): call
+  :meth:`GoodhartMonitor.observe` with each step's samples; :class:`GoodhartCallback` logs and warns.
+- **Lightning**: :class:`~capreward.callbacks.goodhart_lightning.GoodhartLightningCallback` reads the
+  captions and training rewards ``training_step`` returns.
+
+Logged per step (TRL/transformers: into the trainer's logs; Lightning: ``pl_module.log``):
+``goodhart/train``, ``goodhart/<judge>`` and ``goodhart/gap/<judge>`` (training minus held-out mean).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from transformers import TrainerCallback
+
+logger = logging.getLogger(__name__)
+
+
+class GoodhartWarning(UserWarning):
+    """The training reward rose while a held-out judge fell."""
+
+
+def _mean(values: Sequence[float | None]) -> float:
+    kept = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    return statistics.fmean(kept) if kept else math.nan
+
+
+@dataclass
+class GoodhartMonitor:
+    """Per-step training reward beside held-out judges on the same samples, and the Goodhart verdict.
+
+    Args:
+        judges: name -> a judge of the TRL reward contract, ``judge(prompts, completions, **columns)``
+            returning one float (or None: unscored, left out of the mean) per completion: a held-out
+            reward model, an LLM judge, or ground truth computed from a dataset column (e.g.
+            ``lambda prompts, completions, colour, **_: [float(right(c, k)) for c, k in zip(completions, colour)]``).
+        window: steps averaged at the start of the run and at its latest end when comparing.
+        min_rise: the training reward's rise (latest window mean minus first) that counts as rising.
+        follow: how much a judge's mean must rise (same windows) while the training reward rises, or per
+            judge name -> that amount (judges not named: 0.0). The default 0.0 flags a judge that fell;
+            a positive value also flags one that stayed level (ground truth that does not move while the
+            reward climbs: a blind policy exploiting the reward, as in the demo's earlier start).
+        warn: called with the message when the verdict turns bad (default: ``warnings.warn`` with
+            :class:`GoodhartWarning`, and a log record); called again only after a good verdict.
+
+    Example:
+        >>> m = GoodhartMonitor({"truth": lambda p, c, **k: [float("red" in x) for x in c]}, window=2, warn=print)
+        >>> for captions, reward in [(["red", "red"], 0.1), (["red", "blue"], 0.2), (["blue", "red"], 0.6), (["blue", "blue"], 0.9)]:
+        ...     _ = m.observe([reward] * 2, None, captions)
+        ...     logs = m.flush()  # one training step (GoodhartCallback calls it at each log)
+        Goodhart: the training reward rose 0.150 -> 0.750 over steps 1-2 -> 3-4 while truth fell 0.750 -> 0.250
+        >>> sorted(logs)
+        ['goodhart/gap/truth', 'goodhart/train', 'goodhart/truth']
+    """
+
+    judges: Mapping[str, Callable[..., Sequence[float | None]]]
+    window: int = 8
+    min_rise: float = 0.05
+    follow: float | Mapping[str, float] = 0.0
+    warn: Callable[[str], Any] | None = None
+    rows: list[dict[str, float]] = field(default_factory=list)
+    _pending: list[dict[str, float]] = field(default_factory=list, repr=False)
+    _warned: bool = field(default=False, repr=False)
+
+    def __post_init__(self):
+        if not self.judges:
+            raise ValueError("GoodhartMonitor needs at least one held-out judge")
+        if self.window < 1:
+            raise ValueError(f"window must be >= 1, got {self.window}")
+        for name in self.judges:
+            if name == "train" or "/" in name:
+                raise ValueError(f"judge name {name!r} is reserved or contains '/'")
+
+    # ------------------------------------------------------------------------ input
+    def observe(self, train: Sequence[float | None], prompts: Any, completions: Sequence[Any], **columns: Any) -> dict[str, float]:
+        """Record one batch: the training reward's values ``train`` for ``completions`` and every judge's
+        scores of the same ``prompts``/``completions``/``columns``. Batches observed before the next
+        :meth:`flush` are one step. Returns this batch's means."""
+        if len(train) != len(completions):
+            raise ValueError(f"{len(train)} training rewards for {len(completions)} completions")
+        row = {"train": _mean(train), "n": float(len(completions))}
+        for name, judge in self.judges.items():
+            values = list(judge(prompts, completions, **columns))
+            if len(values) != len(completions):
+                raise ValueError(f"judge {name!r} returned {len(values)} values for {len(completions)} completions")
+            row[name] = _mean(values)
+        self._pending.append(row)
+        return row
+
+    def watch(self, reward: Callable[..., Sequence[float | None]]) -> Callable[..., list[float | None]]:
+        """A TRL reward function returning exactly ``reward``'s values, observing them and the judges'
+        scores of the same samples (keeps ``reward.__name__``, so TRL logs it under the same name)."""
+        monitor = self
+
+        def watched(prompts, completions, completion_ids=None, **kwargs):
+            values = list(reward(prompts, completions, completion_ids, **kwargs))
+            from ..rewards import completion_text
+
+            monitor.observe(values, prompts, [completion_text(c) for c in completions], **kwargs)
+            return values
+
+        watched.__name__ = getattr(reward, "__name__", type(reward).__name__)
+        for attr in ("components", "guards"):
+            if hasattr(reward, attr):
+                setattr(watched, attr, getattr(reward, attr))
+        return watched
+
+    def flush(self, step: int | None = None) -> dict[str, float]:
+        """Close the current step: the means over the batches observed since the last flush (weighted by
+        their sizes) become one row; returns the logs ``goodhart/train``, ``goodhart/<judge>`` and
+        ``goodhart/gap/<judge>`` (empty when nothing was observed), warning if the verdict turned bad."""
+        if not self._pending:
+            return {}
+        pending, self._pending = self._pending, []
+        row: dict[str, float] = {"step": float(step if step is not None else len(self.rows) + 1)}
+        for key in ["train", *self.judges]:
+            pairs = [(r[key], r["n"]) for r in pending if math.isfinite(r[key])]
+            row[key] = sum(v * n for v, n in pairs) / sum(n for _, n in pairs) if pairs else math.nan
+        self.rows.append(row)
+        message = self.verdict()
+        if message and not self._warned:
+            (self.warn or _default_warn)(message)
+        self._warned = message is not None
+        logs = {"goodhart/train": row["train"]}
+        for name in self.judges:
+            logs[f"goodhart/{name}"] = row[name]
+            logs[f"goodhart/gap/{name}"] = row["train"] - row[name]
+        return logs
+
+    # ------------------------------------------------------------------------ verdict
+    def changes(self) -> dict[str, tuple[float, float]] | None:
+        """``{"train" or judge: (first-window mean, latest-window mean)}``, or None before ``2 * window`` steps."""
+        k = self.window
+        if len(self.rows) < 2 * k:
+            return None
+        out = {}
+        for key in ["train", *self.judges]:
+            out[key] = (_mean([r[key] for r in self.rows[:k]]), _mean([r[key] for r in self.rows[-k:]]))
+        return out
+
+    def verdict(self) -> str | None:
+        """The warning when the training reward rose by at least ``min_rise`` (first window -> latest)
+        while a judge rose by less than its ``follow`` (fell, with the default 0.0); None otherwise (and
+        before ``2 * window`` steps)."""
+        ch = self.changes()
+        if ch is None:
+            return None
+        t0, t1 = ch["train"]
+        if not t1 - t0 >= self.min_rise:
+            return None
+        lagging = [(name, *ch[name]) for name in self.judges if not ch[name][1] - ch[name][0] >= self._follow(name)]
+        if not lagging:
+            return None
+        k, n = self.window, len(self.rows)
+        steps = f"steps {self._label(0, k)} -> {self._label(n - k, n)}"
+        judged = "; ".join(
+            f"{name} fell {a:.3f} -> {b:.3f}" if b < a else
+            f"{name} did not follow, {a:.3f} -> {b:.3f} (needs +{self._follow(name):.3f})"
+            for name, a, b in lagging
+        )
+        return f"Goodhart: the training reward rose {t0:.3f} -> {t1:.3f} over {steps} while {judged}"
+
+    def _follow(self, name: str) -> float:
+        return float(self.follow.get(name, 0.0)) if isinstance(self.follow, Mapping) else float(self.follow)
+
+    def _label(self, lo: int, hi: int) -> str:
+        a, b = int(self.rows[lo]["step"]), int(self.rows[hi - 1]["step"])
+        return f"{a}" if a == b else f"{a}-{b}"
+
+
+def _default_warn(message: str) -> None:
+    logger.warning(message)
+    warnings.warn(message, GoodhartWarning, stacklevel=3)
+
+
+class GoodhartCallback(TrainerCallback):
+    """A transformers ``TrainerCallback`` (TRL trainers included) that closes the monitor's step at
+    each log and adds its ``goodhart/*`` values to that log (``trainer.state.log_history`` included); the
+    monitor warns when the verdict turns bad. transformers calls callbacks in order and puts the
+    ``report_to`` integrations first: :meth:`install` puts this one before them, so they log its values too.
+
+    Args:
+        monitor: the :class:`GoodhartMonitor` whose :meth:`~GoodhartMonitor.watch`-ed reward (TRL) or
+            :meth:`~GoodhartMonitor.observe` calls (a custom loop) feed it.
+
+    Example:
+        >>> callback = GoodhartCallback(GoodhartMonitor({"truth": lambda p, c, **k: [1.0] * len(c)}))
+        >>> # trainer = GRPOTrainer(..., reward_funcs=[callback.monitor.watch(reward)]); callback.install(trainer)
+    """
+
+    def __init__(self, monitor: GoodhartMonitor):
+        self.monitor = monitor
+
+    def install(self, trainer: Any) -> "GoodhartCallback":
+        """Put this callback first in ``trainer``'s callbacks (before the logging integrations); returns it."""
+        callbacks = trainer.callback_handler.callbacks
+        if self in callbacks:
+            callbacks.remove(self)
+        callbacks.insert(0, self)
+        return self
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs is None:
+            return
+        values = self.monitor.flush(state.global_step)
+        logs.update(values)
+        last = state.log_history[-1] if state.log_history else None
+        if values and last is not None and last.get("step") == state.global_step:
+            last.update(values)  # Trainer.log appended a copy of ``logs`` just before calling on_log

@@ -1,0 +1,264 @@
+"""The Goodhart monitor (capreward.callbacks.goodhart): per-step means computed by hand, the verdict's
+windows, the watched TRL reward returning exactly the reward's values, and the callbacks inside a real
+transformers Trainer and a real Lightning Trainer."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+from capreward.callbacks.goodhart import GoodhartCallback, GoodhartMonitor, GoodhartWarning
+
+
+def contains_red(prompts, completions, **kwargs):
+    return [float("red" in c) for c in completions]
+
+
+def test_step_means_gap_and_verdict_by_hand():
+    messages = []
+    m = GoodhartMonitor({"truth": contains_red}, window=2, min_rise=0.1, warn=messages.append)
+    # step 1 in two batches (sizes 2 and 1): sample-weighted means, None left out of the training mean
+    m.observe([0.0, None], None, ["red", "red"])
+    m.observe([0.3], None, ["blue"])
+    logs = m.flush(step=1)
+    assert logs == {"goodhart/train": pytest.approx(0.1), "goodhart/truth": pytest.approx(2 / 3),
+                    "goodhart/gap/truth": pytest.approx(0.1 - 2 / 3)}
+    # (the first batch's training mean is 0.0 over its one scored value, weighted by its 2 samples)
+    for step, (train, captions) in enumerate([(0.2, ["red", "red"]), (0.8, ["blue", "red"]), (1.0, ["blue", "blue"])], 2):
+        m.observe([train, train], None, captions)
+        m.flush(step)
+    assert [r["train"] for r in m.rows] == pytest.approx([0.1, 0.2, 0.8, 1.0])
+    assert [r["truth"] for r in m.rows] == pytest.approx([2 / 3, 1.0, 0.5, 0.0])
+    # first window (steps 1-2): train 0.15, truth 5/6; latest (3-4): train 0.9, truth 0.25
+    assert m.changes() == {"train": pytest.approx((0.15, 0.9)), "truth": pytest.approx((5 / 6, 0.25))}
+    assert messages == ["Goodhart: the training reward rose 0.150 -> 0.900 over steps 1-2 -> 3-4 while truth fell 0.833 -> 0.250"]
+    # still bad at the next step: not repeated; a good verdict re-arms the warning
+    m.observe([1.0], None, ["blue"]); m.flush(5)
+    assert len(messages) == 1
+    m.rows[2:] = [dict(r, truth=1.0) for r in m.rows[2:]]
+    assert m.verdict() is None
+    m.observe([1.0], None, ["red"]); m.flush(6)
+    m.observe([1.0, 1.0], None, ["blue", "blue"]); m.flush(7)
+    assert len(messages) == 2
+
+
+def test_no_verdict_before_two_windows_or_when_the_judge_follows():
+    m = GoodhartMonitor({"truth": contains_red}, window=3, warn=pytest.fail)
+    for i in range(6):  # the reward rises and so does the truth
+        m.observe([i / 5], None, ["red" if i >= 3 else "blue"])
+        m.flush()
+        assert (m.verdict() is None) and (m.changes() is None) == (i < 5)
+    # the reward does not rise by min_rise: no verdict however the judge moves
+    flat = GoodhartMonitor({"truth": contains_red}, window=1, min_rise=0.5, warn=pytest.fail)
+    for reward, caption in ((0.0, "red"), (0.4, "blue")):
+        flat.observe([reward], None, [caption]); flat.flush()
+    assert flat.verdict() is None and flat.changes()["truth"] == (1.0, 0.0)
+
+
+def test_bad_input_is_named():
+    with pytest.raises(ValueError, match="at least one"):
+        GoodhartMonitor({})
+    with pytest.raises(ValueError, match="reserved"):
+        GoodhartMonitor({"train": contains_red})
+    m = GoodhartMonitor({"short": lambda p, c, **k: [1.0]})
+    with pytest.raises(ValueError, match="judge 'short' returned 1 values for 2"):
+        m.observe([0.0, 0.0], None, ["a", "b"])
+    with pytest.raises(ValueError, match="1 training rewards for 2"):
+        m.observe([0.0], None, ["a", "b"])
+    assert m.flush() == {}  # nothing observed: nothing logged
+    assert math.isnan(GoodhartMonitor({"t": contains_red}).observe([None], None, ["red"])["train"])
+
+
+def test_watched_reward_returns_the_rewards_values_and_judges_see_the_same_samples():
+    seen = []
+
+    def judge(prompts, completions, colour, **kwargs):
+        seen.append((prompts, completions, colour))
+        return [1.0] * len(completions)
+
+    def reward(prompts, completions, completion_ids=None, **kwargs):
+        return [len(c[0]["content"]) / 10 if c[0]["content"] else None for c in completions]
+
+    reward.__name__ = "my_reward"
+    m = GoodhartMonitor({"judge": judge})
+    watched = m.watch(reward)
+    completions = [[{"role": "assistant", "content": "a red image"}], [{"role": "assistant", "content": ""}]]
+    assert watched(["p1", "p2"], completions, None, colour=["red", "blue"]) == [1.1, None]
+    assert watched.__name__ == "my_reward"
+    assert seen == [(["p1", "p2"], ["a red image", ""], ["red", "blue"])]  # conversational completions as text
+    assert m.flush(3) == {"goodhart/train": pytest.approx(1.1), "goodhart/judge": 1.0, "goodhart/gap/judge": pytest.approx(0.1)}
+
+
+class _Rising(torch.nn.Module):
+    """A model for transformers' Trainer whose loss is a parameter's square (anything trains)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.tensor(1.0))
+
+    def forward(self, x=None, labels=None):
+        return {"loss": (self.w * x.mean()) ** 2}
+
+
+def test_transformers_trainer_logs_beside_the_training_reward_and_warns(tmp_path):
+    """A custom RL loop in compute_loss feeds the monitor; the callback, installed first, puts goodhart/*
+    into the very logs the trainer keeps, and warns once the reward has risen while the judge fell."""
+    from datasets import Dataset
+    from transformers import Trainer, TrainingArguments
+
+    monitor = GoodhartMonitor({"truth": contains_red}, window=2)
+    callback = GoodhartCallback(monitor)
+
+    class RLTrainer(Trainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            step = self.state.global_step
+            captions = ["red"] * max(0, 3 - step) + ["blue"] * min(3, step)  # truth falls 1 -> 0
+            monitor.observe([0.2 * step] * 3, None, captions)  # the reward rises
+            return model(**inputs)["loss"]
+
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=5, logging_steps=1, per_device_train_batch_size=2,
+                             report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True)
+    trainer = RLTrainer(model=_Rising(), args=args, train_dataset=Dataset.from_dict({"x": [[1.0]] * 10}))
+    callback.install(trainer)
+    assert trainer.callback_handler.callbacks[0] is callback
+    with pytest.warns(GoodhartWarning, match=r"rose 0\.100 -> 0\.500 over steps 1-2 -> 3-4 while truth fell 0\.833 -> 0\.167"):
+        trainer.train()
+    logged = [h for h in trainer.state.log_history if "goodhart/train" in h]
+    assert [h["step"] for h in logged] == [1, 2, 3, 4, 5]
+    assert [h["goodhart/train"] for h in logged] == pytest.approx([0.0, 0.2, 0.4, 0.6, 0.8])
+    assert [h["goodhart/truth"] for h in logged] == pytest.approx([1.0, 2 / 3, 1 / 3, 0.0, 0.0])
+    assert all(h["goodhart/gap/truth"] == pytest.approx(h["goodhart/train"] - h["goodhart/truth"]) for h in logged)
+    assert all("loss" in h for h in logged)  # beside the trainer's own values, in the same log
+
+
+def test_lightning_callback_reads_training_step_outputs_and_logs(tmp_path):
+    lightning = pytest.importorskip("lightning.pytorch")
+    from capreward.callbacks.goodhart_lightning import GoodhartLightningCallback
+
+    def right(prompts, completions, colour, **kwargs):
+        return [float(c == k) for c, k in zip(completions, colour)]
+
+    class Module(lightning.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.tensor(1.0))
+
+        def training_step(self, batch, batch_idx):
+            # two captions per item (item-major); the reward rises, the captions stop naming the colour
+            captions = [c if batch_idx < 2 else "grey" for c in batch["colour"] for _ in range(2)]
+            rewards = torch.full((len(captions),), 0.5 * batch_idx)
+            return {"loss": (self.w * batch["x"].mean()) ** 2, "captions": captions, "rewards": rewards}
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    data = [{"x": torch.tensor([1.0]), "colour": c} for c in ["red", "blue"] * 4]
+    loader = torch.utils.data.DataLoader(data, batch_size=2)
+    monitor = GoodhartMonitor({"right": right}, window=2)
+    trainer = lightning.Trainer(max_steps=4, callbacks=[GoodhartLightningCallback(monitor, columns=("colour",))],
+                                logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                                enable_model_summary=False, default_root_dir=str(tmp_path), accelerator="cpu")
+    with pytest.warns(GoodhartWarning, match=r"rose 0\.250 -> 1\.250 .* right fell 1\.000 -> 0\.000"):
+        trainer.fit(Module(), loader)
+    assert [r["right"] for r in monitor.rows] == [1.0, 1.0, 0.0, 0.0]
+    assert trainer.callback_metrics["goodhart/train"].item() == pytest.approx(1.5)
+    assert trainer.callback_metrics["goodhart/gap/right"].item() == pytest.approx(1.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GoodhartWarning)
+        bad = lightning.Trainer(max_steps=1, callbacks=[GoodhartLightningCallback(GoodhartMonitor({"right": right}))],
+                                logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                                enable_model_summary=False, default_root_dir=str(tmp_path), accelerator="cpu")
+
+        class NoCaptions(Module):
+            def training_step(self, batch, batch_idx):
+                return (self.w * batch["x"].mean()) ** 2
+
+        with pytest.raises(ValueError, match="must return a dict with 'captions' and 'rewards'"):
+            bad.fit(NoCaptions(), loader)
+
+
+def test_follow_flags_a_judge_that_stays_level_while_the_reward_climbs():
+    """Ground truth that does not move while the reward rises (a blind policy exploiting the reward) is
+    flagged with a per-judge ``follow``; the default flags only a judge that fell."""
+    level = lambda p, c, **k: [0.25] * len(c)  # noqa: E731
+    rising = lambda p, c, **k: [float(x) for x in c]  # noqa: E731
+    messages = []
+    m = GoodhartMonitor({"truth": level, "other": rising}, window=1, follow={"truth": 0.05}, warn=messages.append)
+    for step, reward in enumerate((0.1, 0.5), 1):
+        m.observe([reward], None, [str(step)]); m.flush(step)
+    assert messages == ["Goodhart: the training reward rose 0.100 -> 0.500 over steps 1 -> 2 while truth did not follow, "
+                        "0.250 -> 0.250 (needs +0.050)"]
+    default = GoodhartMonitor({"truth": level}, window=1, warn=pytest.fail)
+    for step, reward in enumerate((0.1, 0.5), 1):
+        default.observe([reward], None, ["x"]); default.flush(step)
+    assert default.verdict() is None
+
+
+def _grpo_with_monitor(tmp_path, start: str, steps: int):
+    """A real TRL GRPO run of the demo's tiny LLaVA watched by the monitor: ``start="blind"`` is the
+    earlier demo (SFT on random colours: the reward rises while the right-colour share stays level),
+    ``start="weak"`` the demo now (weak labels); both with the demo's reward and settings."""
+    from capreward.cli import demo
+    from capreward.rewards import CLIPScoreReward
+    from capreward.testing import TinyLlavaSpec, build_tiny_llava
+    from capreward.testing.colour_task import (WORDS, colour_rows, grpo_dataset, right_colour, sft_colours,
+                                               sft_random_colours, weak_label)
+    from capreward.testing.trained_clip import ColourClipRecipe, TrainedClipFactory, trained_clip_path
+
+    clip = TrainedClipFactory()
+    held_recipe = ColourClipRecipe(seed=1)  # a second CLIP, trained independently: the held-out reward model
+    trained_clip_path(held_recipe)
+    held_clip_s = CLIPScoreReward(model=TrainedClipFactory(held_recipe))
+
+    def truth(prompts, completions, colour, **kwargs):
+        return [float(right_colour(c, k)) for c, k in zip(completions, colour)]
+
+    def held_out(prompts, completions, image, **kwargs):
+        return held_clip_s(prompts, completions, image=image)
+
+    messages = []
+    monitor = GoodhartMonitor({"truth": truth, "held_out_clip_s": held_out}, window=10, follow={"truth": 0.05},
+                              warn=messages.append)
+    torch.manual_seed(0)
+    model, processor = build_tiny_llava(TinyLlavaSpec(words=WORDS, seed=0))
+    if start == "blind":
+        sft_random_colours(model, processor, 80, 0)
+    else:
+        sft_colours(model, processor, 80, 0, label=weak_label)
+    reward = demo.build_reward(clip, colour_rows(16, 3000))  # the same reward and settings for both starts
+    recipe = demo.load_recipe()
+    args = recipe.parse_args(["--tiny", "--quiet", "--out", str(tmp_path), "--seed", "0", "--steps", str(steps),
+                              "--lr", demo.LR, "--lr-scheduler", "cosine", "--batch-size", "64", "--num-generations", "4",
+                              "--max-completion-length", "6", "--lora-r", "0"])
+    callback = GoodhartCallback(monitor)
+    with demo.quiet_third_parties():
+        result = recipe.train(args, reward_funcs=[monitor.watch(reward)], model_and_processor=(model, processor),
+                              dataset=grpo_dataset(colour_rows(32, 0), keep_colour=True), save=False, callbacks=[callback])
+    return monitor, messages, result
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_monitor_flags_the_blind_policy_collapse_and_stays_quiet_on_the_learning_run(tmp_path):
+    """Demonstrated on the demo's task: from an image-blind start GRPO raises the composite reward while the
+    share of captions naming the right colour stays level (the best image-blind policy); the monitor flags
+    it, naming ground truth (measured: at step 20, ground truth 0.239 -> 0.233 while the reward rose 0.221 ->
+    0.461; the second CLIP's CLIP-S fell then too, but over 80 steps it rose with the training reward, 0.75
+    -> 0.86: the same blind captions pay on both CLIPs). From the weakly supervised start it stays quiet."""
+    from fixtures_llava import one_torch_thread  # noqa: F401
+
+    torch.set_num_threads(1)
+    monitor, messages, result = _grpo_with_monitor(tmp_path / "blind", "blind", steps=48)
+    ch = monitor.changes()
+    assert ch["train"][1] - ch["train"][0] >= 0.05  # the reward rose
+    assert abs(ch["truth"][1] - ch["truth"][0]) < 0.05  # the right-colour share did not follow
+    assert len(messages) >= 1 and ("truth did not follow" in messages[0] or "truth fell" in messages[0]), messages
+    logged = [h for h in result["log_history"] if "goodhart/train" in h]
+    assert len(logged) == 48 and all(h["goodhart/train"] == pytest.approx(h["reward"], abs=1e-4) for h in logged)
+
+    monitor, messages, _ = _grpo_with_monitor(tmp_path / "weak", "weak", steps=48)
+    ch = monitor.changes()
+    assert ch["truth"][1] - ch["truth"][0] >= 0.05 and messages == [], (ch, messages)
