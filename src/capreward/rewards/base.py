@@ -14,6 +14,7 @@ import asyncio
 import logging
 import math
 import threading
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -61,7 +62,12 @@ class RewardOutput:
 def clip_to_range(out: RewardOutput, value_range: tuple[float, float] | None) -> RewardOutput:
     """Clip every value of ``out`` into ``value_range`` (in place; None = no range) and record the
     clipped samples in ``out.clipped`` and the per-sample ``clipped`` metric (1.0/0.0, NaN if
-    unscored). Returns ``out``."""
+    unscored). A NaN or ±inf value becomes None (never clipped to an end of the range, never passed
+    to a trainer), the reason saying so. Returns ``out``."""
+    for i, v in enumerate(out.values):
+        if v is not None and not math.isfinite(v):
+            out.values[i] = None
+            out.reasons[i] = f"non-finite value ({v})" + (f": {out.reasons[i]}" if out.reasons[i] else "")
     if value_range is None:
         return out
     lo, hi = value_range
@@ -154,6 +160,8 @@ class RewardFunction:
         unscored fraction, number of values clipped into :meth:`value_range` (``clipped``) and sub-score
         means (``log_metric`` as ``rewards/<name>/<metric>``)."""
         bad = out.unscored
+        if out.values and len(bad) == len(out.values):
+            self.warn_all_none(out)
         if bad:
             shown = "; ".join(f"[{i}] {out.reasons[i] or 'no score'}" for i in bad[:8])
             more = f"; ... {len(bad) - 8} more" if len(bad) > 8 else ""
@@ -179,6 +187,22 @@ class RewardFunction:
                     mean = _nanmean(values)
                     if not math.isnan(mean):
                         log_metric(f"rewards/{self.name}/{key}", mean)
+
+    def all_none_hint(self) -> str:
+        """What fixes a batch whose every sample is None (named in :meth:`warn_all_none`)."""
+        return "see the reasons (the visual and reference columns, the judge's answers)"
+
+    def warn_all_none(self, out: RewardOutput) -> None:
+        """Log an error and raise a :class:`RuntimeWarning` when every sample of a batch is unscored: a
+        GRPO step on it trains on nothing (TRL turns None into NaN and its weighted sum into 0)."""
+        reasons = sorted({r or "no score" for r in out.reasons})
+        shown = "; ".join(reasons[:3]) + (f"; ... {len(reasons) - 3} more" if len(reasons) > 3 else "")
+        message = (
+            f"reward {self.name!r}: every one of the {len(out.values)} samples of this batch is unscored (None), "
+            f"so a training step on it learns nothing from this reward. Fix: {self.all_none_hint()}. Reasons: {shown}"
+        )
+        logger.error("%s", message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
 
     def load_models(self) -> "RewardFunction":
         """Load every model this reward uses now rather than on its first call (a server calls this before
