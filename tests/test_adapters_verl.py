@@ -160,6 +160,7 @@ def test_bad_configuration_fails_clearly(clip_reward):
         ({"references": ["ok", 5]}, r"references\[1\] must be a str"),
         ({}, "names no image, video or references"),
         ([1, 2], "must be an object"),
+        ({"image": "a.png", "images": ["b.png"]}, "gives both 'image' and 'images'"),  # round 3: b.png was ignored
     ],
 )
 def test_label_errors_name_the_item(label, message):
