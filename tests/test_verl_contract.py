@@ -20,6 +20,7 @@ the key stacking) for the batch manager.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import re
 
@@ -142,15 +143,15 @@ def expected_rows(tiny_clip_path, media):
                             references=[s[1] for s in SAMPLES[:3]])
     rows = [{"score": v, "unscored": 0.0, "clip_s": scored.metrics["clip_s"][i],
              "ref_similarity": scored.metrics["ref_similarity"][i]} for i, v in enumerate(scored.values)]
-    rows[1]["ref_similarity"] = FALLBACK  # no references: the sub-score gets the fallback in dict mode
-    return rows + [{"score": FALLBACK, "unscored": 1.0, "clip_s": FALLBACK, "ref_similarity": FALLBACK}]
+    rows[1]["ref_similarity"] = math.nan  # no references: NaN in dict mode, as the server answers
+    return rows + [{"score": FALLBACK, "unscored": 1.0, "clip_s": math.nan, "ref_similarity": math.nan}]
 
 
 def check(outputs, rows):
     assert [set(o["reward_extra_info"]) for o in outputs] == [set(rows[0])] * len(rows)
     assert [o["reward_score"] for o in outputs] == pytest.approx([r["score"] for r in rows], abs=1e-6)
     for out, row in zip(outputs, rows):
-        assert out["reward_extra_info"] == pytest.approx(row, abs=1e-6)
+        assert out["reward_extra_info"] == pytest.approx(row, abs=1e-6, nan_ok=True)
 
 
 def test_naive_manager_calls_compute_score(capreward_env, tiny_clip_path, media, tokenizer_dir):

@@ -1,4 +1,5 @@
-"""An OpenRLHF-compatible HTTP reward server (``--remote_rm_url http://host:port/get_reward``).
+"""An OpenRLHF-compatible HTTP reward server (``--reward.remote_url http://host:port/get_reward``, with
+``--data.label_key label``; OpenRLHF before 0.10: ``--remote_rm_url`` and ``--label_key``).
 
 Protocol (OpenRLHF's remote reward model): ``POST /get_reward`` with the JSON body
 ``{"query": [prompt + response, ...], "prompts": [prompt, ...], "labels": [label, ...]}``; the answer
