@@ -146,3 +146,25 @@ def test_exif_orientation_is_applied_to_images(tmp_path):
     plain = tmp_path / "plain.png"
     image.save(plain)
     assert np.array_equal(np.asarray(load_image(str(plain))), stored)
+
+
+def test_a_short_video_sampled_to_more_frames_says_so_once(caplog):
+    """Round 3: an 8-frame array was resampled to 10 frames (two repeated) without a word."""
+    import logging
+
+    from capreward.media import load_video
+    from capreward.media.videos import _WARNED_REPEATS
+
+    _WARNED_REPEATS.discard((8, 10))
+    frames = np.random.default_rng(0).integers(0, 255, (8, 16, 16, 3), dtype=np.uint8)
+    with caplog.at_level(logging.WARNING, logger="capreward.media.videos"):
+        out = load_video(frames, frames=10)
+        load_video(frames, frames=10)
+    assert len(out) == 10
+    warned = [r.getMessage() for r in caplog.records if "sampled to frames=10" in r.getMessage()]
+    assert len(warned) == 1 and "8 frames" in warned[0] and "2 of the 10 samples" in warned[0]
+    assert "frames=None" in warned[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="capreward.media.videos"):
+        assert len(load_video(frames, frames=None)) == 8 and len(load_video(frames, frames=8)) == 8
+    assert not caplog.records
