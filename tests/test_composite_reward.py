@@ -330,3 +330,15 @@ def test_on_none_policies_on_colour_groups():
                 assert (nones, zero_advantage) == (0 if policy != "none" else 4, 0), (down, policy)
             if not down:
                 assert broken_wins == 0, policy
+
+
+def test_a_videos_column_that_is_not_read_gets_a_hint(components):
+    """Round 3: a dataset with a ``videos`` column (not ``video``) was scored None without a hint."""
+    em, _ = components
+    out = em.compute(None, ["a man cooks food."], videos=[random_video(0)])
+    assert out.values == [None]
+    assert "'videos' column was given but is not read: pass video_column='videos'" in out.reasons[0]
+    from capreward.rewards import EMScoreReward as EM
+
+    reads_it = EM(scorer=em.scorer, video_column="videos")
+    assert reads_it.compute(None, ["a man cooks food."], videos=[random_video(0)]).values[0] is not None

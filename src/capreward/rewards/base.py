@@ -59,6 +59,12 @@ class RewardOutput:
         return [i for i, v in enumerate(self.values) if v is None]
 
 
+NO_VISUAL = "no image or video for this sample"
+#: Columns that look like a visual but that the rewards do not read by default -> the option that reads them.
+LOOKALIKE_COLUMNS = {"videos": "video_column", "video_path": "video_column", "image_path": "image_column",
+                     "img": "image_column", "picture": "image_column"}
+
+
 def clip_to_range(out: RewardOutput, value_range: tuple[float, float] | None) -> RewardOutput:
     """Clip every value of ``out`` into ``value_range`` (in place; None = no range) and record the
     clipped samples in ``out.clipped`` and the per-sample ``clipped`` metric (1.0/0.0, NaN if
@@ -361,7 +367,20 @@ class CaptionReward(RewardFunction):
     def compute(self, prompts: Sequence[Any] | None, completions: Sequence[Any], **kwargs: Any) -> RewardOutput:
         """Score each completion; see :meth:`RewardFunction.__call__`. Returns a :class:`RewardOutput`."""
         inputs = collect_inputs(prompts, completions, kwargs, self.columns)
-        return self.score_inputs(inputs)
+        out = self.score_inputs(inputs)
+        hint = self._column_hint(kwargs)
+        if hint:
+            out.reasons = [r + hint if r is not None and r.startswith(NO_VISUAL) else r for r in out.reasons]
+        return out
+
+    def _column_hint(self, columns: dict) -> str:
+        """A hint when a column that looks like a visual is not one this reward reads (a ``videos``
+        column beside ``video_column="video"``), else ""."""
+        read = {self.columns.image, self.columns.images, self.columns.video}
+        for name, option in LOOKALIKE_COLUMNS.items():
+            if name in columns and name not in read:
+                return f" (a {name!r} column was given but is not read: pass {option}={name!r})"
+        return ""
 
     def score_inputs(self, inputs: RewardInputs) -> RewardOutput:
         """Score collected samples: invalid ones get None, the rest are scored in groups that share a
@@ -380,7 +399,7 @@ class CaptionReward(RewardFunction):
                 continue
             refs = s.references if self.use_references else None
             if s.visual is None and (self.needs_visual or refs is None):
-                reasons[i] = "no image or video for this sample" + ("" if self.needs_visual else " and no references")
+                reasons[i] = NO_VISUAL + ("" if self.needs_visual else " and no references")
                 continue
             groups.setdefault((s.kind, refs is not None), []).append(i)
         with self._lock:
