@@ -319,3 +319,23 @@ def test_a_clip_checkpoint_given_as_judge_model_is_named_as_such(tmp_path, tiny_
     other.write_text("hello")
     with pytest.raises(JudgeLoadError, match="is a single file, not a judge model directory"):
         load_llava(other, dtype=None, device=None)
+
+
+def test_ctrl_c_during_start_up_is_one_line(monkeypatch, capsys, tmp_path):
+    """Round 3: Ctrl-C during start-up printed a traceback. Ctrl-C while the parser imports the
+    commands, and while `capreward serve` loads its model, each give one line and status 130."""
+    from capreward.cli import main as cli_main
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(cli_main, "build_parser", interrupted)
+        assert cli_main.main(["score", "--help"]) == 130
+    assert capsys.readouterr().err.strip() == "capreward: interrupted"
+    import capreward.adapters.factory
+
+    monkeypatch.setattr(capreward.adapters.factory, "build_reward", interrupted)
+    assert cli_main.main(["serve", "--reward", "clip_s", "--allow-any-path", "--port", "0"]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "capreward serve: interrupted" and "Traceback" not in err
