@@ -112,7 +112,7 @@ def test_dict_mode_has_score_unscored_and_the_chosen_subscores(em_reward, media)
     assert good["score"] == pytest.approx(direct[0], abs=1e-6)
     out = em_reward.compute(None, [CAPTIONS[0]], video=[media["videos"][0]], references=[REFS[0]])
     assert good["video/fine_p"] == pytest.approx(out.metrics["video/fine_p"][0], abs=1e-6)
-    assert all(math.isfinite(v) for v in bad.values())
+    assert math.isfinite(bad["score"]) and math.isfinite(bad["unscored"])  # the reward itself is never NaN
     with pytest.raises(ValueError, match="clash"):
         make_compute_score(em_reward, return_dict=True, subscores=["score"])
 
