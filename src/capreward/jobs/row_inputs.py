@@ -64,15 +64,15 @@ def stored_inputs(row: dict) -> tuple[Any, Any, Any, Any, Any]:
             row.get(HASH_FIELD, "unrecorded"))
 
 
-def changes(stored: tuple, row: Any) -> list[str]:
+def changes(stored: tuple, row: Any, references_used: bool = True) -> list[str]:
     """What differs between a result row's :func:`stored_inputs` and manifest row ``row``
-    (a :class:`~capreward.jobs.manifest.ManifestRow`): ``caption``, ``references``, ``visual path``,
-    ``visual content``."""
+    (a :class:`~capreward.jobs.manifest.ManifestRow`): ``caption``, ``references`` (only when the job
+    uses them, ``references_used``), ``visual path``, ``visual content``."""
     caption, references, image, video, digest = stored
     out = []
     if caption != row.caption:
         out.append("caption")
-    if references != row.references:
+    if references_used and references != row.references:
         out.append("references")
     path = image if row.kind == "image" else video
     if path != row.path or (image is not None and video is not None):
@@ -82,10 +82,11 @@ def changes(stored: tuple, row: Any) -> list[str]:
     return out
 
 
-def check_unchanged(rows: list, stored: dict[str, tuple], out: str) -> None:
+def check_unchanged(rows: list, stored: dict[str, tuple], out: str, references_used: bool = True) -> None:
     """Raise :class:`ChangedInputs` when a manifest row already in results file ``out`` (``stored``: id
-    -> :func:`stored_inputs`) has other inputs now, naming the rows and what changed."""
-    changed = [(r.id, what) for r in rows if r.id in stored and (what := changes(stored[r.id], r))]
+    -> :func:`stored_inputs`) has other inputs now, naming the rows and what changed (references only
+    when the job uses them)."""
+    changed = [(r.id, what) for r in rows if r.id in stored and (what := changes(stored[r.id], r, references_used))]
     if not changed:
         return
     shown = "; ".join(f"{rid!r}: {', '.join(what)}" for rid, what in changed[:SHOWN])

@@ -28,13 +28,14 @@ def batches(rows: list[ManifestRow], size: int):
         yield rows[start : start + size]
 
 
-def unscored(rows: list[ManifestRow], out: str | Path, quarantine: bool = False) -> list[ManifestRow]:
+def unscored(rows: list[ManifestRow], out: str | Path, quarantine: bool = False,
+             references_used: bool = True) -> list[ManifestRow]:
     """The rows not yet in ``out``; repairs a torn last line of ``out``, refuses a file with other bad
     lines (:class:`~capreward.jobs.results_file.ResultsCorrupt`, nothing changed) or with ``quarantine``
     moves them to ``<out>.quarantine``, and refuses rows of ``out`` whose caption, references or visual
     changed since they were scored (:class:`~capreward.jobs.row_inputs.ChangedInputs`, naming them)."""
     found = recover_scan(out, quarantine=quarantine)
-    check_unchanged([r for r in rows if r.id in found.ids], found.inputs, str(out))
+    check_unchanged([r for r in rows if r.id in found.ids], found.inputs, str(out), references_used)
     return [r for r in rows if r.id not in found.ids]
 
 
