@@ -106,12 +106,13 @@ def test_dict_mode_has_score_unscored_and_the_chosen_subscores(em_reward, media)
     refs_only = compute_score("vatex", CAPTIONS[0], REFS[0], None)
     assert set(good) == set(bad) == set(refs_only) == {"score", "unscored", *keys}
     assert good["unscored"] == 0.0 and bad["unscored"] == 1.0 and bad["score"] == 0.0
-    assert refs_only["video/fine_p"] == 0.0  # no video part: the fallback
+    assert math.isnan(refs_only["video/fine_p"])  # no video part: NaN, as the server answers (round 3: the fallback)
+    assert all(math.isnan(bad[k]) for k in keys)
     direct = em_reward(None, [CAPTIONS[0]], video=[media["videos"][0]], references=[REFS[0]])
     assert good["score"] == pytest.approx(direct[0], abs=1e-6)
     out = em_reward.compute(None, [CAPTIONS[0]], video=[media["videos"][0]], references=[REFS[0]])
     assert good["video/fine_p"] == pytest.approx(out.metrics["video/fine_p"][0], abs=1e-6)
-    assert all(math.isfinite(v) for v in bad.values())
+    assert math.isfinite(bad["score"]) and math.isfinite(bad["unscored"])  # the reward itself is never NaN
     with pytest.raises(ValueError, match="clash"):
         make_compute_score(em_reward, return_dict=True, subscores=["score"])
 
@@ -160,6 +161,7 @@ def test_bad_configuration_fails_clearly(clip_reward):
         ({"references": ["ok", 5]}, r"references\[1\] must be a str"),
         ({}, "names no image, video or references"),
         ([1, 2], "must be an object"),
+        ({"image": "a.png", "images": ["b.png"]}, "gives both 'image' and 'images'"),  # round 3: b.png was ignored
     ],
 )
 def test_label_errors_name_the_item(label, message):
@@ -214,3 +216,25 @@ def test_a_solution_that_is_not_a_str_gets_the_fallback(solution, clip_reward, m
     assert got == {"score": -1.0, "unscored": 1.0} and batch[0] == got
     assert batch[1]["unscored"] == 0.0
     assert f"solution_str must be a str, got {type(solution).__name__}" in caplog.text
+
+
+def test_help_and_docstrings_give_the_frameworks_current_keys():
+    """Round 3: the CLI help and this adapter's docstring gave OpenRLHF's and veRL's old keys
+    (OpenRLHF >= 0.10 reads --reward.remote_url; veRL 0.9 reads reward.custom_reward_function.* and no
+    longer has reward_model.reward_manager=batch)."""
+    import io
+    from contextlib import redirect_stdout
+
+    import capreward.adapters.openrlhf as openrlhf
+    import capreward.adapters.verl as verl_module
+    from capreward.cli.main import build_parser
+
+    buf = io.StringIO()
+    with redirect_stdout(buf), pytest.raises(SystemExit):
+        build_parser().parse_args(["--help"])
+    assert "--reward.remote_url" in buf.getvalue()
+    assert "--reward.remote_url" in openrlhf.__doc__.splitlines()[0]
+    doc = verl_module.__doc__
+    assert "reward.custom_reward_function.path=pkg://capreward.adapters.verl" in doc
+    assert "\n      custom_reward_function.path" not in doc
+    assert "(``reward_model.reward_manager=naive``" not in doc

@@ -296,3 +296,46 @@ def test_help_has_a_description_and_numeric_defaults():
     from capreward.rewards.hallucination import DEFAULT_THRESHOLD
 
     assert f"(default: {DEFAULT_THRESHOLD})" in entry, entry
+
+
+def test_a_clip_checkpoint_given_as_judge_model_is_named_as_such(tmp_path, tiny_clip_path):
+    """Round 3: a CLIP .pt given as --judge-model was reported as "directory does not exist"."""
+    from PIL import Image
+
+    Image.new("RGB", (16, 16), "red").save(tmp_path / "red.png")
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"id": "a", "caption": "a red image.", "image": str(tmp_path / "red.png")}) + "\n")
+    result = subprocess.run([sys.executable, "-m", "capreward.cli.main", "score", str(manifest), "--out",
+                             str(tmp_path / "o.jsonl"), "--metrics", "fleur", "--judge-model", str(tiny_clip_path),
+                             "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    assert "is a CLIP checkpoint, not a model directory" in result.stderr
+    assert "does not exist" not in result.stderr and "Traceback" not in result.stderr
+    from capreward.judges.loading import JudgeLoadError, load_llava
+
+    with pytest.raises(JudgeLoadError, match="CLIP weights go to --clip-model"):
+        load_llava(tiny_clip_path, dtype=None, device=None)
+    other = tmp_path / "notes.txt"
+    other.write_text("hello")
+    with pytest.raises(JudgeLoadError, match="is a single file, not a judge model directory"):
+        load_llava(other, dtype=None, device=None)
+
+
+def test_ctrl_c_during_start_up_is_one_line(monkeypatch, capsys, tmp_path):
+    """Round 3: Ctrl-C during start-up printed a traceback. Ctrl-C while the parser imports the
+    commands, and while `capreward serve` loads its model, each give one line and status 130."""
+    from capreward.cli import main as cli_main
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(cli_main, "build_parser", interrupted)
+        assert cli_main.main(["score", "--help"]) == 130
+    assert capsys.readouterr().err.strip() == "capreward: interrupted"
+    import capreward.adapters.factory
+
+    monkeypatch.setattr(capreward.adapters.factory, "build_reward", interrupted)
+    assert cli_main.main(["serve", "--reward", "clip_s", "--allow-any-path", "--port", "0"]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "capreward serve: interrupted" and "Traceback" not in err

@@ -190,3 +190,13 @@ def test_plan_packed_passes_bounds_rows_and_tokens():
 
     assert plan_packed_passes([3, 3, 3, 3, 3], max_rows=2, max_tokens=100) == [[0, 1], [2, 3], [4]]
     assert plan_packed_passes([3, 4, 5, 90], max_rows=10, max_tokens=10) == [[0, 1], [2], [3]]
+
+
+def test_idf_weights_must_be_finite_and_non_negative():
+    """Round 3: idf weights of nan, inf or below 0 were accepted."""
+    for bad in (math.nan, math.inf, -1.0):
+        with pytest.raises(ValueError, match="idf weights must be finite and >= 0"):
+            idf_from_mapping({1: 0.5, 2: bad})
+        with pytest.raises(ValueError, match="default weight"):
+            idf_from_mapping({1: 0.5}, default=bad)
+    assert idf_from_mapping({1: 0.0}, default=0.0).vector(2).tolist() == [0.0, 0.0]

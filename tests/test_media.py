@@ -118,3 +118,53 @@ def test_media_keys(tmp_path):
     p.write_bytes(b"1")
     assert media_key(p) == media_key(str(p))
     assert media_key(tmp_path / "absent") is None
+
+
+def test_exif_orientation_is_applied_to_images(tmp_path):
+    """Round 3: EXIF orientation was ignored on images (videos' display matrix was already applied). A
+    phone photo stored sideways with Orientation 6 (rotate 90 degrees clockwise to display) is scored
+    upright; an image without the tag is unchanged."""
+    from PIL import Image
+
+    from capreward.media import load_image
+
+    stored = np.zeros((40, 60, 3), dtype=np.uint8)  # 60 wide, 40 high: red left half, blue right half
+    stored[:, :30, 0] = 255
+    stored[:, 30:, 2] = 255
+    stored[:5, :, 1] = 255  # a green top band, so that every rotation is distinguishable
+    image = Image.fromarray(stored)
+    exif = image.getexif()
+    exif[0x0112] = 6
+    path = tmp_path / "sideways.png"
+    image.save(path, exif=exif.tobytes())
+    upright = np.rot90(stored, k=-1)  # 90 degrees clockwise, computed independently of PIL
+    loaded = np.asarray(load_image(str(path)))
+    assert loaded.shape == (60, 40, 3)
+    assert np.array_equal(loaded, upright)
+    with Image.open(path) as lazy:  # an in-memory PIL image with the tag, as a user passes it
+        assert np.array_equal(np.asarray(load_image(lazy)), upright)
+    plain = tmp_path / "plain.png"
+    image.save(plain)
+    assert np.array_equal(np.asarray(load_image(str(plain))), stored)
+
+
+def test_a_short_video_sampled_to_more_frames_says_so_once(caplog):
+    """Round 3: an 8-frame array was resampled to 10 frames (two repeated) without a word."""
+    import logging
+
+    from capreward.media import load_video
+    from capreward.media.videos import _WARNED_REPEATS
+
+    _WARNED_REPEATS.discard((8, 10))
+    frames = np.random.default_rng(0).integers(0, 255, (8, 16, 16, 3), dtype=np.uint8)
+    with caplog.at_level(logging.WARNING, logger="capreward.media.videos"):
+        out = load_video(frames, frames=10)
+        load_video(frames, frames=10)
+    assert len(out) == 10
+    warned = [r.getMessage() for r in caplog.records if "sampled to frames=10" in r.getMessage()]
+    assert len(warned) == 1 and "8 frames" in warned[0] and "2 of the 10 samples" in warned[0]
+    assert "frames=None" in warned[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="capreward.media.videos"):
+        assert len(load_video(frames, frames=None)) == 8 and len(load_video(frames, frames=8)) == 8
+    assert not caplog.records

@@ -259,3 +259,22 @@ def test_summary_renders_in_headless_chromium(handmade, tmp_path):
     dark = np.all(top < 100, axis=-1)
     assert dark[:, :600].sum() > 2000  # text of the table
     assert len(np.unique(top.reshape(-1, 3), axis=0)) > 20
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"id": "a", "caption": 5, "clip_s": 0.5}', ":1: 'caption' is a int, not text"),
+    ('{"id": "a", "caption": "x", "clip_s": null, "errors": "boom"}', ":1: 'errors' is a str, not an object"),
+    ('[1, 2, 3]', ":1: a JSON list, not a result row"),
+    ('{"id": "a", "caption": "x", "image": "i.png"}', "has no scores"),  # a manifest, not its results
+    ('', "has no rows"),
+])
+def test_report_refuses_rows_it_cannot_show_in_one_line(tmp_path, line, message):
+    """Round 3: these rows gave a traceback (or, for a manifest, an empty page and exit 0)."""
+    scores = tmp_path / "scores.jsonl"
+    scores.write_text(line + "\n" if line else "")
+    result = cli("report", scores, "--out", tmp_path / "r.html", "--no-progress")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert message in lines[0] and lines[0].startswith("capreward report: error:")
+    assert not (tmp_path / "r.html").exists()

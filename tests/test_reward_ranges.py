@@ -105,7 +105,9 @@ def test_every_reward_states_a_range():
     assert VisCE2Reward().value_range() == (0.0, 1.0)
     assert GVEvalReward(scale=1.0).value_range() == (0.0, 100.0)
     assert HallucinationPenalty().value_range() == (-1.0, 0.0)
-    composite = CompositeReward([(EMScoreReward(), 2.0), (CLIPScoreReward(), -1.0)], guards=Guards(length=0.5))
+    composite = CompositeReward(
+        [(EMScoreReward(), 2.0), (CLIPScoreReward(), -1.0)], guards=Guards(length=0.5), allow_negative_weights=True
+    )
     # 2*[-1, 1] + (-1)*[-1, 2.5] + repetition [-1, 0] + truncation [-1, 0] + length [-0.5, 0] + injection [-1, 0]
     assert composite.value_range() == (-2.0 - 2.5 - 3.5, 2.0 + 1.0)
     assert CompositeReward([lambda prompts, completions, **kw: [0.0] * len(completions)]).value_range() is None
@@ -127,18 +129,29 @@ def test_composite_renormalisation_is_clipped_to_the_composite_range(scorers):
     em, _ = scorers
     _, video = _image_and_video()
     # -EMScore (weight -1) + a reward that is always None (weight 3): "renormalize" scales -EMScore by 4,
-    # which leaves the composite's range -[-1, 1] + 3 [0, 1] = [-1, 4] below -1.
+    # which leaves the composite's range -[-1, 1] + 3 [0, 1] = [-1, 4] below -1 (never above the floor,
+    # -EMScore + 3 * 0: a missing judgment never pays).
     released = EMScoreReward(scorer=em, harmonic_mean="released")  # the F that leaves [-1, 1]
-    composite = CompositeReward([(released, -1.0), (AlwaysNone(), 3.0)], guards=None, on_none="renormalize")
+    composite = CompositeReward(
+        [(released, -1.0), (AlwaysNone(), 3.0)], guards=None, on_none="renormalize", allow_negative_weights=True
+    )
     lo, hi = composite.value_range()
     assert (lo, hi) == (-1.0, 4.0)
     captions = ["a dog.", EMSCORE_ESCAPEE, "grass"]
     alone = released.compute(None, captions, video=[video] * 3).values
     out = composite.compute(None, captions, video=[video] * 3)
-    assert any(not lo <= -4 * a <= hi for a in alone), "precondition: renormalisation leaves the range"
+    assert any(not lo <= min(-4 * a, -a) <= hi for a in alone), "precondition: renormalisation leaves the range"
     for value, a in zip(out.values, alone):
-        assert value == pytest.approx(min(max(-4 * a, lo), hi), abs=1e-5)
-    assert out.clipped == [i for i, a in enumerate(alone) if not lo <= -4 * a <= hi]
+        assert value == pytest.approx(min(max(min(-4 * a, -a), lo), hi), abs=1e-5)
+    assert out.clipped == [i for i, a in enumerate(alone) if not lo <= min(-4 * a, -a) <= hi]
     logged = {}
     composite.report(out, log_metric=logged.__setitem__)
     assert logged["rewards/composite/clipped"] == float(len(out.clipped))
+
+
+def test_reward_parameters_are_validated_at_construction():
+    """Round 3: CLIPScoreReward(w=-2.5) inverted CLIP-S, w=nan left every sample unscored."""
+    for bad in (-2.5, 0.0, math.nan, math.inf, "2.5"):
+        with pytest.raises(ValueError, match="w must be a finite number > 0"):
+            CLIPScoreReward(w=bad)
+    assert CLIPScoreReward(w=1.0).value_range() == (-1.0, 1.0)

@@ -221,6 +221,43 @@ def test_completion_extraction():
     assert completion_of("<pad><pad>" + PROMPT + " a cat <|im_end|></s>", PROMPT, "q") == "a cat"
     assert completion_of("a cat", None, "q") == "a cat"
     assert "</s>" in END_MARKERS
+    # the response starts after the FIRST copy of the prompt: a repeat of it inside the response hides nothing
+    hidden = " purple orange blue green" * 3
+    for before in ("", "<s>", " ", "<pad><pad><s>"):
+        assert completion_of(before + PROMPT + hidden + PROMPT + " a red image.", PROMPT, "q") == (
+            (hidden + PROMPT + " a red image.").strip())
+
+
+def test_a_response_that_repeats_the_prompt_is_scored_whole_round3_h1(em_server, tiny_clip_path, media):
+    """Round 3, H1: ``"<s>" + P + " purple orange blue green" x60 + P + " a red image."`` was scored on
+    what followed the last copy of P (the honest caption's reward), hiding everything before it."""
+    tail = " a red image."
+    hidden = " purple orange blue green" * 60
+    queries = ["<s>" + PROMPT + hidden + PROMPT + tail, PROMPT + hidden + PROMPT + tail, "<pad><pad>" + PROMPT + tail]
+    server, corpus = em_server
+    status, body = server.post({"query": queries, "prompts": [PROMPT] * 3, "labels": [{"video": "v0.mp4"}] * 3})
+    assert status == 200, body
+    reward = EMScoreReward(model=str(tiny_clip_path), idf=corpus.read_text().split("\n")[:-1])
+    video = str(media / "v0.mp4")
+    whole, honest = reward(None, [(hidden + PROMPT + tail).strip(), tail.strip()], video=[video] * 2)
+    assert whole != pytest.approx(honest, abs=1e-4)  # precondition: the hidden part changes the score
+    assert body["rewards"] == pytest.approx([whole, whole, honest], abs=1e-6)
+    assert body["errors"] == [None, None, None]
+
+
+def test_a_request_without_prompts_scores_each_query_as_the_response(clip_server, tiny_clip_path, media):
+    """The documented rule: no ``prompts`` -> each query is the response alone, and the server says so
+    in its log (once)."""
+    status, body = clip_server.post({"query": [CAPTIONS[0]] * 2, "labels": [{"image": "i0.png"}] * 2})
+    assert status == 200, body
+    direct = CLIPScoreReward(model=str(tiny_clip_path))(None, [CAPTIONS[0]], image=[str(media / "i0.png")])
+    assert body["rewards"] == pytest.approx(direct * 2, abs=1e-6)
+    clip_server.post({"query": [CAPTIONS[1]], "labels": [{"image": "i0.png"}]})
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not any("without 'prompts'" in line for line in clip_server.lines):
+        time.sleep(0.1)
+    warned = [line for line in clip_server.lines if "without 'prompts'" in line]
+    assert len(warned) == 1 and "must send 'prompts'" in warned[0]
 
 
 def test_composite_service_equals_the_composite_called_directly(tiny_clip_path, media):

@@ -440,3 +440,41 @@ def test_plot_draws_the_main_score_between_the_metric_bounds(tiny_backbone, vide
     fig, ax = metric.plot()
     assert [float(y) for l in ax.lines for y in l.get_ydata()][:1] == pytest.approx([float(metric.compute()["score"])])
     plt.close(fig)
+
+
+# ------------------------------------------------------------------------------ round 3: silent behaviours
+def test_compute_before_any_scored_update_warns(tiny_backbone):
+    metric = CLIPScoreMetric(backbone=tiny_backbone, visual="image")
+    with pytest.warns(UserWarning, match="no sample has been scored"):
+        assert math.isnan(float(metric.compute()))
+    metric.update([], [])  # an update with no captions still scores nothing
+    with pytest.warns(UserWarning, match="no sample has been scored"):
+        assert math.isnan(float(metric.compute()))
+
+
+def test_an_id_reused_with_other_content_across_updates_warns(tiny_backbone, videos):
+    metric = EMScoreMetric(backbone=tiny_backbone, per_sample=True)
+    metric.update(["a man is cooking food"], [videos[0]], ids=[7])
+    metric.update(["a man is cooking food"], [videos[0]], ids=[7])  # DDP padding: the same sample again
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        metric.compute()
+    metric.update(["two dogs play in the snow"], [videos[1]], ids=[7])  # another sample, same id
+    with pytest.warns(UserWarning, match=r"sample id\(s\) 7 were given to samples with other scores"):
+        out = metric.compute()
+    assert out["per_sample/id"].reshape(-1).tolist() == [7]
+
+
+def test_emscore_metric_fed_images_names_visual_image(tiny_backbone, tmp_path):
+    from PIL import Image
+
+    image = Image.fromarray(np.zeros((32, 32, 3), dtype=np.uint8))
+    path = tmp_path / "red.png"
+    image.save(path)
+    metric = EMScoreMetric(backbone=tiny_backbone)
+    for visuals in ([image], [str(path)], np.zeros((32, 32, 3), dtype=np.uint8), [np.zeros((32, 32, 3), np.uint8)]):
+        with pytest.raises(TypeError, match=r'visual="image"'):
+            metric.update(["a red image"], visuals)
+    metric_images = EMScoreMetric(backbone=tiny_backbone, visual="image")
+    metric_images.update(["a red image"], [image])
+    assert not math.isnan(float(metric_images.compute()))

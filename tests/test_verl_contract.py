@@ -20,6 +20,7 @@ the key stacking) for the batch manager.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import re
 
@@ -142,15 +143,15 @@ def expected_rows(tiny_clip_path, media):
                             references=[s[1] for s in SAMPLES[:3]])
     rows = [{"score": v, "unscored": 0.0, "clip_s": scored.metrics["clip_s"][i],
              "ref_similarity": scored.metrics["ref_similarity"][i]} for i, v in enumerate(scored.values)]
-    rows[1]["ref_similarity"] = FALLBACK  # no references: the sub-score gets the fallback in dict mode
-    return rows + [{"score": FALLBACK, "unscored": 1.0, "clip_s": FALLBACK, "ref_similarity": FALLBACK}]
+    rows[1]["ref_similarity"] = math.nan  # no references: NaN in dict mode, as the server answers
+    return rows + [{"score": FALLBACK, "unscored": 1.0, "clip_s": math.nan, "ref_similarity": math.nan}]
 
 
 def check(outputs, rows):
     assert [set(o["reward_extra_info"]) for o in outputs] == [set(rows[0])] * len(rows)
     assert [o["reward_score"] for o in outputs] == pytest.approx([r["score"] for r in rows], abs=1e-6)
     for out, row in zip(outputs, rows):
-        assert out["reward_extra_info"] == pytest.approx(row, abs=1e-6)
+        assert out["reward_extra_info"] == pytest.approx(row, abs=1e-6, nan_ok=True)
 
 
 def test_naive_manager_calls_compute_score(capreward_env, tiny_clip_path, media, tokenizer_dir):
@@ -177,8 +178,8 @@ def test_batch_manager_results_do_not_depend_on_the_batch(capreward_env, tiny_cl
     alone = [run_worker(config, data_proto(tokenizer_dir, [s]))[1][0] for s in SAMPLES]
     _, reversed_ = run_worker(config, data_proto(tokenizer_dir, SAMPLES[::-1]))
     for a, b, c in zip(together, alone, reversed_[::-1]):
-        assert a["reward_extra_info"] == pytest.approx(b["reward_extra_info"], abs=1e-6)
-        assert a["reward_extra_info"] == pytest.approx(c["reward_extra_info"], abs=1e-6)
+        assert a["reward_extra_info"] == pytest.approx(b["reward_extra_info"], abs=1e-6, nan_ok=True)
+        assert a["reward_extra_info"] == pytest.approx(c["reward_extra_info"], abs=1e-6, nan_ok=True)
 
 
 @pytest.mark.slow
@@ -204,7 +205,7 @@ def test_reward_loop_manager_with_its_ray_worker(capreward_env, tiny_clip_path, 
     assert out.batch["rm_scores"].sum(dim=1).tolist() == pytest.approx([r["score"] for r in rows], abs=1e-6)
     assert sorted(out.meta_info["reward_extra_keys"]) == sorted(rows[0])
     for key in rows[0]:
-        assert out.non_tensor_batch[key].tolist() == pytest.approx([r[key] for r in rows], abs=1e-6)
+        assert out.non_tensor_batch[key].tolist() == pytest.approx([r[key] for r in rows], abs=1e-6, nan_ok=True)
 
 
 def test_readme_gives_exactly_these_overrides():

@@ -150,6 +150,8 @@ def parse_label(label: Any, where: str = "label", paths: MediaPaths | str | os.P
     unknown = sorted(set(label) - set(LABEL_KEYS))
     if unknown:
         raise LabelError(f"{where} has unknown keys {unknown}; allowed: {list(LABEL_KEYS)}")
+    if label.get("image") is not None and label.get("images") is not None:
+        raise LabelError(f"{where} gives both 'image' and 'images'; give one (the other would be ignored)")
     image = _path_value(label.get("image"), "image", where)
     if image is None:
         image = _path_value(label.get("images"), "images", where)

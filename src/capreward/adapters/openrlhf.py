@@ -1,4 +1,5 @@
-"""An OpenRLHF-compatible HTTP reward server (``--remote_rm_url http://host:port/get_reward``).
+"""An OpenRLHF-compatible HTTP reward server (``--reward.remote_url http://host:port/get_reward``, with
+``--data.label_key label``; OpenRLHF before 0.10: ``--remote_rm_url`` and ``--label_key``).
 
 Protocol (OpenRLHF's remote reward model): ``POST /get_reward`` with the JSON body
 ``{"query": [prompt + response, ...], "prompts": [prompt, ...], "labels": [label, ...]}``; the answer
@@ -13,8 +14,12 @@ sub-score a sample does not have (unscored, no references) is NaN (JSON ``NaN``,
 varied from answer to answer broke that split. The answer also has ``errors`` (per sample, None or
 why it got the fallback), which OpenRLHF ignores.
 
-The completion is the part of the query after its prompt; trailing end-of-text markers
-(:data:`END_MARKERS`) are removed. Labels (JSON strings or objects) name the visual and references:
+The completion is the part of the query after the *first* occurrence of its prompt (whatever precedes
+it, a BOS, left padding, a space, is ignored; a response that repeats the prompt is scored whole, the
+repeat included); trailing end-of-text markers (:data:`END_MARKERS`) are removed. A request without
+``prompts`` (OpenRLHF always sends them) follows a documented rule: each query is taken as the response
+alone and scored whole, and the server logs a warning once; a client that sends prompt + response
+must send ``prompts`` too. Labels (JSON strings or objects) name the visual and references:
 see :mod:`capreward.adapters.labels`.
 
 Errors: a malformed request (not JSON, missing ``query``/``labels``, lengths that differ, a label that
@@ -158,17 +163,20 @@ class ServerLimits:
 
 
 def completion_of(query: str, prompt: str | None, where: str) -> str:
-    """The response part of ``query``: the text after ``prompt`` (its last occurrence when the query
-    does not start with it), with trailing end markers and whitespace removed. RequestError(400)
-    naming ``where`` when the prompt is not in the query."""
+    """The response part of ``query``: everything after the *first* occurrence of ``prompt`` (special
+    tokens, padding or spaces before it are ignored; a response that repeats the prompt is kept whole,
+    so nothing it holds escapes the reward), with trailing end markers and whitespace removed.
+    Without a prompt the whole query is the response. RequestError(400) naming ``where`` when the
+    prompt is not in the query.
+
+    >>> completion_of("<s>Describe. a dog. Describe. a cat.", "Describe.", "q")
+    'a dog. Describe. a cat.'
+    """
     if prompt:
-        if query.startswith(prompt):
-            text = query[len(prompt):]
-        else:
-            at = query.rfind(prompt)
-            if at < 0:
-                raise RequestError(400, f"{where}: the query does not contain its prompt")
-            text = query[at + len(prompt):]
+        at = query.find(prompt)
+        if at < 0:
+            raise RequestError(400, f"{where}: the query does not contain its prompt")
+        text = query[at + len(prompt):]
     else:
         text = query
     text = text.strip()
@@ -180,6 +188,20 @@ def completion_of(query: str, prompt: str | None, where: str) -> str:
                 text = text[: -len(marker)].rstrip()
                 changed = True
     return text
+
+
+_NO_PROMPTS_WARNED = threading.Event()
+
+
+def _warn_no_prompts() -> None:
+    """Log once per process that requests without ``prompts`` are scored as responses alone."""
+    if not _NO_PROMPTS_WARNED.is_set():
+        _NO_PROMPTS_WARNED.set()
+        logger.warning(
+            "a request without 'prompts': each query is scored whole as the response (OpenRLHF sends "
+            "'prompts'; a client that puts the prompt in 'query' must send 'prompts' too, or the prompt is "
+            "scored as caption text)"
+        )
 
 
 def _string_list(payload: dict, key: str, n: int | None) -> list[Any] | None:
@@ -210,6 +232,8 @@ def parse_request(payload: Any, limits: ServerLimits, paths: MediaPaths | None =
     except JSONLimitError as exc:
         raise RequestError(400, str(exc)) from None
     prompts = _string_list(payload, "prompts", n)
+    if prompts is None and n:
+        _warn_no_prompts()
     labels = _string_list(payload, "labels", n)
     if labels is None and n:
         raise RequestError(400, "missing 'labels': each query needs a label naming its image/video and references")

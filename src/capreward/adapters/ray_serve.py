@@ -28,7 +28,7 @@ Example::
                      limits=ServerLimits(max_batch_size=64, max_wait=0.005),
                      ray_actor_options={"num_gpus": 1})
     serve.start(http_options={"host": "0.0.0.0", "port": 8000})
-    serve.run(app, route_prefix="/")        # OpenRLHF: --remote_rm_url http://HOST:8000/get_reward
+    serve.run(app, route_prefix="/")        # OpenRLHF: --reward.remote_url http://HOST:8000/get_reward
 """
 
 from __future__ import annotations

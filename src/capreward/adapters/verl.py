@@ -1,11 +1,13 @@
 """veRL adapter: capreward rewards as veRL custom reward functions.
 
-veRL calls ``compute_score(data_source, solution_str, ground_truth, extra_info=None, **reward_kwargs)``
-once per response (``reward_model.reward_manager=naive``, the default) and expects a number, or a
-dict whose ``"score"`` entry is the reward and whose other entries are logged as extra reward info.
-With ``reward_model.reward_manager=batch`` it calls
-``compute_score(data_sources=, solution_strs=, ground_truths=, extra_infos=)`` once per batch and
-expects a list; :func:`compute_score_batch` is that entry point and scores the batch together.
+veRL (0.9.x; its reward loop, ``verl.experimental.reward_loop``, is the reward path of
+``verl.trainer.main_ppo``) calls ``compute_score(data_source, solution_str, ground_truth, extra_info=None,
+**reward_kwargs)`` once per response (its ``naive`` reward manager, the default) and expects a number,
+or a dict whose ``"score"`` entry is the reward and whose other entries are logged as extra reward info.
+:func:`compute_score_batch` takes ``compute_score(data_sources=, solution_strs=, ground_truths=,
+extra_infos=)`` for a batch and returns a list; veRL 0.9 no longer has the ``batch`` manager that
+called it (``reward_model.reward_manager=batch`` is not read): capreward's own reward manager,
+:mod:`capreward.adapters.verl_manager`, scores a batch together instead.
 
 The visual comes from ``extra_info`` (``{"video": path}`` or ``{"image": path}``, optional
 ``"visual_id"``; see :mod:`capreward.adapters.labels`) and the references from ``ground_truth`` (a
@@ -13,10 +15,10 @@ str, a list of str, or ``extra_info["references"]``).
 
 Two ways to configure it:
 
-- Environment variables, with this file as the custom reward function::
+- Environment variables, with this module as the custom reward function::
 
-      custom_reward_function.path=$(python -c "import capreward.adapters.verl as m; print(m.__file__)")
-      custom_reward_function.name=compute_score          # or compute_score_batch
+      reward.custom_reward_function.path=pkg://capreward.adapters.verl
+      reward.custom_reward_function.name=compute_score
       CAPREWARD_REWARD=emscore CAPREWARD_CLIP_MODEL=/models/ViT-B-32.pt CAPREWARD_IDF=corpus.txt \\
       CAPREWARD_RETURN_DICT=1 CAPREWARD_SUBSCORES=video/fine_p,video/fine_r \\
       python -m verl.trainer.main_ppo ...
@@ -93,7 +95,8 @@ class VerlScorer:
         return_dict: return ``{"score": value, "unscored": 0/1, <sub-scores>...}`` instead of a float.
         subscores: in dict mode, the reward's sub-scores to add (e.g. ``["video/fine_p",
             "reference/full_f"]``). veRL collects every key over the batch, so each result has exactly
-            these keys; a sub-score a sample lacks gets ``fallback``.
+            these keys; a sub-score a sample lacks (unscored, no references) is NaN, as the reward
+            server answers it (the fallback is a reward, not a sub-score).
         media_root: directory that image/video paths are confined to (relative ones resolved against
             it; anything else gets the fallback with one fixed reason). None: paths are used as given.
     """
@@ -162,7 +165,7 @@ class VerlScorer:
             row = {"score": value, "unscored": float(batch.values[i] is None)}
             for key in self.subscores:
                 v = batch.metrics.get(key, [math.nan] * len(filled))[i]
-                row[key] = float(v) if math.isfinite(v) else self.fallback
+                row[key] = float(v) if math.isfinite(v) else math.nan  # as the server: never the fallback
             out.append(row)
         return out
 

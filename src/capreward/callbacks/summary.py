@@ -10,6 +10,7 @@ and order the samples by id, which makes the result identical whatever the numbe
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -101,6 +102,25 @@ def check_ids(ids, n: int) -> torch.Tensor:
     return torch.tensor([int(v) for v in ids], dtype=torch.float32)
 
 
+def _warn_reused_ids(name: str, rows: torch.Tensor, sorted_ids: torch.Tensor, first: torch.Tensor) -> None:
+    """Warn when an id repeats with other scores than its first row: the same id given to two different
+    samples across updates (the repeats a DistributedSampler pads with are the same sample, scored the
+    same), whose second sample :func:`summarize` would drop silently."""
+    if bool(first.all()):
+        return
+    head = torch.cumsum(first.long(), 0) - 1  # each row's group index
+    firsts = rows[first][head]
+    same = torch.isclose(rows, firsts, rtol=1e-4, atol=1e-5, equal_nan=True).all(dim=1)
+    clash = sorted(set(sorted_ids[~same].tolist()))
+    if clash:
+        shown = ", ".join(str(i) for i in clash[:5]) + (f" and {len(clash) - 5} more" if len(clash) > 5 else "")
+        warnings.warn(
+            f"{name}: sample id(s) {shown} were given to samples with other scores in different updates; only the "
+            "first of each is kept. Give each sample its own id (its dataset index), or reset() between evaluations",
+            UserWarning, stacklevel=4,
+        )
+
+
 def summarize(name: str, columns: tuple[str, ...], ids: torch.Tensor, values: torch.Tensor) -> CaptionScores:
     """Turn flat metric states into :class:`CaptionScores`.
 
@@ -126,6 +146,7 @@ def summarize(name: str, columns: tuple[str, ...], ids: torch.Tensor, values: to
         sorted_ids = as_long[order]
         first = torch.ones_like(sorted_ids, dtype=torch.bool)
         first[1:] = sorted_ids[1:] != sorted_ids[:-1]
+        _warn_reused_ids(name, table[order], sorted_ids, first)
         keep = order[first]
         table = table[keep]
         sample_ids = sorted_ids[first]

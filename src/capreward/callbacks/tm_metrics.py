@@ -55,6 +55,8 @@ logger = logging.getLogger(__name__)
 
 _MATCH_FIELDS = ("coarse", "fine_p", "fine_r", "fine_f", "full_p", "full_r", "full_f")
 _VISUAL_KINDS = ("video", "image")
+#: File suffixes read as images, refused by a metric set for videos.
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
 
 
 class _Shared:
@@ -161,6 +163,8 @@ class CaptionMetric(Metric):
         if n == 0:
             return
         if visuals is not None and self.visual is not None:
+            if self.visual == "video":
+                self._refuse_images(visuals)
             visuals = per_visual(visuals, n, self.visual, "visuals")
         elif visuals is not None:
             visuals = split_per_sample(visuals, n, "visuals")
@@ -184,6 +188,35 @@ class CaptionMetric(Metric):
         self.ids.append(id_tensor.to(self.device))
         self.values.append(rows.reshape(-1).to(self.device))
         self._mode = (visuals is not None, refs is not None)
+
+    def _refuse_images(self, visuals: Any) -> None:
+        """A TypeError naming ``visual="image"`` when a metric set for videos is given images (PIL images,
+        image files, or one (H, W, 3) / (3, H, W) array) instead of a cryptic "unsupported video type"."""
+        from PIL import Image
+
+        items = [visuals] if isinstance(visuals, (str, os.PathLike, Image.Image)) else visuals
+        single_image = isinstance(visuals, (torch.Tensor, np.ndarray)) and visuals.ndim == 3
+        if not single_image and isinstance(items, (list, tuple)):
+            for i, item in enumerate(items):
+                if isinstance(item, Image.Image):
+                    what = "a PIL image"
+                    break
+                if isinstance(item, (str, os.PathLike)) and os.fspath(item).lower().endswith(IMAGE_SUFFIXES):
+                    what = f"the image file {os.fspath(item)!r}"
+                    break
+                if isinstance(item, (torch.Tensor, np.ndarray)) and item.ndim == 3:
+                    what = f"an array of shape {tuple(item.shape)} (an image, not (T, H, W, 3) frames)"
+                    break
+            else:
+                return
+        elif single_image:
+            i, what = 0, f"an array of shape {tuple(visuals.shape)} (one image, not (T, H, W, 3) frames)"
+        else:
+            return
+        raise TypeError(
+            f"{type(self).__name__} is set for videos (visual='video') but visuals[{i}] is {what}; "
+            f"to score images pass {type(self).__name__}(..., visual=\"image\")"
+        )
 
     def _captions_first(self, candidates: Any, visuals: Any) -> list[str]:
         """The captions as a list (one str is one caption); a TypeError naming the argument order when the
@@ -255,6 +288,10 @@ class CaptionMetric(Metric):
         ids = _cat(self.ids)
         values = _cat(self.values)
         scores = summarize(self.name, self.columns, ids, values)
+        if len(scores) == 0:
+            rank_zero_warn(
+                f"{self.name}: no sample has been scored (compute() or summary() before any update() with "
+                "captions, or after reset()): the score is NaN", UserWarning)
         self._check_count(scores)
         return scores
 

@@ -195,7 +195,7 @@ def _explain_rows(args: argparse.Namespace, rows: list) -> dict:
     from ..jobs.runners import base_fields, isolate_errors
     from ..jobs.score_job import batches, unscored
 
-    todo = unscored(rows, args.out, args.quarantine_bad_lines)
+    todo = unscored(rows, args.out, args.quarantine_bad_lines, references_used=args.references)
     written = 0
     if todo:
         explain = EXPLAINERS[args.metric](args)

@@ -171,8 +171,12 @@ def interrupted_message(args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    try:  # building the parser imports every command's module (torch among them): Ctrl-C may come here
+        parser = build_parser()
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:
+        print("capreward: interrupted", file=sys.stderr)
+        return 130
     try:
         if getattr(args, "device", None) is not None:
             from ..devices import checked_device

@@ -8,7 +8,9 @@ be sorted by any metric and filtered to errors or flagged samples in the page it
 Visuals are read from the paths the rows hold: capreward score writes the path it scored (a manifest's
 relative path resolved against the manifest's folder), so the report finds them from any working
 directory. A relative path in a row (a results file from an older version, or written by hand) is
-resolved against the working directory; visuals that cannot be found are counted in a warning."""
+resolved against the working directory; visuals that cannot be found are counted in a warning. A row
+the page cannot show (not written by ``capreward score``) or a file without any score (a manifest) is
+refused in one line, exit status 2."""
 
 from __future__ import annotations
 
@@ -24,11 +26,15 @@ def missing_visuals(rows: list[dict]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..jobs.results_file import read_results
-    from ..text import printable
     from ..report import render_report
+    from ..report.rows import ReportInputError, checked_rows
+    from ..text import printable
 
-    rows = read_results(args.scores)
+    try:
+        rows = checked_rows(args.scores)
+    except (ReportInputError, OSError) as exc:
+        print(f"capreward report: error: {printable(str(exc))}", file=sys.stderr)
+        return 2
     missing = missing_visuals(rows)
     if missing:
         print(f"capreward report: warning: {len(missing)} of {len(rows)} visuals not found (first: "

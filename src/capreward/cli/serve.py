@@ -95,7 +95,8 @@ def reward_name(name: str) -> str:
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
-        "serve", help="serve a reward over HTTP for OpenRLHF (--remote_rm_url http://HOST:PORT/get_reward)",
+        "serve", help="serve a reward over HTTP for OpenRLHF (--reward.remote_url http://HOST:PORT/get_reward; "
+                      "OpenRLHF before 0.10: --remote_rm_url)",
         description=__doc__,
     )
     p.add_argument("--reward", default="emscore", choices=REWARD_NAMES, type=reward_name,

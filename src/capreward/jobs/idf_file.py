@@ -107,7 +107,9 @@ def write_record(path: Path, choice: IdfChoice, table: IdfTable | None, clip_mod
         "weights": None if table is None else {str(k): v for k, v in sorted(table.weights.items())},
     }
     tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
+    from .safe_files import open_job_stream
+
+    with open_job_stream(tmp, "w", "the idf record", encoding="utf-8") as f:
         json.dump(record, f)
         f.flush()
         os.fsync(f.fileno())

@@ -23,7 +23,7 @@ from ..jsonl import json_lines
 KNOWN_KEYS = ("id", "caption", "image", "video", "references")
 #: Fields the jobs write (with every ``<metric>.``-prefixed sub-score): a carried key may not be one.
 WRITTEN_FIELDS = ("errors", "alignment", "metric", "explanation", "emscore", "clip_s", "ref_clip_s", "pac_s",
-                  "ref_pac_s", "fleur", "hallucination", "visce2", "gveval")
+                  "ref_pac_s", "fleur", "hallucination", "visce2", "gveval", "visual_hash")
 
 
 #: The deepest nesting of lists and objects a manifest row may have (a carried value is written back out).

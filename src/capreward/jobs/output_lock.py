@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .errors import JobError
+from .safe_files import open_job_file
 
 
 class OutputLocked(JobError):
@@ -32,7 +33,7 @@ def exclusive_output(out: str | Path) -> Iterator[Path]:
     path); raises :class:`OutputLocked` naming ``out`` and the holder's PID when another run holds it."""
     path = lock_path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_job_file(path, os.O_RDWR | os.O_CREAT, "the lock file")  # never through a planted link
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -31,6 +31,8 @@ from typing import Iterable, Iterator
 from ..jsonl import json_line, parse_json_text
 from ..text import printable
 from .errors import JobError
+from .row_inputs import stored_inputs
+from .safe_files import open_job_file, open_job_stream
 
 #: Lines named in a refusal (the count of the others is given).
 SHOWN_BAD_LINES = 3
@@ -53,14 +55,14 @@ def quarantine_path(out: str | Path) -> Path:
     return out.with_name(out.name + ".quarantine")
 
 
-def _row_id(raw: bytes, where: str) -> str:
-    """The id of the result row on line ``raw``; ValueError saying what is wrong otherwise."""
+def _row_id(raw: bytes, where: str) -> tuple[str, dict]:
+    """The id of the result row on line ``raw`` and the row; ValueError saying what is wrong otherwise."""
     row = parse_json_text(raw, where)
     if not isinstance(row, dict):
         raise ValueError(f"{where}: a JSON {type(row).__name__}, not a result row (an object)")
     if row.get("id") is None or isinstance(row["id"], (dict, list, bool)):
         raise ValueError(f"{where}: a JSON object without an id, not a result row")
-    return str(row["id"])
+    return str(row["id"]), row
 
 
 @dataclass
@@ -71,6 +73,8 @@ class Scan:
     (``tail_is_row``; else it is a torn write)."""
 
     ids: set[str] = field(default_factory=set)
+    #: id -> what the row was scored on (:func:`~capreward.jobs.row_inputs.stored_inputs`)
+    inputs: dict[str, tuple] = field(default_factory=dict)
     rows: int = 0
     bad: list[tuple[int, int, int, str]] = field(default_factory=list)
     size: int = 0
@@ -83,14 +87,14 @@ def scan(path: str | Path) -> Scan:
     path = Path(path)
     found = Scan()
     offset = 0
-    with path.open("rb") as f:
+    with open_job_stream(path, "rb", "--out") as f:
         for lineno, raw in enumerate(f, start=1):
             start, offset = offset, offset + len(raw)
             if not raw.strip():
                 continue
             where = f"{path}:{lineno}"
             try:
-                rid = _row_id(raw, where)
+                rid, row = _row_id(raw, where)
             except ValueError as exc:
                 if raw.endswith(b"\n"):
                     found.bad.append((lineno, start, offset, str(exc).removeprefix(f"{where}: ")))
@@ -100,6 +104,7 @@ def scan(path: str | Path) -> Scan:
             if not raw.endswith(b"\n"):
                 found.tail, found.tail_is_row = start, True
             found.ids.add(rid)
+            found.inputs[rid] = stored_inputs(row)
             found.rows += 1
     found.size = offset
     return found
@@ -108,7 +113,7 @@ def scan(path: str | Path) -> Scan:
 def count_rows(path: str | Path) -> int | None:
     """The number of result rows in ``path`` (0 when it does not exist; None when it cannot be read)."""
     try:
-        return scan(path).rows if Path(path).exists() else 0
+        return scan(path).rows if os.path.lexists(path) else 0
     except OSError:
         return None
 
@@ -125,8 +130,8 @@ def _refusal(path: Path, found: Scan) -> str:
     )
 
 
-def _durable_write(path: Path, chunks: Iterable[bytes], mode: str) -> None:
-    with path.open(mode) as f:
+def _durable_write(path: Path, chunks: Iterable[bytes], mode: str, what: str) -> None:
+    with open_job_stream(path, mode, what) as f:
         for chunk in chunks:
             f.write(chunk)
         f.flush()
@@ -137,12 +142,12 @@ def _quarantine(path: Path, found: Scan) -> None:
     """Append the bad lines to ``<path>.quarantine`` (as they are), then replace ``path`` atomically by
     its other lines (a torn tail left out). Killed in between, the bad lines are in both files and the
     next run moves them again: no row is ever lost."""
-    with path.open("rb") as f:
+    with open_job_stream(path, "rb", "--out") as f:
         def piece(start: int, end: int) -> bytes:
             f.seek(start)
             return f.read(end - start)
 
-        _durable_write(quarantine_path(path), (piece(s, e) for _, s, e, _ in found.bad), "ab")
+        _durable_write(quarantine_path(path), (piece(s, e) for _, s, e, _ in found.bad), "ab", "the quarantine file")
         keep_end = found.size if found.tail is None or found.tail_is_row else found.tail
         ranges, at = [], 0
         for _, s, e, _ in found.bad:
@@ -152,27 +157,32 @@ def _quarantine(path: Path, found: Scan) -> None:
         tmp = path.with_name(path.name + ".tmp")
         chunks = (piece(s, e) for s, e in ranges if e > s)
         tail = [b"\n"] if found.tail is not None and found.tail_is_row else []
-        _durable_write(tmp, (*chunks, *tail), "wb")
+        _durable_write(tmp, (*chunks, *tail), "wb", "the temporary file")
     os.replace(tmp, path)
 
 
 def recover(path: str | Path, quarantine: bool = False) -> set[str]:
-    """Ids of the rows in results file ``path`` (empty if there is no file), after repairing its end:
+    """Ids of the rows in results file ``path``; see :func:`recover_scan`."""
+    return recover_scan(path, quarantine).ids
+
+
+def recover_scan(path: str | Path, quarantine: bool = False) -> Scan:
+    """The :class:`Scan` of the rows in results file ``path`` (empty if there is no file), after repairing its end:
     a torn last line (a killed write) is cut off, a whole last row without its newline gets one.
 
     A complete line that is not a result row raises :class:`ResultsCorrupt` naming it, with the file
     unchanged; with ``quarantine`` such lines are moved to ``<path>.quarantine`` instead."""
     path = Path(path)
-    if not path.exists():
-        return set()
+    if not os.path.lexists(path):
+        return Scan()
     found = scan(path)
     if found.bad:
         if not quarantine:
             raise ResultsCorrupt(_refusal(path, found))
         _quarantine(path, found)
-        return found.ids
+        return found
     if found.tail is not None:
-        with path.open("r+b") as f:
+        with open_job_stream(path, "r+b", "--out") as f:
             if found.tail_is_row:
                 f.seek(0, os.SEEK_END)
                 f.write(b"\n")
@@ -180,7 +190,7 @@ def recover(path: str | Path, quarantine: bool = False) -> set[str]:
                 f.truncate(found.tail)
             f.flush()
             os.fsync(f.fileno())
-    return found.ids
+    return found
 
 
 KILL_AFTER_BATCH_ENV = "CAPREWARD_JOBS_KILL_AFTER_BATCH"
@@ -206,7 +216,7 @@ class ResultsWriter:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._fd = open_job_file(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, "--out")
         self._batches = 0
         self._kill = kill_point()
 
@@ -311,7 +321,7 @@ def write_csv(rows: list[dict], path: str | Path) -> None:
     import csv
 
     columns = csv_columns(rows)
-    with Path(path).open("w", newline="", encoding="utf-8", errors="backslashreplace") as f:
+    with open_job_stream(path, "w", "--csv", newline="", encoding="utf-8", errors="backslashreplace") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         for r in rows:

@@ -46,6 +46,7 @@ from ..media.errors import MediaError
 from ..media.images import describe
 from ..names import METRICS as NAMES
 from ..names import spelling, sub_score
+from .row_inputs import HASH_FIELD, visual_digest
 from .manifest import ManifestRow
 
 logger = logging.getLogger(__name__)
@@ -328,6 +329,7 @@ def base_fields(row: ManifestRow) -> dict:
     out = {"id": row.id, "caption": row.caption, row.kind: row.path, "errors": {}}
     if row.references is not None:
         out["references"] = row.references
+    out[HASH_FIELD] = visual_digest(row.path)  # a resume refuses the row if its visual changes
     out.update(row.extra)
     return out
 

@@ -13,8 +13,10 @@ from tqdm import tqdm
 from .idf_file import choose_idf, job_idf
 from .manifest import ManifestRow, read_manifest
 from .output_lock import exclusive_output
-from .results_file import ResultsWriter, disk_errors, read_results, recover, write_csv
+from .results_file import ResultsWriter, disk_errors, read_results, recover_scan, write_csv
+from .row_inputs import check_unchanged
 from .runners import ManifestScorer, ScoreOptions
+from .safe_files import check_job_file
 from .settings_file import job_settings
 
 #: Metrics that weigh tokens by idf (they share the job's one idf table).
@@ -26,12 +28,15 @@ def batches(rows: list[ManifestRow], size: int):
         yield rows[start : start + size]
 
 
-def unscored(rows: list[ManifestRow], out: str | Path, quarantine: bool = False) -> list[ManifestRow]:
+def unscored(rows: list[ManifestRow], out: str | Path, quarantine: bool = False,
+             references_used: bool = True) -> list[ManifestRow]:
     """The rows not yet in ``out``; repairs a torn last line of ``out``, refuses a file with other bad
     lines (:class:`~capreward.jobs.results_file.ResultsCorrupt`, nothing changed) or with ``quarantine``
-    moves them to ``<out>.quarantine``."""
-    done = recover(out, quarantine=quarantine)
-    return [r for r in rows if r.id not in done]
+    moves them to ``<out>.quarantine``, and refuses rows of ``out`` whose caption, references or visual
+    changed since they were scored (:class:`~capreward.jobs.row_inputs.ChangedInputs`, naming them)."""
+    found = recover_scan(out, quarantine=quarantine)
+    check_unchanged([r for r in rows if r.id in found.ids], found.inputs, str(out), references_used)
+    return [r for r in rows if r.id not in found.ids]
 
 
 def run_local(todo: list[ManifestRow], options: ScoreOptions, out: str | Path, progress: bool = True,
@@ -70,6 +75,9 @@ def run_job(manifest: str | Path, out: str | Path, options: ScoreOptions, idf: s
     :class:`~capreward.jobs.results_file.DiskError` naming the file and the rows safe in ``out``."""
     if engine not in ("local", "ray"):
         raise ValueError(f"unknown engine {engine!r}; use 'local' or 'ray'")
+    check_job_file(out, "--out")  # a link, device, FIFO or directory is refused before anything is opened
+    if csv is not None:
+        check_job_file(csv, "--csv")
     with disk_errors(out, csv), exclusive_output(out):
         rows = read_manifest(manifest)  # a bad manifest is refused before anything is written
         has_results = Path(out).is_file() and Path(out).stat().st_size > 0

@@ -283,7 +283,9 @@ def write_record(path: Path, settings: dict[str, Any], kind: JobKind = SCORE) ->
         text.encode("utf-8")
     except UnicodeEncodeError:  # a path with bytes that are not UTF-8 (a lone surrogate): escaped
         text = json.dumps(record, indent=1)
-    with tmp.open("w", encoding="utf-8") as f:
+    from .safe_files import open_job_stream
+
+    with open_job_stream(tmp, "w", "the settings record", encoding="utf-8") as f:
         f.write(text + "\n")
         f.flush()
         os.fsync(f.fileno())

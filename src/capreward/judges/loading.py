@@ -72,6 +72,28 @@ def _looks_like_path(name: str) -> bool:
     return name.startswith(("/", "./", "../", "~")) or os.sep + os.sep in name or name.count("/") > 1
 
 
+def _is_clip_checkpoint(path: Path) -> bool:
+    """Whether ``path`` holds CLIP weights: an OpenAI-format state dict (``visual.*`` and
+    ``token_embedding.weight``), open_clip's (the same under ``state_dict``) or a TorchScript CLIP archive."""
+    import zipfile
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - TorchScript archives and other files: look inside the zip
+        try:
+            with zipfile.ZipFile(path) as archive:
+                return any(n.endswith("code/__torch__/clip/model.py") or "/code/__torch__/model" in n
+                           for n in archive.namelist())
+        except (OSError, zipfile.BadZipFile):
+            return False
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict):
+        return False
+    keys = [k.removeprefix("module.") for k in state if isinstance(k, str)]
+    return any(k.startswith("visual.") for k in keys) and "token_embedding.weight" in keys
+
+
 def load_llava(
     name_or_path: str | os.PathLike,
     *,
@@ -97,6 +119,14 @@ def load_llava(
 
     name = os.fspath(name_or_path)
     path = Path(name).expanduser()
+    if path.is_file():
+        what = "a CLIP checkpoint" if _is_clip_checkpoint(path) else "a single file"
+        raise JudgeLoadError(
+            f"judge model {str(path)!r} is {what}, not a judge model directory; "
+            + ("CLIP weights go to --clip-model (model= of the CLIP-based scorers); " if what != "a single file" else "")
+            + "the judge needs the directory that holds a LLaVA model's config.json, weights and processor files",
+            spec=name, summary=f"judge model {str(path)!r} is {what}, not a model directory",
+        )
     if _looks_like_path(name) and not path.is_dir():
         raise JudgeLoadError(
             f"judge model directory {str(path)!r} does not exist; pass the directory that holds the model's "

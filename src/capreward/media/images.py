@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
+from .orientation import upright_image
 from .errors import MediaError
 from .files import ConfinedFile, FileRefused
 from .limits import MediaLimits, get_media_limits
@@ -249,7 +250,7 @@ def _decode_file(source: Path | BinaryIO, name: str, keep_mode: bool, limits: Me
         with Image.open(source) as im:
             check_size(im, name, limits)
             im.load()
-            image = viewable(im, name)
+            image = viewable(upright_image(im), name)  # EXIF orientation applied, as a viewer shows it
             return image if keep_mode else to_rgb(image, name)
     except MediaError:
         raise
@@ -271,7 +272,7 @@ def pil_image(image: Image.Image, name: str, keep_mode: bool = False, limits: Me
         image.load()
     except Exception as exc:
         raise MediaError(name, f"cannot read image: {type(exc).__name__}: {exc}") from exc
-    image = viewable(image, name)
+    image = viewable(upright_image(image), name)
     return image if keep_mode else to_rgb(image, name)
 
 

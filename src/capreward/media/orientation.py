@@ -7,6 +7,9 @@ block, in 16.16 fixed point, maps a stored pixel ``(x, y)`` to its displayed pos
 caption describes what the player shows, so the loaders apply it too. The matrix is snapped to the
 nearest of the eight right-angle rotations and mirrorings (what every recording device writes; an odd
 angle is rounded to the nearest quarter turn).
+
+Images carry the same information as the EXIF ``Orientation`` tag (0x0112, values 1-8);
+:func:`upright_image` applies it, so an image is scored as a viewer shows it, like a video.
 """
 
 from __future__ import annotations
@@ -75,4 +78,23 @@ def orientation_from_matrix(matrix: Sequence[int] | None) -> Orientation:
     return _ORIENTATIONS[nearest]
 
 
-__all__ = ["Orientation", "orientation_from_matrix"]
+#: The EXIF Orientation tag.
+EXIF_ORIENTATION = 0x0112
+
+
+def upright_image(image):
+    """``image`` (a loaded ``PIL.Image``) as a viewer shows it: its EXIF Orientation (2-8) applied
+    (``PIL.ImageOps.exif_transpose``; the tag removed from the copy returned), else ``image`` itself.
+    An unreadable EXIF block leaves the image as stored."""
+    from PIL import ImageOps
+
+    try:
+        orientation = image.getexif().get(EXIF_ORIENTATION, 1)
+    except Exception:  # noqa: BLE001 - a malformed EXIF block is no reason to refuse the pixels
+        return image
+    if orientation not in range(2, 9):
+        return image
+    return ImageOps.exif_transpose(image)
+
+
+__all__ = ["EXIF_ORIENTATION", "Orientation", "orientation_from_matrix", "upright_image"]

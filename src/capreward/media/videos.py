@@ -18,6 +18,7 @@ upright.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,8 @@ from .probe import ProbeError, count_packets, open_container, probe_video
 
 VideoLike = Any  # str | os.PathLike | ConfinedFile | np.ndarray | torch.Tensor | Sequence[PIL.Image | np.ndarray]
 
+logger = logging.getLogger(__name__)
+
 DEFAULT_FRAMES = 10
 
 #: Decoded pixels held at once while a video is read chunk by chunk (2**24: 48 MB of RGB, 8 frames of 1080p).
@@ -47,7 +50,9 @@ DECODE_CHUNK_PIXELS = 2**24
 def sample_indices(num_frames: int, frames: int | None = DEFAULT_FRAMES) -> np.ndarray:
     """Indices of the frames to keep: ``int(linspace(0, T-1, k))`` for k=``frames``, all when None.
 
-    Returns an int64 array with values in [0, num_frames - 1] (repeats when k > T).
+    Returns an int64 array with values in [0, num_frames - 1]. When k > T some frames repeat (the
+    protocol's rule, kept for parity); a warning says so, once per process for each (T, k), naming
+    ``frames=None`` (every frame once) as the way to score each frame once.
     """
     if num_frames <= 0:
         raise ValueError("a video needs at least one frame")
@@ -55,7 +60,17 @@ def sample_indices(num_frames: int, frames: int | None = DEFAULT_FRAMES) -> np.n
         return np.arange(num_frames, dtype=np.int64)
     if frames <= 0:
         raise ValueError(f"frames must be a positive int or None, got {frames}")
+    if frames > num_frames and (num_frames, frames) not in _WARNED_REPEATS:
+        _WARNED_REPEATS.add((num_frames, frames))
+        logger.warning(
+            "a video of %d frames is sampled to frames=%d: %d of the %d samples repeat a frame (EMScore's "
+            "linspace rule); pass frames=None to use every frame once (or --frames 0 on the command line)",
+            num_frames, frames, frames - num_frames, frames,
+        )
     return np.linspace(0, num_frames - 1, frames).astype(np.int64)
+
+
+_WARNED_REPEATS: set[tuple[int, int]] = set()
 
 
 @contextlib.contextmanager

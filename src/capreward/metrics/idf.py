@@ -53,6 +53,13 @@ def idf_from_mapping(mapping: Mapping[int, float], default: float | None = None)
     if not mapping:
         raise ValueError("the idf dict is empty")
     weights = {int(k): float(v) for k, v in mapping.items()}
+    bad = {k: v for k, v in weights.items() if not (math.isfinite(v) and v >= 0)}
+    if bad:
+        shown = ", ".join(f"{k}: {v}" for k, v in list(bad.items())[:5])
+        raise ValueError(f"idf weights must be finite and >= 0; {len(bad)} are not ({shown})")
     if default is None and isinstance(mapping, defaultdict) and mapping.default_factory is not None:
         default = mapping.default_factory()
-    return IdfTable(weights=weights, default=max(weights.values()) if default is None else float(default))
+    default = max(weights.values()) if default is None else float(default)
+    if not (math.isfinite(default) and default >= 0):
+        raise ValueError(f"the idf default weight must be finite and >= 0, got {default}")
+    return IdfTable(weights=weights, default=default)

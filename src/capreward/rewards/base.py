@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import math
 import threading
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -63,10 +64,21 @@ class RewardOutput:
         return [i for i, v in enumerate(self.values) if v is None]
 
 
+NO_VISUAL = "no image or video for this sample"
+#: Columns that look like a visual but that the rewards do not read by default -> the option that reads them.
+LOOKALIKE_COLUMNS = {"videos": "video_column", "video_path": "video_column", "image_path": "image_column",
+                     "img": "image_column", "picture": "image_column"}
+
+
 def clip_to_range(out: RewardOutput, value_range: tuple[float, float] | None) -> RewardOutput:
     """Clip every value of ``out`` into ``value_range`` (in place; None = no range) and record the
     clipped samples in ``out.clipped`` and the per-sample ``clipped`` metric (1.0/0.0, NaN if
-    unscored). Returns ``out``."""
+    unscored). A NaN or ±inf value becomes None (never clipped to an end of the range, never passed
+    to a trainer), the reason saying so. Returns ``out``."""
+    for i, v in enumerate(out.values):
+        if v is not None and not math.isfinite(v):
+            out.values[i] = None
+            out.reasons[i] = f"non-finite value ({v})" + (f": {out.reasons[i]}" if out.reasons[i] else "")
     if value_range is None:
         return out
     lo, hi = value_range
@@ -159,6 +171,8 @@ class RewardFunction:
         unscored fraction, number of values clipped into :meth:`value_range` (``clipped``) and sub-score
         means (``log_metric`` as ``rewards/<name>/<metric>``)."""
         bad = out.unscored
+        if out.values and len(bad) == len(out.values):
+            self.warn_all_none(out)
         if bad:
             shown = "; ".join(f"[{i}] {out.reasons[i] or 'no score'}" for i in bad[:8])
             more = f"; ... {len(bad) - 8} more" if len(bad) > 8 else ""
@@ -186,6 +200,22 @@ class RewardFunction:
                     mean = _nanmean(values)
                     if not math.isnan(mean):
                         log_metric(f"rewards/{self.name}/{key}", mean)
+
+    def all_none_hint(self) -> str:
+        """What fixes a batch whose every sample is None (named in :meth:`warn_all_none`)."""
+        return "see the reasons (the visual and reference columns, the judge's answers)"
+
+    def warn_all_none(self, out: RewardOutput) -> None:
+        """Log an error and raise a :class:`RuntimeWarning` when every sample of a batch is unscored: a
+        GRPO step on it trains on nothing (TRL turns None into NaN and its weighted sum into 0)."""
+        reasons = sorted({r or "no score" for r in out.reasons})
+        shown = "; ".join(reasons[:3]) + (f"; ... {len(reasons) - 3} more" if len(reasons) > 3 else "")
+        message = (
+            f"reward {self.name!r}: every one of the {len(out.values)} samples of this batch is unscored (None), "
+            f"so a training step on it learns nothing from this reward. Fix: {self.all_none_hint()}. Reasons: {shown}"
+        )
+        logger.error("%s", message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
 
     def load_models(self) -> "RewardFunction":
         """Load every model this reward uses now rather than on its first call (a server calls this before
@@ -360,7 +390,20 @@ class CaptionReward(RewardFunction):
     def compute(self, prompts: Sequence[Any] | None, completions: Sequence[Any], **kwargs: Any) -> RewardOutput:
         """Score each completion; see :meth:`RewardFunction.__call__`. Returns a :class:`RewardOutput`."""
         inputs = collect_inputs(prompts, completions, kwargs, self.columns)
-        return self.score_inputs(inputs)
+        out = self.score_inputs(inputs)
+        hint = self._column_hint(kwargs)
+        if hint:
+            out.reasons = [r + hint if r is not None and r.startswith(NO_VISUAL) else r for r in out.reasons]
+        return out
+
+    def _column_hint(self, columns: dict) -> str:
+        """A hint when a column that looks like a visual is not one this reward reads (a ``videos``
+        column beside ``video_column="video"``), else ""."""
+        read = {self.columns.image, self.columns.images, self.columns.video}
+        for name, option in LOOKALIKE_COLUMNS.items():
+            if name in columns and name not in read:
+                return f" (a {name!r} column was given but is not read: pass {option}={name!r})"
+        return ""
 
     def score_inputs(self, inputs: RewardInputs) -> RewardOutput:
         """Score collected samples: invalid ones get None, the rest are scored in groups that share a
@@ -380,7 +423,7 @@ class CaptionReward(RewardFunction):
                 continue
             refs = s.references if self.use_references else None
             if s.visual is None and (self.needs_visual or refs is None):
-                reasons[i] = "no image or video for this sample" + ("" if self.needs_visual else " and no references")
+                reasons[i] = NO_VISUAL + ("" if self.needs_visual else " and no references")
                 continue
             groups.setdefault((s.kind, refs is not None), []).append(i)
         with self._lock:

@@ -120,6 +120,14 @@ class CLIPScoreReward(CaptionReward):
 
     def __init__(self, *, harmonic_mean: str = "sign-safe", **kwargs: Any):
         harmonic_mean_named(harmonic_mean)  # ValueError naming the choices
+        w = kwargs.get("w")
+        try:
+            ok = w is None or (not isinstance(w, (str, bool)) and math.isfinite(float(w)) and float(w) > 0)
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            # w < 0 would invert the reward (a worse caption scores higher), NaN leaves every sample unscored
+            raise ValueError(f"{self.__name__}: w must be a finite number > 0 (CLIP-S uses 2.5), got {w!r}")
         self.harmonic_mean = harmonic_mean
         super().__init__(**kwargs)
 

@@ -10,7 +10,7 @@ from .base import AsyncReward, RewardFunction, RewardOutput, clip_to_range
 from .guards import Guards
 from .inputs import completion_text
 
-ON_NONE = ("none", "renormalize")
+ON_NONE = ("floor", "renormalize", "none")
 
 
 def _callable_name(func: Any) -> str:
@@ -22,13 +22,31 @@ class CompositeReward(RewardFunction):
 
     Args:
         components: ``[(reward, weight), ...]`` (a bare reward means weight 1). A reward is a capreward
-            :class:`RewardFunction` or any synchronous TRL-style reward function.
+            :class:`RewardFunction` or any synchronous TRL-style reward function; a plain function's
+            range can be given as a third item, ``(func, weight, (lo, hi))``, so that ``on_none`` can
+            floor it. A component value that is None, NaN or ±inf counts as missing (never reaches
+            the trainer).
         guards: a :class:`~capreward.rewards.guards.Guards` (default: repetition, truncation and
             over-length, weight 1 each) or None for no guards.
-        on_none: what a None from a component does. ``"none"``: the composite is None for that sample
-            (the reason names the component). ``"renormalize"``: the component is dropped for that
-            sample and the remaining weighted sum is scaled by Σ|w| / Σ_valid |w|, so the reward keeps
-            its scale; None only when every component is None.
+        on_none: what a missing component does to its sample (None when every component is missing,
+            whatever the policy). A missing judgment never lifts a sample above what it would get
+            with that component scored at the bottom of its range (a caption that breaks a judge's
+            answer must not pay):
+
+            - ``"floor"`` (default): the component counts at the bottom of its range (``w · lo``;
+              ``w · hi`` for an inverted, negative weight). A judge that cannot answer for a whole
+              group shifts the group by a constant, so the other components still rank it.
+            - ``"renormalize"``: the remaining weighted sum scaled by Σ|w| / Σ_valid |w| (the reward
+              keeps its scale), but never above the ``"floor"`` value.
+            - ``"none"``: the composite is None for that sample (the reason names the component).
+              A component that is None for every sample (a judge that cannot answer) then makes the
+              whole batch None and a GRPO step trains on nothing (TRL sums NaN away to 0).
+
+            A missing component whose range is unknown (a plain function given without one) makes
+            the sample None under every policy, with a reason saying how to give the range.
+        allow_negative_weights: weights must be finite and > 0 unless this is True; a negative
+            weight then inverts its component (``(-1) · EMScore`` rewards a worse caption), and its
+            floor is the top of the component's range.
         name: the TRL name (``__name__``), default ``"composite"``.
         log_subscores: log every component's batch mean as ``rewards/<name>/<component>``, each guard
             term as ``rewards/<name>/guard/<term>`` (weighted) and the components' own sub-scores as
@@ -46,9 +64,10 @@ class CompositeReward(RewardFunction):
         self,
         components: Sequence[tuple[Callable, float] | Callable],
         guards: Guards | None = Guards(),
-        on_none: str = "none",
+        on_none: str = "floor",
         name: str | None = None,
         log_subscores: bool = True,
+        allow_negative_weights: bool = False,
     ):
         super().__init__(name=name, log_subscores=log_subscores)
         if on_none not in ON_NONE:
@@ -56,21 +75,30 @@ class CompositeReward(RewardFunction):
         if not components:
             raise ValueError("a composite needs at least one component reward")
         self.components: list[tuple[str, Callable, float]] = []
+        self.ranges: list[tuple[float, float] | None] = []  # per component, its declared range
         seen: dict[str, int] = {}
         for k, item in enumerate(components):
-            func, weight = item if isinstance(item, tuple) else (item, 1.0)
+            given_range = None
+            if isinstance(item, tuple) and len(item) == 3:
+                func, weight, given_range = item
+            elif isinstance(item, tuple) and len(item) == 2:
+                func, weight = item
+            elif isinstance(item, tuple):
+                raise ValueError(f"components[{k}] must be reward, (reward, weight) or (reward, weight, (lo, hi))")
+            else:
+                func, weight = item, 1.0
             if isinstance(func, AsyncReward):
                 func = func.reward  # the composite runs its parts in turn; wrap the composite instead
             if not callable(func):
                 raise TypeError(f"components[{k}] is not callable: {type(func).__name__}")
             if inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(getattr(func, "__call__", None)):
                 raise TypeError(f"components[{k}] is async; use sync components and CompositeReward(...).as_async()")
-            if not math.isfinite(float(weight)):
-                raise ValueError(f"components[{k}] has a non-finite weight {weight!r}")
             base = _callable_name(func)
+            weight = _check_weight(k, base, weight, allow_negative_weights)
             seen[base] = seen.get(base, 0) + 1
             label = base if seen[base] == 1 else f"{base}_{seen[base]}"
-            self.components.append((label, func, float(weight)))
+            self.components.append((label, func, weight))
+            self.ranges.append(_component_range(k, base, func, given_range))
         self.guards = guards
         self.on_none = on_none
 
@@ -83,8 +111,7 @@ class CompositeReward(RewardFunction):
     def value_range(self) -> tuple[float, float] | None:
         """Σ_c w_c · range_c + the guards' range, or None when a component has no known range."""
         lo = hi = 0.0
-        for _, func, w in self.components:
-            part = func.value_range() if isinstance(func, RewardFunction) else None
+        for (_, _, w), part in zip(self.components, self.ranges):
             if part is None:
                 return None
             lo += min(w * part[0], w * part[1])
@@ -113,15 +140,17 @@ class CompositeReward(RewardFunction):
         values = list(func(prompts=prompts, completions=completions, **kwargs))
         if len(values) != len(completions):
             raise ValueError(f"{_callable_name(func)} returned {len(values)} values for {len(completions)} completions")
-        clean = [None if v is None or math.isnan(float(v)) else float(v) for v in values]
-        return RewardOutput(clean, [None if v is not None else "returned None" for v in clean])
+        return _finite_only(RewardOutput([None if v is None else float(v) for v in values], [None] * len(values)))
 
     def compute(self, prompts: Sequence[Any] | None, completions: Sequence[Any], **kwargs: Any) -> RewardOutput:
         """Score every component, combine, add the guards. Returns a :class:`RewardOutput` whose
         metrics hold each component's raw values and each weighted guard term."""
         kwargs.pop("completion_ids", None)
         n = len(completions)
-        parts = [(label, w, self._component_output(f, prompts, completions, kwargs)) for label, f, w in self.components]
+        parts = [
+            (label, w, _finite_only(self._component_output(f, prompts, completions, kwargs)))
+            for label, f, w in self.components
+        ]
         metrics: dict[str, list[float]] = {}
         for label, _, out in parts:
             metrics[label] = [math.nan if v is None else v for v in out.values]
@@ -132,14 +161,27 @@ class CompositeReward(RewardFunction):
         reasons: list[str | None] = [None] * n
         total_weight = sum(abs(w) for _, w, _ in parts)
         for i in range(n):
-            missing = [(label, out.reasons[i]) for label, _, out in parts if out.values[i] is None]
+            missing = [(k, label, out.reasons[i]) for k, (label, _, out) in enumerate(parts) if out.values[i] is None]
             valid = [(w, out.values[i]) for _, w, out in parts if out.values[i] is not None]
             if missing and (self.on_none == "none" or not valid):
-                reasons[i] = "; ".join(f"{label}: {why or 'no score'}" for label, why in missing)
+                reasons[i] = "; ".join(f"{label}: {why or 'no score'}" for _, label, why in missing)
                 continue
-            valid_weight = sum(abs(w) for w, _ in valid)
-            scale = total_weight / valid_weight if missing and valid_weight > 0 else 1.0
-            values[i] = scale * sum(w * v for w, v in valid)
+            unranged = [label for k, label, _ in missing if self.ranges[k] is None]
+            if unranged:
+                reasons[i] = "; ".join(
+                    f"{label}: {why or 'no score'} (no range to floor it to: give the component as "
+                    f"(func, weight, (lo, hi)))" for _, label, why in missing if label in unranged
+                )
+                continue
+            scored = sum(w * v for w, v in valid)
+            floor = scored + sum(_bottom(parts[k][1], self.ranges[k]) for k, _, _ in missing)
+            if missing and self.on_none == "renormalize":
+                scale = total_weight / sum(abs(w) for w, _ in valid)
+                values[i] = min(scale * scored, floor)
+            else:
+                values[i] = floor
+            if not math.isfinite(values[i]):  # huge weights can overflow; never pass ±inf on
+                values[i], reasons[i] = None, f"the weighted sum is not finite ({values[i]})"
 
         if self.guards is not None:
             for i, completion in enumerate(completions):
@@ -158,3 +200,60 @@ class CompositeReward(RewardFunction):
                     if values[i] is not None:
                         values[i] += value
         return self.with_metric_names(clip_to_range(RewardOutput(values, reasons, metrics), self.value_range()))
+
+    def all_none_hint(self) -> str:
+        if self.on_none == "none":
+            return ("with on_none='none' one component that cannot answer makes every sample None; "
+                    "CompositeReward(..., on_none='floor') (the default) scores the sample from the others")
+        return "no component scored these samples: see the reasons"
+
+
+def _check_weight(k: int, name: str, weight: Any, allow_negative: bool) -> float:
+    """``weight`` as a float; ValueError naming the component unless finite and > 0 (or < 0 with
+    ``allow_negative``)."""
+    try:
+        w = float(weight)
+    except (TypeError, ValueError):
+        raise ValueError(f"components[{k}] ({name}): the weight must be a number, got {weight!r}") from None
+    if not math.isfinite(w):
+        raise ValueError(f"components[{k}] ({name}): the weight must be finite, got {weight!r}")
+    if w == 0:
+        raise ValueError(f"components[{k}] ({name}): a weight of 0 adds nothing; drop the component")
+    if w < 0 and not allow_negative:
+        raise ValueError(
+            f"components[{k}] ({name}): negative weight {weight!r} inverts the reward (a worse caption scores "
+            "higher); pass allow_negative_weights=True if that is what you want"
+        )
+    return w
+
+
+def _component_range(k: int, name: str, func: Any, given: Any) -> tuple[float, float] | None:
+    """The component's range: the given ``(lo, hi)`` (checked), else a capreward reward's own, else None."""
+    if given is None:
+        return func.value_range() if isinstance(func, RewardFunction) else None
+    try:
+        lo, hi = (float(x) for x in given)
+    except (TypeError, ValueError):
+        raise ValueError(f"components[{k}] ({name}): the range must be (lo, hi), got {given!r}") from None
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
+        raise ValueError(f"components[{k}] ({name}): the range must be finite with lo <= hi, got {given!r}")
+    if isinstance(func, RewardFunction) and func.value_range() is not None and func.value_range() != (lo, hi):
+        raise ValueError(f"components[{k}] ({name}) states its own range {func.value_range()}; do not give another")
+    return (lo, hi)
+
+
+def _bottom(weight: float, value_range: tuple[float, float]) -> float:
+    """The least a component can contribute: ``w · lo`` (``w · hi`` for a negative weight)."""
+    return min(weight * value_range[0], weight * value_range[1])
+
+
+def _finite_only(out: RewardOutput) -> RewardOutput:
+    """``out`` with every NaN or ±inf value made None (in place), the reason saying which."""
+    for i, v in enumerate(out.values):
+        if v is None:
+            if out.reasons[i] is None:
+                out.reasons[i] = "returned None"
+        elif not math.isfinite(v):
+            out.values[i] = None
+            out.reasons[i] = f"returned a non-finite value ({v})" + (f": {out.reasons[i]}" if out.reasons[i] else "")
+    return out
