@@ -10,6 +10,7 @@ Run it through ``benchmarks/gpu_all.sh`` (which installs the carried wheels firs
 - ``CAPREWARD_BENCH_BUDGET_S``: the global deadline in seconds (default 420 on a GPU, 900 on the CPU); a step
   that would start with less than 15 s left is skipped, a running step is stopped at the deadline.
 - ``CAPREWARD_BENCH_STEPS``: comma-separated step names to run (default: all, in order).
+- ``CAPREWARD_BENCH_LIMIT_SCALE``: a factor on every step's own limit (default 1; a busy CPU needs more).
 - ``CAPREWARD_BENCH_PYTEST_ARGS``: extra arguments of the parity-test step (e.g. ``-k clip`` to narrow it).
 
 Each line of ``results.jsonl`` is ``{"step", "status" (ok / failed / timeout / skipped), "wall_s",
@@ -240,6 +241,8 @@ def run_step(step: Step, ctx: Context, limit: float, log) -> dict:
     if status == "ok" and "figures" not in row:
         row["status"] = "failed"
         row["error"] = "the step wrote no figures"
+    if status == "timeout":
+        row["error"] = f"stopped at its limit of {limit:.0f} s"
     if row["status"] != "ok":
         row["error"] = (row.get("error", "") + "\n" + text[-3000:]).strip()
     return row
@@ -269,6 +272,7 @@ def main() -> int:
     gpu = torch.device(device).type == "cuda"
     budget = float(os.environ.get("CAPREWARD_BENCH_BUDGET_S") or (420 if gpu else 900))
     wanted = [s for s in os.environ.get("CAPREWARD_BENCH_STEPS", "").split(",") if s]
+    scale = float(os.environ.get("CAPREWARD_BENCH_LIMIT_SCALE") or 1)
     unknown = set(wanted) - {s.name for s in STEPS}
     if unknown:
         print(f"unknown steps {sorted(unknown)}; known: {[s.name for s in STEPS]}", file=sys.stderr)
@@ -283,7 +287,7 @@ def main() -> int:
             if wanted and step.name not in wanted:
                 continue
             left = budget - (time.perf_counter() - t0)
-            limit = min(step.gpu_limit_s if gpu else step.cpu_limit_s, left)
+            limit = min((step.gpu_limit_s if gpu else step.cpu_limit_s) * scale, left)
             if limit < 15:
                 row = {"status": "skipped", "wall_s": 0.0, "error": f"global deadline: {left:.0f} s left"}
             else:

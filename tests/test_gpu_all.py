@@ -81,7 +81,8 @@ def runner(monkeypatch, tmp_path):
     monkeypatch.setattr(gpu_all, "STEPS", steps)
     monkeypatch.setenv("OUT", str(tmp_path / "out"))
     monkeypatch.setenv("CAPREWARD_BENCH_DEVICE", "cpu")
-    monkeypatch.delenv("CAPREWARD_BENCH_STEPS", raising=False)
+    for name in ("CAPREWARD_BENCH_STEPS", "CAPREWARD_BENCH_BUDGET_S", "CAPREWARD_BENCH_LIMIT_SCALE"):
+        monkeypatch.delenv(name, raising=False)
     return gpu_all, tmp_path / "out"
 
 
@@ -96,7 +97,7 @@ def test_runner_keeps_each_step_stops_a_step_at_its_limit_and_reports_failures(r
     rows = read_rows(out)
     assert [(r["step"], r["status"]) for r in rows] == [("writes", "ok"), ("sleeps", "timeout"), ("fails", "failed")]
     assert rows[0]["figures"] == {"x": 1}
-    assert rows[1]["wall_s"] < 40 and "started" in rows[1]["error"]
+    assert rows[1]["wall_s"] < 40 and "started" in rows[1]["error"] and "limit of 16 s" in rows[1]["error"]
     assert "broken on purpose" in rows[2]["error"]
     summary = (out / "summary.txt").read_text()
     assert "writes" in summary and "x=1" in summary and "timeout" in summary
@@ -118,7 +119,8 @@ def test_cpu_dry_run_of_the_gpu_command_writes_every_steps_figures_and_the_summa
     """The one command, CAPREWARD_BENCH_DEVICE=cpu: every step at small sizes (the parity step narrowed to one
     test). Minutes on a busy 2-core machine."""
     env = dict(os.environ, OUT=str(tmp_path / "out"), CAPREWARD_BENCH_DEVICE="cpu", PYTHON=sys.executable,
-               CAPREWARD_BENCH_PYTEST_ARGS="-k test_clip_s_matches_open_clip_encoders", CAPREWARD_BENCH_BUDGET_S="1500")
+               CAPREWARD_BENCH_PYTEST_ARGS="-k test_clip_s_matches_open_clip_encoders", CAPREWARD_BENCH_BUDGET_S="3600",
+               CAPREWARD_BENCH_LIMIT_SCALE="4")  # a shared 2-core machine: the steps' limits are sized for a GPU host
     env.pop("CAPREWARD_BENCH_STEPS", None)
     proc = subprocess.run(["bash", str(BENCH / "gpu_all.sh")], capture_output=True, text=True, env=env, cwd=REPO)
     out = tmp_path / "out"
