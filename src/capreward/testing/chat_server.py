@@ -125,6 +125,9 @@ class LocalBackend:
             stop=tuple(stop),
             chat_template=chat_template,
         )
+        if max_tokens == 1:  # one step: report the token whatever it is (an end of sequence included)
+            with self.lock:
+                return self.judge.first_token(replace(request, top_logprobs=min(top_logprobs, len(self.judge.judge.tokenizer))))
         with self.lock:
             response = self.judge.generate([replace(request, top_logprobs=min(top_logprobs, len(self.judge.judge.tokenizer)))])[0]
         if response.error is not None:
@@ -208,6 +211,29 @@ def _prefill_judge(base: type) -> type:
                 parts = super().render_parts(replace(request, turns=request.turns[:-1]))
                 return list(parts) + [Data(request.turns[-1].text)]
             return super().render_parts(request)
+
+        def first_token(self, request) -> dict:
+            """The one-token answer (greedy) with its log-probability and top alternatives, the end of
+            sequence included (as vLLM reports a generated EOS token in ``logprobs``, where the local
+            judge's answers stop before it)."""
+            import torch
+
+            prompt_ids, features, image_index, errors = self._prepare([request])
+            if errors[0] is not None:
+                raise BadRequest(errors[0])
+            with torch.inference_mode():
+                state = self.judge.start([prompt_ids[0]], features, [image_index[0]])
+                logp = torch.log_softmax(state.logits.float().cpu(), dim=-1)[0]
+            chosen = int(logp.argmax())
+            before = list(prompt_ids[0][-3:])
+            eos = self.judge.eos_token_ids
+            values, ids = logp.topk(request.top_logprobs) if request.top_logprobs > 0 else (logp[:0], logp[:0].long())
+            top: dict[str, float] = {}
+            for alt, value in zip(ids.tolist(), values.tolist()):
+                top.setdefault(self._piece(before, alt), value)
+            piece = self._piece(before, chosen)
+            return {"text": "" if chosen in eos else piece, "tokens": [(piece, float(logp[chosen]), top)],
+                    "finish_reason": "stop" if chosen in eos else "length"}
 
     return PrefillChatJudge
 
