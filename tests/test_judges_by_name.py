@@ -74,3 +74,20 @@ def test_serve_visce2_on_a_judge_server(judge_server, vlm_judge, tmp_path):
     assert status == 200, body
     want = VisCE2(vlm_judge).score(captions, [probe_image("visce2", c) for c in colours]).score * 0.01
     np.testing.assert_allclose(body["rewards"], want, rtol=1e-6)
+
+
+def test_grpo_recipe_and_score_cli_take_every_scorer_and_the_judge_server():
+    from capreward.cli.main import build_parser as cli_parser
+    from capreward.recipes.grpo_captioner import REWARD_NAMES as RECIPE_NAMES
+    from capreward.recipes.grpo_captioner import build_parser, build_reward
+
+    assert set(METRICS) <= set(RECIPE_NAMES)
+    args = build_parser().parse_args(["--judge-url", "http://127.0.0.1:9/v1", "--judge", "served-judge",
+                                      "--judge-top-logprobs-cap", "64", "--gveval-mode", "combined"])
+    for name in ("visce2", "gveval", "fleur"):
+        reward = build_reward(name, args, None, None)
+        assert reward.scorer.backend.base_url == "http://127.0.0.1:9/v1" and reward.scorer.backend.model == "served-judge"
+    assert build_reward("gveval", args, None, None).scorer.tree_top_logprobs == 64
+    score = cli_parser().parse_args(["score", "m.jsonl", "--out", "o.jsonl", "--metrics", "gveval",
+                                     "--judge-base-url", "http://127.0.0.1:9/v1", "--judge-top-logprobs-cap", "64"])
+    assert score.judge_top_logprobs_cap == 64
