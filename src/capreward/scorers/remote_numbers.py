@@ -362,7 +362,9 @@ def remote_distributions(
             reads[i] = NumberRead(None, None, response.error)
             continue
         site = locate_number(response.tokens, marker, response.text)
-        if site.kind is None:
+        if site.kind is None and marker is not None and site.index < 0:
+            reads[i] = _release_fallback(response, marker, site.error)
+        elif site.kind is None:
             reads[i] = NumberRead(None, None, site.error)
         elif site.kind == "whole":
             tops = [t.ranked or t.top for t in response.tokens]  # listed order: a later duplicate wins, as released
@@ -383,6 +385,23 @@ def remote_distributions(
         for i, read in zip(tree_rows, trees):
             reads[i] = read
     return [r if r is not None else NumberRead(None, None, "no distribution") for r in reads]
+
+
+def _release_fallback(response: ChatResponse, marker: str, error: str | None) -> NumberRead:
+    """No number is written after ``marker``: the released rule still reads the alternatives of the token
+    after it, which counts only where they are whole numbers (a multi-digit one listed); alternatives that
+    are single digits only would be part of a number, so then no distribution (and the reason)."""
+    texts = [t.token for t in response.tokens]
+    tops = [t.ranked or t.top for t in response.tokens]
+    p, why = alternatives_after_marker(texts, tops, marker)
+    if p is None:
+        return NumberRead(None, None, why or error)
+    at = next((j for j, t in enumerate(texts) if marker in t), None)
+    listed = tops[at + 1] if at is not None and at + 1 < len(tops) else ()
+    pairs = listed.items() if isinstance(listed, dict) else listed
+    if any(_is_digits(alt.strip()) and len(alt.strip()) >= 2 for alt, _ in pairs):
+        return NumberRead(p, "alternatives")
+    return NumberRead(None, None, f"{error}; its alternatives are single digits, part of a number at most")
 
 
 def check_tolerance(tolerance: float) -> float:
