@@ -14,7 +14,7 @@ import asyncio
 import logging
 import math
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from ..judges.caller_text import is_blank
@@ -23,6 +23,9 @@ from ..media import MediaError, describe, media_key
 from .inputs import Columns, RewardInputs, Sample, collect_inputs
 
 logger = logging.getLogger(__name__)
+
+#: How a sample with several images is scored (see CaptionReward's ``image_aggregation``).
+IMAGE_AGGREGATIONS = ("mean", "min", "max")
 
 
 @dataclass
@@ -252,6 +255,11 @@ class CaptionReward(RewardFunction):
             :meth:`value_range` without being scored, the reason is logged (``<name>/injection`` column,
             ``rewards/<name>/injection`` count). None: the class default (:attr:`guard_injection`, on
             for the LLM-judge rewards).
+        image_aggregation: how a sample with several images (an ``images`` entry holding a list) is
+            scored: the caption against every image, then ``"mean"`` (default), ``"min"`` or ``"max"`` of
+            the per-image values (sub-scores: their mean); an image that cannot be scored leaves the
+            sample unscored, with that image's reason. Each such sample's per-image values are logged
+            (INFO).
         name, log_subscores: see :class:`RewardFunction`.
         scorer_kwargs: keyword arguments of the scorer class (``model=``, ``device=``, ``backbone=``...).
 
@@ -276,11 +284,15 @@ class CaptionReward(RewardFunction):
         visual_id_column: str | None = None,
         use_references: bool = True,
         injection_guard: bool | None = None,
+        image_aggregation: str = "mean",
         name: str | None = None,
         log_subscores: bool = True,
         **scorer_kwargs: Any,
     ):
         super().__init__(name=name, log_subscores=log_subscores)
+        if image_aggregation not in IMAGE_AGGREGATIONS:
+            raise ValueError(f"image_aggregation must be one of {sorted(IMAGE_AGGREGATIONS)}, got {image_aggregation!r}")
+        self.image_aggregation = image_aggregation
         self.injection_guard = self.guard_injection if injection_guard is None else bool(injection_guard)
         self.columns = Columns(image_column, images_column, video_column, references_column, visual_id_column)
         self.use_references = use_references
@@ -341,7 +353,10 @@ class CaptionReward(RewardFunction):
 
     def score_inputs(self, inputs: RewardInputs) -> RewardOutput:
         """Score collected samples: invalid ones get None, the rest are scored in groups that share a
-        visual kind and reference availability."""
+        visual kind and reference availability; a sample with several images is scored on each and
+        aggregated (``image_aggregation``)."""
+        if any(s.more_visuals for s in inputs.samples):
+            return self._score_multi_image(inputs)
         n = len(inputs)
         values: list[float | None] = [None] * n
         reasons: list[str | None] = [s.error for s in inputs.samples]
@@ -376,6 +391,38 @@ class CaptionReward(RewardFunction):
                 "%s: %d/%d captions look like forged judge-prompt structure, given the bottom of the range: %s%s",
                 self.name, len(out.flagged), n, shown, more,
             )
+        return self.with_metric_names(clip_to_range(out, self.value_range()))
+
+    def _score_multi_image(self, inputs: RewardInputs) -> RewardOutput:
+        """Every image of every sample as its own row, scored together, then aggregated per sample."""
+        rows: list[Sample] = []
+        owner: list[int] = []
+        for i, s in enumerate(inputs.samples):
+            for k, visual in enumerate((s.visual, *s.more_visuals)):
+                rows.append(replace(s, visual=visual, visual_id=s.visual_id if k == 0 else None, more_visuals=()))
+                owner.append(i)
+        flat = self.score_inputs(RewardInputs(samples=rows))
+        n = len(inputs)
+        values: list[float | None] = [None] * n
+        reasons: list[str | None] = [None] * n
+        members: list[list[int]] = [[] for _ in range(n)]
+        for j, i in enumerate(owner):
+            members[i].append(j)
+        aggregate = {"mean": lambda v: sum(v) / len(v), "min": min, "max": max}[self.image_aggregation]
+        for i, js in enumerate(members):
+            per_image = [flat.values[j] for j in js]
+            missing = [(k, flat.reasons[j]) for k, j in enumerate(js) if flat.values[j] is None]
+            if missing:  # a missing judgment is never worth more than a scored one: no value
+                k, why = missing[0]
+                reasons[i] = why if len(js) == 1 else f"image {k} of {len(js)}: {why or 'no score'}"
+            else:
+                values[i] = float(aggregate(per_image))
+            if len(js) > 1:
+                logger.info("%s: completions[%d] per-image values %s -> %s (%s)", self.name, i, per_image, values[i],
+                            self.image_aggregation)
+        metrics = {key: [float(sum(column[j] for j in js) / len(js)) for js in members] for key, column in flat.metrics.items()}
+        injection = [flat.injection[js[0]] for js in members] if flat.injection else []
+        out = RewardOutput(values, reasons, metrics, injection=injection)
         return self.with_metric_names(clip_to_range(out, self.value_range()))
 
     def _injection_guard(self, samples: Sequence[Sample]) -> list[str | None]:
