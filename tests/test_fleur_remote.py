@@ -70,7 +70,7 @@ def test_read_step_renormalises_and_bounds_when_digits_are_missing():
 
 
 def test_unanswered_samples_keep_their_slot_with_a_reason():
-    scorer = RemoteFLEUR(OpenAIJudge("http://127.0.0.1:9/v1", "m", api_key_env=None))
+    scorer = RemoteFLEUR(OpenAIJudge("http://127.0.0.1:9/v1", "m", api_key_env=None), tolerance=None)
     responses = [
         ChatResponse(text="", error="request 0 failed after 6 attempts: HTTP 500"),
         None,
@@ -84,6 +84,10 @@ def test_unanswered_samples_keep_their_slot_with_a_reason():
     # 0.5 read from p5 = .5, p4 = .25 renormalised: 0.1 * (5 * 2/3 + 4 * 1/3)
     assert result.score[3].item() == pytest.approx(0.1 * (5 * 2 / 3 + 4 / 3), abs=1e-6)
     assert result.rule == [None, None, None, ONE_DECIMAL] and result.exact == [False] * 4
+    # by default a score over part of the digits is refused: NaN and the bound in the reason
+    strict = RemoteFLEUR(OpenAIJudge("http://127.0.0.1:9/v1", "m", api_key_env=None)).read(responses)
+    assert math.isnan(strict.score[3].item()) and "missing from the top-20 alternatives" in strict.error[3]
+    assert strict.bound[3].item() == pytest.approx(result.bound[3].item())
 
 
 def test_failed_requests_give_nan_and_reasons_not_exceptions(colour_images):
@@ -141,7 +145,13 @@ def test_fewer_alternatives_deviate_within_the_reported_bound(server, fleur, sam
     scored = [i for i, r in enumerate(local.rule) if r is not None]
     deviations = []
     for k in (2, 5):
-        got = remote(server, k).score(captions, images)
+        strict = remote(server, k).score(captions, images)  # default: exact or NaN with the reason
+        for i in scored:
+            if strict.exact[i]:
+                assert abs(strict.score[i].item() - local.score[i].item()) <= 1e-5
+            else:
+                assert math.isnan(strict.score[i].item()) and "missing from the top" in strict.error[i]
+        got = remote(server, k, tolerance=None).score(captions, images)
         assert got.raw == local.raw and got.rule == local.rule  # the greedy answer does not depend on k
         for i in scored:
             gap = abs(got.score[i].item() - local.score[i].item())

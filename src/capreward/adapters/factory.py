@@ -10,8 +10,10 @@ from typing import Any
 from ..backbones.clip_loading import DEFAULT_CLIP
 from ..names import canonical
 
-REWARD_NAMES = ("clip_s", "emscore", "fleur", "hallucination", "composite")
-CLIP_BASED = ("clip_s", "emscore", "hallucination")
+REWARD_NAMES = ("clip_s", "emscore", "pac_s", "fleur", "visce2", "gveval", "hallucination", "composite")
+CLIP_BASED = ("clip_s", "emscore", "pac_s", "hallucination")
+#: The rewards that ask a chat judge (a local VLM, or an OpenAI-compatible server with ``judge_url``).
+JUDGE_BASED = ("fleur", "visce2", "gveval")
 DEFAULT_FLEUR = "llava-hf/llava-1.5-13b-hf"
 VISUAL_ID_COLUMN = "visual_id"  # the adapters pass label ids under this column name
 
@@ -26,6 +28,14 @@ class RewardOptions:
     ``composite``: ``"name=weight,..."`` terms of the composite reward; ``harmonic_mean``: how emscore's
     F and clip_s's RefCLIP-S are formed (``"sign-safe"``, the default, or the papers' ``"released"``
     formula; see :mod:`capreward.metrics.harmonic`).
+
+    Chat judges (``fleur``, ``visce2``, ``gveval``): ``judge_url`` is an OpenAI-compatible server's base URL
+    (vLLM: ``http://host:8000/v1``; veRL's reward pool: its ``reward_router_address``), then
+    ``judge_model`` is the served model name, ``judge_api_key_env`` the variable holding its key and
+    ``judge_top_logprobs_cap`` the most alternatives it serves (vLLM's ``--max-logprobs``); without
+    ``judge_url`` the judge runs locally: ``judge_model`` (default ``fleur_model``) is the LLaVA judge
+    for VisCE²/G-VEval and FLEUR uses ``fleur_model``. ``gveval_mode``: ``ref-free``, ``ref-only`` or
+    ``combined``.
     """
 
     clip_model: str = DEFAULT_CLIP
@@ -38,16 +48,23 @@ class RewardOptions:
     w: float | None = None
     composite: str = "emscore=1.0,hallucination=1.0"
     harmonic_mean: str = "sign-safe"
+    judge_url: str | None = None
+    judge_model: str | None = None
+    judge_api_key_env: str | None = "OPENAI_API_KEY"
+    judge_top_logprobs_cap: int = 20
+    gveval_mode: str = "ref-free"
 
     @classmethod
     def from_env(cls, prefix: str = "CAPREWARD_") -> "RewardOptions":
         """Options from ``CAPREWARD_CLIP_MODEL``, ``CAPREWARD_FLEUR_MODEL``, ``CAPREWARD_DEVICE``,
         ``CAPREWARD_PRECISION``, ``CAPREWARD_DTYPE``, ``CAPREWARD_IDF``, ``CAPREWARD_FRAMES`` (0 = all),
-        ``CAPREWARD_W``, ``CAPREWARD_COMPOSITE`` and ``CAPREWARD_HARMONIC_MEAN``; unset ones keep their
-        defaults."""
+        ``CAPREWARD_W``, ``CAPREWARD_COMPOSITE``, ``CAPREWARD_HARMONIC_MEAN``, ``CAPREWARD_JUDGE_URL``,
+        ``CAPREWARD_JUDGE_MODEL``, ``CAPREWARD_JUDGE_API_KEY_ENV``, ``CAPREWARD_JUDGE_TOP_LOGPROBS_CAP`` and
+        ``CAPREWARD_GVEVAL_MODE``; unset ones keep their defaults."""
         env = os.environ
         opts = cls()
-        for name in ("clip_model", "fleur_model", "device", "precision", "dtype", "idf", "composite", "harmonic_mean"):
+        for name in ("clip_model", "fleur_model", "device", "precision", "dtype", "idf", "composite", "harmonic_mean",
+                     "judge_url", "judge_model", "judge_api_key_env", "gveval_mode"):
             value = env.get(prefix + name.upper())
             if value:
                 setattr(opts, name, value)
@@ -56,6 +73,8 @@ class RewardOptions:
             opts.frames = None if frames == 0 else frames
         if env.get(prefix + "W"):
             opts.w = float(env[prefix + "W"])
+        if env.get(prefix + "JUDGE_TOP_LOGPROBS_CAP"):
+            opts.judge_top_logprobs_cap = int(env[prefix + "JUDGE_TOP_LOGPROBS_CAP"])
         return opts
 
 
@@ -101,7 +120,7 @@ def build_reward(name: str, options: RewardOptions | None = None, *, backbone: A
     existing :class:`~capreward.backbones.CLIPBackbone` for the CLIP-based rewards (then
     ``clip_model``/``precision`` are not used). ``overrides`` replace fields of ``options``.
     """
-    from ..rewards import CLIPScoreReward, EMScoreReward, FLEURReward, HallucinationPenalty
+    from ..rewards import CLIPScoreReward, EMScoreReward, FLEURReward, HallucinationPenalty, PACScoreReward
 
     opts = options or RewardOptions()
     for key, value in overrides.items():
@@ -116,6 +135,20 @@ def build_reward(name: str, options: RewardOptions | None = None, *, backbone: A
         model = dict(backbone=backbone) if backbone is not None else dict(
             model=opts.clip_model, precision=opts.precision, device=opts.device)
         common.update(model, frames=opts.frames)
+    if kind == "pac_s":
+        return PACScoreReward(harmonic_mean=opts.harmonic_mean, **common)
+    if kind in ("visce2", "gveval"):
+        from ..rewards import GVEvalReward, VisCE2Reward
+
+        tree = dict(tree_top_logprobs=max(10, opts.judge_top_logprobs_cap)) if opts.judge_url else {}
+        if kind == "visce2":
+            return VisCE2Reward(backend=judge_backend(opts), **tree, **common)
+        return GVEvalReward(backend=judge_backend(opts), mode=opts.gveval_mode, **tree, **common)
+    if kind == "fleur" and opts.judge_url:
+        from ..scorers.fleur_remote import RemoteFLEUR
+
+        return FLEURReward(scorer=RemoteFLEUR(judge_backend(opts), top_logprobs=min(20, opts.judge_top_logprobs_cap)),
+                           **common)
     if kind == "clip_s":
         return CLIPScoreReward(**({} if opts.w is None else {"w": opts.w}), harmonic_mean=opts.harmonic_mean, **common)
     if kind == "emscore":
@@ -125,6 +158,26 @@ def build_reward(name: str, options: RewardOptions | None = None, *, backbone: A
         return HallucinationPenalty(idf=read_idf_corpus(opts.idf) if opts.idf else False, **common)
     return FLEURReward(model=opts.fleur_model, device=opts.device,
                        **({} if opts.dtype is None else {"dtype": opts.dtype}), **common)
+
+
+def judge_backend(opts: RewardOptions) -> Any:
+    """The chat judge of ``opts``: an :class:`~capreward.judges.remote.OpenAIJudge` on ``judge_url``, or
+    a local :class:`~capreward.judges.local_chat.LocalChatJudge` on ``judge_model`` (default
+    ``fleur_model``)."""
+    if opts.judge_url:
+        from ..judges.remote import OpenAIJudge
+
+        if not opts.judge_model:
+            raise ValueError("judge_url needs judge_model: the served model name (vLLM's --served-model-name)")
+        return OpenAIJudge(opts.judge_url, opts.judge_model, api_key_env=opts.judge_api_key_env,
+                           top_logprobs_cap=opts.judge_top_logprobs_cap)
+    from ..judges.local_chat import LocalChatJudge
+    from ..judges.local import LocalJudge
+
+    kwargs: dict[str, Any] = {"device": opts.device}
+    if opts.dtype is not None:
+        kwargs["dtype"] = opts.dtype
+    return LocalChatJudge(LocalJudge(opts.judge_model or opts.fleur_model, **kwargs))
 
 
 def build_composite(opts: RewardOptions):

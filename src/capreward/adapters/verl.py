@@ -197,21 +197,27 @@ def _truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def scorer_from_env(**options: Any) -> VerlScorer:
+    """A new scorer configured from ``CAPREWARD_*`` environment variables, ``options`` replacing fields of
+    :class:`~capreward.adapters.factory.RewardOptions` (e.g. the judge veRL's reward pool serves)."""
+    env = os.environ
+    reward = build_reward(env.get("CAPREWARD_REWARD", "emscore"), RewardOptions.from_env(), **options)
+    fallback = (env.get("CAPREWARD_FALLBACK") or "").strip()
+    return VerlScorer(
+        reward,
+        fallback=float(fallback) if fallback else None,  # unset: the bottom of the reward's range
+        return_dict=_truthy(env.get("CAPREWARD_RETURN_DICT")),
+        subscores=[k.strip() for k in env.get("CAPREWARD_SUBSCORES", "").split(",") if k.strip()],
+        media_root=env.get("CAPREWARD_MEDIA_ROOT") or None,
+    )
+
+
 def default_scorer() -> VerlScorer:
     """The process-wide scorer configured from ``CAPREWARD_*`` environment variables (built once)."""
     global _default
     with _default_lock:
         if _default is None:
-            env = os.environ
-            reward = build_reward(env.get("CAPREWARD_REWARD", "emscore"), RewardOptions.from_env())
-            fallback = (env.get("CAPREWARD_FALLBACK") or "").strip()
-            _default = VerlScorer(
-                reward,
-                fallback=float(fallback) if fallback else None,  # unset: the bottom of the reward's range
-                return_dict=_truthy(env.get("CAPREWARD_RETURN_DICT")),
-                subscores=[k.strip() for k in env.get("CAPREWARD_SUBSCORES", "").split(",") if k.strip()],
-                media_root=env.get("CAPREWARD_MEDIA_ROOT") or None,
-            )
+            _default = scorer_from_env()
         return _default
 
 
@@ -236,5 +242,5 @@ def compute_score_batch(data_sources: Sequence[Any], solution_strs: Sequence[str
 
 __all__: list[str] = [
     "VerlScorer", "compute_score", "compute_score_batch", "default_scorer", "make_compute_score",
-    "reset_default_scorer", "sample_label",
+    "reset_default_scorer", "sample_label", "scorer_from_env",
 ]

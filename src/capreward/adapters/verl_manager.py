@@ -19,6 +19,8 @@ veRL loads it by path (this module imports veRL, which :mod:`capreward.adapters.
     reward.reward_manager.name=CaprewardRewardManager
 
 configured with the same ``CAPREWARD_*`` environment variables as :func:`capreward.adapters.verl.compute_score`.
+A sample whose ``extra_info`` names no visual is scored on the image it carries in veRL's
+``multi_modal_data`` (the first one), so a VLM dataset need not duplicate its images as paths.
 """
 
 from __future__ import annotations
@@ -38,9 +40,9 @@ except ModuleNotFoundError as exc:  # a plugin of veRL's, loaded by veRL: no cap
         name=exc.name,
     ) from None
 
-from capreward.adapters.labels import Label, LabelError
+from capreward.adapters.labels import Label, LabelError, parse_references
 from capreward.adapters.scoring import ScoredBatch, score_labelled
-from capreward.adapters.verl import VerlScorer, default_scorer, sample_label
+from capreward.adapters.verl import VerlScorer, default_scorer, sample_label, scorer_from_env
 
 logger = logging.getLogger("capreward.adapters.verl")
 
@@ -50,14 +52,24 @@ class CaprewardRewardManager(RewardManagerBase):
     :class:`~capreward.adapters.verl.VerlScorer` (default: the environment-configured one);
     ``max_batch_size``/``max_wait`` (seconds) override ``CAPREWARD_VERL_MAX_BATCH`` and
     ``CAPREWARD_VERL_MAX_WAIT_MS``. veRL passes ``compute_score`` (unused: the scorer is capreward's)
-    and, with a reward model, its router address and tokenizer (unused)."""
+    and, with a reward model (``reward.reward_model.enable=True``), the address of its reward pool's
+    OpenAI-compatible router: a chat-judge reward (``CAPREWARD_REWARD`` = ``visce2``, ``gveval`` or
+    ``fleur``) then asks that server (``http://{reward_router_address}/v1``, model
+    ``reward.reward_model.model_path``, as veRL's own requests name it), unless ``CAPREWARD_JUDGE_URL``
+    names another. veRL routes samples to a reward manager only when ``reward.custom_reward_function.path``
+    is set, so set it too with a reward model (e.g. ``pkg://capreward.adapters.verl``)."""
 
     def __init__(self, config: Any, tokenizer: Any, compute_score: Any = None, reward_router_address: Any = None,
                  reward_model_tokenizer: Any = None, scorer: VerlScorer | None = None,
                  max_batch_size: int | None = None, max_wait: float | None = None, **kwargs: Any):
         super().__init__(config, tokenizer, compute_score)
-        self.scorer = scorer if scorer is not None else default_scorer()
         env = os.environ
+        if scorer is None and reward_router_address is not None and not env.get("CAPREWARD_JUDGE_URL"):
+            model = _reward_model_path(config)
+            scorer = scorer_from_env(judge_url=f"http://{reward_router_address}/v1", judge_model=model,
+                                     judge_api_key_env=None)
+        self.reward_router_address = reward_router_address
+        self.scorer = scorer if scorer is not None else default_scorer()
         self.max_batch_size = int(max_batch_size if max_batch_size is not None
                                   else env.get("CAPREWARD_VERL_MAX_BATCH", "256"))
         self.max_wait = float(max_wait if max_wait is not None
@@ -77,8 +89,13 @@ class CaprewardRewardManager(RewardManagerBase):
         response = self.tokenizer.decode(response_ids[:valid], skip_special_tokens=True)
         ground_truth = item.non_tensor_batch["reward_model"]["ground_truth"]
         extra_info = item.non_tensor_batch.get("extra_info", None)
+        image = multi_modal_image(item.non_tensor_batch.get("multi_modal_data", None))
         try:
-            label = sample_label(ground_truth, extra_info, self.scorer.paths)
+            if image is not None and not _names_visual(extra_info):
+                # the sample carries its image (veRL's multi_modal_data): score that, no path needed
+                label = image_label(ground_truth, extra_info, image)
+            else:
+                label = sample_label(ground_truth, extra_info, self.scorer.paths)
         except LabelError as exc:
             logger.warning("unscored sample gets %s: %s", self.scorer.fallback, exc)
             row = self.scorer.rows(ScoredBatch([None], [str(exc)]))[0]
@@ -118,6 +135,42 @@ class CaprewardRewardManager(RewardManagerBase):
         for (_, _, future), row in zip(batch, rows):  # score_labelled logged the unscored ones' reasons
             if not future.done():
                 future.set_result(row)
+
+
+def multi_modal_image(data: Any) -> Any:
+    """The image a veRL sample carries in ``multi_modal_data`` (``{"image": [PIL images]}``, as veRL's
+    RLHF dataset stores it): the first one, or None when there is none."""
+    if not isinstance(data, dict):
+        return None
+    images = data.get("image")
+    if isinstance(images, (list, tuple)):
+        return images[0] if images else None
+    return images
+
+
+def image_label(ground_truth: Any, extra_info: Any, image: Any) -> Label:
+    """The label of a sample scored on the image object it carries: references from ``ground_truth``
+    (else ``extra_info["references"]``), ``visual_id`` from ``extra_info``."""
+    info = extra_info if isinstance(extra_info, dict) else {}
+    refs = parse_references(ground_truth, "sample ground_truth")
+    if refs is None:
+        refs = parse_references(info.get("references"), "sample extra_info")
+    visual_id = info.get("visual_id")
+    if visual_id is not None and not isinstance(visual_id, (str, int)):
+        raise LabelError(f"sample extra_info: visual_id must be a str, got {type(visual_id).__name__}")
+    return Label(image=image, references=refs, visual_id=None if visual_id is None else str(visual_id))
+
+
+def _names_visual(extra_info: Any) -> bool:
+    return isinstance(extra_info, dict) and any(extra_info.get(k) is not None for k in ("image", "images", "video"))
+
+
+def _reward_model_path(config: Any) -> str | None:
+    """``reward.reward_model.model_path`` of veRL's config (the model name its reward pool serves)."""
+    try:
+        return str(config.reward.reward_model.model_path)
+    except (AttributeError, KeyError):
+        return None
 
 
 __all__ = ["CaprewardRewardManager"]

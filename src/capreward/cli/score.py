@@ -64,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
         metrics=args.metrics,
         clip_model=args.clip_model, pac_model=args.pac_model, judge_model=args.judge_model,
         judge_base_url=args.judge_base_url, judge_api_model=args.judge_api_model,
+        judge_top_logprobs_cap=args.judge_top_logprobs_cap,
         gveval_mode=args.gveval_mode, gveval_accr=args.gveval_accr,
         hallucination_threshold=args.hallucination_threshold,
         device=args.device, precision=precision, batch_size=args.batch_size,
@@ -101,6 +102,9 @@ def add_parser(subparsers) -> None:
                         "API key from $OPENAI_API_KEY (unset: a placeholder, fine for vLLM); fleur stays local")
     p.add_argument("--judge-api-model",
                    help="model name on that server (alone: OpenAI's API with this model)")
+    p.add_argument("--judge-top-logprobs-cap", type=int, default=20,
+                   help="the most top_logprobs the judge server serves (vLLM --max-logprobs; default 20): the "
+                        "exact digit tree of a digit-by-digit judge asks this many alternatives per node")
     p.add_argument("--gveval-mode", default="ref-free", choices=["ref-free", "ref-only", "combined"],
                    help="G-VEval inputs: visual only, references (+ visual), or both; ref-only/combined need "
                         "references on every row")

@@ -32,9 +32,15 @@ def run(args: argparse.Namespace) -> int:
         clip_model=args.clip_model, fleur_model=args.fleur_model or DEFAULT_FLEUR, device=args.device,
         precision=None if args.precision == "fp32" else args.precision, dtype=args.dtype, idf=args.idf,
         frames=None if args.frames == 0 else args.frames, w=args.w, composite=args.composite,
-        harmonic_mean=args.harmonic_mean,
+        harmonic_mean=args.harmonic_mean, judge_url=args.judge_url, judge_model=args.fleur_model,
+        judge_api_key_env=args.judge_api_key_env, judge_top_logprobs_cap=args.judge_top_logprobs_cap,
+        gveval_mode=args.gveval_mode,
     )
-    reward = build_reward(args.reward, options)
+    try:
+        reward = build_reward(args.reward, options)
+    except ValueError as exc:
+        print(f"capreward serve: {exc}", file=sys.stderr)
+        return 2
     load_models = getattr(reward, "load_models", None)
     if load_models is not None:
         load_models()  # a missing model fails here, in one line, not on every request after "ready"
@@ -104,7 +110,16 @@ def add_parser(subparsers) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=5000, help="0: pick a free port (printed on stderr when ready)")
     p.add_argument("--clip-model", default=DEFAULT_CLIP, help="CLIP for clip_s/emscore: name/tag, .pt path, ...")
-    p.add_argument("--judge-model", "--fleur-model", dest="fleur_model", metavar="MODEL", help="LLaVA judge for fleur: hub name or local directory (default: llava-hf/llava-1.5-13b-hf)")
+    p.add_argument("--judge-model", "--fleur-model", dest="fleur_model", metavar="MODEL",
+                   help="the judge of fleur/visce2/gveval: a local LLaVA judge (hub name or directory; default: "
+                        "llava-hf/llava-1.5-13b-hf), or with --judge-url the served model name")
+    p.add_argument("--judge-url", help="an OpenAI-compatible server for fleur/visce2/gveval (vLLM: http://HOST:8000/v1)")
+    p.add_argument("--judge-api-key-env", default="OPENAI_API_KEY",
+                   help="environment variable holding the judge server's API key (unset: none sent)")
+    p.add_argument("--judge-top-logprobs-cap", type=int, default=20,
+                   help="the most top_logprobs the judge server serves (vLLM --max-logprobs; default 20)")
+    p.add_argument("--gveval-mode", default="ref-free", choices=["ref-free", "ref-only", "combined"],
+                   help="G-VEval's mode for --reward gveval")
     p.add_argument("--composite", default="emscore=1.0,hallucination=1.0",
                    help="terms of --reward composite: name=weight,... (plus repetition/truncation/length guards)")
     p.add_argument("--idf", help="EMScore idf corpus: a text file with one caption per line (default: no idf)")

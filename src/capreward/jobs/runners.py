@@ -66,6 +66,7 @@ class ScoreOptions:
     judge_model: str = "llava-hf/llava-1.5-13b-hf"  # local LLaVA (name or dir) for fleur, visce2, gveval
     judge_base_url: str | None = None  # OpenAI-compatible server for visce2/gveval (key: $OPENAI_API_KEY)
     judge_api_model: str | None = None  # the served model's name (None: OpenAIJudge's default)
+    judge_top_logprobs_cap: int = 20  # the most top_logprobs the server serves (vLLM --max-logprobs)
     gveval_mode: str = "ref-free"  # ref-free | ref-only | combined
     gveval_accr: bool = False  # the four ACCR dimensions (video rows only)
     hallucination_threshold: float | None = None  # None: capreward.rewards.hallucination.DEFAULT_THRESHOLD
@@ -205,12 +206,17 @@ class ManifestScorer:
                 from ..judges.remote import OpenAIJudge
 
                 model = {"model": self.options.judge_api_model} if self.options.judge_api_model else {}
-                self._chat = OpenAIJudge(self.options.judge_base_url, api_key_env="OPENAI_API_KEY", **model)
+                self._chat = OpenAIJudge(self.options.judge_base_url, api_key_env="OPENAI_API_KEY",
+                                         top_logprobs_cap=self.options.judge_top_logprobs_cap, **model)
             else:
                 from ..judges.local_chat import LocalChatJudge
 
                 self._chat = LocalChatJudge(self._local_judge())
         return self._chat
+
+    def _tree(self) -> dict:
+        """The digit-tree width of a remote judge's exact expected scores (the server's logprob cap)."""
+        return {"tree_top_logprobs": max(10, self.options.judge_top_logprobs_cap)} if self.options.remote_judge else {}
 
     def _build_fleur(self, backbone):
         from ..scorers.fleur import FLEUR
@@ -233,7 +239,7 @@ class ManifestScorer:
     def _build_visce2(self, backbone):
         from ..scorers.visce2 import VisCE2
 
-        scorer = VisCE2(self._chat_backend())
+        scorer = VisCE2(self._chat_backend(), **self._tree())
 
         def run(rows: list[ManifestRow]) -> list[dict]:
             out: list[dict] = [
@@ -261,7 +267,7 @@ class ManifestScorer:
         from ..scorers.gveval import GVEval
 
         mode, accr = self.options.gveval_mode, self.options.gveval_accr
-        scorer = GVEval(self._chat_backend(), mode=mode, accr=accr)
+        scorer = GVEval(self._chat_backend(), mode=mode, accr=accr, **self._tree())
         needs_refs = mode != "ref-free"
 
         def run(rows: list[ManifestRow]) -> list[dict]:

@@ -45,7 +45,13 @@ class ChatRequest:
     20, as does vLLM); ``stop``: strings that end the answer (not included in it); ``chat_template``: a
     Jinja chat template the server should render the conversation with (vLLM's ``chat_template``
     request field; None: the server's own), so that the model sees exactly the prompt a local judge
-    would build.
+    would build. ``structured_outputs``: a constraint on the answer in vLLM's ``structured_outputs``
+    request field (``{"regex": ...}``, ``{"choice": [...]}``, ``{"json": schema}``; vLLM >= 0.12, which
+    removed the ``guided_*`` fields), or None; local judges ignore it.
+
+    A request whose last turn is an assistant turn asks the backend to *continue* that message (an
+    assistant prefill: vLLM's ``continue_final_message=True, add_generation_prompt=False``), as the exact
+    remote score distributions do (:mod:`capreward.scorers.remote_numbers`).
     """
 
     turns: tuple[ChatTurn, ...]
@@ -54,6 +60,12 @@ class ChatRequest:
     top_logprobs: int = 0
     stop: tuple[str, ...] = ()
     chat_template: str | None = None
+    structured_outputs: dict | None = None
+
+    @property
+    def prefilled(self) -> bool:
+        """Whether the last turn is an assistant message to continue."""
+        return bool(self.turns) and self.turns[-1].role == "assistant"
 
 
 @dataclass(frozen=True)

@@ -134,7 +134,11 @@ class OpenAIJudge:
     one attempt (seconds). ``max_retries``: the client's retries after the first attempt (its backoff:
     0.5 s doubling up to 8 s, with jitter, or the server's ``Retry-After``); malformed 2xx bodies are
     asked again as many times. ``system``: an optional system message. ``extra_body``: extra request
-    fields (e.g. vLLM's ``{"top_k": 1}``). ``token_limit_param``: ``"max_tokens"`` (vLLM, older OpenAI
+    fields (e.g. vLLM's ``{"top_k": 1}``). ``top_logprobs_cap``: the most alternatives asked per token
+    (20: OpenAI's limit and vLLM's default ``--max-logprobs``; raise it for a vLLM served with more).
+    A request whose last turn is an assistant message is sent as a prefill (vLLM's
+    ``continue_final_message=true, add_generation_prompt=false``); a request's ``structured_outputs`` goes
+    in vLLM's field of that name. ``token_limit_param``: ``"max_tokens"`` (vLLM, older OpenAI
     models) or ``"max_completion_tokens"`` (newer OpenAI models).
     """
 
@@ -253,6 +257,10 @@ class OpenAIJudge:
         if request.stop:
             body["stop"] = list(request.stop)
         extra = dict(self.extra_body)
+        if request.prefilled:  # continue the final assistant message (vLLM's fields; OpenAI has no prefill)
+            extra.update(continue_final_message=True, add_generation_prompt=False)
+        if request.structured_outputs is not None:  # vLLM >= 0.12 (the guided_* fields were removed)
+            extra["structured_outputs"] = dict(request.structured_outputs)
         if request.chat_template is not None:
             extra["chat_template"] = request.chat_template  # vLLM's extra field (OpenAI rejects it)
         if extra:

@@ -44,6 +44,19 @@ def parse_marked_score(text: str, marker: str = OVERALL_MARKER) -> int | None:
     return value if value < NUM_SCORES else None
 
 
+#: A regular expression for the integers 0..100 as a judge writes them (no leading zeros).
+SCORE_PATTERN = "(100|[1-9]?[0-9])"
+
+
+def answer_regex(markers: Sequence[str]) -> str:
+    """The structured-output constraint of a G-VEval answer: free text without the markers, then each
+    marker, a score 0..100 and the marker again ("... $85$", ACCR "... α85α ... β70β ..."), each
+    followed by free text without markers. Sent as vLLM's ``structured_outputs={"regex": ...}``; every
+    answer it admits is read by :func:`parse_marked_score`."""
+    free = "[^" + "".join(re.escape(m) for m in markers) + "]*"
+    return free + "".join(re.escape(m) + SCORE_PATTERN + re.escape(m) + free for m in markers)
+
+
 def alternatives_distribution(
     top: Mapping[str, float] | Sequence[tuple[str, float]], strip: bool = False
 ) -> np.ndarray | None:

@@ -17,6 +17,12 @@ from .gveval import NUM_SCORES, alternatives_distribution, expected_score  # noq
 _INTEGER = re.compile(r"[0-9]+")
 
 
+#: The structured-output constraint of a VisCE² rating (vLLM's ``structured_outputs={"regex": ...}``):
+#: text without ASCII digits, then an integer 0..100 as the first integer, then anything that does not
+#: continue it; every answer it admits is read by :func:`parse_visce2_answer` without a warning.
+ANSWER_REGEX = "[^0-9]*(100|[1-9]?[0-9])([^0-9][\\s\\S]*)?"
+
+
 def first_integer(text: str) -> tuple[int, int] | None:
     """``(value, start offset)`` of the first run of ASCII digits in ``text``, or None."""
     match = _INTEGER.search(text)

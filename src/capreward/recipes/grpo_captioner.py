@@ -53,7 +53,7 @@ for _module in ("trl", "datasets"):  # fail at import, naming the extra, rather 
     require("recipes", _module, used_by="the GRPO recipe (capreward.recipes.grpo_captioner)")
 
 # ----------------------------------------------------------------------------------------- rewards
-REWARD_NAMES = ("emscore", "clip_s", "fleur", "hallucination")  # capreward.names' one name of each
+REWARD_NAMES = ("emscore", "clip_s", "pac_s", "fleur", "visce2", "gveval", "hallucination")  # capreward.names' one name of each
 DEFAULT_REWARDS = "emscore:1.0,clip_s:0.5,hallucination:0.5"
 TINY_WORDS = (
     "a", "an", "the", "of", "in", "is", "on", "image", "photo", "picture", "video", "frame", "colour",
@@ -98,11 +98,34 @@ def build_reward(name: str, args: argparse.Namespace, clip: Any, judge: Any) -> 
         return rewards.EMScoreReward(model=clip, device=args.reward_device, frames=args.frames)
     if name == "clip_s":
         return rewards.CLIPScoreReward(model=clip, device=args.reward_device, w=args.clip_w, frames=args.frames)
+    if name == "pac_s":
+        return rewards.PACScoreReward(model=clip, device=args.reward_device, frames=args.frames)
     if name == "fleur":
+        if getattr(args, "judge_url", None):
+            from capreward.scorers.fleur_remote import RemoteFLEUR
+
+            return rewards.FLEURReward(scorer=RemoteFLEUR(chat_judge(args, judge)))
         return rewards.FLEURReward(model=judge, device=args.reward_device)
+    tree = {"tree_top_logprobs": max(10, args.judge_top_logprobs_cap)} if getattr(args, "judge_url", None) else {}
+    if name == "visce2":
+        return rewards.VisCE2Reward(backend=chat_judge(args, judge), **tree)
+    if name == "gveval":
+        return rewards.GVEvalReward(backend=chat_judge(args, judge), mode=getattr(args, "gveval_mode", "ref-free"), **tree)
     if name == "hallucination":
         return rewards.HallucinationPenalty(model=clip, device=args.reward_device, frames=args.frames)
     raise ValueError(f"unknown reward {name!r}")
+
+
+def chat_judge(args: argparse.Namespace, judge: Any) -> Any:
+    """The chat judge of visce2/gveval (and fleur with ``--judge-url``): an OpenAI-compatible server
+    (``--judge-url``, model ``--judge`` as served; key from ``$OPENAI_API_KEY``) or the local judge."""
+    if getattr(args, "judge_url", None):
+        from capreward.judges.remote import OpenAIJudge
+
+        return OpenAIJudge(args.judge_url, args.judge, top_logprobs_cap=args.judge_top_logprobs_cap)
+    from capreward.judges import LocalChatJudge
+
+    return LocalChatJudge(judge)
 
 
 def build_rewards(args: argparse.Namespace) -> tuple[list[Any], list[float]]:
@@ -117,6 +140,10 @@ def build_rewards(args: argparse.Namespace) -> tuple[list[Any], list[float]]:
             from capreward.testing import tiny_fleur_judge
 
             judge = tiny_fleur_judge()
+        elif any(n in ("visce2", "gveval") for n, _ in args.reward_list):
+            from capreward.testing.tiny_vlm_judges import tiny_vlm_judge
+
+            judge = tiny_vlm_judge()
     funcs = [build_reward(name, args, clip, judge) for name, _ in args.reward_list]
     return funcs, [w for _, w in args.reward_list]
 
@@ -467,7 +494,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tiny", action="store_true", help="locally built tiny policy, CLIP and judge, generated data")
     g.add_argument("--model", default="llava-hf/llava-1.5-7b-hf", help="policy (an image-text-to-text model)")
     g.add_argument("--clip", default="ViT-B-32/openai", help="CLIP for EMScore / CLIP-S / the penalty")
-    g.add_argument("--judge", default="llava-hf/llava-1.5-13b-hf", help="FLEUR judge (with --rewards fleur)")
+    g.add_argument("--judge", default="llava-hf/llava-1.5-13b-hf",
+                   help="judge of fleur/visce2/gveval: a local LLaVA, or with --judge-url the served model name")
+    g.add_argument("--judge-url", default=None, help="OpenAI-compatible judge server (vLLM: http://HOST:8000/v1)")
+    g.add_argument("--judge-top-logprobs-cap", type=int, default=20, help="the server's --max-logprobs")
+    g.add_argument("--gveval-mode", default="ref-free", choices=("ref-free", "ref-only", "combined"), help="G-VEval mode")
     g.add_argument("--reward-device", default="cpu", help="device of the reward models")
     g.add_argument("--bf16", action="store_true", help="policy in bfloat16 (GPU)")
     g = p.add_argument_group("data")

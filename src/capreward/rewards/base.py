@@ -16,7 +16,7 @@ import logging
 import math
 import threading
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from ..caption_reading import read_caption
@@ -26,6 +26,9 @@ from ..media import MediaError, describe, media_key
 from .inputs import Columns, RewardInputs, Sample, collect_inputs
 
 logger = logging.getLogger(__name__)
+
+#: How a sample with several images is scored (see CaptionReward's ``image_aggregation``).
+IMAGE_AGGREGATIONS = ("mean", "min", "max")
 
 
 @dataclass
@@ -299,6 +302,11 @@ class CaptionReward(RewardFunction):
             patterns let through addresses the grader
             (:class:`~capreward.judges.injection_judge.JudgeInjectionCheck`; image samples only; one
             judge request per caption). None (default): the patterns alone.
+        image_aggregation: how a sample with several images (an ``images`` entry holding a list) is
+            scored: the caption against every image, then ``"mean"`` (default), ``"min"`` or ``"max"`` of
+            the per-image values (sub-scores: their mean); an image that cannot be scored leaves the
+            sample unscored, with that image's reason. Each such sample's per-image values are logged
+            (INFO).
         name, log_subscores: see :class:`RewardFunction`.
         scorer_kwargs: keyword arguments of the scorer class (``model=``, ``device=``, ``backbone=``...).
 
@@ -325,6 +333,7 @@ class CaptionReward(RewardFunction):
         injection_guard: bool | None = None,
         injection_judge: Any = None,
         as_given: bool = False,
+        image_aggregation: str = "mean",
         name: str | None = None,
         log_subscores: bool = True,
         **scorer_kwargs: Any,
@@ -334,6 +343,9 @@ class CaptionReward(RewardFunction):
         if injection_judge is not None and not callable(getattr(injection_judge, "reasons", None)):
             raise TypeError("injection_judge must have a reasons(captions, images) method (a JudgeInjectionCheck)")
         self.injection_judge = injection_judge
+        if image_aggregation not in IMAGE_AGGREGATIONS:
+            raise ValueError(f"image_aggregation must be one of {sorted(IMAGE_AGGREGATIONS)}, got {image_aggregation!r}")
+        self.image_aggregation = image_aggregation
         self.injection_guard = self.guard_injection if injection_guard is None else bool(injection_guard)
         self.columns = Columns(image_column, images_column, video_column, references_column, visual_id_column)
         self.use_references = use_references
@@ -407,7 +419,10 @@ class CaptionReward(RewardFunction):
 
     def score_inputs(self, inputs: RewardInputs) -> RewardOutput:
         """Score collected samples: invalid ones get None, the rest are scored in groups that share a
-        visual kind and reference availability."""
+        visual kind and reference availability; a sample with several images is scored on each and
+        aggregated (``image_aggregation``)."""
+        if any(s.more_visuals for s in inputs.samples):
+            return self._score_multi_image(inputs)
         n = len(inputs)
         injection = self._injection_guard(inputs.samples)  # on the captions as given (it reads them itself)
         inputs, reading = self._read(inputs)
@@ -470,6 +485,38 @@ class CaptionReward(RewardFunction):
             more = f"; ... {len(changed) - 4} more" if len(changed) > 4 else ""
             logger.info("%s: %d/%d captions scored as read: %s%s", self.name, len(changed), len(samples), shown, more)
         return RewardInputs(samples), changes
+    def _score_multi_image(self, inputs: RewardInputs) -> RewardOutput:
+        """Every image of every sample as its own row, scored together, then aggregated per sample."""
+        rows: list[Sample] = []
+        owner: list[int] = []
+        for i, s in enumerate(inputs.samples):
+            for k, visual in enumerate((s.visual, *s.more_visuals)):
+                rows.append(replace(s, visual=visual, visual_id=s.visual_id if k == 0 else None, more_visuals=()))
+                owner.append(i)
+        flat = self.score_inputs(RewardInputs(samples=rows))
+        n = len(inputs)
+        values: list[float | None] = [None] * n
+        reasons: list[str | None] = [None] * n
+        members: list[list[int]] = [[] for _ in range(n)]
+        for j, i in enumerate(owner):
+            members[i].append(j)
+        aggregate = {"mean": lambda v: sum(v) / len(v), "min": min, "max": max}[self.image_aggregation]
+        for i, js in enumerate(members):
+            per_image = [flat.values[j] for j in js]
+            missing = [(k, flat.reasons[j]) for k, j in enumerate(js) if flat.values[j] is None]
+            if missing:  # a missing judgment is never worth more than a scored one: no value
+                k, why = missing[0]
+                reasons[i] = why if len(js) == 1 else f"image {k} of {len(js)}: {why or 'no score'}"
+            else:
+                values[i] = float(aggregate(per_image))
+            if len(js) > 1:
+                logger.info("%s: completions[%d] per-image values %s -> %s (%s)", self.name, i, per_image, values[i],
+                            self.image_aggregation)
+        metrics = {key: [float(sum(column[j] for j in js) / len(js)) for js in members] for key, column in flat.metrics.items()}
+        injection = [flat.injection[js[0]] for js in members] if flat.injection else []
+        reading = [flat.reading[js[0]] for js in members] if flat.reading else []  # one caption per sample
+        out = RewardOutput(values, reasons, metrics, injection=injection, reading=reading)
+        return self.with_metric_names(clip_to_range(out, self.value_range()))
 
     def _injection_guard(self, samples: Sequence[Sample]) -> list[str | None]:
         """Per sample, why the guard floors it (:func:`~capreward.judges.injection.injection_reason`), or

@@ -100,6 +100,8 @@ class Sample:
     references: list[str] | None = None
     visual_id: str | None = None
     error: str | None = None
+    #: the sample's other images (an ``images`` entry holding several): scored too, then aggregated
+    more_visuals: tuple = ()
 
 
 @dataclass
@@ -148,14 +150,22 @@ def _first_image(value: Any) -> Any:
     return value
 
 
+def _other_images(value: Any) -> tuple:
+    """The images of an ``images`` entry after its first (none for a single image)."""
+    if isinstance(value, (list, tuple)):
+        return tuple(v for v in value[1:] if v is not None)
+    return ()
+
+
 def collect_inputs(
     prompts: Sequence[Any] | None, completions: Sequence[Any], kwargs: dict, columns: Columns
 ) -> RewardInputs:
     """Match every completion with its caption text, visual and references.
 
-    Visual precedence per sample: the ``video`` column, then ``image``, then the first entry of
-    ``images`` (a caption reward scores a caption against one visual), then the first image embedded in
-    the conversational prompt. Empty captions, unreadable completions and malformed references mark
+    Visual precedence per sample: the ``video`` column, then ``image``, then ``images`` (its first entry
+    is the sample's visual, the others go in ``more_visuals``: a caption reward scores the caption
+    against each and aggregates, see :class:`~capreward.rewards.base.CaptionReward`), then the first
+    image embedded in the conversational prompt. Empty captions, unreadable completions and malformed references mark
     the sample with an ``error`` instead of raising, so one bad sample does not stop a training step.
     Column length mismatches raise ValueError (a caller bug, not a data problem).
     """
@@ -180,18 +190,19 @@ def collect_inputs(
             caption, error = "", str(exc)
         if error is None and not caption.strip():
             error = f"completions[{i}] is empty"
-        visual, kind = None, None
+        visual, kind, more = None, None, ()
         if videos is not None and videos[i] is not None:
             visual, kind = videos[i], "video"
         elif image is not None and image[i] is not None:
             visual, kind = image[i], "image"
         elif images is not None and _first_image(images[i]) is not None:
             visual, kind = _first_image(images[i]), "image"
+            more = _other_images(images[i])
         elif prompts is not None:
             embedded = prompt_images(prompts[i])
             if embedded:
                 visual, kind = embedded[0], "image"
         references, ref_error = _references(None if refs is None else refs[i], i, columns.references)
         visual_id = None if ids is None or ids[i] is None else str(ids[i])
-        out.samples.append(Sample(caption, visual, kind, references, visual_id, error or ref_error))
+        out.samples.append(Sample(caption, visual, kind, references, visual_id, error or ref_error, more))
     return out

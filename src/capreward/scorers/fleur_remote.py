@@ -13,9 +13,12 @@ Exactness (:func:`read_step`):
 - When every digit the rule weighs (decimals: 1..9; "1.0": 0 and 1) is among the alternatives, the
   probabilities are the full-vocabulary ones, not renormalised, and the score equals the local FLEUR
   score (to float rounding; checked in the tests through a real server).
-- Otherwise (k too small for the vocabulary) the listed digits' probabilities are **renormalised to sum
-  to 1** (G-VEval's convention for top-k alternatives) and the unlisted ones count 0. This is an
-  approximation; ``result.bound[n]`` is a worst-case bound on its distance to the exact score, from
+- Otherwise (k too small for the vocabulary) the score would be an expectation over part of the digits:
+  by default (``tolerance=1e-6``) such a sample gets **NaN with the reason** unless its bound (below) is
+  at most ``tolerance``; with ``tolerance=None`` the listed digits' probabilities are renormalised to sum
+  to 1 (G-VEval's convention for top-k alternatives) and the unlisted ones count 0, an approximation
+  kept for servers that cannot list every digit. ``result.bound[n]`` is a worst-case bound on its
+  distance to the exact score, from
   the fact that an unlisted token is no more likely than the least likely listed one (top-k lists are
   sorted): at each read step with weights w, listed digit mass P and listed weighted mass Z, the
   renormalisation adds ``Z (1/P - 1)`` and the unlisted digits remove at most
@@ -68,6 +71,7 @@ from ..metrics.fleur import (
     release_token_search,
 )
 from .fleur import FLEURResult, judge_visuals
+from .remote_numbers import check_tolerance
 from .validation import caption_list, check_references
 
 DIGITS = tuple(str(d) for d in range(10))
@@ -174,7 +178,10 @@ class RemoteFLEUR:
     answer has no score). ``pad_to_square`` / ``image_mean``: pad images to a square in the mean colour
     before sending them, as LLaVA-1.5 does. ``llava_v1_template``: send the LLaVA v1 chat template with
     each request (vLLM's ``chat_template`` field) so the server renders the released prompt exactly.
-    ``digit_search``: ``"step"`` or ``"release"`` (see :mod:`capreward.scorers.fleur`).
+    ``digit_search``: ``"step"`` or ``"release"`` (see :mod:`capreward.scorers.fleur`). ``tolerance``:
+    the largest worst-case distance to the exact FLEUR score a sample may carry when some weighted digits
+    are not among the alternatives (default 1e-6: exact or NaN with the reason); None keeps the
+    renormalised approximation whatever its bound.
     """
 
     name = "FLEUR"
@@ -190,6 +197,7 @@ class RemoteFLEUR:
         image_mean: Sequence[float] = CLIP_IMAGE_MEAN,
         llava_v1_template: bool = False,
         digit_search: str = "step",
+        tolerance: float | None = 1e-6,
     ):
         if not 1 <= top_logprobs <= 20:
             raise ValueError(f"top_logprobs must be in [1, 20], got {top_logprobs}")
@@ -199,6 +207,7 @@ class RemoteFLEUR:
         self.background = mean_background(image_mean)
         self.chat_template = LLAVA_V1_CHAT_TEMPLATE if llava_v1_template else None
         self.digit_search = digit_search
+        self.tolerance = None if tolerance is None else check_tolerance(tolerance)
         self.backend = backend
         self.top_logprobs = int(top_logprobs)
         self.max_tokens = None if max_tokens is None else int(max_tokens)
@@ -267,6 +276,13 @@ class RemoteFLEUR:
             exact.append(bool(reading.ok and bound[i] == 0))
         rules = [r.rule for r in readings]
         score = fleur_from_digit_probs(torch.nan_to_num(probs), rules).float()
+        if self.tolerance is not None:
+            for i in range(n):
+                if readings[i].ok and bound[i] > self.tolerance:
+                    score[i] = float("nan")
+                    errors[i] = (f"digits the score weighs are missing from the top-{self.top_logprobs} alternatives: "
+                                 f"the score could be off by up to {float(bound[i]):.3g} (tolerance {self.tolerance:g}; "
+                                 "serve more logprobs, or tolerance=None for the renormalised approximation)")
         return RemoteFLEURResult(
             score=score,
             raw_score=raw_scores(readings),

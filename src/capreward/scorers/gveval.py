@@ -7,10 +7,13 @@ the released code does), ``combined``; an overall score, or with ``accr=True`` t
 Videos are shown as the three-frame 1536x512 composite (:func:`capreward.media.composite.video_composite`).
 
 The score is the expected value over 0..100 at the number after the first "$" (ACCR: after each Greek
-letter): on a local judge the exact distribution from a tree of cached decode steps; on a server the
-top alternatives of the token after the marker that are exactly "0".."100", renormalised (the released
-code's rule, with its default of 5 alternatives; when a text is listed twice the later entry wins, as in
-the release). An answer whose score cannot be read is asked again up to ``requery`` times (the release
+letter): on a local judge the exact distribution from a tree of cached decode steps; on a server whose
+tokenizer writes a score as one token (GPT-4o), the top alternatives of the token after the marker that
+are exactly "0".."100", renormalised (the released code's rule, with its default of 5 alternatives; when
+a text is listed twice the later entry wins, as in the release); on a server whose tokenizer writes
+numbers digit by digit (LLaMA, Qwen2/2.5/3), the exact distribution from a digit tree of
+assistant-prefilled requests, or NaN with the reason (:mod:`capreward.scorers.remote_numbers`; which case
+applies is read from the response's tokens). An answer whose score cannot be read is asked again up to ``requery`` times (the release
 makes three attempts), then gets NaN with the reason in ``error`` (``fallback="parsed"`` uses the number
 written in the answer instead; ``source`` says which).
 
@@ -39,7 +42,8 @@ from ..judges.protocol import ChatRequest, JudgeBackend, system_turn, user_turn
 from ..judges.vlm_prompts import GVEVAL_MODES, gveval_prompt, gveval_template
 from ..media import MediaError, load_image
 from ..media.composite import video_composite
-from ..metrics.gveval import ACCR_MARKERS, OVERALL_MARKER, expected_score, parse_marked_score
+from ..metrics.gveval import ACCR_MARKERS, OVERALL_MARKER, answer_regex, expected_score, parse_marked_score
+from .remote_numbers import DEFAULT_TOLERANCE, TREE_TOP_LOGPROBS, check_tolerance
 from .partial import references_problem
 from .vlm_common import is_exact_backend, score_distributions
 
@@ -89,7 +93,18 @@ class GVEval:
     cannot be read is asked again (default 2: the release's three attempts; skipped on a local judge at
     temperature 0, whose answer would not change). ``fallback``: what an answer that stays unreadable
     gets: ``"nan"`` (default; the release drops the sample, we keep its place with NaN and the reason)
-    or ``"parsed"`` (the number written after the marker, when there is one).
+    or ``"parsed"`` (the number written after the marker, when there is one). ``tolerance``: on a
+    server whose tokenizer writes numbers digit by digit, the expected score comes from an exact digit
+    tree of assistant-prefilled requests (:mod:`capreward.scorers.remote_numbers`); a score whose bound
+    (score points) is above ``tolerance`` gets NaN and the reason; ``tree_top_logprobs``: the alternatives
+    each node of the tree asks (20; a node is exact when all ten digits are listed, so serve more with
+    vLLM's ``--max-logprobs`` and raise this and :class:`~capreward.judges.remote.OpenAIJudge`'s
+    ``top_logprobs_cap`` together). ``structured``: constrain the answer to
+    the released format (free text, then "$N$" with N in 0..100; ACCR: each Greek-letter score) with
+    vLLM's ``structured_outputs={"regex": ...}`` (:func:`~capreward.metrics.gveval.answer_regex`), so the
+    score slot is always readable; vLLM reports the model's own log-probabilities (its default
+    ``logprobs_mode="raw_logprobs"``), so the expected score is unchanged by the constraint. Local judges
+    ignore it.
     """
 
     def __init__(
@@ -105,6 +120,9 @@ class GVEval:
         resolution: str = "low",
         requery: int = 2,
         fallback: str = "nan",
+        tolerance: float = DEFAULT_TOLERANCE,
+        tree_top_logprobs: int = TREE_TOP_LOGPROBS,
+        structured: bool = False,
     ):
         if mode not in GVEVAL_MODES:
             raise ValueError(f"mode must be one of {GVEVAL_MODES}, got {mode!r}")
@@ -124,6 +142,11 @@ class GVEval:
         self.resolution = resolution
         self.requery = int(requery)
         self.fallback = fallback
+        self.tolerance = check_tolerance(tolerance)
+        if tree_top_logprobs < 10:
+            raise ValueError(f"tree_top_logprobs must be at least 10 (the digits), got {tree_top_logprobs}")
+        self.tree_top_logprobs = int(tree_top_logprobs)
+        self.structured = bool(structured)
 
     @property
     def markers(self) -> dict[str, str]:
@@ -198,6 +221,7 @@ class GVEval:
                     max_tokens=self.max_tokens,
                     temperature=self.temperature,
                     top_logprobs=top,
+                    structured_outputs={"regex": answer_regex(list(self.markers.values()))} if self.structured else None,
                 )
             )
         return out, errors
@@ -279,7 +303,9 @@ class GVEval:
             probs: list = [None] * len(ok_rows)
             reasons: list = ["expected score not requested"] * len(ok_rows)
             if self.expected and ok_rows:
-                probs, reasons = score_distributions(self.backend, ok_requests, ok_responses, [marker] * len(ok_rows))
+                probs, reasons = score_distributions(self.backend, ok_requests, ok_responses, [marker] * len(ok_rows),
+                                                     tolerance=self.tolerance,
+                                                     tree_top_logprobs=self.tree_top_logprobs)
             label = name if name == "score" else name + " score"
             for i, p, why in zip(ok_rows, probs, reasons):
                 if p is not None:

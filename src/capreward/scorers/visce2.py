@@ -9,7 +9,9 @@ Stage 2 asks for the rating (the released head's prompt, or the named earlier va
 score is the first ASCII integer of the answer, 0 (with the reason in ``error``) when there is none, and
 returned as is, flagged in ``error``, when it is above 100 - as the released code reads it. With
 ``expected=True`` the expected score Σ n·p(n) over 0..100 is also read at the first number: exactly on a
-local judge, from the renormalised top alternatives on a server.
+local judge; on a server, from the renormalised alternatives when its tokenizer writes the number as one
+token, from an exact digit tree of assistant-prefilled requests when it writes digits one by one, else NaN
+with the reason (:mod:`capreward.scorers.remote_numbers`).
 
 Generation: the release samples (``do_sample=True``, temperature 0.2) with ``max_new_tokens=1024`` in both
 stages. We keep its 1024-token budgets but decode greedily by default, so a reward is deterministic;
@@ -38,7 +40,8 @@ from ..judges.vlm_prompts import VISCE2_CONTEXT_PROMPT, VISCE2_PROMPT_VERSION, V
 from ..media import MediaError, load_image, media_key
 from ..media.keys import hash_bytes
 from ..metrics.gveval import expected_score
-from ..metrics.visce2 import parse_visce2_answer
+from ..metrics.visce2 import ANSWER_REGEX, parse_visce2_answer
+from .remote_numbers import DEFAULT_TOLERANCE, TREE_TOP_LOGPROBS, check_tolerance
 from .vlm_common import score_distributions
 
 log = logging.getLogger(__name__)
@@ -143,7 +146,14 @@ class VisCE2:
     ``prompt``: the rating prompt variant, ``"visce_2"`` (the released head's, default) or ``"visce"``
     (the earlier commit's; :data:`~capreward.judges.vlm_prompts.VISCE2_RATING_VARIANTS`).
     ``top_logprobs``: alternatives asked of non-local backends for the expected score (vLLM and OpenAI
-    allow up to 20).
+    allow up to 20). ``tolerance``: on a server whose tokenizer writes numbers digit by digit, the
+    expected score comes from an exact digit tree of assistant-prefilled requests
+    (:mod:`capreward.scorers.remote_numbers`); one whose bound (score points) is above ``tolerance`` is
+    NaN with the reason; ``tree_top_logprobs``: the alternatives each node of the tree asks (20; a
+    node is exact when all ten digits are listed, so serve more with vLLM's ``--max-logprobs`` and raise
+    this and :class:`~capreward.judges.remote.OpenAIJudge`'s ``top_logprobs_cap`` together). ``structured``: constrain the rating to start with an integer 0..100 as its first
+    number (vLLM's ``structured_outputs={"regex": ...}``, :data:`~capreward.metrics.visce2.ANSWER_REGEX`);
+    local judges ignore it.
     """
 
     #: The released generation settings (``src/models/llava_v15.py`` at the head): sampled at
@@ -162,6 +172,9 @@ class VisCE2:
         temperature: float = 0.0,
         prompt: str = "visce_2",
         top_logprobs: int = 20,
+        tolerance: float = DEFAULT_TOLERANCE,
+        tree_top_logprobs: int = TREE_TOP_LOGPROBS,
+        structured: bool = False,
     ):
         if prompt not in VISCE2_RATING_VARIANTS:
             raise ValueError(f"prompt must be one of {sorted(VISCE2_RATING_VARIANTS)}, got {prompt!r}")
@@ -175,6 +188,11 @@ class VisCE2:
         self.context_max_tokens = context_max_tokens
         self.max_tokens = max_tokens
         self.top_logprobs = top_logprobs
+        self.tolerance = check_tolerance(tolerance)
+        if tree_top_logprobs < 10:
+            raise ValueError(f"tree_top_logprobs must be at least 10 (the digits), got {tree_top_logprobs}")
+        self.tree_top_logprobs = int(tree_top_logprobs)
+        self.structured = bool(structured)
 
     @classmethod
     def released(cls, backend: JudgeBackend, **kwargs: Any) -> "VisCE2":
@@ -272,6 +290,7 @@ class VisCE2:
                 max_tokens=self.max_tokens,
                 temperature=self.temperature,
                 top_logprobs=top,
+                structured_outputs={"regex": ANSWER_REGEX} if self.structured else None,
             )
             for i in rows
         ]
@@ -288,7 +307,9 @@ class VisCE2:
         if self.expected:
             expected = np.full(n, np.nan)
             expected_error = [e if contexts[i] is None else None for i, e in enumerate(errors)]
-            probs, reasons = score_distributions(self.backend, requests, responses, [None] * len(rows))
+            probs, reasons = score_distributions(self.backend, requests, responses, [None] * len(rows),
+                                                 tolerance=self.tolerance,
+                                                     tree_top_logprobs=self.tree_top_logprobs)
             for i, p, why in zip(rows, probs, reasons):
                 if p is None:
                     expected_error[i] = why

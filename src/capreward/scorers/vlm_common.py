@@ -3,8 +3,10 @@ backend's answer, whichever backend it is.
 
 - A local backend (:class:`~capreward.judges.local_chat.LocalChatJudge`) gives the exact distribution
   over 0..100 at the score position from a tree of cached decode steps.
-- Any other backend (an OpenAI-compatible server) gives the top alternatives of each generated token;
-  the token after the marker is read as G-VEval's released code does.
+- Any other backend (an OpenAI-compatible server) gives the top alternatives of each generated token:
+  :mod:`capreward.scorers.remote_numbers` reads how the response writes the number - one token (the
+  released rule: the renormalised alternatives of the token after the marker) or digit by digit (an
+  exact digit tree from assistant-prefilled requests) - and gives None with the reason otherwise.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 
 from ..judges.protocol import ChatRequest, ChatResponse
 from ..metrics.gveval import alternatives_after_marker, alternatives_distribution
+from .remote_numbers import DEFAULT_TOLERANCE, TREE_TOP_LOGPROBS, remote_distributions
 
 log = logging.getLogger(__name__)
 
@@ -88,9 +91,20 @@ def alternative_distributions(
 
 
 def score_distributions(
-    backend: Any, requests: Sequence[ChatRequest], responses: Sequence[ChatResponse], markers: Sequence[str | None]
+    backend: Any,
+    requests: Sequence[ChatRequest],
+    responses: Sequence[ChatResponse],
+    markers: Sequence[str | None],
+    *,
+    tolerance: float = DEFAULT_TOLERANCE,
+    tree_top_logprobs: int = TREE_TOP_LOGPROBS,
 ) -> tuple[list[np.ndarray | None], list[str | None]]:
-    """Exact distributions on a local backend, renormalised top alternatives elsewhere."""
+    """Exact distributions on a local backend; on any other backend the distribution the response's
+    tokenisation allows (:func:`~capreward.scorers.remote_numbers.remote_distributions`: the released rule
+    for whole-number tokens, a digit tree within ``tolerance`` score points for numbers written digit by
+    digit, never an expectation over part of a number), or None and the reason."""
     if is_exact_backend(backend):
         return exact_distributions(backend, requests, responses, markers)
-    return alternative_distributions(responses, markers)
+    reads = remote_distributions(backend, requests, responses, markers, top_logprobs=tree_top_logprobs,
+                                 tolerance=tolerance)
+    return [r.probs for r in reads], [None if r.probs is not None else r.error for r in reads]

@@ -7,7 +7,9 @@ control one from a test with :class:`ChatServer`. It listens on 127.0.0.1 and se
 - ``POST /v1/chat/completions`` following the documented OpenAI / vLLM schema: ``messages`` whose
   ``content`` is a string or a list of ``text`` / ``image_url`` (data-URI) parts, ``max_tokens`` or
   ``max_completion_tokens``, ``temperature``, ``logprobs``, ``top_logprobs`` (at most 20, as vLLM's
-  default ``max_logprobs``), ``stop``; the answer has ``choices[0].message.content``, ``finish_reason`` and
+  default ``max_logprobs``), ``stop``, and vLLM's assistant prefill (a final assistant message with
+  ``continue_final_message=true``, ``add_generation_prompt=false``: the model continues that message, its
+  log-probabilities computed by the model for the prefilled text, as vLLM does); the answer has ``choices[0].message.content``, ``finish_reason`` and
   ``logprobs.content[i] = {token, logprob, bytes, top_logprobs: [{token, logprob, bytes}, ...]}``;
 - ``POST /control`` (fault injection), ``GET /stats`` (requests seen, faults served) and ``GET /requests``
   (the JSON bodies of the last 64 chat requests, as received: tests check what a client sends).
@@ -23,7 +25,8 @@ requests with that HTTP status (with a ``Retry-After`` header when ``"retry_afte
 answer by s seconds; ``{"jitter": s}`` adds a random delay in [0, s] to every answer (so answers finish
 out of order); ``{"reset": true}`` clears all faults and the counters of ``GET /stats``. Faults queue up and are used in order.
 
-``--api-key KEY`` makes the server require ``Authorization: Bearer KEY`` (as ``vllm serve --api-key``
+``--max-logprobs N`` raises the most ``top_logprobs`` a request may ask (vLLM's flag of that name; default
+20). ``--api-key KEY`` makes the server require ``Authorization: Bearer KEY`` (as ``vllm serve --api-key``
 does); on purpose, its 401 message repeats the key it was given, so that tests can check a client masks
 keys a server echoes back.
 
@@ -67,7 +70,8 @@ class EchoBackend:
 
     name = "echo"
 
-    def answer(self, turns: list[dict], max_tokens: int | None, top_logprobs: int, stop: Sequence[str], chat_template=None) -> dict:
+    def answer(self, turns: list[dict], max_tokens: int | None, top_logprobs: int, stop: Sequence[str], chat_template=None,
+               continue_final: bool = False) -> dict:
         last = next((t["text"] for t in reversed(turns) if t["role"] in ("user", "system")), "")
         words = ("echo: " + last).split(" ")
         pieces = [w if i == 0 else " " + w for i, w in enumerate(words)]
@@ -100,12 +104,18 @@ class LocalBackend:
 
         torch.set_num_threads(threads)
         model, processor = load_llava(judge_dir, dtype=torch.float32, device=torch.device("cpu"), local_files_only=True)
-        self.judge = LocalChatJudge((model, processor), batch_size=1, parse_special_tokens=True)
+        self.judge = _prefill_judge(LocalChatJudge)((model, processor), batch_size=1, parse_special_tokens=True)
         self.name = self.judge.name
         self.lock = threading.Lock()  # the model is not thread-safe; requests run one at a time
 
-    def answer(self, turns: list[dict], max_tokens: int | None, top_logprobs: int, stop: Sequence[str], chat_template=None) -> dict:
+    def answer(self, turns: list[dict], max_tokens: int | None, top_logprobs: int, stop: Sequence[str], chat_template=None,
+               continue_final: bool = False) -> dict:
+        from dataclasses import replace
+
         from capreward.judges.protocol import ChatRequest, ChatTurn
+
+        if continue_final and chat_template is not None:
+            raise BadRequest("this test server continues a final assistant message with its own template only")
 
         request = ChatRequest(
             turns=tuple(ChatTurn(t["role"], t["text"], tuple(t["images"])) for t in turns),
@@ -115,8 +125,11 @@ class LocalBackend:
             stop=tuple(stop),
             chat_template=chat_template,
         )
+        if max_tokens == 1:  # one step: report the token whatever it is (an end of sequence included)
+            with self.lock:
+                return self.judge.first_token(replace(request, top_logprobs=min(top_logprobs, len(self.judge.judge.tokenizer))))
         with self.lock:
-            response = self.judge.generate([request])[0]
+            response = self.judge.generate([replace(request, top_logprobs=min(top_logprobs, len(self.judge.judge.tokenizer)))])[0]
         if response.error is not None:
             raise BadRequest(response.error)
         tokens = [(t.token, t.logprob, t.top) for t in response.tokens]
@@ -163,6 +176,66 @@ def parse_messages(messages: Any, with_images: bool) -> list[dict]:
             raise BadRequest(f"messages[{i}].content must be a string or a list of parts")
         turns.append({"role": message["role"], "text": "".join(texts), "images": images})
     return turns
+
+
+def prefill_mode(body: dict, turns: list[dict]) -> bool:
+    """Whether the request continues its final assistant message, with vLLM's rules:
+    ``continue_final_message`` and ``add_generation_prompt`` (default true) cannot both be true, and a
+    continued message must be an assistant message. A final assistant message without
+    ``continue_final_message`` is refused (vLLM would open a new assistant turn after it, which the
+    LLaVA-style test judge's conversations cannot hold)."""
+    continue_final = bool(body.get("continue_final_message", False))
+    add_generation_prompt = bool(body.get("add_generation_prompt", True))
+    if continue_final and add_generation_prompt:
+        raise BadRequest("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+    last_assistant = turns[-1]["role"] == "assistant"
+    if continue_final and not last_assistant:
+        raise BadRequest("continue_final_message needs a final assistant message")
+    if last_assistant and not continue_final:
+        raise BadRequest("a final assistant message needs continue_final_message=true, add_generation_prompt=false")
+    return continue_final
+
+
+def _prefill_judge(base: type) -> type:
+    """A subclass of :class:`~capreward.judges.local_chat.LocalChatJudge` that renders a conversation
+    ending with an assistant message as the generation prompt of the conversation before it followed by
+    that message's text (what a chat template with ``continue_final_message`` renders), so the model's
+    answer and log-probabilities continue the prefilled text."""
+    from dataclasses import replace
+
+    from capreward.judges.caller_text import Data
+
+    class PrefillChatJudge(base):
+        def render_parts(self, request):
+            if request.turns and request.turns[-1].role == "assistant":
+                parts = super().render_parts(replace(request, turns=request.turns[:-1]))
+                return list(parts) + [Data(request.turns[-1].text)]
+            return super().render_parts(request)
+
+        def first_token(self, request) -> dict:
+            """The one-token answer (greedy) with its log-probability and top alternatives, the end of
+            sequence included (as vLLM reports a generated EOS token in ``logprobs``, where the local
+            judge's answers stop before it)."""
+            import torch
+
+            prompt_ids, features, image_index, errors = self._prepare([request])
+            if errors[0] is not None:
+                raise BadRequest(errors[0])
+            with torch.inference_mode():
+                state = self.judge.start([prompt_ids[0]], features, [image_index[0]])
+                logp = torch.log_softmax(state.logits.float().cpu(), dim=-1)[0]
+            chosen = int(logp.argmax())
+            before = list(prompt_ids[0][-3:])
+            eos = self.judge.eos_token_ids
+            values, ids = logp.topk(request.top_logprobs) if request.top_logprobs > 0 else (logp[:0], logp[:0].long())
+            top: dict[str, float] = {}
+            for alt, value in zip(ids.tolist(), values.tolist()):
+                top.setdefault(self._piece(before, alt), value)
+            piece = self._piece(before, chosen)
+            return {"text": "" if chosen in eos else piece, "tokens": [(piece, float(logp[chosen]), top)],
+                    "finish_reason": "stop" if chosen in eos else "length"}
+
+    return PrefillChatJudge
 
 
 def completion_body(model: str, answer: dict, logprobs: bool) -> dict:
@@ -251,7 +324,8 @@ class Faults:
             self.in_flight -= 1
 
 
-def make_handler(backend: Any, model: str, faults: Faults, api_key: str | None = None, quiet: bool = True):
+def make_handler(backend: Any, model: str, faults: Faults, api_key: str | None = None, quiet: bool = True,
+                 max_logprobs: int = MAX_TOP_LOGPROBS):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -340,8 +414,8 @@ def make_handler(backend: Any, model: str, faults: Faults, api_key: str | None =
             top = int(body.get("top_logprobs") or 0)
             if top and not logprobs:
                 raise BadRequest("top_logprobs requires logprobs=true")
-            if not 0 <= top <= MAX_TOP_LOGPROBS:
-                raise BadRequest(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top}")
+            if not 0 <= top <= max_logprobs:
+                raise BadRequest(f"top_logprobs must be in [0, {max_logprobs}], got {top}")
             if float(body.get("temperature", 1.0)) != 0.0 and isinstance(backend, LocalBackend):
                 raise BadRequest("this test server only decodes greedily (temperature 0)")
             stop = body.get("stop") or []
@@ -350,7 +424,9 @@ def make_handler(backend: Any, model: str, faults: Faults, api_key: str | None =
             chat_template = body.get("chat_template")  # vLLM's extra field: render the prompt with it
             if chat_template is not None and not isinstance(chat_template, str):
                 raise BadRequest("chat_template must be a string")
-            answer = backend.answer(turns, None if max_tokens is None else int(max_tokens), top, stop, chat_template)
+            continue_final = prefill_mode(body, turns)
+            answer = backend.answer(turns, None if max_tokens is None else int(max_tokens), top, stop, chat_template,
+                                    continue_final)
             with faults.lock:
                 faults.stats["answered"] += 1
             self._send(200, completion_body(model, answer, logprobs))
@@ -363,9 +439,10 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 256  # the stdlib's 5 refuses connections under a burst of concurrent clients
 
 
-def serve(port: int, backend: Any, model: str, faults: Faults, host: str = "127.0.0.1", api_key: str | None = None) -> None:
+def serve(port: int, backend: Any, model: str, faults: Faults, host: str = "127.0.0.1", api_key: str | None = None,
+          max_logprobs: int = MAX_TOP_LOGPROBS) -> None:
     """Serve until SIGTERM/SIGINT."""
-    server = _Server((host, port), make_handler(backend, model, faults, api_key))
+    server = _Server((host, port), make_handler(backend, model, faults, api_key, max_logprobs=max_logprobs))
     # A test server holds nothing worth a slow interpreter shutdown (torch can take seconds): exit now.
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     try:
@@ -382,6 +459,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--judge-dir", help="saved LLaVA judge directory (backend local)")
     parser.add_argument("--model", default=None, help="served model name (default: the backend's name)")
     parser.add_argument("--api-key", default=None, help="require this bearer token")
+    parser.add_argument("--max-logprobs", type=int, default=MAX_TOP_LOGPROBS,
+                        help="the most top_logprobs a request may ask (vLLM's --max-logprobs, default 20)")
     parser.add_argument("--fault", action="append", default=[], help="a fault spec as JSON (see POST /control)")
     args = parser.parse_args(argv)
     if args.backend == "local":
@@ -393,7 +472,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     faults = Faults()
     for spec in args.fault:
         faults.add(json.loads(spec))
-    serve(args.port, backend, args.model or backend.name, faults, args.host, args.api_key)
+    serve(args.port, backend, args.model or backend.name, faults, args.host, args.api_key, args.max_logprobs)
 
 
 # ------------------------------------------------------------------------------ test-side control
@@ -424,8 +503,10 @@ class ChatServer:
         log_path: str | os.PathLike | None = None,
         start_timeout: float = 120.0,
         api_key: str | None = None,
+        max_logprobs: int = MAX_TOP_LOGPROBS,
     ):
         self.api_key = api_key
+        self.max_logprobs = int(max_logprobs)
         self.backend, self.judge_dir, self.model = backend, judge_dir, model
         self.host = "127.0.0.1"
         self.port = port or free_port(self.host)
@@ -445,6 +526,7 @@ class ChatServer:
             cmd += ["--judge-dir", str(self.judge_dir)]
         if self.api_key is not None:
             cmd += ["--api-key", self.api_key]
+        cmd += ["--max-logprobs", str(self.max_logprobs)]
         for spec in self.faults if faults is None else faults:
             cmd += ["--fault", json.dumps(spec)]
         return cmd
