@@ -181,11 +181,14 @@ class ManifestScorer:
             out: list[dict] = [{} for _ in rows]
             for kind, _, idx in row_groups(rows, with_references=False):
                 alignments = penalty.alignments([rows[i].caption for i in idx], [rows[i].path for i in idx], kind)
-                for j, a in zip(idx, alignments):
+                # the row's alignment is EMScore's (what an emscore runner writes); the penalty's flags also
+                # read each content word encoded alone, so they can differ from that alignment's similarities
+                shown = getattr(alignments, "contextual", alignments)
+                for j, a, c in zip(idx, alignments, shown):
                     report = penalty.report_for(a)
                     out[j] = {"hallucination": report.penalty, sub_score("hallucination", "flagged"): report.flagged_index}
                     if write_alignment:
-                        out[j]["alignment"] = alignment_fields(a)
+                        out[j]["alignment"] = alignment_fields(c)
             return out
 
         return run

@@ -54,9 +54,11 @@ DEFAULT_EMPTY_PENALTY = -0.5
 
 
 class _Adjusted(list):
-    """Alignments with context-free similarities, keeping the scorer's per-candidate ``truncated``."""
+    """Alignments with context-free similarities, keeping the scorer's per-candidate ``truncated`` and its
+    own (contextual) alignments as ``contextual``."""
 
     truncated: list[bool]
+    contextual: list
 
 
 class HallucinationPenalty(CaptionReward):
@@ -153,6 +155,7 @@ class HallucinationPenalty(CaptionReward):
             return result.alignment
         adjusted = _Adjusted(self._context_free(list(result.alignment), visuals, kind, ids))
         adjusted.truncated = list(getattr(result.alignment, "truncated", [False] * len(adjusted)))
+        adjusted.contextual = list(result.alignment)  # EMScore's own alignment, for writers that show it
         return adjusted
 
     def _context_free(
