@@ -220,7 +220,7 @@ def _grpo_with_monitor(tmp_path, start: str, steps: int):
         return held_clip_s(prompts, completions, image=image)
 
     messages = []
-    monitor = GoodhartMonitor({"truth": truth, "held_out_clip_s": held_out}, window=10, follow={"truth": 0.05},
+    monitor = GoodhartMonitor({"truth": truth, "held_out_clip_s": held_out}, window=16, follow={"truth": 0.05},
                               warn=messages.append)
     torch.manual_seed(0)
     model, processor = build_tiny_llava(TinyLlavaSpec(words=WORDS, seed=0))
@@ -245,9 +245,10 @@ def _grpo_with_monitor(tmp_path, start: str, steps: int):
 def test_monitor_flags_the_blind_policy_collapse_and_stays_quiet_on_the_learning_run(tmp_path):
     """Demonstrated on the demo's task: from an image-blind start GRPO raises the composite reward while the
     share of captions naming the right colour stays level (the best image-blind policy); the monitor flags
-    it, naming ground truth (measured: at step 20, ground truth 0.239 -> 0.233 while the reward rose 0.221 ->
-    0.461; the second CLIP's CLIP-S fell then too, but over 80 steps it rose with the training reward, 0.75
-    -> 0.86: the same blind captions pay on both CLIPs). From the weakly supervised start it stays quiet."""
+    it, naming ground truth (the second CLIP's CLIP-S is no help here: over 80 steps it rose with the training
+    reward, 0.75 -> 0.86, since the same blind captions pay on both CLIPs). From the weakly supervised start it
+    stays quiet. Windows of 16 steps: with 10, the sampled right-colour share is noisy enough that the learning
+    run was flagged once at step 20 (truth +0.041 against the reward's +0.089) although it rose 0.475 -> 0.625."""
     from fixtures_llava import one_torch_thread  # noqa: F401
 
     torch.set_num_threads(1)
