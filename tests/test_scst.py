@@ -326,3 +326,15 @@ def test_scst_colour_toy_names_what_installs_lightning_when_it_is_missing(monkey
     monkeypatch.setitem(_sys.modules, "lightning.pytorch", None)  # as if not installed
     with pytest.raises(MissingExtraError, match=r"bootstrap\.sh --test.*capreward\[callbacks\]"):
         module.main(["--seeds", "1"])
+
+
+def test_differentiable_loss_refuses_captions_the_context_would_cut(colour_clip):
+    """The soft path reads a caption in one pass of the text tower (no windows): a length cap past the
+    context would leave the words after it unscored, so free; it is refused, naming the limit."""
+    _, _, tokenizer = build_tiny_captioner(seed=2)
+    bridge = VocabularyBridge.from_tokenizers(tokenizer, colour_clip.backbone)
+    room = colour_clip.backbone.context_length - 2
+    DifferentiableRewardLoss(colour_clip, bridge, tokenizer, max_new_tokens=room)  # fits: accepted
+    for bad in (room + 1, 4 * room, 0):
+        with pytest.raises(ValueError, match=f"<= {room}"):
+            DifferentiableRewardLoss(colour_clip, bridge, tokenizer, max_new_tokens=bad)

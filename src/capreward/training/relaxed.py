@@ -194,7 +194,8 @@ def relaxed_decode(
 def clip_soft_captions(relaxed: RelaxedCaptions, bridge: VocabularyBridge, backbone: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """CLIP-vocabulary soft captions [N, L+2, V_clip] (SOS, the relaxed words, EOS) and their lengths
     (SOS..EOS inclusive), the input of ``EMScore.score_soft`` / ``CLIPScore.score_soft``. Captions longer
-    than CLIP's context are cut to fit (EOS kept)."""
+    than CLIP's context are cut to fit (EOS kept); :class:`DifferentiableRewardLoss` refuses a
+    ``max_new_tokens`` that could produce one, so no word of its captions is ever cut."""
     words = bridge.to_clip(relaxed.y)
     n, max_words = words.shape[0], words.shape[1]
     keep = relaxed.lengths.to(words.device).clamp(max=min(backbone.context_length - 2, max_words))
@@ -255,6 +256,16 @@ class DifferentiableRewardLoss:
             raise ValueError(f"visual must be 'image' or 'video', got {visual!r}")
         if bridge.clip_vocab != scorer.backbone.vocab_size:
             raise ValueError("the bridge was built for another CLIP vocabulary")
+        room = int(scorer.backbone.context_length) - 2  # SOS and EOS around the words
+        if not 1 <= int(max_new_tokens) <= room:
+            # a soft caption is one pass through the text tower (no windows): words past the context would
+            # be cut and so free, which a reward must never make them
+            raise ValueError(
+                f"max_new_tokens={max_new_tokens}: the differentiable path reads a caption in one pass of the "
+                f"text tower, whose context holds {room} words after SOS and before EOS; give max_new_tokens "
+                f"<= {room} (longer captions: score them with the non-differentiable rewards, which read the "
+                "whole caption in windows)"
+            )
         self.scorer, self.bridge, self.tokenizer = scorer, bridge, tokenizer
         harmonic_mean_named(harmonic_mean)  # a ValueError now for an unknown name
         self.tau, self.hard, self.max_new_tokens, self.field, self.visual = tau, hard, max_new_tokens, field, visual
