@@ -38,6 +38,7 @@ pytestmark = pytest.mark.install
 #: Modules that need an extra at import time -> the extra their error names. Every other module of
 #: the package must import with the core dependencies alone.
 IMPORT_NEEDS_EXTRA = {
+    "capreward.callbacks.goodhart_lightning": "callbacks",
     "capreward.callbacks.lightning": "callbacks",
     "capreward.callbacks.tm_judges": "callbacks",
     "capreward.callbacks.tm_metrics": "callbacks",
@@ -234,7 +235,7 @@ def test_demo_extra_install_runs_the_demo_from_an_empty_folder(core_venv, dists,
                env=venv_env(fresh_cache))
     out = proc.stdout
     assert "two clips synthesised in memory" in out and "2. GRPO (TRL)" in out
-    assert "What the numbers showed" in out and "GRPO: mean reward" in out
+    assert "What the numbers showed" in out and "GRPO: held-out greedy right colour" in out
     assert list(folder.iterdir()) == []
 
 
