@@ -54,7 +54,7 @@ def test_the_reward_pool_router_backs_the_judge_and_multi_modal_data_gives_the_i
 
     images = [probe_image("visce2", c) for c in COLOURS]
     images[1].save(judge_env / "red.png")
-    samples = [("a green ball", None, {}), ("a red car", None, {"image": "red.png"}), ("a blue kite", None, {})]
+    samples = [("a green ball", None, {}), ("a red car", None, {"image": "red.png"}), ("many blue kites", None, {})]
     data = data_proto(tokenizer_dir, samples)
     data.non_tensor_batch["multi_modal_data"] = np.array(
         [{"image": [images[0]]}, {"image": [images[2]]}, {"image": [images[2]]}], dtype=object)
@@ -78,6 +78,6 @@ def test_the_reward_pool_router_backs_the_judge_and_multi_modal_data_gives_the_i
     # sample 1 names its file: the path wins over multi_modal_data (which here holds another image)
     scores = VisCE2(vlm_judge).score([s[0] for s in samples], images).score
     want = [v * 0.01 if 0 <= v <= 100 else -1.0 for v in scores]  # above 100: no reward, the fallback
-    assert scores[2] > 100  # the tiny judge's out-of-range answer for this one
+    assert scores[2] > 100  # the tiny judge answers out of range for a caption saying "many"
     np.testing.assert_allclose([o["reward_score"] for o in outputs], want, rtol=1e-6)
     assert router.stats()["answered"] >= 3
