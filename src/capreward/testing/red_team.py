@@ -284,7 +284,10 @@ def targets(local_judge: Any, backend: Any, *, path: str, image: Any) -> list[Ta
         # reading needs every digit listed and would give None here, and the suite measures the guard, not it
         fleur = RemoteFLEUR(backend, max_tokens=16, tolerance=None)
     visce2 = VisCE2(backend, max_tokens=16, context_max_tokens=16)
-    gvevals = {mode: GVEval(backend, mode, max_tokens=24, requery=0) for mode in ("ref-free", "ref-only", "combined")}
+    # remote G-VEval likewise: any bound accepted (tolerance 100 points) where the 20 listed alternatives miss digits
+    remote_tolerance = {} if local_judge is not None else {"tolerance": 100.0}
+    gvevals = {mode: GVEval(backend, mode, max_tokens=24, requery=0, **remote_tolerance)
+               for mode in ("ref-free", "ref-only", "combined")}
     refs = [list(REFERENCES)]
 
     def fleur_call(s, c, im):
