@@ -381,12 +381,15 @@ def grpo_config(args: argparse.Namespace, reward_weights: Sequence[float]) -> An
     # be removed in v6): pass the name the installed config declares.
     names = {f.name for f in dataclasses.fields(GRPOConfig)}
     checkpointing = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+    # the warm-up share: transformers 5 reads a warmup_steps below 1 as a share of the steps (warmup_ratio is
+    # gone); transformers 4 has warmup_ratio and an integer warmup_steps
+    warmup = {"warmup_ratio": args.warmup_ratio} if "warmup_ratio" in names else {"warmup_steps": args.warmup_ratio}
     return GRPOConfig(
         output_dir=args.out,
         max_steps=args.steps,
         learning_rate=args.lr,
         lr_scheduler_type=args.lr_scheduler,
-        warmup_steps=args.warmup_ratio,  # transformers: a value below 1 is a share of the steps
+        **warmup,
         per_device_train_batch_size=args.batch_size,
         num_generations=args.num_generations,
         max_completion_length=args.max_completion_length,
