@@ -214,14 +214,7 @@ class TransformersBackbone(TowerBackbone):
         return [(tokens[j][real[j]].clone(), pooled[j].clone()) for j in range(len(rows))]
 
     def decode_token(self, token_id: int) -> str:
-        if int(token_id) == self.sot_id:
-            return "<sos>"
-        if int(token_id) == self.eot_id:
-            return "<eos>"
-        token_id = int(token_id)
-        if token_id not in self._token_text:
-            self._token_text[token_id] = self.tokenizer.decode([token_id]).replace("\u2581", " ").strip()
-        return self._token_text[token_id]
+        return self._decode_with(self.tokenizer, token_id)
 
     # ---------------------------------------------------------------- images
     def encode_pixels(self, pixels: torch.Tensor) -> torch.Tensor:

@@ -118,11 +118,4 @@ class CustomTextBackbone(TowerBackbone):
     def decode_token(self, token_id: int) -> str:
         if self.hf is None:
             return super().decode_token(token_id)
-        if int(token_id) == self.sot_id:
-            return "<sos>"
-        if int(token_id) == self.eot_id:
-            return "<eos>"
-        token_id = int(token_id)
-        if token_id not in self._token_text:
-            self._token_text[token_id] = self.hf.decode([token_id]).replace("\u2581", " ").strip()
-        return self._token_text[token_id]
+        return self._decode_with(self.hf, token_id)

@@ -20,7 +20,7 @@ its tokens and EOS), as CLIP's are ``ln_final`` then the projection.
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -75,6 +75,18 @@ class TowerBackbone(CLIPBackbone):
 
     def _packable(self) -> bool:
         return False
+
+    def _decode_with(self, tokenizer: Any, token_id: int) -> str:
+        """The readable text of one token of a Hugging Face ``tokenizer`` ("<sos>"/"<eos>" for the start and
+        end tokens; SentencePiece's word marker read as a space), memoised per backbone."""
+        token_id = int(token_id)
+        if token_id == self.sot_id:
+            return "<sos>"
+        if token_id == self.eot_id:
+            return "<eos>"
+        if token_id not in self._token_text:
+            self._token_text[token_id] = tokenizer.decode([token_id]).replace("\u2581", " ").strip()
+        return self._token_text[token_id]
 
     def _encode_padded(self, rows: list[tuple[int, ...]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return self.encode_rows(rows)
