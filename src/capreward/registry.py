@@ -95,6 +95,8 @@ class MetricSpec:
         visuals_for: the visual kinds for a configuration when they depend on one (G-VEval's ACCR scores
             videos only); None: always :attr:`visuals`.
         position: sort key of the built-in metrics (the order of :func:`names`).
+        judge_backend: whether its scorer takes any chat judge backend
+            (:class:`~capreward.judges.protocol.JudgeBackend`: a local VLM or an OpenAI-compatible server).
     """
 
     name: str
@@ -118,6 +120,7 @@ class MetricSpec:
     reference_mode: Callable[[Mapping[str, Any]], str] | None = None
     visuals_for: Callable[[Mapping[str, Any]], tuple[str, ...]] | None = None
     position: int = 1000
+    judge_backend: bool = False
 
     def __post_init__(self):
         if self.references not in REFERENCE_MODES:
@@ -306,10 +309,22 @@ def on_backbone(kind: str) -> tuple[str, ...]:
     return tuple(s.name for s in specs() if s.backbone == kind)
 
 
+def on_judge_backend() -> tuple[str, ...]:
+    """The metrics whose scorer takes any chat judge backend (local or an OpenAI-compatible server)."""
+    return tuple(s.name for s in specs() if s.judge_backend)
+
+
+def result_fields() -> tuple[str, ...]:
+    """The top-level fields a results file may hold for the metrics: each metric's name followed by its
+    legacy fields (``clip_s``, ``ref_clip_s``, ...), in :func:`specs` order."""
+    return tuple(f for s in specs() for f in s.all_fields())
+
+
 def using_idf() -> tuple[str, ...]:
     """The metrics that weigh tokens by idf."""
     return tuple(s.name for s in specs() if s.uses_idf)
 
 
-__all__ = ["Deviation", "MetricSpec", "Option", "UnknownMetric", "aliases", "get", "lookup", "names", "normalize", "on_backbone",
+__all__ = ["Deviation", "MetricSpec", "Option", "UnknownMetric", "aliases", "get", "lookup", "names", "normalize", "on_backbone", "on_judge_backend",
+           "result_fields",
            "register", "sharing", "specs", "suggest", "unknown_message", "using_idf"]

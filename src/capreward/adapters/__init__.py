@@ -10,13 +10,20 @@
 - :mod:`capreward.adapters.ray_serve`: the server as Ray Serve replicas (``capreward[serve]``).
 """
 
-from .factory import REWARD_NAMES, RewardOptions, build_reward
+from .factory import RewardOptions, build_reward, reward_names
 from .batching import DynamicBatcher
 from .labels import Label, LabelError, parse_label
 from .paths import MediaPaths
 from .openrlhf import RewardHTTPServer, RewardService, ServerLimits, make_server
 from .scoring import ScoredBatch, score_labelled
 from .verl import VerlScorer, make_compute_score
+
+
+def __getattr__(name: str):
+    if name == "REWARD_NAMES":  # read from the registry (capreward.adapters.factory.reward_names)
+        return reward_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DynamicBatcher",

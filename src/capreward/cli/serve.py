@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 
-from ..adapters.factory import REWARD_NAMES
+from ..adapters.factory import reward_names
 from ..backbones.clip_loading import DEFAULT_CLIP
 from ..metrics.harmonic import HARMONIC_MEANS
 from .common import CLIError, add_device_option, add_media_limit_options, metric_name, spelled_aliases
@@ -105,8 +105,8 @@ def add_parser(subparsers) -> None:
                       "OpenRLHF before 0.10: --remote_rm_url)",
         description=__doc__,
     )
-    p.add_argument("--reward", default="emscore", choices=REWARD_NAMES, type=reward_name,
-                   help=f"the reward served (aliases: {spelled_aliases(REWARD_NAMES)})")
+    p.add_argument("--reward", default="emscore", choices=reward_names(), type=reward_name,
+                   help=f"the reward served (aliases: {spelled_aliases(reward_names())})")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=5000, help="0: pick a free port (printed on stderr when ready)")
     p.add_argument("--clip-model", default=DEFAULT_CLIP, help="CLIP for clip_s/emscore: name/tag, .pt path, ...")

@@ -44,6 +44,7 @@ SPEC = register(MetricSpec(
     shares="chat_judge",
     uses_idf=False,
     backbone="chat_judge",
+    judge_backend=True,
     options=(
         Option("mode", "ref-free", "'ref-free', 'ref-only' (needs references) or 'combined' (needs references)"),
         Option("accr", False, "the four ACCR dimensions (videos only)"),

@@ -20,7 +20,7 @@ SPEC = register(MetricSpec(
             "a threshold (0: every content word is supported by a frame; -1: none is).",
     paper="capreward (on EMScore's token-to-frame alignment, Shi et al., CVPR 2022, Figure 7)",
     released_code=None,
-    scorer="capreward.rewards.hallucination:HallucinationPenalty",
+    scorer="capreward.scorers.hallucination:Hallucination",
     sub_scores=sub_scores,
     value_range=(-1.0, 0.0),
     higher_is_better=True,

@@ -30,6 +30,7 @@ SPEC = register(MetricSpec(
     shares="chat_judge",
     uses_idf=False,
     backbone="chat_judge",
+    judge_backend=True,
     options=(
         Option("expected", False, "also compute the expected score from the token distribution"),
         Option("temperature", 0.0, "0 decodes greedily (the release samples at 0.2: VisCE2.released)"),
