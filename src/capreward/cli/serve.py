@@ -17,7 +17,7 @@ from .common import CLIError, add_device_option, add_media_limit_options, metric
 
 def run(args: argparse.Namespace) -> int:
     from ..adapters.factory import DEFAULT_FLEUR, RewardOptions, build_reward
-    from ..adapters.openrlhf import make_server
+    from ..server.http import make_server
 
     check_media_options(args)  # before any model is loaded
 
@@ -82,7 +82,7 @@ def check_media_options(args: argparse.Namespace) -> None:
 def server_limits(args: argparse.Namespace):
     """The :class:`~capreward.adapters.openrlhf.ServerLimits` of the command line (ValueError for
     inconsistent ones)."""
-    from ..adapters.openrlhf import ServerLimits
+    from ..server.http import ServerLimits
 
     return ServerLimits(max_body_bytes=args.max_body_bytes, max_items=args.max_items,
                         max_concurrent=args.max_concurrent, queue_timeout=args.queue_timeout,

@@ -24,7 +24,7 @@ from ..names import sub_score
 from ..metrics.emscore import FineMatch, coarse_score, greedy_match, pad_stack, video_embedding
 from ..metrics.harmonic import harmonic_mean as harmonic_mean_named
 from ..metrics.idf import IdfTable, idf_from_mapping, idf_from_rows
-from .partial import check_error_mode, score_valid
+from .bad_items import check_error_mode, score_valid
 from .results import Alignments, MatchScores, TokenAlignment  # noqa: F401  (imported from here before)
 from .validation import check_captions, check_references, check_same_length
 
@@ -167,7 +167,7 @@ class EMScore:
         ``errors="raise"`` (default): a bad item (empty caption, unreadable visual) raises, naming it.
         ``errors="nan"``: bad items get NaN in every score (None alignment) and their reason in
         ``result.errors[i]``; the others are scored as they would be alone (see
-        :mod:`capreward.scorers.partial`; with ``idf="batch"`` the corpus is the scorable items')."""
+        :mod:`capreward.scorers.bad_items`; with ``idf="batch"`` the corpus is the scorable items')."""
         check_error_mode(errors)
         if errors == "nan":
             if videos is not None and images is not None:
