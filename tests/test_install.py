@@ -40,9 +40,9 @@ pytestmark = pytest.mark.install
 IMPORT_NEEDS_EXTRA = {
     "capreward.callbacks.goodhart_lightning": "callbacks",
     "capreward.callbacks.lightning": "callbacks",
-    "capreward.callbacks.tm_judges": "callbacks",
-    "capreward.callbacks.tm_metrics": "callbacks",
     "capreward.callbacks.transformers": "callbacks",
+    "capreward.torchmetrics.judges": "callbacks",
+    "capreward.torchmetrics.metrics": "callbacks",
     "capreward.training.lightning": "callbacks",
     "capreward.recipes.grpo_captioner": "recipes",
 }

@@ -236,3 +236,28 @@ def test_fleur_writes_the_fields_of_its_spec(tmp_path):
         torch.set_num_threads(threads)
     for row, r in zip(out, rows):
         assert metric_fields(row, "fleur") == set(registry.get("fleur").fields({"references": r.references is not None}))
+
+
+def test_each_spec_names_its_reward_and_metric_classes_under_its_own_name():
+    for spec in registry.specs():
+        if spec.reward is not None:
+            assert vars(spec.load_reward())["__name__"] == spec.name  # the instances' __name__ (TRL's key)
+        if spec.torchmetric is not None:
+            assert spec.load_torchmetric().default_name == spec.name
+    assert registry.get("hallucination").torchmetric is None
+    with pytest.raises(ValueError, match="has no torchmetrics Metric"):
+        registry.get("hallucination").load_torchmetric()
+
+
+def test_generic_consumers_build_any_metric_by_name(tiny_backbone):
+    from capreward.rewards import CLIPScoreReward, EMScoreReward, HallucinationPenalty, reward_for
+    from capreward.torchmetrics import EMScoreMetric, metric_for
+
+    reward = reward_for("CLIPScore", backbone=tiny_backbone, w=2.0)
+    assert type(reward) is CLIPScoreReward and reward.__name__ == "clip_s"
+    assert type(reward_for("em", backbone=tiny_backbone)) is EMScoreReward
+    assert type(reward_for("hallucination_penalty", backbone=tiny_backbone)) is HallucinationPenalty
+    metric = metric_for("emscore", backbone=tiny_backbone)
+    assert type(metric) is EMScoreMetric
+    with pytest.raises(ValueError, match="did you mean 'emscore'"):
+        reward_for("emscor")

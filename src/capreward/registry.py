@@ -58,6 +58,11 @@ class Deviation:
     restore: str | None
 
 
+def _import(target: str) -> Any:
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 def _no_sub_scores(config: Mapping[str, Any]) -> tuple[str, ...]:
     return ()
 
@@ -97,6 +102,11 @@ class MetricSpec:
         position: sort key of the built-in metrics (the order of :func:`names`).
         judge_backend: whether its scorer takes any chat judge backend
             (:class:`~capreward.judges.protocol.JudgeBackend`: a local VLM or an OpenAI-compatible server).
+        reward: ``"module:attr"`` of its reward class (TRL's reward-function contract), or None.
+        torchmetric: ``"module:attr"`` of its torchmetrics Metric class, or None.
+        remote_scorer: ``"module:attr"`` of a scorer that asks an OpenAI-compatible server (given a
+            :class:`~capreward.judges.protocol.JudgeBackend`), for a metric whose :attr:`scorer` needs a
+            local model (FLEUR); None otherwise.
     """
 
     name: str
@@ -121,6 +131,9 @@ class MetricSpec:
     visuals_for: Callable[[Mapping[str, Any]], tuple[str, ...]] | None = None
     position: int = 1000
     judge_backend: bool = False
+    reward: str | None = None
+    torchmetric: str | None = None
+    remote_scorer: str | None = None
 
     def __post_init__(self):
         if self.references not in REFERENCE_MODES:
@@ -134,8 +147,28 @@ class MetricSpec:
 
     def load(self) -> Any:
         """The scorer class (imported now)."""
-        module, _, attr = self.scorer.partition(":")
-        return getattr(importlib.import_module(module), attr)
+        return _import(self.scorer)
+
+    def load_reward(self) -> Any:
+        """The reward class (imported now); ValueError when the metric has none."""
+        if self.reward is None:
+            raise ValueError(f"{self.name} has no reward class")
+        return _import(self.reward)
+
+    def load_torchmetric(self) -> Any:
+        """The torchmetrics Metric class (imported now); ValueError when the metric has none."""
+        if self.torchmetric is None:
+            raise ValueError(f"{self.name} has no torchmetrics Metric")
+        return _import(self.torchmetric)
+
+    def load_remote_scorer(self) -> Any:
+        """The :attr:`remote_scorer` class (imported now); ValueError when the metric has none."""
+        if self.remote_scorer is None:
+            raise ValueError(f"{self.name} has no scorer for a chat server")
+        return _import(self.remote_scorer)
+
+    def has_option(self, name: str) -> bool:
+        return any(o.name == name for o in self.options)
 
     def option(self, name: str) -> Option:
         """The option called ``name``; KeyError naming the options otherwise."""

@@ -31,6 +31,7 @@ def __getattr__(name: str):
         return registry.on_backbone("chat_judge")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
 DEFAULT_FLEUR = "llava-hf/llava-1.5-13b-hf"
 VISUAL_ID_COLUMN = "visual_id"  # the adapters pass label ids under this column name
 
@@ -129,8 +130,6 @@ def build_reward(name: str, options: RewardOptions | None = None, *, backbone: A
     existing :class:`~capreward.backbones.CLIPBackbone` for the CLIP-based rewards (then
     ``clip_model``/``precision`` are not used). ``overrides`` replace fields of ``options``.
     """
-    from ..rewards import CLIPScoreReward, EMScoreReward, FLEURReward, HallucinationPenalty, PACScoreReward
-
     opts = options or RewardOptions()
     for key, value in overrides.items():
         if not hasattr(opts, key):
@@ -145,29 +144,24 @@ def build_reward(name: str, options: RewardOptions | None = None, *, backbone: A
         model = dict(backbone=backbone) if backbone is not None else dict(
             model=opts.clip_model, precision=opts.precision, device=opts.device)
         common.update(model, frames=opts.frames)
-    if kind == "pac_s":
-        return PACScoreReward(harmonic_mean=opts.harmonic_mean, **common)
-    if kind in ("visce2", "gveval"):
-        from ..rewards import GVEvalReward, VisCE2Reward
-
+    reward = spec.load_reward()
+    if spec.backbone == "clip":  # the options each CLIP metric has, read from its spec
+        if spec.uses_idf:
+            common["idf"] = read_idf_corpus(opts.idf) if opts.idf else False
+        if spec.has_option("harmonic_mean"):
+            common["harmonic_mean"] = opts.harmonic_mean
+        if opts.w is not None and spec.has_option("w") and spec.shares == "clip":  # CLIP-S's scale
+            common["w"] = opts.w
+        return reward(**common)
+    if spec.judge_backend:  # a scorer on any chat judge: the server of judge_url, or the local judge
         tree = dict(tree_top_logprobs=max(10, opts.judge_top_logprobs_cap)) if opts.judge_url else {}
-        if kind == "visce2":
-            return VisCE2Reward(backend=judge_backend(opts), **tree, **common)
-        return GVEvalReward(backend=judge_backend(opts), mode=opts.gveval_mode, **tree, **common)
-    if kind == "fleur" and opts.judge_url:
-        from ..scorers.fleur_remote import RemoteFLEUR
-
-        return FLEURReward(scorer=RemoteFLEUR(judge_backend(opts), top_logprobs=min(20, opts.judge_top_logprobs_cap)),
-                           **common)
-    if kind == "clip_s":
-        return CLIPScoreReward(**({} if opts.w is None else {"w": opts.w}), harmonic_mean=opts.harmonic_mean, **common)
-    if kind == "emscore":
-        return EMScoreReward(idf=read_idf_corpus(opts.idf) if opts.idf else False, harmonic_mean=opts.harmonic_mean,
-                             **common)
-    if kind == "hallucination":
-        return HallucinationPenalty(idf=read_idf_corpus(opts.idf) if opts.idf else False, **common)
-    return FLEURReward(model=opts.fleur_model, device=opts.device,
-                       **({} if opts.dtype is None else {"dtype": opts.dtype}), **common)
+        mode = dict(mode=opts.gveval_mode) if spec.has_option("mode") else {}
+        return reward(backend=judge_backend(opts), **mode, **tree, **common)
+    if opts.judge_url:  # a metric whose scorer needs a local model, on its scorer for a chat server
+        remote = spec.load_remote_scorer()
+        return reward(scorer=remote(judge_backend(opts), top_logprobs=min(20, opts.judge_top_logprobs_cap)), **common)
+    return reward(model=opts.fleur_model, device=opts.device, **({} if opts.dtype is None else {"dtype": opts.dtype}),
+                  **common)
 
 
 def judge_backend(opts: RewardOptions) -> Any:

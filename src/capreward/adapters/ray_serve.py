@@ -2,14 +2,14 @@
 capreward[serve]``).
 
 Each replica holds one reward (built in the replica by a picklable factory) and answers the same
-``POST /get_reward`` protocol as ``capreward serve`` (:mod:`capreward.adapters.openrlhf`), with the
+``POST /get_reward`` protocol as ``capreward serve`` (:mod:`capreward.server.http`), with the
 same validation, path confinement and answers. Dynamic batching inside a replica is Ray Serve's own
 ``@serve.batch``: every sample of every request is one item, so ``max_batch_size`` counts samples and
 ``batch_wait_timeout_s`` is the wait bound, exactly like ``--max-batch-size``/``--max-wait-ms``; the
 merged samples are scored in one call in a worker thread, and each request gathers its own samples
 back in order. Ray Serve's proxy spreads requests over the replicas; HTTP-level limits (timeouts,
 connections) are the proxy's (see Ray Serve's ``http_options``), while the body size, item and JSON
-limits are checked here (the same :meth:`~capreward.adapters.openrlhf.RewardService.decode` and
+limits are checked here (the same :meth:`~capreward.server.http.RewardService.decode` and
 ``parse``). Ray's proxy is uvicorn started by Ray with only ``keep_alive_timeout_s`` and
 ``request_timeout_s`` to set: it has no header deadline, no per-address connection cap and no capacity
 kept for other clients (``capreward serve`` has all three), so a deployment open to untrusted clients
@@ -50,7 +50,7 @@ def reward_app(reward_factory: Callable[[], Any], *, fallback: float | None = No
     ``reward_factory``: builds the reward inside each replica (e.g. ``functools.partial(build_reward,
     "emscore", options)``); ``limits.max_batch_size`` (samples; 0 is taken as 1, no merging) and
     ``limits.max_wait`` (seconds) configure ``@serve.batch``; the other arguments as for
-    :func:`~capreward.adapters.openrlhf.make_server`.
+    :func:`~capreward.server.http.make_server`.
     """
     from .._extras import require
 

@@ -80,7 +80,7 @@ def check_media_options(args: argparse.Namespace) -> None:
 
 
 def server_limits(args: argparse.Namespace):
-    """The :class:`~capreward.adapters.openrlhf.ServerLimits` of the command line (ValueError for
+    """The :class:`~capreward.server.http.ServerLimits` of the command line (ValueError for
     inconsistent ones)."""
     from ..server.http import ServerLimits
 

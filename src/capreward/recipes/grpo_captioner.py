@@ -20,7 +20,7 @@ Runs offline on tiny, locally built models (a seeded tiny LLaVA policy, the tiny
 With real weights::
 
     python -m capreward.recipes.grpo_captioner --model llava-hf/llava-1.5-7b-hf --clip ViT-B-32/openai \\
-        --manifest data/train.jsonl --rewards emscore:1,clip_s:0.5,hallucination:0.5 \\
+        --manifest data/train.jsonl --rewards emscore=1,clip_s=0.5,hallucination=0.5 \\
         --steps 500 --num-generations 8 --batch-size 8 --max-completion-length 48 --bf16 --out runs/grpo
 
 Manifest: one JSON object per line with ``image`` or ``video`` (a path, relative paths resolved from

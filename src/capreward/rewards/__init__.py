@@ -8,6 +8,7 @@ weighted rewards with guards against reward hacking (repetition, truncation, ove
 injection). The LLM-judge rewards floor captions that forge the judge's prompt (the injection guard).
 """
 
+from .by_name import reward_for
 from .base import AsyncReward, CaptionReward, GroupScores, RewardFunction, RewardOutput
 from .clip_family import CLIPScoreReward, EMScoreReward, PACScoreReward
 from .composite import CompositeReward
@@ -41,6 +42,7 @@ __all__ = [
     "injection_penalty",
     "length_penalty",
     "prompt_images",
+    "reward_for",
     "repetition_penalty",
     "truncation_penalty",
 ]

@@ -52,6 +52,8 @@ CLIP_S = register(MetricSpec(
     options=_options(2.5, "ViT-B/32"),
     deviations=_DEVIATIONS,
     result_fields={"ref": "ref_clip_s"},
+    reward="capreward.rewards.clip_family:CLIPScoreReward",
+    torchmetric="capreward.torchmetrics.metrics:CLIPScoreMetric",
     position=10,
 ))
 
@@ -75,5 +77,7 @@ PAC_S = register(MetricSpec(
     options=_options(2.0, None),
     deviations=_DEVIATIONS,
     result_fields={"ref": "ref_pac_s"},
+    reward="capreward.rewards.clip_family:PACScoreReward",
+    torchmetric=None,  # CLIPScoreMetric(scorer=PACScore(...)) is named pac_s
     position=20,
 ))

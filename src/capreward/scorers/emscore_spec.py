@@ -63,5 +63,7 @@ SPEC = register(MetricSpec(
         Deviation("the rewards form F sign-safely (in [-1, 1]); the scorer keeps 2PR/(P+R)",
                   "harmonic_mean='released'"),
     ),
+    reward="capreward.rewards.clip_family:EMScoreReward",
+    torchmetric="capreward.torchmetrics.metrics:EMScoreMetric",
     position=0,
 ))

@@ -45,5 +45,8 @@ SPEC = register(MetricSpec(
                   "never a silent 0", None),
         Deviation("videos are judged on G-VEval's three-frame composite (the paper scores images only)", None),
     ),
+    reward="capreward.rewards.fleur:FLEURReward",
+    torchmetric="capreward.torchmetrics.metrics:FLEURMetric",
+    remote_scorer="capreward.scorers.fleur_remote:RemoteFLEUR",
     position=30,
 ))

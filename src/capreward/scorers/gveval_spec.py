@@ -64,5 +64,7 @@ SPEC = register(MetricSpec(
     ),
     reference_mode=reference_mode,
     visuals_for=visuals_for,
+    reward="capreward.rewards.judges:GVEvalReward",
+    torchmetric="capreward.torchmetrics.judges:GVEvalMetric",
     position=60,
 ))

@@ -38,5 +38,6 @@ SPEC = register(MetricSpec(
         Option("frames", 10, "frames sampled per video (None: all)"),
     ),
     deviations=(),
+    reward="capreward.rewards.hallucination:HallucinationPenalty",
     position=40,
 ))

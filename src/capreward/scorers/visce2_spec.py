@@ -43,5 +43,7 @@ SPEC = register(MetricSpec(
         Deviation("greedy decoding (temperature 0), so a reward is deterministic; the release samples at 0.2",
                   "temperature=0.2 (VisCE2.released())"),
     ),
+    reward="capreward.rewards.judges:VisCE2Reward",
+    torchmetric="capreward.torchmetrics.judges:VisCE2Metric",
     position=50,
 ))

@@ -13,7 +13,7 @@ whose batch has not started within ``timeout`` is taken off the queue and refuse
 
 Scores do not depend on the merge: the scorers are batch-invariant, and a sample that cannot be
 scored gets None with its reason without touching the others (see ``score`` of
-:class:`~capreward.adapters.openrlhf.RewardService`).
+:class:`~capreward.server.http.RewardService`).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ connection is answered 503 at once and closed, without reading anything from it.
 
 How long an admitted connection may hold its slot is the server's deadlines' business (headers within
 ``header_timeout``, the whole request within ``read_timeout``: see
-:class:`~capreward.adapters.openrlhf.ServerLimits`).
+:class:`~capreward.server.http.ServerLimits`).
 """
 
 from __future__ import annotations

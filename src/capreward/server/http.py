@@ -51,12 +51,12 @@ Slow clients: a request's line and headers must arrive within ``header_timeout``
 server starting to wait for it (a new connection, or the previous answer sent: idle keep-alive
 connections are closed then), and the whole request, body included, within ``read_timeout`` (30) of
 the same start, however slowly its bytes trickle in; else the connection is closed (408 when the
-headers were complete). Connections are admitted by :class:`~capreward.adapters.connections.ConnectionSlots`:
+headers were complete). Connections are admitted by :class:`~capreward.server.connections.ConnectionSlots`:
 ``max_connections`` (128) in all, ``max_connections_per_peer`` (64) from one client address, and the
 last ``reserved_connections`` (16) only for addresses that hold none, so one client's slow connections
 cannot take the slots of another; a connection over a limit gets 503 saying which, and is closed.
 
-Concurrent requests are merged into one scorer call (:mod:`capreward.adapters.batching`: up to
+Concurrent requests are merged into one scorer call (:mod:`capreward.server.batching`: up to
 ``max_batch_size`` samples or ``max_wait`` seconds); ``max_concurrent`` batches are scored at once (1
 by default with batching, 4 without), and a request whose batch has not started within
 ``queue_timeout`` seconds gets 503. ``GET /health`` answers once the model is loaded, with the number
@@ -90,7 +90,7 @@ from ..adapters.labels import Label, LabelError, parse_label
 from ..adapters.paths import MediaPaths
 from ..adapters.scoring import ScoredBatch, concat_batches, resolve_fallback, score_labelled
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("capreward.adapters.openrlhf")  # its name before the move: logging configs keep working
 
 END_MARKERS = ("</s>", "<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<pad>", "<eos>")
 
@@ -120,7 +120,7 @@ class ServerLimits:
     ``max_connections``: connections served at once; ``max_connections_per_peer`` (None:
     ``max_connections // 2``): connections one client address may hold; ``reserved_connections``
     (None: ``max_connections // 8``): of ``max_connections``, the slots only clients holding none may
-    take (:mod:`capreward.adapters.connections`); ``max_batch_size`` (samples, 0 = no merging) and
+    take (:mod:`capreward.server.connections`); ``max_batch_size`` (samples, 0 = no merging) and
     ``max_wait`` (seconds): dynamic batching.
     """
 
@@ -502,10 +502,10 @@ class _Handler(BaseHTTPRequestHandler):
 
 class RewardHTTPServer(ThreadingHTTPServer):
     """A threading HTTP server around a :class:`RewardService`: one thread per admitted connection
-    (:class:`~capreward.adapters.connections.ConnectionSlots`: ``limits.max_connections`` in all,
+    (:class:`~capreward.server.connections.ConnectionSlots`: ``limits.max_connections`` in all,
     ``max_connections_per_peer`` per client address, ``reserved_connections`` kept for addresses
     holding none; others get 503 and are closed), requests merged into batches by a
-    :class:`~capreward.adapters.batching.DynamicBatcher`. Stop it with ``shutdown()`` (from another
+    :class:`~capreward.server.batching.DynamicBatcher`. Stop it with ``shutdown()`` (from another
     thread) and then :meth:`close_gracefully`, which lets queued and running batches finish but does
     not wait for idle keep-alive connections."""
 

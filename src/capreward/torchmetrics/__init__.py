@@ -21,7 +21,20 @@ _LAZY = {
     "GVEvalMetric": "capreward.torchmetrics.judges",
 }
 
-__all__ = sorted(_LAZY)
+__all__ = sorted([*_LAZY, "metric_for"])
+
+
+def metric_for(name: str, **options):
+    """The torchmetrics Metric of metric ``name`` (any spelling or alias) built with ``options``: the class
+    its spec names (:attr:`~capreward.registry.MetricSpec.torchmetric`).
+
+    Raises:
+        capreward.registry.UnknownMetric: no metric is called ``name``.
+        ValueError: the metric has no torchmetrics Metric.
+    """
+    from .. import registry
+
+    return registry.get(name).load_torchmetric()(**options)
 
 
 def __getattr__(name: str):

@@ -1,6 +1,6 @@
 """torchmetrics ``Metric`` classes for the chat-judge metrics: VisCE² and G-VEval.
 
-Both follow :class:`~capreward.callbacks.tm_metrics.CaptionMetric`: per-caption rows in list states
+Both follow :class:`~capreward.torchmetrics.metrics.CaptionMetric`: per-caption rows in list states
 (synced with ``dist_reduce_fx="cat"``), the judge backend held by reference (never in ``state_dict``),
 empty captions not sent to the judge. Scores are on 0..100; samples the judge could not score (a failed
 request, an unreadable visual, an answer without a score) are NaN and left out of the mean, and the

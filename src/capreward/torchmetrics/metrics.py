@@ -51,7 +51,7 @@ from ..callbacks.sources import per_sample as split_per_sample
 from ..callbacks.distributed import is_distributed
 from ..callbacks.summary import NO_ID, CaptionScores, check_ids, nanmean, summarize
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("capreward.callbacks.tm_metrics")  # its name before the move: logging configs keep working
 
 _MATCH_FIELDS = ("coarse", "fine_p", "fine_r", "fine_f", "full_p", "full_r", "full_f")
 _VISUAL_KINDS = ("video", "image")
