@@ -57,7 +57,7 @@ def test_serve_and_the_reward_factory_accept_the_same_aliases():
         for spelled in spellings(reward):
             assert parser.parse_args(["--reward", spelled]).reward == reward
             assert canonical_name(spelled) == reward
-    with pytest.raises(ValueError, match="unknown reward 'bleu'; choose one of clip_s, emscore"):
+    with pytest.raises(ValueError, match="unknown reward 'bleu'; choose one of emscore, clip_s"):
         canonical_name("bleu")
 
 

@@ -1,22 +1,36 @@
 """Adapters of capreward's rewards to other RL stacks.
 
 - :mod:`capreward.adapters.verl`: veRL custom reward functions (``compute_score``, batch variant).
-- :mod:`capreward.adapters.openrlhf`: an OpenRLHF-compatible HTTP reward server (``capreward serve``).
+- :mod:`capreward.server`: the OpenRLHF-compatible HTTP reward server (``capreward serve``; it was
+  ``capreward.adapters.openrlhf``, ``.batching`` and ``.connections``, which still import).
 - :mod:`capreward.adapters.labels`: the per-sample label format both use to name visuals and references.
 - :mod:`capreward.adapters.paths`: which files a label may name (confinement to a media root).
-- :mod:`capreward.adapters.batching`: the server's dynamic batching across requests.
-- :mod:`capreward.adapters.connections`: which connections the server admits (per peer, reserve).
 - :mod:`capreward.adapters.json_limits`: bounds on a request's JSON, each refusal naming the field.
 - :mod:`capreward.adapters.ray_serve`: the server as Ray Serve replicas (``capreward[serve]``).
 """
 
-from .factory import REWARD_NAMES, RewardOptions, build_reward
-from .batching import DynamicBatcher
+from .factory import RewardOptions, build_reward, reward_names
 from .labels import Label, LabelError, parse_label
 from .paths import MediaPaths
-from .openrlhf import RewardHTTPServer, RewardService, ServerLimits, make_server
 from .scoring import ScoredBatch, score_labelled
 from .verl import VerlScorer, make_compute_score
+
+
+#: The server's names, exported here before it had its own package (imported on first use).
+_SERVER = {"DynamicBatcher": "capreward.server.batching", "RewardHTTPServer": "capreward.server.http",
+           "RewardService": "capreward.server.http", "ServerLimits": "capreward.server.http",
+           "make_server": "capreward.server.http"}
+
+
+def __getattr__(name: str):
+    if name == "REWARD_NAMES":  # read from the registry (capreward.adapters.factory.reward_names)
+        return reward_names()
+    if name in _SERVER:
+        import importlib
+
+        return getattr(importlib.import_module(_SERVER[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DynamicBatcher",

@@ -7,13 +7,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import registry
 from ..backbones.clip_loading import DEFAULT_CLIP
 from ..names import canonical
+from ..terms import parse_weighted_terms
 
-REWARD_NAMES = ("clip_s", "emscore", "pac_s", "fleur", "visce2", "gveval", "hallucination", "composite")
-CLIP_BASED = ("clip_s", "emscore", "pac_s", "hallucination")
-#: The rewards that ask a chat judge (a local VLM, or an OpenAI-compatible server with ``judge_url``).
-JUDGE_BASED = ("fleur", "visce2", "gveval")
+#: The reward built from several others (:func:`build_composite`).
+COMPOSITE = "composite"
+
+
+def reward_names() -> tuple[str, ...]:
+    """Every metric of the registry, and ``composite``."""
+    return (*registry.names(), COMPOSITE)
+
+
+def __getattr__(name: str):
+    # the tuples this module exported before the registry, now read from it
+    if name == "REWARD_NAMES":
+        return reward_names()
+    if name == "CLIP_BASED":  # the rewards on a CLIP (they take the CLIP options)
+        return registry.on_backbone("clip")
+    if name == "JUDGE_BASED":  # the rewards that ask a chat judge (local, or a server with ``judge_url``)
+        return registry.on_backbone("chat_judge")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 DEFAULT_FLEUR = "llava-hf/llava-1.5-13b-hf"
 VISUAL_ID_COLUMN = "visual_id"  # the adapters pass label ids under this column name
 
@@ -79,9 +96,9 @@ class RewardOptions:
 
 
 def canonical_name(name: str) -> str:
-    """``name`` as one of :data:`REWARD_NAMES`, through the one alias table of :mod:`capreward.names`
-    (``clip-s``, ``clipscore`` … accepted); ValueError naming the choices otherwise."""
-    return canonical(name, REWARD_NAMES, what="reward")
+    """``name`` as one of :func:`reward_names`, through the registry's aliases (``clip-s``, ``clipscore``
+    … accepted); ValueError naming the choices (and the closest) otherwise."""
+    return canonical(name, reward_names(), what="reward")
 
 
 def read_idf_corpus(path: str | os.PathLike) -> list[str]:
@@ -96,19 +113,11 @@ def read_idf_corpus(path: str | os.PathLike) -> list[str]:
 
 
 def parse_terms(spec: str) -> list[tuple[str, float]]:
-    """``"emscore=1,clip_s=0.5"`` → ``[("emscore", 1.0), ("clip_s", 0.5)]`` (a bare name has weight 1)."""
-    terms = []
-    for part in spec.split(","):
-        if not part.strip():
-            continue
-        name, _, weight = part.partition("=")
-        try:
-            terms.append((name.strip(), float(weight) if weight.strip() else 1.0))
-        except ValueError:
-            raise ValueError(f"composite term {part!r}: the weight must be a number") from None
-    if not terms:
-        raise ValueError(f"composite spec {spec!r} has no terms")
-    return terms
+    """``"emscore=1,clip_s=0.5"`` → ``[("emscore", 1.0), ("clip_s", 0.5)]`` (a bare name has weight 1;
+    ``name:weight`` is accepted too): :func:`capreward.terms.parse_weighted_terms` over
+    :func:`reward_names`, names canonical."""
+    return parse_weighted_terms(spec, reward_names(), what="reward", where=f" in composite spec {spec!r}",
+                                unique=False)
 
 
 def build_reward(name: str, options: RewardOptions | None = None, *, backbone: Any = None, **overrides: Any):
@@ -128,10 +137,11 @@ def build_reward(name: str, options: RewardOptions | None = None, *, backbone: A
             raise TypeError(f"unknown reward option {key!r}")
         setattr(opts, key, value)
     kind = canonical_name(name)
-    if kind == "composite":
+    if kind == COMPOSITE:
         return build_composite(opts)
     common: dict[str, Any] = dict(visual_id_column=VISUAL_ID_COLUMN)
-    if kind in CLIP_BASED:
+    spec = registry.get(kind)
+    if spec.backbone == "clip":
         model = dict(backbone=backbone) if backbone is not None else dict(
             model=opts.clip_model, precision=opts.precision, device=opts.device)
         common.update(model, frames=opts.frames)
@@ -186,10 +196,10 @@ def build_composite(opts: RewardOptions):
     from ..backbones import CLIPBackbone
     from ..rewards import CompositeReward
 
-    terms = [(canonical_name(term), weight) for term, weight in parse_terms(opts.composite)]
-    if any(kind == "composite" for kind, _ in terms):
+    terms = parse_terms(opts.composite)
+    if any(kind == COMPOSITE for kind, _ in terms):
         raise ValueError("a composite reward cannot contain another composite")
     shared = None
-    if sum(kind in CLIP_BASED for kind, _ in terms) > 1:
+    if sum(registry.get(kind).backbone == "clip" for kind, _ in terms) > 1:
         shared = CLIPBackbone(opts.clip_model, device=opts.device, precision=opts.precision)
     return CompositeReward([(build_reward(kind, opts, backbone=shared), weight) for kind, weight in terms])

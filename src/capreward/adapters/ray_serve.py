@@ -36,9 +36,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable
 
-from .batching import slice_batch
+from ..server.batching import slice_batch
 from .labels import Label
-from .openrlhf import RequestError, RewardService, ServerLimits
+from ..server.http import RequestError, RewardService, ServerLimits
 from .scoring import ScoredBatch, concat_batches
 
 

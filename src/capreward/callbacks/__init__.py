@@ -1,9 +1,9 @@
 """Validation scoring during training: torchmetrics metrics, a Lightning callback and a transformers
 ``TrainerCallback``.
 
-- :class:`EMScoreMetric`, :class:`CLIPScoreMetric`, :class:`FLEURMetric` (``tm_metrics``),
-  :class:`VisCE2Metric`, :class:`GVEvalMetric` (``tm_judges``): torchmetrics
-  Metrics over the scorers, per-sample states synced with ``dist_reduce_fx="cat"``.
+- :class:`EMScoreMetric`, :class:`CLIPScoreMetric`, :class:`FLEURMetric`, :class:`VisCE2Metric`,
+  :class:`GVEvalMetric`: torchmetrics Metrics over the scorers, per-sample states synced with
+  ``dist_reduce_fx="cat"``; they live in :mod:`capreward.torchmetrics` and are re-exported here.
 - :class:`CaptionScoreCallback` (``lightning``): scores the captions returned by ``validation_step``
   and logs ``val/<metric>`` through ``pl_module.log`` (monitorable by ModelCheckpoint/EarlyStopping).
 - :func:`sample_ids` (``sampler_ids``): the dataset indices of a Lightning evaluation batch, read from its
@@ -23,12 +23,12 @@ from __future__ import annotations
 import importlib
 
 _LAZY = {
-    "CaptionMetric": "capreward.callbacks.tm_metrics",
-    "EMScoreMetric": "capreward.callbacks.tm_metrics",
-    "CLIPScoreMetric": "capreward.callbacks.tm_metrics",
-    "FLEURMetric": "capreward.callbacks.tm_metrics",
-    "VisCE2Metric": "capreward.callbacks.tm_judges",
-    "GVEvalMetric": "capreward.callbacks.tm_judges",
+    "CaptionMetric": "capreward.torchmetrics.metrics",
+    "EMScoreMetric": "capreward.torchmetrics.metrics",
+    "CLIPScoreMetric": "capreward.torchmetrics.metrics",
+    "FLEURMetric": "capreward.torchmetrics.metrics",
+    "VisCE2Metric": "capreward.torchmetrics.judges",
+    "GVEvalMetric": "capreward.torchmetrics.judges",
     "CaptionScores": "capreward.callbacks.summary",
     "CaptionScoreCallback": "capreward.callbacks.lightning",
     "CaptionEvalCallback": "capreward.callbacks.transformers",

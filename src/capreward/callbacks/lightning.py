@@ -54,7 +54,7 @@ from .tables import (
     score_table,
     write_table,
 )
-from .tm_metrics import CaptionMetric, named_metrics
+from ..torchmetrics.metrics import CaptionMetric, named_metrics
 
 Callback = require("callbacks", "lightning.pytorch", "pytorch_lightning", used_by="CaptionScoreCallback").Callback
 

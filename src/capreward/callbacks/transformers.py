@@ -35,7 +35,7 @@ from .loggers import file_store_refusal, is_file_store
 from .sources import Source, as_captions, as_references, read
 from .summary import CaptionScores
 from .tables import TABLE_FORMATS, best_and_worst, examples_markdown, merge_records, score_table, write_table
-from .tm_metrics import CaptionMetric, named_metrics
+from ..torchmetrics.metrics import CaptionMetric, named_metrics
 
 logger = logging.getLogger(__name__)
 

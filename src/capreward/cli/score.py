@@ -48,8 +48,8 @@ import json
 import sys
 
 from ..backbones.clip_loading import DEFAULT_CLIP
-from ..jobs.runners import METRICS
-from ..rewards.hallucination import DEFAULT_THRESHOLD
+from .. import registry
+from ..scorers.hallucination import DEFAULT_THRESHOLD
 from .common import add_device_option, add_media_limit_options, add_resume_options, metric_list, spelled_aliases
 
 
@@ -88,9 +88,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("manifest", help="JSONL rows: caption, image|video, optional references, id")
     p.add_argument("--out", required=True, help="results JSONL (appended to; rerun to resume)")
     p.add_argument("--csv", help="also write the results as CSV")
-    p.add_argument("--metrics", default="emscore", type=metric_list(METRICS),
-                   help=f"comma-separated, from: {', '.join(METRICS)}; any case, - for _, and the aliases "
-                        f"{spelled_aliases(METRICS)} (default: emscore)")
+    p.add_argument("--metrics", default="emscore", type=metric_list(registry.names()),
+                   help=f"comma-separated, from: {', '.join(registry.names())}; any case, - for _, and the aliases "
+                        f"{spelled_aliases(registry.names())} (default: emscore)")
     p.add_argument("--clip-model", default=DEFAULT_CLIP,
                    help="CLIP for emscore/clip-s/hallucination (one shared copy): name/tag, .pt path, ...")
     p.add_argument("--pac-model", help="PAC-S checkpoint path (for pac-s)")

@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 
-from ..adapters.factory import REWARD_NAMES
+from ..adapters.factory import reward_names
 from ..backbones.clip_loading import DEFAULT_CLIP
 from ..metrics.harmonic import HARMONIC_MEANS
 from .common import CLIError, add_device_option, add_media_limit_options, metric_name, spelled_aliases
@@ -17,7 +17,7 @@ from .common import CLIError, add_device_option, add_media_limit_options, metric
 
 def run(args: argparse.Namespace) -> int:
     from ..adapters.factory import DEFAULT_FLEUR, RewardOptions, build_reward
-    from ..adapters.openrlhf import make_server
+    from ..server.http import make_server
 
     check_media_options(args)  # before any model is loaded
 
@@ -82,7 +82,7 @@ def check_media_options(args: argparse.Namespace) -> None:
 def server_limits(args: argparse.Namespace):
     """The :class:`~capreward.adapters.openrlhf.ServerLimits` of the command line (ValueError for
     inconsistent ones)."""
-    from ..adapters.openrlhf import ServerLimits
+    from ..server.http import ServerLimits
 
     return ServerLimits(max_body_bytes=args.max_body_bytes, max_items=args.max_items,
                         max_concurrent=args.max_concurrent, queue_timeout=args.queue_timeout,
@@ -105,8 +105,8 @@ def add_parser(subparsers) -> None:
                       "OpenRLHF before 0.10: --remote_rm_url)",
         description=__doc__,
     )
-    p.add_argument("--reward", default="emscore", choices=REWARD_NAMES, type=reward_name,
-                   help=f"the reward served (aliases: {spelled_aliases(REWARD_NAMES)})")
+    p.add_argument("--reward", default="emscore", choices=reward_names(), type=reward_name,
+                   help=f"the reward served (aliases: {spelled_aliases(reward_names())})")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=5000, help="0: pick a free port (printed on stderr when ready)")
     p.add_argument("--clip-model", default=DEFAULT_CLIP, help="CLIP for clip_s/emscore: name/tag, .pt path, ...")

@@ -17,13 +17,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import registry
 from ..jsonl import json_lines
 
 #: The keys a manifest row may have that capreward reads.
 KNOWN_KEYS = ("id", "caption", "image", "video", "references")
-#: Fields the jobs write (with every ``<metric>.``-prefixed sub-score): a carried key may not be one.
-WRITTEN_FIELDS = ("errors", "alignment", "metric", "explanation", "emscore", "clip_s", "ref_clip_s", "pac_s",
-                  "ref_pac_s", "fleur", "hallucination", "visce2", "gveval", "visual_hash")
+#: Fields the jobs write besides the metrics' own (:func:`written_fields`).
+JOB_FIELDS = ("errors", "alignment", "metric", "explanation", "visual_hash")
+
+
+def written_fields() -> tuple[str, ...]:
+    """Fields the jobs write (with every ``<field>/``- or ``<field>.``-prefixed sub-score): a carried key
+    may not be one. The metrics' fields are read from :mod:`capreward.registry`."""
+    return (*JOB_FIELDS[:4], *registry.result_fields(), *JOB_FIELDS[4:])
+
+
+def __getattr__(name: str):
+    if name == "WRITTEN_FIELDS":  # the tuple this module exported before the registry
+        return written_fields()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 #: The deepest nesting of lists and objects a manifest row may have (a carried value is written back out).
@@ -87,7 +99,8 @@ def _carried(obj: dict, where: str) -> dict:
         if (known := near_miss(key, obj)) is not None:
             raise ManifestError(f"{where}: unknown key {key!r}; did you mean {known!r}? (known keys: "
                                 f"{', '.join(KNOWN_KEYS)}; other keys are carried to the results as they are)")
-        if key in WRITTEN_FIELDS or any(key.startswith(f + ".") for f in WRITTEN_FIELDS):
+        written = written_fields()
+        if key in written or any(key.startswith(f + ".") or key.startswith(f + "/") for f in written):
             raise ManifestError(f"{where}: key {key!r} is a field the results hold (it would be overwritten); "
                                 "rename it")
         extra[key] = value

@@ -300,16 +300,25 @@ def read_results(path: str | Path) -> list[dict]:
     return [row for _, _, row in json_lines(Path(path), ResultsCorrupt)]
 
 
-#: Headline scores, in the CSV's order (right after id and caption).
-HEADLINE_COLUMNS = ("emscore", "clip_s", "ref_clip_s", "pac_s", "ref_pac_s", "fleur", "hallucination", "visce2",
-                    "gveval")
+def headline_columns() -> tuple[str, ...]:
+    """Headline scores, in the CSV's order (right after id and caption): every metric's name and legacy
+    top-level fields (``ref_clip_s``), in the registry's order."""
+    from .. import registry
+
+    return registry.result_fields()
+
+
+def __getattr__(name: str):
+    if name == "HEADLINE_COLUMNS":  # the tuple this module exported before the registry
+        return headline_columns()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def csv_columns(rows: list[dict]) -> list[str]:
     """The CSV's columns: id, caption, the headline scores, the visual, references and errors, the other
     fields sorted by name, and the bulky JSON fields (lists, dicts such as ``alignment``) last."""
     keys = {k for r in rows for k in r}
-    first = [k for k in ("id", "caption", *HEADLINE_COLUMNS, "image", "video", "references", "errors") if k in keys]
+    first = [k for k in ("id", "caption", *headline_columns(), "image", "video", "references", "errors") if k in keys]
     bulky = {k for r in rows for k, v in r.items() if isinstance(v, (list, dict)) and k not in first}
     last = sorted(bulky - {"alignment"}) + (["alignment"] if "alignment" in bulky else [])
     return first + sorted(keys - set(first) - bulky) + last

@@ -8,7 +8,7 @@ Sub-score fields are named ``<metric>/<sub-score>`` (the one separator of :mod:`
   with ``alignment=True`` also ``alignment`` = {tokens (SOS..EOS), best_frame, similarity, weight}.
 - ``clip_s`` / ``pac_s``: ``clip_s`` / ``pac_s`` (and ``ref_clip_s`` / ``ref_pac_s`` with references).
 - ``hallucination``: ``hallucination``, the penalty of
-  :class:`~capreward.rewards.hallucination.HallucinationPenalty` in [-1, 0] (0: every content word of the
+  :class:`~capreward.scorers.hallucination.Hallucination` in [-1, 0] (0: every content word of the
   caption has a matching frame; -1: none has; more negative is worse), and ``hallucination/flagged``,
   the positions of the flagged tokens in the caption's token list, the same list as ``alignment.tokens``
   (SOS at 0), which ``capreward report`` outlines. With ``alignment=True`` and no ``emscore`` runner it
@@ -44,16 +44,22 @@ from typing import Callable
 from ..backbones.clip_loading import DEFAULT_CLIP
 from ..media.errors import MediaError
 from ..media.images import describe
-from ..names import METRICS as NAMES
+from .. import registry
 from ..names import spelling, sub_score
 from .row_inputs import HASH_FIELD, visual_digest
 from .manifest import ManifestRow
 
 logger = logging.getLogger(__name__)
 
-METRICS = NAMES  # every metric, by its one name (capreward.names)
-#: Metrics computed on the shared CLIP backbone.
-CLIP_METRICS = ("emscore", "clip_s", "hallucination")
+
+
+def __getattr__(name: str):
+    # the tuples this module exported before the registry, now read from it
+    if name == "METRICS":  # every metric, by its one name
+        return registry.names()
+    if name == "CLIP_METRICS":  # metrics computed on the shared CLIP backbone
+        return registry.sharing("clip")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass
@@ -69,7 +75,7 @@ class ScoreOptions:
     judge_top_logprobs_cap: int = 20  # the most top_logprobs the server serves (vLLM --max-logprobs)
     gveval_mode: str = "ref-free"  # ref-free | ref-only | combined
     gveval_accr: bool = False  # the four ACCR dimensions (video rows only)
-    hallucination_threshold: float | None = None  # None: capreward.rewards.hallucination.DEFAULT_THRESHOLD
+    hallucination_threshold: float | None = None  # None: capreward.scorers.hallucination.DEFAULT_THRESHOLD
     device: str = "cpu"
     precision: str | None = None
     batch_size: int = 64
@@ -82,9 +88,12 @@ class ScoreOptions:
 
     def __post_init__(self):
         self.metrics = [spelling(m) for m in self.metrics]  # "clip-s", "clipscore" are "clip_s"
-        unknown = [m for m in self.metrics if m not in METRICS]
+        known = registry.names()
+        unknown = [m for m in self.metrics if m not in known]
         if unknown:
-            raise ValueError(f"unknown metrics {unknown}; choose from {list(METRICS)}")
+            near = {m: registry.suggest(m) for m in unknown}
+            hint = "".join(f" (did you mean {' or '.join(map(repr, n))} for {m!r}?)" for m, n in near.items() if n)
+            raise ValueError(f"unknown metrics {unknown}{hint}; choose from {list(known)}")
 
     @property
     def remote_judge(self) -> bool:
@@ -106,7 +115,7 @@ class ManifestScorer:
         self._runners: dict[str, Callable[[list[ManifestRow]], list[dict]]] = {}
         self._judge = None  # the local LLaVA judge, loaded on first use (see _local_judge)
         self._chat = None  # the chat backend of visce2/gveval (see _chat_backend)
-        if backbone is None and set(CLIP_METRICS) & set(options.metrics):
+        if backbone is None and set(registry.sharing("clip")) & set(options.metrics):
             from ..backbones.clip import CLIPBackbone
 
             backbone = CLIPBackbone(options.clip_model, device=options.device, precision=options.precision)
@@ -168,10 +177,10 @@ class ManifestScorer:
         return self._clip_like(scorer, "pac_s")
 
     def _build_hallucination(self, backbone):
-        from ..rewards.hallucination import DEFAULT_THRESHOLD, HallucinationPenalty
+        from ..scorers.hallucination import DEFAULT_THRESHOLD, Hallucination
 
         threshold = self.options.hallucination_threshold
-        penalty = HallucinationPenalty(
+        penalty = Hallucination(
             backbone=backbone, idf=self.idf, idf_default=self.options.idf_default, frames=self.options.frames,
             batch_size=self.options.batch_size, threshold=DEFAULT_THRESHOLD if threshold is None else threshold,
         )
@@ -243,13 +252,11 @@ class ManifestScorer:
         from ..scorers.visce2 import VisCE2
 
         scorer = VisCE2(self._chat_backend(), **self._tree())
+        spec = registry.get("visce2")
 
         def run(rows: list[ManifestRow]) -> list[dict]:
-            out: list[dict] = [
-                {} if r.kind == "image" else {"_error": "VisCE² scores images only (its visual context describes one image)"}
-                for r in rows
-            ]
-            idx = [i for i, r in enumerate(rows) if r.kind == "image"]
+            out: list[dict] = [{} if (e := visual_refused(spec, {}, r.kind)) is None else {"_error": e} for r in rows]
+            idx = [i for i, r in enumerate(rows) if not out[i]]
             if not idx:
                 return out
             res = scorer.score([rows[i].caption for i in idx], [rows[i].path for i in idx])
@@ -266,12 +273,12 @@ class ManifestScorer:
         return run
 
     def _build_gveval(self, backbone):
-        from ..metrics.gveval import ACCR_MARKERS
         from ..scorers.gveval import GVEval
 
         mode, accr = self.options.gveval_mode, self.options.gveval_accr
         scorer = GVEval(self._chat_backend(), mode=mode, accr=accr, **self._tree())
-        needs_refs = mode != "ref-free"
+        spec, config = registry.get("gveval"), {"mode": mode, "accr": accr}
+        needs_refs = spec.references_for(config) == "required"
 
         def run(rows: list[ManifestRow]) -> list[dict]:
             out: list[dict] = [{} for _ in rows]
@@ -281,9 +288,9 @@ class ManifestScorer:
                     if r.kind != kind:
                         continue
                     if needs_refs and not r.references:
-                        out[i] = {"_error": f"G-VEval mode {mode!r} needs references; the row has none"}
-                    elif accr and kind == "image":
-                        out[i] = {"_error": "G-VEval's ACCR prompts are for videos only; score images without --gveval-accr"}
+                        out[i] = {"_error": f"{spec.title} mode {mode!r} needs references; the row has none"}
+                    elif (refused := visual_refused(spec, {"accr": accr}, kind)) is not None:
+                        out[i] = {"_error": f"{refused}; score {kind}s without --gveval-accr"}
                     else:
                         idx.append(i)
                 if not idx:
@@ -296,8 +303,8 @@ class ManifestScorer:
                         out[i] = {"_error": visual}
                         continue
                     out[i] = {"gveval": finite_or_none(float(res.score[pos])), sub_score("gveval", "raw"): res.raw[pos]}
-                    if accr:
-                        for name in ACCR_MARKERS:
+                    for name in spec.sub_scores_for(config):
+                        if name != "raw":  # the ACCR dimensions, with accr
                             out[i][sub_score("gveval", name)] = finite_or_none(float(getattr(res, name)[pos]))
                     if res.error[pos]:
                         out[i]["_error"] = res.error[pos]
@@ -341,6 +348,17 @@ def base_fields(row: ManifestRow) -> dict:
     out[HASH_FIELD] = visual_digest(row.path)  # a resume refuses the row if its visual changes
     out.update(row.extra)
     return out
+
+
+def visual_refused(spec, config: dict, kind: str) -> str | None:
+    """Why ``spec``'s metric (configured by ``config``) does not score a ``kind`` visual, or None: the
+    visual kinds are read from the spec."""
+    kinds = spec.visual_kinds(config)
+    if kind in kinds:
+        return None
+    with_config = "" if spec.visual_kinds() == kinds else " with " + ", ".join(f"{k}={v!r}" for k, v in config.items()
+                                                                              if v is not False)
+    return f"{spec.title} scores {' and '.join(k + 's' for k in kinds)} only{with_config}"
 
 
 def row_groups(rows: list[ManifestRow], with_references: bool = True):

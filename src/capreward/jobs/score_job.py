@@ -5,11 +5,13 @@ progress (rate and ETA) on stderr. A disk error on any of the job's files is one
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
 from tqdm import tqdm
 
+from .. import registry
 from .idf_file import choose_idf, job_idf
 from .manifest import ManifestRow, read_manifest
 from .output_lock import exclusive_output
@@ -19,8 +21,14 @@ from .runners import ManifestScorer, ScoreOptions
 from .safe_files import check_job_file
 from .settings_file import job_settings
 
-#: Metrics that weigh tokens by idf (they share the job's one idf table).
-IDF_METRICS = ("emscore", "hallucination")
+
+
+def __getattr__(name: str):
+    if name == "IDF_METRICS":  # metrics that weigh tokens by idf (they share the job's one idf table)
+        from .. import registry
+
+        return registry.using_idf()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def batches(rows: list[ManifestRow], size: int):
@@ -98,14 +106,15 @@ def run_job(manifest: str | Path, out: str | Path, options: ScoreOptions, idf: s
 
             return idf_from_rows(backbone().context_rows(corpus), backbone().eot_id)
 
-        if set(IDF_METRICS) & set(options.metrics):
+        if set(registry.using_idf()) & set(options.metrics):
             has_results = Path(out).is_file() and Path(out).stat().st_size > 0  # after a torn line's repair
             choice = choose_idf(idf, rows, manifest)
             table = job_idf(out, choice, has_results=has_results, compute=compute_idf,
                             clip_model=str(options.clip_model))
             idf_source = choice.source
-            options.idf_weights = None if table is None else table.weights
-            options.idf_default = None if table is None else table.default
+            # the job's own copy: the caller's ScoreOptions is never written to
+            options = dataclasses.replace(options, idf_weights=None if table is None else table.weights,
+                                          idf_default=None if table is None else table.default)
         if engine == "local":
             written = run_local(todo, options, out, progress, backbone=clip[0] if clip else None)
         else:

@@ -32,13 +32,12 @@ from typing import Any, Mapping
 
 from ..names import SEP
 from .errors import JobError
-from .runners import CLIP_METRICS, ScoreOptions
+from .. import registry
+from .runners import ScoreOptions
 
 logger = logging.getLogger(__name__)
 
 RECORD_FORMAT = "capreward-settings/1"
-#: Judge metrics that may run on an OpenAI-compatible server instead of the local LLaVA.
-CHAT_METRICS = ("visce2", "gveval")
 #: A "model folder" with more files than this is refused (see model_identity): a listing stays bounded.
 MAX_MODEL_FILES = 10_000
 
@@ -121,19 +120,22 @@ def scoring_settings(options: ScoreOptions) -> dict[str, Any]:
     """
     used = set(options.metrics)
     settings: dict[str, Any] = {"metrics": sorted(used)}
-    if used & set(CLIP_METRICS):
+    on_clip = set(registry.on_backbone("clip")) & used
+    if used & set(registry.sharing("clip")):
         settings["clip_model"] = model_identity(options.clip_model, open_clip=True)
-    if "pac_s" in used:
+    if on_clip - set(registry.sharing("clip")):  # a CLIP of its own: PAC-S's checkpoint
         settings["pac_model"] = model_identity(options.pac_model, open_clip=True) if options.pac_model else None
-    if used & {*CLIP_METRICS, "pac_s"}:
+    if on_clip:
         settings["precision"] = options.precision or "fp32"
         settings["frames"] = options.frames if options.frames is not None else 0
-    if "fleur" in used or (used & set(CHAT_METRICS) and not options.remote_judge):
+    chat = set(registry.on_judge_backend())  # judge metrics that may run on a server instead of the local LLaVA
+    local_only = set(registry.on_backbone("chat_judge")) - chat
+    if used & local_only or (used & chat and not options.remote_judge):
         from ..judges.loading import resolve_device, resolve_dtype
 
         settings["judge_model"] = model_identity(options.judge_model)
         settings["judge_dtype"] = str(resolve_dtype(None, resolve_device(options.device))).removeprefix("torch.")
-    if used & set(CHAT_METRICS) and options.remote_judge:
+    if used & chat and options.remote_judge:
         from ..judges.remote import DEFAULT_API_MODEL
 
         settings["judge_base_url"] = options.judge_base_url  # None: OpenAI's API
@@ -142,7 +144,7 @@ def scoring_settings(options: ScoreOptions) -> dict[str, Any]:
         settings["gveval_mode"] = options.gveval_mode
         settings["gveval_accr"] = bool(options.gveval_accr)
     if "hallucination" in used:
-        from ..rewards.hallucination import DEFAULT_THRESHOLD
+        from ..scorers.hallucination import DEFAULT_THRESHOLD
 
         threshold = options.hallucination_threshold
         settings["hallucination_threshold"] = float(DEFAULT_THRESHOLD if threshold is None else threshold)

@@ -21,8 +21,20 @@ from .judgments import JudgmentError, Judgments, normalize_caption, visual_alias
 from .readers import read_jsonl_objects
 
 VISUAL_FIELDS = ("image", "video", "image_id", "video_id")
-# Fields ``capreward score`` writes, tried in this order when the row has no ``score``.
-KNOWN_METRICS = ("emscore", "clip_s", "pac_s", "fleur", "ref_clip_s", "ref_pac_s", "gveval", "visce2")
+
+
+def known_metrics() -> tuple[str, ...]:
+    """Fields ``capreward score`` writes for the metrics (:func:`capreward.registry.result_fields`), tried
+    when the row has no ``score``."""
+    from .. import registry
+
+    return registry.result_fields()
+
+
+def __getattr__(name: str):
+    if name == "KNOWN_METRICS":  # the tuple this module exported before the registry
+        return known_metrics()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass
@@ -51,7 +63,7 @@ def pick_field(row: dict, where: str) -> str:
     """The default score field of a row: ``score``, else the single metric ``capreward score`` wrote."""
     if "score" in row:
         return "score"
-    present = [m for m in KNOWN_METRICS if m in row]
+    present = [m for m in known_metrics() if m in row]
     if len(present) == 1:
         return present[0]
     numeric = sorted(k for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool))

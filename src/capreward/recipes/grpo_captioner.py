@@ -47,14 +47,20 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from transformers import TrainerCallback
 
+from .. import registry
 from .._extras import require
 
 for _module in ("trl", "datasets"):  # fail at import, naming the extra, rather than deep inside train()
     require("recipes", _module, used_by="the GRPO recipe (capreward.recipes.grpo_captioner)")
 
 # ----------------------------------------------------------------------------------------- rewards
-REWARD_NAMES = ("emscore", "clip_s", "pac_s", "fleur", "visce2", "gveval", "hallucination")  # capreward.names' one name of each
-DEFAULT_REWARDS = "emscore:1.0,clip_s:0.5,hallucination:0.5"
+DEFAULT_REWARDS = "emscore=1.0,clip_s=0.5,hallucination=0.5"
+
+
+def __getattr__(name: str):
+    if name == "REWARD_NAMES":  # every metric of capreward.registry, in its order
+        return registry.names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 TINY_WORDS = (
     "a", "an", "the", "of", "in", "is", "on", "image", "photo", "picture", "video", "frame", "colour",
     "red", "green", "blue", "yellow", "purple", "orange", "white", "black", "gray", "Describe", "describe",
@@ -62,36 +68,18 @@ TINY_WORDS = (
 
 
 def parse_rewards(spec: str) -> list[tuple[str, float]]:
-    """``"emscore:1,clip_s:0.5"`` -> ``[("emscore", 1.0), ("clip_s", 0.5)]`` (a bare name weighs 1; the
-    aliases of :mod:`capreward.names`, such as ``clipscore``, are accepted for their one name).
+    """``"emscore=1,clip_s=0.5"`` -> ``[("emscore", 1.0), ("clip_s", 0.5)]`` (a bare name weighs 1;
+    ``name:weight`` is accepted too; the registry's aliases, such as ``clipscore``, are accepted for their
+    one name): :func:`capreward.terms.parse_weighted_terms`.
 
     Raises ValueError naming the bad entry (unknown reward, bad or non-finite weight, duplicates)."""
-    from capreward.names import spelling
+    from capreward.terms import parse_weighted_terms
 
-    out: list[tuple[str, float]] = []
-    for part in (p.strip() for p in spec.split(",")):
-        if not part:
-            continue
-        name, _, weight = part.partition(":")
-        name = spelling(name)
-        if name not in REWARD_NAMES:
-            raise ValueError(f"unknown reward {name!r} in --rewards {spec!r}; choose from {REWARD_NAMES}")
-        try:
-            w = float(weight) if weight else 1.0
-        except ValueError:
-            raise ValueError(f"bad weight {weight!r} for reward {name!r} in --rewards {spec!r}") from None
-        if not math.isfinite(w):
-            raise ValueError(f"weight of {name!r} must be finite, got {weight!r}")
-        if name in {n for n, _ in out}:
-            raise ValueError(f"reward {name!r} given twice in --rewards {spec!r}")
-        out.append((name, w))
-    if not out:
-        raise ValueError("--rewards names no reward")
-    return out
+    return parse_weighted_terms(spec, what="reward", where=f" in --rewards {spec!r}")
 
 
 def build_reward(name: str, args: argparse.Namespace, clip: Any, judge: Any) -> Any:
-    """One capreward reward callable (TRL contract) for ``name`` of :data:`REWARD_NAMES`."""
+    """One capreward reward callable (TRL contract) for ``name``, a metric of :mod:`capreward.registry`."""
     from capreward import rewards
 
     if name == "emscore":
@@ -510,7 +498,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--video-as", choices=("composite", "middle"), default="composite", help="what the policy sees of a video")
     g.add_argument("--frames", type=int, default=8, help="frames per video for the rewards")
     g = p.add_argument_group("rewards")
-    g.add_argument("--rewards", default=DEFAULT_REWARDS, help=f"name:weight list from {REWARD_NAMES}")
+    g.add_argument("--rewards", default=DEFAULT_REWARDS, help=f"name=weight list (name:weight accepted) from {', '.join(registry.names())}")
     g.add_argument("--clip-w", type=float, default=2.5, help="CLIP-S scale w")
     g.add_argument("--combine", choices=("composite", "trl"), default="composite",
                    help="one CompositeReward with guards, or each reward to TRL separately (TRL's weighted sum)")

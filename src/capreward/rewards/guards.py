@@ -26,7 +26,7 @@ from typing import Any, Mapping
 
 from ..caption_reading import as_read
 from ..judges.injection import injection_reason
-from .support import STOP_WORDS
+from ..metrics.token_support import STOP_WORDS
 
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
 TERMINAL_PUNCTUATION = (
@@ -90,7 +90,7 @@ def word_repetition_penalty(text: str) -> float:
     """Minus the fraction of the caption's words that repeat a word: a word equal to the word just
     before it ("image image", "a blue blue"; not in the scripts written without spaces, where doubled
     characters are ordinary), and every occurrence after the first of a content word (not a
-    :data:`~capreward.rewards.support.STOP_WORDS` function word) that occurs :data:`KEYWORD_REPEATS`
+    :data:`~capreward.metrics.token_support.STOP_WORDS` function word) that occurs :data:`KEYWORD_REPEATS`
     times or more ("a red dog, red cat, red car, red sky, red sea, red hat.": 5 of 13 words). In
     [-1, 0]; 0 for an empty caption."""
     w = words(text)

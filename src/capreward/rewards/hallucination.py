@@ -1,6 +1,6 @@
 """A penalty for caption words the visuals do not support, from EMScore's token→frame matching.
 
-For each content token of the caption (see :func:`~capreward.rewards.support.content_mask`), EMScore's
+For each content token of the caption (see :func:`~capreward.metrics.token_support.content_mask`), EMScore's
 fine-grained matching gives the cosine similarity of its CLIP token embedding to the best-matching
 frame. Tokens below ``threshold`` are "unsupported"; the penalty is minus their (idf-)weighted
 fraction, in [-1, 0]: 0 when every content word finds a matching frame, -1 when none does.
@@ -21,8 +21,8 @@ token "blue" has seen five reds and matches a red frame. So each content word is
 (``context_free``, default on: the word encoded as a caption of its own) and its similarity is the lower
 of the two, so a wrong word is flagged wherever it stands.
 
-What is never content: function words (:data:`~capreward.rewards.support.STOP_WORDS`, or low idf) and
-generic words that name the medium or nothing (:data:`~capreward.rewards.support.GENERIC_WORDS`:
+What is never content: function words (:data:`~capreward.metrics.token_support.STOP_WORDS`, or low idf) and
+generic words that name the medium or nothing (:data:`~capreward.metrics.token_support.GENERIC_WORDS`:
 "image", "picture", "photo", "something"), which no visual supports or contradicts. A caption with no
 content word at all ("a", "image", "a picture.") says nothing the visual supports: it gets
 ``empty_penalty`` (default -0.5), between a caption whose words are all supported (0) and one whose
@@ -37,28 +37,13 @@ behaviour with the latter on colour-tinted frames of the sample clips.
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from typing import Any, Iterable, Sequence
 
+from ..metrics.token_support import GENERIC_WORDS, STOP_WORDS, SupportReport
 from ..scorers.emscore import EMScore, TokenAlignment
+from ..scorers.hallucination import (DEFAULT_EMPTY_PENALTY, DEFAULT_IDF_THRESHOLD, DEFAULT_THRESHOLD, Hallucination)
+from ..scorers.hallucination import Adjusted as _Adjusted  # noqa: F401  (its name before the scorer existed)
 from .base import CaptionReward, GroupScores
-from .support import GENERIC_WORDS, STOP_WORDS, SupportReport, content_mask, quantile_threshold, support_report
-
-#: Starting threshold on token→frame cosine similarity; uncalibrated, call ``calibrate`` on your data.
-DEFAULT_THRESHOLD = 0.2
-#: With an idf corpus, tokens with idf <= ln 2 (in more than about half the captions) are function words.
-DEFAULT_IDF_THRESHOLD = math.log(2.0)
-#: The penalty of a caption without a content word: half of the all-wrong caption's.
-DEFAULT_EMPTY_PENALTY = -0.5
-
-
-class _Adjusted(list):
-    """Alignments with context-free similarities, keeping the scorer's per-candidate ``truncated`` and its
-    own (contextual) alignments as ``contextual``."""
-
-    truncated: list[bool]
-    contextual: list
 
 
 class HallucinationPenalty(CaptionReward):
@@ -130,75 +115,30 @@ class HallucinationPenalty(CaptionReward):
         return (-1.0, 0.0)
 
     # ------------------------------------------------------------------ analysis
+    def analysis(self) -> Hallucination:
+        """The `Hallucination` scorer on this reward's EMScore, with
+        its current settings (``threshold`` ...)."""
+        return Hallucination(
+            self.scorer, threshold=self.threshold, idf_threshold=self.idf_threshold, stop_words=self.stop_words,
+            generic_words=self.generic_words, empty_penalty=self.empty_penalty, context_free=self.context_free,
+            idf_weighting=self.idf_weighting,
+        )
+
     def _uses_idf(self) -> bool:
         return self.scorer.idf_table is not None
 
     def report_for(self, alignment: TokenAlignment, threshold: float | None = None) -> SupportReport:
         """The `SupportReport` of one caption's alignment at ``threshold`` (default: the current one)."""
-        use_idf = self._uses_idf()
-        content = self._content(alignment)
-        weights = alignment.weight if (use_idf and self.idf_weighting) else None
-        return support_report(
-            alignment.tokens, alignment.similarity, self.threshold if threshold is None else threshold, content, weights,
-            empty_penalty=self.empty_penalty,
-        )
+        return self.analysis().report_for(alignment, threshold)
 
     def _content(self, alignment: TokenAlignment) -> list[bool]:
-        use_idf = self._uses_idf()
-        idf_threshold = (self.idf_threshold if self.idf_threshold is not None else DEFAULT_IDF_THRESHOLD) if use_idf else None
-        return content_mask(alignment.tokens, alignment.weight, idf_threshold, self.stop_words, self.generic_words)
+        return self.analysis().content(alignment)
 
     def alignments(
         self, captions: Sequence[str], visuals: Sequence[Any], kind: str = "video", ids: Sequence[str | None] | None = None
     ) -> list[TokenAlignment]:
         """EMScore's token→frame alignment of each caption with its visual (``kind`` "video" or "image")."""
-        if kind not in ("video", "image"):
-            raise ValueError(f"kind must be 'video' or 'image', got {kind!r}")
-        result = self.scorer.score(
-            list(captions),
-            videos=visuals if kind == "video" else None,
-            images=visuals if kind == "image" else None,
-            video_ids=ids,
-        )
-        if not self.context_free:
-            return result.alignment
-        adjusted = _Adjusted(self._context_free(list(result.alignment), visuals, kind, ids))
-        adjusted.truncated = list(getattr(result.alignment, "truncated", [False] * len(adjusted)))
-        adjusted.contextual = list(result.alignment)  # EMScore's own alignment, for writers that show it
-        return adjusted
-
-    def _context_free(
-        self, alignments: list[TokenAlignment], visuals: Sequence[Any], kind: str, ids: Sequence[str | None] | None
-    ) -> list[TokenAlignment]:
-        """``alignments`` with each content token's similarity lowered to its similarity when encoded
-        alone (one scorer call for every distinct (word, visual) pair of the batch)."""
-        pairs: dict[tuple[str, int], int] = {}
-        for i, a in enumerate(alignments):
-            for j, is_content in enumerate(self._content(a)):
-                if is_content:
-                    pairs.setdefault((a.tokens[j].strip(), i), len(pairs))
-        if not pairs:
-            return alignments
-        order = list(pairs)
-        alone = self.scorer.score(
-            [word for word, _ in order],
-            videos=[visuals[i] for _, i in order] if kind == "video" else None,
-            images=[visuals[i] for _, i in order] if kind == "image" else None,
-            video_ids=None if ids is None else [ids[i] for _, i in order],
-        ).alignment
-        single: list[float] = []
-        for k in range(len(order)):
-            a = alone[k]
-            sims = [s for t, s in zip(a.tokens, a.similarity) if any(ch.isalpha() for ch in t) and t not in ("<sos>", "<eos>")]
-            single.append(min(sims) if sims else math.inf)
-        out = []
-        for i, a in enumerate(alignments):
-            sims = list(a.similarity)
-            for j, is_content in enumerate(self._content(a)):
-                if is_content:
-                    sims[j] = min(float(sims[j]), single[pairs[(a.tokens[j].strip(), i)]])
-            out.append(dataclasses.replace(a, similarity=sims))
-        return out
+        return self.analysis().alignments(captions, visuals, kind, ids)
 
     def reports(
         self, captions: Sequence[str], visuals: Sequence[Any], kind: str = "video", ids: Sequence[str | None] | None = None
@@ -213,10 +153,7 @@ class HallucinationPenalty(CaptionReward):
         """Set ``threshold`` to the ``quantile`` of the content-token similarities of ``captions``, which
         must be known-good descriptions of their ``visuals`` (so about that fraction of correct content
         words will be flagged). Returns the new threshold."""
-        sims: list[float] = []
-        for alignment in self.alignments(captions, visuals, kind):
-            sims.extend(self.report_for(alignment).similarity)
-        self.threshold = quantile_threshold(sims, quantile)
+        self.threshold = self.analysis().calibrate(captions, visuals, kind, quantile)
         return self.threshold
 
     # ------------------------------------------------------------------- reward

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from ..scorers.partial import references_problem
+from ..scorers.bad_items import references_problem
 
 #: Keyword arguments TRL adds that are not dataset columns.
 TRL_CONTROL_KWARGS = ("trainer_state", "log_extra", "log_metric", "environments")
@@ -131,7 +131,7 @@ def _references(value: Any, index: int, column: str) -> tuple[list[str] | None, 
     """A sample's references as a list of non-empty strings (a str becomes [str]), None when it has
     none (``None``), or an error: an empty list, a blank or non-str entry, or another type is refused
     as the scorers and ``capreward score`` refuse it
-    (:func:`~capreward.scorers.partial.references_problem`), never read as "no references", which
+    (:func:`~capreward.scorers.bad_items.references_problem`), never read as "no references", which
     would score the sample with another metric."""
     if value is None:
         return None, None

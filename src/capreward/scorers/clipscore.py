@@ -23,7 +23,7 @@ from ..backbones.windows import check_long_captions
 from ..media import DEFAULT_FRAMES
 from ..metrics.clipscore import clip_s, ref_clip_s, reference_similarity
 from ..metrics.emscore import pad_stack, video_embedding
-from .partial import check_error_mode, score_valid
+from .bad_items import check_error_mode, score_valid
 from .validation import check_captions, check_references, check_same_length
 
 CLIPS_PREFIX = "A photo depicts "
@@ -116,7 +116,7 @@ class CLIPScore:
 
         ``errors="raise"`` (default): a bad item (empty caption, unreadable visual) raises, naming it.
         ``errors="nan"``: bad items get NaN and their reason in ``result.errors[i]``; the others are
-        scored exactly as alone (see `capreward.scorers.partial`)."""
+        scored exactly as alone (see `capreward.scorers.bad_items`)."""
         check_error_mode(errors)
         if errors == "nan":
             if (images is None) == (videos is None):

@@ -12,7 +12,7 @@ import functools
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence, overload
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -24,55 +24,11 @@ from ..names import sub_score
 from ..metrics.emscore import FineMatch, coarse_score, greedy_match, pad_stack, video_embedding
 from ..metrics.harmonic import harmonic_mean as harmonic_mean_named
 from ..metrics.idf import IdfTable, idf_from_mapping, idf_from_rows
-from .partial import check_error_mode, score_valid
-from .results import MatchScores
+from .bad_items import check_error_mode, score_valid
+from .results import Alignments, MatchScores, TokenAlignment  # noqa: F401  (imported from here before)
 from .validation import check_captions, check_references, check_same_length
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class TokenAlignment:
-    """For one candidate: its tokens (SOS..EOS) and, per token, the best-matching frame (Figure 7 of
-    the paper), that cosine similarity, and the token's idf weight."""
-
-    tokens: list[str]
-    token_ids: list[int]
-    best_frame: list[int]
-    similarity: list[float]
-    weight: list[float]
-
-
-class Alignments(Sequence[TokenAlignment]):
-    """The per-candidate :class:`TokenAlignment` list, each built on first access: a reward that only
-    reads scores never pays for decoding tokens to text. (With ``errors="nan"``, unscored items read as
-    None.) ``truncated[i]``: whether candidate i was cut to the text context (``long_captions="truncate"``)."""
-
-    def __init__(self, n: int, build: Callable[[int], TokenAlignment], truncated: Sequence[bool] | None = None):
-        self._items: list[TokenAlignment | None] = [None] * n
-        self._build = build
-        self.truncated = list(truncated) if truncated is not None else [False] * n
-
-    @overload
-    def __getitem__(self, i: int) -> TokenAlignment: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[TokenAlignment]: ...
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        if not -len(self) <= i < len(self):
-            raise IndexError(f"alignment index {i} out of range for {len(self)} candidates")
-        i %= len(self)
-        if self._items[i] is None:
-            self._items[i] = self._build(i)
-        return self._items[i]  # type: ignore[return-value]
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __repr__(self) -> str:
-        return f"Alignments({len(self)} candidates)"
 
 
 @dataclass
@@ -228,7 +184,7 @@ class EMScore:
         ``errors="raise"`` (default): a bad item (empty caption, unreadable visual) raises, naming it.
         ``errors="nan"``: bad items get NaN in every score (None alignment) and their reason in
         ``result.errors[i]``; the others are scored as they would be alone (see
-        `capreward.scorers.partial`; with ``idf="batch"`` the corpus is the scorable items')."""
+        `capreward.scorers.bad_items`; with ``idf="batch"`` the corpus is the scorable items')."""
         check_error_mode(errors)
         if errors == "nan":
             if videos is not None and images is not None:

@@ -44,7 +44,7 @@ from ..media import MediaError, load_image
 from ..media.composite import video_composite
 from ..metrics.gveval import ACCR_MARKERS, OVERALL_MARKER, answer_regex, expected_score, parse_marked_score
 from .remote_numbers import DEFAULT_TOLERANCE, TREE_TOP_LOGPROBS, check_tolerance
-from .partial import references_problem
+from .bad_items import references_problem
 from .vlm_common import is_exact_backend, score_distributions
 
 log = logging.getLogger(__name__)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Callable, Sequence, overload
 
 import torch
 
@@ -37,3 +38,47 @@ class MatchScores:
     def row(self, i: int) -> dict[str, float]:
         """Sample ``i``'s components as plain floats."""
         return {name: float(t[i]) for name, t in self.as_dict().items()}
+
+
+@dataclass
+class TokenAlignment:
+    """For one candidate: its tokens (SOS..EOS) and, per token, the best-matching frame (Figure 7 of
+    the paper), that cosine similarity, and the token's idf weight."""
+
+    tokens: list[str]
+    token_ids: list[int]
+    best_frame: list[int]
+    similarity: list[float]
+    weight: list[float]
+
+
+class Alignments(Sequence[TokenAlignment]):
+    """The per-candidate :class:`TokenAlignment` list, each built on first access: a reward that only
+    reads scores never pays for decoding tokens to text. (With ``errors="nan"``, unscored items read as
+    None.) ``truncated[i]``: whether candidate i was cut to the text context (``long_captions="truncate"``)."""
+
+    def __init__(self, n: int, build: Callable[[int], TokenAlignment], truncated: Sequence[bool] | None = None):
+        self._items: list[TokenAlignment | None] = [None] * n
+        self._build = build
+        self.truncated = list(truncated) if truncated is not None else [False] * n
+
+    @overload
+    def __getitem__(self, i: int) -> TokenAlignment: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[TokenAlignment]: ...
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"alignment index {i} out of range for {len(self)} candidates")
+        i %= len(self)
+        if self._items[i] is None:
+            self._items[i] = self._build(i)
+        return self._items[i]  # type: ignore[return-value]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __repr__(self) -> str:
+        return f"Alignments({len(self)} candidates)"

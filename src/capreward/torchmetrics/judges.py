@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .tm_metrics import CaptionMetric
+from .metrics import CaptionMetric
 
 
 def _scored(score: torch.Tensor) -> torch.Tensor:

@@ -83,12 +83,12 @@ from typing import Any, Sequence
 
 from .batching import Busy, DynamicBatcher
 from .connections import ConnectionSlots, peer_of
-from .json_limits import JSONLimitError, JSONLimits
-from .json_limits import check as check_json
-from .json_limits import loads as loads_json
-from .labels import Label, LabelError, parse_label
-from .paths import MediaPaths
-from .scoring import ScoredBatch, concat_batches, resolve_fallback, score_labelled
+from ..adapters.json_limits import JSONLimitError, JSONLimits
+from ..adapters.json_limits import check as check_json
+from ..adapters.json_limits import loads as loads_json
+from ..adapters.labels import Label, LabelError, parse_label
+from ..adapters.paths import MediaPaths
+from ..adapters.scoring import ScoredBatch, concat_batches, resolve_fallback, score_labelled
 
 logger = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from .labels import Label
-from .scoring import ScoredBatch
+from ..adapters.labels import Label
+from ..adapters.scoring import ScoredBatch
 
 
 class Busy(Exception):

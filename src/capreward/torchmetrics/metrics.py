@@ -46,10 +46,10 @@ from ..judges.caller_text import is_blank
 from ..media import DEFAULT_FRAMES
 from ..names import sub_score
 from ..caption_reading import as_read
-from .sources import as_captions, as_references, per_visual
-from .sources import per_sample as split_per_sample
-from .distributed import is_distributed
-from .summary import NO_ID, CaptionScores, check_ids, nanmean, summarize
+from ..callbacks.sources import as_captions, as_references, per_visual
+from ..callbacks.sources import per_sample as split_per_sample
+from ..callbacks.distributed import is_distributed
+from ..callbacks.summary import NO_ID, CaptionScores, check_ids, nanmean, summarize
 
 logger = logging.getLogger(__name__)
 

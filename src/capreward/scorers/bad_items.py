@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..media import MediaError
+from .results import Alignments
 
 ERROR_MODES = ("raise", "nan")
 
@@ -71,8 +72,6 @@ def visual_problems(
 def scatter(result: Any, keep: list[int], n: int) -> Any:
     """A copy of ``result`` (a dataclass of per-item tensors, nested dataclasses and lists, for the
     items ``keep``) with every per-item field widened to ``n`` items: NaN / None / False elsewhere."""
-    from .emscore import Alignments  # (emscore imports this module)
-
     values = {}
     for f in dataclasses.fields(result):
         v = getattr(result, f.name)

@@ -1,0 +1,204 @@
+"""The hallucination penalty as a scorer: caption words the visuals do not support, from EMScore's
+token→frame matching.
+
+For each content token of the caption (see :func:`~capreward.metrics.token_support.content_mask`),
+EMScore's fine-grained matching gives the cosine similarity of its CLIP token embedding to the
+best-matching frame. Tokens below ``threshold`` are "unsupported"; the penalty is minus their
+(idf-)weighted fraction, in [-1, 0]: 0 when every content word finds a matching frame, -1 when none does.
+The design (calibration, foils, context-free reading, generic words, the empty caption's penalty) is
+described in :mod:`capreward.rewards.hallucination`, whose reward wraps this scorer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from ..metrics.token_support import (GENERIC_WORDS, STOP_WORDS, SupportReport, content_mask, quantile_threshold,
+                                     support_report)
+from .emscore import EMScore, TokenAlignment
+
+#: Starting threshold on token→frame cosine similarity; uncalibrated, call ``calibrate`` on your data.
+DEFAULT_THRESHOLD = 0.2
+#: With an idf corpus, tokens with idf <= ln 2 (in more than about half the captions) are function words.
+DEFAULT_IDF_THRESHOLD = math.log(2.0)
+#: The penalty of a caption without a content word: half of the all-wrong caption's.
+DEFAULT_EMPTY_PENALTY = -0.5
+
+
+class Adjusted(list):
+    """Alignments with context-free similarities, keeping the scorer's per-candidate ``truncated`` and its
+    own (contextual) alignments as ``contextual``."""
+
+    truncated: list[bool]
+    contextual: list
+
+
+@dataclass
+class HallucinationResult:
+    """Per caption: ``penalty`` in [-1, 0], its :class:`~capreward.metrics.token_support.SupportReport`
+    (content tokens, similarities, which are flagged, ``flagged_index``: their positions in the alignment's
+    token list, SOS at 0) and the alignment it was read from (context-free similarities with
+    ``context_free``; ``alignments.contextual`` holds EMScore's own)."""
+
+    penalty: list[float]
+    reports: list[SupportReport]
+    alignments: list[TokenAlignment]
+
+    @property
+    def truncated(self) -> list[bool]:
+        return list(getattr(self.alignments, "truncated", [False] * len(self.alignments)))
+
+
+class Hallucination:
+    """The hallucination penalty of captions against their visuals.
+
+    Args:
+        emscore: the :class:`~capreward.scorers.emscore.EMScore` whose alignment is read (else one is built
+            from ``emscore_options``: ``model``, ``device``, ``idf``, ``idf_default``, ``frames``,
+            ``batch_size``, ``backbone``, ...; ``idf="batch"`` is refused: a penalty would depend on its batch).
+        threshold: similarity below which a content token is unsupported (see :meth:`calibrate`).
+        idf_threshold: with idf, tokens whose idf weight is at most this are function words (default ln 2);
+            without idf, :data:`~capreward.metrics.token_support.STOP_WORDS` decides.
+        stop_words: the function-word list used without idf.
+        generic_words: words never counted as content ("image", "picture", "photo", ...).
+        empty_penalty: the penalty of a caption without a content word, in [-1, 0] (default -0.5).
+        context_free: also judge each content word encoded alone and keep the lower similarity.
+        idf_weighting: weigh tokens by their idf weight (only with idf); else every content token counts 1.
+
+    Example:
+        >>> from capreward.backbones import CLIPBackbone
+        >>> from capreward.testing import tiny_clip_factory
+        >>> import numpy as np
+        >>> scorer = Hallucination(backbone=CLIPBackbone(tiny_clip_factory(seed=0)), frames=2)
+        >>> res = scorer.score(["a red car"], images=[np.zeros((32, 32, 3), np.uint8)])
+        >>> -1.0 <= res.penalty[0] <= 0.0
+        True
+    """
+
+    def __init__(
+        self,
+        emscore: EMScore | None = None,
+        *,
+        threshold: float = DEFAULT_THRESHOLD,
+        idf_threshold: float | None = None,
+        stop_words: Iterable[str] = STOP_WORDS,
+        generic_words: Iterable[str] = GENERIC_WORDS,
+        empty_penalty: float = DEFAULT_EMPTY_PENALTY,
+        context_free: bool = True,
+        idf_weighting: bool = True,
+        **emscore_options: Any,
+    ):
+        if emscore_options.get("idf") == "batch":
+            raise ValueError("idf='batch' makes a sample's penalty depend on its batch; pass a corpus or dict")
+        empty_penalty = float(empty_penalty)
+        if not -1.0 <= empty_penalty <= 0.0:
+            raise ValueError(f"empty_penalty must be in [-1, 0], got {empty_penalty!r}")
+        self.emscore = emscore if emscore is not None else EMScore(**emscore_options)
+        self.threshold = float(threshold)
+        self.idf_threshold = idf_threshold
+        self.stop_words = frozenset(stop_words)
+        self.generic_words = frozenset(w.lower() for w in generic_words)
+        self.empty_penalty = empty_penalty
+        self.context_free = bool(context_free)
+        self.idf_weighting = idf_weighting
+
+    def uses_idf(self) -> bool:
+        return self.emscore.idf_table is not None
+
+    def content(self, alignment: TokenAlignment) -> list[bool]:
+        """Which tokens of ``alignment`` are content words."""
+        use_idf = self.uses_idf()
+        idf_threshold = (self.idf_threshold if self.idf_threshold is not None else DEFAULT_IDF_THRESHOLD) if use_idf else None
+        return content_mask(alignment.tokens, alignment.weight, idf_threshold, self.stop_words, self.generic_words)
+
+    def report_for(self, alignment: TokenAlignment, threshold: float | None = None) -> SupportReport:
+        """The :class:`SupportReport` of one caption's alignment at ``threshold`` (default: the current one)."""
+        weights = alignment.weight if (self.uses_idf() and self.idf_weighting) else None
+        return support_report(
+            alignment.tokens, alignment.similarity, self.threshold if threshold is None else threshold,
+            self.content(alignment), weights, empty_penalty=self.empty_penalty,
+        )
+
+    def alignments(
+        self, captions: Sequence[str], visuals: Sequence[Any], kind: str = "video", ids: Sequence[str | None] | None = None
+    ) -> list[TokenAlignment]:
+        """EMScore's token→frame alignment of each caption with its visual (``kind`` "video" or "image"),
+        with context-free similarities when ``context_free``."""
+        if kind not in ("video", "image"):
+            raise ValueError(f"kind must be 'video' or 'image', got {kind!r}")
+        result = self.emscore.score(
+            list(captions),
+            videos=visuals if kind == "video" else None,
+            images=visuals if kind == "image" else None,
+            video_ids=ids,
+        )
+        if not self.context_free:
+            return result.alignment
+        adjusted = Adjusted(self._context_free(list(result.alignment), visuals, kind, ids))
+        adjusted.truncated = list(getattr(result.alignment, "truncated", [False] * len(adjusted)))
+        adjusted.contextual = list(result.alignment)  # EMScore's own alignment, for writers that show it
+        return adjusted
+
+    def _context_free(
+        self, alignments: list[TokenAlignment], visuals: Sequence[Any], kind: str, ids: Sequence[str | None] | None
+    ) -> list[TokenAlignment]:
+        """``alignments`` with each content token's similarity lowered to its similarity when encoded
+        alone (one scorer call for every distinct (word, visual) pair of the batch)."""
+        pairs: dict[tuple[str, int], int] = {}
+        for i, a in enumerate(alignments):
+            for j, is_content in enumerate(self.content(a)):
+                if is_content:
+                    pairs.setdefault((a.tokens[j].strip(), i), len(pairs))
+        if not pairs:
+            return alignments
+        order = list(pairs)
+        alone = self.emscore.score(
+            [word for word, _ in order],
+            videos=[visuals[i] for _, i in order] if kind == "video" else None,
+            images=[visuals[i] for _, i in order] if kind == "image" else None,
+            video_ids=None if ids is None else [ids[i] for _, i in order],
+        ).alignment
+        single: list[float] = []
+        for k in range(len(order)):
+            a = alone[k]
+            sims = [s for t, s in zip(a.tokens, a.similarity) if any(ch.isalpha() for ch in t) and t not in ("<sos>", "<eos>")]
+            single.append(min(sims) if sims else math.inf)
+        out = []
+        for i, a in enumerate(alignments):
+            sims = list(a.similarity)
+            for j, is_content in enumerate(self.content(a)):
+                if is_content:
+                    sims[j] = min(float(sims[j]), single[pairs[(a.tokens[j].strip(), i)]])
+            out.append(dataclasses.replace(a, similarity=sims))
+        return out
+
+    def score(
+        self, captions: Sequence[str], videos: Sequence[Any] | None = None, *, images: Sequence[Any] | None = None,
+        video_ids: Sequence[str | None] | None = None,
+    ) -> HallucinationResult:
+        """The penalty of each caption against its video (or image).
+
+        Raises:
+            ValueError: both or neither of ``videos`` and ``images`` given; a bad caption or visual (naming it).
+        """
+        if (videos is None) == (images is None):
+            raise ValueError("give videos or images (one of them)")
+        kind = "video" if videos is not None else "image"
+        alignments = self.alignments(captions, videos if videos is not None else images, kind, video_ids)
+        reports = [self.report_for(a) for a in alignments]
+        return HallucinationResult([r.penalty for r in reports], reports, alignments)
+
+    def calibrate(
+        self, captions: Sequence[str], visuals: Sequence[Any], kind: str = "video", quantile: float = 0.05
+    ) -> float:
+        """Set ``threshold`` to the ``quantile`` of the content-token similarities of ``captions``, which
+        must be known-good descriptions of their ``visuals`` (so about that fraction of correct content
+        words will be flagged). Returns the new threshold."""
+        sims: list[float] = []
+        for alignment in self.alignments(captions, visuals, kind):
+            sims.extend(self.report_for(alignment).similarity)
+        self.threshold = quantile_threshold(sims, quantile)
+        return self.threshold

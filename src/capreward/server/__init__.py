@@ -1,0 +1,24 @@
+"""The reward server: capreward's rewards over HTTP (``capreward serve``; OpenRLHF's ``/get_reward``).
+
+- :mod:`capreward.server.http`: the HTTP server and its service (:func:`~capreward.server.http.make_server`).
+- :mod:`capreward.server.batching`: dynamic batching across requests.
+- :mod:`capreward.server.connections`: which connections the server admits (per peer, reserve).
+
+Names are imported on first use, so ``import capreward.server`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {"DynamicBatcher": "capreward.server.batching", "RewardHTTPServer": "capreward.server.http",
+         "RewardService": "capreward.server.http", "ServerLimits": "capreward.server.http",
+         "make_server": "capreward.server.http"}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,30 @@
+"""torchmetrics Metrics of caption quality (DDP-synced per-sample states), for Lightning and any loop.
+
+- :mod:`capreward.torchmetrics.metrics`: :class:`CaptionMetric`, :class:`EMScoreMetric`,
+  :class:`CLIPScoreMetric`, :class:`FLEURMetric` (they were ``capreward.callbacks.tm_metrics``).
+- :mod:`capreward.torchmetrics.judges`: :class:`VisCE2Metric`, :class:`GVEvalMetric` (they were
+  ``capreward.callbacks.tm_judges``).
+
+The old paths still import. Names are imported on first use (torchmetrics is the ``callbacks`` extra).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {
+    "CaptionMetric": "capreward.torchmetrics.metrics",
+    "EMScoreMetric": "capreward.torchmetrics.metrics",
+    "CLIPScoreMetric": "capreward.torchmetrics.metrics",
+    "FLEURMetric": "capreward.torchmetrics.metrics",
+    "VisCE2Metric": "capreward.torchmetrics.judges",
+    "GVEvalMetric": "capreward.torchmetrics.judges",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
