@@ -240,3 +240,24 @@ def test_every_link_of_the_readme_into_the_docs_reaches_a_page_and_heading():
             headings = re.findall(r"^#+ (.+)$", (REPO / page).read_text(encoding="utf-8"), flags=re.M)
             slugs = {re.sub(r"[^\w\s-]", "", h).strip().lower().replace(" ", "-") for h in headings}
             assert anchor in slugs, f"{page} has no heading #{anchor}"
+
+
+def test_the_readme_metrics_table_agrees_with_the_registry():
+    """The landing page's table of metrics: one row per registered metric, in the registry's order, with
+    the title, visuals, reference mode and range of its spec (the docs' metric pages are generated from
+    the specs; this table is the README's copy, checked here)."""
+    from capreward import registry
+
+    table = re.search(r"^\| name \| metric \| visuals \| references \| range \|\n\|[- |]+\|\n((?:\|.*\|\n)+)",
+                      README.read_text(encoding="utf-8"), flags=re.M)
+    assert table, "README.md has no '| name | metric | visuals | references | range |' table"
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.group(1).splitlines()]
+    assert [r[0].strip("`") for r in rows] == list(registry.names())
+
+    def bound(x: float) -> str:
+        return str(int(x)) if float(x).is_integer() else str(x)
+
+    for (name, metric, visuals, references, value_range), spec in zip(rows, registry.specs()):
+        assert metric.startswith(spec.title), (name, metric)
+        assert visuals == ", ".join(spec.visuals) and references == spec.references, name
+        assert value_range == f"[{bound(spec.value_range[0])}, {bound(spec.value_range[1])}]", name
