@@ -60,7 +60,8 @@ def substitute(code: str) -> str:
 
 
 BLOCKS = python_blocks(README.read_text())
-SLOW_SECTIONS = {"VLM judges: FLEUR, VisCE², G-VEval", "Recipes, experiments, benchmarks"}
+#: README sections whose blocks are slow (the slow examples moved to docs/: tests/test_docs_code.py SLOW_PAGES).
+SLOW_SECTIONS: set[str] = set()
 
 
 @pytest.fixture(scope="module")
