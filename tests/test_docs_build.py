@@ -151,3 +151,22 @@ def test_a_newly_registered_metric_gets_a_page():
         assert f"`{field}`" in text
     assert "`once=True`" in text and "| range | [0, 1], higher is better |" in text
     assert "`long=True`" in text  # the configuration that writes toy/long is labelled
+
+
+def test_every_command_has_its_page_with_every_option_of_its_parser(site):
+    """Each sub-command of ``capreward`` has a page that lists every option its parser declares (the
+    ``--help`` block is generated from the parser when the site is built)."""
+    import html
+
+    from capreward.cli.main import build_parser
+
+    commands = build_parser()._subparsers._group_actions[0].choices
+    assert {"score", "serve", "report", "explain", "meta-eval", "demo"} <= set(commands)
+    for name, parser in commands.items():
+        page = site / "cli" / name / "index.html"
+        assert page.is_file(), f"capreward {name} has no page"
+        text = html.unescape(page.read_text(encoding="utf-8"))
+        assert f"usage: capreward {name}" in text, name
+        for action in parser._actions:
+            for flag in action.option_strings:
+                assert flag in text, f"capreward {name}: {flag} is not on its page"
