@@ -15,8 +15,9 @@ import sys
 import tomllib
 from pathlib import Path
 
-# extras the integration tests do not import (the engines for files and servers, the test tools, plots)
-SKIPPED_EXTRAS = {"test", "ray", "serve", "plot", "all", "dev"}
+# extras the integration tests do not import (the engines for files and servers, the test tools, plots,
+# the docs site builder)
+SKIPPED_EXTRAS = {"test", "ray", "serve", "plot", "all", "dev", "docs"}
 FIXED = {"torch", "torchvision"}  # kept at the bootstrap's local wheels at both ends
 
 

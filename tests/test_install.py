@@ -256,7 +256,8 @@ def test_bootstrap_keeps_the_local_torch_and_installs_what_its_command_needs(fla
     assert versions["torch"] == "2.14.1" and versions["torchvision"] == "0.29.1"
     assert {"trl", "peft", "datasets"} <= set(versions)
     if flags:
-        assert {"pytest", "hypothesis", "lightning", "torchmetrics", "openai", "scipy", "ray", "build"} <= set(versions)
+        assert {"pytest", "hypothesis", "lightning", "torchmetrics", "openai", "scipy", "ray", "build",
+                "mkdocs", "mkdocs-material", "mkdocstrings", "mkdocstrings-python"} <= set(versions)
 
 
 def simple_index_files(name: str) -> list[dict]:

@@ -29,6 +29,8 @@ CORE = PYPROJECT["dependencies"]
 OPTIONAL = PYPROJECT["optional-dependencies"]
 #: Extras that are bundles of the others (the test extra adds the test tools).
 BUNDLES = {"all", "test"}
+#: Extras for the project's own tools, which no module of the package imports (the docs site builder).
+TOOLS = {"docs"}
 
 
 def dist_name(requirement: str) -> str:
@@ -144,11 +146,14 @@ def test_extras_are_consistent():
     """The extras the code names exist; `demo` installs what the recipes need; `all` is every extra; the
     test extra installs every extra too (the tests exercise them all)."""
     assert set(EXTRAS) <= set(OPTIONAL)
-    assert set(OPTIONAL) - BUNDLES <= set(EXTRAS)
+    assert set(OPTIONAL) - BUNDLES - TOOLS <= set(EXTRAS)
+    assert not TOOLS & set(EXTRAS), "a tool's extra is named by code: it is a feature extra"
     assert sorted(OPTIONAL["demo"]) == sorted(OPTIONAL["recipes"])
-    union = closure([r for e in set(OPTIONAL) - BUNDLES for r in OPTIONAL[e]])
+    union = closure([r for e in set(OPTIONAL) - BUNDLES - TOOLS for r in OPTIONAL[e]])
     assert closure(OPTIONAL["all"]) >= union
     assert closure(OPTIONAL["test"]) >= closure(OPTIONAL["all"])
+    for tool in TOOLS:  # the suite builds the docs site
+        assert closure(OPTIONAL["test"]) >= closure(OPTIONAL[tool]), tool
 
 
 def test_test_extra_covers_every_import_of_the_tests():

@@ -60,7 +60,8 @@ def substitute(code: str) -> str:
 
 
 BLOCKS = python_blocks(README.read_text())
-SLOW_SECTIONS = {"VLM judges: FLEUR, VisCE², G-VEval", "Recipes, experiments, benchmarks"}
+#: README sections whose blocks are slow (the slow examples moved to docs/: tests/test_docs_code.py SLOW_PAGES).
+SLOW_SECTIONS: set[str] = set()
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +150,12 @@ def test_readme_python_block_runs(heading, code, inputs):
     first = code.strip().splitlines()[0]
     if first in NOT_RUN:
         pytest.skip(NOT_RUN[first])
+    run_block(code, inputs, f"README.md[{heading}]")
+
+
+def run_block(code: str, inputs: dict, label: str) -> None:
+    """Run one markdown python block the README's way (tests/test_docs_code.py runs the docs' blocks
+    with it): the substitutions applied, in a namespace with the tiny models and what the block needs."""
     ns = {k: v for k, v in inputs.items() if not k.startswith("_")}
     if "TINY_POLICY_BASE" in substitute(code) or "ds" in re.findall(r"\b(ds)\b", code):
         policy_and_data(ns, inputs["_tmp"])
@@ -156,7 +163,7 @@ def test_readme_python_block_runs(heading, code, inputs):
         judges(ns)
     if "TINY_CAPTIONER" in substitute(code):
         captioner(ns, inputs["_tmp"])
-    exec(compile(substitute(code), f"README.md[{heading}]", "exec"), ns)
+    exec(compile(substitute(code), label, "exec"), ns)
 
 
 def test_every_not_run_entry_names_an_existing_block():
@@ -205,45 +212,53 @@ def test_main_job_imports_only_core_and_demo_dependencies():
     assert missing == [], f"imported by the demo's modules but neither core nor demo dependencies: {missing}"
 
 
-BUILDER_TABLE = re.compile(r"^\| builder \| what you get \|\n\|[- |]+\|\n((?:\|.*\|\n)+)", re.M)
-
-
-def readme_builders() -> list[tuple[str, str]]:
-    """``(name, argument text)`` of every builder in the README's "Try it without weights" table."""
-    table = BUILDER_TABLE.search(README.read_text(encoding="utf-8"))
-    assert table, "README.md has no '| builder | what you get |' table"
-    out = []
-    for line in table.group(1).splitlines():
-        cell = line.split("|")[1].strip()
-        call = re.fullmatch(r"`([A-Za-z_][\w.]*)\((.*)\)`", cell)
-        assert call, f"builder cell {cell!r} is not a `name(args)` call"
-        out.append((call.group(1), call.group(2)))
-    return out
-
-
-def test_every_builder_in_the_readme_table_is_importable_from_capreward_testing():
-    """Each builder the README names is a top-level name of capreward.testing (``from capreward.testing
-    import name``), callable with the arguments the table shows (their names and defaults)."""
-    import inspect
-
-    import capreward.testing as testing
-
-    builders = readme_builders()
-    assert len(builders) >= 5
-    for name, args in builders:
-        assert "." not in name, f"{name}: name the builder as capreward.testing exports it"
-        assert name in testing.__all__ and callable(getattr(testing, name, None)), f"capreward.testing lacks {name}"
-        params = inspect.signature(getattr(testing, name)).parameters
-        for arg in filter(None, (a.strip() for a in args.split(","))):
-            key, _, default = arg.partition("=")
-            assert key in params, f"{name}({args}): no parameter {key!r}"
-            if default:
-                assert repr(params[key].default) == default, f"{name}: {key} defaults to {params[key].default!r}"
+# The builder table ("Try it without weights") moved to docs/quickstart.md with the test that checks it
+# (tests/test_docs_code.py).
 
 
 def test_every_markdown_file_the_readme_cites_is_in_the_repository():
-    """Round 3: the README cited a DESIGN.md that the repository does not hold."""
+    """Round 3: the README cited a DESIGN.md that the repository does not hold. The README is the landing
+    page: its links into docs/ must reach pages of the repository too."""
     text = README.read_text(encoding="utf-8")
     cited = set(re.findall(r"(?<![\w/.])([\w./-]+\.md)\b", text)) - {"README.md"}
     missing = sorted(name for name in cited if not (REPO / name).exists())
     assert not missing, f"README.md cites files not in the repository: {missing}"
+
+
+def test_the_readme_is_a_landing_page_of_at_most_200_lines():
+    """Everything else lives in the docs site (docs/, tests/test_docs_build.py)."""
+    assert len(README.read_text(encoding="utf-8").splitlines()) <= 200
+
+
+def test_every_link_of_the_readme_into_the_docs_reaches_a_page_and_heading():
+    """``docs/page.md#anchor`` links: the page exists and, with an anchor, has that heading."""
+    text = README.read_text(encoding="utf-8")
+    links = re.findall(r"\]\((docs/[\w./-]+\.md)(?:#([\w-]+))?\)", text)
+    assert links
+    for page, anchor in links:
+        assert (REPO / page).is_file(), page
+        if anchor:
+            headings = re.findall(r"^#+ (.+)$", (REPO / page).read_text(encoding="utf-8"), flags=re.M)
+            slugs = {re.sub(r"[^\w\s-]", "", h).strip().lower().replace(" ", "-") for h in headings}
+            assert anchor in slugs, f"{page} has no heading #{anchor}"
+
+
+def test_the_readme_metrics_table_agrees_with_the_registry():
+    """The landing page's table of metrics: one row per registered metric, in the registry's order, with
+    the title, visuals, reference mode and range of its spec (the docs' metric pages are generated from
+    the specs; this table is the README's copy, checked here)."""
+    from capreward import registry
+
+    table = re.search(r"^\| name \| metric \| visuals \| references \| range \|\n\|[- |]+\|\n((?:\|.*\|\n)+)",
+                      README.read_text(encoding="utf-8"), flags=re.M)
+    assert table, "README.md has no '| name | metric | visuals | references | range |' table"
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.group(1).splitlines()]
+    assert [r[0].strip("`") for r in rows] == list(registry.names())
+
+    def bound(x: float) -> str:
+        return str(int(x)) if float(x).is_integer() else str(x)
+
+    for (name, metric, visuals, references, value_range), spec in zip(rows, registry.specs()):
+        assert metric.startswith(spec.title), (name, metric)
+        assert visuals == ", ".join(spec.visuals) and references == spec.references, name
+        assert value_range == f"[{bound(spec.value_range[0])}, {bound(spec.value_range[1])}]", name

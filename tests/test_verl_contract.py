@@ -4,7 +4,7 @@ veRL's trainer (``verl.trainer.main_ppo``) computes rewards in ``RewardLoopWorke
 reward manager from the composed Hydra config (``load_reward_manager``) and scores a chunk of the
 batch with ``compute_score_batch``, one ``run_single`` task per sample; ``RewardLoopManager`` then
 stacks every sample's ``reward_extra_info`` under the keys of the first sample. These tests compose
-veRL's own ``ppo_trainer`` config with exactly the overrides the README gives, build the worker as
+veRL's own ``ppo_trainer`` config with exactly the overrides docs/integrations/verl.md gives, build the worker as
 veRL does and score a batch (a sample with references, one without, one with a missing file):
 
 - the built-in ``naive`` manager calling ``capreward.adapters.verl.compute_score``;
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.integration
 
 verl = pytest.importorskip("verl", reason="verl is installed by scripts/bootstrap.sh --test")
 
-# the README's veRL configuration, verbatim (tests/test_readme.py checks that the README shows these)
+# the veRL configuration of docs/integrations/verl.md, verbatim (test_docs_give_exactly_these_overrides checks it)
 NAIVE_OVERRIDES = [
     "reward.custom_reward_function.path=pkg://capreward.adapters.verl",
     "reward.custom_reward_function.name=compute_score",
@@ -208,9 +208,9 @@ def test_reward_loop_manager_with_its_ray_worker(capreward_env, tiny_clip_path, 
         assert out.non_tensor_batch[key].tolist() == pytest.approx([r[key] for r in rows], abs=1e-6, nan_ok=True)
 
 
-def test_readme_gives_exactly_these_overrides():
+def test_docs_give_exactly_these_overrides():
     from conftest import REPO
 
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "integrations" / "verl.md").read_text()
     for line in [*NAIVE_OVERRIDES, *BATCH_OVERRIDES]:
         assert re.search(rf"^\s+{re.escape(line)}( \\)?$", text, flags=re.M), line

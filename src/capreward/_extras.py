@@ -1,7 +1,7 @@
 """Optional dependencies ("extras") and the one-line error when one is missing.
 
 ``pip install capreward`` installs what the scorers and rewards import; every other integration lives in
-an extra of pyproject.toml (the README's install table lists them). A module that needs one imports it
+an extra of pyproject.toml (docs/install.md's table lists them). A module that needs one imports it
 through :func:`require`, which returns the module or raises :class:`MissingExtraError`, whose message is
 one line naming the extra to install::
 

@@ -202,7 +202,14 @@ def _leet(m: re.Match) -> str:
 class Reading:
     """A caption as read: ``text`` (what a person reads), ``given`` (the caption as given), ``changes``
     (one short line per kind of change made, empty when the text is unchanged) and ``mixed_script`` (the
-    words of the caption that mixed letters of several scripts, as given)."""
+    words of the caption that mixed letters of several scripts, as given).
+
+    Example:
+        >>> from capreward.caption_reading import read_caption
+        >>> r = read_caption("a red ima\\u200bge")         # a zero-width space
+        >>> r.text, r.given == "a red ima\\u200bge", r.changed
+        ('a red image', True, True)
+    """
 
     text: str
     given: str
@@ -231,7 +238,7 @@ def read_caption(text: str) -> Reading:
         text: the caption as given (a lone surrogate is read as U+FFFD).
 
     Returns:
-        a :class:`Reading`; ``read_caption(r.text).text == r.text`` (reading twice changes nothing more).
+        a `Reading`; ``read_caption(r.text).text == r.text`` (reading twice changes nothing more).
 
     Raises:
         TypeError: ``text`` is not a str.

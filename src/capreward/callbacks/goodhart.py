@@ -61,7 +61,7 @@ class GoodhartMonitor:
             a positive value also flags one that stayed level (ground truth that does not move while the
             reward climbs: a blind policy exploiting the reward, as in the demo's earlier start).
         warn: called with the message when the verdict turns bad (default: ``warnings.warn`` with
-            :class:`GoodhartWarning`, and a log record); called again only after a good verdict.
+            `GoodhartWarning`, and a log record); called again only after a good verdict.
 
     Example:
         >>> m = GoodhartMonitor({"truth": lambda p, c, **k: [float("red" in x) for x in c]}, window=2, warn=print)
@@ -95,7 +95,7 @@ class GoodhartMonitor:
     def observe(self, train: Sequence[float | None], prompts: Any, completions: Sequence[Any], **columns: Any) -> dict[str, float]:
         """Record one batch: the training reward's values ``train`` for ``completions`` and every judge's
         scores of the same ``prompts``/``completions``/``columns``. Batches observed before the next
-        :meth:`flush` are one step. Returns this batch's means."""
+        `flush()` are one step. Returns this batch's means."""
         if len(train) != len(completions):
             raise ValueError(f"{len(train)} training rewards for {len(completions)} completions")
         row = {"train": _mean(train), "n": float(len(completions))}

@@ -75,7 +75,7 @@ class CaptionScoreCallback(Callback):
     """Score generated captions with caption metrics during validation, log ``val/<metric>``.
 
     Args:
-        metrics: :class:`~capreward.callbacks.CaptionMetric` instances, as a list (logged under each
+        metrics: `CaptionMetric` instances, as a list (logged under each
             metric's ``name``) or a mapping name → metric. Build them on one shared CLIP backbone.
         captions: where the captions are in ``validation_step``'s output: a key (default
             ``"captions"``), None (the output is the list of captions), or ``fn(outputs, batch)``.
@@ -100,6 +100,14 @@ class CaptionScoreCallback(Callback):
 
     Returns nothing; logged values are in ``trainer.callback_metrics``, the history of epoch means in
     ``callback.history`` and the last epoch's per-sample table in ``callback.last_table``.
+
+    Example:
+        >>> from capreward.callbacks import CLIPScoreMetric, CaptionScoreCallback, EMScoreMetric
+        >>> from capreward.testing import trained_clip_path
+        >>> clip = str(trained_clip_path())
+        >>> callback = CaptionScoreCallback([EMScoreMetric(model=clip), CLIPScoreMetric(model=clip, visual="video")])
+        >>> sorted(callback.metrics)                     # logged as val/emscore, val/clip_s and their sub-scores
+        ['clip_s', 'emscore']
     """
 
     def __init__(

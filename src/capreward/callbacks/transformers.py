@@ -102,8 +102,8 @@ class CaptionEvalCallback(TrainerCallback):
         trainer: the ``Trainer`` (``Seq2SeqTrainer``, TRL ``GRPOTrainer`` …) this callback is added to
             (``trainer.add_callback(callback)``); its accelerator splits the work and its ``log`` logs.
         dataset: held-out examples (a list of dicts or a ``datasets.Dataset``); example ``i`` has id ``i``.
-        metrics: :class:`~capreward.callbacks.CaptionMetric` instances (list, or mapping name → metric).
-        generate_fn: ``fn(model, examples) -> list[str]``; default: :class:`CaptionGenerator` built from
+        metrics: `CaptionMetric` instances (list, or mapping name → metric).
+        generate_fn: ``fn(model, examples) -> list[str]``; default: `CaptionGenerator` built from
             ``input_keys``/``prompt_key``/``image_key`` (inferred: ``"pixel_values"`` if examples have it,
             else ``"prompt"``, with ``"image"`` or ``"images"`` as the prompt's image when the examples
             have one and the trainer's ``processing_class`` is a processor with an image processor, as for a
@@ -113,7 +113,8 @@ class CaptionEvalCallback(TrainerCallback):
         visuals: example key (or ``fn(example)``, or mapping metric name → source) of each sample's video or
             image; references: key or ``fn(example)`` of its reference captions (None: none).
         batch_size: examples per ``generate`` call on each process.
-        max_new_tokens, generation_kwargs: passed to the default generator.
+        max_new_tokens: passed to the default generator.
+        generation_kwargs: passed to the default generator.
         prefix: log key prefix (``"eval_"``, the Trainer's convention).
         log_sub_scores: also log ``<prefix><metric>/<column>`` means (refused at construction when the
             trainer reports to MLflow's file store, which cannot hold a key beside keys under it).
@@ -125,6 +126,26 @@ class CaptionEvalCallback(TrainerCallback):
 
     After an evaluation: ``history`` (one dict of logged values per evaluation, with ``step``),
     ``last_table`` (per-sample rows) and ``last_examples`` (Markdown of the best/worst captions).
+
+    Example:
+        >>> from capreward.testing import colour_image, trained_clip_path
+        >>> clip = str(trained_clip_path())   # a tiny CLIP trained to know colour words (seconds, then cached)
+        >>> red = colour_image("red")
+        >>> import tempfile
+        >>> from transformers import Trainer, TrainingArguments
+        >>> from capreward.callbacks import CaptionEvalCallback, CLIPScoreMetric
+        >>> from capreward.testing.tiny_captioner import build_tiny_captioner
+        >>> model, processor, tokenizer = build_tiny_captioner(seed=0)   # a tiny ViT-GPT2 captioner
+        >>> held_out = [{"pixel_values": processor(red, return_tensors="pt").pixel_values[0], "image": red}] * 2
+        >>> args = TrainingArguments(output_dir=tempfile.mkdtemp(), report_to=[], use_cpu=True, disable_tqdm=True)
+        >>> trainer = Trainer(model=model, args=args, processing_class=tokenizer)
+        >>> callback = CaptionEvalCallback(trainer, held_out, [CLIPScoreMetric(model=clip)], visuals="image",
+        ...                                max_new_tokens=4, generation_kwargs={"suppress_tokens": [0, 1, 3]},
+        ...                                table=None, examples=0)
+        >>> logs = callback.evaluate()                   # what each evaluation logs through the trainer
+        {'eval_clip_s': ...}
+        >>> logs["eval_clip_s/empty"], len(callback.last_table)
+        (0.0, 2)
     """
 
     def __init__(

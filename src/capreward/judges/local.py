@@ -110,10 +110,17 @@ class LocalJudge:
     ``pad_to_square``: LLaVA-1.5's padding of images to a square in the processor's mean colour.
     ``system``: the conversation's system sentence (LLaVA v1's by default).
 
-    Other families (:mod:`capreward.judges.families`, picked from ``config.model_type``: Qwen2-VL,
+    Other families (`capreward.judges.families`, picked from ``config.model_type``: Qwen2-VL,
     Qwen2.5-VL, Idefics3) run through their own chat template, image processor and positions; ``image_size``
     (width, height) is what their images are resized to (None: the family's default), and
-    ``pad_to_square``/``system`` are LLaVA's only. :attr:`family` is None for LLaVA-1.5.
+    ``pad_to_square``/``system`` are LLaVA's only. `family` is None for LLaVA-1.5.
+
+    Example:
+        >>> from capreward.judges import LocalJudge
+        >>> from capreward.testing import tiny_judge_dir
+        >>> judge = LocalJudge(str(tiny_judge_dir()))    # FLEUR(model=...) builds one of these
+        >>> judge.family is None                     # LLaVA-1.5: the released LLaVA v1 prompt
+        True
     """
 
     def __init__(
@@ -240,8 +247,8 @@ class LocalJudge:
         return render(self.conversation_parts(turns))
 
     def conversation_parts(self, turns: Sequence[tuple[str, str | None]]) -> list[str | Data]:
-        """:meth:`conversation` as prompt parts: every message and answer is :class:`Data` (encoded by
-        :meth:`encode_prompts` without special tokens)."""
+        """`conversation()` as prompt parts: every message and answer is `Data` (encoded by
+        `encode_prompts()` without special tokens)."""
         if self.family is not None:
             return self.family.conversation_parts(turns, self.image_placeholder)
         return llava_v1_parts(turns, system=self.system, image_placeholder=self.image_placeholder)
@@ -255,7 +262,7 @@ class LocalJudge:
         return set(self._control_ids)
 
     def control_token_strings(self) -> list[str]:
-        """The text of every :attr:`control_token_ids` token ("<s>", "</s>", "<image>", ...)."""
+        """The text of every `control_token_ids` token ("<s>", "</s>", "<image>", ...)."""
         return control_token_strings(self.tokenizer, [self.image_token_id])
 
     def encode_prompts(
@@ -265,8 +272,8 @@ class LocalJudge:
         copies, as the processor does.
 
         A prompt is a ``str`` (all template: its special-token strings are special tokens, as in a chat
-        template) or parts (:meth:`conversation_parts`): template ``str`` pieces and
-        :class:`~capreward.judges.caller_text.Data` pieces, whose text never becomes a special token (a
+        template) or parts (`conversation_parts()`): template ``str`` pieces and
+        `Data` pieces, whose text never becomes a special token (a
         caption's "</s>" or "<image>" is spelled out as characters; clean text gets exactly the ids of
         encoding the rendered string; a lone surrogate reads as U+FFFD, as in CLIP's text cleaning).
         Raises ValueError naming the prompt (``names[i]``, default
@@ -396,7 +403,7 @@ class LocalJudge:
     ) -> DecodeState:
         """Prefill N prompts in one batch and return the state ready for the first generated token.
 
-        ``prompt_ids[n]`` (from :meth:`encode_prompts`) uses image ``image_index[n]`` of ``features``
+        ``prompt_ids[n]`` (from `encode_prompts()`) uses image ``image_index[n]`` of ``features``
         (U, n_image_tokens, hidden). With ``share_prefix`` the longest common token prefix of the prompts
         (system text, image, prompt text before the caption) is run once per distinct image and its cache
         expanded to the rows; then every row's remaining tokens run on top, left padded. The cache keeps

@@ -36,9 +36,9 @@ class LocalChatResponse(ChatResponse):
 
 
 class LocalChatJudge(SyncBackendMixin):
-    """A :class:`~capreward.judges.protocol.JudgeBackend` on a local model.
+    """A `JudgeBackend` on a local model.
 
-    ``judge``: a :class:`LocalJudge`, or anything ``LocalJudge`` accepts as its model (a name, a
+    ``judge``: a `LocalJudge`, or anything ``LocalJudge`` accepts as its model (a name, a
     directory, a ``(model, processor)`` pair). ``batch_size``: requests per prefill. ``seed``: for
     sampled decoding (``temperature > 0``). ``name``: the model identifier used in cache keys (default:
     the model's ``name_or_path``). Reported log-probabilities are those of the model's distribution
@@ -52,7 +52,18 @@ class LocalChatJudge(SyncBackendMixin):
     template only, and the text of every turn is encoded without special tokens (a caption's "</s>" is
     four characters, its "<image>" no image slot). ``parse_special_tokens=True`` encodes message text as
     servers such as vLLM do (special-token strings in it become special tokens); it exists to model such
-    a server in tests (:mod:`capreward.testing.chat_server`), never to score with.
+    a server in tests (`capreward.testing.chat_server`), never to score with.
+
+    Example:
+        >>> import random
+        >>> from capreward.testing import fleur_task_image
+        >>> red = fleur_task_image("red", random.Random(0))
+        >>> from capreward.judges import ChatRequest, LocalChatJudge, user_turn
+        >>> from capreward.testing import tiny_vlm_judge
+        >>> judge = LocalChatJudge(tiny_vlm_judge())      # (model, processor) of a local LLaVA
+        >>> [answer] = judge.generate([ChatRequest(turns=(user_turn("What colour is the square?", [red]),), max_tokens=8)])
+        >>> isinstance(answer.text, str)
+        True
     """
 
     def __init__(
@@ -80,8 +91,8 @@ class LocalChatJudge(SyncBackendMixin):
         return render(self.render_parts(request))
 
     def render_parts(self, request: ChatRequest) -> list[str | Data]:
-        """:meth:`render` as prompt parts: template text as ``str``, the text of every turn as
-        :class:`~capreward.judges.caller_text.Data`."""
+        """`render()` as prompt parts: template text as ``str``, the text of every turn as
+        `Data`."""
         turns = request.turns
         if not turns:
             raise ValueError("the request has no turns")
@@ -108,7 +119,7 @@ class LocalChatJudge(SyncBackendMixin):
         field would), images as the judge's placeholder; a leading BOS is dropped (the tokenizer adds it).
 
         The template is rendered once with a unique marker in place of each turn's text, then each marker
-        is replaced by that text as :class:`Data`: a single pass, so turn text is never read as template."""
+        is replaced by that text as `Data`: a single pass, so turn text is never read as template."""
         marker = f"\ue000{uuid.uuid4().hex}:"
         messages, texts = [], {}
         for k, turn in enumerate(request.turns):
@@ -290,7 +301,7 @@ class LocalChatJudge(SyncBackendMixin):
 
         Row n continues ``requests[n]`` with the generated tokens ``prefixes[n]`` (e.g. up to "$"), then
         asks for the probability that the model writes the digits of k and then any non-digit token, for
-        every k in 0..100 (:func:`~capreward.metrics.gveval.digit_tree_distribution`). The tree needs, per
+        every k in 0..100 (`digit_tree_distribution()`). The tree needs, per
         row, the state after the prefix, after each first digit (10 branches), after each two-digit number
         (90 branches) and after "100"; each branch holds a copy of the prompt's key/value cache, so branches
         run ``max_branch_rows`` rows at a time (lower it for a large model and a long prompt). Rows sum to

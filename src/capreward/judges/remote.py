@@ -124,7 +124,7 @@ DEFAULT_API_MODEL = "gpt-4o-2024-05-13"
 
 
 class OpenAIJudge:
-    """A :class:`~capreward.judges.protocol.JudgeBackend` on an OpenAI-compatible chat-completions server.
+    """A `JudgeBackend` on an OpenAI-compatible chat-completions server.
 
     ``base_url``: e.g. ``"http://localhost:8000/v1"`` for vLLM (None: OpenAI's). ``model``: the served
     model name (also this backend's ``name``, used in cache keys); the default is the snapshot G-VEval's
@@ -140,6 +140,15 @@ class OpenAIJudge:
     ``continue_final_message=true, add_generation_prompt=false``); a request's ``structured_outputs`` goes
     in vLLM's field of that name. ``token_limit_param``: ``"max_tokens"`` (vLLM, older OpenAI
     models) or ``"max_completion_tokens"`` (newer OpenAI models).
+
+    Example:
+        >>> from capreward.judges import ChatRequest, OpenAIJudge, user_turn
+        >>> from capreward.testing.chat_server import ChatServer
+        >>> with ChatServer("echo", model="echo") as server:   # a local OpenAI-compatible test server
+        ...     judge = OpenAIJudge(server.base_url, "echo", api_key_env=None)
+        ...     [answer] = judge.generate([ChatRequest(turns=(user_turn("a red square"),), max_tokens=8)])
+        >>> answer.text
+        'echo: a red square'
     """
 
     def __init__(
@@ -241,7 +250,7 @@ class OpenAIJudge:
         return value or "EMPTY"
 
     def _body(self, request: ChatRequest, encode) -> dict:
-        """The request fields for one :class:`ChatRequest` (``top_logprobs`` capped)."""
+        """The request fields for one `ChatRequest` (``top_logprobs`` capped)."""
         if request.max_tokens is not None and request.max_tokens < 1:
             raise ValueError(f"max_tokens must be positive, got {request.max_tokens}")
         body: dict[str, Any] = {

@@ -31,21 +31,31 @@ class EMScoreReward(CaptionReward):
     [-1, 1] (cosine based; around 0.2-0.4 for real captions with a real CLIP).
 
     ``harmonic_mean``: how every F is formed from P and R (video, each reference, hence combined and
-    full). ``"sign-safe"`` (default): :func:`~capreward.metrics.harmonic.sign_safe_harmonic_mean`,
+    full). ``"sign-safe"`` (default): `sign_safe_harmonic_mean()`,
     2PR/(P+R) when P > 0 and R > 0, else min(P, R); every field then lies in [-1, 1] without clipping
     and never decreases when P or R grows. ``"released"``: the paper's 2PR/(P+R), which leaves [-1, 1]
     (and changes sign) when P and R have opposite signs, so that a wrong caption can get the top
     reward (P -0.61, R 0.46: F 3.59); such values are clipped and counted (``rewards/<name>/clipped``).
 
     Constructor: ``model``, ``device``, ``idf``, ``frames``, ``batch_size``, ``cache_size``,
-    ``precision``, ``backbone`` as for :class:`~capreward.scorers.EMScore` (``idf="batch"``, the released
+    ``precision``, ``backbone`` as for `EMScore` (``idf="batch"``, the released
     code's default, is refused: it makes a sample's reward depend on the rest of the batch; the default
     here is no idf, a fixed corpus or dict gives idf weights), ``field`` (which of
-    :data:`MATCH_FIELDS` is the reward, default ``"full_f"``) and the column options of
-    :class:`CaptionReward`. References alone are enough to score a sample (EMScore_ref).
+    `MATCH_FIELDS` is the reward, default ``"full_f"``) and the column options of
+    `CaptionReward`. References alone are enough to score a sample (EMScore_ref).
     Sub-scores ``video/<field>`` and ``reference/<field>`` are logged via ``log_metric``, and
     ``truncated`` (a count: captions cut to the text context, only with ``long_captions="truncate"``;
-    by default a caption longer than the context is read whole, see :mod:`capreward.backbones.windows`).
+    by default a caption longer than the context is read whole, see `capreward.backbones.windows`).
+
+    Example:
+        >>> from capreward.testing import colour_image, trained_clip_path
+        >>> clip = str(trained_clip_path())   # a tiny CLIP trained to know colour words (seconds, then cached)
+        >>> red = colour_image("red")
+        >>> from capreward.rewards import EMScoreReward
+        >>> reward = EMScoreReward(model=clip)           # TRL logs it as rewards/emscore/...
+        >>> r = reward(None, ["a red image.", "a blue image.", ""], image=[red] * 3)
+        >>> r[0] > r[1], r[2]                            # an empty caption is unscored: None, reason logged
+        (True, None)
     """
 
     __name__ = "emscore"
@@ -100,17 +110,29 @@ class CLIPScoreReward(CaptionReward):
     references RefCLIP-S, the harmonic mean of CLIP-S and the best reference cosine s.
 
     ``harmonic_mean``: ``"sign-safe"`` (default) uses
-    :func:`~capreward.metrics.harmonic.sign_safe_harmonic_mean`: 2ab/(a+b) when CLIP-S > 0 and s > 0,
+    `sign_safe_harmonic_mean()`: 2ab/(a+b) when CLIP-S > 0 and s > 0,
     else the smaller of the two, so RefCLIP-S lies between its parts and never decreases when either
     grows; a negative s gives s itself, so the range is [-1, w] when references are used (w >= 1).
     ``"released"``: the paper's 2ab/(a+b), unbounded when s < 0; the reward then clips to [0, w] and
     counts what it clipped (``clipped``).
     Videos are scored through their mean frame embedding. Constructor: ``model``, ``device``, ``w``,
     ``prefix``, ``batch_size``, ``cache_size``, ``precision``, ``frames``, ``backbone`` as for
-    :class:`~capreward.scorers.CLIPScore`, plus the column options of :class:`CaptionReward`.
+    `CLIPScore`, plus the column options of `CaptionReward`.
     Sub-scores ``clip_s`` (the reference-free score) and ``ref_similarity`` are logged via ``log_metric``,
     and ``truncated`` (a count: captions cut to the text context, only with ``long_captions="truncate"``;
-    by default a caption longer than the context is read whole, see :mod:`capreward.backbones.windows`).
+    by default a caption longer than the context is read whole, see `capreward.backbones.windows`).
+
+    Example:
+        >>> from capreward.testing import colour_image, trained_clip_path
+        >>> clip = str(trained_clip_path())   # a tiny CLIP trained to know colour words (seconds, then cached)
+        >>> red = colour_image("red")
+        >>> from capreward.rewards import CLIPScoreReward
+        >>> reward = CLIPScoreReward(model=clip)
+        >>> reward.__name__, reward.value_range()       # RefCLIP-S (sign-safe) reaches -1
+        ('clip_s', (-1.0, 2.5))
+        >>> r = reward(None, ["a red image.", "a blue image."], image=[red, red])
+        >>> r[0] > r[1]
+        True
     """
 
     __name__ = "clip_s"
@@ -175,8 +197,21 @@ class CLIPScoreReward(CaptionReward):
 
 class PACScoreReward(CLIPScoreReward):
     """PAC-S (RefPAC-S with references) as a reward, in [0, 2] ([-1, 2] with references and the
-    sign-safe mean; see :class:`CLIPScoreReward`): ``model`` must be the PAC-S weights. Sub-scores
-    ``pac_s`` (the reference-free score) and ``ref_similarity``."""
+    sign-safe mean; see `CLIPScoreReward`): ``model`` must be the PAC-S weights. Sub-scores
+    ``pac_s`` (the reference-free score) and ``ref_similarity``.
+
+    Example:
+        >>> from capreward.testing import colour_image, trained_clip_path
+        >>> clip = str(trained_clip_path())   # a tiny CLIP trained to know colour words (seconds, then cached)
+        >>> red = colour_image("red")
+        >>> from capreward.rewards import PACScoreReward
+        >>> reward = PACScoreReward(model=clip)          # the PAC-S checkpoint in practice
+        >>> reward.__name__, reward.value_range()       # RefCLIP-S (sign-safe) reaches -1
+        ('pac_s', (-1.0, 2.0))
+        >>> r = reward(None, ["a red image.", "a blue image."], image=[red, red])
+        >>> r[0] > r[1]
+        True
+    """
 
     __name__ = "pac_s"
     scorer_class = PACScore

@@ -22,11 +22,11 @@ class CompositeReward(RewardFunction):
 
     Args:
         components: ``[(reward, weight), ...]`` (a bare reward means weight 1). A reward is a capreward
-            :class:`RewardFunction` or any synchronous TRL-style reward function; a plain function's
+            `RewardFunction` or any synchronous TRL-style reward function; a plain function's
             range can be given as a third item, ``(func, weight, (lo, hi))``, so that ``on_none`` can
             floor it. A component value that is None, NaN or ±inf counts as missing (never reaches
             the trainer).
-        guards: a :class:`~capreward.rewards.guards.Guards` (default: repetition, truncation and
+        guards: a `Guards` (default: repetition, truncation and
             over-length, weight 1 each) or None for no guards.
         on_none: what a missing component does to its sample (None when every component is missing,
             whatever the policy). A missing judgment never lifts a sample above what it would get
@@ -52,10 +52,21 @@ class CompositeReward(RewardFunction):
             term as ``rewards/<name>/guard/<term>`` (weighted) and the components' own sub-scores as
             ``rewards/<name>/<component>/<sub>``.
 
-    Returns (per completion) a float or None in :meth:`value_range`: the weighted sum of the
+    Returns (per completion) a float or None in `value_range()`: the weighted sum of the
     components' ranges plus [-Σ guard weights, 0] when every component is a capreward reward (each
     keeps its own range); values outside (``renormalize`` scales the valid components up) are clipped
     and counted as ``clipped``. With a plain function as a component the composite promises no range.
+
+    Example:
+        >>> from capreward.testing import colour_image, trained_clip_path
+        >>> clip = str(trained_clip_path())   # a tiny CLIP trained to know colour words (seconds, then cached)
+        >>> red = colour_image("red")
+        >>> from capreward.rewards import CLIPScoreReward, CompositeReward, Guards, HallucinationPenalty
+        >>> reward = CompositeReward([(CLIPScoreReward(model=clip), 1.0), (HallucinationPenalty(model=clip), 0.5)],
+        ...                          guards=Guards())
+        >>> right, wrong, repeated = reward(None, ["a red image.", "a blue image.", "a red red red red image."], image=[red] * 3)
+        >>> right > repeated > wrong                     # the repetition guard costs the repeated caption
+        True
     """
 
     __name__ = "composite"
@@ -124,7 +135,7 @@ class CompositeReward(RewardFunction):
 
     def metric_names(self) -> tuple[str, ...]:
         """Per component (named by its label): its value and ``<label>/<sub-score>`` for each of its
-        own :meth:`~RewardFunction.metric_names`; ``guard/<term>`` per enabled guard; ``clipped``."""
+        own `metric_names()`; ``guard/<term>`` per enabled guard; ``clipped``."""
         names: list[str] = []
         for label, func, _ in self.components:
             names.append(label)
@@ -143,7 +154,7 @@ class CompositeReward(RewardFunction):
         return _finite_only(RewardOutput([None if v is None else float(v) for v in values], [None] * len(values)))
 
     def compute(self, prompts: Sequence[Any] | None, completions: Sequence[Any], **kwargs: Any) -> RewardOutput:
-        """Score every component, combine, add the guards. Returns a :class:`RewardOutput` whose
+        """Score every component, combine, add the guards. Returns a `RewardOutput` whose
         metrics hold each component's raw values and each weighted guard term."""
         kwargs.pop("completion_ids", None)
         n = len(completions)

@@ -167,24 +167,23 @@ LENGTH_RATIO = 1.5
 
 @dataclass(frozen=True)
 class Guards:
-    """Which guard terms a :class:`~capreward.rewards.CompositeReward` adds, and their weights
+    """Which guard terms a `CompositeReward` adds, and their weights
     (each term is ``weight * penalty`` with the penalty in [-1, 0]; weight 0 disables a term).
 
-    ``ngram``: n of the repetition guard (:func:`repetition_penalty`, which also counts repeated single
+    ``ngram``: n of the repetition guard (`repetition_penalty()`, which also counts repeated single
     words). ``require_punctuation``: the truncation guard also fires on captions without terminal
     punctuation (turn off for captioners trained to omit the final period).
-    ``max_words``/``length_scale``: the over-length guard's limit and ramp (see :func:`length_penalty`).
+    ``max_words``/``length_scale``: the over-length guard's limit and ramp (see `length_penalty()`).
     ``length_target``/``length_ratio``: a length guard conditioned on a target, for dense captioning:
     None (default) uses the fixed ``max_words``; ``"references"`` allows ``ceil(length_ratio * L)`` words
     with L the word count of the sample's longest reference (the composite's ``references`` column);
     any other string names a dataset column holding each sample's target length in words (allowed:
     ``ceil(length_ratio * target)``). A sample without a target (no references, None in the column)
     falls back to ``max_words``; the ramp is ``length_scale`` or the allowed length.
-    ``injection``: the injection guard (:func:`injection_penalty`): a caption that forges judge-prompt
+    ``injection``: the injection guard (`injection_penalty()`): a caption that forges judge-prompt
     structure gets ``-injection``.
 
-    Example::
-
+    Example:
         >>> g = Guards(length_target="references")
         >>> g.max_words_for({"references": [["a dog runs on the grass"]]}, 0)  # 6 words x 1.5
         9
@@ -222,7 +221,7 @@ class Guards:
 
     def max_words_for(self, columns: Mapping[str, Any], index: int, references_column: str = "references") -> int:
         """The length limit of sample ``index`` given the dataset ``columns`` (lists, one entry per
-        sample, as TRL passes them): ``max_words`` without a :attr:`length_target`, else
+        sample, as TRL passes them): ``max_words`` without a `length_target`, else
         ``ceil(length_ratio * target)`` (see the class docstring).
 
         Raises:
@@ -253,7 +252,7 @@ class Guards:
 
     def terms(self, text: str, max_words: int | None = None) -> dict[str, float]:
         """The enabled weighted guard terms of one caption, e.g. ``{"repetition": -0.25, ...}``;
-        ``max_words`` overrides the length limit (a sample's :meth:`max_words_for`)."""
+        ``max_words`` overrides the length limit (a sample's `max_words_for()`)."""
         out = {}
         if self.repetition:
             out["repetition"] = self.repetition * repetition_penalty(text, self.ngram)

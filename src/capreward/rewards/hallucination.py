@@ -51,22 +51,31 @@ class HallucinationPenalty(CaptionReward):
     below ``threshold``.
 
     Args:
-        threshold: similarity below which a content token is unsupported (see :meth:`calibrate`).
+        threshold: similarity below which a content token is unsupported (see `calibrate()`).
         idf_threshold: with ``idf`` given, tokens whose idf weight is at most this are function words
-            (default ln 2); without idf, :data:`~capreward.metrics.token_support.STOP_WORDS` decides.
+            (default ln 2); without idf, `STOP_WORDS` decides.
         stop_words: the function-word list used without idf.
         generic_words: words never counted as content (default
-            :data:`~capreward.metrics.token_support.GENERIC_WORDS`: "image", "picture", "photo", ...).
+            `GENERIC_WORDS`: "image", "picture", "photo", ...).
         empty_penalty: the penalty of a caption without a content word, in [-1, 0] (default -0.5).
         context_free: also judge each content word encoded alone and keep the lower similarity, so words
             before it cannot carry a wrong word ("a red red red blue image"); costs one more text-encoder
             batch (the visuals' embeddings are cached). False: only the word in its caption.
         idf_weighting: weigh tokens by their idf weight (only with ``idf``); else every content token
             counts 1.
-        EMScore arguments (``model``, ``device``, ``idf``, ``frames``, ``backbone``, ...) and the column
-        options of :class:`CaptionReward`; references are not used.
+        **kwargs: EMScore arguments (``model``, ``device``, ``idf``, ``frames``, ``backbone``, ...) and the
+            column options of `CaptionReward`; references are not used.
 
     Logs ``content_tokens`` and ``unsupported_tokens`` (batch means) as sub-scores.
+
+    Example:
+        >>> from capreward.testing import colour_image, trained_clip_path
+        >>> clip = str(trained_clip_path())   # a tiny CLIP trained to know colour words (seconds, then cached)
+        >>> red = colour_image("red")
+        >>> from capreward.rewards import HallucinationPenalty
+        >>> penalty = HallucinationPenalty(model=clip)
+        >>> penalty(None, ["a red image.", "a blue image."], image=[red, red])
+        [0.0, -1.0]
     """
 
     __name__ = "hallucination"
@@ -107,7 +116,7 @@ class HallucinationPenalty(CaptionReward):
 
     # ------------------------------------------------------------------ analysis
     def analysis(self) -> Hallucination:
-        """The :class:`~capreward.scorers.hallucination.Hallucination` scorer on this reward's EMScore, with
+        """The `Hallucination` scorer on this reward's EMScore, with
         its current settings (``threshold`` ...)."""
         return Hallucination(
             self.scorer, threshold=self.threshold, idf_threshold=self.idf_threshold, stop_words=self.stop_words,
@@ -119,7 +128,7 @@ class HallucinationPenalty(CaptionReward):
         return self.scorer.idf_table is not None
 
     def report_for(self, alignment: TokenAlignment, threshold: float | None = None) -> SupportReport:
-        """The :class:`SupportReport` of one caption's alignment at ``threshold`` (default: the current one)."""
+        """The `SupportReport` of one caption's alignment at ``threshold`` (default: the current one)."""
         return self.analysis().report_for(alignment, threshold)
 
     def _content(self, alignment: TokenAlignment) -> list[bool]:

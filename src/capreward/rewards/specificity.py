@@ -47,12 +47,12 @@ class SpecificityReward(RewardFunction):
     visuals; see the module docstring.
 
     Args:
-        base: the reward scoring one caption against one visual (a :class:`RewardFunction` with a
+        base: the reward scoring one caption against one visual (a `RewardFunction` with a
             ``compute`` taking ``image=`` or ``video=``); default ``CLIPScoreReward(**clip_kwargs)``.
         contrast: ``"mean"`` (the other visuals' mean: an image-blind caption sums to zero over a batch)
             or ``"max"`` (the closest other visual: the caption must beat every other visual).
         name: the TRL name (default ``"specificity"``).
-        clip_kwargs: passed to :class:`~capreward.rewards.CLIPScoreReward` when ``base`` is not given
+        clip_kwargs: passed to `CLIPScoreReward` when ``base`` is not given
             (``model=...``, ``device=...``).
 
     Raises:

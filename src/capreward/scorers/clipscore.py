@@ -64,8 +64,20 @@ class CLIPScore:
     cache_size, precision, frames (for videos), backbone (share an existing CLIPBackbone),
     long_captions: ``"windows"`` (default) reads a caption longer than the text context whole: its
     sentence/clause windows are each scored as ``prefix + window`` and their caption embeddings averaged,
-    weighted by length (:mod:`capreward.backbones.windows`); captions that fit keep the released numbers
+    weighted by length (`capreward.backbones.windows`); captions that fit keep the released numbers
     exactly. ``"truncate"``: the released behaviour (cut to the context, EOS kept; ``truncated``).
+
+    Example:
+        >>> from capreward.testing import colour_image, trained_clip_path
+        >>> clip = str(trained_clip_path())   # a tiny CLIP trained to know colour words (seconds, then cached)
+        >>> red = colour_image("red")
+        >>> from capreward import CLIPScore
+        >>> cs = CLIPScore(model=clip)
+        >>> r = cs.score(["a red image", "a blue image"], images=[red, red], references=[["a red picture"]] * 2)
+        >>> bool(r.clip_s[0] > r.clip_s[1]), bool(0 <= r.clip_s.min() and r.clip_s.max() <= 2.5)
+        (True, True)
+        >>> bool(r.ref_clip_s[0] > r.ref_clip_s[1])    # RefCLIP-S: with the references
+        True
     """
 
     default_w = 2.5
@@ -104,7 +116,7 @@ class CLIPScore:
 
         ``errors="raise"`` (default): a bad item (empty caption, unreadable visual) raises, naming it.
         ``errors="nan"``: bad items get NaN and their reason in ``result.errors[i]``; the others are
-        scored exactly as alone (see :mod:`capreward.scorers.bad_items`)."""
+        scored exactly as alone (see `capreward.scorers.bad_items`)."""
         check_error_mode(errors)
         if errors == "nan":
             if (images is None) == (videos is None):
@@ -153,7 +165,7 @@ class CLIPScore:
         """Differentiable CLIP-S [N] in [0, w] of soft captions, without references.
 
         ``probs`` [N, L, V] holds a distribution over CLIP's vocabulary per position (position 0 is SOS,
-        ``lengths[i]-1`` is EOS, as for :meth:`capreward.scorers.EMScore.score_soft`); the prefix is
+        ``lengths[i]-1`` is EOS, as for `capreward.scorers.EMScore.score_soft()`); the prefix is
         inserted after SOS here as one-hot tokens. Gradients flow to ``probs`` (zero where the cosine is
         negative, as the clip at 0 is flat there).
         """
@@ -194,6 +206,18 @@ class PACScore(CLIPScore):
 
     ``model`` must point at the PAC-S weights, e.g. the released ``clip_ViT-B-32.pth`` (an
     OpenAI-format state dict under a ``state_dict`` key; the architecture is inferred).
+
+    Example:
+        >>> from capreward.testing import colour_image, trained_clip_path
+        >>> clip = str(trained_clip_path())   # a tiny CLIP trained to know colour words (seconds, then cached)
+        >>> red = colour_image("red")
+        >>> from capreward import PACScore
+        >>> pac = PACScore(model=clip)                 # PAC-S's released checkpoint in practice
+        >>> pac.w
+        2.0
+        >>> r = pac.score(["a red image", "a blue image"], images=[red, red])
+        >>> bool(r.clip_s[0] > r.clip_s[1])
+        True
     """
 
     default_w = 2.0

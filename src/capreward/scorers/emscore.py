@@ -83,12 +83,13 @@ class EMScore:
     as released, so it leaves [-1, 1] (unbounded near P = -R) when P and R have opposite signs, e.g.
     -12.6 for a 20,000-character caption; ``full_f`` = (``fine_f`` + coarse)/2 inherits that.
     ``score(..., harmonic_mean="sign-safe")`` forms every F with
-    :func:`~capreward.metrics.harmonic.sign_safe_harmonic_mean` instead (each in [-1, 1]), as
-    :class:`~capreward.rewards.EMScoreReward` does by default.
+    `sign_safe_harmonic_mean()` instead (each in [-1, 1]), as
+    `EMScoreReward` does by default.
 
     Args:
         model: CLIP specification (name/tag, OpenAI-format ``.pt``, open_clip checkpoint, factory).
-        device, precision: where and in which precision the CLIP runs (fp32 on CPU).
+        device: where the CLIP runs.
+        precision: in which precision the CLIP runs (fp32 on CPU).
         idf: ``False`` (every token weight 1, the default), a list of captions (the released idf
             procedure over that fixed corpus), a dict token id → weight (used as given, ``idf_default``
             for missing ids; when None, a ``defaultdict``'s default (as the released code's dict gives),
@@ -99,15 +100,31 @@ class EMScore:
             so that a score never depends on its batch. Pass ``idf="batch"`` to reproduce the release's
             default (e.g. its VATEX-EVAL numbers), or a fixed corpus for idf that stays put.
         frames: frames sampled per video (10: the paper's VATEX-EVAL protocol; None: all frames).
-        batch_size: captions per text-encoder batch. cache_size: visual embeddings kept (LRU).
+        batch_size: captions per text-encoder batch.
+        cache_size: visual embeddings kept (LRU).
         trim_text: run the text tower only to the longest caption of a batch (exact; faster).
-        backbone: an existing :class:`CLIPBackbone` to share (then model/device/precision are ignored).
+        backbone: an existing `CLIPBackbone` to share (then model/device/precision are ignored).
         long_captions: ``"windows"`` (default): a caption (or reference) longer than the text context is
             read whole, in sentence/clause windows whose token embeddings are united (the fine-grained
             set) and whose caption embeddings are averaged weighted by length (f_X); see
-            :mod:`capreward.backbones.windows`. Captions that fit keep the released numbers exactly.
+            `capreward.backbones.windows`. Captions that fit keep the released numbers exactly.
             ``"truncate"``: cut to the context keeping EOS, as the released metric (``truncated`` says
             which).
+
+    Example:
+        >>> from capreward.testing import colour_image, trained_clip_path
+        >>> clip = str(trained_clip_path())   # a tiny CLIP trained to know colour words (seconds, then cached)
+        >>> red = colour_image("red")
+        >>> from capreward import EMScore
+        >>> em = EMScore(model=clip)
+        >>> r = em.score(["a red image.", "a blue image."], images=[red, red])
+        >>> bool(r.score[0] > r.score[1])              # full F: the right colour wins
+        True
+        >>> list(r.rows()[0])[:4]                      # every sub-score, named as in results files
+        ['score', 'video/coarse', 'video/fine_p', 'video/fine_r']
+        >>> r = em.score(["a red image.", ""], images=[red, red], errors="nan")
+        >>> r.errors
+        [None, 'empty caption']
     """
 
     def __init__(
@@ -162,12 +179,12 @@ class EMScore:
 
         ``harmonic_mean``: how every F (video, each reference, hence combined and full) is formed from
         P and R: ``"released"`` (the paper's 2PR/(P+R), default) or ``"sign-safe"``
-        (:func:`~capreward.metrics.harmonic.sign_safe_harmonic_mean`, what the rewards use).
+        (`sign_safe_harmonic_mean()`, what the rewards use).
 
         ``errors="raise"`` (default): a bad item (empty caption, unreadable visual) raises, naming it.
         ``errors="nan"``: bad items get NaN in every score (None alignment) and their reason in
         ``result.errors[i]``; the others are scored as they would be alone (see
-        :mod:`capreward.scorers.bad_items`; with ``idf="batch"`` the corpus is the scorable items')."""
+        `capreward.scorers.bad_items`; with ``idf="batch"`` the corpus is the scorable items')."""
         check_error_mode(errors)
         if errors == "nan":
             if videos is not None and images is not None:
@@ -213,7 +230,7 @@ class EMScore:
         video_ids: Sequence[str | None] | None = None,
         harmonic_mean: str = "released",
     ) -> EMScoreResult:
-        """Differentiable EMScore of soft captions (``harmonic_mean`` as for :meth:`score`).
+        """Differentiable EMScore of soft captions (``harmonic_mean`` as for `score()`).
 
         ``probs`` [N, L, V] holds a distribution over CLIP's vocabulary at each position (position 0 is
         SOS, position ``lengths[i]-1`` is EOS, later positions are ignored). Token embeddings are the

@@ -163,7 +163,7 @@ class FLEUR:
     """FLEUR / RefFLEUR scorer on a local LLaVA judge.
 
     ``model``: hub name or local directory (default ``llava-hf/llava-1.5-13b-hf``), a
-    ``(model, processor)`` pair, or a :class:`~capreward.judges.LocalJudge`. ``device``/``dtype``: None
+    ``(model, processor)`` pair, or a `LocalJudge`. ``device``/``dtype``: None
     picks CUDA+float16 when available, else CPU+float32 (a passed model stays where it is unless given).
     ``batch_size``: captions per forward pass. ``max_new_tokens``: budget of the greedy answer (512, the
     release's; decoding stops at each answer's end; an unfinished answer has no score).
@@ -176,6 +176,17 @@ class FLEUR:
     computed once per image but copied to every row, so that each row attends over one contiguous cache).
     For LLaVA-1.5-13B in float16 that is about 0.8 MB per token and row: ~18 GB for 32 captions of 700
     tokens; lower ``batch_size`` to trade speed for memory.
+
+    Example:
+        >>> import random
+        >>> from capreward.testing import fleur_task_image
+        >>> red = fleur_task_image("red", random.Random(0))
+        >>> from capreward import FLEUR
+        >>> from capreward.testing import tiny_judge_dir
+        >>> fleur = FLEUR(model=str(tiny_judge_dir()))  # a tiny LLaVA trained on FLEUR's prompt
+        >>> r = fleur.score(["a red car", "a yellow box"], [red, red])
+        >>> bool(r.score[0] > r.score[1]), bool(0 <= r.score.min() and r.score.max() <= 1)
+        (True, True)
     """
 
     name = "FLEUR"
@@ -238,7 +249,7 @@ class FLEUR:
         or ``videos[n]`` (a path, (T, H, W, 3) uint8 frames or a list of frames), scored on its
         three-frame composite. ``references[n]``: a caption or a list of captions. With
         ``requires_grad=True`` the scores are differentiable with respect to ``result.pixel_values`` and
-        ``result.inputs_embeds`` (one extra teacher-forced pass). Returns a :class:`FLEURResult`.
+        ``result.inputs_embeds`` (one extra teacher-forced pass). Returns a `FLEURResult`.
         Raises ``MediaError``/``TypeError``/``ValueError`` naming the item for unusable inputs; empty
         captions and prompts beyond the context get NaN with a reason.
         """
@@ -318,8 +329,8 @@ class FLEUR:
     def prompt_parts(
         self, candidates: Sequence[str], references: Sequence[Sequence[str] | str] | None = None
     ) -> list[list[str | Data]]:
-        """The conversations of :meth:`prompts` as parts: the user message (prompt text with the caption
-        and references) is :class:`~capreward.judges.caller_text.Data`, encoded without special tokens."""
+        """The conversations of `prompts()` as parts: the user message (prompt text with the caption
+        and references) is `Data`, encoded without special tokens."""
         candidates = caption_list(candidates)
         refs = check_references(references, len(candidates))
         return [
@@ -343,7 +354,7 @@ class FLEUR:
         *,
         videos: Sequence[Any] | None = None,
     ) -> FLEURPlan:
-        """Run the batched greedy pass and read every answer; no gradients. Returns a :class:`FLEURPlan`."""
+        """Run the batched greedy pass and read every answer; no gradients. Returns a `FLEURPlan`."""
         candidates = caption_list(candidates)
         n = len(candidates)
         refs = check_references(references, n)
@@ -392,7 +403,7 @@ class FLEUR:
     # ------------------------------------------------------------------------- the differentiable pass
     def teacher_forcing(self, plan: FLEURPlan):
         """Inputs of the teacher-forced pass over the scored rows of ``plan`` (prompt + greedy answer up
-        to the last read digit), as :class:`~capreward.judges.local.TeacherForcing`."""
+        to the last read digit), as `TeacherForcing`."""
         rows = plan.scored_rows
         if not rows:
             return None
@@ -414,7 +425,7 @@ class FLEUR:
         The greedy path (which tokens were written, where digits are read) is fixed by ``plan``; the
         digit distributions are recomputed in one teacher-forced pass from ``pixel_values``
         (U, 3, H, W; default: ``plan.visuals`` preprocessed) and ``inputs_embeds`` (the token
-        embeddings of :meth:`teacher_forcing`'s inputs, passed as ``inputs`` or recomputed; default:
+        embeddings of `teacher_forcing()`'s inputs, passed as ``inputs`` or recomputed; default:
         looked up). Gradients flow to both and through the logits.
         """
         n = len(plan.raw)

@@ -170,18 +170,30 @@ class RemoteFLEURResult(FLEURResult):
 
 
 class RemoteFLEUR:
-    """FLEUR / RefFLEUR on a :class:`~capreward.judges.protocol.JudgeBackend` (e.g.
-    :class:`~capreward.judges.remote.OpenAIJudge`).
+    """FLEUR / RefFLEUR on a `JudgeBackend` (e.g.
+    `OpenAIJudge`).
 
     ``top_logprobs``: alternatives asked per token (20, the most OpenAI and vLLM give).
     ``max_tokens``: budget of the greedy answer (512, the release's; None sends no limit; an unfinished
     answer has no score). ``pad_to_square`` / ``image_mean``: pad images to a square in the mean colour
     before sending them, as LLaVA-1.5 does. ``llava_v1_template``: send the LLaVA v1 chat template with
     each request (vLLM's ``chat_template`` field) so the server renders the released prompt exactly.
-    ``digit_search``: ``"step"`` or ``"release"`` (see :mod:`capreward.scorers.fleur`). ``tolerance``:
+    ``digit_search``: ``"step"`` or ``"release"`` (see `capreward.scorers.fleur`). ``tolerance``:
     the largest worst-case distance to the exact FLEUR score a sample may carry when some weighted digits
     are not among the alternatives (default 1e-6: exact or NaN with the reason); None keeps the
     renormalised approximation whatever its bound.
+
+    Example:
+        >>> import random
+        >>> from capreward.testing import fleur_task_image
+        >>> red = fleur_task_image("red", random.Random(0))
+        >>> from capreward import FLEUR, RemoteFLEUR
+        >>> from capreward.judges import LocalChatJudge
+        >>> from capreward.testing import tiny_judge_dir
+        >>> backend = LocalChatJudge(str(tiny_judge_dir()))  # any JudgeBackend; OpenAIJudge(url, model) for a server
+        >>> r = RemoteFLEUR(backend, max_tokens=None).score(["a red car", "a yellow box"], [red, red])
+        >>> bool(r.score[0] > r.score[1]), r.exact       # every weighted digit was among the top-20 alternatives
+        (True, [True, True])
     """
 
     name = "FLEUR"
@@ -237,7 +249,7 @@ class RemoteFLEUR:
         videos: Sequence[Any] | None = None,
     ) -> RemoteFLEURResult:
         """Score each candidate against its image (or video, on its three-frame composite) and, for
-        RefFLEUR, its references. Returns a :class:`RemoteFLEURResult`: ``score`` (N,) in [0, 1], NaN with
+        RefFLEUR, its references. Returns a `RemoteFLEURResult`: ``score`` (N,) in [0, 1], NaN with
         a reason in ``error`` for empty captions, failed requests and unreadable answers. Raises
         ``MediaError``/``TypeError``/``ValueError`` naming the item for unusable inputs."""
         n, sent, requests = self._score_requests(candidates, images, references, videos)
@@ -296,7 +308,7 @@ class RemoteFLEUR:
         )
 
     async def ascore(self, candidates, images=None, references=None, *, videos=None) -> RemoteFLEURResult:
-        """:meth:`score`, awaitable (the requests run concurrently on a remote backend)."""
+        """`score()`, awaitable (the requests run concurrently on a remote backend)."""
         n, sent, requests = self._score_requests(candidates, images, references, videos)
         result = self.read(_placed(n, sent, await self.backend.agenerate(requests)))
         result.injection = injection_reasons(caption_list(candidates))

@@ -95,16 +95,28 @@ class GVEval:
     gets: ``"nan"`` (default; the release drops the sample, we keep its place with NaN and the reason)
     or ``"parsed"`` (the number written after the marker, when there is one). ``tolerance``: on a
     server whose tokenizer writes numbers digit by digit, the expected score comes from an exact digit
-    tree of assistant-prefilled requests (:mod:`capreward.scorers.remote_numbers`); a score whose bound
+    tree of assistant-prefilled requests (`capreward.scorers.remote_numbers`); a score whose bound
     (score points) is above ``tolerance`` gets NaN and the reason; ``tree_top_logprobs``: the alternatives
     each node of the tree asks (20; a node is exact when all ten digits are listed, so serve more with
-    vLLM's ``--max-logprobs`` and raise this and :class:`~capreward.judges.remote.OpenAIJudge`'s
+    vLLM's ``--max-logprobs`` and raise this and `OpenAIJudge`'s
     ``top_logprobs_cap`` together). ``structured``: constrain the answer to
     the released format (free text, then "$N$" with N in 0..100; ACCR: each Greek-letter score) with
-    vLLM's ``structured_outputs={"regex": ...}`` (:func:`~capreward.metrics.gveval.answer_regex`), so the
+    vLLM's ``structured_outputs={"regex": ...}`` (`answer_regex()`), so the
     score slot is always readable; vLLM reports the model's own log-probabilities (its default
     ``logprobs_mode="raw_logprobs"``), so the expected score is unchanged by the constraint. Local judges
     ignore it.
+
+    Example:
+        >>> import random
+        >>> from capreward.testing import fleur_task_image
+        >>> red = fleur_task_image("red", random.Random(0))
+        >>> from capreward import GVEval
+        >>> from capreward.judges import LocalChatJudge
+        >>> from capreward.testing import tiny_vlm_judge
+        >>> gveval = GVEval(backend=LocalChatJudge(tiny_vlm_judge()))  # ref-free; mode="combined" with references
+        >>> r = gveval.score(["a red square", "a blue square"], images=[red, red])
+        >>> [bool(0 <= s <= 100) for s in r.score], r.error
+        ([True, True], [None, None])
     """
 
     def __init__(

@@ -134,26 +134,38 @@ class ContextCache:
 class VisCE2:
     """VisCE² on any chat judge backend.
 
-    ``backend``: a :class:`~capreward.judges.protocol.JudgeBackend` (a
-    :class:`~capreward.judges.local_chat.LocalChatJudge`, a remote server backend, ...).
+    ``backend``: a `JudgeBackend` (a
+    `LocalChatJudge`, a remote server backend, ...).
     ``expected``: also compute the expected score from the token distribution. ``context_cache_size``:
-    visual contexts kept in memory (the most recently used; default :data:`DEFAULT_CONTEXT_CACHE_SIZE`, 0
+    visual contexts kept in memory (the most recently used; default `DEFAULT_CONTEXT_CACHE_SIZE`, 0
     for none), so a long run does not grow without bound. ``cache_dir``: keep every visual context on
     disk too. ``context_max_tokens`` / ``max_tokens``: generation budgets of the two
     stages (1024 each, the release's ``max_new_tokens``, so a five-object context is not cut off; the
     stages stop at the end of the answer, so short answers cost no more). ``temperature``: 0 (default)
-    decodes greedily, deterministic for rewards; the release samples at 0.2 (see :meth:`released`).
+    decodes greedily, deterministic for rewards; the release samples at 0.2 (see `released()`).
     ``prompt``: the rating prompt variant, ``"visce_2"`` (the released head's, default) or ``"visce"``
-    (the earlier commit's; :data:`~capreward.judges.vlm_prompts.VISCE2_RATING_VARIANTS`).
+    (the earlier commit's; `VISCE2_RATING_VARIANTS`).
     ``top_logprobs``: alternatives asked of non-local backends for the expected score (vLLM and OpenAI
     allow up to 20). ``tolerance``: on a server whose tokenizer writes numbers digit by digit, the
     expected score comes from an exact digit tree of assistant-prefilled requests
-    (:mod:`capreward.scorers.remote_numbers`); one whose bound (score points) is above ``tolerance`` is
+    (`capreward.scorers.remote_numbers`); one whose bound (score points) is above ``tolerance`` is
     NaN with the reason; ``tree_top_logprobs``: the alternatives each node of the tree asks (20; a
     node is exact when all ten digits are listed, so serve more with vLLM's ``--max-logprobs`` and raise
-    this and :class:`~capreward.judges.remote.OpenAIJudge`'s ``top_logprobs_cap`` together). ``structured``: constrain the rating to start with an integer 0..100 as its first
-    number (vLLM's ``structured_outputs={"regex": ...}``, :data:`~capreward.metrics.visce2.ANSWER_REGEX`);
+    this and `OpenAIJudge`'s ``top_logprobs_cap`` together). ``structured``: constrain the rating to start with an integer 0..100 as its first
+    number (vLLM's ``structured_outputs={"regex": ...}``, `ANSWER_REGEX`);
     local judges ignore it.
+
+    Example:
+        >>> import random
+        >>> from capreward.testing import fleur_task_image
+        >>> red = fleur_task_image("red", random.Random(0))
+        >>> from capreward import VisCE2
+        >>> from capreward.judges import LocalChatJudge
+        >>> from capreward.testing import tiny_vlm_judge
+        >>> visce2 = VisCE2(backend=LocalChatJudge(tiny_vlm_judge()))  # OpenAIJudge(url, model) for a server
+        >>> r = visce2.score(["a red square", "a blue square"], [red, red])
+        >>> [bool(0 <= s <= 100) for s in r.score], r.error
+        ([True, True], [None, None])
     """
 
     #: The released generation settings (``src/models/llava_v15.py`` at the head): sampled at
@@ -196,7 +208,7 @@ class VisCE2:
 
     @classmethod
     def released(cls, backend: JudgeBackend, **kwargs: Any) -> "VisCE2":
-        """VisCE² with the release's generation settings (:data:`RELEASE_SETTINGS`: sampled at
+        """VisCE² with the release's generation settings (`RELEASE_SETTINGS`: sampled at
         temperature 0.2, 1024 new tokens per stage); scores then vary from call to call, as the release's
         do. Other options go in ``kwargs``."""
         return cls(backend, **{**cls.RELEASE_SETTINGS, **kwargs})

@@ -4,8 +4,8 @@ The red-team suite lives here too: :mod:`~capreward.testing.susceptible_judge` (
 for prompt injection) and :mod:`~capreward.testing.red_team` (hostile captions x every judge scorer and
 reward).
 
-Every builder the README's "Try it without weights" table names is importable from here
-(``from capreward.testing import tiny_vlm_judge``); tests/test_readme.py checks the table against this
+Every builder the "Try it without weights" table of docs/quickstart.md names is importable from here
+(``from capreward.testing import tiny_vlm_judge``); tests/test_docs_code.py checks the table against this
 package.
 """
 

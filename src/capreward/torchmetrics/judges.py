@@ -26,8 +26,20 @@ class VisCE2Metric(CaptionMetric):
     Columns: ``score`` (the first integer of the judge's answer; 0 when it wrote none, as in the paper;
     NaN when the request failed), ``empty``, ``scored``, and with ``expected=True`` ``expected`` (the
     expected score from the token distribution). Give ``backend`` (any
-    :class:`~capreward.judges.protocol.JudgeBackend`; further keyword arguments of
-    :class:`~capreward.scorers.visce2.VisCE2` go in ``scorer_kwargs``) or a configured ``scorer``.
+    `JudgeBackend`; further keyword arguments of
+    `VisCE2` go in ``scorer_kwargs``) or a configured ``scorer``.
+
+    Example:
+        >>> import random
+        >>> from capreward.testing import fleur_task_image
+        >>> red = fleur_task_image("red", random.Random(0))
+        >>> from capreward.callbacks import VisCE2Metric
+        >>> from capreward.judges import LocalChatJudge
+        >>> from capreward.testing import tiny_vlm_judge
+        >>> metric = VisCE2Metric(LocalChatJudge(tiny_vlm_judge()))
+        >>> metric.update(["a red square"], [red])
+        >>> bool(0 <= metric.compute() <= 100)
+        True
     """
 
     default_name = "visce2"
@@ -77,7 +89,19 @@ class GVEvalMetric(CaptionMetric):
     ``visual``: "image" or "video" (the three-frame composite); ``accr``: also the four ACCR columns
     (video only). Columns: ``score``, ``empty``, ``scored``, and with ACCR ``accuracy``,
     ``completeness``, ``conciseness``, ``relevance``. Give ``backend`` (plus ``scorer_kwargs`` for
-    :class:`~capreward.scorers.gveval.GVEval`) or a configured ``scorer``.
+    `GVEval`) or a configured ``scorer``.
+
+    Example:
+        >>> import random
+        >>> from capreward.testing import fleur_task_image
+        >>> red = fleur_task_image("red", random.Random(0))
+        >>> from capreward.callbacks import GVEvalMetric
+        >>> from capreward.judges import LocalChatJudge
+        >>> from capreward.testing import tiny_vlm_judge
+        >>> metric = GVEvalMetric(LocalChatJudge(tiny_vlm_judge()))
+        >>> metric.update(["a red square"], [red])
+        >>> bool(0 <= metric.compute() <= 100)
+        True
     """
 
     default_name = "gveval"

@@ -403,15 +403,25 @@ class EMScoreMetric(CaptionMetric):
 
     Columns: ``score``, ``empty`` (1 for an empty caption), ``truncated`` (1 when the caption was cut
     to CLIP's context: only with a ``scorer`` built with ``long_captions="truncate"``; by default a long
-    caption is read whole, see :mod:`capreward.backbones.windows`) and ``<part>/<component>`` for part in video/reference/combined and component in
+    caption is read whole, see `capreward.backbones.windows`) and ``<part>/<component>`` for part in video/reference/combined and component in
     coarse, fine_p/r/f, full_p/r/f (NaN for parts not computed).
 
-    Args: ``model`` (any CLIP specification) or ``backbone`` (a shared :class:`CLIPBackbone`) or
-    ``scorer`` (a configured :class:`~capreward.EMScore`); ``idf``, ``frames``, ``batch_size`` as for
+    Args: ``model`` (any CLIP specification) or ``backbone`` (a shared `CLIPBackbone`) or
+    ``scorer`` (a configured `EMScore`); ``idf``, ``frames``, ``batch_size`` as for
     the scorer (``idf`` defaults to ``False``, no idf, where the released ``score()`` uses each batch's
     idf: pass a fixed corpus for idf weights that do not change with the validation batches, or
     ``idf="batch"`` for the release's default); ``visual``: ``"video"`` (default) or ``"image"``; see
-    :class:`CaptionMetric` for the rest.
+    `CaptionMetric` for the rest.
+
+    Example:
+        >>> from capreward.testing import colour_image, trained_clip_path
+        >>> clip = str(trained_clip_path())   # a tiny CLIP trained to know colour words (seconds, then cached)
+        >>> red = colour_image("red")
+        >>> from capreward.callbacks import EMScoreMetric
+        >>> metric = EMScoreMetric(model=clip, visual="image")
+        >>> metric.update(["a red image.", "a blue image."], [red, red])   # captions first, then visuals
+        >>> float(metric.compute()) == float(EMScoreMetric(model=clip, visual="image")(["a red image.", "a blue image."], [red, red]))
+        True
     """
 
     columns = ("score", "empty", "truncated") + tuple(
@@ -471,8 +481,18 @@ class CLIPScoreMetric(CaptionMetric):
     Columns: ``score`` (RefCLIP-S with references, else CLIP-S), ``empty``, ``truncated``, ``clip_s``,
     ``ref_clip_s`` and ``ref_similarity`` (max cosine to the references, in [-1, 1]).
 
-    Args: ``model``/``backbone``/``scorer`` as for :class:`EMScoreMetric`; ``w``; ``frames`` (for
+    Args: ``model``/``backbone``/``scorer`` as for `EMScoreMetric`; ``w``; ``frames`` (for
     videos, scored through their mean frame embedding); ``visual``: ``"image"`` (default) or ``"video"``.
+
+    Example:
+        >>> from capreward.testing import colour_image, trained_clip_path
+        >>> clip = str(trained_clip_path())   # a tiny CLIP trained to know colour words (seconds, then cached)
+        >>> red = colour_image("red")
+        >>> from capreward.callbacks import CLIPScoreMetric
+        >>> right, wrong = CLIPScoreMetric(model=clip), CLIPScoreMetric(model=clip)
+        >>> right.update(["a red image."], [red]); wrong.update(["a blue image."], [red])
+        >>> bool(right.compute() > wrong.compute())
+        True
     """
 
     columns = ("score", "empty", "truncated", "clip_s", "ref_clip_s", "ref_similarity")
@@ -538,8 +558,19 @@ class FLEURMetric(CaptionMetric):
     and ``parsed`` (1 when the answer parsed; its mean is the parse rate).
 
     Args: ``model`` (a LLaVA name or directory, a ``(model, processor)`` pair or a LocalJudge) or
-    ``scorer`` (a configured :class:`~capreward.FLEUR`); ``device``, ``dtype``; ``visual``:
+    ``scorer`` (a configured `FLEUR`); ``device``, ``dtype``; ``visual``:
     ``"image"`` (default) or ``"video"`` (scored on FLEUR's three-frame composite).
+
+    Example:
+        >>> import random
+        >>> from capreward.testing import fleur_task_image
+        >>> red = fleur_task_image("red", random.Random(0))
+        >>> from capreward.callbacks import FLEURMetric
+        >>> from capreward.testing import tiny_judge_dir
+        >>> metric = FLEURMetric(model=str(tiny_judge_dir()))
+        >>> metric.update(["a red car", "a yellow box"], [red, red])
+        >>> bool(0 <= metric.compute() <= 1)
+        True
     """
 
     columns = ("score", "empty", "parsed")

@@ -226,15 +226,31 @@ class DifferentiableRewardLoss:
     """The loss ``-mean reward(relaxed captions)`` for a CLIP-based scorer (see the module docstring).
 
     Args:
-        scorer: a :class:`~capreward.scorers.EMScore` (reward: ``field`` of its main scores, default the
-            full F) or :class:`~capreward.scorers.CLIPScore` / ``PACScore`` (reward: CLIP-S).
+        scorer: a `EMScore` (reward: ``field`` of its main scores, default the
+            full F) or `CLIPScore` / ``PACScore`` (reward: CLIP-S).
         harmonic_mean: how EMScore's F is formed from P and R: ``"sign-safe"`` (default, as
-            :class:`~capreward.rewards.EMScoreReward`: in [-1, 1], never decreasing when P or R grows,
+            `EMScoreReward`: in [-1, 1], never decreasing when P or R grows,
             so no gradient climbs towards P = -R) or ``"released"`` (the paper's 2PR/(P+R)).
-        bridge: the :class:`VocabularyBridge` from the captioner's tokenizer to the scorer's backbone.
+        bridge: the `VocabularyBridge` from the captioner's tokenizer to the scorer's backbone.
         tokenizer: the captioner's tokenizer (for the decoded captions).
         tau: Gumbel-softmax temperature; hard: straight-through (one-hot forward) or soft forward.
         max_new_tokens: caption length cap; visual: ``"image"`` or ``"video"``.
+
+    Example:
+        >>> from capreward.testing import colour_image, trained_clip_path
+        >>> clip = str(trained_clip_path())   # a tiny CLIP trained to know colour words (seconds, then cached)
+        >>> red = colour_image("red")
+        >>> from capreward import CLIPScore
+        >>> from capreward.testing.tiny_captioner import build_tiny_captioner
+        >>> from capreward.training.relaxed import DifferentiableRewardLoss, VocabularyBridge
+        >>> model, processor, tokenizer = build_tiny_captioner(seed=0)   # a word-level vocabulary
+        >>> scorer = CLIPScore(model=clip)
+        >>> loss_fn = DifferentiableRewardLoss(scorer, VocabularyBridge.from_tokenizers(tokenizer, scorer.backbone), tokenizer,
+        ...                                    max_new_tokens=4)
+        >>> out = loss_fn(model, {"pixel_values": processor([red], return_tensors="pt").pixel_values}, [red])
+        >>> out.loss.backward()                          # the gradient reaches the captioner
+        >>> any(p.grad is not None for p in model.parameters())
+        True
     """
 
     def __init__(

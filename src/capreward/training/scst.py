@@ -98,14 +98,30 @@ class SelfCriticalStep:
         tokenizer: decodes generated ids to captions (``batch_decode(..., skip_special_tokens=True)``).
         samples: k, captions sampled per visual (>= 1; >= 2 for ``baseline="mean"``).
         baseline: ``"greedy"`` (SCST) or ``"mean"`` (mean of the other samples).
-        max_new_tokens, temperature, top_k: sampling settings (top_k=0: the full distribution, as SCST
-            samples); ``generation_kwargs`` go to both ``generate`` calls (e.g. ``suppress_tokens``).
+        max_new_tokens: sampling setting: the longest caption, in tokens.
+        temperature: sampling setting.
+        top_k: sampling setting (top_k=0: the full distribution, as SCST samples).
+        generation_kwargs: go to both ``generate`` calls (e.g. ``suppress_tokens``).
         length_normalise: divide each sample's log-probability by its length.
         visual_column: the reward's column for visuals (``"image"`` or ``"video"``).
         unscored_reward: the reward given to a caption the reward cannot score (e.g. an empty caption).
             None (default): such a sample has no advantage, so nothing pushes the policy away from it;
             a policy can then drift to empty captions (see experiments/scst_colour_toy.py). A value at
             or below the reward's minimum (e.g. 0 for CLIP-S) makes them the worst captions instead.
+
+    Example:
+        >>> import torch
+        >>> from capreward.testing import colour_image
+        >>> from capreward.testing.tiny_captioner import build_tiny_captioner
+        >>> from capreward.training import SelfCriticalStep
+        >>> model, processor, tokenizer = build_tiny_captioner(seed=0)
+        >>> images = [colour_image("red"), colour_image("blue")]
+        >>> says_red = lambda prompts, completions, **columns: [float("red" in c) for c in completions]
+        >>> step = SelfCriticalStep(says_red, tokenizer, samples=3, max_new_tokens=4, visual_column="image")
+        >>> _ = torch.manual_seed(0)
+        >>> out = step(model, {"pixel_values": processor(images, return_tensors="pt").pixel_values}, images)
+        >>> out.rewards.shape, len(out.greedy_captions), out.loss.requires_grad
+        (torch.Size([2, 3]), 2, True)
     """
 
     def __init__(
@@ -181,7 +197,7 @@ class SelfCriticalStep:
     ) -> SCSTOutput:
         """SCST on a batch: ``inputs`` are the model's inputs for B visuals (``pixel_values``, ...),
         ``visuals`` the B visuals in the reward's form (paths, PIL images, arrays), ``references`` optional
-        per-visual reference captions. Returns an :class:`SCSTOutput`."""
+        per-visual reference captions. Returns an `SCSTOutput`."""
         b, k = len(visuals), self.samples
         if references is not None and len(references) != b:
             raise ValueError(f"got {len(references)} reference lists for {b} visuals")
