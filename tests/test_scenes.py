@@ -141,3 +141,20 @@ def test_mean_judgement_pools_objects():
     m = mean_judgement([judge(scene, "a red circle and a blue cross"), judge(scene, "a red circle, a green square and a blue cross")])
     assert m["exact"] == 0.5 and m["hallucination"] == pytest.approx(1 / 5) and m["omission"] == 0.0
     assert m["objects"] == 2.5 and m["any_hallucination"] == 0.5
+
+
+def test_best_of_n_takes_the_top_of_each_group_and_judges_it():
+    from capreward.testing.scenes_eval import Candidates, best_of_n
+
+    scene = Scene((O("circle", "red", 0), O("cross", "blue", 3)))
+    rows = [{"scene": scene}]
+    right, extra, short, wrong = ("a red circle and a blue cross", "a red circle, a blue cross and a green square",
+                                  "a red circle", "a red square and a blue cross")
+    caps = [[extra, right, short, wrong]]
+    cands = Candidates(captions=caps, values={"r": [[3.0, 2.0, 1.0, 0.0]]}, held_out=[[0.1, 0.2, 0.3, 0.4]])
+    out = best_of_n(rows, cands, "r", ns=(1, 2, 4))
+    assert out[1] == {**mean_judgement(judge(scene, c) for c in caps[0]), "held_out": 0.25, "reward": 1.5}
+    assert out[2]["reward"] == 2.0 and out[2]["held_out"] == pytest.approx(0.2)  # extra (3.0) and short (1.0)
+    assert out[4]["objects"] == 3 and out[4]["hallucination"] == pytest.approx(1 / 3) and out[4]["exact"] == 0
+    with pytest.raises(ValueError, match="does not divide"):
+        best_of_n(rows, cands, "r", ns=(3,))

@@ -136,7 +136,7 @@ def random_scene(rng: random.Random, n_objects: int | None = None, repeat: float
 
 def render_scene(scene: Scene, rng: random.Random, size: int = 64) -> Image.Image:
     """The scene as a ``size`` x ``size`` RGB image: a dark background (grey 30-60) with Gaussian noise
-    (sigma 8), each object drawn in its cell of the 2x2 grid at 55-75 % of the cell's side, its centre
+    (sigma 8), each object drawn in its cell of the 2x2 grid at 60-80 % of the cell's side, its centre
     jittered within the cell and its colour shifted by up to +-20 per channel. Deterministic for ``rng``'s
     state."""
     if size < 16:
@@ -147,7 +147,7 @@ def render_scene(scene: Scene, rng: random.Random, size: int = 64) -> Image.Imag
     draw = ImageDraw.Draw(base)
     half = size / 2
     for o in scene.objects:
-        side = half * rng.uniform(0.55, 0.75)
+        side = half * rng.uniform(0.6, 0.8)
         slack = (half - side) / 2
         cx = (o.cell % 2) * half + half / 2 + rng.uniform(-slack, slack)
         cy = (o.cell // 2) * half + half / 2 + rng.uniform(-slack, slack)
@@ -158,8 +158,8 @@ def render_scene(scene: Scene, rng: random.Random, size: int = 64) -> Image.Imag
         elif o.shape == "square":
             q = r * 0.85  # a square of the circle's area looks the same size
             draw.rectangle([cx - q, cy - q, cx + q, cy + q], fill=colour)
-        else:  # cross: two bars a third of the side wide
-            w = side / 6
+        else:  # cross: two bars two fifths of the side wide
+            w = side / 5
             draw.rectangle([cx - r, cy - w, cx + r, cy + w], fill=colour)
             draw.rectangle([cx - w, cy - r, cx + w, cy + r], fill=colour)
     return base
