@@ -1,0 +1,281 @@
+"""Tiny CLIPs *trained* on the scenes world (:mod:`capreward.testing.scenes`), for the scenes experiment
+and its tests: a reward model A and, trained apart, a held-out model B.
+
+The architecture is the tiny OpenAI-format CLIP of :mod:`capreward.testing.tiny_clip` with a finer image
+patch (4 px on a 32 px input, :data:`SCENE_CLIP_CONFIG`) so that a shape in one cell of the 2x2 grid
+covers several patches. Training follows :mod:`capreward.testing.trained_clip` (its token-embedding
+readout and multi-positive contrastive loss), with hard negatives:
+
+- image -> text: each image against the batch's true captions *and hard negatives* of every image
+  (:func:`~capreward.testing.scenes.hard_negative`, ``negatives`` kinds drawn per image of: count,
+  binding, missing, extra, colour and shape swaps); any caption whose content equals the image's scene counts as a positive;
+- text -> image: each true caption against the batch's images;
+- token level: the embedding of each colour and shape word of the true captions *at its position*, and
+  of each such word encoded alone, against every image of the batch, a binary loss on the similarity
+  (positive where the image has that colour or shape, negative elsewhere), so that the hallucination
+  penalty (EMScore's token -> visual matching, thresholded) sees the words.
+
+Half the captions carry CLIP-S's prefix "A photo depicts ". Model A and model B differ in their
+initialisation seed and in the scenes they are trained on (disjoint streams of the generator); the
+experiment's held-out scenes come from a third stream.
+
+Weights are cached as OpenAI-format state dicts under ``$CAPREWARD_CACHE`` (default
+``~/.cache/capreward``) in ``trained_clip/<name>-<hash>.pt``, the hash covering the recipe, this module's
+and :mod:`~capreward.testing.scenes`' source, the config and the torch version, as the colour CLIP's are.
+:func:`scene_clip_path` trains on the first call (a few CPU minutes on one thread) and returns the path,
+which every CLIP-based scorer accepts as ``model=``.
+
+Example:
+    >>> from capreward.testing.scenes_clip import MODEL_A, scene_clip_path
+    >>> from capreward.rewards import CLIPScoreReward
+    >>> reward = CLIPScoreReward(model=str(scene_clip_path(MODEL_A)))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from . import scenes as world
+from .tiny_clip import build_tiny_clip, openai_state_dict
+from .trained_clip import CLIPS_PREFIX, _cache_root, _lr_factor, _multi_positive_ce, text_token_embeddings
+
+SCENE_CLIP_VERSION = "1"
+
+#: The tiny CLIP's architecture with 4-pixel patches (64 patches of a 32 px image) and 64-d embeddings.
+SCENE_CLIP_CONFIG = {
+    "embed_dim": 64,
+    "vision": {"image_size": 32, "patch_size": 4, "width": 64, "layers": 2},
+    "text": {"context_length": 77, "vocab_size": 49408, "width": 64, "layers": 2},
+}
+
+
+@dataclass(frozen=True)
+class SceneClipRecipe:
+    """Everything that determines a trained scenes CLIP (and therefore its cache key). ``seed`` seeds the
+    initialisation and the batches; ``data`` names the generator's stream of training scenes."""
+
+    name: str = "scenes-a"
+    seed: int = 0
+    data: str = "train-a"
+    steps: int = 1000
+    batch_size: int = 32
+    pool_size: int = 3000
+    lr: float = 2e-3
+    weight_decay: float = 0.01
+    logit_scale: float = 10.0
+    token_loss_weight: float = 1.0
+    negatives: int = 3
+
+    def key(self) -> str:
+        """A hash of the recipe, this module's and the world's source, the config and the torch version."""
+        payload = {
+            "recipe": asdict(self),
+            "version": SCENE_CLIP_VERSION,
+            "source": hashlib.sha256(Path(__file__).read_bytes() + Path(world.__file__).read_bytes()).hexdigest(),
+            "config": SCENE_CLIP_CONFIG,
+            "torch": torch.__version__.split("+")[0],
+        }
+        return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+#: The reward model.
+MODEL_A = SceneClipRecipe()
+#: The held-out model: another initialisation, other training scenes.
+MODEL_B = SceneClipRecipe(name="scenes-b", seed=1, data="train-b")
+#: A negative control for the reward model: A's recipe without hard negatives (in-batch negatives only,
+#: as CLIPs are usually trained).
+MODEL_A_PLAIN = SceneClipRecipe(name="scenes-a-plain", negatives=0)
+#: The stream of held-out scenes neither model trained on.
+HELD_OUT = "held-out"
+
+
+def scene_stream(data: str, n: int, size: int = 64) -> list[dict]:
+    """``n`` scenes of the generator's stream ``data`` (a name: "train-a", "train-b", "held-out", ...):
+    {"scene", "image", "caption"}, deterministic for the name."""
+    rng = random.Random(f"scene-stream-{data}")
+    out = []
+    for _ in range(n):
+        scene = world.random_scene(rng)
+        out.append({"scene": scene, "image": world.render_scene(scene, rng, size), "caption": world.true_caption(scene)})
+    return out
+
+
+def _preprocess():
+    import open_clip
+
+    return open_clip.image_transform(SCENE_CLIP_CONFIG["vision"]["image_size"], is_train=False)
+
+
+def _tokenizer():
+    import open_clip
+
+    return open_clip.tokenizer.SimpleTokenizer(context_length=SCENE_CLIP_CONFIG["text"]["context_length"])
+
+
+def content_key(caption: str) -> tuple:
+    """What a caption says, as comparable with :meth:`Scene.key`: its (colour, shape) -> count pairs."""
+    from collections import Counter
+
+    counts: Counter = Counter()
+    for m in world.parse_caption(caption).mentions:
+        counts[(m.colour, m.shape)] += m.count
+    return tuple(sorted(counts.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])))
+
+
+def _scene_key(scene: world.Scene) -> tuple:
+    return tuple(sorted(scene.groups().items(), key=lambda kv: (str(kv[0][0]), kv[0][1])))
+
+
+_ENCODED: dict[int, dict[str, list[int]]] = {}
+
+
+def encode_scene_captions(tokenizer, captions: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor, list[list[tuple[int, str]]]]:
+    """Token ids [B, L] (SOT..EOT, zero padded), lengths [B], and per caption the (position, word) of
+    each colour or shape word (every such word of the grammar is one BPE token)."""
+    attributes = set(world.SCENE_COLOURS) | set(world.SHAPES) | set(world.PLURALS)
+    cache = _ENCODED.setdefault(id(tokenizer), {})
+    rows, where = [], []
+    for caption in captions:
+        ids = [tokenizer.sot_token_id]
+        found = []
+        for word in caption.replace(",", " ,").split(" "):
+            if not word:
+                continue
+            if word not in cache:
+                cache[word] = tokenizer.encode(word)
+            ids.extend(cache[word])
+            if word.lower() in attributes:
+                found.append((len(ids) - 1, word.lower()))
+        ids.append(tokenizer.eot_token_id)
+        rows.append(ids)
+        where.append(found)
+    out = torch.zeros(len(rows), max(len(r) for r in rows), dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r)
+    return out, torch.tensor([len(r) for r in rows]), where
+
+
+def _has(scene: world.Scene, word: str) -> bool:
+    if word in world.SCENE_COLOURS:
+        return word in scene.colours()
+    return world.PLURALS.get(word, word) in scene.shapes()
+
+
+def train_scene_clip(recipe: SceneClipRecipe = MODEL_A, log: Callable[[str], None] | None = None) -> tuple[torch.nn.Module, list[float]]:
+    """Train a tiny CLIP on the scenes world; returns (model in eval mode, per-step losses). Deterministic
+    on the CPU for a given recipe. Runs on one torch thread (restored afterwards)."""
+    rng = random.Random(f"scene-clip-{recipe.seed}")
+    devices = [] if not torch.cuda.is_available() else None
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    words = [*world.SCENE_COLOURS, *world.SHAPES, *world.PLURALS]
+    try:
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(recipe.seed)
+            model = build_tiny_clip(recipe.seed, SCENE_CLIP_CONFIG).train()
+            model.logit_scale.requires_grad_(False).fill_(math.log(recipe.logit_scale))
+            # the 49k-row token table stays at its (distinct, random) initialisation: training it costs
+            # most of a step and the grammar uses a few dozen tokens
+            model.token_embedding.weight.requires_grad_(False)
+            preprocess, tokenizer = _preprocess(), _tokenizer()
+            pool = scene_stream(recipe.data, recipe.pool_size)
+            pixels = torch.stack([preprocess(r["image"]) for r in pool])
+            word_ids, word_len, word_where = encode_scene_captions(tokenizer, words)
+            opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=recipe.lr, weight_decay=recipe.weight_decay)
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_factor(recipe.steps))
+            scale = recipe.logit_scale
+            losses: list[float] = []
+            for step in range(recipe.steps):
+                idx = rng.sample(range(recipe.pool_size), recipe.batch_size)
+                scenes = [pool[i]["scene"] for i in idx]
+                truths, negatives = [], []
+                for scene in scenes:
+                    prefix = CLIPS_PREFIX if rng.random() < 0.5 else ""
+                    truths.append(prefix + world.true_caption(scene, rng))
+                    for kind in rng.sample(world.NEGATIVE_KINDS, recipe.negatives):
+                        neg = world.hard_negative(scene, kind, rng)
+                        if neg is not None:
+                            negatives.append(prefix + neg)
+                captions = truths + negatives
+                ids, lengths, where = encode_scene_captions(tokenizer, captions)
+                images = F.normalize(model.encode_image(pixels[idx]), dim=-1)
+                tokens = text_token_embeddings(model, ids)
+                text = tokens[torch.arange(len(captions)), lengths - 1]
+                keys = [_scene_key(s) for s in scenes]
+                caption_keys = [content_key(c) for c in captions]
+                positive = torch.tensor([[k == ck for ck in caption_keys] for k in keys])
+                logits = scale * images @ text.T  # [B, B + negatives]
+                i2t = _multi_positive_ce(logits, positive)
+                t2i = _multi_positive_ce(logits[:, : len(truths)].T, positive[:, : len(truths)].T)
+                # token level: attribute words in the true captions, and each word alone
+                rows, row_words = [], []
+                for c, found in enumerate(where[: len(truths)]):
+                    for pos, word in found:
+                        rows.append(tokens[c, pos])
+                        row_words.append(word)
+                alone = text_token_embeddings(model, word_ids)
+                for w, found in enumerate(word_where):
+                    rows.append(alone[w, found[0][0]])
+                    row_words.append(found[0][1])
+                has = torch.tensor([[_has(s, w) for s in scenes] for w in row_words], dtype=torch.float32)
+                # a binary loss, not a contrastive one: the penalty thresholds the similarity itself, so a
+                # word must be above 0 on every image that has it and below on every image that has not
+                token_logits = scale * torch.stack(rows) @ images.T
+                token_loss = F.binary_cross_entropy_with_logits(token_logits, has)
+                loss = (i2t + t2i) / 2 + recipe.token_loss_weight * token_loss
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                sched.step()
+                losses.append(loss.item())
+                if log is not None and (step % 100 == 0 or step == recipe.steps - 1):
+                    log(f"{recipe.name} step {step}: loss {losses[-1]:.3f} (i2t {i2t.item():.3f}, t2i {t2i.item():.3f}, token {token_loss.item():.3f})")
+    finally:
+        torch.set_num_threads(threads)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.half().float())  # fp16 precision, so the OpenAI-format file reloads losslessly
+    return model.eval(), losses
+
+
+def scene_clip_path(
+    recipe: SceneClipRecipe = MODEL_A,
+    cache_dir: str | os.PathLike | None = None,
+    rebuild: bool = False,
+    log: Callable[[str], None] | None = None,
+) -> Path:
+    """Path of the trained scenes CLIP for ``recipe`` as an OpenAI-format ``.pt`` state dict (pass it as
+    ``model=``); trained and written atomically on the first call, then reused (as
+    :func:`~capreward.testing.trained_clip.trained_clip_path` does for the colour CLIP). A ``.json``
+    beside it records the recipe and the final training loss."""
+    root = Path(cache_dir) if cache_dir is not None else _cache_root()
+    target = root / "trained_clip" / f"{recipe.name}-{recipe.key()}.pt"
+    if target.is_file() and not rebuild:
+        return target
+    model, losses = train_scene_clip(recipe, log=log)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    record = json.dumps({"recipe": asdict(recipe), "final_loss": float(np.mean(losses[-50:]))}, indent=2)
+    for path, write in ((target.with_suffix(".json"), lambda tmp: Path(tmp).write_text(record)),
+                        (target, lambda tmp: torch.save(openai_state_dict(model), tmp))):
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=target.parent)
+        os.close(fd)
+        try:
+            write(tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    return target
+
