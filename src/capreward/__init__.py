@@ -26,6 +26,7 @@ _LAZY = {
     "GVEval": "capreward.scorers.gveval",
     "GVEvalResult": "capreward.scorers.gveval",
     "MediaError": "capreward.media.errors",
+    "CaprewardError": "capreward.errors",
 }
 
 __all__ = sorted(_LAZY)

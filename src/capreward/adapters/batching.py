@@ -24,11 +24,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from ..errors import CaprewardError
 from .labels import Label
 from .scoring import ScoredBatch
 
 
-class Busy(Exception):
+class Busy(CaprewardError):
     """The request's batch did not start within its timeout (or the batcher is closing)."""
 
 

@@ -81,6 +81,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Sequence
 
+from ..errors import CaprewardError
 from .batching import Busy, DynamicBatcher
 from .connections import ConnectionSlots, peer_of
 from .json_limits import JSONLimitError, JSONLimits
@@ -95,7 +96,7 @@ logger = logging.getLogger(__name__)
 END_MARKERS = ("</s>", "<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<pad>", "<eos>")
 
 
-class RequestError(Exception):
+class RequestError(CaprewardError):
     """A request the server refuses: HTTP ``status`` and a message naming the problem."""
 
     def __init__(self, status: int, message: str):
@@ -356,7 +357,7 @@ def _busy_answer(reason: str) -> bytes:
             b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
-class _HeadersTooLarge(Exception):
+class _HeadersTooLarge(CaprewardError):
     """The request line and headers went over ``max_header_bytes``."""
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import CaprewardError
 from ..jsonl import json_lines
 
 #: The keys a manifest row may have that capreward reads.
@@ -30,7 +31,7 @@ WRITTEN_FIELDS = ("errors", "alignment", "metric", "explanation", "emscore", "cl
 MAX_DEPTH = 64
 
 
-class ManifestError(ValueError):
+class ManifestError(CaprewardError, ValueError):
     """A manifest row that cannot be used; the message names the file and line."""
 
 

@@ -1,7 +1,9 @@
 """Errors raised for bad visual input; every message names the offending item."""
 
+from ..errors import CaprewardError
 
-class MediaError(ValueError):
+
+class MediaError(CaprewardError, ValueError):
     """An image or video that cannot be used, with the item's name and the reason."""
 
     def __init__(self, item: str, problem: str):
