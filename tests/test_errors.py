@@ -41,6 +41,7 @@ BUILTIN_BASES = {
     "capreward.media.backends.DecodeError": Exception,
     "capreward.media.backends.DecordMismatch": Exception,
     "capreward.media.errors.MediaError": ValueError,
+    "capreward.media.errors.MediaRefused": ValueError,  # new: a MediaError whose file is refused
     "capreward.media.files.FileRefused": OSError,
     "capreward.media.probe.ProbeError": Exception,
     "capreward.metaeval.judgments.JudgmentError": ValueError,

@@ -27,6 +27,7 @@ _LAZY = {
     "GVEvalResult": "capreward.scorers.gveval",
     "MediaError": "capreward.media.errors",
     "CaprewardError": "capreward.errors",
+    "SampleError": "capreward.errors",
 }
 
 __all__ = sorted(_LAZY)

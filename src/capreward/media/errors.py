@@ -10,3 +10,8 @@ class MediaError(CaprewardError, ValueError):
         self.item = item
         self.problem = problem
         super().__init__(f"{item}: {problem}")
+
+
+class MediaRefused(MediaError):
+    """A file the server may not read (outside its media root, or not a regular file there): the
+    problem is the one text of every refusal, :data:`~capreward.media.files.REFUSED`."""
