@@ -30,6 +30,8 @@ _LAZY = {
     "GVEval": "capreward.scorers.gveval",
     "GVEvalResult": "capreward.scorers.gveval",
     "MediaError": "capreward.media.errors",
+    "CaprewardError": "capreward.errors",
+    "SampleError": "capreward.errors",
 }
 
 __all__ = sorted(_LAZY)

@@ -18,6 +18,8 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from .errors import CaprewardError
+
 #: Extra name -> what it adds (the extras of pyproject.toml that code asks for by name).
 EXTRAS: dict[str, str] = {
     "recipes": "the GRPO captioner recipe and the demo's GRPO run (trl, peft, datasets)",
@@ -31,7 +33,7 @@ EXTRAS: dict[str, str] = {
 }
 
 
-class MissingExtraError(ModuleNotFoundError):
+class MissingExtraError(CaprewardError, ModuleNotFoundError):
     """An optional dependency is not installed. ``extra``: the capreward extra that installs it;
     ``name``: the module that could not be imported. The message is one line ending with the
     ``pip install`` command."""

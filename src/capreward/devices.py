@@ -15,8 +15,10 @@ from typing import Callable, Iterator, TypeVar
 
 import torch
 
+from .errors import CaprewardError
 
-class DeviceUnavailableError(ValueError):
+
+class DeviceUnavailableError(CaprewardError, ValueError):
     """The device asked for does not exist on this machine; the message says which to pick."""
 
 

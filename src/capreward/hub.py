@@ -16,6 +16,8 @@ import urllib.error
 import urllib.request
 from typing import Callable, Iterator, TypeVar
 
+from .errors import CaprewardError
+
 T = TypeVar("T")
 
 #: Seconds the reachability probe may take in all (name resolution included).
@@ -25,7 +27,7 @@ _offline_lock = threading.RLock()
 _probe_results: dict[str, bool] = {}
 
 
-class ModelNotAvailable(OSError):
+class ModelNotAvailable(CaprewardError, OSError):
     """A model is neither in the local cache nor downloadable now; ``reason`` says why in a few words."""
 
     def __init__(self, message: str, reason: str):

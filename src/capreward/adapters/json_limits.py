@@ -22,6 +22,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import CaprewardError
+
 INT64 = 2**63
 
 
@@ -36,7 +38,7 @@ class JSONLimits:
     max_array_length: int = 4096
 
 
-class JSONLimitError(ValueError):
+class JSONLimitError(CaprewardError, ValueError):
     """A decoded value breaks a bound; ``where`` is the field's path and the message names it."""
 
     def __init__(self, where: str, problem: str):

@@ -26,6 +26,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import CaprewardError
 from ..media.files import ConfinedFile
 from . import json_limits
 from .paths import MediaPaths, PathRefused
@@ -38,7 +39,7 @@ MAX_REFERENCES = 256
 MAX_REFERENCE_CHARS = 100_000
 
 
-class LabelError(ValueError):
+class LabelError(CaprewardError, ValueError):
     """A malformed label; the message names the offending item (e.g. ``labels[3]``)."""
 
 

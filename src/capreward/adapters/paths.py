@@ -20,6 +20,7 @@ import os
 import re
 from pathlib import Path
 
+from ..errors import CaprewardError
 from ..media.files import REFUSED, ConfinedFile
 NO_ROOT = "this server reads no files (it was started without a media root)"
 NOT_LOCAL = "URLs and inline data are not accepted; name a file under the server's media root"
@@ -27,7 +28,7 @@ NOT_LOCAL = "URLs and inline data are not accepted; name a file under the server
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://|^data:", re.IGNORECASE)
 
 
-class PathRefused(ValueError):
+class PathRefused(CaprewardError, ValueError):
     """A path the policy does not serve; the message is one of the fixed texts above."""
 
 

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from ..errors import SampleError, sample_failure, summarize
 from ..rewards.inputs import Columns
 from ..media.files import REFUSED
 from .labels import Label
@@ -106,12 +107,12 @@ def score_labelled(reward: Any, captions: Sequence[str], labels: Sequence[Label]
         keep = [i for i, lab in enumerate(labels) if lab.error is None]
         part = score_labelled(reward, [captions[i] for i in keep], [labels[i] for i in keep])
         values: list[float | None] = [None] * len(labels)
-        reasons: list[str | None] = [lab.error for lab in labels]
+        reasons: list[str | None] = [SampleError.of(lab.error, i, kind="refused") for i, lab in enumerate(labels)]
         for j, i in enumerate(keep):
             values[i], reasons[i] = part.values[j], part.reasons[j]
         metrics = {key: _spread(column, keep, len(labels)) for key, column in part.metrics.items()}
         logger.warning("%d/%d samples refused: %s", len(refused), len(labels),
-                       "; ".join(f"[{i}] {labels[i].error}" for i in refused[:8]))
+                       summarize([reasons[i] for i in refused], more=False))
         return ScoredBatch(values, reasons, metrics)
     if not captions:
         return ScoredBatch([], [])
@@ -123,18 +124,19 @@ def score_labelled(reward: Any, captions: Sequence[str], labels: Sequence[Label]
         values, reasons, metrics = list(out.values), list(out.reasons), dict(out.metrics)
     else:
         values = list(reward(None, list(captions), **kwargs))
-        reasons = [None if v is not None else "the reward returned None" for v in values]
+        reasons = [None if v is not None else SampleError(i, "scorer", "", "the reward returned None")
+                   for i, v in enumerate(values)]
         metrics = {}
     if len(values) != len(captions):
         raise RuntimeError(f"the reward returned {len(values)} values for {len(captions)} completions")
     for i, v in enumerate(values):
         if v is not None and not math.isfinite(float(v)):
-            values[i], reasons[i] = None, f"the reward returned {v}"
-        elif v is None and isinstance(reasons[i], str) and reasons[i].endswith(f": {REFUSED}"):
+            values[i], reasons[i] = None, sample_failure(i, v, None, non_finite="the reward returned {value}")
+        elif v is None and getattr(reasons[i], "kind", None) == "refused":
             # refused when opened (swapped since the check): the text of a refusal at the check
-            reasons[i] = f"{'image' if labels[i].image is not None else 'video'}: {REFUSED}"
+            reasons[i] = SampleError(i, "refused", "image" if labels[i].image is not None else "video", REFUSED)
     bad = [i for i, v in enumerate(values) if v is None]
     if bad:
         logger.warning("%d/%d samples unscored: %s", len(bad), len(values),
-                       "; ".join(f"[{i}] {reasons[i]}" for i in bad[:8]))
+                       summarize([sample_failure(i, None, reasons[i]) for i in bad], more=False))
     return ScoredBatch([None if v is None else float(v) for v in values], reasons, metrics)

@@ -58,6 +58,7 @@ from capreward.adapters.factory import RewardOptions, build_reward
 from capreward.adapters.labels import Label, LabelError, parse_label, parse_references
 from capreward.adapters.paths import MediaPaths
 from capreward.adapters.scoring import ScoredBatch, resolve_fallback, score_labelled
+from capreward.errors import SampleError, sample_failure
 
 logger = logging.getLogger("capreward.adapters.verl")
 
@@ -129,15 +130,16 @@ class VerlScorer:
         reasons: list[str | None] = []
         for i in range(n):
             labels.append(None)
-            reasons.append(solution_problem(solution_strs[i], f"sample {i}"))
+            reasons.append(SampleError.of(solution_problem(solution_strs[i], f"sample {i}"), i, kind="input"))
             if reasons[i] is not None:
                 continue
             try:
                 labels[i] = sample_label(ground_truths[i], extra_infos[i], self.paths, where=f"sample {i}")
             except LabelError as exc:
-                reasons[i] = str(exc)
+                reasons[i] = SampleError(i, "input", "", str(exc))
             except Exception as exc:  # noqa: BLE001 - a hostile ground truth or extra_info costs its sample only
-                reasons[i] = f"sample {i}: unusable ground_truth or extra_info ({type(exc).__name__}: {str(exc)[:200]})"
+                reasons[i] = SampleError(i, "input", f"sample {i}",
+                                         f"unusable ground_truth or extra_info ({type(exc).__name__}: {str(exc)[:200]})")
         ok = [i for i in range(n) if labels[i] is not None]
         scored = score_labelled(self.reward, [solution_strs[i] for i in ok], [labels[i] for i in ok])
         values: list[float | None] = [None] * n
@@ -149,8 +151,8 @@ class VerlScorer:
             for j, i in enumerate(ok):
                 metrics[key][i] = column[j]
         for i in range(n):
-            if values[i] is None:
-                logger.warning("unscored sample %d gets %s: %s", i, self.fallback, reasons[i] or "no score")
+            if (error := sample_failure(i, values[i], reasons[i])) is not None:
+                logger.warning("unscored sample %d gets %s: %s", i, self.fallback, error)
         return self._results(ScoredBatch(values, reasons, metrics))
 
     def _results(self, batch: ScoredBatch) -> list[float | dict[str, float]]:

@@ -27,6 +27,8 @@ from typing import Any, Callable
 
 import torch
 
+from ..errors import CaprewardError
+
 DEFAULT_CLIP = "ViT-B-32/openai"
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors")
 
@@ -38,7 +40,7 @@ OFFLINE_HINT = (
 )
 
 
-class ModelLoadError(RuntimeError):
+class ModelLoadError(CaprewardError, RuntimeError):
     """A CLIP model could not be loaded; the message says how to point at a local file.
 
     ``spec``: the model specification that failed (None for a factory); ``summary``: what went wrong in

@@ -8,6 +8,8 @@ import contextlib
 import re
 from typing import Iterator
 
+from ..errors import CaprewardError
+
 #: What to try when a model is missing, per flag (the tiny local models in capreward.testing).
 MODEL_HINTS = {
     "--clip-model": (
@@ -24,7 +26,7 @@ MODEL_HINTS = {
 }
 
 
-class CLIError(Exception):
+class CLIError(CaprewardError):
     """A mistake in the command's input; printed as one line, exit status 2."""
 
 

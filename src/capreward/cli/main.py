@@ -16,7 +16,7 @@ import importlib
 import os
 import sys
 
-from .common import MODEL_HINTS, CLIError, HelpFormatter, media_limit_settings, plain_text, resolve_device
+from .common import MODEL_HINTS, HelpFormatter, media_limit_settings, plain_text, resolve_device
 
 SUBCOMMAND_MODULES = [
     "capreward.cli.demo",
@@ -116,14 +116,15 @@ def flag_of(parser: argparse.ArgumentParser, args: argparse.Namespace, value, ca
 
 
 def user_error_message(exc: BaseException, parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
-    """One line for a user error (what, in flag terms, and what to do); None for anything else (a bug)."""
-    from .._extras import MissingExtraError
+    """One line for a user error (what, in flag terms, and what to do); None for anything else (a bug).
+
+    A user error is any :class:`~capreward.errors.CaprewardError` (every error capreward raises on
+    purpose derives from it, its message naming what to fix); a model or judge that cannot be loaded
+    and a missing device are named by their flag; a missing file the user named, by its argument."""
     from ..backbones.clip_loading import ModelLoadError
     from ..devices import DeviceUnavailableError
+    from ..errors import CaprewardError
     from ..judges.loading import JudgeLoadError
-    from ..jobs.errors import JobError
-    from ..jobs.manifest import ManifestError
-    from ..metaeval.judgments import JudgmentError
 
     if isinstance(exc, ModelLoadError):
         flag = flag_of(parser, args, exc.spec, ("clip_model", "pac_model"))
@@ -134,7 +135,7 @@ def user_error_message(exc: BaseException, parser: argparse.ArgumentParser, args
         return f"{flag}: {exc.summary}; {MODEL_HINTS['--judge-model']}"
     if isinstance(exc, DeviceUnavailableError):
         return f"--device: {exc}"
-    if isinstance(exc, (CLIError, JobError, ManifestError, JudgmentError, MissingExtraError)):
+    if isinstance(exc, CaprewardError):
         return str(exc)
     if isinstance(exc, FileNotFoundError) and exc.filename is not None:
         named = argument_naming(parser, args, exc.filename)

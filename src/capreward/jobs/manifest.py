@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import registry
+from ..errors import CaprewardError
 from ..jsonl import json_lines
 
 #: The keys a manifest row may have that capreward reads.
@@ -42,7 +43,7 @@ def __getattr__(name: str):
 MAX_DEPTH = 64
 
 
-class ManifestError(ValueError):
+class ManifestError(CaprewardError, ValueError):
     """A manifest row that cannot be used; the message names the file and line."""
 
 

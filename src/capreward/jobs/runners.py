@@ -42,9 +42,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..backbones.clip_loading import DEFAULT_CLIP
-from ..media.errors import MediaError
-from ..media.images import describe
 from .. import registry
+from ..errors import SampleError
 from ..names import spelling, sub_score
 from .row_inputs import HASH_FIELD, visual_digest
 from .manifest import ManifestRow
@@ -316,7 +315,7 @@ class ManifestScorer:
         """One result dict per row: id, caption, visual path, metric fields, and ``errors``; each row's
         output is the same whatever other rows are in ``rows``."""
         results = [base_fields(r) for r in rows]
-        problems = {i: f"row {r.id!r}: {p}" for i, r in enumerate(rows) if (p := row_problem(r))}
+        problems = {i: SampleError(i, "input", f"row {r.id!r}", p) for i, r in enumerate(rows) if (p := row_problem(r))}
         scorable = [i for i in range(len(rows)) if i not in problems]
         for metric, run in self._runners.items():
             for i, problem in problems.items():
@@ -387,25 +386,30 @@ def row_problem(row: ManifestRow) -> str | None:
     return None
 
 
-def row_error(row: ManifestRow, exc: Exception) -> str:
+def row_error(row: ManifestRow, exc: Exception) -> SampleError:
     """The error recorded on ``row`` when scoring it alone raised ``exc``: ``"row '<id>': <reason>"``
-    (just ``"<type>: <message>"`` when the message already names the row)."""
-    name = f"row {row.id!r}"
-    if isinstance(exc, MediaError):
-        return f"{name}: {exc.problem} ({row.path})"
-    reason = f"{type(exc).__name__}: {exc}"
-    return reason if name in str(exc) else f"{name}: {reason}"
+    (just ``"<type>: <message>"`` when the message already names the row); a media error names the
+    row's visual: ``"row '<id>': <problem> (<path>)"``."""
+    error = SampleError.from_exception(exc, kind="scorer")
+    if error.kind in ("media", "refused"):
+        return media_row_error(row, error)
+    return error if f"row {row.id!r}" in str(exc) else error.within(None, f"row {row.id!r}")
 
 
-def visual_error(row: ManifestRow, pos: int, error: str | None) -> str | None:
-    """The row's error when a scorer that reports unreadable visuals per item (VisCE², G-VEval) says
-    item ``pos`` of its batch (``row``) could not be loaded: ``"row '<id>': <problem> (<path>)"``, the
-    same text as for the other metrics and independent of where the row sat in its batch; None for no
-    error or another one."""
-    prefix = f"{describe(row.path, pos)}: "
-    if not error or not error.startswith(prefix):
+def media_row_error(row: ManifestRow, error: SampleError) -> SampleError:
+    """The row's error for a visual that cannot be used (``error`` of kind ``"media"``/``"refused"``):
+    ``"row '<id>': <problem> (<path>)"``, the same text whichever scorer found it and wherever the row
+    sat in its batch."""
+    return SampleError(None, error.kind, f"row {row.id!r}", f"{error.message} ({row.path})")
+
+
+def visual_error(row: ManifestRow, pos: int, error: str | None) -> SampleError | None:
+    """The row's error when a scorer that reports unreadable visuals per item (VisCE², G-VEval) gives
+    item ``pos`` of its batch (``row``) a media error (a :class:`~capreward.errors.SampleError` of kind
+    ``"media"`` or ``"refused"``): see :func:`media_row_error`; None for no error or another kind."""
+    if getattr(error, "kind", None) not in ("media", "refused"):
         return None
-    return row_error(row, MediaError(prefix[:-2], error[len(prefix):]))
+    return media_row_error(row, error)
 
 
 def isolate_errors(run, rows: list[ManifestRow], metric: str) -> list[dict]:

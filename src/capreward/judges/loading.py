@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from ..errors import CaprewardError
+
 DEFAULT_LLAVA = "llava-hf/llava-1.5-13b-hf"
 
 _DTYPES = {
@@ -30,7 +32,7 @@ _DTYPES = {
 }
 
 
-class JudgeLoadError(OSError):
+class JudgeLoadError(CaprewardError, OSError):
     """The judge model or its processor could not be loaded; the message says how to point at a local copy.
 
     ``spec``: the name or path that failed; ``summary``: what went wrong in one line, without the hint

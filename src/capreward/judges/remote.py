@@ -35,6 +35,7 @@ from typing import Any, Sequence
 
 from PIL import Image
 
+from ..errors import CaprewardError
 from .caller_text import escape_special_tokens
 from .protocol import ChatRequest, ChatResponse, ChatTurn, TokenLogprob
 
@@ -48,7 +49,7 @@ RETRY_STATUSES = frozenset({408, 409, 429})
 CLIENT_MAX_RETRY_AFTER = 120.0
 
 
-class MalformedResponse(Exception):
+class MalformedResponse(CaprewardError):
     """The server answered 2xx with a body that is not a usable chat completion."""
 
 

@@ -2,7 +2,7 @@
 
 from .backends import BACKENDS, decord_available, get_video_backend, resolve_backend, set_video_backend, video_backend
 from .containers import CONTAINERS, NOT_A_CONTAINER
-from .errors import MediaError
+from .errors import MediaError, MediaRefused
 from .files import ConfinedFile, FileRefused
 from .images import NAN_IMAGE, ImageLike, describe, load_image, to_rgb, viewable
 from .limits import (DEFAULT_MAX_MODEL_PIXELS, DEFAULT_MAX_PIXELS, DEFAULT_MAX_VIDEO_FRAMES, DEFAULT_MAX_VIDEO_PIXELS,
@@ -37,6 +37,7 @@ __all__ = [
     "viewable",
     "ImageLike",
     "MediaError",
+    "MediaRefused",
     "VideoLike",
     "describe",
     "frames_to_pil",

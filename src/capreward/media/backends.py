@@ -27,6 +27,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from ..errors import CaprewardError
+
 BACKENDS = ("auto", "decord", "pyav")
 
 #: decord garbles frames narrower than this (its RGB rows are aligned to 32 pixels).
@@ -90,7 +92,7 @@ def resolve_backend(name: str | None = None) -> str:
     return name
 
 
-class DecordMismatch(Exception):
+class DecordMismatch(CaprewardError):
     """decord decoded the first frame at another size than the header's (its row-alignment bug)."""
 
 
@@ -177,7 +179,7 @@ class PyAVReader:
         pass
 
 
-class DecodeError(Exception):
+class DecodeError(CaprewardError):
     """A backend could not decode the requested frames (its message says which)."""
 
 

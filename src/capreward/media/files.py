@@ -23,6 +23,8 @@ import stat
 from pathlib import Path, PurePosixPath
 from typing import Iterator
 
+from ..errors import CaprewardError
+
 REFUSED = "not a file under the server's media root"
 
 #: Where a Linux process sees its own descriptors as paths (absent elsewhere).
@@ -38,7 +40,7 @@ _FILE_FLAGS = os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC | getattr(os, "O_NONBLOCK",
 _DIR_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | _O_NOFOLLOW | _O_CLOEXEC | _O_DIRECTORY
 
 
-class FileRefused(OSError):
+class FileRefused(CaprewardError, OSError):
     """The file cannot be opened inside its root (its message is :data:`REFUSED`)."""
 
     def __init__(self) -> None:

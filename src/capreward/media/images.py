@@ -26,7 +26,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from .orientation import upright_image
-from .errors import MediaError
+from .errors import MediaError, MediaRefused
 from .files import ConfinedFile, FileRefused
 from .limits import MediaLimits, get_media_limits
 
@@ -206,7 +206,7 @@ def confined_descriptor(file: ConfinedFile, name: str) -> int:
     try:
         return file.open_fd()
     except FileRefused as exc:
-        raise MediaError(name, str(exc)) from None
+        raise MediaRefused(name, str(exc)) from None
 
 
 @contextlib.contextmanager

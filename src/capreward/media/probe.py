@@ -22,6 +22,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from ..errors import CaprewardError
 from .containers import CONTAINERS
 from .orientation import Orientation, orientation_from_matrix
 
@@ -29,7 +30,7 @@ from .orientation import Orientation, orientation_from_matrix
 PROBE_TIMEOUT = 60.0
 
 
-class ProbeError(Exception):
+class ProbeError(CaprewardError):
     """The header cannot be read (PyAV's error, first line)."""
 
 

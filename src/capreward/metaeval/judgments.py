@@ -12,8 +12,10 @@ import math
 import posixpath
 from dataclasses import dataclass, field
 
+from ..errors import CaprewardError
 
-class JudgmentError(ValueError):
+
+class JudgmentError(CaprewardError, ValueError):
     """A judgments or scores file that cannot be used; the message names the file and item."""
 
 

@@ -16,12 +16,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..errors import CaprewardError
 from ..jsonl import json_lines
 
 ALIGNMENT_LISTS = ("tokens", "best_frame", "similarity", "weight")
 
 
-class ReportInputError(ValueError):
+class ReportInputError(CaprewardError, ValueError):
     """A results file the report cannot show; the message names the file and line."""
 
 

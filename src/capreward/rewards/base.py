@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from ..caption_reading import read_caption
+from ..errors import NO_SCORE, SampleError, exception_kind, sample_failure, summarize
 from ..judges.caller_text import is_blank
 from ..judges.injection import injection_reason
 from ..media import MediaError, describe, media_key
@@ -34,7 +35,8 @@ IMAGE_AGGREGATIONS = ("mean", "min", "max")
 @dataclass
 class GroupScores:
     """What :meth:`CaptionReward.score_group` returns for k samples: ``scores`` (k floats; NaN or None
-    where a sample has no score), ``reasons`` (k entries, None or why a sample has no score) and
+    where a sample has no score), ``reasons`` (k entries, None or why a sample has no score: a
+    :class:`~capreward.errors.SampleError`, or a plain text taken as of kind :attr:`CaptionReward.reason_kind`) and
     ``metrics`` (sub-score name -> k floats, NaN where undefined), logged as batch means."""
 
     scores: list[float | None]
@@ -45,7 +47,8 @@ class GroupScores:
 @dataclass
 class RewardOutput:
     """One reward call's results, one entry per completion: ``values`` (None = unscored), ``reasons``
-    (None or why the value is None) and per-sample sub-score ``metrics``."""
+    (None or why the value is None: a :class:`~capreward.errors.SampleError`, which is also the text
+    logged) and per-sample sub-score ``metrics``."""
 
     values: list[float | None]
     reasons: list[str | None]
@@ -81,7 +84,7 @@ def clip_to_range(out: RewardOutput, value_range: tuple[float, float] | None) ->
     for i, v in enumerate(out.values):
         if v is not None and not math.isfinite(v):
             out.values[i] = None
-            out.reasons[i] = f"non-finite value ({v})" + (f": {out.reasons[i]}" if out.reasons[i] else "")
+            out.reasons[i] = sample_failure(i, v, out.reasons[i])
     if value_range is None:
         return out
     lo, hi = value_range
@@ -177,9 +180,8 @@ class RewardFunction:
         if out.values and len(bad) == len(out.values):
             self.warn_all_none(out)
         if bad:
-            shown = "; ".join(f"[{i}] {out.reasons[i] or 'no score'}" for i in bad[:8])
-            more = f"; ... {len(bad) - 8} more" if len(bad) > 8 else ""
-            logger.warning("%s: %d/%d samples unscored (None): %s%s", self.name, len(bad), len(out.values), shown, more)
+            shown = summarize([sample_failure(i, None, out.reasons[i]) for i in bad])
+            logger.warning("%s: %d/%d samples unscored (None): %s", self.name, len(bad), len(out.values), shown)
             if log_extra is not None:
                 log_extra(f"{self.name}/error", [r if v is None else None for r, v in zip(out.reasons, out.values)])
         if out.flagged and log_extra is not None:  # the log line itself is written when they are floored
@@ -211,7 +213,7 @@ class RewardFunction:
     def warn_all_none(self, out: RewardOutput) -> None:
         """Log an error and raise a :class:`RuntimeWarning` when every sample of a batch is unscored: a
         GRPO step on it trains on nothing (TRL turns None into NaN and its weighted sum into 0)."""
-        reasons = sorted({r or "no score" for r in out.reasons})
+        reasons = sorted({r or NO_SCORE for r in out.reasons})
         shown = "; ".join(reasons[:3]) + (f"; ... {len(reasons) - 3} more" if len(reasons) > 3 else "")
         message = (
             f"reward {self.name!r}: every one of the {len(out.values)} samples of this batch is unscored (None), "
@@ -319,6 +321,9 @@ class CaptionReward(RewardFunction):
     guard_injection = False
     #: exceptions that mean "this sample's input is unusable", not "the code is broken"
     sample_errors: tuple[type[BaseException], ...] = (MediaError, ValueError, TypeError)
+    #: the kind (:data:`capreward.errors.KINDS`) of a plain-text reason the scorer gives for a sample
+    #: without a score (a scorer that gives :class:`~capreward.errors.SampleError` reasons states its own)
+    reason_kind = "scorer"
 
     def __init__(
         self,
@@ -405,7 +410,8 @@ class CaptionReward(RewardFunction):
         out = self.score_inputs(inputs)
         hint = self._column_hint(kwargs)
         if hint:
-            out.reasons = [r + hint if r is not None and r.startswith(NO_VISUAL) else r for r in out.reasons]
+            out.reasons = [dataclasses.replace(r, message=r.message + hint) if getattr(r, "kind", None) == "no_visual"
+                           else r for r in out.reasons]
         return out
 
     def _column_hint(self, columns: dict) -> str:
@@ -427,7 +433,7 @@ class CaptionReward(RewardFunction):
         injection = self._injection_guard(inputs.samples)  # on the captions as given (it reads them itself)
         inputs, reading = self._read(inputs)
         values: list[float | None] = [None] * n
-        reasons: list[str | None] = [s.error for s in inputs.samples]
+        reasons: list[str | None] = [SampleError.of(s.error, i, kind="input") for i, s in enumerate(inputs.samples)]
         metrics: dict[str, list[float]] = {}
         groups: dict[tuple, list[int]] = {}
         for i, s in enumerate(inputs.samples):
@@ -438,7 +444,7 @@ class CaptionReward(RewardFunction):
                 continue
             refs = s.references if self.use_references else None
             if s.visual is None and (self.needs_visual or refs is None):
-                reasons[i] = NO_VISUAL + ("" if self.needs_visual else " and no references")
+                reasons[i] = SampleError(i, "no_visual", "", NO_VISUAL + ("" if self.needs_visual else " and no references"))
                 continue
             groups.setdefault((s.kind, refs is not None), []).append(i)
         with self._lock:
@@ -476,7 +482,8 @@ class CaptionReward(RewardFunction):
             what = r.describe()
             if r.mixed_script:
                 what = f"{what}; mixed-script words: {', '.join(repr(w) for w in r.mixed_script[:4])}"
-            error = f"completions[{i}] is empty once read (invisible characters only)" if not r.text.strip() else None
+            error = (SampleError(i, "input", f"completions[{i}]", "is empty once read (invisible characters only)", " ")
+                     if not r.text.strip() else None)
             samples.append(dataclasses.replace(s, caption=r.text, error=error) if r.changed else s)
             changes.append(what)
         changed = [i for i, c in enumerate(changes) if c is not None]
@@ -506,7 +513,10 @@ class CaptionReward(RewardFunction):
             missing = [(k, flat.reasons[j]) for k, j in enumerate(js) if flat.values[j] is None]
             if missing:  # a missing judgment is never worth more than a scored one: no value
                 k, why = missing[0]
-                reasons[i] = why if len(js) == 1 else f"image {k} of {len(js)}: {why or 'no score'}"
+                if len(js) == 1:
+                    reasons[i] = SampleError.of(why, i)
+                else:  # the image's error, named as that image of the sample
+                    reasons[i] = sample_failure(js[k], None, why).within(i, f"image {k} of {len(js)}")
             else:
                 values[i] = float(aggregate(per_image))
             if len(js) > 1:
@@ -569,7 +579,7 @@ class CaptionReward(RewardFunction):
                 by_visual.setdefault(_visual_group_key(samples[i]), []).append(i)
             if len(by_visual) == 1:
                 for i in rows:
-                    reasons[i] = f"completions[{i}]: {self._describe_error(samples[i], exc)}"
+                    reasons[i] = self._sample_error(i, samples[i], exc)
                 return
             for part in by_visual.values():
                 self._score_rows(samples, part, kind, with_refs, values, reasons, metrics, n)
@@ -578,7 +588,9 @@ class CaptionReward(RewardFunction):
             v = result.scores[j]
             if v is None or math.isnan(float(v)):
                 reason = result.reasons[j] if result.reasons else None
-                reasons[i] = f"completions[{i}]: {reason or f'{self.name} gave no score'}"
+                if not reason:
+                    reason = SampleError(i, "scorer", "", f"{self.name} gave no score")
+                reasons[i] = SampleError.of(reason, i, f"completions[{i}]", kind=self.reason_kind)
             else:
                 values[i] = float(v)
         for key, column in result.metrics.items():
@@ -600,6 +612,12 @@ class CaptionReward(RewardFunction):
         if len(result.scores) != len(rows):
             raise RuntimeError(f"{type(self).__name__}.score_group returned {len(result.scores)} scores for {len(rows)} samples")
         return result
+
+    @classmethod
+    def _sample_error(cls, i: int, sample: Sample, exc: BaseException) -> SampleError:
+        """The error of sample ``i`` whose scoring raised ``exc`` (one of :attr:`sample_errors`): kind
+        ``"media"`` (``"refused"``) for its visual, ``"input"`` otherwise; the text names ``completions[i]``."""
+        return SampleError(i, exception_kind(exc), f"completions[{i}]", cls._describe_error(sample, exc))
 
     @staticmethod
     def _describe_error(sample: Sample, exc: BaseException) -> str:

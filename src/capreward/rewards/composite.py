@@ -6,6 +6,7 @@ import inspect
 import math
 from typing import Any, Callable, Sequence
 
+from ..errors import SampleError, common_kind, sample_failure
 from .base import AsyncReward, RewardFunction, RewardOutput, clip_to_range
 from .guards import Guards
 from .inputs import completion_text
@@ -175,7 +176,8 @@ class CompositeReward(RewardFunction):
             missing = [(k, label, out.reasons[i]) for k, (label, _, out) in enumerate(parts) if out.values[i] is None]
             valid = [(w, out.values[i]) for _, w, out in parts if out.values[i] is not None]
             if missing and (self.on_none == "none" or not valid):
-                reasons[i] = "; ".join(f"{label}: {why or 'no score'}" for _, label, why in missing)
+                text = "; ".join(f"{label}: {why or 'no score'}" for _, label, why in missing)
+                reasons[i] = SampleError(i, common_kind([why for _, _, why in missing]), "", text)
                 continue
             unranged = [label for k, label, _ in missing if self.ranges[k] is None]
             if unranged:
@@ -192,7 +194,7 @@ class CompositeReward(RewardFunction):
             else:
                 values[i] = floor
             if not math.isfinite(values[i]):  # huge weights can overflow; never pass ±inf on
-                values[i], reasons[i] = None, f"the weighted sum is not finite ({values[i]})"
+                values[i], reasons[i] = None, SampleError(i, "non_finite", "", f"the weighted sum is not finite ({values[i]})")
 
         if self.guards is not None:
             for i, completion in enumerate(completions):
@@ -203,8 +205,10 @@ class CompositeReward(RewardFunction):
                 try:  # a target-conditioned length guard reads the sample's target from its columns
                     limit = self.guards.max_words_for(kwargs, i)
                 except (ValueError, TypeError, IndexError) as exc:
-                    why = f"completions[{i}]: length guard: {exc}"
-                    values[i], reasons[i] = None, why if reasons[i] is None else f"{reasons[i]}; {why}"
+                    why = SampleError(i, "input", f"completions[{i}]", f"length guard: {exc}")
+                    if reasons[i] is not None:
+                        why = SampleError(i, common_kind([reasons[i], why]), "", f"{reasons[i]}; {why}")
+                    values[i], reasons[i] = None, why
                     limit = None
                 for term, value in self.guards.terms(text, max_words=limit).items():
                     metrics.setdefault(f"guard/{term}", [math.nan] * n)[i] = value
@@ -263,8 +267,8 @@ def _finite_only(out: RewardOutput) -> RewardOutput:
     for i, v in enumerate(out.values):
         if v is None:
             if out.reasons[i] is None:
-                out.reasons[i] = "returned None"
+                out.reasons[i] = SampleError(i, "scorer", "", "returned None")
         elif not math.isfinite(v):
             out.values[i] = None
-            out.reasons[i] = f"returned a non-finite value ({v})" + (f": {out.reasons[i]}" if out.reasons[i] else "")
+            out.reasons[i] = sample_failure(i, v, out.reasons[i], non_finite="returned a non-finite value ({value})")
     return out

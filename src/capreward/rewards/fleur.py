@@ -36,6 +36,7 @@ class FLEURReward(CaptionReward):
 
     __name__ = "fleur"
     guard_injection = True
+    reason_kind = "judge_unreadable"  # a plain-text reason of the judge: its answer had no score
 
     def _build(self) -> FLEUR:
         return FLEUR(**self.scorer_kwargs)

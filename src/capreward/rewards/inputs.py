@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from ..errors import SampleError
 from ..scorers.bad_items import references_problem
 
 #: Keyword arguments TRL adds that are not dataset columns.
@@ -99,7 +100,7 @@ class Sample:
     kind: str | None = None
     references: list[str] | None = None
     visual_id: str | None = None
-    error: str | None = None
+    error: SampleError | None = None  # (a SampleError, or a plain text from older callers)
     #: the sample's other images (an ``images`` entry holding several): scored too, then aggregated
     more_visuals: tuple = ()
 
@@ -127,7 +128,7 @@ def _column(kwargs: dict, name: str | None, n: int) -> list[Any] | None:
     return values
 
 
-def _references(value: Any, index: int, column: str) -> tuple[list[str] | None, str | None]:
+def _references(value: Any, index: int, column: str) -> tuple[list[str] | None, SampleError | None]:
     """A sample's references as a list of non-empty strings (a str becomes [str]), None when it has
     none (``None``), or an error: an empty list, a blank or non-str entry, or another type is refused
     as the scorers and ``capreward score`` refuse it
@@ -135,11 +136,12 @@ def _references(value: Any, index: int, column: str) -> tuple[list[str] | None, 
     would score the sample with another metric."""
     if value is None:
         return None, None
+    where = f"{column}[{index}]"
     if not isinstance(value, (str, list, tuple)):
-        return None, f"{column}[{index}] must be a str or list of str, got {type(value).__name__}"
-    problem = references_problem(value, f"{column}[{index}]")
+        return None, SampleError(index, "input", where, f"must be a str or list of str, got {type(value).__name__}", " ")
+    problem = references_problem(value, where)
     if problem is not None:
-        return None, problem
+        return None, SampleError.naming(index, "input", where, problem)
     return ([value] if isinstance(value, str) else list(value)), None
 
 
@@ -187,9 +189,9 @@ def collect_inputs(
         try:
             caption = completion_text(completion, i)
         except TypeError as exc:
-            caption, error = "", str(exc)
+            caption, error = "", SampleError.naming(i, "input", f"completions[{i}]", str(exc))
         if error is None and not caption.strip():
-            error = f"completions[{i}] is empty"
+            error = SampleError(i, "input", f"completions[{i}]", "is empty", " ")
         visual, kind, more = None, None, ()
         if videos is not None and videos[i] is not None:
             visual, kind = videos[i], "video"

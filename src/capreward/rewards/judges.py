@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..errors import SampleError
 from ..scorers.gveval import GVEval
 from ..scorers.visce2 import VisCE2
 from .base import CaptionReward, GroupScores
@@ -51,6 +52,7 @@ class VisCE2Reward(CaptionReward):
 
     __name__ = "visce2"
     guard_injection = True
+    reason_kind = "judge_unreadable"  # a plain-text reason of the judge: its answer had no score
 
     def __init__(self, *, scale: float = 0.01, use_expected: bool = False, use_references: bool = False, **kwargs: Any):
         super().__init__(use_references=use_references, **kwargs)
@@ -77,7 +79,7 @@ class VisCE2Reward(CaptionReward):
 
     def score_group(self, captions, visuals, kind, references, visual_ids) -> GroupScores:
         if kind != "image":
-            reason = f"VisCE² scores images, got a {kind or 'sample without visual'}"
+            reason = SampleError(None, "input", "", f"VisCE² scores images, got a {kind or 'sample without visual'}")
             return GroupScores(scores=[None] * len(captions), reasons=[reason] * len(captions))
         result = self.scorer.score(captions, visuals, image_ids=visual_ids if visual_ids and all(visual_ids) else None)
         values = result.expected if self.use_expected and result.expected is not None else result.score
@@ -114,6 +116,7 @@ class GVEvalReward(CaptionReward):
 
     __name__ = "gveval"
     guard_injection = True
+    reason_kind = "judge_unreadable"  # a plain-text reason of the judge: its answer had no score
 
     def __init__(self, *, scale: float = 0.01, **kwargs: Any):
         super().__init__(**kwargs)
@@ -139,7 +142,7 @@ class GVEvalReward(CaptionReward):
 
     def score_group(self, captions, visuals, kind, references, visual_ids) -> GroupScores:
         if self.mode != "ref-free" and references is None:
-            reason = f"G-VEval mode {self.mode!r} needs references for this sample"
+            reason = SampleError(None, "input", "", f"G-VEval mode {self.mode!r} needs references for this sample")
             return GroupScores(scores=[None] * len(captions), reasons=[reason] * len(captions))
         result = self.scorer.score(
             captions,

@@ -40,6 +40,7 @@ from PIL import Image
 from ..judges.loading import DEFAULT_LLAVA
 from ..judges.local import GreedyOutput, LocalJudge
 from ..judges.caller_text import Data, is_blank, render
+from ..errors import SampleError
 from ..judges.injection import injection_reasons
 from ..judges.prompts import FLEUR_EXPLAIN_PROMPT, fleur_prompt
 from ..media import MediaError, describe, load_image, media_key
@@ -363,7 +364,7 @@ class FLEUR:
         error: list[str | None] = [None] * n
         for i, c in enumerate(candidates):
             if self.is_empty_caption(c):
-                error[i] = "empty caption"
+                error[i] = SampleError(i, "input", "", "empty caption")
         rows = [i for i in range(n) if error[i] is None]
         runs, run_errors = self._generate(prompts, visuals, image_index, rows, self.max_new_tokens, keep_logits=True, fit_to_context=True)
         prompt_ids: list[list[int] | None] = [None] * n
@@ -394,7 +395,7 @@ class FLEUR:
                     digit_of = {t: d for d, t in enumerate(self.digit_ids)}
                     reading = release_token_search(reading, [digit_of.get(int(t)) for t in toks])
             readings[i] = reading
-            error[i] = reading.error
+            error[i] = SampleError.of(reading.error, i, kind="judge_unreadable")
             if reading.ok:
                 read = torch.stack([logits[t] for t in reading.steps])
                 probs[i, : len(reading.steps)] = digit_probabilities(read, self.digit_ids).float().cpu()
@@ -478,15 +479,15 @@ class FLEUR:
                 try:
                     p = judge.encode_prompts([prompts[r]], int(features.shape[1]), names=[f"the prompt of candidates[{r}]"])[0]
                 except ValueError as exc:  # a prompt the judge cannot run: this row only, named as the caller's
-                    errors[r] = str(exc)
+                    errors[r] = SampleError(r, "input", "", str(exc))
                     continue
                 room = self.max_context - len(p)
                 needed = min(max_new_tokens, 16) if fit_to_context else max_new_tokens
                 if room < needed:
-                    errors[r] = (
+                    errors[r] = SampleError(r, "limit", "", (
                         f"the prompt has {len(p)} tokens; with max_new_tokens={needed} it exceeds the "
                         f"judge's context of {self.max_context} tokens (caption too long)"
-                    )
+                    ))
                 else:
                     keep.append((r, p))
                     budgets.append(min(max_new_tokens, room))

@@ -55,6 +55,7 @@ from PIL import Image
 
 from ..judges.caller_text import is_blank
 from ..judges.images import mean_background, pad_to_square
+from ..errors import SampleError
 from ..judges.injection import injection_reasons
 from ..judges.prompts import FLEUR_EXPLAIN_PROMPT, LLAVA_V1_CHAT_TEMPLATE, fleur_prompt
 from ..judges.protocol import ChatRequest, ChatResponse, JudgeBackend, TokenLogprob, assistant_turn, user_turn
@@ -277,13 +278,13 @@ class RemoteFLEUR:
                 try:
                     steps = [read_step(response.tokens[s], weights[j]) for j, s in enumerate(reading.steps)]
                 except ValueError as exc:
-                    reading, err = FleurReading(value=reading.value, rule=None, error=str(exc)), str(exc)
+                    reading, err = FleurReading(value=reading.value, rule=None, error=str(exc)), SampleError(i, "judge_unreadable", "", str(exc))
                 else:
                     for j, step in enumerate(steps):
                         probs[i, j] = step.probs
                     bound[i] = sum(step.bound for step in steps)
             readings.append(reading)
-            errors.append(err)
+            errors.append(SampleError.of(err, i, kind="judge_unreadable"))
             raw.append(response.text if response is not None else "")
             exact.append(bool(reading.ok and bound[i] == 0))
         rules = [r.rule for r in readings]
@@ -292,9 +293,10 @@ class RemoteFLEUR:
             for i in range(n):
                 if readings[i].ok and bound[i] > self.tolerance:
                     score[i] = float("nan")
-                    errors[i] = (f"digits the score weighs are missing from the top-{self.top_logprobs} alternatives: "
-                                 f"the score could be off by up to {float(bound[i]):.3g} (tolerance {self.tolerance:g}; "
-                                 "serve more logprobs, or tolerance=None for the renormalised approximation)")
+                    errors[i] = SampleError(i, "judge_unreadable", "", (
+                        f"digits the score weighs are missing from the top-{self.top_logprobs} alternatives: "
+                        f"the score could be off by up to {float(bound[i]):.3g} (tolerance {self.tolerance:g}; "
+                        "serve more logprobs, or tolerance=None for the renormalised approximation)"))
         return RemoteFLEURResult(
             score=score,
             raw_score=raw_scores(readings),
@@ -353,11 +355,12 @@ class RemoteFLEUR:
     # ---------------------------------------------------------------------------------- plumbing
     def _reading(self, response: ChatResponse | None) -> tuple[FleurReading, str | None]:
         if response is None:
-            error = "empty caption"
+            error = SampleError(None, "input", "", "empty caption")
         elif response.error is not None:
-            error = f"judge request failed: {response.error}"
+            error = SampleError(None, "judge_unavailable", "", f"judge request failed: {response.error}")
         elif response.finish_reason == "length":
-            error = f"the answer did not end within max_tokens={self.max_tokens} tokens: {response.text!r}"
+            error = SampleError(None, "judge_unreadable", "",
+                                f"the answer did not end within max_tokens={self.max_tokens} tokens: {response.text!r}")
         else:
             reading = read_answer(response.tokens)
             if self.digit_search == "release":

@@ -36,6 +36,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..errors import SampleError
 from ..judges.caller_text import is_blank
 from ..judges.injection import injection_reasons
 from ..judges.protocol import ChatRequest, JudgeBackend, system_turn, user_turn
@@ -184,7 +185,7 @@ class GVEval:
                 errors.append(None)
             except MediaError as exc:
                 pictures.append(None)
-                errors.append(str(exc))
+                errors.append(SampleError.from_exception(exc, i))
         return visual, pictures, errors
 
     def requests(
@@ -212,7 +213,7 @@ class GVEval:
         visual, pictures, errors = self._visuals(n, images, videos)
         for i, c in enumerate(candidates):  # a judge would rate an empty caption: give no score instead
             if is_blank(c) and errors[i] is None:  # blank once special-token strings are removed too
-                errors[i] = "empty caption"
+                errors[i] = SampleError(i, "input", "", "empty caption")
         template = gveval_template(visual, self.mode, self.accr)
         top = self.top_logprobs if self.expected else 0
         detail = "high" if visual == "vid" else self.resolution  # the release forces "high" for video
@@ -299,7 +300,7 @@ class GVEval:
             sources[i] = None
             if not response.ok:
                 raw[i] = ""
-                errors[i] = f"judge request failed: {response.error}"
+                errors[i] = SampleError(i, "judge_unavailable", "", f"judge request failed: {response.error}")
                 continue
             raw[i] = response.text
             errors[i] = None
@@ -336,5 +337,5 @@ class GVEval:
                     log.info("G-VEval sample %d (%s): no distribution (%s); using the written number", i, name, why)
                 else:
                     reason = why if self.expected else f"no integer after {marker!r}"
-                    errors[i] = errors[i] or f"no {label}: {reason}"
+                    errors[i] = errors[i] or SampleError(i, "judge_unreadable", "", f"no {label}: {reason}")
         return sorted(unreadable)

@@ -33,6 +33,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..errors import SampleError
 from ..judges.caller_text import is_blank
 from ..judges.injection import injection_reasons
 from ..judges.protocol import ChatRequest, JudgeBackend, user_turn
@@ -234,7 +235,7 @@ class VisCE2:
             try:
                 image = load_image(item, i)
             except MediaError as exc:
-                errors[i] = str(exc)
+                errors[i] = SampleError.from_exception(exc, i)
                 keys.append(None)
                 continue
             explicit = image_ids[i] if image_ids is not None else None
@@ -263,7 +264,7 @@ class VisCE2:
                     self.cache.put(key, response.text)
                     found[key] = response.text
                 else:
-                    failed[key] = f"visual context failed: {response.error}"
+                    failed[key] = SampleError(None, "judge_unavailable", "", f"visual context failed: {response.error}")
                     log.warning("VisCE² visual context failed: %s", response.error)
         else:
             failed = {}
@@ -271,7 +272,7 @@ class VisCE2:
             if key is None:
                 continue
             if key in failed:
-                errors[i] = failed[key]
+                errors[i] = failed[key].renamed(i)
             else:
                 contexts[i] = found[key]
         row_images = [pil[k] if k is not None else None for k in keys]
@@ -291,7 +292,7 @@ class VisCE2:
         contexts, errors, row_images = self._contexts(images, image_ids)
         for i, c in enumerate(candidates):  # a judge would rate an empty caption: give no score instead
             if is_blank(c) and errors[i] is None:  # blank once special-token strings are removed too
-                contexts[i], errors[i] = None, "empty caption"
+                contexts[i], errors[i] = None, SampleError(i, "input", "", "empty caption")
         scores = np.full(n, np.nan)
         raw = [""] * n
         rows = [i for i in range(n) if contexts[i] is not None]
@@ -311,10 +312,11 @@ class VisCE2:
             raise RuntimeError(f"the backend answered {len(responses)} of {len(requests)} requests")
         for i, response in zip(rows, responses):
             if not response.ok:
-                errors[i] = f"rating failed: {response.error}"
+                errors[i] = SampleError(i, "judge_unavailable", "", f"rating failed: {response.error}")
                 continue
             raw[i] = response.text
             scores[i], errors[i] = parse_visce2_answer(response.text)
+            errors[i] = SampleError.of(errors[i], i, kind="judge_unreadable")
         expected = expected_error = None
         if self.expected:
             expected = np.full(n, np.nan)

@@ -26,9 +26,10 @@ from typing import Callable, Sequence
 
 from ..adapters.labels import Label
 from ..adapters.scoring import ScoredBatch
+from ..errors import CaprewardError
 
 
-class Busy(Exception):
+class Busy(CaprewardError):
     """The request's batch did not start within its timeout (or the batcher is closing)."""
 
 

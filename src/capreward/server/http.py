@@ -81,6 +81,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Sequence
 
+from ..errors import CaprewardError, SampleError, sample_failure
 from .batching import Busy, DynamicBatcher
 from .connections import ConnectionSlots, peer_of
 from ..adapters.json_limits import JSONLimitError, JSONLimits
@@ -95,7 +96,7 @@ logger = logging.getLogger("capreward.adapters.openrlhf")  # its name before the
 END_MARKERS = ("</s>", "<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<pad>", "<eos>")
 
 
-class RequestError(Exception):
+class RequestError(CaprewardError):
     """A request the server refuses: HTTP ``status`` and a message naming the problem."""
 
     def __init__(self, status: int, message: str):
@@ -306,7 +307,7 @@ class RewardService:
         except Exception as exc:  # noqa: BLE001 - contained per sample below
             if len(captions) == 1:
                 logger.exception("scoring a sample failed")
-                return ScoredBatch([None], [f"{type(exc).__name__}: {exc}"])
+                return ScoredBatch([None], [SampleError.from_exception(exc, 0, kind="scorer")])
         return concat_batches([self.score([c], [lab]) for c, lab in zip(captions, labels)])
 
     def respond(self, batch: ScoredBatch) -> dict[str, Any]:
@@ -321,7 +322,7 @@ class RewardService:
             for key in self.log_keys[:-1]
         }
         extra["unscored"] = [float(v is None) for v in batch.values]
-        errors = [None if v is not None else self.paths.redact(_local_index(r or "no score", j))
+        errors = [None if v is not None else self.paths.redact(_local_item(sample_failure(j, None, r), j))
                   for j, (v, r) in enumerate(zip(batch.values, batch.reasons))]
         return {"rewards": rewards, "scores": list(rewards), "extra_logs": extra, "errors": errors}
 
@@ -336,14 +337,18 @@ class RewardService:
         return self.respond(self.score(*self.parse(payload)))
 
 
-_BATCH_INDEX = re.compile(r"^(completions|candidates|references)\[\d+\]")
+_BATCH_ITEM = re.compile(r"(completions|candidates|references)\[\d+\]")
 
 
-def _local_index(reason: str, j: int) -> str:
-    """A reason that names the sample by its index in the scored batch (``completions[12] is empty``)
-    renamed to the request's own item (``query[1] is empty``): a merged batch's index means nothing
-    to the client and would make the answer depend on what it was merged with."""
-    return _BATCH_INDEX.sub(lambda m: f"query[{j}]" if m.group(1) != "references" else f"labels[{j}] references", reason)
+def _local_item(error: SampleError, j: int) -> SampleError:
+    """A sample's error whose item is the sample's index in the scored batch (``completions[12] is
+    empty``) renamed to the request's own item (``query[1] is empty``): a merged batch's index means
+    nothing to the client and would make the answer depend on what it was merged with. The item is the
+    error's own field (:class:`~capreward.errors.SampleError`), not read from its text."""
+    m = _BATCH_ITEM.fullmatch(error.item)
+    if m is None:
+        return error
+    return error.renamed(j, f"query[{j}]" if m.group(1) != "references" else f"labels[{j}] references")
 
 
 _LENGTH = re.compile(r"[0-9]{1,18}")
@@ -356,7 +361,7 @@ def _busy_answer(reason: str) -> bytes:
             b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
-class _HeadersTooLarge(Exception):
+class _HeadersTooLarge(CaprewardError):
     """The request line and headers went over ``max_header_bytes``."""
 
 

@@ -55,10 +55,12 @@ from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Sequence
 
+from capreward.errors import CaprewardError  # absolute: this file also runs as a script
+
 MAX_TOP_LOGPROBS = 20
 
 
-class BadRequest(ValueError):
+class BadRequest(CaprewardError, ValueError):
     """The request does not follow the chat-completions schema (answered with HTTP 400)."""
 
 

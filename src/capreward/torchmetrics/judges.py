@@ -73,6 +73,7 @@ class VisCE2Metric(CaptionMetric):
     def _score_rows(self, candidates, visuals, references, visual_ids):
         res = self.scorer.score(candidates, visuals, image_ids=visual_ids if visual_ids and all(visual_ids) else None)
         score = torch.as_tensor(res.score, dtype=torch.float32)
+        self._log_unscored(candidates, score.tolist(), res.error)
         cols = {"score": score, "scored": _scored(score)}
         if res.expected is not None:
             cols["expected"] = torch.as_tensor(res.expected, dtype=torch.float32)
@@ -144,6 +145,7 @@ class GVEvalMetric(CaptionMetric):
         key = "videos" if self.visual == "video" else "images"
         res = self.scorer.score(candidates, references=references, **{key: visuals})
         score = torch.as_tensor(res.score, dtype=torch.float32)
+        self._log_unscored(candidates, score.tolist(), res.error)
         cols = {"score": score, "scored": _scored(score)}
         if self.scorer.accr:
             for name in self._ACCR:

@@ -41,6 +41,7 @@ from torchmetrics.utilities import rank_zero_warn
 from torchmetrics.utilities.data import dim_zero_cat
 
 from ..backbones.clip import CLIPBackbone
+from ..errors import failures
 from ..backbones.clip_loading import DEFAULT_CLIP
 from ..judges.caller_text import is_blank
 from ..media import DEFAULT_FRAMES
@@ -347,6 +348,20 @@ class CaptionMetric(Metric):
                 "definitions. Give the same inputs every time, or use separate metrics."
             )
 
+    def _log_unscored(self, candidates: Sequence[str], score: Any, errors: Sequence[Any] | None) -> None:
+        """Log the captions the scorer gave no score (:func:`capreward.errors.failures`, the rule rewards,
+        jobs and the server share; a NaN score is the scorer's "no score", ``errors`` its reasons): they
+        stay NaN in the rows, so the mean leaves them out and the ``scored``/``parsed`` column counts them.
+        One INFO line per batch naming the first."""
+        values = [None if math.isnan(float(s)) else float(s) for s in score]
+        failed = failures(values, list(errors) if errors is not None else [None] * len(values), kind="judge_unreadable")
+        if failed:
+            first = failed[0]
+            logger.info(
+                "%s: %d of %d judge answers gave no score (left out of the mean); first: candidate %r: %s",
+                self.name, len(failed), len(candidates), candidates[first.index], first,
+            )
+
     def _row_tensor(self, columns: dict[str, torch.Tensor], n: int) -> torch.Tensor:
         rows = torch.full((n, len(self.columns)), math.nan, dtype=torch.float32)
         for name, col in columns.items():
@@ -609,13 +624,7 @@ class FLEURMetric(CaptionMetric):
         res = self.scorer.score(candidates, references=references, **{key: visuals})
         score = torch.as_tensor(res.score, dtype=torch.float32)
         parsed = (~torch.isnan(score)).float()
-        errors = [(i, e) for i, e in enumerate(getattr(res, "error", None) or []) if e is not None]
-        if errors:
-            i, reason = errors[0]
-            logger.info(
-                "%s: %d of %d judge answers gave no score (left out of the mean); first: candidate %r: %s",
-                self.name, len(errors), len(candidates), candidates[i], reason,
-            )
+        self._log_unscored(candidates, score.tolist(), getattr(res, "error", None))
         return self._row_tensor({"score": score, "parsed": parsed}, len(candidates))
 
     def _parts(self, has_visuals, has_refs):

@@ -33,13 +33,14 @@ from typing import Any, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
+from ..errors import CaprewardError
 from ..metrics.harmonic import harmonic_mean as harmonic_mean_named
 from ..scorers.emscore import EMScore
 
 UNMAPPABLE = ("refuse", "exclude")
 
 
-class UnsupportedVocabularyError(ValueError):
+class UnsupportedVocabularyError(CaprewardError, ValueError):
     """The captioner's tokenizer cannot be mapped token by token onto CLIP's vocabulary."""
 
 
