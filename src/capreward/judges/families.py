@@ -12,7 +12,9 @@ tokens, 1-D positions). Other families differ in four places, each a method of a
   becomes in tokens (Idefics3: ``<fake_token_around_image><row_1_col_1><image>...<global-img>...``);
 - the image features: ``model.get_image_features`` with the family's arguments, one row per image;
 - the positions: Qwen2-VL's multimodal rotary positions (temporal, height, width) over the image
-  tokens, and text after the image continuing from the image's largest position (a per-image offset).
+  tokens, and text after the image continuing from the image's largest position (a per-image offset);
+- the forward: Qwen3-VL adds DeepStack visual features to the hidden states of its first decoder
+  layers at the image tokens (:attr:`JudgeFamily.deepstack`, :meth:`JudgeFamily.language_forward`).
 
 Images are resized to one :attr:`JudgeFamily.image_size` before the processor, so every image of a batch
 has the same grid and the same image tokens: the prompts of a GRPO group then share their whole prefix
@@ -36,7 +38,15 @@ from .caller_text import Data, fill_parts
 
 #: model_type -> family class name, for the families other than LLaVA-1.5 (``"llava"``, handled by
 #: ``LocalJudge`` itself).
-FAMILIES = {"qwen2_vl": "Qwen2VLFamily", "qwen2_5_vl": "Qwen2VLFamily", "idefics3": "Idefics3Family"}
+FAMILIES = {
+    "qwen2_vl": "Qwen2VLFamily",
+    "qwen2_5_vl": "Qwen2VLFamily",
+    "qwen3_vl": "Qwen3VLFamily",
+    "idefics3": "Idefics3Family",
+    "smolvlm": "SmolVLMFamily",
+    "llava_next": "LlavaNextFamily",
+    "llava_onevision": "LlavaOnevisionFamily",
+}
 
 #: The longest side images are resized to when the family's processor would allow more.
 DEFAULT_IMAGE_SIDE = 448
@@ -122,6 +132,18 @@ class JudgeFamily:
         """How far the model's positions of the tokens after the image are from their indices."""
         return 0
 
+    # ------------------------------------------------------------------------------------ forward
+    #: Whether :meth:`image_features` returns (U, n, 1 + D, hidden): the input features, then D deepstack
+    #: features added to the hidden states after decoder layers 0..D-1 (Qwen3-VL).
+    deepstack = False
+
+    def language_forward(self, embeds: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                         cache_kwargs: dict, visual_mask: torch.Tensor | None,
+                         deepstack: list[torch.Tensor] | None) -> Any:
+        """The language model's forward (hidden states and cache) with deepstack features at the rows'
+        image tokens ``visual_mask`` (B, L); only families with :attr:`deepstack` run it."""
+        raise NotImplementedError(f"the {self.name} family has no deepstack features")
+
 
 class Qwen2VLFamily(JudgeFamily):
     """Qwen2-VL and Qwen2.5-VL: ``image_grid_thw``, 2x2 merged patches, 3-D rotary positions.
@@ -196,6 +218,32 @@ class Qwen2VLFamily(JudgeFamily):
         return torch.stack([t_pos, h_pos, w_pos])
 
 
+class Qwen3VLFamily(Qwen2VLFamily):
+    """Qwen3-VL: Qwen2-VL's image grid and 3-D rotary positions (interleaved inside the rotary embedding,
+    the position ids are the same), plus DeepStack: the vision tower's features from some of its layers
+    (``deepstack_visual_indexes``) are added to the language model's hidden states at the image tokens
+    after its first decoder layers. :meth:`image_features` returns them stacked after the input features
+    (U, n, 1 + D, hidden); :meth:`language_forward` passes them to the language model as its own forward
+    does (``visual_pos_masks``, ``deepstack_visual_embeds``)."""
+
+    name = "qwen3-vl"
+    deepstack = True
+
+    def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        n_images = pixel_values.shape[0] // self.patches_per_image
+        grid = self.grid.view(1, 3).expand(n_images, 3).to(pixel_values.device)
+        out = self.model.get_image_features(pixel_values=pixel_values, image_grid_thw=grid)
+        main = torch.stack(list(out.pooler_output))
+        layers = [torch.stack(list(feats)) for feats in out.deepstack_features]
+        return torch.stack([main, *layers], dim=2)
+
+    def language_forward(self, embeds, attention_mask, position_ids, cache_kwargs, visual_mask, deepstack):
+        return self.model.model.language_model(
+            inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids,
+            visual_pos_masks=visual_mask, deepstack_visual_embeds=deepstack, **cache_kwargs,
+        )
+
+
 class Idefics3Family(JudgeFamily):
     """Idefics3: the image is split into tiles (rows x columns of the processor's ``max_image_size``)
     plus the global image, each tile's features pixel-shuffled to ``image_seq_len`` image tokens; the
@@ -237,6 +285,52 @@ class Idefics3Family(JudgeFamily):
         return list(self.expansion)
 
 
+class SmolVLMFamily(Idefics3Family):
+    """SmolVLM: Idefics3's image splitting and tile layout through ``SmolVLMProcessor`` (its own image
+    processor, the ``<row_r_col_c>`` / ``<global-img>`` layout the processor writes)."""
+
+    name = "smolvlm"
+
+
+class LlavaNextFamily(JudgeFamily):
+    """LLaVA-NeXT and LLaVA-OneVision: any-resolution tiling. The image processor picks the grid of
+    ``image_grid_pinpoints`` that fits the image best and cuts it into tiles of the vision tower's size
+    plus the whole image resized; the model's ``get_image_features`` runs every tile, keeps the features
+    of the part that is image (not padding) with an ``image_newline`` feature after each row, and puts
+    the whole image's features first (``pack_image_features``). With every image resized to
+    :attr:`image_size`, each gives the same number of features, and the placeholder becomes that many
+    image tokens (what the processor counts from the image size). Positions are 1-D."""
+
+    name = "llava-next"
+
+    def __init__(self, model: Any, processor: Any, image_size: tuple[int, int] | int | None = None):
+        super().__init__(model, processor, image_size)
+        self.image_sizes: torch.Tensor | None = None
+
+    def preprocess(self, images: Sequence[Image.Image], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        out = self.processor.image_processor(images=[self.resize(im) for im in images], return_tensors="pt")
+        self.image_sizes = out["image_sizes"][0].clone()
+        return out["pixel_values"].to(device=device, dtype=dtype)
+
+    def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        if self.image_sizes is None:
+            raise RuntimeError("preprocess an image first")
+        n_images = pixel_values.shape[0]
+        sizes = self.image_sizes.view(1, 2).expand(n_images, 2).to(pixel_values.device)
+        out = self.model.get_image_features(pixel_values=pixel_values, image_sizes=sizes)
+        feats = getattr(out, "pooler_output", out)
+        if isinstance(feats, (list, tuple)):
+            return torch.stack(list(feats))
+        return feats.view(n_images, -1, feats.shape[-1])
+
+
+class LlavaOnevisionFamily(LlavaNextFamily):
+    """LLaVA-OneVision: LLaVA-NeXT's any-resolution tiling (the model reduces the feature grid of an
+    image with more tiles than its ``vision_aspect_ratio`` allows, the processor counts the same)."""
+
+    name = "llava-onevision"
+
+
 def judge_family(model: Any, processor: Any, image_size: tuple[int, int] | int | None = None) -> JudgeFamily | None:
     """The :class:`JudgeFamily` of ``model`` (by ``config.model_type``), or None for LLaVA-1.5 (and any
     model built like it), whose path ``LocalJudge`` keeps as released. Raises ValueError for a known
@@ -256,6 +350,6 @@ def judge_family(model: Any, processor: Any, image_size: tuple[int, int] | int |
 #: Image-text families transformers has that the local judges do not run yet (a clear error, not a
 #: LLaVA path that fails somewhere inside).
 UNSUPPORTED = frozenset(
-    {"qwen3_vl", "qwen3_vl_moe", "smolvlm", "llava_onevision", "llava_next", "idefics2",
+    {"qwen3_vl_moe", "idefics2",
      "gemma3", "internvl", "mllama", "paligemma"}
 )

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Sequence
 
 import torch
@@ -111,7 +112,7 @@ class LocalJudge:
     ``system``: the conversation's system sentence (LLaVA v1's by default).
 
     Other families (:mod:`capreward.judges.families`, picked from ``config.model_type``: Qwen2-VL,
-    Qwen2.5-VL, Idefics3) run through their own chat template, image processor and positions; ``image_size``
+    Qwen2.5-VL, Qwen3-VL, Idefics3, SmolVLM, LLaVA-NeXT, LLaVA-OneVision) run through their own chat template, image processor and positions; ``image_size``
     (width, height) is what their images are resized to (None: the family's default), and
     ``pad_to_square``/``system`` are LLaVA's only. :attr:`family` is None for LLaVA-1.5.
     """
@@ -351,9 +352,32 @@ class LocalJudge:
                 f"a row holds {int(counts.max())} image placeholders from offset {feature_start} but the image "
                 f"gives {features.shape[1]} features"
             )
-        index = (mask.long().cumsum(dim=1) - 1 + feature_start).clamp(min=0, max=features.shape[1] - 1)
-        gathered = features.gather(1, index.unsqueeze(-1).expand(-1, -1, features.shape[-1]))
+        if features.dim() == 4:  # deepstack features after the input features: embed the input ones
+            features = features[:, :, 0]
+        gathered = features.gather(1, self._feature_index(mask, feature_start, features))
         return torch.where(mask.unsqueeze(-1), gathered.to(emb.dtype), emb)
+
+    @staticmethod
+    def _feature_index(mask: torch.Tensor, feature_start: int, features: torch.Tensor) -> torch.Tensor:
+        """(B, L, hidden) gather index: the k-th image token of row b reads feature ``feature_start + k``."""
+        index = (mask.long().cumsum(dim=1) - 1 + feature_start).clamp(min=0, max=features.shape[1] - 1)
+        return index.unsqueeze(-1).expand(-1, -1, features.shape[-1])
+
+    def deepstack_inputs(
+        self, input_ids: torch.Tensor, features: torch.Tensor | None, feature_start: int = 0
+    ) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
+        """For a family with deepstack features (Qwen3-VL, ``features`` (B, n, 1 + D, hidden)): the image
+        token mask (B, L) and, per deepstack layer, the features of those tokens in row-major order (as
+        the model's own forward builds ``visual_pos_masks`` / ``deepstack_visual_embeds``); None when
+        the family has none or the rows hold no image token. Differentiable in ``features``."""
+        if self.family is None or not self.family.deepstack or features is None:
+            return None
+        mask = input_ids == self.image_token_id
+        if not bool(mask.any()):
+            return None
+        index = self._feature_index(mask, feature_start, features[:, :, 0])
+        layers = [features[:, :, d].gather(1, index)[mask] for d in range(1, features.shape[2])]
+        return mask, layers
 
     # ------------------------------------------------------------------------------------- decoding
     def _image_starts(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -371,7 +395,13 @@ class LocalJudge:
             return positions
         return self.family.position_ids(positions, image_start)
 
-    def _forward(self, embeds, attention_mask, position_ids, cache, logits_to_keep=1):
+    def _forward(self, embeds, attention_mask, position_ids, cache, logits_to_keep=1, deepstack=None):
+        if deepstack is not None:  # Qwen3-VL: the language model with its deepstack inputs, then the head
+            out = self.family.language_forward(embeds, attention_mask, position_ids, {self._cache_keyword: cache},
+                                               deepstack[0], deepstack[1])
+            hidden = out.last_hidden_state[:, -logits_to_keep:]
+            logits = self.model.get_output_embeddings()(hidden)
+            return SimpleNamespace(logits=logits, **{self._cache_keyword: output_cache(out, self._cache_keyword)})
         return self.model(
             inputs_embeds=embeds,
             attention_mask=attention_mask,
@@ -428,7 +458,8 @@ class LocalJudge:
             positions = torch.arange(shared, device=device).unsqueeze(0).expand(len(used), -1)
             positions = self._positions(positions, self._image_starts([prompt_ids[0]]).expand(len(used)))
             prefix_cache = growing_cache(None, n_layers, reserve=1)
-            self._forward(embeds, torch.ones_like(prefix), positions, prefix_cache)
+            deepstack = self.deepstack_inputs(prefix, feats if placeholders_in_prefix else None)
+            self._forward(embeds, torch.ones_like(prefix), positions, prefix_cache, deepstack=deepstack)
             prefix_kv = [(layer.keys, layer.values) for layer in prefix_cache.layers]
             cache = growing_cache(prefix_kv, n_layers, suffix_len + reserve, rows=inverse.tolist())
             del prefix_cache, prefix_kv
@@ -451,7 +482,8 @@ class LocalJudge:
         if features is not None and bool((ids == self.image_token_id).any()):
             row_features = features.index_select(0, rows_image)
         embeds = self.embed(ids, row_features, feature_start=placeholders_in_prefix)
-        out = self._forward(embeds, mask, positions, cache)
+        deepstack = self.deepstack_inputs(ids, row_features, feature_start=placeholders_in_prefix)
+        out = self._forward(embeds, mask, positions, cache, deepstack=deepstack)
         return DecodeState(
             cache=self._cache_of(out),
             attention_mask=mask,
@@ -604,12 +636,17 @@ class LocalJudge:
             first = is_image.long().argmax(dim=1)
             starts = torch.where(is_image.any(dim=1), position_ids.gather(1, first.view(-1, 1)).view(-1), -1)
             position_ids = self._positions(position_ids, starts)
-        hidden = self.model.model(
-            inputs_embeds=embeds,
-            attention_mask=inputs.attention_mask,
-            position_ids=position_ids,
-            use_cache=False,
-        ).last_hidden_state
+        deepstack = self.deepstack_inputs(inputs.input_ids, row_features)
+        if deepstack is not None:
+            hidden = self.family.language_forward(embeds, inputs.attention_mask, position_ids, {"use_cache": False},
+                                                  deepstack[0], deepstack[1]).last_hidden_state
+        else:
+            hidden = self.model.model(
+                inputs_embeds=embeds,
+                attention_mask=inputs.attention_mask,
+                position_ids=position_ids,
+                use_cache=False,
+            ).last_hidden_state
         picked = hidden.gather(1, inputs.read_index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
         logits = self.model.get_output_embeddings()(picked)
         return logits if logits.dtype == torch.float64 else logits.float()
