@@ -59,6 +59,8 @@ class JudgeFamily:
     name = "chat-template"
     #: Whether the prompts of one image share their prefix (image included) and are run once per image.
     shares_prefix = True
+    #: Whether the family takes videos (:meth:`preprocess_videos`, the ``video_token_id`` placeholder).
+    takes_video = False
 
     def __init__(self, model: Any, processor: Any, image_size: tuple[int, int] | int | None = None):
         self.model = model
@@ -73,9 +75,11 @@ class JudgeFamily:
         return (DEFAULT_IMAGE_SIDE, DEFAULT_IMAGE_SIDE)
 
     # --------------------------------------------------------------------------------- conversation
-    def conversation_parts(self, turns: Sequence[tuple[str, str | None]], image_placeholder: str) -> list[str | Data]:
-        """``turns`` [(user message, answer or None), ...] in the model's chat template, the image in the
-        first user turn, ending with the generation prompt; every message and answer as ``Data``."""
+    def conversation_parts(self, turns: Sequence[tuple[str, str | None]], image_placeholder: str,
+                           kind: str = "image") -> list[str | Data]:
+        """``turns`` [(user message, answer or None), ...] in the model's chat template, the image (``kind``
+        "video": the video) in the first user turn, ending with the generation prompt; every message and
+        answer as ``Data``. ``image_placeholder``: what the template writes for that visual."""
         if not turns:
             raise ValueError("a conversation needs at least one user turn")
         marker = f"\ue000{uuid.uuid4().hex}:"
@@ -86,7 +90,7 @@ class JudgeFamily:
                 raise ValueError(f"turn {i} has no answer but is not the last turn")
             key = f"{marker}{len(texts)}\ue001"
             texts[key] = message
-            content: list[dict] = [{"type": "image"}] if i == 0 else []
+            content: list[dict] = [{"type": kind}] if i == 0 else []
             content.append({"type": "text", "text": key})
             messages.append({"role": "user", "content": content})
             if answer is not None:
@@ -100,7 +104,7 @@ class JudgeFamily:
         if missing:
             raise ValueError(f"the {self.name} chat template does not write every message once")
         if text.count(image_placeholder) != 1:
-            raise ValueError(f"the {self.name} chat template writes {text.count(image_placeholder)} image placeholders")
+            raise ValueError(f"the {self.name} chat template writes {text.count(image_placeholder)} {kind} placeholders")
         return fill_parts(text, texts)
 
     # ---------------------------------------------------------------------------------------- image
@@ -154,11 +158,46 @@ class Qwen2VLFamily(JudgeFamily):
     """
 
     name = "qwen2-vl"
+    takes_video = True
 
     def __init__(self, model: Any, processor: Any, image_size: tuple[int, int] | int | None = None):
         self.merge = int(model.config.vision_config.spatial_merge_size)
         super().__init__(model, processor, image_size)
         self.grid: torch.Tensor | None = None
+        self.video = False  # whether the last preprocess was of videos
+        self.time_interval: float = 1.0  # temporal position step per frame group (Qwen2.5-VL: seconds-based)
+
+    @property
+    def video_token_id(self) -> int:
+        return int(self.model.config.video_token_id)
+
+    @property
+    def video_placeholder(self) -> str:
+        return self.processor.video_token
+
+    def preprocess_videos(self, videos: Sequence[Sequence[Image.Image]], device: torch.device,
+                          dtype: torch.dtype) -> torch.Tensor:
+        """``pixel_values_videos`` of videos (lists of frames, the same number each, resized to
+        :attr:`image_size`) through the processor, which also gives the grid (frame groups of
+        ``temporal_patch_size``) and, for Qwen2.5-VL, the seconds per frame group that space the temporal
+        positions (``tokens_per_second`` of them per second; the processor's frame rate for frames without
+        metadata)."""
+        clips = [[self.resize(frame) for frame in frames] for frames in videos]
+        if len({len(c) for c in clips}) != 1:
+            raise ValueError(f"videos of different frame counts {sorted({len(c) for c in clips})}: pass the same number")
+        out = self.processor(text=[self.video_placeholder] * len(clips), videos=clips, return_tensors="pt")
+        grid = out["video_grid_thw"]
+        if not bool((grid == grid[0]).all()):
+            raise ValueError(f"videos resized to {self.image_size} gave different grids: {grid.tolist()}")
+        self.grid, self.video = grid[0].clone(), True
+        seconds = out.get("second_per_grid_ts")
+        per_second = getattr(self.model.config.vision_config, "tokens_per_second", None)
+        if seconds is not None and per_second is not None:
+            # in float32, as the model multiplies them
+            self.time_interval = float(per_second * torch.as_tensor(seconds, dtype=torch.float32).reshape(-1)[0])
+        else:
+            self.time_interval = 1.0
+        return out["pixel_values_videos"].to(device=device, dtype=dtype)
 
     def default_image_size(self) -> tuple[int, int]:
         ip = self.processor.image_processor
@@ -173,7 +212,7 @@ class Qwen2VLFamily(JudgeFamily):
         grid = out["image_grid_thw"]
         if not bool((grid == grid[0]).all()):
             raise ValueError(f"images resized to {self.image_size} gave different grids: {grid.tolist()}")
-        self.grid = grid[0].clone()
+        self.grid, self.video, self.time_interval = grid[0].clone(), False, 1.0
         return out["pixel_values"].to(device=device, dtype=dtype)
 
     @property
@@ -192,19 +231,30 @@ class Qwen2VLFamily(JudgeFamily):
     def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
         n_images = pixel_values.shape[0] // self.patches_per_image
         grid = self.grid.view(1, 3).expand(n_images, 3).to(pixel_values.device)
-        out = self.model.get_image_features(pixel_values=pixel_values, image_grid_thw=grid)
+        if self.video:
+            out = self.model.get_video_features(pixel_values_videos=pixel_values, video_grid_thw=grid)
+        else:
+            out = self.model.get_image_features(pixel_values=pixel_values, image_grid_thw=grid)
         feats = getattr(out, "pooler_output", out)
         if isinstance(feats, (list, tuple)):
             return torch.stack(list(feats))
         return feats.view(n_images, -1, feats.shape[-1])
 
+    @property
+    def frame_groups(self) -> int:
+        """Frame groups of the last preprocessed visual (1 for an image)."""
+        return int(self.grid[0]) if self.video else 1
+
     def position_offset(self) -> int:
         h, w = self.grid_hw
-        return max(h, w) - h * w
+        return max(h, w) - self.frame_groups * h * w
 
     def position_ids(self, positions: torch.Tensor, image_start: torch.Tensor) -> torch.Tensor:
+        """Token k of a visual starting at s: (s + floor(t * interval), s + row, s + column) for its
+        frame group t, row and column; text after it continues from s + max(rows, columns) (the
+        installed transformers' ``get_rope_index``)."""
         h, w = self.grid_hw
-        n = h * w
+        n = self.frame_groups * h * w
         start = image_start.view(-1, 1).to(positions.device)
         rel = positions - start
         has_image = start >= 0
@@ -212,7 +262,10 @@ class Qwen2VLFamily(JudgeFamily):
         after = has_image & (rel >= n)
         text = torch.where(after, positions + (max(h, w) - n), positions)
         k = rel.clamp(min=0)
-        t_pos = torch.where(inside, start.expand_as(positions), text)
+        group, k = k // (h * w), k % (h * w)
+        interval = torch.tensor(self.time_interval, dtype=torch.float32, device=positions.device)
+        temporal = start + (group.float() * interval).long() if self.video else start.expand_as(positions)
+        t_pos = torch.where(inside, temporal, text)
         h_pos = torch.where(inside, start + k // w, text)
         w_pos = torch.where(inside, start + k % w, text)
         return torch.stack([t_pos, h_pos, w_pos])
@@ -228,6 +281,7 @@ class Qwen3VLFamily(Qwen2VLFamily):
 
     name = "qwen3-vl"
     deepstack = True
+    takes_video = False  # its processor writes a timestamp and a vision block per frame group: not yet
 
     def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
         n_images = pixel_values.shape[0] // self.patches_per_image

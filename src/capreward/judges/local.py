@@ -176,6 +176,17 @@ class LocalJudge:
         return int(self.model.config.image_token_id)
 
     @property
+    def visual_token_ids(self) -> list[int]:
+        """The placeholder tokens a prompt's one visual may use: the image token, and the video token of a
+        family that takes videos (:meth:`preprocess_videos`)."""
+        if self.family is not None and self.family.takes_video:
+            return [self.image_token_id, self.family.video_token_id]
+        return [self.image_token_id]
+
+    def _is_visual(self, ids: torch.Tensor) -> torch.Tensor:
+        return torch.isin(ids, torch.tensor(self.visual_token_ids, device=ids.device))
+
+    @property
     def image_placeholder(self) -> str:
         return getattr(self.processor, "image_token", IMAGE_PLACEHOLDER)
 
@@ -240,12 +251,23 @@ class LocalJudge:
         family: its chat template's prompt, the image in the first user turn)."""
         return render(self.conversation_parts(turns))
 
-    def conversation_parts(self, turns: Sequence[tuple[str, str | None]]) -> list[str | Data]:
+    def conversation_parts(self, turns: Sequence[tuple[str, str | None]], video: bool = False) -> list[str | Data]:
         """:meth:`conversation` as prompt parts: every message and answer is :class:`Data` (encoded by
-        :meth:`encode_prompts` without special tokens)."""
+        :meth:`encode_prompts` without special tokens). ``video``: the first turn holds a video (the
+        family's video placeholder, :meth:`preprocess_videos`) instead of an image."""
+        if video:
+            family = self._video_family()
+            return family.conversation_parts(turns, family.video_placeholder, kind="video")
         if self.family is not None:
             return self.family.conversation_parts(turns, self.image_placeholder)
         return llava_v1_parts(turns, system=self.system, image_placeholder=self.image_placeholder)
+
+    def _video_family(self) -> JudgeFamily:
+        if self.family is None or not self.family.takes_video:
+            name = "llava" if self.family is None else self.family.name
+            raise ValueError(f"the {name} judge family does not take videos (video judges: Qwen2-VL, Qwen2.5-VL); "
+                             "pass frames as images or a composite instead")
+        return self.family
 
     @property
     def control_token_ids(self) -> set[int]:
@@ -279,15 +301,16 @@ class LocalJudge:
                 ids = list(self.tokenizer(well_formed(prompt), add_special_tokens=True)["input_ids"])
             else:
                 ids = encode_parts(self.tokenizer, prompt, control)
-            count = sum(1 for t in ids if t == self.image_token_id)
+            visual = set(self.visual_token_ids)
+            count = sum(1 for t in ids if t in visual)
             if count != 1:
                 name = names[i] if names is not None else f"prompts[{i}]"
                 raise ValueError(f"{name} holds {count} image placeholders; exactly one is needed")
-            at = ids.index(self.image_token_id)
+            at = next(k for k, t in enumerate(ids) if t in visual)
             if self.family is None:
                 expansion = [self.image_token_id] * num_image_tokens
             else:  # Idefics3: the processor's tile layout around the image tokens
-                expansion = self.family.image_expansion(self.image_token_id, num_image_tokens)
+                expansion = self.family.image_expansion(ids[at], num_image_tokens)
             out.append(list(ids[:at]) + expansion + list(ids[at + 1 :]))
         return out
 
@@ -315,8 +338,17 @@ class LocalJudge:
         pixel_values = image_processor(images=list(images), return_tensors="pt")["pixel_values"]
         return pixel_values.to(device=self.device, dtype=self.dtype)
 
+    def preprocess_videos(self, videos: Sequence[Sequence[Image.Image]]) -> torch.Tensor:
+        """``pixel_values_videos`` for videos given as lists of RGB frames (the same number each), through
+        the family's video processor (frames resized to :attr:`JudgeFamily.image_size`); their features
+        come from :meth:`image_features` and fill the prompt's video placeholder
+        (:meth:`conversation_parts` with ``video=True``). Until the next :meth:`preprocess`, prompts are
+        positioned for this video grid. Raises ValueError for a family that takes no videos."""
+        return self._video_family().preprocess_videos(videos, self.device, self.dtype)
+
     def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """Projected image features (U, n_image_tokens, hidden) for ``pixel_values``. Differentiable."""
+        """Projected image features (U, n_image_tokens, hidden) for ``pixel_values`` (of the last
+        :meth:`preprocess` or :meth:`preprocess_videos`: a video's features, all frames). Differentiable."""
         if self.family is not None:
             return self.family.image_features(pixel_values.to(device=self.device, dtype=self.dtype))
         out = self.model.get_image_features(pixel_values=pixel_values.to(device=self.device, dtype=self.dtype))
@@ -339,7 +371,7 @@ class LocalJudge:
         Differentiable in ``features`` and ``text_embeds``.
         """
         emb = self.model.get_input_embeddings()(input_ids) if text_embeds is None else text_embeds
-        mask = input_ids == self.image_token_id
+        mask = self._is_visual(input_ids)
         if features is None:
             if bool(mask.any()):
                 raise ValueError("the inputs hold image placeholders but no image features were given")
@@ -372,7 +404,7 @@ class LocalJudge:
         the family has none or the rows hold no image token. Differentiable in ``features``."""
         if self.family is None or not self.family.deepstack or features is None:
             return None
-        mask = input_ids == self.image_token_id
+        mask = self._is_visual(input_ids)
         if not bool(mask.any()):
             return None
         index = self._feature_index(mask, feature_start, features[:, :, 0])
@@ -383,9 +415,10 @@ class LocalJudge:
     def _image_starts(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
         """Index of the first image token of each row (-1: none)."""
         starts = []
+        visual = set(self.visual_token_ids)
         for ids in rows:
             ids = list(ids)
-            starts.append(ids.index(self.image_token_id) if self.image_token_id in ids else -1)
+            starts.append(next((k for k, t in enumerate(ids) if t in visual), -1))
         return torch.tensor(starts, dtype=torch.long, device=self.device)
 
     def _positions(self, positions: torch.Tensor, image_start: torch.Tensor) -> torch.Tensor:
@@ -452,7 +485,7 @@ class LocalJudge:
             used, inverse = torch.unique(rows_image, sorted=True, return_inverse=True)
             prefix = torch.tensor(list(prompt_ids[0][:shared]), dtype=torch.long, device=device)
             prefix = prefix.unsqueeze(0).expand(len(used), -1)
-            placeholders_in_prefix = int((prefix[0] == self.image_token_id).sum())
+            placeholders_in_prefix = int(self._is_visual(prefix[0]).sum())
             feats = features.index_select(0, used) if features is not None else None
             embeds = self.embed(prefix, feats if placeholders_in_prefix else None)
             positions = torch.arange(shared, device=device).unsqueeze(0).expand(len(used), -1)
@@ -479,7 +512,7 @@ class LocalJudge:
         starts = self._image_starts(prompt_ids)
         positions = self._positions(positions, starts)
         row_features = None
-        if features is not None and bool((ids == self.image_token_id).any()):
+        if features is not None and bool(self._is_visual(ids).any()):
             row_features = features.index_select(0, rows_image)
         embeds = self.embed(ids, row_features, feature_start=placeholders_in_prefix)
         deepstack = self.deepstack_inputs(ids, row_features, feature_start=placeholders_in_prefix)
@@ -632,7 +665,7 @@ class LocalJudge:
         embeds = self.embed(inputs.input_ids, row_features, text_embeds=text_embeds)
         position_ids = inputs.position_ids
         if self.family is not None:
-            is_image = inputs.input_ids == self.image_token_id
+            is_image = self._is_visual(inputs.input_ids)
             first = is_image.long().argmax(dim=1)
             starts = torch.where(is_image.any(dim=1), position_ids.gather(1, first.view(-1, 1)).view(-1), -1)
             position_ids = self._positions(position_ids, starts)

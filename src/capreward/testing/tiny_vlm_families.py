@@ -145,7 +145,10 @@ def build_tiny_qwen2_vl(
     elif version == "2.5":
         vision = dict(depth=2, hidden_size=32, out_hidden_size=64, intermediate_size=64, num_heads=2,
                       patch_size=patch_size, spatial_merge_size=2, temporal_patch_size=2, in_channels=3,
-                      window_size=4 * patch_size, fullatt_block_indexes=[1])
+                      window_size=4 * patch_size, fullatt_block_indexes=[1],
+                      # 24 temporal positions a second: frame groups of 2 frames at the processor's 24 fps
+                      # for frames without metadata are 2 positions apart (the video tests see the spacing)
+                      tokens_per_second=24)
     else:  # a learned position grid of (image_size / patch_size)² entries, deepstack after both blocks
         vision = dict(depth=2, hidden_size=32, out_hidden_size=64, intermediate_size=64, num_heads=2,
                       patch_size=patch_size, spatial_merge_size=2, temporal_patch_size=2, in_channels=3,
