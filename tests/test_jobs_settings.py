@@ -130,7 +130,12 @@ def test_only_the_settings_that_change_a_row_are_recorded(tmp_path, tiny_clip_pa
     # visce2/gveval on a server: its URL and the served model (the backend's default when not named)
     remote = scoring_settings(ScoreOptions(metrics=["gveval"], judge_base_url="http://127.0.0.1:8000/v1"))
     assert remote == {"metrics": ["gveval"], "judge_base_url": "http://127.0.0.1:8000/v1",
-                      "judge_api_model": DEFAULT_API_MODEL, "gveval_mode": "ref-free", "gveval_accr": False, **limits}
+                      "judge_api_model": DEFAULT_API_MODEL, "judge_top_logprobs_cap": 20, "gveval_mode": "ref-free",
+                      "gveval_accr": False, **limits}
+    # fleur on a server too (no local judge), with the server's logprob cap
+    remote_fleur = scoring_settings(ScoreOptions(metrics=["fleur"], judge_api_model="m", judge_top_logprobs_cap=5))
+    assert remote_fleur == {"metrics": ["fleur"], "judge_base_url": None, "judge_api_model": "m",
+                            "judge_top_logprobs_cap": 5, **limits}
     # an open_clip checkpoint given with its architecture is a local file too
     arch = model_identity(f"ViT-B-32/{tiny_clip_path}", open_clip=True)  # ViT-B-32//tmp/...
     assert arch == {**clip, "architecture": "ViT-B-32"}

@@ -1,5 +1,7 @@
-"""Local judges beyond LLaVA-1.5: tiny random Qwen2-VL, Qwen2.5-VL (image grid, 3-D rotary positions) and
-Idefics3 (image splitting), with their real processor classes and released chat templates, built offline.
+"""Local judges beyond LLaVA-1.5: tiny random Qwen2-VL, Qwen2.5-VL (image grid, 3-D rotary positions),
+Qwen3-VL (the same plus DeepStack features), Idefics3 and SmolVLM (image splitting), LLaVA-NeXT and
+LLaVA-OneVision (any-resolution tiling), with their real processor classes and released chat templates,
+built offline.
 
 Checked against an independent path on the same model, the family's own ``generate`` / forward fed by its
 own processor (which computes the image grid and the rotary positions itself): the batched judge (one
@@ -25,7 +27,8 @@ from capreward.judges.prompts import fleur_prompt
 from capreward.judges.protocol import ChatRequest, user_turn
 from capreward.testing import fleur_task_image
 from capreward.testing.red_team import ATTACKS, PLAIN_WRONG
-from capreward.testing.tiny_vlm_families import build_tiny_idefics3, build_tiny_qwen2_vl
+from capreward.testing.tiny_vlm_families import (build_tiny_idefics3, build_tiny_llava_next, build_tiny_qwen2_vl,
+                                                 build_tiny_smolvlm)
 
 CAPTIONS = ["a red ball", "a blue box on the wall", "the kite"]
 
@@ -42,7 +45,11 @@ def one_torch_thread():
 FAMILIES = {
     "qwen2-vl": (lambda: build_tiny_qwen2_vl(seed=0, version="2"), "qwen2-vl", "<|image_pad|>"),
     "qwen2.5-vl": (lambda: build_tiny_qwen2_vl(seed=0, version="2.5"), "qwen2-vl", "<|image_pad|>"),
+    "qwen3-vl": (lambda: build_tiny_qwen2_vl(seed=0, version="3"), "qwen3-vl", "<|image_pad|>"),
     "idefics3": (lambda: build_tiny_idefics3(seed=0), "idefics3", "<image>"),
+    "smolvlm": (lambda: build_tiny_smolvlm(seed=0), "smolvlm", "<image>"),
+    "llava-next": (lambda: build_tiny_llava_next(seed=0), "llava-next", "<image>"),
+    "llava-onevision": (lambda: build_tiny_llava_next(seed=0, onevision=True), "llava-onevision", "<image>"),
 }
 
 
@@ -59,12 +66,24 @@ def judge(qwen):
     return LocalJudge(qwen, image_size=32)
 
 
-@pytest.fixture(scope="module", params=["qwen2-vl", "idefics3"])
+#: family -> builder of a tiny model that answers with numbers (its digit, "$" and end-of-turn outputs
+#: scaled up by ``answer_bias``)
+ANSWERING = {
+    "qwen2-vl": lambda bias: build_tiny_qwen2_vl(seed=0, answer_bias=bias),
+    "qwen3-vl": lambda bias: build_tiny_qwen2_vl(seed=0, version="3", answer_bias=bias),
+    "idefics3": lambda bias: build_tiny_idefics3(seed=0, answer_bias=bias),
+    # seed 0's SmolVLM ends every answer at once; seed 4's answers image- and caption-dependent numbers
+    "smolvlm": lambda bias: build_tiny_smolvlm(seed=4, answer_bias=bias),
+    "llava-next": lambda bias: build_tiny_llava_next(seed=0, answer_bias=bias),
+    "llava-onevision": lambda bias: build_tiny_llava_next(seed=0, onevision=True, answer_bias=bias),
+}
+
+
+@pytest.fixture(scope="module", params=list(ANSWERING))
 def answering_judge(request):
-    """A tiny Qwen2-VL / Idefics3 with its digit, "$" and end-of-turn outputs scaled up: it answers with
+    """A tiny model of each family with its digit, "$" and end-of-turn outputs scaled up: it answers with
     numbers that depend on the image and caption, so the scorers read real scores."""
-    build = build_tiny_qwen2_vl if request.param == "qwen2-vl" else build_tiny_idefics3
-    return LocalJudge(build(seed=0, answer_bias=30.0), image_size=32)
+    return LocalJudge(ANSWERING[request.param](30.0), image_size=32)
 
 
 @pytest.fixture(scope="module")
@@ -219,6 +238,7 @@ def test_an_unsupported_image_text_family_is_a_clear_error_not_a_llava_path():
 
     from capreward.judges.families import judge_family
 
-    with pytest.raises(ValueError, match="'smolvlm' are not supported yet; supported: llava, idefics3, qwen2_5_vl, qwen2_vl"):
-        judge_family(SimpleNamespace(config=SimpleNamespace(model_type="smolvlm")), None)
+    with pytest.raises(ValueError, match="'mllama' are not supported yet; supported: llava, idefics3, llava_next, "
+                                         "llava_onevision, qwen2_5_vl, qwen2_vl, qwen3_vl, smolvlm"):
+        judge_family(SimpleNamespace(config=SimpleNamespace(model_type="mllama")), None)
     assert judge_family(SimpleNamespace(config=SimpleNamespace(model_type="llava")), None) is None

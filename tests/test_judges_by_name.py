@@ -91,3 +91,51 @@ def test_grpo_recipe_and_score_cli_take_every_scorer_and_the_judge_server():
     score = cli_parser().parse_args(["score", "m.jsonl", "--out", "o.jsonl", "--metrics", "gveval",
                                      "--judge-base-url", "http://127.0.0.1:9/v1", "--judge-top-logprobs-cap", "64"])
     assert score.judge_top_logprobs_cap == 64
+
+
+def test_score_cli_runs_fleur_on_the_judge_server_exactly(tmp_path):
+    """``capreward score --metrics fleur --judge-base-url ...``: FLEUR on the served judge (RemoteFLEUR's
+    exact reading): the answer the local judge gives on the same weights, and its exact score or none
+    with the reason (never a partial one); the settings record names the server, the served model and
+    the logprob cap, not a local judge."""
+    import random
+    import subprocess
+    import sys
+
+    import torch
+
+    from capreward import FLEUR
+    from capreward.judges import LocalJudge
+    from capreward.testing import fleur_task_image
+    from capreward.testing.susceptible_judge import red_image, susceptible_judge_dir
+
+    judge_dir = susceptible_judge_dir()  # a LLaVA judge trained on FLEUR's answers, 1024 positions
+    images = [red_image(random.Random(0)), fleur_task_image("blue", random.Random(1))]
+    captions = ["a red ball", "a red car"]
+    rows = []
+    for k, (caption, image) in enumerate(zip(captions, images)):
+        image.save(tmp_path / f"{k}.png")
+        rows.append({"id": f"r{k}", "caption": caption, "image": str(tmp_path / f"{k}.png")})
+    manifest, out = tmp_path / "m.jsonl", tmp_path / "out.jsonl"
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with ChatServer("local", judge_dir=judge_dir, model="susceptible", log_path=tmp_path / "server.log") as server:
+        proc = subprocess.run([sys.executable, "-m", "capreward.cli.main", "score", str(manifest), "--out", str(out),
+                               "--metrics", "fleur", "--judge-base-url", server.base_url, "--judge-api-model",
+                               "susceptible", "--judge-top-logprobs-cap", "20", "--no-progress"],
+                              capture_output=True, text=True, timeout=600)
+        served = server.stats()["chat_requests"]
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert served >= len(rows)  # the server answered: no local judge was loaded instead
+    got = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    local = FLEUR(model=LocalJudge(str(judge_dir), device="cpu")).score(captions, images)
+    assert torch.isfinite(local.score).all()
+    for k in range(len(rows)):
+        row = got[f"r{k}"]
+        assert row["fleur/raw"] == local.raw[k]
+        if row["fleur"] is not None:  # every digit the score weighs among the server's 20: the exact score
+            assert abs(row["fleur"] - float(local.score[k])) <= 1e-5
+        else:  # this judge spreads its digits past the top 20: no score rather than a partial one, with why
+            assert "missing from the top-20 alternatives" in row["errors"]["fleur"]
+    settings = json.loads((tmp_path / "out.jsonl.settings.json").read_text())["settings"]
+    assert settings["judge_base_url"] == server.base_url and settings["judge_api_model"] == "susceptible"
+    assert settings["judge_top_logprobs_cap"] == 20 and "judge_model" not in settings

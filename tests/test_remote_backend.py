@@ -282,3 +282,29 @@ def test_invalid_settings_are_refused():
     bad = OpenAIJudge("http://127.0.0.1:1/v1", "m", api_key_env=None, max_retries=0)
     (response,) = bad.generate([ChatRequest((user_turn("x"),), max_tokens=0)])
     assert response.error.startswith("invalid request: max_tokens must be positive")
+
+
+def test_structured_outputs_keep_a_request_hashable_and_reach_the_server_as_plain_json(echo):
+    """A request's ``structured_outputs`` (a dict, nested JSON schema included) is frozen: requests hash
+    and compare by content (one cache entry for equal constraints, two for different ones), the dict the
+    caller passed is not aliased, and the server receives the constraint as the plain JSON given."""
+    schema = {"type": "object", "properties": {"score": {"type": "integer", "enum": [1, 2, 3]}}, "required": ["score"]}
+    given = {"json": schema}
+
+    def make(constraint):
+        return ChatRequest((user_turn("sample 0"),), max_tokens=16, top_logprobs=2, structured_outputs=constraint)
+
+    a, b, c = make(given), make({"json": {**schema}}), make({"regex": "[0-9]+"})
+    assert hash(a) == hash(b) and a == b and a != c
+    cache = {a: "first", c: "other"}
+    cache[b] = "again"
+    assert len(cache) == 2 and cache[a] == "again"
+    given["json"]["required"].append("reason")  # the caller's dict changes later: the request does not
+    assert a.structured_outputs["json"]["required"] == ("score",)
+    with pytest.raises(TypeError):
+        a.structured_outputs["regex"] = "x"  # read-only
+    with pytest.raises(TypeError, match="structured_outputs must be a mapping"):
+        make("[0-9]+")
+    assert_echoed(fast_judge(echo).generate([a]), 1)
+    sent = echo.requests()[-1]
+    assert sent["structured_outputs"] == {"json": {**schema, "required": ["score"]}}

@@ -20,7 +20,8 @@ veRL loads it by path (this module imports veRL, which :mod:`capreward.adapters.
 
 configured with the same ``CAPREWARD_*`` environment variables as :func:`capreward.adapters.verl.compute_score`.
 A sample whose ``extra_info`` names no visual is scored on the image it carries in veRL's
-``multi_modal_data`` (the first one), so a VLM dataset need not duplicate its images as paths.
+``multi_modal_data`` (the first one), or, when it carries no image, on its first video (veRL's frames,
+:func:`multi_modal_video`), so a VLM dataset need not duplicate its visuals as paths.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import asyncio
 import logging
 import os
 from typing import Any
+
+import numpy as np
 
 try:
     from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
@@ -89,11 +92,16 @@ class CaprewardRewardManager(RewardManagerBase):
         response = self.tokenizer.decode(response_ids[:valid], skip_special_tokens=True)
         ground_truth = item.non_tensor_batch["reward_model"]["ground_truth"]
         extra_info = item.non_tensor_batch.get("extra_info", None)
-        image = multi_modal_image(item.non_tensor_batch.get("multi_modal_data", None))
+        carried = item.non_tensor_batch.get("multi_modal_data", None)
         try:
+            image = multi_modal_image(carried)
+            video = multi_modal_video(carried) if image is None else None
             if image is not None and not _names_visual(extra_info):
                 # the sample carries its image (veRL's multi_modal_data): score that, no path needed
                 label = image_label(ground_truth, extra_info, image)
+            elif video is not None and not _names_visual(extra_info):
+                label = image_label(ground_truth, extra_info, None)
+                label.video = video
             else:
                 label = sample_label(ground_truth, extra_info, self.scorer.paths)
         except LabelError as exc:
@@ -137,15 +145,49 @@ class CaprewardRewardManager(RewardManagerBase):
                 future.set_result(row)
 
 
-def multi_modal_image(data: Any) -> Any:
-    """The image a veRL sample carries in ``multi_modal_data`` (``{"image": [PIL images]}``, as veRL's
-    RLHF dataset stores it): the first one, or None when there is none."""
+def _first(data: Any, keys: tuple[str, ...]) -> Any:
+    """The first item under the first of ``keys`` that ``data`` (a dict) holds, or None."""
     if not isinstance(data, dict):
         return None
-    images = data.get("image")
-    if isinstance(images, (list, tuple)):
-        return images[0] if images else None
-    return images
+    for key in keys:
+        items = data.get(key)
+        if items is None:
+            continue
+        if isinstance(items, (list, tuple)) or (isinstance(items, np.ndarray) and items.dtype == object):
+            return items[0] if len(items) else None
+        return items
+    return None
+
+
+def multi_modal_image(data: Any) -> Any:
+    """The image a veRL sample carries in ``multi_modal_data`` (``{"image": [PIL images]}``, as veRL's
+    RLHF dataset stores it; ``"images"``, the agent loop's name, too): the first one, or None when there
+    is none."""
+    return _first(data, ("image", "images"))
+
+
+def multi_modal_video(data: Any) -> Any:
+    """The first video a veRL sample carries in ``multi_modal_data`` (``"video"``, or the agent loop's
+    ``"videos"``), as frames capreward reads, or None when there is none.
+
+    veRL stores a video as its ``fetch_video`` output: a (T, 3, H, W) tensor or array of pixel values
+    0..255 in float after resizing (``video.numpy()``). Such frames are moved to (T, H, W, 3), rounded and
+    clipped to uint8 (the resize's overshoot past 0 and 255); a list of PIL frames or a (T, H, W, 3)
+    uint8 array is passed on as it is. Raises :class:`LabelError` for a non-finite frame array."""
+    import torch
+
+    video = _first(data, ("video", "videos"))
+    if video is None:
+        return None
+    if isinstance(video, torch.Tensor):
+        video = video.detach().cpu().numpy()
+    if isinstance(video, np.ndarray) and video.ndim == 4 and video.shape[1] == 3 and video.shape[3] != 3:
+        video = np.moveaxis(video, 1, 3)
+    if isinstance(video, np.ndarray) and video.dtype != np.uint8 and np.issubdtype(video.dtype, np.number):
+        if not np.isfinite(video).all():
+            raise LabelError("sample multi_modal_data: the video's frames hold NaN or infinite values")
+        video = np.clip(np.rint(video), 0, 255).astype(np.uint8)
+    return video
 
 
 def image_label(ground_truth: Any, extra_info: Any, image: Any) -> Label:

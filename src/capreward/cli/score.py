@@ -12,14 +12,14 @@ Sub-score fields are named ``<metric>/<sub-score>``, as the rewards and callback
   words without a matching frame: 0 all supported, -1 none) and ``hallucination/flagged`` (positions of
   the flagged tokens in ``alignment.tokens``, outlined by ``capreward report``). Threshold:
   ``--hallucination-threshold``; uses the CLIP of ``--clip-model`` and the idf of ``--idf``.
-- ``fleur``: ``fleur`` in [0, 1], ``fleur/raw`` (local LLaVA of ``--judge-model``; videos on
-  G-VEval's three-frame composite).
+- ``fleur``: ``fleur`` in [0, 1], ``fleur/raw`` (local LLaVA of ``--judge-model``, or the server below;
+  videos on G-VEval's three-frame composite).
 - ``visce2``: ``visce2`` in [0, 100], ``visce2/raw``, ``visce2/context`` (images only; a video row gets
   an error).
 - ``gveval``: ``gveval`` in [0, 100], ``gveval/raw``; ``--gveval-accr`` adds ``gveval/accuracy``,
   ``gveval/completeness``, ``gveval/conciseness``, ``gveval/relevance`` (videos only). ``--gveval-mode``.
 
-visce2 and gveval run on the local LLaVA of ``--judge-model``, or on an OpenAI-compatible server
+fleur, visce2 and gveval run on the local LLaVA of ``--judge-model``, or on an OpenAI-compatible server
 (vLLM, OpenAI) when ``--judge-base-url`` or ``--judge-api-model`` is given; the API key is read from
 ``$OPENAI_API_KEY`` and never printed. A score that cannot be computed is null with the reason in
 ``errors[metric]``; the other rows and metrics are unaffected.
@@ -95,11 +95,10 @@ def add_parser(subparsers) -> None:
                    help="CLIP for emscore/clip-s/hallucination (one shared copy): name/tag, .pt path, ...")
     p.add_argument("--pac-model", help="PAC-S checkpoint path (for pac-s)")
     p.add_argument("--judge-model", "--fleur-model", dest="judge_model", default="llava-hf/llava-1.5-13b-hf",
-                   help="local LLaVA name or dir for fleur, and for visce2/gveval unless a server is given "
-                        "(one shared copy)")
+                   help="local LLaVA name or dir for fleur/visce2/gveval unless a server is given (one shared copy)")
     p.add_argument("--judge-base-url",
-                   help="OpenAI-compatible server for visce2/gveval, e.g. http://localhost:8000/v1 (vLLM); "
-                        "API key from $OPENAI_API_KEY (unset: a placeholder, fine for vLLM); fleur stays local")
+                   help="OpenAI-compatible server for fleur/visce2/gveval, e.g. http://localhost:8000/v1 (vLLM); "
+                        "API key from $OPENAI_API_KEY (unset: a placeholder, fine for vLLM)")
     p.add_argument("--judge-api-model",
                    help="model name on that server (alone: OpenAI's API with this model)")
     p.add_argument("--judge-top-logprobs-cap", type=int, default=20,

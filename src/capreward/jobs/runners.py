@@ -23,7 +23,8 @@ Sub-score fields are named ``<metric>/<sub-score>`` (the one separator of :mod:`
 
 CLIP-based metrics (emscore, clip_s, hallucination) share one CLIP backbone; judge metrics (fleur,
 visce2, gveval) share one local LLaVA, or visce2/gveval use an OpenAI-compatible server when
-``judge_base_url`` or ``judge_api_model`` is set (key from ``$OPENAI_API_KEY``; fleur stays local).
+``judge_base_url`` or ``judge_api_model`` is set (key from ``$OPENAI_API_KEY``; fleur then runs as
+:class:`~capreward.scorers.fleur_remote.RemoteFLEUR` on that server).
 
 A row's output never depends on the other rows of its batch: within a batch, rows are scored in
 groups of one kind (image or video) and one reference mode (with or without references), each row
@@ -69,7 +70,7 @@ class ScoreOptions:
     clip_model: str = DEFAULT_CLIP
     pac_model: str | None = None
     judge_model: str = "llava-hf/llava-1.5-13b-hf"  # local LLaVA (name or dir) for fleur, visce2, gveval
-    judge_base_url: str | None = None  # OpenAI-compatible server for visce2/gveval (key: $OPENAI_API_KEY)
+    judge_base_url: str | None = None  # OpenAI-compatible server for fleur/visce2/gveval (key: $OPENAI_API_KEY)
     judge_api_model: str | None = None  # the served model's name (None: OpenAIJudge's default)
     judge_top_logprobs_cap: int = 20  # the most top_logprobs the server serves (vLLM --max-logprobs)
     gveval_mode: str = "ref-free"  # ref-free | ref-only | combined
@@ -96,7 +97,7 @@ class ScoreOptions:
 
     @property
     def remote_judge(self) -> bool:
-        """Whether visce2/gveval ask an OpenAI-compatible server instead of the local LLaVA."""
+        """Whether fleur/visce2/gveval ask an OpenAI-compatible server instead of the local LLaVA."""
         return bool(self.judge_base_url or self.judge_api_model)
 
 
@@ -232,7 +233,12 @@ class ManifestScorer:
     def _build_fleur(self, backbone):
         from ..scorers.fleur import FLEUR
 
-        scorer = FLEUR(model=self._local_judge())
+        if self.options.remote_judge:  # the served judge, read exactly (as visce2/gveval)
+            from ..scorers.fleur_remote import RemoteFLEUR
+
+            scorer = RemoteFLEUR(self._chat_backend(), top_logprobs=min(20, self.options.judge_top_logprobs_cap))
+        else:
+            scorer = FLEUR(model=self._local_judge())
 
         def run(rows: list[ManifestRow]) -> list[dict]:
             out: list[dict] = [{} for _ in rows]

@@ -57,6 +57,7 @@ FLAGS = {
     "judge_dtype": "the local judge's dtype (float16 on CUDA, else float32: set by --device)",
     "judge_base_url": "--judge-base-url",
     "judge_api_model": "--judge-api-model",
+    "judge_top_logprobs_cap": "--judge-top-logprobs-cap",
     "gveval_mode": "--gveval-mode",
     "gveval_accr": "--gveval-accr",
     "hallucination_threshold": "--hallucination-threshold",
@@ -98,10 +99,11 @@ def scoring_settings(options: ScoreOptions) -> dict[str, Any]:
     Included: ``metrics`` (as a sorted set: their order changes nothing); ``clip_model`` (CLIP metrics);
     ``pac_model`` (pac_s); ``precision`` (``fp32`` for None) and ``frames`` (0: every frame, as
     ``--frames 0``) for the CLIP-based metrics and pac_s (the judges see videos as G-VEval's three-frame
-    composite whatever ``frames`` says); ``judge_model`` and ``judge_dtype`` (the local LLaVA: fleur,
-    and visce2/gveval without a server); ``judge_base_url`` and ``judge_api_model`` (visce2/gveval on a
-    server; the model resolved to the backend's default when not given, and the URL because another
-    server may serve other weights under the same name); ``gveval_mode``, ``gveval_accr``;
+    composite whatever ``frames`` says); ``judge_model`` and ``judge_dtype`` (the local LLaVA of
+    fleur/visce2/gveval without a server); ``judge_base_url``, ``judge_api_model`` and
+    ``judge_top_logprobs_cap`` (fleur/visce2/gveval on a server; the model resolved to the backend's
+    default when not given, the URL because another server may serve other weights under the same name,
+    the cap because it decides which numbers an exact score reads); ``gveval_mode``, ``gveval_accr``;
     ``hallucination_threshold`` (resolved to the library default when not given, so a changed default
     shows); ``alignment`` (emscore/hallucination: it changes which fields a row holds, and a report over
     rows with and without alignment would be inconsistent); ``max_pixels`` and ``max_video_pixels``, for
@@ -128,7 +130,8 @@ def scoring_settings(options: ScoreOptions) -> dict[str, Any]:
     if on_clip:
         settings["precision"] = options.precision or "fp32"
         settings["frames"] = options.frames if options.frames is not None else 0
-    chat = set(registry.on_judge_backend())  # judge metrics that may run on a server instead of the local LLaVA
+    # judge metrics that may run on a server instead of the local LLaVA (a chat-judge scorer or a remote scorer)
+    chat = {s.name for s in registry.specs() if s.judge_backend or s.remote_scorer}
     local_only = set(registry.on_backbone("chat_judge")) - chat
     if used & local_only or (used & chat and not options.remote_judge):
         from ..judges.loading import resolve_device, resolve_dtype
@@ -140,6 +143,8 @@ def scoring_settings(options: ScoreOptions) -> dict[str, Any]:
 
         settings["judge_base_url"] = options.judge_base_url  # None: OpenAI's API
         settings["judge_api_model"] = options.judge_api_model or DEFAULT_API_MODEL
+        # how many alternatives the server gives decides which numbers an exact score can read
+        settings["judge_top_logprobs_cap"] = int(options.judge_top_logprobs_cap)
     if "gveval" in used:
         settings["gveval_mode"] = options.gveval_mode
         settings["gveval_accr"] = bool(options.gveval_accr)

@@ -12,7 +12,9 @@ tokens, 1-D positions). Other families differ in four places, each a method of a
   becomes in tokens (Idefics3: ``<fake_token_around_image><row_1_col_1><image>...<global-img>...``);
 - the image features: ``model.get_image_features`` with the family's arguments, one row per image;
 - the positions: Qwen2-VL's multimodal rotary positions (temporal, height, width) over the image
-  tokens, and text after the image continuing from the image's largest position (a per-image offset).
+  tokens, and text after the image continuing from the image's largest position (a per-image offset);
+- the forward: Qwen3-VL adds DeepStack visual features to the hidden states of its first decoder
+  layers at the image tokens (:attr:`JudgeFamily.deepstack`, :meth:`JudgeFamily.language_forward`).
 
 Images are resized to one :attr:`JudgeFamily.image_size` before the processor, so every image of a batch
 has the same grid and the same image tokens: the prompts of a GRPO group then share their whole prefix
@@ -36,7 +38,15 @@ from .caller_text import Data, fill_parts
 
 #: model_type -> family class name, for the families other than LLaVA-1.5 (``"llava"``, handled by
 #: ``LocalJudge`` itself).
-FAMILIES = {"qwen2_vl": "Qwen2VLFamily", "qwen2_5_vl": "Qwen2VLFamily", "idefics3": "Idefics3Family"}
+FAMILIES = {
+    "qwen2_vl": "Qwen2VLFamily",
+    "qwen2_5_vl": "Qwen2VLFamily",
+    "qwen3_vl": "Qwen3VLFamily",
+    "idefics3": "Idefics3Family",
+    "smolvlm": "SmolVLMFamily",
+    "llava_next": "LlavaNextFamily",
+    "llava_onevision": "LlavaOnevisionFamily",
+}
 
 #: The longest side images are resized to when the family's processor would allow more.
 DEFAULT_IMAGE_SIDE = 448
@@ -49,6 +59,8 @@ class JudgeFamily:
     name = "chat-template"
     #: Whether the prompts of one image share their prefix (image included) and are run once per image.
     shares_prefix = True
+    #: Whether the family takes videos (:meth:`preprocess_videos`, the ``video_token_id`` placeholder).
+    takes_video = False
 
     def __init__(self, model: Any, processor: Any, image_size: tuple[int, int] | int | None = None):
         self.model = model
@@ -63,9 +75,11 @@ class JudgeFamily:
         return (DEFAULT_IMAGE_SIDE, DEFAULT_IMAGE_SIDE)
 
     # --------------------------------------------------------------------------------- conversation
-    def conversation_parts(self, turns: Sequence[tuple[str, str | None]], image_placeholder: str) -> list[str | Data]:
-        """``turns`` [(user message, answer or None), ...] in the model's chat template, the image in the
-        first user turn, ending with the generation prompt; every message and answer as ``Data``."""
+    def conversation_parts(self, turns: Sequence[tuple[str, str | None]], image_placeholder: str,
+                           kind: str = "image") -> list[str | Data]:
+        """``turns`` [(user message, answer or None), ...] in the model's chat template, the image (``kind``
+        "video": the video) in the first user turn, ending with the generation prompt; every message and
+        answer as ``Data``. ``image_placeholder``: what the template writes for that visual."""
         if not turns:
             raise ValueError("a conversation needs at least one user turn")
         marker = f"\ue000{uuid.uuid4().hex}:"
@@ -76,7 +90,7 @@ class JudgeFamily:
                 raise ValueError(f"turn {i} has no answer but is not the last turn")
             key = f"{marker}{len(texts)}\ue001"
             texts[key] = message
-            content: list[dict] = [{"type": "image"}] if i == 0 else []
+            content: list[dict] = [{"type": kind}] if i == 0 else []
             content.append({"type": "text", "text": key})
             messages.append({"role": "user", "content": content})
             if answer is not None:
@@ -90,7 +104,7 @@ class JudgeFamily:
         if missing:
             raise ValueError(f"the {self.name} chat template does not write every message once")
         if text.count(image_placeholder) != 1:
-            raise ValueError(f"the {self.name} chat template writes {text.count(image_placeholder)} image placeholders")
+            raise ValueError(f"the {self.name} chat template writes {text.count(image_placeholder)} {kind} placeholders")
         return fill_parts(text, texts)
 
     # ---------------------------------------------------------------------------------------- image
@@ -122,6 +136,18 @@ class JudgeFamily:
         """How far the model's positions of the tokens after the image are from their indices."""
         return 0
 
+    # ------------------------------------------------------------------------------------ forward
+    #: Whether :meth:`image_features` returns (U, n, 1 + D, hidden): the input features, then D deepstack
+    #: features added to the hidden states after decoder layers 0..D-1 (Qwen3-VL).
+    deepstack = False
+
+    def language_forward(self, embeds: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                         cache_kwargs: dict, visual_mask: torch.Tensor | None,
+                         deepstack: list[torch.Tensor] | None) -> Any:
+        """The language model's forward (hidden states and cache) with deepstack features at the rows'
+        image tokens ``visual_mask`` (B, L); only families with :attr:`deepstack` run it."""
+        raise NotImplementedError(f"the {self.name} family has no deepstack features")
+
 
 class Qwen2VLFamily(JudgeFamily):
     """Qwen2-VL and Qwen2.5-VL: ``image_grid_thw``, 2x2 merged patches, 3-D rotary positions.
@@ -132,11 +158,46 @@ class Qwen2VLFamily(JudgeFamily):
     """
 
     name = "qwen2-vl"
+    takes_video = True
 
     def __init__(self, model: Any, processor: Any, image_size: tuple[int, int] | int | None = None):
         self.merge = int(model.config.vision_config.spatial_merge_size)
         super().__init__(model, processor, image_size)
         self.grid: torch.Tensor | None = None
+        self.video = False  # whether the last preprocess was of videos
+        self.time_interval: float = 1.0  # temporal position step per frame group (Qwen2.5-VL: seconds-based)
+
+    @property
+    def video_token_id(self) -> int:
+        return int(self.model.config.video_token_id)
+
+    @property
+    def video_placeholder(self) -> str:
+        return self.processor.video_token
+
+    def preprocess_videos(self, videos: Sequence[Sequence[Image.Image]], device: torch.device,
+                          dtype: torch.dtype) -> torch.Tensor:
+        """``pixel_values_videos`` of videos (lists of frames, the same number each, resized to
+        :attr:`image_size`) through the processor, which also gives the grid (frame groups of
+        ``temporal_patch_size``) and, for Qwen2.5-VL, the seconds per frame group that space the temporal
+        positions (``tokens_per_second`` of them per second; the processor's frame rate for frames without
+        metadata)."""
+        clips = [[self.resize(frame) for frame in frames] for frames in videos]
+        if len({len(c) for c in clips}) != 1:
+            raise ValueError(f"videos of different frame counts {sorted({len(c) for c in clips})}: pass the same number")
+        out = self.processor(text=[self.video_placeholder] * len(clips), videos=clips, return_tensors="pt")
+        grid = out["video_grid_thw"]
+        if not bool((grid == grid[0]).all()):
+            raise ValueError(f"videos resized to {self.image_size} gave different grids: {grid.tolist()}")
+        self.grid, self.video = grid[0].clone(), True
+        seconds = out.get("second_per_grid_ts")
+        per_second = getattr(self.model.config.vision_config, "tokens_per_second", None)
+        if seconds is not None and per_second is not None:
+            # in float32, as the model multiplies them
+            self.time_interval = float(per_second * torch.as_tensor(seconds, dtype=torch.float32).reshape(-1)[0])
+        else:
+            self.time_interval = 1.0
+        return out["pixel_values_videos"].to(device=device, dtype=dtype)
 
     def default_image_size(self) -> tuple[int, int]:
         ip = self.processor.image_processor
@@ -151,7 +212,7 @@ class Qwen2VLFamily(JudgeFamily):
         grid = out["image_grid_thw"]
         if not bool((grid == grid[0]).all()):
             raise ValueError(f"images resized to {self.image_size} gave different grids: {grid.tolist()}")
-        self.grid = grid[0].clone()
+        self.grid, self.video, self.time_interval = grid[0].clone(), False, 1.0
         return out["pixel_values"].to(device=device, dtype=dtype)
 
     @property
@@ -170,19 +231,30 @@ class Qwen2VLFamily(JudgeFamily):
     def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
         n_images = pixel_values.shape[0] // self.patches_per_image
         grid = self.grid.view(1, 3).expand(n_images, 3).to(pixel_values.device)
-        out = self.model.get_image_features(pixel_values=pixel_values, image_grid_thw=grid)
+        if self.video:
+            out = self.model.get_video_features(pixel_values_videos=pixel_values, video_grid_thw=grid)
+        else:
+            out = self.model.get_image_features(pixel_values=pixel_values, image_grid_thw=grid)
         feats = getattr(out, "pooler_output", out)
         if isinstance(feats, (list, tuple)):
             return torch.stack(list(feats))
         return feats.view(n_images, -1, feats.shape[-1])
 
+    @property
+    def frame_groups(self) -> int:
+        """Frame groups of the last preprocessed visual (1 for an image)."""
+        return int(self.grid[0]) if self.video else 1
+
     def position_offset(self) -> int:
         h, w = self.grid_hw
-        return max(h, w) - h * w
+        return max(h, w) - self.frame_groups * h * w
 
     def position_ids(self, positions: torch.Tensor, image_start: torch.Tensor) -> torch.Tensor:
+        """Token k of a visual starting at s: (s + floor(t * interval), s + row, s + column) for its
+        frame group t, row and column; text after it continues from s + max(rows, columns) (the
+        installed transformers' ``get_rope_index``)."""
         h, w = self.grid_hw
-        n = h * w
+        n = self.frame_groups * h * w
         start = image_start.view(-1, 1).to(positions.device)
         rel = positions - start
         has_image = start >= 0
@@ -190,10 +262,40 @@ class Qwen2VLFamily(JudgeFamily):
         after = has_image & (rel >= n)
         text = torch.where(after, positions + (max(h, w) - n), positions)
         k = rel.clamp(min=0)
-        t_pos = torch.where(inside, start.expand_as(positions), text)
+        group, k = k // (h * w), k % (h * w)
+        interval = torch.tensor(self.time_interval, dtype=torch.float32, device=positions.device)
+        temporal = start + (group.float() * interval).long() if self.video else start.expand_as(positions)
+        t_pos = torch.where(inside, temporal, text)
         h_pos = torch.where(inside, start + k // w, text)
         w_pos = torch.where(inside, start + k % w, text)
         return torch.stack([t_pos, h_pos, w_pos])
+
+
+class Qwen3VLFamily(Qwen2VLFamily):
+    """Qwen3-VL: Qwen2-VL's image grid and 3-D rotary positions (interleaved inside the rotary embedding,
+    the position ids are the same), plus DeepStack: the vision tower's features from some of its layers
+    (``deepstack_visual_indexes``) are added to the language model's hidden states at the image tokens
+    after its first decoder layers. :meth:`image_features` returns them stacked after the input features
+    (U, n, 1 + D, hidden); :meth:`language_forward` passes them to the language model as its own forward
+    does (``visual_pos_masks``, ``deepstack_visual_embeds``)."""
+
+    name = "qwen3-vl"
+    deepstack = True
+    takes_video = False  # its processor writes a timestamp and a vision block per frame group: not yet
+
+    def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        n_images = pixel_values.shape[0] // self.patches_per_image
+        grid = self.grid.view(1, 3).expand(n_images, 3).to(pixel_values.device)
+        out = self.model.get_image_features(pixel_values=pixel_values, image_grid_thw=grid)
+        main = torch.stack(list(out.pooler_output))
+        layers = [torch.stack(list(feats)) for feats in out.deepstack_features]
+        return torch.stack([main, *layers], dim=2)
+
+    def language_forward(self, embeds, attention_mask, position_ids, cache_kwargs, visual_mask, deepstack):
+        return self.model.model.language_model(
+            inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids,
+            visual_pos_masks=visual_mask, deepstack_visual_embeds=deepstack, **cache_kwargs,
+        )
 
 
 class Idefics3Family(JudgeFamily):
@@ -237,6 +339,52 @@ class Idefics3Family(JudgeFamily):
         return list(self.expansion)
 
 
+class SmolVLMFamily(Idefics3Family):
+    """SmolVLM: Idefics3's image splitting and tile layout through ``SmolVLMProcessor`` (its own image
+    processor, the ``<row_r_col_c>`` / ``<global-img>`` layout the processor writes)."""
+
+    name = "smolvlm"
+
+
+class LlavaNextFamily(JudgeFamily):
+    """LLaVA-NeXT and LLaVA-OneVision: any-resolution tiling. The image processor picks the grid of
+    ``image_grid_pinpoints`` that fits the image best and cuts it into tiles of the vision tower's size
+    plus the whole image resized; the model's ``get_image_features`` runs every tile, keeps the features
+    of the part that is image (not padding) with an ``image_newline`` feature after each row, and puts
+    the whole image's features first (``pack_image_features``). With every image resized to
+    :attr:`image_size`, each gives the same number of features, and the placeholder becomes that many
+    image tokens (what the processor counts from the image size). Positions are 1-D."""
+
+    name = "llava-next"
+
+    def __init__(self, model: Any, processor: Any, image_size: tuple[int, int] | int | None = None):
+        super().__init__(model, processor, image_size)
+        self.image_sizes: torch.Tensor | None = None
+
+    def preprocess(self, images: Sequence[Image.Image], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        out = self.processor.image_processor(images=[self.resize(im) for im in images], return_tensors="pt")
+        self.image_sizes = out["image_sizes"][0].clone()
+        return out["pixel_values"].to(device=device, dtype=dtype)
+
+    def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        if self.image_sizes is None:
+            raise RuntimeError("preprocess an image first")
+        n_images = pixel_values.shape[0]
+        sizes = self.image_sizes.view(1, 2).expand(n_images, 2).to(pixel_values.device)
+        out = self.model.get_image_features(pixel_values=pixel_values, image_sizes=sizes)
+        feats = getattr(out, "pooler_output", out)
+        if isinstance(feats, (list, tuple)):
+            return torch.stack(list(feats))
+        return feats.view(n_images, -1, feats.shape[-1])
+
+
+class LlavaOnevisionFamily(LlavaNextFamily):
+    """LLaVA-OneVision: LLaVA-NeXT's any-resolution tiling (the model reduces the feature grid of an
+    image with more tiles than its ``vision_aspect_ratio`` allows, the processor counts the same)."""
+
+    name = "llava-onevision"
+
+
 def judge_family(model: Any, processor: Any, image_size: tuple[int, int] | int | None = None) -> JudgeFamily | None:
     """The :class:`JudgeFamily` of ``model`` (by ``config.model_type``), or None for LLaVA-1.5 (and any
     model built like it), whose path ``LocalJudge`` keeps as released. Raises ValueError for a known
@@ -256,6 +404,6 @@ def judge_family(model: Any, processor: Any, image_size: tuple[int, int] | int |
 #: Image-text families transformers has that the local judges do not run yet (a clear error, not a
 #: LLaVA path that fails somewhere inside).
 UNSUPPORTED = frozenset(
-    {"qwen3_vl", "qwen3_vl_moe", "smolvlm", "llava_onevision", "llava_next", "idefics2",
+    {"qwen3_vl_moe", "idefics2",
      "gemma3", "internvl", "mllama", "paligemma"}
 )

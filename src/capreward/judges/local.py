@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Sequence
 
 import torch
@@ -111,7 +112,8 @@ class LocalJudge:
     ``system``: the conversation's system sentence (LLaVA v1's by default).
 
     Other families (`capreward.judges.families`, picked from ``config.model_type``: Qwen2-VL,
-    Qwen2.5-VL, Idefics3) run through their own chat template, image processor and positions; ``image_size``
+    Qwen2.5-VL, Qwen3-VL, Idefics3, SmolVLM, LLaVA-NeXT, LLaVA-OneVision) run through their own chat template,
+    image processor and positions; ``image_size``
     (width, height) is what their images are resized to (None: the family's default), and
     ``pad_to_square``/``system`` are LLaVA's only. `family` is None for LLaVA-1.5.
 
@@ -182,6 +184,17 @@ class LocalJudge:
         return int(self.model.config.image_token_id)
 
     @property
+    def visual_token_ids(self) -> list[int]:
+        """The placeholder tokens a prompt's one visual may use: the image token, and the video token of a
+        family that takes videos (:meth:`preprocess_videos`)."""
+        if self.family is not None and self.family.takes_video:
+            return [self.image_token_id, self.family.video_token_id]
+        return [self.image_token_id]
+
+    def _is_visual(self, ids: torch.Tensor) -> torch.Tensor:
+        return torch.isin(ids, torch.tensor(self.visual_token_ids, device=ids.device))
+
+    @property
     def image_placeholder(self) -> str:
         return getattr(self.processor, "image_token", IMAGE_PLACEHOLDER)
 
@@ -246,12 +259,23 @@ class LocalJudge:
         family: its chat template's prompt, the image in the first user turn)."""
         return render(self.conversation_parts(turns))
 
-    def conversation_parts(self, turns: Sequence[tuple[str, str | None]]) -> list[str | Data]:
+    def conversation_parts(self, turns: Sequence[tuple[str, str | None]], video: bool = False) -> list[str | Data]:
         """`conversation()` as prompt parts: every message and answer is `Data` (encoded by
-        `encode_prompts()` without special tokens)."""
+        `encode_prompts()` without special tokens). ``video``: the first turn holds a video (the
+        family's video placeholder, `preprocess_videos()`) instead of an image."""
+        if video:
+            family = self._video_family()
+            return family.conversation_parts(turns, family.video_placeholder, kind="video")
         if self.family is not None:
             return self.family.conversation_parts(turns, self.image_placeholder)
         return llava_v1_parts(turns, system=self.system, image_placeholder=self.image_placeholder)
+
+    def _video_family(self) -> JudgeFamily:
+        if self.family is None or not self.family.takes_video:
+            name = "llava" if self.family is None else self.family.name
+            raise ValueError(f"the {name} judge family does not take videos (video judges: Qwen2-VL, Qwen2.5-VL); "
+                             "pass frames as images or a composite instead")
+        return self.family
 
     @property
     def control_token_ids(self) -> set[int]:
@@ -285,15 +309,16 @@ class LocalJudge:
                 ids = list(self.tokenizer(well_formed(prompt), add_special_tokens=True)["input_ids"])
             else:
                 ids = encode_parts(self.tokenizer, prompt, control)
-            count = sum(1 for t in ids if t == self.image_token_id)
+            visual = set(self.visual_token_ids)
+            count = sum(1 for t in ids if t in visual)
             if count != 1:
                 name = names[i] if names is not None else f"prompts[{i}]"
                 raise ValueError(f"{name} holds {count} image placeholders; exactly one is needed")
-            at = ids.index(self.image_token_id)
+            at = next(k for k, t in enumerate(ids) if t in visual)
             if self.family is None:
                 expansion = [self.image_token_id] * num_image_tokens
             else:  # Idefics3: the processor's tile layout around the image tokens
-                expansion = self.family.image_expansion(self.image_token_id, num_image_tokens)
+                expansion = self.family.image_expansion(ids[at], num_image_tokens)
             out.append(list(ids[:at]) + expansion + list(ids[at + 1 :]))
         return out
 
@@ -321,8 +346,17 @@ class LocalJudge:
         pixel_values = image_processor(images=list(images), return_tensors="pt")["pixel_values"]
         return pixel_values.to(device=self.device, dtype=self.dtype)
 
+    def preprocess_videos(self, videos: Sequence[Sequence[Image.Image]]) -> torch.Tensor:
+        """``pixel_values_videos`` for videos given as lists of RGB frames (the same number each), through
+        the family's video processor (frames resized to :attr:`JudgeFamily.image_size`); their features
+        come from :meth:`image_features` and fill the prompt's video placeholder
+        (:meth:`conversation_parts` with ``video=True``). Until the next :meth:`preprocess`, prompts are
+        positioned for this video grid. Raises ValueError for a family that takes no videos."""
+        return self._video_family().preprocess_videos(videos, self.device, self.dtype)
+
     def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """Projected image features (U, n_image_tokens, hidden) for ``pixel_values``. Differentiable."""
+        """Projected image features (U, n_image_tokens, hidden) for ``pixel_values`` (of the last
+        :meth:`preprocess` or :meth:`preprocess_videos`: a video's features, all frames). Differentiable."""
         if self.family is not None:
             return self.family.image_features(pixel_values.to(device=self.device, dtype=self.dtype))
         out = self.model.get_image_features(pixel_values=pixel_values.to(device=self.device, dtype=self.dtype))
@@ -345,7 +379,7 @@ class LocalJudge:
         Differentiable in ``features`` and ``text_embeds``.
         """
         emb = self.model.get_input_embeddings()(input_ids) if text_embeds is None else text_embeds
-        mask = input_ids == self.image_token_id
+        mask = self._is_visual(input_ids)
         if features is None:
             if bool(mask.any()):
                 raise ValueError("the inputs hold image placeholders but no image features were given")
@@ -358,17 +392,41 @@ class LocalJudge:
                 f"a row holds {int(counts.max())} image placeholders from offset {feature_start} but the image "
                 f"gives {features.shape[1]} features"
             )
-        index = (mask.long().cumsum(dim=1) - 1 + feature_start).clamp(min=0, max=features.shape[1] - 1)
-        gathered = features.gather(1, index.unsqueeze(-1).expand(-1, -1, features.shape[-1]))
+        if features.dim() == 4:  # deepstack features after the input features: embed the input ones
+            features = features[:, :, 0]
+        gathered = features.gather(1, self._feature_index(mask, feature_start, features))
         return torch.where(mask.unsqueeze(-1), gathered.to(emb.dtype), emb)
+
+    @staticmethod
+    def _feature_index(mask: torch.Tensor, feature_start: int, features: torch.Tensor) -> torch.Tensor:
+        """(B, L, hidden) gather index: the k-th image token of row b reads feature ``feature_start + k``."""
+        index = (mask.long().cumsum(dim=1) - 1 + feature_start).clamp(min=0, max=features.shape[1] - 1)
+        return index.unsqueeze(-1).expand(-1, -1, features.shape[-1])
+
+    def deepstack_inputs(
+        self, input_ids: torch.Tensor, features: torch.Tensor | None, feature_start: int = 0
+    ) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
+        """For a family with deepstack features (Qwen3-VL, ``features`` (B, n, 1 + D, hidden)): the image
+        token mask (B, L) and, per deepstack layer, the features of those tokens in row-major order (as
+        the model's own forward builds ``visual_pos_masks`` / ``deepstack_visual_embeds``); None when
+        the family has none or the rows hold no image token. Differentiable in ``features``."""
+        if self.family is None or not self.family.deepstack or features is None:
+            return None
+        mask = self._is_visual(input_ids)
+        if not bool(mask.any()):
+            return None
+        index = self._feature_index(mask, feature_start, features[:, :, 0])
+        layers = [features[:, :, d].gather(1, index)[mask] for d in range(1, features.shape[2])]
+        return mask, layers
 
     # ------------------------------------------------------------------------------------- decoding
     def _image_starts(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
         """Index of the first image token of each row (-1: none)."""
         starts = []
+        visual = set(self.visual_token_ids)
         for ids in rows:
             ids = list(ids)
-            starts.append(ids.index(self.image_token_id) if self.image_token_id in ids else -1)
+            starts.append(next((k for k, t in enumerate(ids) if t in visual), -1))
         return torch.tensor(starts, dtype=torch.long, device=self.device)
 
     def _positions(self, positions: torch.Tensor, image_start: torch.Tensor) -> torch.Tensor:
@@ -378,7 +436,13 @@ class LocalJudge:
             return positions
         return self.family.position_ids(positions, image_start)
 
-    def _forward(self, embeds, attention_mask, position_ids, cache, logits_to_keep=1):
+    def _forward(self, embeds, attention_mask, position_ids, cache, logits_to_keep=1, deepstack=None):
+        if deepstack is not None:  # Qwen3-VL: the language model with its deepstack inputs, then the head
+            out = self.family.language_forward(embeds, attention_mask, position_ids, {self._cache_keyword: cache},
+                                               deepstack[0], deepstack[1])
+            hidden = out.last_hidden_state[:, -logits_to_keep:]
+            logits = self.model.get_output_embeddings()(hidden)
+            return SimpleNamespace(logits=logits, **{self._cache_keyword: output_cache(out, self._cache_keyword)})
         return self.model(
             inputs_embeds=embeds,
             attention_mask=attention_mask,
@@ -429,13 +493,14 @@ class LocalJudge:
             used, inverse = torch.unique(rows_image, sorted=True, return_inverse=True)
             prefix = torch.tensor(list(prompt_ids[0][:shared]), dtype=torch.long, device=device)
             prefix = prefix.unsqueeze(0).expand(len(used), -1)
-            placeholders_in_prefix = int((prefix[0] == self.image_token_id).sum())
+            placeholders_in_prefix = int(self._is_visual(prefix[0]).sum())
             feats = features.index_select(0, used) if features is not None else None
             embeds = self.embed(prefix, feats if placeholders_in_prefix else None)
             positions = torch.arange(shared, device=device).unsqueeze(0).expand(len(used), -1)
             positions = self._positions(positions, self._image_starts([prompt_ids[0]]).expand(len(used)))
             prefix_cache = growing_cache(None, n_layers, reserve=1)
-            self._forward(embeds, torch.ones_like(prefix), positions, prefix_cache)
+            deepstack = self.deepstack_inputs(prefix, feats if placeholders_in_prefix else None)
+            self._forward(embeds, torch.ones_like(prefix), positions, prefix_cache, deepstack=deepstack)
             prefix_kv = [(layer.keys, layer.values) for layer in prefix_cache.layers]
             cache = growing_cache(prefix_kv, n_layers, suffix_len + reserve, rows=inverse.tolist())
             del prefix_cache, prefix_kv
@@ -455,10 +520,11 @@ class LocalJudge:
         starts = self._image_starts(prompt_ids)
         positions = self._positions(positions, starts)
         row_features = None
-        if features is not None and bool((ids == self.image_token_id).any()):
+        if features is not None and bool(self._is_visual(ids).any()):
             row_features = features.index_select(0, rows_image)
         embeds = self.embed(ids, row_features, feature_start=placeholders_in_prefix)
-        out = self._forward(embeds, mask, positions, cache)
+        deepstack = self.deepstack_inputs(ids, row_features, feature_start=placeholders_in_prefix)
+        out = self._forward(embeds, mask, positions, cache, deepstack=deepstack)
         return DecodeState(
             cache=self._cache_of(out),
             attention_mask=mask,
@@ -607,16 +673,21 @@ class LocalJudge:
         embeds = self.embed(inputs.input_ids, row_features, text_embeds=text_embeds)
         position_ids = inputs.position_ids
         if self.family is not None:
-            is_image = inputs.input_ids == self.image_token_id
+            is_image = self._is_visual(inputs.input_ids)
             first = is_image.long().argmax(dim=1)
             starts = torch.where(is_image.any(dim=1), position_ids.gather(1, first.view(-1, 1)).view(-1), -1)
             position_ids = self._positions(position_ids, starts)
-        hidden = self.model.model(
-            inputs_embeds=embeds,
-            attention_mask=inputs.attention_mask,
-            position_ids=position_ids,
-            use_cache=False,
-        ).last_hidden_state
+        deepstack = self.deepstack_inputs(inputs.input_ids, row_features)
+        if deepstack is not None:
+            hidden = self.family.language_forward(embeds, inputs.attention_mask, position_ids, {"use_cache": False},
+                                                  deepstack[0], deepstack[1]).last_hidden_state
+        else:
+            hidden = self.model.model(
+                inputs_embeds=embeds,
+                attention_mask=inputs.attention_mask,
+                position_ids=position_ids,
+                use_cache=False,
+            ).last_hidden_state
         picked = hidden.gather(1, inputs.read_index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
         logits = self.model.get_output_embeddings()(picked)
         return logits if logits.dtype == torch.float64 else logits.float()

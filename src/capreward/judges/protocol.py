@@ -12,10 +12,62 @@ request that failed after the backend's retries gets a response with ``error`` s
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Any, Iterator, Mapping, Protocol, Sequence, runtime_checkable
 
 from PIL import Image
+
+
+class FrozenMapping(Mapping):
+    """A read-only, hashable mapping of JSON-like data (nested dicts frozen too, lists as tuples): what
+    :attr:`ChatRequest.structured_outputs` holds, so a request hashes and compares by its content.
+    :meth:`thaw` gives back plain dicts and lists (for a request body)."""
+
+    __slots__ = ("_items", "_hash")
+
+    def __init__(self, data: Mapping[str, Any]):
+        self._items = {str(k): _freeze(v) for k, v in data.items()}
+        self._hash = hash(json.dumps(self.thaw(), sort_keys=True, default=repr))
+
+    def __getitem__(self, key: str) -> Any:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __repr__(self) -> str:
+        return f"FrozenMapping({self.thaw()!r})"
+
+    def thaw(self) -> dict[str, Any]:
+        """The content as plain dicts and lists."""
+        return {k: _thaw(v) for k, v in self._items.items()}
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return value if isinstance(value, FrozenMapping) else FrozenMapping(value)
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    if isinstance(value, (set, frozenset)):
+        return frozenset(_freeze(v) for v in value)
+    return value
+
+
+def _thaw(value: Any) -> Any:
+    if isinstance(value, FrozenMapping):
+        return value.thaw()
+    if isinstance(value, tuple):
+        return [_thaw(v) for v in value]
+    if isinstance(value, frozenset):
+        return [_thaw(v) for v in sorted(value, key=repr)]
+    return value
 
 
 @dataclass(frozen=True)
@@ -47,7 +99,9 @@ class ChatRequest:
     request field; None: the server's own), so that the model sees exactly the prompt a local judge
     would build. ``structured_outputs``: a constraint on the answer in vLLM's ``structured_outputs``
     request field (``{"regex": ...}``, ``{"choice": [...]}``, ``{"json": schema}``; vLLM >= 0.12, which
-    removed the ``guided_*`` fields), or None; local judges ignore it.
+    removed the ``guided_*`` fields), or None; local judges ignore it. It is kept as a
+    :class:`FrozenMapping` (a dict given is frozen): the request stays hashable and compares by content
+    (a request with images hashes only if its images do; PIL images do not).
 
     A request whose last turn is an assistant turn asks the backend to *continue* that message (an
     assistant prefill: vLLM's ``continue_final_message=True, add_generation_prompt=False``), as the exact
@@ -60,7 +114,13 @@ class ChatRequest:
     top_logprobs: int = 0
     stop: tuple[str, ...] = ()
     chat_template: str | None = None
-    structured_outputs: dict | None = None
+    structured_outputs: Mapping[str, Any] | None = None
+
+    def __post_init__(self):
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, FrozenMapping):
+            if not isinstance(self.structured_outputs, Mapping):
+                raise TypeError(f"structured_outputs must be a mapping, got {type(self.structured_outputs).__name__}")
+            object.__setattr__(self, "structured_outputs", FrozenMapping(self.structured_outputs))
 
     @property
     def prefilled(self) -> bool:

@@ -270,7 +270,7 @@ class OpenAIJudge:
         if request.prefilled:  # continue the final assistant message (vLLM's fields; OpenAI has no prefill)
             extra.update(continue_final_message=True, add_generation_prompt=False)
         if request.structured_outputs is not None:  # vLLM >= 0.12 (the guided_* fields were removed)
-            extra["structured_outputs"] = dict(request.structured_outputs)
+            extra["structured_outputs"] = request.structured_outputs.thaw()  # plain dicts and lists, as JSON
         if request.chat_template is not None:
             extra["chat_template"] = request.chat_template  # vLLM's extra field (OpenAI rejects it)
         if extra:

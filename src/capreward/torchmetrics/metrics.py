@@ -83,9 +83,12 @@ class CaptionMetric(Metric):
     with ``/``, as everywhere in capreward: ``video/full_f``), and with
     ``per_sample=True`` ``"per_sample/<column>"`` Tensor [N] plus ``"per_sample/id"`` LongTensor [N]
     when ids were given. ``dataset_size``: the number of samples one evaluation should count, for the
-    padding check: the metric warns when it counted more, and (under DDP) when it got no ids. Extra
-    keyword arguments go to ``torchmetrics.Metric`` (``sync_on_compute``, ``process_group``,
-    ``compute_on_cpu`` …).
+    padding check: the metric warns when it counted more, and (under DDP) when it got no ids.
+    ``image_aggregation``: how a sample given several images (a list or tuple of images as its visual) is
+    scored: its caption against each image, then ``"mean"`` (default), ``"min"`` or ``"max"`` of the
+    per-image scores (other columns: their mean), as the rewards do; an image without a score leaves the
+    sample without one; the per-image scores are logged (INFO). Extra keyword arguments go to
+    ``torchmetrics.Metric`` (``sync_on_compute``, ``process_group``, ``compute_on_cpu`` …).
     """
 
     is_differentiable = False
@@ -111,9 +114,15 @@ class CaptionMetric(Metric):
         sub_scores: bool = False,
         name: str | None = None,
         dataset_size: int | None = None,
+        image_aggregation: str = "mean",
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
+        from ..rewards.base import IMAGE_AGGREGATIONS
+
+        if image_aggregation not in IMAGE_AGGREGATIONS:
+            raise ValueError(f"image_aggregation must be one of {sorted(IMAGE_AGGREGATIONS)}, got {image_aggregation!r}")
+        self.image_aggregation = image_aggregation
         if dataset_size is not None and (isinstance(dataset_size, bool) or not isinstance(dataset_size, int) or dataset_size < 1):
             raise ValueError(f"dataset_size must be a positive int or None, got {dataset_size!r}")
         self.dataset_size = dataset_size
@@ -174,7 +183,18 @@ class CaptionMetric(Metric):
             visual_ids = split_per_sample(visual_ids, n, "visual_ids")
         id_tensor = torch.full((n,), NO_ID) if ids is None else check_ids(ids, n)
         self._check_mode(visuals is not None, refs is not None)
+        if self.visual == "image" and visuals is not None and any(isinstance(v, (list, tuple)) for v in visuals):
+            rows = self._multi_image_rows(candidates, visuals, refs, visual_ids)
+        else:
+            rows = self._rows(candidates, visuals, refs, visual_ids)
+        self.ids.append(id_tensor.to(self.device))
+        self.values.append(rows.reshape(-1).to(self.device))
+        self._mode = (visuals is not None, refs is not None)
 
+    def _rows(self, candidates: list[str], visuals, refs, visual_ids) -> torch.Tensor:
+        """Rows [n, len(columns)] of one visual per caption: scored rows, ``empty_score`` rows for empty
+        captions, the ``empty`` column filled."""
+        n = len(candidates)
         rows = torch.full((n, len(self.columns)), math.nan, dtype=torch.float32)
         empty = [is_blank(c) if self.judge_text else not c.strip() for c in candidates]
         keep = [i for i in range(n) if not empty[i]]
@@ -186,9 +206,36 @@ class CaptionMetric(Metric):
             drop = [i for i in range(n) if empty[i]]
             rows[drop] = self._empty_row(visuals is not None, refs is not None)
         rows[:, 1] = torch.tensor(empty, dtype=torch.float32)
-        self.ids.append(id_tensor.to(self.device))
-        self.values.append(rows.reshape(-1).to(self.device))
-        self._mode = (visuals is not None, refs is not None)
+        return rows
+
+    def _multi_image_rows(self, candidates: list[str], visuals, refs, visual_ids) -> torch.Tensor:
+        """Rows of samples some of which have several images: every (caption, image) pair scored as a
+        row of its own in one batch, then each sample's rows aggregated (``image_aggregation`` for the
+        score, the mean for the other columns; NaN when an image has no score)."""
+        owner: list[int] = []
+        flat: list[Any] = []
+        for i, v in enumerate(visuals):
+            items = list(v) if isinstance(v, (list, tuple)) else [v]
+            if not items:
+                raise ValueError(f"{self.name}: visuals[{i}] is an empty list of images")
+            flat.extend(items)
+            owner.extend([i] * len(items))
+        pick = lambda xs: None if xs is None else [xs[i] for i in owner]  # noqa: E731
+        ids = pick(visual_ids)
+        if ids is not None:  # a sample's cache key names its first image only
+            ids = [ids[j] if j == 0 or owner[j - 1] != owner[j] else None for j in range(len(owner))]
+        flat_rows = self._rows(pick(candidates), flat, pick(refs), ids)
+        reduce = {"mean": torch.mean, "min": torch.amin, "max": torch.amax}[self.image_aggregation]
+        rows = torch.empty((len(candidates), len(self.columns)), dtype=torch.float32)
+        members = torch.tensor(owner)
+        for i in range(len(candidates)):
+            mine = flat_rows[members == i]
+            rows[i] = mine.mean(dim=0)
+            rows[i, 0] = reduce(mine[:, 0])  # NaN stays NaN: a missing score is never worth more
+            if len(mine) > 1:
+                logger.info("%s: sample %d per-image scores %s -> %s (%s)", self.name, i, mine[:, 0].tolist(),
+                            float(rows[i, 0]), self.image_aggregation)
+        return rows
 
     def _refuse_images(self, visuals: Any) -> None:
         """A TypeError naming ``visual="image"`` when a metric set for videos is given images (PIL images,
