@@ -16,49 +16,46 @@ from __future__ import annotations
 
 from typing import Sequence
 
-#: Every metric's one name.
-METRICS = ("emscore", "clip_s", "pac_s", "fleur", "hallucination", "visce2", "gveval")
+from . import registry
+from .registry import normalize
 
-#: Other spellings of the names, as normalised by :func:`normalize` (lower case, ``-`` as ``_``).
-ALIASES = {
-    "clipscore": "clip_s",
-    "clip_score": "clip_s",
-    "pacscore": "pac_s",
-    "pac_score": "pac_s",
-    "em": "emscore",
-    "em_score": "emscore",
-    "hallucination_penalty": "hallucination",
-    "visce_2": "visce2",
-    "visce²": "visce2",
-    "g_veval": "gveval",
-}
+# ``METRICS`` (every metric's one name, in the registry's order) and ``ALIASES`` (other spellings, as
+# normalised by :func:`normalize` -> the name they stand for) are views of :mod:`capreward.registry`,
+# read when accessed, so a metric registered later is in them.
+
+
+def __getattr__(name: str):
+    if name == "METRICS":
+        return registry.names()
+    if name == "ALIASES":
+        return registry.aliases()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 #: The separator between a metric and its sub-score, and between the parts of a sub-score.
 SEP = "/"
-
-
-def normalize(name: str) -> str:
-    """``name`` stripped, in lower case, ``-`` written ``_`` (``CLIP-S`` → ``clip_s``)."""
-    return name.strip().lower().replace("-", "_")
 
 
 def spelling(name: str) -> str:
     """``name`` normalised and, when it is an alias, the name it stands for (``CLIPScore`` → ``clip_s``);
     any other name comes back normalised (for a choices check to refuse)."""
     key = normalize(name)
-    return ALIASES.get(key, key)
+    return registry.aliases().get(key, key)
 
 
-def canonical(name: str, choices: Sequence[str] = METRICS, what: str = "metric") -> str:
-    """The canonical name of ``name`` (an alias or any spelling of a name in ``choices``).
+def canonical(name: str, choices: Sequence[str] | None = None, what: str = "metric") -> str:
+    """The canonical name of ``name`` (an alias or any spelling of a name in ``choices``; default: every
+    registered metric).
 
-    Raises ValueError naming ``name`` and ``choices`` when it is none of them.
+    Raises ValueError naming ``name`` and ``choices`` (with the closest, "did you mean ...") when it is
+    none of them.
     """
     if not isinstance(name, str):
         raise TypeError(f"a {what} name must be a str, got {type(name).__name__}")
+    choices = registry.names() if choices is None else tuple(choices)
     key = spelling(name)
     if key not in choices:
-        raise ValueError(f"unknown {what} {name!r}; choose one of {', '.join(choices)}")
+        raise registry.UnknownMetric(registry.unknown_message(name, choices, what))
     return key
 
 
@@ -69,7 +66,7 @@ def sub_score(*parts: str) -> str:
 
 def aliases_of(name: str) -> list[str]:
     """The aliases that :func:`canonical` maps to ``name``."""
-    return [alias for alias, target in ALIASES.items() if target == name]
+    return [alias for alias, target in registry.aliases().items() if target == name]
 
 
 __all__ = ["ALIASES", "METRICS", "SEP", "aliases_of", "canonical", "normalize", "spelling", "sub_score"]

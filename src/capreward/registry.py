@@ -1,0 +1,315 @@
+"""The metric registry: every metric describes itself once, in a :class:`MetricSpec` next to its scorer.
+
+Each metric's spec (its name and aliases, how to build its scorer, the sub-scores it writes for a given
+configuration, its range, the visuals and references it takes, which model it can share, its options and
+where it deliberately differs from the authors' released code) is declared in a ``<metric>_spec`` module of
+:mod:`capreward.scorers`, which imports nothing heavy: importing this module, or reading a spec, never
+imports torch or a scorer. The scorer itself is imported on :meth:`MetricSpec.load`.
+
+Every consumer (rewards, torchmetrics metrics, jobs, the server, the recipe, the CLI, meta-evaluation,
+the docs) reads the specs here instead of restating a fact about a metric.
+
+Example:
+    >>> from capreward import registry
+    >>> registry.get("CLIPScore").name
+    'clip_s'
+    >>> registry.get("visce2").visuals
+    ('image',)
+    >>> registry.get("emscore").sub_scores({"visual": "video"})[:2]
+    ('video/coarse', 'video/fine_p')
+    >>> registry.get("emscor")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    capreward.registry.UnknownMetric: unknown metric 'emscor' (did you mean 'emscore'?); choose one of ...
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import pkgutil
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+#: The reference modes a spec may declare.
+REFERENCE_MODES = ("none", "optional", "required")
+#: The models a metric can share with another metric of the same kind.
+SHARES = ("clip", "chat_judge")
+#: The package whose ``*_spec`` modules declare the built-in metrics.
+SPEC_PACKAGE = "capreward.scorers"
+
+
+@dataclass(frozen=True)
+class Option:
+    """One constructor option of a metric: its name, default and a one-line description."""
+
+    name: str
+    default: Any
+    doc: str
+
+
+@dataclass(frozen=True)
+class Deviation:
+    """Where capreward's default differs from the authors' released code, and the option that restores the
+    released behaviour (``restore``; None when nothing does, e.g. a released crash)."""
+
+    what: str
+    restore: str | None
+
+
+def _no_sub_scores(config: Mapping[str, Any]) -> tuple[str, ...]:
+    return ()
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """Everything capreward knows about one metric, declared once.
+
+    Attributes:
+        name: the one canonical name (``"emscore"``), used by every entry point and log key.
+        aliases: other accepted spellings (compared after :func:`capreward.names.normalize`).
+        title: the display name (``"EMScore"``).
+        summary: one sentence saying what it measures.
+        paper: the citation.
+        released_code: URL of the authors' code, or None.
+        scorer: ``"module:attr"`` of the scorer class, imported lazily by :meth:`load`.
+        sub_scores: the sub-scores the scorer writes for a configuration (a mapping with ``visual``:
+            ``"image"``/``"video"``/None, ``references``: bool, and the metric's own options), as the
+            part after ``<metric>/`` of a results-file field (``video/full_f``, ``raw``).
+        value_range: the range of the headline score.
+        higher_is_better: whether a larger headline score is a better caption.
+        visuals: the visual kinds it scores (``("image",)`` or ``("image", "video")``).
+        references: ``"none"``, ``"optional"`` or ``"required"``.
+        shares: ``"clip"`` (shares one CLIP backbone with the other CLIP metrics), ``"chat_judge"``
+            (shares one chat judge) or None.
+        uses_idf: whether it weighs tokens by idf (a job fixes one idf table for it).
+        options: its main constructor options.
+        deviations: where its defaults differ from the released code.
+        backbone: the kind of model it runs on: ``"clip"`` or ``"chat_judge"`` (PAC-S runs on a CLIP it
+            cannot share: its own checkpoint).
+        result_fields: results-file field names that differ from ``<metric>/<sub-score>``, kept for files
+            users already read (sub-score -> field; e.g. CLIP-S's ``ref`` is written ``ref_clip_s``).
+        reference_mode: the reference mode for a configuration when it depends on one (G-VEval's
+            ``mode``); None: always :attr:`references`.
+        visuals_for: the visual kinds for a configuration when they depend on one (G-VEval's ACCR scores
+            videos only); None: always :attr:`visuals`.
+        position: sort key of the built-in metrics (the order of :func:`names`).
+    """
+
+    name: str
+    aliases: tuple[str, ...]
+    title: str
+    summary: str
+    paper: str
+    released_code: str | None
+    scorer: str
+    sub_scores: Callable[[Mapping[str, Any]], tuple[str, ...]] = _no_sub_scores
+    value_range: tuple[float, float] = (0.0, 1.0)
+    higher_is_better: bool = True
+    visuals: tuple[str, ...] = ("image", "video")
+    references: str = "optional"
+    shares: str | None = None
+    uses_idf: bool = False
+    options: tuple[Option, ...] = ()
+    deviations: tuple[Deviation, ...] = ()
+    backbone: str | None = None
+    result_fields: Mapping[str, str] = field(default_factory=dict)
+    reference_mode: Callable[[Mapping[str, Any]], str] | None = None
+    visuals_for: Callable[[Mapping[str, Any]], tuple[str, ...]] | None = None
+    position: int = 1000
+
+    def __post_init__(self):
+        if self.references not in REFERENCE_MODES:
+            raise ValueError(f"{self.name}: references must be one of {REFERENCE_MODES}, got {self.references!r}")
+        if self.shares is not None and self.shares not in SHARES:
+            raise ValueError(f"{self.name}: shares must be one of {SHARES} or None, got {self.shares!r}")
+        if ":" not in self.scorer:
+            raise ValueError(f"{self.name}: scorer must be 'module:attr', got {self.scorer!r}")
+        if not set(self.visuals) <= {"image", "video"} or not self.visuals:
+            raise ValueError(f"{self.name}: visuals must be some of ('image', 'video'), got {self.visuals!r}")
+
+    def load(self) -> Any:
+        """The scorer class (imported now)."""
+        module, _, attr = self.scorer.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+    def option(self, name: str) -> Option:
+        """The option called ``name``; KeyError naming the options otherwise."""
+        for opt in self.options:
+            if opt.name == name:
+                return opt
+        raise KeyError(f"{self.name} has no option {name!r}; its options: {', '.join(o.name for o in self.options)}")
+
+    def defaults(self) -> dict[str, Any]:
+        """Option name -> default."""
+        return {o.name: o.default for o in self.options}
+
+    def configured(self, config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """``config`` over the options' defaults."""
+        return {**self.defaults(), **(config or {})}
+
+    def sub_scores_for(self, config: Mapping[str, Any] | None = None) -> tuple[str, ...]:
+        """:attr:`sub_scores` for ``config`` (missing options at their defaults)."""
+        return tuple(self.sub_scores(self.configured(config)))
+
+    def references_for(self, config: Mapping[str, Any] | None = None) -> str:
+        """The reference mode for ``config`` (``"none"``, ``"optional"`` or ``"required"``)."""
+        return self.references if self.reference_mode is None else self.reference_mode(self.configured(config))
+
+    def visual_kinds(self, config: Mapping[str, Any] | None = None) -> tuple[str, ...]:
+        """The visual kinds it scores with ``config``."""
+        return self.visuals if self.visuals_for is None else tuple(self.visuals_for(self.configured(config)))
+
+    def field_of(self, sub_score: str) -> str:
+        """The results-file field of ``sub_score`` (``<metric>/<sub-score>`` unless :attr:`result_fields`
+        names another)."""
+        return self.result_fields.get(sub_score, f"{self.name}/{sub_score}")
+
+    def fields(self, config: Mapping[str, Any] | None = None) -> tuple[str, ...]:
+        """The results-file fields written for ``config``: the headline (the metric's name) and its
+        sub-scores."""
+        return (self.name, *(self.field_of(s) for s in self.sub_scores_for(config)))
+
+    def all_fields(self) -> tuple[str, ...]:
+        """The headline field and the legacy top-level fields (:attr:`result_fields`), whatever the
+        configuration: the fields a manifest's carried key may not be."""
+        return (self.name, *self.result_fields.values())
+
+
+class UnknownMetric(ValueError, KeyError):
+    """A metric name the registry does not hold; the message suggests the nearest names."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+_SPECS: dict[str, MetricSpec] = {}
+_ALIASES: dict[str, str] = {}
+_LOADED = False
+_LOCK = threading.RLock()
+
+
+def normalize(name: str) -> str:
+    """``name`` stripped, in lower case, ``-`` written ``_`` (``CLIP-S`` → ``clip_s``)."""
+    return name.strip().lower().replace("-", "_")
+
+
+def register(spec: MetricSpec) -> MetricSpec:
+    """Add ``spec`` to the registry and return it. Registering the same name again replaces the spec
+    (a module reloaded); an alias that already names another metric is refused."""
+    if not isinstance(spec, MetricSpec):
+        raise TypeError(f"register() takes a MetricSpec, got {type(spec).__name__}")
+    with _LOCK:
+        key = normalize(spec.name)
+        if key != spec.name:
+            raise ValueError(f"a metric's name must be lower case with '_' (got {spec.name!r}; use {key!r})")
+        for alias in spec.aliases:
+            other = _ALIASES.get(normalize(alias))
+            if (other is not None and other != spec.name) or (normalize(alias) in _SPECS and normalize(alias) != key):
+                raise ValueError(f"alias {alias!r} of {spec.name!r} already names {other or normalize(alias)!r}")
+        old = _SPECS.get(key)
+        if old is not None:
+            for alias in old.aliases:
+                _ALIASES.pop(normalize(alias), None)
+        _SPECS[key] = spec
+        for alias in spec.aliases:
+            _ALIASES[normalize(alias)] = key
+    return spec
+
+
+def _load_builtin() -> None:
+    """Import every ``*_spec`` module of :mod:`capreward.scorers` once (each registers its spec)."""
+    global _LOADED
+    if _LOADED:
+        return
+    with _LOCK:
+        if _LOADED:
+            return
+        package = importlib.import_module(SPEC_PACKAGE)
+        for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
+            if info.name.endswith("_spec"):
+                importlib.import_module(f"{SPEC_PACKAGE}.{info.name}")
+        _LOADED = True
+
+
+def specs() -> tuple[MetricSpec, ...]:
+    """Every registered spec, built-in metrics first in their :attr:`~MetricSpec.position` order."""
+    _load_builtin()
+    return tuple(sorted(_SPECS.values(), key=lambda s: s.position))
+
+
+def names() -> tuple[str, ...]:
+    """The canonical names, in :func:`specs` order."""
+    return tuple(s.name for s in specs())
+
+
+def aliases() -> dict[str, str]:
+    """Every alias (normalised) -> the canonical name it stands for."""
+    _load_builtin()
+    return dict(_ALIASES)
+
+
+def lookup(name: str) -> str | None:
+    """The canonical name of ``name`` (any spelling: case, ``-``/``_``, an alias), or None."""
+    _load_builtin()
+    key = normalize(name)
+    if key in _SPECS:
+        return key
+    return _ALIASES.get(key)
+
+
+def suggest(name: str, choices: tuple[str, ...] | list[str] | None = None) -> list[str]:
+    """The canonical names closest to ``name`` (through its aliases too), best first."""
+    _load_builtin()
+    pool = {**{n: n for n in (choices if choices is not None else _SPECS)},
+            **{a: t for a, t in _ALIASES.items() if choices is None or t in choices}}
+    close = difflib.get_close_matches(normalize(name), list(pool), n=3, cutoff=0.75)
+    out: list[str] = []
+    for c in close:
+        if pool[c] not in out:
+            out.append(pool[c])
+    return out
+
+
+def unknown_message(name: Any, choices: tuple[str, ...] | list[str], what: str = "metric") -> str:
+    """"unknown <what> 'x' (did you mean 'y'?); choose one of ..."."""
+    near = suggest(name, choices) if isinstance(name, str) else []
+    hint = f" (did you mean {' or '.join(repr(n) for n in near)}?)" if near else ""
+    return f"unknown {what} {name!r}{hint}; choose one of {', '.join(choices)}"
+
+
+def get(name: str) -> MetricSpec:
+    """The spec of ``name`` (canonical name or alias, any case, ``-`` or ``_``).
+
+    Raises:
+        TypeError: ``name`` is not a str.
+        UnknownMetric: no metric has that name; the message suggests the closest names.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"a metric name must be a str, got {type(name).__name__}")
+    key = lookup(name)
+    if key is None:
+        raise UnknownMetric(unknown_message(name, names()))
+    return _SPECS[key]
+
+
+def sharing(kind: str) -> tuple[str, ...]:
+    """The metrics that can share one ``kind`` model (``"clip"`` or ``"chat_judge"``)."""
+    if kind not in SHARES:
+        raise ValueError(f"kind must be one of {SHARES}, got {kind!r}")
+    return tuple(s.name for s in specs() if s.shares == kind)
+
+
+def on_backbone(kind: str) -> tuple[str, ...]:
+    """The metrics that run on a ``kind`` model (``"clip"`` or ``"chat_judge"``), shared or not."""
+    return tuple(s.name for s in specs() if s.backbone == kind)
+
+
+def using_idf() -> tuple[str, ...]:
+    """The metrics that weigh tokens by idf."""
+    return tuple(s.name for s in specs() if s.uses_idf)
+
+
+__all__ = ["Deviation", "MetricSpec", "Option", "UnknownMetric", "aliases", "get", "lookup", "names", "normalize", "on_backbone",
+           "register", "sharing", "specs", "suggest", "unknown_message", "using_idf"]

@@ -1,0 +1,67 @@
+"""EMScore's spec (:mod:`capreward.registry`); imports nothing heavy. The scorer: :mod:`.emscore`."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ..registry import Deviation, MetricSpec, Option, register
+
+#: The components of each part (video, reference, combined), as :class:`~capreward.scorers.results.MatchScores`.
+MATCH_FIELDS = ("coarse", "fine_p", "fine_r", "fine_f", "full_p", "full_r", "full_f")
+
+
+def parts(config: Mapping[str, Any]) -> tuple[str, ...]:
+    """The parts scored: ``video`` with a visual (images are one-frame videos), ``reference`` with
+    references, ``combined`` with both."""
+    has_visual = config.get("visual", "video") is not None
+    has_refs = bool(config.get("references"))
+    return (("video",) if has_visual else ()) + (("reference",) if has_refs else ()) + (
+        ("combined",) if has_visual and has_refs else ())
+
+
+def sub_scores(config: Mapping[str, Any]) -> tuple[str, ...]:
+    """``<part>/<component>`` for every part of :func:`parts` and every :data:`MATCH_FIELDS` component."""
+    return tuple(f"{part}/{f}" for part in parts(config) for f in MATCH_FIELDS)
+
+
+SPEC = register(MetricSpec(
+    name="emscore",
+    aliases=("em", "em_score"),
+    title="EMScore",
+    summary="Fine-grained (token to frame) and coarse CLIP matching of a caption with a video or image, "
+            "and with references (EMScore_ref).",
+    paper="Shi et al., EMScore: Evaluating Video Captioning via Coarse-Grained and Fine-Grained Embedding "
+          "Matching, CVPR 2022",
+    released_code="https://github.com/shiyaya/emscore",
+    scorer="capreward.scorers.emscore:EMScore",
+    sub_scores=sub_scores,
+    value_range=(-1.0, 1.0),
+    higher_is_better=True,
+    visuals=("image", "video"),
+    references="optional",
+    shares="clip",
+    uses_idf=True,
+    backbone="clip",
+    options=(
+        Option("model", "ViT-B/32", "the CLIP (name/tag, OpenAI-format .pt, open_clip checkpoint, factory)"),
+        Option("idf", False, "False (every token weight 1), a corpus of captions, a dict token id -> weight, "
+                             "or 'batch' (the released default; makes a score depend on its batch)"),
+        Option("idf_default", None, "the weight of ids a dict idf lacks"),
+        Option("frames", 10, "frames sampled per video (None: all)"),
+        Option("batch_size", 64, "captions per text-encoder batch"),
+        Option("long_captions", "windows", "'windows' reads a long caption whole; 'truncate' cuts it to the context"),
+        Option("harmonic_mean", "released", "how F is formed: 'released' 2PR/(P+R) or 'sign-safe' "
+                                            "(the rewards' default)"),
+    ),
+    deviations=(
+        Deviation("no idf by default (the released EMScorer.score() computes idf over each batch, so a score "
+                  "depends on its batch)", "idf='batch'"),
+        Deviation("a caption longer than CLIP's context is read whole in windows (the released code crashes)",
+                  "long_captions='truncate' (the paper's truncation, EOS kept)"),
+        Deviation("padded positions never take part in a max (the released code multiplies them by 0, clamping "
+                  "negative maxima to 0)", None),
+        Deviation("the rewards form F sign-safely (in [-1, 1]); the scorer keeps 2PR/(P+R)",
+                  "harmonic_mean='released'"),
+    ),
+    position=0,
+))

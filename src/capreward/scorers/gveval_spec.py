@@ -1,0 +1,67 @@
+"""G-VEval's spec (:mod:`capreward.registry`); imports nothing heavy. The scorer: :mod:`.gveval`."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ..registry import Deviation, MetricSpec, Option, register
+
+#: The four ACCR dimensions, in the released prompts' order.
+ACCR = ("accuracy", "completeness", "conciseness", "relevance")
+#: The modes: what the judge is shown besides the caption.
+MODES = ("ref-free", "ref-only", "combined")
+
+
+def sub_scores(config: Mapping[str, Any]) -> tuple[str, ...]:
+    """``raw`` (the judge's answer) and, with ``accr=True``, the four :data:`ACCR` dimensions."""
+    return ("raw",) + (ACCR if config.get("accr") else ())
+
+
+def reference_mode(config: Mapping[str, Any]) -> str:
+    """``ref-free``: none; ``ref-only`` and ``combined``: required."""
+    return "none" if config.get("mode", "ref-free") == "ref-free" else "required"
+
+
+def visuals_for(config: Mapping[str, Any]) -> tuple[str, ...]:
+    """ACCR's prompts are for videos only."""
+    return ("video",) if config.get("accr") else ("image", "video")
+
+
+SPEC = register(MetricSpec(
+    name="gveval",
+    aliases=("g_veval",),
+    title="G-VEval",
+    summary="A chat VLM reasons about the caption and writes a 0-100 score; the expected score is read from "
+            "the distribution of the score's tokens (ACCR: four dimensions).",
+    paper="Tong et al., G-VEval: A Versatile Metric for Evaluating Image and Video Captions Using GPT-4o, 2024",
+    released_code="https://github.com/ztangaj/gveval",
+    scorer="capreward.scorers.gveval:GVEval",
+    sub_scores=sub_scores,
+    value_range=(0.0, 100.0),
+    higher_is_better=True,
+    visuals=("image", "video"),
+    references="optional",
+    shares="chat_judge",
+    uses_idf=False,
+    backbone="chat_judge",
+    options=(
+        Option("mode", "ref-free", "'ref-free', 'ref-only' (needs references) or 'combined' (needs references)"),
+        Option("accr", False, "the four ACCR dimensions (videos only)"),
+        Option("expected", True, "the expected score from the token distribution (False: the written number)"),
+        Option("temperature", 0.0, "0 decodes greedily (the release: 1)"),
+        Option("top_logprobs", 5, "alternatives asked of a server (the release: 5)"),
+        Option("requery", 2, "how many more times an unreadable answer is asked again"),
+        Option("fallback", "nan", "what an answer that stays unreadable gets: 'nan' or 'parsed'"),
+        Option("structured", False, "constrain the answer to the released format (vLLM)"),
+    ),
+    deviations=(
+        Deviation("greedy decoding (temperature 0); the release samples at temperature 1", "temperature=1.0"),
+        Deviation("an answer that stays unreadable keeps its place with NaN and the reason (the release drops "
+                  "the sample)", None),
+        Deviation("on a judge that writes numbers digit by digit, the exact distribution over 0..100 from a "
+                  "digit tree (the release keeps the top-5 whole-number alternatives)", None),
+    ),
+    reference_mode=reference_mode,
+    visuals_for=visuals_for,
+    position=60,
+))
