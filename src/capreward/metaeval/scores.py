@@ -22,7 +22,7 @@ from .readers import read_jsonl_objects
 
 VISUAL_FIELDS = ("image", "video", "image_id", "video_id")
 # Fields ``capreward score`` writes, tried in this order when the row has no ``score``.
-KNOWN_METRICS = ("emscore", "clip_s", "pac_s", "fleur", "ref_clip_s", "ref_pac_s", "gveval", "visce2")
+KNOWN_METRICS = ("emscore", "clip_s", "pac_s", "fleur", "ref_clip_s", "ref_pac_s", "gveval", "visce2", "claims", "qa_utility")
 
 
 @dataclass
