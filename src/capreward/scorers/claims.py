@@ -57,7 +57,7 @@ from ..judges.protocol import ChatRequest, ChatResponse, JudgeBackend, user_turn
 from ..media import MediaError, media_key
 from ..media.keys import hash_bytes
 from .claims_prompts import CLAIMS_PROMPT_VERSION, INVENTORY_PROMPT, coverage_prompt, split_prompt, verify_prompt
-from .claims_split import Claim, claim_key, claims_of_references, split_claims
+from .claims_split import Claim, claim_key, claims_of_references, lexical_coverage, split_claims
 from .fleur import judge_visuals
 from .validation import caption_list, check_references
 
@@ -66,6 +66,7 @@ log = logging.getLogger(__name__)
 #: Verdicts kept in memory by default (a verdict is one float).
 DEFAULT_CACHE_SIZE = 65536
 SPLITTERS = ("rules", "judge")
+COVERAGES = ("judge", "lexical")
 
 
 # ------------------------------------------------------------------------------------- yes/no reading
@@ -315,6 +316,10 @@ class ClaimScorer:
         splitter: ``"rules"`` (default, :func:`~capreward.scorers.claims_split.split_claims`) or
             ``"judge"`` (the judge rewrites the caption as facts; spans are found in the caption when
             the fact is written in it, else -1).
+        coverage: how a reference claim's coverage is read: ``"judge"`` (default: the judge's P(yes) to
+            :data:`~capreward.scorers.claims_prompts.COVERAGE_TEMPLATE`) or ``"lexical"`` (no judge call:
+            the share of its content words stated by the best-matching claim of the caption,
+            :func:`~capreward.scorers.claims_split.lexical_coverage`, CAPTURE's exact-match stage).
         normalise: P(yes) normalised over yes+no (default) or the raw P(yes) (VQAScore's reading).
         min_mass: a claim whose yes+no probability is below this counts as not verified (0).
         batch_size: requests per local prefill; top_logprobs: alternatives asked of a server.
@@ -347,6 +352,7 @@ class ClaimScorer:
         max_reference_claims: int = 32,
         inventory: bool = False,
         splitter: str = "rules",
+        coverage: str = "judge",
         normalise: bool = True,
         min_mass: float = 0.05,
         batch_size: int = 64,
@@ -362,6 +368,8 @@ class ClaimScorer:
                 raise ValueError(f"{what} must be a positive int, got {v!r}")
         if splitter not in SPLITTERS:
             raise ValueError(f"splitter must be one of {SPLITTERS}, got {splitter!r}")
+        if coverage not in COVERAGES:
+            raise ValueError(f"coverage must be one of {COVERAGES}, got {coverage!r}")
         if not 0 <= min_mass < 1:
             raise ValueError(f"min_mass must be in [0, 1), got {min_mass}")
         self.backend = backend
@@ -370,6 +378,7 @@ class ClaimScorer:
         self.max_reference_claims = max_reference_claims
         self.inventory = bool(inventory)
         self.splitter = splitter
+        self.coverage = coverage
         self.normalise = bool(normalise)
         self.min_mass = float(min_mass)
         self.reader = YesNoReader(backend, batch_size=batch_size, top_logprobs=top_logprobs)
@@ -556,7 +565,15 @@ class ClaimScorer:
                 for r in ref_claims[i]:
                     key = vkey("cover", u, read_captions[i], r)
                     cover_items.append((key, visuals[u], read_captions[i], r))
-        covered = self._ask("cover", cover_items)
+        if self.coverage == "judge":
+            covered = self._ask("cover", cover_items)
+        else:
+            covered = {}
+            for i in range(n):
+                if errors[i] is None and ref_claims[i]:
+                    texts = [c.text for c in split[i][0]]
+                    for r in ref_claims[i]:
+                        covered[vkey("cover", index[i], read_captions[i], r)] = (lexical_coverage(r, texts), None)
 
         score, precision, recall = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
         n_claims = np.zeros(n, dtype=np.int64)

@@ -51,6 +51,27 @@ def claim_key(text: str) -> str:
     return " ".join(w.lower() for w in _WORD.findall(text))
 
 
+#: Words that carry no content for lexical coverage.
+STOP_WORDS = frozenset(
+    "a an the is are was were be been being there here it its this that these those of in on at to by for with "
+    "and or but as from into onto over under near has have had do does some any".split()
+)
+
+
+def content_words(text: str) -> frozenset[str]:
+    """The lower-cased words of ``text`` that are not :data:`STOP_WORDS`."""
+    return frozenset(w for w in claim_key(text).split() if w not in STOP_WORDS)
+
+
+def lexical_coverage(reference_claim: str, claims: Sequence[str]) -> float:
+    """How much of ``reference_claim`` the best of ``claims`` states: the share of its content words found
+    in that claim (CAPTURE's exact-match stage, per claim; 0 when it has no content word)."""
+    wanted = content_words(reference_claim)
+    if not wanted:
+        return 0.0
+    return max((len(wanted & content_words(c)) / len(wanted) for c in claims), default=0.0)
+
+
 def _trim(caption: str, start: int, end: int) -> tuple[int, int]:
     while start < end and not caption[start].isalnum():
         start += 1
