@@ -13,7 +13,7 @@ import math
 from typing import Any, Sequence
 
 from ..scorers.qa_utility import QAUtility
-from .base import CaptionReward, GroupScores, RewardOutput
+from .base import CaptionReward, GroupScores, RewardOutput, clip_to_range
 
 
 class QAUtilityReward(CaptionReward):
@@ -28,8 +28,8 @@ class QAUtilityReward(CaptionReward):
         >>> from capreward.rewards.qa_utility import QAUtilityReward
         >>> from capreward.testing.tiny_qa_judge import colour_questions, qa_backend
         >>> reward = QAUtilityReward(backend=qa_backend())
-        >>> qs = colour_questions("red", "green")
-        >>> v = reward(None, ["the background is red. there is a green patch.", "a photo"], questions=[qs, qs])
+        >>> qs = colour_questions("red")
+        >>> v = reward(None, ["a red ball.", "a photo"], questions=[qs, qs])
         >>> v[0] > v[1]
         True
     """
@@ -74,6 +74,41 @@ class QAUtilityReward(CaptionReward):
         scores = [None if math.isnan(v) else float(v) for v in result.score.tolist()]
         reasons = [None if s is not None else e for s, e in zip(scores, result.error)]
         return GroupScores(scores=scores, reasons=reasons, metrics={"n_questions": [float(v) for v in result.n_questions]})
+
+    def score_inputs(self, inputs) -> RewardOutput:
+        """Samples that all bring questions need no visual: one scorer call for the batch (with the
+        injection guard and the caption reading of the base class); otherwise the base class's grouping
+        by visual, questions written for the samples without them."""
+        if self._questions is None or any(q is None for q in self._questions):
+            return super().score_inputs(inputs)
+        n = len(inputs)
+        injection = self._injection_guard(inputs.samples)
+        inputs, reading = self._read(inputs)
+        values: list[float | None] = [None] * n
+        reasons: list[str | None] = [s.error for s in inputs.samples]
+        rows = []
+        for i, s in enumerate(inputs.samples):
+            if s.error is None and injection[i] is not None:
+                values[i] = self.value_range()[0]
+            elif s.error is None:
+                rows.append(i)
+        metrics: dict[str, list[float]] = {"n_questions": [math.nan] * n}
+        if rows:
+            with self._lock:
+                result = self.scorer.score([inputs.samples[i].caption for i in rows],
+                                           questions=[self._questions[i] for i in rows])
+            for j, i in enumerate(rows):
+                v = float(result.score[j])
+                metrics["n_questions"][i] = float(result.n_questions[j])
+                if math.isnan(v):
+                    reasons[i] = f"completions[{i}]: {result.error[j] or 'no score'}"
+                else:
+                    values[i] = v
+        if self.injection_guard:
+            metrics["injection"] = [math.nan if s.error is not None else float(r is not None)
+                                    for s, r in zip(inputs.samples, injection)]
+        out = RewardOutput(values, reasons, metrics, injection=injection if self.injection_guard else [], reading=reading)
+        return self.with_metric_names(clip_to_range(out, self.value_range()))
 
     def _call_group(self, samples, rows, kind, with_refs) -> GroupScores:
         self._current_rows = list(rows)  # the completions of this group: their questions

@@ -228,8 +228,8 @@ class QAUtility:
         >>> from capreward.scorers.qa_utility import QAUtility
         >>> from capreward.testing.tiny_qa_judge import colour_questions, qa_backend
         >>> qa = QAUtility(qa_backend())
-        >>> r = qa.score(["the background is red. there is a green patch."], questions=[colour_questions("red", "green")])
-        >>> bool(r.score[0] > 0.9)
+        >>> r = qa.score(["a red ball.", "a photo."], questions=[colour_questions("red")] * 2)
+        >>> bool(r.score[0] > 0.9 > 0.5 > r.score[1])
         True
     """
 

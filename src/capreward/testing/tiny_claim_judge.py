@@ -15,7 +15,7 @@ background colour and the patch colour. The judge answers the claim reward's thr
 - **inventory**: ``"the background is {B}. there is a {P} patch."``
 
 A caption of the toy task is a few such claims joined by ". " or " and "
-(:func:`claim_caption`). :data:`CLAIM_RECIPE` trains it in about ten minutes of one CPU thread.
+(:func:`claim_caption`). :data:`CLAIM_RECIPE` trains it in about six minutes of one CPU thread.
 """
 
 from __future__ import annotations
@@ -137,9 +137,9 @@ def inventory_example(rng: random.Random) -> JudgeExample:
 
 
 def sample_claim_example(rng: random.Random) -> JudgeExample:
-    """One training example: verify (55%), coverage (40%) or inventory (5%)."""
+    """One training example: verify (70%), coverage (25%) or inventory (5%)."""
     roll = rng.random()
-    if roll < 0.55:
+    if roll < 0.7:
         return verify_example(rng)
     if roll < 0.95:
         return coverage_example(rng)
@@ -153,7 +153,7 @@ CLAIM_RECIPE = JudgeRecipe(
     name=f"claims-{_SOURCE_HASH}",
     sampler=sample_claim_example,
     spec=TinyLlavaSpec(words=tuple(dict.fromkeys(tuple(prompt_words()) + CLAIM_WORDS)), init_std=0.1),
-    steps=2400,
+    steps=1000,
     batch_size=16,
     lr=4e-3,
 )

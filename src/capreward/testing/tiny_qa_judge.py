@@ -1,13 +1,13 @@
 """A tiny trained text-only judge for the QA-utility reward, for offline tests.
 
 A two-layer LLaMA (:func:`~capreward.testing.tiny_llava.build_tiny_tokenizer` vocabulary, no vision)
-trained to answer :data:`~capreward.scorers.claims_prompts.QA_TEMPLATE` about the two-colour world of
-:mod:`capreward.testing.tiny_claim_judge`: "Is there something {colour} in the image?" with the options
-A. yes, B. no (:func:`colour_questions` asks it for all four colours). It answers A when the description
-names the colour and B when it does not, as a reader of a complete description would: so a caption that
-leaves a colour of the image out, or names one that is not in it, answers one question wrong. Trained
-once (a minute or two of one CPU thread) and cached under ``$CAPREWARD_CACHE`` keyed by this module's
-source hash.
+trained to answer :data:`~capreward.scorers.claims_prompts.QA_TEMPLATE` about a one-colour world (the
+FLEUR toy images: one colour each): the question "What colour is the image?" with the options red,
+green, blue, yellow in that order (:func:`colour_questions`). It answers the letter of the colour the
+description names; a description naming no colour gets a random letter, one naming two colours one of
+the two (so its answer distribution is uniform over what the description allows: an expected accuracy
+of 1/4 without a colour, 1/2 with a hallucinated second one). Trained once (a few minutes of one CPU
+thread) and cached under ``$CAPREWARD_CACHE`` keyed by this module's source hash.
 """
 
 from __future__ import annotations
@@ -24,37 +24,32 @@ from ..scorers.claims_prompts import LETTERS, prompt_words, qa_prompt
 from .tiny_claim_judge import COLOURS, NOUNS, background_claim, claim_caption, empty_claim, patch_claim
 from .tiny_llava import _locked, build_tiny_tokenizer, cache_root, install_directory
 
-OPTIONS = ("yes", "no")
-
-
-def question(colour: str) -> str:
-    return f"Is there something {colour} in the image?"
+QUESTION = "What colour is the image?"
 
 
 WORDS = tuple(dict.fromkeys(tuple(prompt_words()) + COLOURS + NOUNS + tuple(LETTERS[:4]) + (
-    "Is", "something", "colour", "is", "the", "background", "yes", "no", "patch", "a", "there", "image", "in", "corner", "and", "photo", "of")))
+    "What", "colour", "is", "the", "background", "patch", "a", "there", "image", "in", "corner", "and", "photo", "of")))
 
 _SOURCE_HASH = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
-STEPS = 2000
+STEPS = 800
 SYSTEM = "A chat."
 
 
-def colour_questions(background: str, patch: str) -> list[dict]:
-    """The four questions about an image of ``background`` with a ``patch`` (one per colour; the answer
-    is "yes" for the two colours in it), as a dataset column holds them."""
-    return [{"question": question(c), "options": list(OPTIONS), "answer": 0 if c in (background, patch) else 1}
-            for c in COLOURS]
+def colour_questions(colour: str) -> list[dict]:
+    """The question about an image of ``colour``, as a dataset column holds a sample's questions."""
+    return [{"question": QUESTION, "options": list(COLOURS), "answer": COLOURS.index(colour)}]
 
 
 def qa_example(rng: random.Random) -> tuple[str, str]:
-    """(message, answer letter): a description of 1-3 claims and a question about one colour."""
-    named = rng.sample(COLOURS, rng.randint(0, 3))
-    claims = [background_claim(c, rng) if rng.random() < 0.5 else patch_claim(c, rng) for c in named]
-    if not claims or rng.random() < 0.2:
+    """(message, answer letter): a description naming 0-2 colours, and the question."""
+    roll = rng.random()
+    named = [] if roll < 0.2 else rng.sample(COLOURS, 2) if roll < 0.35 else [rng.choice(COLOURS)]
+    claims = [background_claim(c, rng) for c in named]
+    if not claims or rng.random() < 0.3:
         claims.insert(rng.randrange(len(claims) + 1), empty_claim(rng))
-    asked = rng.choice(named) if named and rng.random() < 0.5 else rng.choice(COLOURS)
-    message = qa_prompt(claim_caption(claims, rng), question(asked), list(OPTIONS))
-    return message, LETTERS[0 if asked in named else 1]
+    answer = rng.choice(named or list(COLOURS))
+    message = qa_prompt(claim_caption(claims, rng), QUESTION, list(COLOURS))
+    return message, LETTERS[COLOURS.index(answer)]
 
 
 def _build() -> tuple[Any, Any]:
