@@ -18,7 +18,7 @@ from capreward.registry import Deviation, MetricSpec, Option
 
 from conftest import random_video, write_mp4
 
-BUILTIN = ("emscore", "clip_s", "pac_s", "fleur", "hallucination", "visce2", "gveval")
+BUILTIN = ("emscore", "clip_s", "pac_s", "fleur", "hallucination", "visce2", "gveval", "claims", "qa_utility")
 
 
 def test_every_builtin_metric_has_one_spec_in_the_registry_order():
@@ -63,7 +63,7 @@ def test_a_wrong_name_is_refused_with_the_nearest_names():
 
 def test_sharing_idf_and_backbones_are_read_from_the_specs():
     assert registry.sharing("clip") == ("emscore", "clip_s", "hallucination")
-    assert registry.sharing("chat_judge") == ("fleur", "visce2", "gveval")
+    assert registry.sharing("chat_judge") == ("fleur", "visce2", "gveval", "claims")
     assert registry.on_backbone("clip") == ("emscore", "clip_s", "pac_s", "hallucination")
     assert registry.using_idf() == ("emscore", "hallucination")
     with pytest.raises(ValueError):

@@ -53,7 +53,10 @@ class RewardOptions:
     ``judge_top_logprobs_cap`` the most alternatives it serves (vLLM's ``--max-logprobs``); without
     ``judge_url`` the judge runs locally: ``judge_model`` (default ``fleur_model``) is the LLaVA judge
     for VisCE²/G-VEval and FLEUR uses ``fleur_model``. ``gveval_mode``: ``ref-free``, ``ref-only`` or
-    ``combined``.
+    ``combined``. ``claims`` runs on the chat judge; ``qa_utility`` asks the server at ``judge_url``
+    text-only questions, or locally the text-only causal LM ``qa_model``; its questions come from the
+    samples' ``questions`` column (TRL) or are written once per visual by the chat judge (``judge_url``
+    or ``judge_model``), as in the server and veRL, whose labels carry no questions.
     """
 
     clip_model: str = DEFAULT_CLIP
@@ -71,18 +74,19 @@ class RewardOptions:
     judge_api_key_env: str | None = "OPENAI_API_KEY"
     judge_top_logprobs_cap: int = 20
     gveval_mode: str = "ref-free"
+    qa_model: str | None = None
 
     @classmethod
     def from_env(cls, prefix: str = "CAPREWARD_") -> "RewardOptions":
         """Options from ``CAPREWARD_CLIP_MODEL``, ``CAPREWARD_FLEUR_MODEL``, ``CAPREWARD_DEVICE``,
         ``CAPREWARD_PRECISION``, ``CAPREWARD_DTYPE``, ``CAPREWARD_IDF``, ``CAPREWARD_FRAMES`` (0 = all),
         ``CAPREWARD_W``, ``CAPREWARD_COMPOSITE``, ``CAPREWARD_HARMONIC_MEAN``, ``CAPREWARD_JUDGE_URL``,
-        ``CAPREWARD_JUDGE_MODEL``, ``CAPREWARD_JUDGE_API_KEY_ENV``, ``CAPREWARD_JUDGE_TOP_LOGPROBS_CAP`` and
-        ``CAPREWARD_GVEVAL_MODE``; unset ones keep their defaults."""
+        ``CAPREWARD_JUDGE_MODEL``, ``CAPREWARD_JUDGE_API_KEY_ENV``, ``CAPREWARD_JUDGE_TOP_LOGPROBS_CAP``,
+        ``CAPREWARD_GVEVAL_MODE`` and ``CAPREWARD_QA_MODEL``; unset ones keep their defaults."""
         env = os.environ
         opts = cls()
         for name in ("clip_model", "fleur_model", "device", "precision", "dtype", "idf", "composite", "harmonic_mean",
-                     "judge_url", "judge_model", "judge_api_key_env", "gveval_mode"):
+                     "judge_url", "judge_model", "judge_api_key_env", "gveval_mode", "qa_model"):
             value = env.get(prefix + name.upper())
             if value:
                 setattr(opts, name, value)
@@ -144,6 +148,16 @@ def build_reward(name: str, options: RewardOptions | None = None, *, backbone: A
         model = dict(backbone=backbone) if backbone is not None else dict(
             model=opts.clip_model, precision=opts.precision, device=opts.device)
         common.update(model, frames=opts.frames)
+    if kind == "claims":
+        from ..rewards.claims import ClaimsReward
+
+        return ClaimsReward(backend=judge_backend(opts), **common)
+    if kind == "qa_utility":
+        from ..rewards.qa_utility import QAUtilityReward
+
+        # the server and veRL carry no questions in their labels: the chat judge writes them per visual (cached)
+        writer = judge_backend(opts) if opts.judge_url or opts.judge_model else None
+        return QAUtilityReward(backend=qa_backend(opts), question_backend=writer, **common)
     reward = spec.load_reward()
     if spec.backbone == "clip":  # the options each CLIP metric has, read from its spec
         if spec.uses_idf:
@@ -182,6 +196,18 @@ def judge_backend(opts: RewardOptions) -> Any:
     if opts.dtype is not None:
         kwargs["dtype"] = opts.dtype
     return LocalChatJudge(LocalJudge(opts.judge_model or opts.fleur_model, **kwargs))
+
+
+def qa_backend(opts: RewardOptions) -> Any:
+    """The text-only judge of ``qa_utility``: the server at ``judge_url``, or a local
+    :class:`~capreward.scorers.qa_utility.LocalTextJudge` on ``qa_model``."""
+    if opts.judge_url:
+        return judge_backend(opts)
+    if not opts.qa_model:
+        raise ValueError("qa_utility needs a text judge: qa_model (a causal LM name or directory) or judge_url")
+    from ..scorers.qa_utility import LocalTextJudge
+
+    return LocalTextJudge(opts.qa_model)
 
 
 def build_composite(opts: RewardOptions):

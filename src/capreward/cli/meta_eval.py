@@ -11,10 +11,11 @@ import json
 import math
 import sys
 
-BENCHMARK_CHOICES = ("flickr8k-expert", "flickr8k-cf", "composite", "pascal50s", "vatex-eval", "msvd-eval", "thumb", "foil")
+BENCHMARK_CHOICES = ("flickr8k-expert", "flickr8k-cf", "composite", "pascal50s", "vatex-eval", "msvd-eval", "thumb", "foil",
+                     "caparena", "detailcaps")
 # every benchmark's protocol names (capreward.metaeval.PROTOCOLS; kept here so --help imports no scipy)
 PROTOCOL_CHOICES = ("per-rating", "per-candidate", "per-caption", "per-annotator-average", "per-annotator",
-                    "annotator-mean", "pairwise")
+                    "annotator-mean", "pairwise", "caption-level")
 
 
 def format_table(result) -> str:

@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         clip_model=args.clip_model, pac_model=args.pac_model, judge_model=args.judge_model,
         judge_base_url=args.judge_base_url, judge_api_model=args.judge_api_model,
         judge_top_logprobs_cap=args.judge_top_logprobs_cap,
-        gveval_mode=args.gveval_mode, gveval_accr=args.gveval_accr,
+        gveval_mode=args.gveval_mode, gveval_accr=args.gveval_accr, qa_model=args.qa_model,
         hallucination_threshold=args.hallucination_threshold,
         device=args.device, precision=precision, batch_size=args.batch_size,
         frames=None if args.frames == 0 else args.frames, alignment=args.alignment,
@@ -107,6 +107,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--gveval-mode", default="ref-free", choices=["ref-free", "ref-only", "combined"],
                    help="G-VEval inputs: visual only, references (+ visual), or both; ref-only/combined need "
                         "references on every row")
+    p.add_argument("--qa-model", help="qa_utility's text-only judge: a causal LM name or directory (default: the judge "
+                                      "server of --judge-base-url); questions come from each row's 'questions'")
     p.add_argument("--gveval-accr", action="store_true",
                    help="G-VEval's four ACCR scores (accuracy, completeness, conciseness, relevance; videos only)")
     p.add_argument("--hallucination-threshold", type=float, default=DEFAULT_THRESHOLD,

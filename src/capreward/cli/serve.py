@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
         frames=None if args.frames == 0 else args.frames, w=args.w, composite=args.composite,
         harmonic_mean=args.harmonic_mean, judge_url=args.judge_url, judge_model=args.fleur_model,
         judge_api_key_env=args.judge_api_key_env, judge_top_logprobs_cap=args.judge_top_logprobs_cap,
-        gveval_mode=args.gveval_mode,
+        gveval_mode=args.gveval_mode, qa_model=args.qa_model,
     )
     try:
         reward = build_reward(args.reward, options)
@@ -120,6 +120,8 @@ def add_parser(subparsers) -> None:
                    help="the most top_logprobs the judge server serves (vLLM --max-logprobs; default 20)")
     p.add_argument("--gveval-mode", default="ref-free", choices=["ref-free", "ref-only", "combined"],
                    help="G-VEval's mode for --reward gveval")
+    p.add_argument("--qa-model", help="the text-only judge of qa_utility (a causal LM name or directory; with "
+                                      "--judge-url the server answers instead); questions are written by the judge")
     p.add_argument("--composite", default="emscore=1.0,hallucination=1.0",
                    help="terms of --reward composite: name=weight,... (plus repetition/truncation/length guards)")
     p.add_argument("--idf", help="EMScore idf corpus: a text file with one caption per line (default: no idf)")

@@ -17,6 +17,12 @@ Sub-score fields are named ``<metric>/<sub-score>`` (the one separator of :mod:`
 - ``visce2``: ``visce2`` in [0, 100], ``visce2/raw`` (the rating answer) and ``visce2/context`` (the
   visual context). Images only: a video row gets an error, and so does an unreadable image (no fields).
   An answer without an integer scores 0, as in the paper, with the reason in ``errors``.
+- ``claims``: ``claims`` in [0, 1] (F1 of claim precision and reference-claim recall; precision alone
+  without references), ``claims/precision``, ``claims/recall`` (rows with references), ``claims/n_claims``
+  and ``claims/claims`` (per claim: text, start, end, p). Videos are judged on their three-frame composite.
+- ``qa_utility``: ``qa_utility`` in [0, 1] (expected accuracy of a text-only judge answering the row's
+  ``questions`` from the caption alone; rows without questions get them from the chat judge, per visual),
+  ``qa_utility/n_questions`` and ``qa_utility/answers``.
 - ``gveval``: ``gveval`` in [0, 100] and ``gveval/raw``; with ACCR also ``gveval/accuracy``,
   ``gveval/completeness``, ``gveval/conciseness``, ``gveval/relevance`` (ACCR: videos only). Videos are
   judged on their three-frame composite.
@@ -75,6 +81,7 @@ class ScoreOptions:
     judge_top_logprobs_cap: int = 20  # the most top_logprobs the server serves (vLLM --max-logprobs)
     gveval_mode: str = "ref-free"  # ref-free | ref-only | combined
     gveval_accr: bool = False  # the four ACCR dimensions (video rows only)
+    qa_model: str | None = None  # text-only causal LM of qa_utility (None: the judge server, if any)
     hallucination_threshold: float | None = None  # None: capreward.scorers.hallucination.DEFAULT_THRESHOLD
     device: str = "cpu"
     precision: str | None = None
@@ -277,6 +284,62 @@ class ManifestScorer:
 
         return run
 
+    def _build_claims(self, backbone):
+        from ..scorers.claims import ClaimScorer
+
+        scorer = ClaimScorer(self._chat_backend())
+
+        def run(rows: list[ManifestRow]) -> list[dict]:
+            out: list[dict] = [{} for _ in rows]
+            for kind, refs, idx in row_groups(rows):
+                res = scorer.score([rows[i].caption for i in idx], references=refs,
+                                   **{f"{kind}s": [rows[i].path for i in idx]})
+                for j, k in enumerate(idx):
+                    out[k] = {"claims": finite_or_none(float(res.score[j])),
+                              sub_score("claims", "precision"): finite_or_none(float(res.precision[j]))}
+                    if refs is not None:
+                        out[k][sub_score("claims", "recall")] = finite_or_none(float(res.recall[j]))
+                    out[k][sub_score("claims", "n_claims")] = int(res.n_claims[j])
+                    out[k][sub_score("claims", "claims")] = [
+                        {"text": v.text, "start": v.start, "end": v.end, "p": finite_or_none(float(v.p))} for v in res.claims[j]]
+                    if res.error[j]:
+                        out[k]["_error"] = res.error[j]
+            return out
+
+        return run
+
+    def _build_qa_utility(self, backbone):
+        from ..scorers.qa_utility import LocalTextJudge, QAUtility
+
+        if self.options.qa_model:
+            answerer = LocalTextJudge(self.options.qa_model)
+        elif self.options.remote_judge:
+            answerer = self._chat_backend()
+        else:
+            raise ValueError("qa_utility needs a text judge: --qa-model (a causal LM) or a judge server")
+        scorer = QAUtility(answerer, question_backend=self._chat_backend() if self.options.remote_judge else None)
+        if not self.options.remote_judge:  # a local question writer is the local LLaVA, loaded on first need
+            scorer.question_backend = _LazyBackend(self._chat_backend)
+
+        def run(rows: list[ManifestRow]) -> list[dict]:
+            out: list[dict] = [{} for _ in rows]
+            for kind in ("image", "video"):
+                idx = [i for i, r in enumerate(rows) if r.kind == kind]
+                if not idx:
+                    continue
+                res = scorer.score([rows[i].caption for i in idx],
+                                   questions=[rows[i].extra.get("questions") for i in idx],
+                                   **{f"{kind}s": [rows[i].path for i in idx]})
+                for j, k in enumerate(idx):
+                    out[k] = {"qa_utility": finite_or_none(float(res.score[j])),
+                              sub_score("qa_utility", "n_questions"): int(res.n_questions[j]),
+                              sub_score("qa_utility", "answers"): [finite_or_none(float(p)) for p in res.answers[j]]}
+                    if res.error[j]:
+                        out[k]["_error"] = res.error[j]
+            return out
+
+        return run
+
     def _build_gveval(self, backbone):
         from ..scorers.gveval import GVEval
 
@@ -364,6 +427,29 @@ def visual_refused(spec, config: dict, kind: str) -> str | None:
     with_config = "" if spec.visual_kinds() == kinds else " with " + ", ".join(f"{k}={v!r}" for k, v in config.items()
                                                                               if v is not False)
     return f"{spec.title} scores {' and '.join(k + 's' for k in kinds)} only{with_config}"
+
+
+class _LazyBackend:
+    """A chat backend built on its first request (the local judge is loaded only when questions must be
+    written)."""
+
+    def __init__(self, build):
+        self._build, self._backend = build, None
+
+    @property
+    def name(self) -> str:
+        return self._get().name
+
+    def _get(self):
+        if self._backend is None:
+            self._backend = self._build()
+        return self._backend
+
+    def generate(self, requests):
+        return self._get().generate(requests)
+
+    async def agenerate(self, requests):
+        return await self._get().agenerate(requests)
 
 
 def row_groups(rows: list[ManifestRow], with_references: bool = True):

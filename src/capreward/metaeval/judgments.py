@@ -68,13 +68,15 @@ class RatedItem:
 
 @dataclass(frozen=True)
 class PairItem:
-    """Two captions of one visual; ``preferred`` (0 or 1) is the one people chose."""
+    """Two captions of one visual; ``preferred`` (0 or 1) is the one people chose (-1: a tie, in
+    benchmarks that record ties); ``sources``: the models that wrote them, where the benchmark says."""
 
     visual: tuple[str, ...]
     captions: tuple[str, str]
     preferred: int
     category: str
     where: str = ""
+    sources: tuple[str, str] | None = None
 
     def key(self, i: int) -> tuple[str, str]:
         return self.visual[0], normalize_caption(self.captions[i])

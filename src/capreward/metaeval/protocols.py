@@ -27,6 +27,14 @@ Some benchmarks offer more than one protocol (``run_protocol(..., protocol=name)
   ``--score-field gveval``) is correlated dimension by dimension with the matching human dimension and
   its main score with ``overall``, as the release does for G-VEval's ACCR; a single score is correlated
   with every human dimension (the release reports only ``overall`` for such metrics).
+- CapArena (``caption-level``, its ``caparena_metrics.py``): battles involving the ``human`` source
+  skipped; the metric's verdict on a battle is the caption with the strictly higher score, a tie when
+  they are equal; agreement = the share of battles where it equals the people's verdict, ties included
+  (``include_tie=True``), overall and per cluster (``level 1`` .. ``level 4``). A battle missing a score
+  counts as a disagreement. (The model-level Elo agreement is not computed.)
+- DetailCaps (``per-caption``, the CAPTURE paper's consistency): Pearson (PCC) and Kendall tau-b over all
+  captions, and the sample tau: Kendall tau-b among the captions of each image, averaged over images
+  with at least two. (The paper's 1-R² is not computed.)
 """
 
 from __future__ import annotations
@@ -275,6 +283,58 @@ def pairwise_protocol(judgments: Judgments, index: ScoreIndex) -> MetaEvalResult
                           n_unused_scores=_unused(index, used))
 
 
+def caparena_protocol(judgments: Judgments, index: ScoreIndex) -> MetaEvalResult:
+    """CapArena's caption-level agreement, ties included (see the module docstring)."""
+    agree: dict[str, list[int]] = {}
+    unmatched, used, skipped, n_unmatched = [], set(), 0, 0
+    preferred, other, category = [], [], []
+    for pair in judgments.pairs:
+        if pair.sources is not None and "human" in pair.sources:
+            skipped += 1
+            continue
+        keys = (pair.key(0), pair.key(1))
+        s = (index.get(keys[0]), index.get(keys[1]))
+        used.update(keys)
+        if s[0] is None or s[1] is None:
+            n_unmatched += 1
+            for i in (0, 1):
+                if s[i] is None:
+                    unmatched.append(_unmatched_entry(pair, pair.captions[i], index, keys[i]))
+            verdict = None
+        else:
+            verdict = 0 if s[0] > s[1] else 1 if s[1] > s[0] else -1
+        hit = int(verdict is not None and verdict == pair.preferred)
+        agree.setdefault("overall", []).append(hit)
+        agree.setdefault(pair.category, []).append(hit)
+        keep = pair.preferred if pair.preferred >= 0 else 0
+        preferred.append(s[keep])
+        other.append(s[1 - keep])
+        category.append(pair.category)
+    values = {k: percent(sum(v) / len(v)) for k, v in agree.items()}
+    details = {"battles": {k: len(v) for k, v in agree.items()}, "human_battles_skipped": skipped,
+               "human_ties": sum(p.preferred < 0 for p in judgments.pairs), "unscored_battles": n_unmatched}
+    return MetaEvalResult(judgments.benchmark, values, len(agree.get("overall", [])) - n_unmatched, n_unmatched,
+                          unmatched, details, preferred=preferred, other=other, category=category,
+                          n_unused_scores=_unused(index, used))
+
+
+def detailcaps_protocol(judgments: Judgments, index: ScoreIndex) -> MetaEvalResult:
+    """DetailCaps consistency: PCC, Kendall tau-b and the per-image sample tau (see the module docstring)."""
+    matched, unmatched = _match_rated(judgments, index)
+    rows = [(item, item.human["human_score"], s) for item, s in matched if not math.isnan(item.human["human_score"])]
+    human, metric = [h for _, h, _ in rows], [s for _, _, s in rows]
+    by_image: dict[str, list[tuple[float, float]]] = {}
+    for item, h, s in rows:
+        by_image.setdefault(item.visual[0], []).append((s, h))
+    taus = [_safe(kendall, [s for s, _ in v], [h for _, h in v], "b") for v in by_image.values() if len(v) >= 2]
+    taus = [t for t in taus if not math.isnan(t)]
+    values = {"pearson": percent(_safe(pearson, metric, human)), "tau_b": percent(_safe(kendall, metric, human, "b")),
+              "sample_tau": percent(float(np.mean(taus))) if taus else math.nan}
+    details = {"images_in_sample_tau": len(taus), "nan_ratings_dropped": len(matched) - len(rows)}
+    return MetaEvalResult(judgments.benchmark, values, len(rows), len(unmatched), unmatched, details, human, metric,
+                          n_unused_scores=_unused(index, {i.key for i, _ in matched}))
+
+
 def _vatex(judgments: Judgments, index: ScoreIndex) -> MetaEvalResult:
     return vatex_protocol(judgments, index)
 
@@ -289,6 +349,8 @@ PROTOCOLS = {
     "msvd-eval": {"per-annotator": msvd_protocol, "annotator-mean": msvd_mean_protocol},
     "pascal50s": {"pairwise": pairwise_protocol},
     "foil": {"pairwise": pairwise_protocol},
+    "caparena": {"caption-level": caparena_protocol},
+    "detailcaps": {"per-caption": detailcaps_protocol},
 }
 
 

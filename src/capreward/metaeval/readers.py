@@ -18,6 +18,12 @@ items raise :class:`JudgmentError` naming the file and item. Formats:
 - THumB 1.0: JSONL rows ``{"image", "hyp", "human_score", "P", "R", ...}``.
 - FOIL: the COCO-style ``{"annotations": [{"id", "image_id", "caption", "foil": bool}]}``; an original
   caption and its foiled versions share ``id``; each (original, foil) is a pair preferring the original.
+- CapArena (long captions, pairwise battles; ``caparena_annots_eval.json`` of njucckevin/CapArena): a
+  JSON list of ``{"img", "caption1", "caption2", "source1", "source2", "winner", "cluster", "ref"}``;
+  ``winner`` is the source people preferred, anything else a tie (``preferred = -1``); ``cluster`` (the
+  difficulty level) is the category; ``ref`` becomes the item's references.
+- DetailCaps-style per-caption scores (DeCapBench / DetailCaps consistency): JSONL rows
+  ``{"image", "caption", "human_score"}`` (``"score"`` accepted), one per rated long caption.
 """
 
 from __future__ import annotations
@@ -235,6 +241,40 @@ def read_foil(path: str | Path) -> Judgments:
     return out
 
 
+def read_caparena(path: str | Path) -> Judgments:
+    """CapArena's human battles: one pair per battle, ties kept (``preferred = -1``), the cluster as category."""
+    path = Path(path)
+    data = _load_json(path)
+    if not isinstance(data, list):
+        raise JudgmentError(f"{path}: expected a JSON list of battles")
+    out = Judgments("caparena", str(path))
+    for i, b in enumerate(data):
+        where = f"{path}[{i}]"
+        if not isinstance(b, dict) or not isinstance(b.get("img"), str):
+            raise JudgmentError(f"{where}: a battle needs 'img', 'caption1', 'caption2', 'source1', 'source2', 'winner'")
+        c1, c2 = _caption(b, "caption1", where), _caption(b, "caption2", where)
+        s1, s2, winner = b.get("source1"), b.get("source2"), b.get("winner")
+        if not isinstance(s1, str) or not isinstance(s2, str):
+            raise JudgmentError(f"{where}: 'source1' and 'source2' must name the captions' models")
+        preferred = 0 if winner == s1 else 1 if winner == s2 else -1
+        out.pairs.append(PairItem(visual_aliases(b["img"]), (c1, c2), preferred, str(b.get("cluster", "all")), where,
+                                  sources=(s1, s2)))
+    return out
+
+
+def read_detailcaps(path: str | Path) -> Judgments:
+    """Per-caption human scores of long captions (DetailCaps / DeCapBench style) from JSONL."""
+    path = Path(path)
+    out = Judgments("detailcaps", str(path))
+    for where, obj in read_jsonl_objects(path):
+        score = obj.get("human_score", obj.get("score"))
+        if score is None or not isinstance(obj.get("image"), str):
+            raise JudgmentError(f"{where}: a row needs 'image', 'caption' and 'human_score'")
+        out.rated.append(RatedItem(visual_aliases(obj["image"]), _caption(obj, "caption", where),
+                                   {"human_score": as_rating(score, where)}, where, group=obj["image"]))
+    return out
+
+
 READERS: dict[str, Callable[[str | Path], Judgments]] = {
     "flickr8k-expert": lambda p: read_flickr8k(p, "flickr8k-expert"),
     "flickr8k-cf": lambda p: read_flickr8k(p, "flickr8k-cf"),
@@ -244,6 +284,8 @@ READERS: dict[str, Callable[[str | Path], Judgments]] = {
     "msvd-eval": read_msvd_eval,
     "thumb": read_thumb,
     "foil": read_foil,
+    "caparena": read_caparena,
+    "detailcaps": read_detailcaps,
 }
 BENCHMARKS = tuple(READERS)
 

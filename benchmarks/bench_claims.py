@@ -1,0 +1,108 @@
+"""The claim reward on a GRPO group: batched verification against one judge request per claim.
+
+One image, 16 captions of 8-12 distinct claims each (about 160 claims), verified on the same local
+LLaVA-architecture judge with random weights (nothing is downloaded; ``--arch tiny`` is the 16-image-token
+toy, ``small`` a ~100M-parameter judge with 576 image tokens as in the FLEUR benchmark):
+
+- **batched**: :class:`~capreward.scorers.claims.ClaimScorer` as a reward calls it: every claim of the
+  group in prefills of ``--batch-size`` rows, the shared prefix (system text, image, question up to the
+  claim) run once per chunk, no cache (cold);
+- **per claim**: the same exact reading with one judge request per claim (``batch_size=1``: a prefill of
+  the full prompt, image included, for every claim).
+
+Prints wall seconds of each, the speed-up and the largest difference between the two paths' P(yes)
+(they must agree: same model, same reading). Run on an idle machine, twice; quote the better run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+import torch
+
+from capreward.judges import LocalChatJudge
+from capreward.scorers.claims import ClaimScorer
+from capreward.testing import TinyLlavaSpec, build_tiny_llava
+from capreward.testing.tiny_claim_judge import claim_image
+
+ARCHS = {
+    "tiny": dict(),
+    "small": dict(text_hidden=768, text_layers=8, text_heads=12, text_kv_heads=12, text_intermediate=2048,
+                  vision_hidden=256, vision_layers=4, vision_heads=4, vision_intermediate=1024, image_size=336,
+                  patch_size=14, max_positions=4096),
+}
+NOUNS = "man woman child dog cat bicycle street park beach ball shirt hat car bus train table tree sky grass water".split()
+ADJECTIVES = "red blue green white black small large young old wooden bright dark tall short striped".split()
+VERBS = "sits stands runs holds wears walks lies rides leans waits".split()
+
+
+def make_captions(rng: random.Random, n: int) -> list[str]:
+    """``n`` captions of 8-12 sentences, each sentence one claim ("a red car sits near the tree.")."""
+    out = []
+    for _ in range(n):
+        claims = []
+        while len(claims) < rng.randint(8, 12):
+            claim = f"a {rng.choice(ADJECTIVES)} {rng.choice(NOUNS)} {rng.choice(VERBS)} near the {rng.choice(NOUNS)}"
+            if claim not in claims:
+                claims.append(claim)
+        out.append(". ".join(claims) + ".")
+    return out
+
+
+def run(args: argparse.Namespace) -> dict:
+    torch.manual_seed(0)
+    torch.set_num_threads(args.threads)
+    words = tuple(dict.fromkeys(NOUNS + ADJECTIVES + VERBS + ["yes", "no", "near", "the"]))
+    model, processor = build_tiny_llava(TinyLlavaSpec(words=words, **ARCHS[args.arch]))
+    judge = LocalChatJudge((model, processor))
+    image = claim_image("red", "green", random.Random(0))
+    captions = make_captions(random.Random(1), args.captions)
+    images = [image] * len(captions)
+
+    batched = ClaimScorer(judge, batch_size=args.batch_size, cache_size=0)
+    per_claim = ClaimScorer(judge, batch_size=1, cache_size=0)
+    batched.score(captions[:1], images=images[:1])  # warm-up (tokenizer scan, first allocations)
+    timings = {}
+    results = {}
+    for name, scorer in (("batched", batched), ("per_claim", per_claim)):
+        best = float("inf")
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            results[name] = scorer.score(captions, images=images)
+            best = min(best, time.perf_counter() - start)
+        timings[name] = best
+    n_claims = sum(len(c) for c in results["batched"].claims)
+    diff = max(abs(a.p - b.p) for ca, cb in zip(results["batched"].claims, results["per_claim"].claims)
+               for a, b in zip(ca, cb))
+    return {
+        "arch": args.arch, "captions": len(captions), "claims": n_claims, "batch_size": args.batch_size,
+        "threads": args.threads, "batched_s": round(timings["batched"], 3), "per_claim_s": round(timings["per_claim"], 3),
+        "speedup": round(timings["per_claim"] / timings["batched"], 2),
+        "claims_per_s_batched": round(n_claims / timings["batched"], 1),
+        "claims_per_s_per_claim": round(n_claims / timings["per_claim"], 1),
+        "max_abs_p_difference": diff,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arch", choices=sorted(ARCHS), default="tiny")
+    parser.add_argument("--captions", type=int, default=16)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args()
+    out = run(args)
+    if args.json:
+        print(json.dumps(out))
+    else:
+        for k, v in out.items():
+            print(f"{k:24s} {v}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""The claim-level reward (:class:`~capreward.scorers.claims.ClaimScorer`) as a caption reward.
+
+Images or videos (videos are judged on the three-frame composite). The value is the scorer's F-beta of
+claim precision and reference-claim recall (precision alone when a sample has no references and the
+inventory is off), in [0, 1]; both parts and the claim count are logged as sub-scores
+(``precision``, ``recall``, ``n_claims``). The injection guard is on by default, as for the other judge
+rewards. Per-claim verdicts with their caption spans are logged at DEBUG and kept on
+:attr:`ClaimsReward.last_result` for a report's flag view.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from ..scorers.claims import ClaimScorer, ClaimsResult
+from .base import CaptionReward, GroupScores
+
+log = logging.getLogger(__name__)
+
+
+class ClaimsReward(CaptionReward):
+    """Claim precision / coverage F-score as a reward.
+
+    ``backend`` and the other :class:`~capreward.scorers.claims.ClaimScorer` options (``beta``,
+    ``max_claims``, ``inventory``, ``splitter``, ...) go to the scorer, or pass a built ``scorer``.
+    References (the ``references`` column) give the recall side; without them, ``inventory=True`` uses
+    the judge's own inventory of the visual.
+
+    Example::
+
+        >>> from capreward.judges import LocalChatJudge
+        >>> from capreward.rewards.claims import ClaimsReward
+        >>> from capreward.testing.tiny_claim_judge import claim_image, tiny_claim_judge
+        >>> reward = ClaimsReward(backend=LocalChatJudge(tiny_claim_judge()))
+        >>> image = claim_image("red", "green")
+        >>> values = reward(None, ["the background is red.", "the background is blue."], image=[image, image])
+        >>> values[0] > values[1]
+        True
+    """
+
+    __name__ = "claims"
+    guard_injection = True
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.last_result: ClaimsResult | None = None
+
+    def _build(self) -> ClaimScorer:
+        return ClaimScorer(**self.scorer_kwargs)
+
+    def value_range(self) -> tuple[float, float]:
+        return (0.0, 1.0)
+
+    def metric_names(self) -> tuple[str, ...]:
+        """``precision``, ``recall`` (NaN without reference claims), ``n_claims`` and the base's."""
+        return ("precision", "recall", "n_claims", *super().metric_names())
+
+    def score_group(self, captions, visuals, kind, references, visual_ids) -> GroupScores:
+        if kind not in ("image", "video"):
+            reason = f"claims scores images or videos, got a {kind or 'sample without visual'}"
+            return GroupScores(scores=[None] * len(captions), reasons=[reason] * len(captions))
+        ids = visual_ids if kind == "image" and visual_ids and all(visual_ids) else None
+        result = self.scorer.score(captions, **{f"{kind}s": visuals}, references=references, image_ids=ids)
+        self.last_result = result
+        for i, verdicts in enumerate(result.claims):
+            for v in verdicts:
+                log.debug("claims sample %d: [%d, %d) %r p=%.3f", i, v.start, v.end, v.text, v.p)
+        scores = [None if math.isnan(v) else float(v) for v in result.score.tolist()]
+        metrics = {
+            "precision": [float(v) for v in result.precision],
+            "recall": [float(v) for v in result.recall],
+            "n_claims": [float(v) for v in result.n_claims],
+        }
+        reasons = [None if s is not None else e for s, e in zip(scores, result.error)]
+        return GroupScores(scores=scores, reasons=reasons, metrics=metrics)

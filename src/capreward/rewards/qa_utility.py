@@ -1,0 +1,124 @@
+"""The QA-utility reward (:class:`~capreward.scorers.qa_utility.QAUtility`, CapRL's reward) as a caption reward.
+
+The value is the expected accuracy in [0, 1] of a text-only judge answering the sample's multiple-choice
+questions from the caption alone. Questions come from a dataset column (``questions_column``, default
+``"questions"``: per sample a list of ``{"question", "options", "answer"}``, or JSON text of one), or,
+for samples without them, are written once per visual by the scorer's ``question_backend``. Sub-score:
+``n_questions``. The injection guard is on by default, as for the other judge rewards.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from ..scorers.qa_utility import QAUtility
+from .base import CaptionReward, GroupScores, RewardOutput, clip_to_range
+
+
+class QAUtilityReward(CaptionReward):
+    """Expected QA accuracy from the caption alone, as a reward.
+
+    ``backend``, ``question_backend`` and the other :class:`~capreward.scorers.qa_utility.QAUtility`
+    options go to the scorer, or pass a built ``scorer``. Visuals are only needed for samples without
+    questions.
+
+    Example::
+
+        >>> from capreward.rewards.qa_utility import QAUtilityReward
+        >>> from capreward.testing.tiny_qa_judge import colour_questions, qa_backend
+        >>> reward = QAUtilityReward(backend=qa_backend())
+        >>> qs = colour_questions("red")
+        >>> v = reward(None, ["a red ball.", "a photo"], questions=[qs, qs])
+        >>> v[0] > v[1]
+        True
+    """
+
+    __name__ = "qa_utility"
+    guard_injection = True
+    needs_visual = False
+
+    def __init__(self, *, questions_column: str = "questions", **kwargs: Any):
+        super().__init__(**kwargs)
+        self.questions_column = questions_column
+        self._questions: list[Any] | None = None
+
+    def _build(self) -> QAUtility:
+        return QAUtility(**self.scorer_kwargs)
+
+    def value_range(self) -> tuple[float, float]:
+        return (0.0, 1.0)
+
+    def metric_names(self) -> tuple[str, ...]:
+        return ("n_questions", *super().metric_names())
+
+    def compute(self, prompts: Sequence[Any] | None, completions: Sequence[Any], **kwargs: Any) -> RewardOutput:
+        questions = kwargs.get(self.questions_column)
+        if questions is not None and len(questions) != len(completions):
+            raise ValueError(f"{len(completions)} completions but {len(questions)} entries in {self.questions_column!r}")
+        self._questions = list(questions) if questions is not None else None
+        try:
+            return super().compute(prompts, completions, **kwargs)
+        finally:
+            self._questions = None
+
+    def score_group(self, captions, visuals, kind, references, visual_ids) -> GroupScores:
+        rows = self._rows(captions)
+        questions = [self._questions[r] if self._questions is not None and r is not None else None for r in rows]
+        visual_kw = {f"{kind}s": visuals} if kind in ("image", "video") and visuals is not None else {}
+        if any(q is None for q in questions) and not visual_kw:
+            reason = f"qa_utility needs a {self.questions_column!r} column or a visual to write questions for"
+            if all(q is None for q in questions):
+                return GroupScores(scores=[None] * len(captions), reasons=[reason] * len(captions))
+        result = self.scorer.score(captions, questions=questions, **visual_kw)
+        scores = [None if math.isnan(v) else float(v) for v in result.score.tolist()]
+        reasons = [None if s is not None else e for s, e in zip(scores, result.error)]
+        return GroupScores(scores=scores, reasons=reasons, metrics={"n_questions": [float(v) for v in result.n_questions]})
+
+    def score_inputs(self, inputs) -> RewardOutput:
+        """Samples that all bring questions need no visual: one scorer call for the batch (with the
+        injection guard and the caption reading of the base class); otherwise the base class's grouping
+        by visual, questions written for the samples without them."""
+        if self._questions is None or any(q is None for q in self._questions):
+            return super().score_inputs(inputs)
+        n = len(inputs)
+        injection = self._injection_guard(inputs.samples)
+        inputs, reading = self._read(inputs)
+        values: list[float | None] = [None] * n
+        reasons: list[str | None] = [s.error for s in inputs.samples]
+        rows = []
+        for i, s in enumerate(inputs.samples):
+            if s.error is None and injection[i] is not None:
+                values[i] = self.value_range()[0]
+            elif s.error is None:
+                rows.append(i)
+        metrics: dict[str, list[float]] = {"n_questions": [math.nan] * n}
+        if rows:
+            with self._lock:
+                result = self.scorer.score([inputs.samples[i].caption for i in rows],
+                                           questions=[self._questions[i] for i in rows])
+            for j, i in enumerate(rows):
+                v = float(result.score[j])
+                metrics["n_questions"][i] = float(result.n_questions[j])
+                if math.isnan(v):
+                    reasons[i] = f"completions[{i}]: {result.error[j] or 'no score'}"
+                else:
+                    values[i] = v
+        if self.injection_guard:
+            metrics["injection"] = [math.nan if s.error is not None else float(r is not None)
+                                    for s, r in zip(inputs.samples, injection)]
+        out = RewardOutput(values, reasons, metrics, injection=injection if self.injection_guard else [], reading=reading)
+        return self.with_metric_names(clip_to_range(out, self.value_range()))
+
+    def _call_group(self, samples, rows, kind, with_refs) -> GroupScores:
+        self._current_rows = list(rows)  # the completions of this group: their questions
+        try:
+            return super()._call_group(samples, rows, kind, with_refs)
+        finally:
+            self._current_rows = None
+
+    def _rows(self, captions: list[str]) -> list[int]:
+        rows = getattr(self, "_current_rows", None)
+        if rows is None or len(rows) != len(captions):
+            raise RuntimeError("qa_utility scores groups through compute()")
+        return rows

@@ -1,0 +1,53 @@
+"""The claim reward's spec (:mod:`capreward.registry`); imports nothing heavy. The scorer: :mod:`.claims`."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ..registry import Deviation, MetricSpec, Option, register
+
+
+def sub_scores(config: Mapping[str, Any]) -> tuple[str, ...]:
+    """``precision`` (the verified share of the caption's claims), ``n_claims``, ``claims`` (per-claim
+    verdicts with spans); ``recall`` with references or ``inventory=True``."""
+    recall = bool(config.get("references")) or bool(config.get("inventory"))
+    return ("precision",) + (("recall",) if recall else ()) + ("n_claims", "claims")
+
+
+SPEC = register(MetricSpec(
+    name="claims",
+    aliases=("claim",),
+    title="Claims",
+    summary="A judge verifies each atomic claim of the caption against the visual (precision) and checks "
+            "each reference claim for coverage (recall); the reward is their F-score.",
+    paper="Ye et al., Painting with Words: Elevating Detailed Image Captioning with Benchmark and Alignment "
+          "Learning (DCScore), ICLR 2025; Jing et al., FaithScore, 2023",
+    released_code=None,
+    scorer="capreward.scorers.claims:ClaimScorer",
+    sub_scores=sub_scores,
+    value_range=(0.0, 1.0),
+    higher_is_better=True,
+    visuals=("image", "video"),  # videos: the three-frame composite
+    references="optional",
+    shares="chat_judge",
+    uses_idf=False,
+    backbone="chat_judge",
+    options=(
+        Option("beta", 1.0, "weight of recall in the F-score"),
+        Option("max_claims", 32, "claims verified per caption (claims past it count as unverified)"),
+        Option("max_reference_claims", 32, "reference claims checked per sample"),
+        Option("inventory", False, "without references, use the judge's own inventory of the visual for recall"),
+        Option("splitter", "rules", "'rules' (deterministic splitter) or 'judge' (the judge lists the facts)"),
+        Option("coverage", "judge", "'judge' (P(yes) that the caption states a reference claim) or 'lexical' "
+                                    "(content words matched, no judge call)"),
+        Option("normalise", True, "P(yes) normalised over yes+no (False: raw P(yes), VQAScore's reading)"),
+    ),
+    deviations=(
+        Deviation("claims come from a rule-based splitter, where DCScore and FaithScore have GPT-4 write them",
+                  "splitter='judge'"),
+        Deviation("verdicts are the judge's probability of yes, not a sampled yes/no answer", None),
+        Deviation("recall asks the judge per reference claim whether the caption states it; DCScore matches "
+                  "unit lists with GPT-4", None),
+    ),
+    position=80,
+))

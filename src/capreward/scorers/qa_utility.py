@@ -1,0 +1,410 @@
+"""QA utility (CapRL's reward): how well a vision-free judge answers questions about the visual from the
+caption alone.
+
+Xing et al., "CapRL: Stimulating Dense Image Caption Capabilities via Reinforcement Learning" (2025):
+a text-only LLM answers multiple-choice questions about the image given only the caption; the reward is
+its accuracy. :class:`QAUtility` asks :data:`~capreward.scorers.claims_prompts.QA_TEMPLATE` per
+(caption, question) and reads the probability of each option letter at the first answer token; the
+sample's value is the **expected accuracy**: the mean over its questions of P(correct letter)
+(normalised over the option letters by default). CapRL samples answers several times and averages;
+the expectation is that average's limit, exact on a local judge (a softmax over the vocabulary, no
+sampling) and read from the listed log-probabilities on a server.
+
+Questions come per sample (a dataset column: a list of :class:`Question` or dicts with ``question``,
+``options`` and ``answer``, a letter or an index), or are generated once per visual by a VLM
+(``question_backend``; :data:`~capreward.scorers.claims_prompts.QA_GENERATION_PROMPT`, one
+``question | A | B | C | D | letter`` line each) and cached by the visual's content. Caption, question
+and options are data in the prompt: never special tokens on a local judge, escaped for a server.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from ..caption_reading import read_caption
+from ..judges.caller_text import Data, control_token_ids, encode_parts, fill_parts, is_blank, render
+from ..judges.injection import injection_reasons
+from ..judges.prompts import LLAVA_V1_SYSTEM, render_chat_template
+from ..judges.protocol import ChatRequest, JudgeBackend, SyncBackendMixin, user_turn
+from ..media import media_key
+from ..media.keys import hash_bytes
+from .claims import _Cache
+from .claims_prompts import CLAIMS_PROMPT_VERSION, LETTERS, QA_GENERATION_PROMPT, qa_prompt
+from .fleur import judge_visuals
+from .validation import caption_list
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Question:
+    """A multiple-choice question: ``question``, its ``options`` (2..10) and ``answer``, the index of
+    the correct option."""
+
+    question: str
+    options: tuple[str, ...]
+    answer: int
+
+    def __post_init__(self) -> None:
+        if not 2 <= len(self.options) <= len(LETTERS):
+            raise ValueError(f"a question needs 2..{len(LETTERS)} options, got {len(self.options)}")
+        if not 0 <= self.answer < len(self.options):
+            raise ValueError(f"answer {self.answer} is not an option index of {self.question!r}")
+
+    @classmethod
+    def of(cls, item: Any, where: str = "question") -> "Question":
+        """A :class:`Question` from itself or a mapping ``{"question", "options", "answer"}`` (answer: a
+        letter or an index). Raises ValueError/TypeError naming ``where``."""
+        if isinstance(item, Question):
+            return item
+        if not isinstance(item, Mapping):
+            raise TypeError(f"{where} must be a Question or a mapping, got {type(item).__name__}")
+        try:
+            text, options, answer = item["question"], tuple(item["options"]), item["answer"]
+        except KeyError as exc:
+            raise ValueError(f"{where} has no {exc.args[0]!r}") from None
+        if not isinstance(text, str) or not all(isinstance(o, str) for o in options):
+            raise TypeError(f"{where}: question and options must be strings")
+        if isinstance(answer, str):
+            if len(answer.strip()) != 1 or answer.strip().upper() not in LETTERS[: len(options)]:
+                raise ValueError(f"{where}: answer {answer!r} is not one of the option letters")
+            answer = LETTERS.index(answer.strip().upper())
+        if isinstance(answer, bool) or not isinstance(answer, int):
+            raise TypeError(f"{where}: answer must be a letter or an index")
+        try:
+            return cls(text, options, answer)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+
+
+def parse_questions(text: str) -> list[Question]:
+    """Questions from a generator's answer: lines ``question | option ... | letter`` (other lines are
+    skipped)."""
+    out = []
+    for line in text.splitlines():
+        fields = [f.strip() for f in line.split("|")]
+        if len(fields) < 4:
+            continue
+        try:
+            out.append(Question.of({"question": fields[0], "options": fields[1:-1], "answer": fields[-1]}))
+        except (ValueError, TypeError):
+            continue
+    return out
+
+
+# ----------------------------------------------------------------------------- a local text-only judge
+class LocalTextJudge(SyncBackendMixin):
+    """A local causal language model (no vision) that answers with exact first-token distributions.
+
+    ``model``: ``(model, tokenizer)`` or a directory / hub name loaded with ``AutoModelForCausalLM``.
+    Prompts are rendered with the tokenizer's chat template when it has one (message text inserted as
+    data), else the Vicuna v1 format (``system USER: message ASSISTANT:``); message text is encoded
+    without special tokens. ``generate`` greedy-decodes (for question generation on a text judge).
+    """
+
+    def __init__(self, model: Any, *, batch_size: int = 32, name: str | None = None, system: str = LLAVA_V1_SYSTEM):
+        if isinstance(model, (str, os.PathLike)):
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(model)
+            model = AutoModelForCausalLM.from_pretrained(model)
+        else:
+            model, tokenizer = model
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.batch_size = int(batch_size)
+        self.system = system
+        self.name = name or f"local-text:{getattr(model.config, '_name_or_path', '') or 'model'}"
+        self._control = control_token_ids(tokenizer)
+
+    def parts(self, message: str) -> list[str | Data]:
+        template = getattr(self.tokenizer, "chat_template", None)
+        if template:
+            marker = "\ue000message\ue001"
+            text = render_chat_template(template, [{"role": "user", "content": marker}],
+                                        bos_token=self.tokenizer.bos_token or "", eos_token=self.tokenizer.eos_token or "")
+            bos = self.tokenizer.bos_token or ""
+            text = text[len(bos):] if bos and text.startswith(bos) else text
+            return fill_parts(text, {marker: message})
+        return [f"{self.system} USER: ", Data(message), " ASSISTANT:"]
+
+    def encode(self, message: str) -> list[int]:
+        return encode_parts(self.tokenizer, self.parts(message), self._control)
+
+    @torch.inference_mode()
+    def next_token_probs(self, messages: Sequence[str]) -> torch.Tensor:
+        """(N, V) float64 probabilities of the first answer token of each message (left-padded batches;
+        positions count real tokens only, so a row does not depend on its batch)."""
+        out = []
+        device = next(self.model.parameters()).device
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        for start in range(0, len(messages), self.batch_size):
+            rows = [self.encode(m) for m in messages[start : start + self.batch_size]]
+            width = max(len(r) for r in rows)
+            ids = torch.full((len(rows), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(rows), width), dtype=torch.long)
+            for i, r in enumerate(rows):
+                ids[i, width - len(r):] = torch.tensor(r)
+                mask[i, width - len(r):] = 1
+            positions = (mask.cumsum(1) - 1).clamp(min=0)
+            logits = self.model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                position_ids=positions.to(device), logits_to_keep=1).logits[:, -1, :]
+            out.append(torch.softmax(logits.double(), dim=-1).cpu())
+        return torch.cat(out) if out else torch.zeros((0, 0), dtype=torch.float64)
+
+    def generate(self, requests: Sequence[ChatRequest]) -> list:
+        """Greedy answers (text only) to single-turn text requests."""
+        from ..judges.protocol import ChatResponse
+
+        responses = []
+        eos = self.tokenizer.eos_token_id
+        for request in requests:
+            ids = torch.tensor([self.encode(request.turns[-1].text)])
+            new = []
+            with torch.inference_mode():
+                for _ in range(request.max_tokens or 256):
+                    logits = self.model(input_ids=torch.tensor([ids[0].tolist() + new])).logits[0, -1]
+                    token = int(logits.argmax())
+                    if token == eos:
+                        break
+                    new.append(token)
+            responses.append(ChatResponse(self.tokenizer.decode(new, skip_special_tokens=True).strip(), finish_reason="stop"))
+        return responses
+
+
+def letter_token_ids(tokenizer: Any, n: int) -> list[list[int]]:
+    """For each of the first ``n`` option letters, the ids of the tokens that read as that letter."""
+    vocab = tokenizer.get_vocab()
+    out: list[list[int]] = [[] for _ in range(n)]
+    for piece, i in vocab.items():
+        bare = piece.replace("▁", "").replace("Ġ", "").strip()
+        if len(bare) == 1 and bare in LETTERS[:n] and tokenizer.decode([i]).strip() == bare:
+            out[LETTERS.index(bare)].append(int(i))
+    for k, ids in enumerate(out):
+        if not ids:
+            raise ValueError(f"the judge's tokenizer has no token that reads as {LETTERS[k]!r}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------- the scorer
+@dataclass
+class QAUtilityResult:
+    """Per-sample results for N candidates: ``score`` (N,) expected accuracy in [0, 1] (NaN: no score,
+    ``error`` says why); ``n_questions`` (N,); ``answers`` per sample, the probability of each question's
+    correct option; ``injection`` as the other judge scorers report it."""
+
+    score: np.ndarray
+    n_questions: np.ndarray
+    answers: list[list[float]]
+    error: list[str | None]
+    injection: list[str | None]
+
+    def __len__(self) -> int:
+        return len(self.error)
+
+
+class QAUtility:
+    """Expected multiple-choice accuracy of a text-only judge reading only the caption.
+
+    Args:
+        backend: a :class:`LocalTextJudge` (exact) or any chat backend answering text-only requests (a
+            server: the listed log-probabilities of the first answer token).
+        question_backend: a VLM backend that writes questions about a visual when a sample has none
+            (generated once per visual, cached); None: every sample must bring its questions.
+        normalise: P(correct letter) over the option letters' total (default) or over the vocabulary.
+        max_questions: questions used per sample (the first ones).
+        top_logprobs: alternatives asked of a server. cache_size: answers and question sets in memory.
+
+    Example::
+
+        >>> from capreward.scorers.qa_utility import QAUtility
+        >>> from capreward.testing.tiny_qa_judge import colour_questions, qa_backend
+        >>> qa = QAUtility(qa_backend())
+        >>> r = qa.score(["a red ball.", "a photo."], questions=[colour_questions("red")] * 2)
+        >>> bool(r.score[0] > 0.9 > 0.5 > r.score[1])
+        True
+    """
+
+    name = "qa_utility"
+
+    def __init__(
+        self,
+        backend: Any,
+        *,
+        question_backend: JudgeBackend | None = None,
+        normalise: bool = True,
+        max_questions: int = 16,
+        top_logprobs: int = 20,
+        cache_size: int = 65536,
+        question_max_tokens: int = 512,
+    ):
+        if max_questions < 1:
+            raise ValueError(f"max_questions must be at least 1, got {max_questions}")
+        self.backend = backend
+        self.question_backend = question_backend
+        self.normalise = bool(normalise)
+        self.max_questions = int(max_questions)
+        self.top_logprobs = int(top_logprobs)
+        self.cache = _Cache(cache_size)
+        self.question_max_tokens = int(question_max_tokens)
+        self.judge_calls = 0
+
+    @property
+    def exact(self) -> bool:
+        return isinstance(self.backend, LocalTextJudge)
+
+    def generated_questions(self, images: Sequence[Any] | None, videos: Sequence[Any] | None, n: int) -> list[tuple[list[Question] | None, str | None]]:
+        """Questions written by ``question_backend`` for each sample's visual (once per visual, cached)."""
+        if self.question_backend is None:
+            raise ValueError("samples without questions need question_backend= (a VLM that writes them)")
+        visuals, index = judge_visuals(images, videos, n)
+        found: dict[int, tuple[list[Question] | None, str | None]] = {}
+        todo = []
+        for u, visual in enumerate(visuals):
+            vk = media_key(visual)
+            key = self.cache.key("questions", self.question_backend.name, CLAIMS_PROMPT_VERSION, str(vk)) if vk else None
+            got = self.cache.get(key) if key else None
+            if got is not None:
+                found[u] = (got, None)
+            else:
+                todo.append((u, key))
+        if todo:
+            requests = [ChatRequest(turns=(user_turn(QA_GENERATION_PROMPT, [visuals[u]]),), max_tokens=self.question_max_tokens)
+                        for u, _ in todo]
+            for (u, key), response in zip(todo, self.question_backend.generate(requests)):
+                if not response.ok:
+                    found[u] = (None, f"question generation failed: {response.error}")
+                    continue
+                qs = parse_questions(response.text)
+                if qs and key:
+                    self.cache.put(key, qs)
+                found[u] = (qs, None) if qs else (None, "the question generator wrote no parsable question")
+        return [found[index[i]] for i in range(n)]
+
+    def _probabilities(self, items: list[tuple[str, Question]]) -> list[tuple[float, str | None]]:
+        """P(correct option) for each (caption, question), or NaN and why."""
+        out: list[tuple[float, str | None] | None] = [None] * len(items)
+        keys = [self.cache.key("qa", self.backend.name, CLAIMS_PROMPT_VERSION, c, q.question, *q.options, str(q.answer))
+                for c, q in items]
+        todo: dict[str, list[int]] = {}
+        for i, key in enumerate(keys):
+            got = self.cache.get(key)
+            if got is not None:
+                out[i] = got
+            else:
+                todo.setdefault(key, []).append(i)
+        order = list(todo)
+        messages = [qa_prompt(items[todo[k][0]][0], items[todo[k][0]][1].question, items[todo[k][0]][1].options) for k in order]
+        self.judge_calls += len(messages)
+        results = self._ask(messages, [items[todo[k][0]][1] for k in order])
+        for key, value in zip(order, results):
+            if value[1] is None:
+                self.cache.put(key, value)
+            for i in todo[key]:
+                out[i] = value
+        return out  # type: ignore[return-value]
+
+    def _ask(self, messages: list[str], questions: list[Question]) -> list[tuple[float, str | None]]:
+        if not messages:
+            return []
+        if self.exact:
+            probs = self.backend.next_token_probs(messages)
+            n_max = max(len(q.options) for q in questions)
+            letters = letter_token_ids(self.backend.tokenizer, n_max)
+            out = []
+            for row, q in zip(probs, questions):
+                per = [float(row[letters[k]].sum()) for k in range(len(q.options))]
+                total = sum(per) if self.normalise else 1.0
+                out.append((per[q.answer] / total, None) if total > 0 else (0.0, "no probability on any option letter"))
+            return out
+        requests = [ChatRequest(turns=(user_turn(m),), max_tokens=1, temperature=0.0, top_logprobs=self.top_logprobs)
+                    for m in messages]
+        out = []
+        for response, q in zip(self.backend.generate(requests), questions):
+            if not response.ok or not response.tokens:
+                out.append((math.nan, response.error or "the backend returned no token log-probabilities"))
+                continue
+            first = response.tokens[0]
+            per = [0.0] * len(q.options)
+            seen = set()
+            for text, lp in first.ranked or tuple(first.top.items()):
+                bare = text.strip().rstrip(".):")
+                if text in seen or len(bare) != 1 or bare not in LETTERS[: len(q.options)]:
+                    continue
+                seen.add(text)
+                per[LETTERS.index(bare)] += math.exp(lp)
+            total = sum(per) if self.normalise else 1.0
+            # no listed letter: no option was chosen, which is worth what a wrong answer is (0)
+            out.append((per[q.answer] / total if total > 0 else 0.0, None))
+        return out
+
+    def score(
+        self,
+        candidates: Sequence[str],
+        *,
+        questions: Sequence[Sequence[Any] | None] | None = None,
+        images: Sequence[Any] | None = None,
+        videos: Sequence[Any] | None = None,
+    ) -> QAUtilityResult:
+        """Expected accuracy of each caption on its questions (``questions[n]``; a sample without
+        questions gets the ones ``question_backend`` writes for ``images[n]`` / ``videos[n]``).
+
+        Raises:
+            TypeError / ValueError: malformed inputs, naming the item.
+        """
+        candidates = caption_list(candidates)
+        n = len(candidates)
+        if questions is not None and len(questions) != n:
+            raise ValueError(f"{n} candidates but {len(questions)} question lists")
+        per_sample: list[list[Question] | None] = [None] * n
+        errors: list[str | None] = [None] * n
+        for i in range(n):
+            given = questions[i] if questions is not None else None
+            if given is not None:
+                if isinstance(given, str):
+                    given = json.loads(given)  # a dataset column may hold them as JSON text
+                per_sample[i] = [Question.of(q, f"questions[{i}][{k}]") for k, q in enumerate(given)]
+        missing = [i for i in range(n) if per_sample[i] is None]
+        if missing:
+            if images is None and videos is None:
+                raise ValueError(f"sample {missing[0]} has no questions and no visual to write them for")
+            generated = self.generated_questions(
+                [images[i] for i in missing] if images is not None else None,
+                [videos[i] for i in missing] if videos is not None else None, len(missing))
+            for i, (qs, why) in zip(missing, generated):
+                per_sample[i], errors[i] = qs, why
+        items, owner = [], []
+        for i, c in enumerate(candidates):
+            if is_blank(c):
+                errors[i] = "empty caption"
+            if errors[i] is not None or not per_sample[i]:
+                errors[i] = errors[i] or "no questions for this sample"
+                continue
+            caption = read_caption(c).text
+            for q in per_sample[i][: self.max_questions]:
+                items.append((caption, q))
+                owner.append(i)
+        values = self._probabilities(items)
+        answers: list[list[float]] = [[] for _ in range(n)]
+        for i, (p, why) in zip(owner, values):
+            answers[i].append(p)
+            if why is not None and errors[i] is None:
+                errors[i] = f"question not answered: {why}"
+        score = np.full(n, np.nan)
+        counts = np.zeros(n, dtype=np.int64)
+        for i in range(n):
+            counts[i] = len(answers[i])
+            if errors[i] is None and answers[i]:
+                score[i] = float(np.mean(answers[i]))
+        for i, e in enumerate(errors):
+            if e is not None:
+                log.info("qa_utility sample %d: %s", i, e)
+        return QAUtilityResult(score, counts, answers, errors, injection_reasons(candidates))

@@ -1,0 +1,174 @@
+"""A tiny trained judge that verifies claims about synthetic two-colour images, for offline tests.
+
+Built on :mod:`capreward.testing.tiny_llava` (same tiny LLaVA, training loop and on-disk cache keyed by
+the recipe and this module's source hash). Its world: an image of one background colour with a large
+patch of another colour in one corner (:func:`claim_image`). Two facts hold about every image: the
+background colour and the patch colour. The judge answers the claim reward's three prompts
+(:mod:`capreward.scorers.claims_prompts`):
+
+- **verify** a claim: ``"yes"`` when the colour the claim names is in the image (as background or as
+  patch: "the background is red", "a red ball", "there is a green patch"), ``"no"`` for a colour that is
+  not and for claims naming no colour ("there is a ball"). A presence check, not a binding one: a
+  two-layer toy learns it in minutes, and it is enough to tell a hallucinated colour from a seen one.
+- **coverage** of a fact by a description: ``"yes"`` when the description names the fact's colour, else
+  ``"no"``.
+- **inventory**: ``"the background is {B}. there is a {P} patch."``
+
+A caption of the toy task is a few such claims joined by ". " or " and "
+(:func:`claim_caption`). :data:`CLAIM_RECIPE` trains it in about six minutes of one CPU thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from PIL import Image
+
+from ..judges.prompts import llava_v1_conversation
+from ..scorers.claims_prompts import INVENTORY_PROMPT, coverage_prompt, prompt_words, verify_prompt
+from .tiny_llava import FLEUR_COLOURS, FLEUR_NOUNS, JudgeExample, JudgeRecipe, TinyLlavaSpec, load_tiny_judge, tiny_judge_dir
+
+COLOURS: tuple[str, ...] = tuple(FLEUR_COLOURS)
+NOUNS: tuple[str, ...] = FLEUR_NOUNS
+CLAIM_WORDS = COLOURS + NOUNS + ("yes", "no", "a", "the", "is", "there", "patch", "background", "image", "in",
+                                 "corner", "and", "photo", "of")
+CORNERS = ("top left", "top right", "bottom left", "bottom right")
+
+
+def claim_image(background: str, patch: str, rng: random.Random | None = None, corner: int | None = None) -> Image.Image:
+    """A noisy image of ``background`` with a ``patch``-coloured rectangle covering a quarter of it in one
+    corner (``corner`` 0..3, random by default). Deterministic for a given ``rng`` state."""
+    if background == patch:
+        raise ValueError("the patch must differ from the background")
+    rng = rng or random.Random(f"claim-image-{background}-{patch}")
+    width, height = rng.randint(28, 44), rng.randint(28, 44)
+    nprng = np.random.default_rng(rng.getrandbits(32))
+    pixels = np.array(FLEUR_COLOURS[background], dtype=np.float64) + nprng.normal(0.0, 14.0, size=(height, width, 3))
+    corner = rng.randrange(4) if corner is None else corner
+    ph, pw = height // 2, width // 2
+    y = 0 if corner < 2 else height - ph
+    x = 0 if corner % 2 == 0 else width - pw
+    pixels[y : y + ph, x : x + pw] = np.array(FLEUR_COLOURS[patch], dtype=np.float64)
+    return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8), mode="RGB")
+
+
+def background_claim(colour: str, rng: random.Random) -> str:
+    """A claim about the background colour, in one of several forms."""
+    noun = rng.choice(NOUNS)
+    return rng.choice([f"the background is {colour}", f"a {colour} image", f"the image is {colour}",
+                       f"a {colour} {noun}", f"the {noun} is {colour}"])
+
+
+def patch_claim(colour: str, rng: random.Random) -> str:
+    """A claim about the patch colour, in one of several forms."""
+    return rng.choice([f"there is a {colour} patch", f"a {colour} patch", f"the patch is {colour}",
+                       f"a {colour} patch in the corner"])
+
+
+def empty_claim(rng: random.Random) -> str:
+    """A claim naming no colour (the judge cannot verify it: "no")."""
+    noun = rng.choice(NOUNS)
+    return rng.choice([f"there is a {noun}", f"a photo of a {noun}", f"the {noun}", "a photo"])
+
+
+def claim_caption(claims: list[str], rng: random.Random | None = None) -> str:
+    """Claims joined into a caption: sentences ("... . ...") or a conjunction ("... and ...")."""
+    if rng is not None and len(claims) == 2 and rng.random() < 0.3:
+        return f"{claims[0]} and {claims[1]}."
+    return ". ".join(claims) + "."
+
+
+def _other(colour: str, rng: random.Random, *avoid: str) -> str:
+    return rng.choice([c for c in COLOURS if c != colour and c not in avoid])
+
+
+def _image(rng: random.Random) -> tuple[str, str, Image.Image]:
+    background = rng.choice(COLOURS)
+    patch = _other(background, rng)
+    return background, patch, claim_image(background, patch, rng)
+
+
+def _claim(colour: str, rng: random.Random) -> str:
+    return background_claim(colour, rng) if rng.random() < 0.55 else patch_claim(colour, rng)
+
+
+def verify_example(rng: random.Random) -> JudgeExample:
+    """A verification prompt about a random image: half claims naming a colour in the image, the rest a
+    colour that is not in it or no colour."""
+    background, patch, image = _image(rng)
+    roll = rng.random()
+    if roll < 0.5:
+        claim, answer = _claim(rng.choice([background, patch]), rng), "yes"
+    elif roll < 0.9:
+        claim, answer = _claim(_other(background, rng, patch), rng), "no"
+    else:
+        claim, answer = empty_claim(rng), "no"
+    return JudgeExample(image, llava_v1_conversation([(verify_prompt(claim), None)]), answer)
+
+
+def coverage_example(rng: random.Random) -> JudgeExample:
+    """A coverage prompt: a fact and a description of 1-3 claims; "yes" when the description names the
+    fact's colour."""
+    _, _, image = _image(rng)
+    named = rng.sample(COLOURS, rng.randint(1, 2))
+    claims = [_claim(c, rng) for c in named]
+    if rng.random() < 0.25:
+        claims.insert(rng.randrange(len(claims) + 1), empty_claim(rng))
+    caption = claim_caption(claims, rng)
+    colour = rng.choice(named) if rng.random() < 0.5 else rng.choice([c for c in COLOURS if c not in named])
+    answer = "yes" if colour in named else "no"
+    return JudgeExample(image, llava_v1_conversation([(coverage_prompt(caption, _claim(colour, rng)), None)]), answer)
+
+
+def inventory_answer(background: str, patch: str) -> str:
+    """The judge's inventory of an image."""
+    return f"the background is {background}. there is a {patch} patch."
+
+
+def inventory_example(rng: random.Random) -> JudgeExample:
+    background, patch, image = _image(rng)
+    return JudgeExample(image, llava_v1_conversation([(INVENTORY_PROMPT, None)]), inventory_answer(background, patch))
+
+
+def sample_claim_example(rng: random.Random) -> JudgeExample:
+    """One training example: verify (70%), coverage (25%) or inventory (5%)."""
+    roll = rng.random()
+    if roll < 0.7:
+        return verify_example(rng)
+    if roll < 0.95:
+        return coverage_example(rng)
+    return inventory_example(rng)
+
+
+_SOURCE_HASH = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:8]
+
+#: The claim judge (the recipe name carries a hash of this module: editing the task retrains it).
+CLAIM_RECIPE = JudgeRecipe(
+    name=f"claims-{_SOURCE_HASH}",
+    sampler=sample_claim_example,
+    spec=TinyLlavaSpec(words=tuple(dict.fromkeys(tuple(prompt_words()) + CLAIM_WORDS)), init_std=0.1),
+    steps=1000,
+    batch_size=16,
+    lr=4e-3,
+)
+
+
+def tiny_claim_judge_dir(cache_dir: str | os.PathLike | None = None, log: Callable[[str], None] | None = None) -> Path:
+    """Directory of the trained claim judge (trained on first use, a few minutes of CPU, then cached)."""
+    return tiny_judge_dir(CLAIM_RECIPE, cache_dir, log=log)
+
+
+def tiny_claim_judge(cache_dir: str | os.PathLike | None = None, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+    """``(model, processor)`` of the trained claim judge; wrap it in ``LocalChatJudge`` for
+    :class:`~capreward.scorers.claims.ClaimScorer`."""
+    return load_tiny_judge(CLAIM_RECIPE, cache_dir, dtype)
+
+
+if __name__ == "__main__":  # python -m capreward.testing.tiny_claim_judge: train (or find) it and say where
+    print(tiny_claim_judge_dir(log=print))
