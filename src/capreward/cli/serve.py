@@ -25,6 +25,11 @@ def run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         limits = server_limits(args)
+        prompt_tokens = None
+        if args.prompt_tokenizer is not None:  # before any model is loaded: a bad path fails in one line
+            from ..adapters.prompt_tokens import PromptTokens
+
+            prompt_tokens = PromptTokens(os.path.expanduser(args.prompt_tokenizer))
     except ValueError as exc:
         print(f"capreward serve: {exc}", file=sys.stderr)
         return 2
@@ -45,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     if load_models is not None:
         load_models()  # a missing model fails here, in one line, not on every request after "ready"
     server = make_server(reward, args.host, args.port, fallback=args.fallback, media_root=args.media_root,
-                         limits=limits, allow_any_path=args.allow_any_path)
+                         limits=limits, allow_any_path=args.allow_any_path, prompt_tokens=prompt_tokens)
 
     def stop(signum, _frame):
         # shutdown() waits for serve_forever to return, so it must run outside the serving thread
@@ -143,6 +148,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--allow-any-path", action="store_true",
                    help="let labels name any file this process can read (trusted clients only); with --media-root, "
                    "relative paths are still joined to it")
+    p.add_argument("--prompt-tokenizer", metavar="DIR", default=None,
+                   help="the policy's tokenizer (a local directory): each response starts where its prompt's tokens "
+                   "end in the query (OpenRLHF decodes prompt + response ids), not after the prompt's first "
+                   "occurrence as text; a query that does not begin with them (after special tokens and padding) "
+                   "is answered 400")
     p.add_argument("--fallback", type=float, default=None,
                    help="reward of a sample that cannot be scored (empty completion, unreadable or refused file, invalid "
                         "references); default: the bottom of the reward's range (emscore -1; clip_s -1, where RefCLIP-S "

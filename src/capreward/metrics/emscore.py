@@ -4,6 +4,17 @@ Coarse-Grained and Fine-Grained Embedding Matching", CVPR 2022).
 All inputs are L2-normalised embeddings. Padded positions are excluded from every max with a mask
 (never multiplied by zero, which would clamp negative maxima to 0 as the released code does), so a
 score never depends on what else is in the batch.
+
+Every similarity and every reduction (the sums of P and R, the frame mean of f_V, the coarse cosine) is
+computed in float64 (:func:`exact_dtype`) from the fp32 embeddings, and F is formed from the float64 P
+and R before the results come back in the embeddings' dtype. In fp32 a sum's rounding depends on the
+batch's padded shape (the matmul kernel and the vector lanes of a reduction change with it), which
+moved P and R by ~1e-7 with the batch; F = 2PR/(P+R) multiplies that by 2R^2/(P+R)^2, up to 1e-2 near
+its singularity P + R = 0. In float64 the products of fp32 numbers are exact and the sums' rounding is
+~1e-16, so P, R and F of a sample are the same, to the last fp32 bit but in rare rounding ties, alone
+or in any batch, in any order, near the singularity too (down to |P + R| ~ 1e-5). What float64 cannot
+remove is a difference in the embeddings themselves: see the ``batch_size`` of
+:class:`~capreward.scorers.emscore.EMScore`.
 """
 
 from __future__ import annotations
@@ -27,6 +38,12 @@ class FineMatch:
     f: torch.Tensor
     best_target: torch.Tensor  # LongTensor [N, Lc]
     best_similarity: torch.Tensor  # [N, Lc]
+
+
+def exact_dtype(device: torch.device) -> torch.dtype:
+    """The dtype EMScore's similarities and reductions are computed in on ``device``: float64, or
+    float32 on Apple's MPS, which has no float64."""
+    return torch.float32 if torch.device(device).type == "mps" else torch.float64
 
 
 def masked_weighted_mean(values: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -59,7 +76,15 @@ def greedy_match(
     P = Σ_i w_i max_j s_ij / Σ_i w_i, R = Σ_j w*_j max_i s_ij / Σ_j w*_j, each in [-1, 1], and
     F = ``mean(P, R)``: the paper's 2PR/(P+R) by default (which leaves [-1, 1] when P and R have
     opposite signs), or :func:`~capreward.metrics.harmonic.sign_safe_harmonic_mean` (in [-1, 1]).
+
+    Computed in float64 (:func:`exact_dtype`: similarities, sums and F from the float64 P and R) and
+    returned in ``cand``'s dtype, so a sample's P, R and F do not depend on the batch's padding or
+    composition (see the module docstring); ``best_similarity`` is in ``cand``'s dtype too.
     """
+    out_dtype = cand.dtype
+    exact = exact_dtype(cand.device)
+    cand, target = cand.to(exact), target.to(exact)
+    cand_weight, target_weight = cand_weight.to(exact), target_weight.to(exact)
     with strict_fp32(cand.device):  # IEEE fp32 on CUDA even where the caller allows TF32 (capreward.devices)
         sim = torch.bmm(cand, target.transpose(1, 2))  # [N, Lc, Lt]
     pair_mask = cand_mask[:, :, None] & target_mask[:, None, :]
@@ -71,24 +96,28 @@ def greedy_match(
     p = masked_weighted_mean(best_sim, cand_weight, cand_mask)
     r = masked_weighted_mean(recall_sim, target_weight, target_mask)
     return FineMatch(
-        p=p,
-        r=r,
-        f=mean(p, r),
+        p=p.to(out_dtype),
+        r=r.to(out_dtype),
+        f=mean(p, r).to(out_dtype),
         best_target=best_target.masked_fill(~cand_mask, -1),
-        best_similarity=best_sim,
+        best_similarity=best_sim.to(out_dtype),
     )
 
 
 def video_embedding(frames: torch.Tensor, frame_mask: torch.Tensor) -> torch.Tensor:
-    """f_V = normalise(mean of the (normalised) frame embeddings over real frames); [N, D]."""
-    m = frame_mask[..., None].to(frames.dtype)
-    mean = (frames * m).sum(1) / m.sum(1).clamp_min(1.0)
-    return torch.nn.functional.normalize(mean, dim=-1)
+    """f_V = normalise(mean of the (normalised) frame embeddings over real frames); [N, D], in ``frames``'
+    dtype, computed in float64 (:func:`exact_dtype`) so that the number of padded frames does not round it."""
+    exact = exact_dtype(frames.device)
+    m = frame_mask[..., None].to(exact)
+    mean = (frames.to(exact) * m).sum(1) / m.sum(1).clamp_min(1.0)
+    return torch.nn.functional.normalize(mean, dim=-1).to(frames.dtype)
 
 
 def coarse_score(caption: torch.Tensor, visual: torch.Tensor) -> torch.Tensor:
-    """cos(f_X, f_V) of normalised embeddings [N, D], unscaled and unclipped; in [-1, 1]."""
-    return (caption * visual).sum(-1)
+    """cos(f_X, f_V) of normalised embeddings [N, D], unscaled and unclipped; in [-1, 1]; summed in float64
+    (:func:`exact_dtype`), returned in ``caption``'s dtype."""
+    exact = exact_dtype(caption.device)
+    return (caption.to(exact) * visual.to(exact)).sum(-1).to(caption.dtype)
 
 
 def pad_stack(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

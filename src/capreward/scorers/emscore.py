@@ -100,8 +100,13 @@ class EMScore:
             so that a score never depends on its batch. Pass ``idf="batch"`` to reproduce the release's
             default (e.g. its VATEX-EVAL numbers), or a fixed corpus for idf that stays put.
         frames: frames sampled per video (10: the paper's VATEX-EVAL protocol; None: all frames).
-        batch_size: captions per text-encoder batch.
-        cache_size: visual embeddings kept (LRU).
+        batch_size: captions per text-encoder batch. The matching math runs in float64, so given the same
+            embeddings a sample's sub-scores are the same alone or in any batch, near F's singularity
+            too (`capreward.metrics.emscore`); the fp32 text tower itself rounds a caption's
+            embedding differently (~1e-7) in passes of other shapes, which F = 2PR/(P+R) amplifies near
+            P + R = 0. ``batch_size=1`` encodes each caption in its own pass (slower), so that even
+            there a sample's sub-scores do not depend on its batch (visual embeddings are cached per
+            content and reused). cache_size: visual embeddings kept (LRU).
         trim_text: run the text tower only to the longest caption of a batch (exact; faster).
         backbone: an existing `CLIPBackbone` to share (then model/device/precision are ignored).
         long_captions: ``"windows"`` (default): a caption (or reference) longer than the text context is

@@ -16,7 +16,11 @@ why it got the fallback), which OpenRLHF ignores.
 
 The completion is the part of the query after the *first* occurrence of its prompt (whatever precedes
 it, a BOS, left padding, a space, is ignored; a response that repeats the prompt is scored whole, the
-repeat included); trailing end-of-text markers (:data:`END_MARKERS`) are removed. A request without
+repeat included); trailing end-of-text markers (:data:`END_MARKERS`) are removed. With the policy's tokenizer
+(``prompt_tokens``, ``capreward serve --prompt-tokenizer DIR``) the completion starts where the prompt's
+tokens end instead (:class:`~capreward.adapters.prompt_tokens.PromptTokens`): the query must begin, after
+special tokens and padding, with the prompt as its tokens decode (which a normalising tokenizer changes),
+and everything after them is the response. A request without
 ``prompts`` (OpenRLHF always sends them) follows a documented rule: each query is taken as the response
 alone and scored whole, and the server logs a warning once; a client that sends prompt + response
 must send ``prompts`` too. Labels (JSON strings or objects) name the visual and references:
@@ -90,6 +94,7 @@ from ..adapters.json_limits import loads as loads_json
 from ..adapters.labels import Label, LabelError, parse_label
 from ..adapters.paths import MediaPaths
 from ..adapters.scoring import ScoredBatch, concat_batches, resolve_fallback, score_labelled
+from ..adapters.prompt_tokens import PromptTokens
 
 logger = logging.getLogger("capreward.adapters.openrlhf")  # its name before the move: logging configs keep working
 
@@ -163,17 +168,25 @@ class ServerLimits:
                           max_array_length=self.max_items)
 
 
-def completion_of(query: str, prompt: str | None, where: str) -> str:
+def completion_of(query: str, prompt: str | None, where: str, prompt_tokens: PromptTokens | None = None) -> str:
     """The response part of ``query``: everything after the *first* occurrence of ``prompt`` (special
     tokens, padding or spaces before it are ignored; a response that repeats the prompt is kept whole,
     so nothing it holds escapes the reward), with trailing end markers and whitespace removed.
-    Without a prompt the whole query is the response. RequestError(400) naming ``where`` when the
-    prompt is not in the query.
+    With ``prompt_tokens`` (the policy's tokenizer) the response starts where the prompt's tokens end
+    (:meth:`PromptTokens.response_start`). Without a prompt the whole query is the response.
+    RequestError(400) naming ``where`` when the prompt is not in the query (with ``prompt_tokens``: when
+    the query does not begin with the prompt's tokens).
 
     >>> completion_of("<s>Describe. a dog. Describe. a cat.", "Describe.", "q")
     'a dog. Describe. a cat.'
     """
-    if prompt:
+    if prompt and prompt_tokens is not None:
+        start = prompt_tokens.response_start(query, prompt)
+        if start is None:
+            raise RequestError(400, f"{where}: the query does not begin with its prompt's tokens "
+                                    "(special tokens and padding before them are ignored)")
+        text = query[start:]
+    elif prompt:
         at = query.find(prompt)
         if at < 0:
             raise RequestError(400, f"{where}: the query does not contain its prompt")
@@ -216,9 +229,11 @@ def _string_list(payload: dict, key: str, n: int | None) -> list[Any] | None:
     return value
 
 
-def parse_request(payload: Any, limits: ServerLimits, paths: MediaPaths | None = None) -> tuple[list[str], list[Label]]:
+def parse_request(payload: Any, limits: ServerLimits, paths: MediaPaths | None = None,
+                  prompt_tokens: PromptTokens | None = None) -> tuple[list[str], list[Label]]:
     """Captions and labels of a ``/get_reward`` body, paths checked by ``paths`` (default: every path
-    refused); RequestError (400/413) naming the bad item."""
+    refused), each response found by :func:`completion_of` (with ``prompt_tokens``: where the prompt's
+    tokens end); RequestError (400/413) naming the bad item."""
     paths = paths if paths is not None else MediaPaths(None)
     if not isinstance(payload, dict):
         raise RequestError(400, f"the body must be a JSON object with 'query' and 'labels', got {type(payload).__name__}")
@@ -245,7 +260,7 @@ def parse_request(payload: Any, limits: ServerLimits, paths: MediaPaths | None =
         prompt = None if prompts is None else prompts[i]
         if prompt is not None and not isinstance(prompt, str):
             raise RequestError(400, f"prompts[{i}] must be a str, got {type(prompt).__name__}")
-        captions.append(completion_of(queries[i], prompt, f"query[{i}]"))
+        captions.append(completion_of(queries[i], prompt, f"query[{i}]", prompt_tokens))
         try:
             parsed.append(parse_label(labels[i], f"labels[{i}]", paths))
         except LabelError as exc:
@@ -259,11 +274,16 @@ class RewardService:
     ``media_root``/``allow_any_path``: which files labels may name (see
     :class:`~capreward.adapters.paths.MediaPaths`; neither given: none). ``fallback``: the reward of an
     unscorable sample; None (default): the bottom of the reward's range
-    (:func:`~capreward.adapters.scoring.resolve_fallback`)."""
+    (:func:`~capreward.adapters.scoring.resolve_fallback`). ``prompt_tokens``: the policy's tokenizer
+    (a :class:`~capreward.adapters.prompt_tokens.PromptTokens`, a tokenizer or its local directory):
+    responses start where the prompt's tokens end (:func:`completion_of`)."""
 
     def __init__(self, reward: Any, fallback: float | None = None, media_root: str | None = None,
-                 limits: ServerLimits | None = None, allow_any_path: bool = False):
+                 limits: ServerLimits | None = None, allow_any_path: bool = False, prompt_tokens: Any = None):
         self.reward = reward
+        if prompt_tokens is not None and not isinstance(prompt_tokens, PromptTokens):
+            prompt_tokens = PromptTokens(prompt_tokens)
+        self.prompt_tokens: PromptTokens | None = prompt_tokens
         self.fallback = resolve_fallback(reward, fallback)
         self.paths = MediaPaths(media_root, allow_any_path=allow_any_path)
         self.limits = limits or ServerLimits()
@@ -297,7 +317,7 @@ class RewardService:
 
     def parse(self, payload: Any) -> tuple[list[str], list[Label]]:
         """Captions and labels of a decoded body (RequestError for bad requests)."""
-        return parse_request(payload, self.limits, self.paths)
+        return parse_request(payload, self.limits, self.paths, self.prompt_tokens)
 
     def score(self, captions: list[str], labels: list[Label]) -> ScoredBatch:
         """Score samples (of one request or of several merged). Should the reward raise, the samples
@@ -583,13 +603,14 @@ class RewardHTTPServer(ThreadingHTTPServer):
 
 def make_server(reward: Any, host: str = "127.0.0.1", port: int = 0, *, fallback: float | None = None,
                 media_root: str | None = None, limits: ServerLimits | None = None,
-                warm_up: bool = True, allow_any_path: bool = False) -> RewardHTTPServer:
+                warm_up: bool = True, allow_any_path: bool = False, prompt_tokens: Any = None) -> RewardHTTPServer:
     """A bound (not yet serving) server for ``reward``; ``port=0`` picks a free port (see ``.url``).
     Labels may name files under ``media_root`` only (none without one, unless ``allow_any_path``).
-    ``fallback``: as for :class:`RewardService` (default: the bottom of the reward's range).
+    ``fallback`` and ``prompt_tokens``: as for :class:`RewardService` (default: the bottom of the
+    reward's range; the response after the prompt's first occurrence).
     With ``warm_up`` the model is loaded before the socket is bound."""
     service = RewardService(reward, fallback=fallback, media_root=media_root, limits=limits,
-                            allow_any_path=allow_any_path)
+                            allow_any_path=allow_any_path, prompt_tokens=prompt_tokens)
     if warm_up:
         service.warm_up()
     return RewardHTTPServer((host, port), service)
