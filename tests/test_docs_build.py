@@ -170,3 +170,13 @@ def test_every_command_has_its_page_with_every_option_of_its_parser(site):
         for action in parser._actions:
             for flag in action.option_strings:
                 assert flag in text, f"capreward {name}: {flag} is not on its page"
+
+
+def test_no_page_shows_a_sphinx_role(site):
+    """Docstrings rendered on the pages (API reference, design pages) show names, not ``:func:`` roles."""
+    shown = {}
+    for page in site.rglob("*.html"):
+        found = re.findall(r":(?:func|class|data|meth|mod|attr|obj|exc|const):(?:<code>|`)", page.read_text(encoding="utf-8"))
+        if found:
+            shown[str(page.relative_to(site))] = len(found)
+    assert not shown, shown

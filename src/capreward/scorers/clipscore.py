@@ -116,7 +116,17 @@ class CLIPScore:
 
         ``errors="raise"`` (default): a bad item (empty caption, unreadable visual) raises, naming it.
         ``errors="nan"``: bad items get NaN and their reason in ``result.errors[i]``; the others are
-        scored exactly as alone (see `capreward.scorers.bad_items`)."""
+        scored exactly as alone (see `capreward.scorers.bad_items`).
+
+        Returns:
+            A `CLIPScoreResult`: ``clip_s`` (N,) in [0, w]; with references ``ref_clip_s`` (RefCLIP-S)
+            and the best reference similarity; ``errors`` (with ``errors="nan"``).
+
+        Raises:
+            ValueError: not exactly one of images and videos; with ``errors="raise"``, a bad item
+                (empty caption, references of the wrong form), naming it, or ``MediaError`` (a
+                ValueError) for a visual that cannot be read.
+        """
         check_error_mode(errors)
         if errors == "nan":
             if (images is None) == (videos is None):

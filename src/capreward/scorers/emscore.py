@@ -189,7 +189,18 @@ class EMScore:
         ``errors="raise"`` (default): a bad item (empty caption, unreadable visual) raises, naming it.
         ``errors="nan"``: bad items get NaN in every score (None alignment) and their reason in
         ``result.errors[i]``; the others are scored as they would be alone (see
-        `capreward.scorers.bad_items`; with ``idf="batch"`` the corpus is the scorable items')."""
+        `capreward.scorers.bad_items`; with ``idf="batch"`` the corpus is the scorable items').
+
+        Returns:
+            An `EMScoreResult`: ``score`` (N,), the full F of every part scored; the parts ``video``,
+            ``reference`` and ``combined`` (each with coarse, fine_p/r/f, full_p/r/f; None when not
+            scored), ``alignment`` (token -> best frame), ``errors`` (with ``errors="nan"``).
+
+        Raises:
+            ValueError: with ``errors="raise"``, a bad item (empty caption, references of the wrong
+                form, lengths that differ), naming it, or ``MediaError`` (a ValueError) for a visual
+                that cannot be read; both videos and images given.
+        """
         check_error_mode(errors)
         if errors == "nan":
             if videos is not None and images is not None:

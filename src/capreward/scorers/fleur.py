@@ -250,9 +250,17 @@ class FLEUR:
         or ``videos[n]`` (a path, (T, H, W, 3) uint8 frames or a list of frames), scored on its
         three-frame composite. ``references[n]``: a caption or a list of captions. With
         ``requires_grad=True`` the scores are differentiable with respect to ``result.pixel_values`` and
-        ``result.inputs_embeds`` (one extra teacher-forced pass). Returns a `FLEURResult`.
-        Raises ``MediaError``/``TypeError``/``ValueError`` naming the item for unusable inputs; empty
-        captions and prompts beyond the context get NaN with a reason.
+        ``result.inputs_embeds`` (one extra teacher-forced pass). Empty captions and prompts beyond the
+        context get NaN with a reason.
+
+        Returns:
+            A `FLEURResult`: ``score`` (N,) in [0, 1], NaN with the reason in ``error`` where there is
+            no score.
+
+        Raises:
+            ValueError: an unusable input, naming the item (``MediaError``, a ValueError, for a visual
+                that cannot be read).
+            TypeError: an input of the wrong type, naming the item.
         """
         plan = self.plan(candidates, images, references, videos=videos)
         score = fleur_from_digit_probs(torch.nan_to_num(plan.digit_probs), plan.rules).float()

@@ -250,9 +250,17 @@ class RemoteFLEUR:
         videos: Sequence[Any] | None = None,
     ) -> RemoteFLEURResult:
         """Score each candidate against its image (or video, on its three-frame composite) and, for
-        RefFLEUR, its references. Returns a `RemoteFLEURResult`: ``score`` (N,) in [0, 1], NaN with
-        a reason in ``error`` for empty captions, failed requests and unreadable answers. Raises
-        ``MediaError``/``TypeError``/``ValueError`` naming the item for unusable inputs."""
+        RefFLEUR, its references.
+
+        Returns:
+            A `RemoteFLEURResult`: ``score`` (N,) in [0, 1], NaN with a reason in ``error`` for empty
+            captions, failed requests and unreadable answers; ``exact`` and ``bound`` per sample.
+
+        Raises:
+            ValueError: an unusable input, naming the item (``MediaError``, a ValueError, for a visual
+                that cannot be read).
+            TypeError: an input of the wrong type, naming the item.
+        """
         n, sent, requests = self._score_requests(candidates, images, references, videos)
         result = self.read(_placed(n, sent, self.backend.generate(requests)))
         result.injection = injection_reasons(caption_list(candidates))

@@ -250,7 +250,13 @@ class GVEval:
 
         A sample whose score cannot be read from the answer (no marker, no number after it, no integer
         among the alternatives) is asked again, up to ``requery`` times, as the release does; then it gets
-        NaN and the reason (or, with ``fallback="parsed"``, the number written in the answer)."""
+        NaN and the reason (or, with ``fallback="parsed"``, the number written in the answer).
+
+        Returns:
+            A `GVEvalResult`: ``score`` (N,) in [0, 100] (with ACCR the mean of the four dimensions),
+            ``parsed``, ``source``, ``raw``, ``error``, and with ACCR ``accuracy``, ``completeness``,
+            ``conciseness`` and ``relevance``.
+        """
         candidates = list(candidates)
         requests, errors = self.requests(candidates, images, videos, references)
         n = len(requests)

@@ -279,7 +279,16 @@ class VisCE2:
         return contexts, errors, row_images
 
     def score(self, candidates: Sequence[str], images: Sequence[Any], *, image_ids: Sequence[str] | None = None) -> VisCE2Result:
-        """Score each ``candidates[n]`` against ``images[n]`` (paths, PIL images, arrays or tensors)."""
+        """Score each ``candidates[n]`` against ``images[n]`` (paths, PIL images, arrays or tensors).
+
+        Returns:
+            A `VisCE2Result`: ``score`` (N,) (the first integer of the answer, normally in [0, 100]),
+            ``context``, ``raw``, ``error`` (why a score is 0, NaN or above 100) and, with
+            ``expected=True``, ``expected``.
+
+        Raises:
+            ValueError: the numbers of candidates and images differ.
+        """
         candidates = list(candidates)
         if len(images) != len(candidates):
             raise ValueError(f"{len(candidates)} candidates but {len(images)} images")
