@@ -164,3 +164,16 @@ def test_grpo_trains_a_tiny_captioner_with_both_rewards_logging_their_parts(tmp_
     for key in ("rewards/claims_precision/mean", "rewards/claims_recall/mean", "rewards/length/mean",
                 "rewards/claims/precision", "rewards/claims/n_claims", "rewards/qa_utility/n_questions"):
         assert any(key in h for h in logs), key
+
+
+def test_a_resume_records_the_judges_of_claims_and_qa_utility(tmp_path):
+    from capreward.jobs.runners import ScoreOptions
+    from capreward.jobs.settings_file import model_identity, scoring_settings
+
+    judge = str(tiny_claim_judge_dir())
+    claims = scoring_settings(ScoreOptions(metrics=["claims"], judge_model=judge))
+    assert claims["judge_model"] == model_identity(judge) and "judge_dtype" in claims
+    remote = scoring_settings(ScoreOptions(metrics=["claims"], judge_base_url="http://127.0.0.1:8000/v1"))
+    assert remote["judge_base_url"] == "http://127.0.0.1:8000/v1" and "judge_model" not in remote
+    qa = scoring_settings(ScoreOptions(metrics=["qa_utility"], qa_model=str(tiny_qa_judge_dir()), judge_model=judge))
+    assert qa["qa_model"] == model_identity(str(tiny_qa_judge_dir())) and qa["judge_model"] == model_identity(judge)

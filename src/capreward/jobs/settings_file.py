@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 RECORD_FORMAT = "capreward-settings/1"
 #: Judge metrics that may run on an OpenAI-compatible server instead of the local LLaVA.
-CHAT_METRICS = ("visce2", "gveval")
+CHAT_METRICS = ("visce2", "gveval", "claims", "qa_utility")
 #: A "model folder" with more files than this is refused (see model_identity): a listing stays bounded.
 MAX_MODEL_FILES = 10_000
 
@@ -60,6 +60,7 @@ FLAGS = {
     "judge_api_model": "--judge-api-model",
     "gveval_mode": "--gveval-mode",
     "gveval_accr": "--gveval-accr",
+    "qa_model": "--qa-model",
     "hallucination_threshold": "--hallucination-threshold",
     "alignment": "--alignment",
     "max_pixels": "--max-pixels",
@@ -102,7 +103,8 @@ def scoring_settings(options: ScoreOptions) -> dict[str, Any]:
     composite whatever ``frames`` says); ``judge_model`` and ``judge_dtype`` (the local LLaVA: fleur,
     and visce2/gveval without a server); ``judge_base_url`` and ``judge_api_model`` (visce2/gveval on a
     server; the model resolved to the backend's default when not given, and the URL because another
-    server may serve other weights under the same name); ``gveval_mode``, ``gveval_accr``;
+    server may serve other weights under the same name; claims and qa_utility use the same judge);
+    ``gveval_mode``, ``gveval_accr``; ``qa_model`` (qa_utility's text judge);
     ``hallucination_threshold`` (resolved to the library default when not given, so a changed default
     shows); ``alignment`` (emscore/hallucination: it changes which fields a row holds, and a report over
     rows with and without alignment would be inconsistent); ``max_pixels`` and ``max_video_pixels``, for
@@ -141,6 +143,8 @@ def scoring_settings(options: ScoreOptions) -> dict[str, Any]:
     if "gveval" in used:
         settings["gveval_mode"] = options.gveval_mode
         settings["gveval_accr"] = bool(options.gveval_accr)
+    if "qa_utility" in used:  # its text judge (None: the judge server answers)
+        settings["qa_model"] = model_identity(options.qa_model) if options.qa_model else None
     if "hallucination" in used:
         from ..rewards.hallucination import DEFAULT_THRESHOLD
 
