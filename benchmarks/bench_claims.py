@@ -10,8 +10,8 @@ toy, ``small`` a ~100M-parameter judge with 576 image tokens as in the FLEUR ben
 - **per claim**: the same exact reading with one judge request per claim (``batch_size=1``: a prefill of
   the full prompt, image included, for every claim).
 
-Prints wall seconds of each, the speed-up and the largest difference between the two paths' P(yes)
-(they must agree: same model, same reading). Run on an idle machine, twice; quote the better run.
+Prints wall seconds of each (the better of ``--repeats`` runs), the speed-up, the prefills each ran, and the largest difference between the two paths' raw P(yes) (they must agree: same model, same
+reading). Run on an idle machine, twice; quote the better run.
 """
 
 from __future__ import annotations
@@ -62,8 +62,9 @@ def run(args: argparse.Namespace) -> dict:
     captions = make_captions(random.Random(1), args.captions)
     images = [image] * len(captions)
 
-    batched = ClaimScorer(judge, batch_size=args.batch_size, cache_size=0)
-    per_claim = ClaimScorer(judge, batch_size=1, cache_size=0)
+    # raw P(yes) (normalise=False): the agreement check compares the probabilities themselves
+    batched = ClaimScorer(judge, batch_size=args.batch_size, cache_size=0, normalise=False)
+    per_claim = ClaimScorer(judge, batch_size=1, cache_size=0, normalise=False)
     batched.score(captions[:1], images=images[:1])  # warm-up (tokenizer scan, first allocations)
     timings = {}
     results = {}
@@ -83,7 +84,8 @@ def run(args: argparse.Namespace) -> dict:
         "speedup": round(timings["per_claim"] / timings["batched"], 2),
         "claims_per_s_batched": round(n_claims / timings["batched"], 1),
         "claims_per_s_per_claim": round(n_claims / timings["per_claim"], 1),
-        "max_abs_p_difference": diff,
+        "prefills_batched": -(-n_claims // args.batch_size), "prefills_per_claim": n_claims,
+        "max_abs_p_yes_difference": diff,
     }
 
 

@@ -196,3 +196,25 @@ def test_the_reward_logs_both_parts(backend, image):
     assert reward.value_range() == (0.0, 1.0)
     assert reward.last_result is not None and reward.last_result.claims[0][1].text == "there is a green patch"
     assert str(tiny_claim_judge_dir()).endswith(tuple("0123456789abcdef"))
+
+
+def test_the_red_team_captions_do_not_lift_the_claim_reward_through_a_server(tmp_path):
+    """The same attacks through the test chat server (which, like vLLM, parses special tokens in message
+    text): the claims reach it escaped, and none lifts, breaks or splits its batch."""
+    from capreward.judges import OpenAIJudge
+    from capreward.testing import red_team
+    from capreward.testing.chat_server import ChatServer
+
+    image = claim_image("red", "green", random.Random("red-team"))
+    with ChatServer("local", judge_dir=tiny_claim_judge_dir(), model="claims", log_path=tmp_path / "server.log") as server:
+        backend = OpenAIJudge(server.base_url, "claims", api_key_env=None, timeout=120, max_retries=1)
+        s = scorer(backend)
+        targets = [
+            red_team._scorer_target("claims", "remote", s, image, lambda sc, c, im: sc.score(c, images=im), 1.0),
+            red_team._reward_target("ClaimsReward", "remote", lambda sc: ClaimsReward(scorer=sc), s, image, references=False),
+        ]
+        plain = targets[0].run([red_team.PLAIN_RIGHT, red_team.PLAIN_WRONG]).values
+        verdicts = [v for t in targets for v in red_team.attack_target(t)]
+    assert plain[0] > plain[1] + 0.3
+    won = [(v.target, v.attack, v.value, v.plain, v.error) for v in verdicts if v.succeeded]
+    assert not won, won

@@ -60,6 +60,7 @@ FLAGS = {
     "judge_top_logprobs_cap": "--judge-top-logprobs-cap",
     "gveval_mode": "--gveval-mode",
     "gveval_accr": "--gveval-accr",
+    "qa_model": "--qa-model",
     "hallucination_threshold": "--hallucination-threshold",
     "alignment": "--alignment",
     "max_pixels": "--max-pixels",
@@ -100,10 +101,11 @@ def scoring_settings(options: ScoreOptions) -> dict[str, Any]:
     ``pac_model`` (pac_s); ``precision`` (``fp32`` for None) and ``frames`` (0: every frame, as
     ``--frames 0``) for the CLIP-based metrics and pac_s (the judges see videos as G-VEval's three-frame
     composite whatever ``frames`` says); ``judge_model`` and ``judge_dtype`` (the local LLaVA of
-    fleur/visce2/gveval without a server); ``judge_base_url``, ``judge_api_model`` and
-    ``judge_top_logprobs_cap`` (fleur/visce2/gveval on a server; the model resolved to the backend's
+    fleur/visce2/gveval/claims/qa_utility without a server); ``judge_base_url``, ``judge_api_model`` and
+    ``judge_top_logprobs_cap`` (the judge metrics on a server; the model resolved to the backend's
     default when not given, the URL because another server may serve other weights under the same name,
     the cap because it decides which numbers an exact score reads); ``gveval_mode``, ``gveval_accr``;
+    ``qa_model`` (qa_utility's text judge);
     ``hallucination_threshold`` (resolved to the library default when not given, so a changed default
     shows); ``alignment`` (emscore/hallucination: it changes which fields a row holds, and a report over
     rows with and without alignment would be inconsistent); ``max_pixels`` and ``max_video_pixels``, for
@@ -148,6 +150,8 @@ def scoring_settings(options: ScoreOptions) -> dict[str, Any]:
     if "gveval" in used:
         settings["gveval_mode"] = options.gveval_mode
         settings["gveval_accr"] = bool(options.gveval_accr)
+    if "qa_utility" in used:  # its text judge (None: the judge server answers)
+        settings["qa_model"] = model_identity(options.qa_model) if options.qa_model else None
     if "hallucination" in used:
         from ..scorers.hallucination import DEFAULT_THRESHOLD
 

@@ -26,7 +26,10 @@ class ClaimsReward(CaptionReward):
     ``backend`` and the other :class:`~capreward.scorers.claims.ClaimScorer` options (``beta``,
     ``max_claims``, ``inventory``, ``splitter``, ...) go to the scorer, or pass a built ``scorer``.
     References (the ``references`` column) give the recall side; without them, ``inventory=True`` uses
-    the judge's own inventory of the visual.
+    the judge's own inventory of the visual. ``part``: the value is the F-score (``"f"``, default),
+    ``"precision"`` or ``"recall"`` alone, so the two sides can be separate TRL rewards, normalised apart
+    (GDPO; :mod:`capreward.recipes.dense`); rewards sharing one ``scorer`` ask the judge once (its
+    verdict cache answers the second).
 
     Example::
 
@@ -43,8 +46,13 @@ class ClaimsReward(CaptionReward):
     __name__ = "claims"
     guard_injection = True
 
-    def __init__(self, **kwargs: Any):
+    PARTS = ("f", "precision", "recall")
+
+    def __init__(self, *, part: str = "f", **kwargs: Any):
+        if part not in self.PARTS:
+            raise ValueError(f"part must be one of {self.PARTS}, got {part!r}")
         super().__init__(**kwargs)
+        self.part = part
         self.last_result: ClaimsResult | None = None
 
     def _build(self) -> ClaimScorer:
@@ -67,7 +75,11 @@ class ClaimsReward(CaptionReward):
         for i, verdicts in enumerate(result.claims):
             for v in verdicts:
                 log.debug("claims sample %d: [%d, %d) %r p=%.3f", i, v.start, v.end, v.text, v.p)
-        scores = [None if math.isnan(v) else float(v) for v in result.score.tolist()]
+        values = {"f": result.score, "precision": result.precision, "recall": result.recall}[self.part]
+        scores = [None if math.isnan(v) else float(v) for v in values.tolist()]
+        if self.part == "recall":
+            result.error = [e or (None if s is not None else "no reference claims for the recall side")
+                            for e, s in zip(result.error, scores)]
         metrics = {
             "precision": [float(v) for v in result.precision],
             "recall": [float(v) for v in result.recall],

@@ -28,11 +28,13 @@ QUESTION = "What colour is the image?"
 
 
 WORDS = tuple(dict.fromkeys(tuple(prompt_words()) + COLOURS + NOUNS + tuple(LETTERS[:4]) + (
-    "What", "colour", "is", "the", "background", "patch", "a", "there", "image", "in", "corner", "and", "photo", "of")))
+    "What", "colour", "is", "the", "background", "chat", "USER", "ASSISTANT", "patch", "a", "there", "image", "in", "corner", "and", "photo", "of")))
 
 _SOURCE_HASH = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
 STEPS = 800
-SYSTEM = "A chat."
+#: The tiny judge's chat template (saved with its tokenizer, so any LocalTextJudge on the directory, e.g.
+#: ``capreward score --qa-model DIR``, renders prompts as it was trained).
+CHAT_TEMPLATE = "A chat.{% for message in messages %} USER: {{ message['content'] }} ASSISTANT:{% endfor %}"
 
 
 def colour_questions(colour: str) -> list[dict]:
@@ -56,6 +58,7 @@ def _build() -> tuple[Any, Any]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = build_tiny_tokenizer(WORDS)
+    tokenizer.chat_template = CHAT_TEMPLATE
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=192, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                          pad_token_id=tokenizer.pad_token_id, bos_token_id=1, eos_token_id=2, initializer_range=0.1)
@@ -68,7 +71,7 @@ def _build() -> tuple[Any, Any]:
 def _train(model: Any, tokenizer: Any, steps: int, log: Callable[[str], None] | None) -> None:
     from ..scorers.qa_utility import LocalTextJudge
 
-    judge = LocalTextJudge((model, tokenizer), system=SYSTEM)
+    judge = LocalTextJudge((model, tokenizer))
     rng = random.Random(0)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -127,8 +130,7 @@ def tiny_qa_judge_dir(cache_dir: str | os.PathLike | None = None, log: Callable[
 
 
 def tiny_qa_judge(cache_dir: str | os.PathLike | None = None) -> tuple[Any, Any]:
-    """``(model, tokenizer)`` of the trained QA judge (it was trained with the system sentence
-    :data:`SYSTEM`: :func:`qa_backend` wraps it accordingly)."""
+    """``(model, tokenizer)`` of the trained QA judge (its tokenizer carries :data:`CHAT_TEMPLATE`)."""
     from transformers import AutoTokenizer, LlamaForCausalLM
 
     path = tiny_qa_judge_dir(cache_dir)
@@ -136,10 +138,10 @@ def tiny_qa_judge(cache_dir: str | os.PathLike | None = None) -> tuple[Any, Any]
 
 
 def qa_backend(cache_dir: str | os.PathLike | None = None) -> Any:
-    """:class:`~capreward.scorers.qa_utility.LocalTextJudge` over the trained QA judge (its system sentence)."""
+    """:class:`~capreward.scorers.qa_utility.LocalTextJudge` over the trained QA judge."""
     from ..scorers.qa_utility import LocalTextJudge
 
-    return LocalTextJudge(tiny_qa_judge(cache_dir), system=SYSTEM, name="tiny-qa")
+    return LocalTextJudge(tiny_qa_judge(cache_dir), name="tiny-qa")
 
 
 if __name__ == "__main__":
