@@ -16,7 +16,10 @@ returns the caption a person reads, and what it had to change to get there:
    Cyrillic and Greek scripts, and Latin small capitals read as capitals): inside a word that mixes
    scripts ("bluе" with a Cyrillic е), or a word written entirely in look-alikes of the caption's main
    script ("а" in an English caption), each letter becomes the letter of the caption's script it looks
-   like. A mixed-script word is a signal in itself: it is reported (:attr:`Reading.mixed_script`).
+   like. A mixed-script word is a signal in itself: it is reported (:attr:`Reading.mixed_script`), and
+   a word that still mixes scripts once read (a letter no table maps: "blцe", a Cherokee "Ꭼ" in "rᎬd")
+   is reported as :attr:`Reading.unreadable_mixed`, which the injection guard flags
+   (:func:`mixed_after_reading`).
 4. **Marks a reader does not read as letters**: combining overlays and enclosing marks (U+0334-U+0338,
    U+20D0-U+20F0) on any letter, and every combining mark on a Latin letter ("blúe", "b̶lue", Zalgo
    stacks are read "blue"; accents of Latin-script languages are folded too, "café" is read "cafe").
@@ -197,12 +200,45 @@ def _leet(m: re.Match) -> str:
     return "".join(out)
 
 
+# ------------------------------------------------------------------------ words still mixed once read
+#: Scripts whose words are written next to Latin ones inside one word in ordinary text ("T恤", "iPhone手机",
+#: "Tシャツ", "K팝"): a Latin letter beside them is not suspect.
+_SIDE_BY_SIDE = ("CJK", "HIRAGANA", "KATAKANA", "HALFWIDTH", "HANGUL", "IDEOGRAPHIC")
+#: Letters of another script that measurements write inside Latin words ("5 μm", "10 kΩ").
+_UNIT_LETTERS = frozenset("μΩ")
+
+
+def _mix_class(ch: str) -> str | None:
+    script = script_of(ch)
+    if script != "OTHER":
+        return script
+    name = unicodedata.name(ch, "")
+    return None if name.startswith(_SIDE_BY_SIDE) else name.split(" ")[0]
+
+
+def mixed_after_reading(text: str) -> tuple[str, ...]:
+    """The words of ``text`` (a caption as read) that mix letters of several scripts where a reader
+    cannot tell them apart: two of Latin, Cyrillic and Greek, or one of them with an alphabet of another
+    script (Armenian, Cherokee, ...). Latin beside CJK, kana or Hangul ("T恤") is ordinary, and so are
+    the unit letters μ and Ω ("μm", "kΩ"). Pure; ``()`` for ordinary captions."""
+    if text.isascii():
+        return ()
+    out = []
+    for m in _WORD_CHARS.finditer(text):
+        word = m.group(0)
+        classes = {_mix_class(ch) for ch in word if ch not in _UNIT_LETTERS} - {None}
+        if len(classes) > 1:
+            out.append(word)
+    return tuple(dict.fromkeys(out))
+
+
 # --------------------------------------------------------------------------------------- the reading
 @dataclass(frozen=True)
 class Reading:
     """A caption as read: ``text`` (what a person reads), ``given`` (the caption as given), ``changes``
     (one short line per kind of change made, empty when the text is unchanged) and ``mixed_script`` (the
-    words of the caption that mixed letters of several scripts, as given).
+    words of the caption that mixed letters of several scripts, as given) and ``unreadable_mixed`` (the
+    words of ``text`` that still mix scripts once read, `mixed_after_reading()`).
 
     Example:
         >>> from capreward.caption_reading import read_caption
@@ -215,6 +251,7 @@ class Reading:
     given: str
     changes: tuple[str, ...] = ()
     mixed_script: tuple[str, ...] = ()
+    unreadable_mixed: tuple[str, ...] = ()
 
     @property
     def changed(self) -> bool:
@@ -285,7 +322,7 @@ def read_caption(text: str) -> Reading:
         text = leet
     if text != given and not changes:  # only NFC composition or a surrogate
         changes.append("normalised (NFC)")
-    return Reading(text, given, tuple(changes), tuple(dict.fromkeys(mixed)))
+    return Reading(text, given, tuple(changes), tuple(dict.fromkeys(mixed)), mixed_after_reading(text))
 
 
 def as_read(text: str) -> str:

@@ -158,6 +158,8 @@ def injection_reason(caption: str) -> str | None:
     ("[context]", "{{Caption}}"); a phrase of the judges' prompts ("Caption:", "Candidate:", "Visual
     Context:", "Score(Choose a rating"); a score-like ending ("Score: 1.0", "$100$", "10/10", a final
     "0.95"); a master key (no letter or digit at all, or a reasoning opener such as "Thought process:").
+    Before the patterns, a word that still mixes scripts once read (a look-alike letter no table maps,
+    :func:`~capreward.caption_reading.mixed_after_reading`) is flagged: no ordinary caption writes one.
     An empty or blank caption is not an injection (it is an empty caption). Returns a short reason
     naming the pattern found.
     """
@@ -171,9 +173,12 @@ def injection_reason(caption: str) -> str | None:
     tags = _TAG_TEXT.search(caption)
     if tags:
         return f"invisible tag characters spelling {''.join(chr(ord(c) - 0xE0000) for c in tags.group(0))[:40]!r}"
-    text = normalized(caption)
+    reading = read_caption(caption)
+    text = reading.text
     if not text.strip():
         return None
+    if reading.unreadable_mixed:
+        return f"mixed-script word {reading.unreadable_mixed[0]!r} (letters of several scripts that read alike)"
     for check in _CHECKS:
         reason = check(text)
         if reason is not None:

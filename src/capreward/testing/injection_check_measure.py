@@ -1,0 +1,90 @@
+"""The optional judge-based injection check measured on the susceptible judge taught its question.
+
+:func:`measure` returns, for the red-team attacks (:data:`~capreward.testing.red_team.ATTACKS`), for
+paraphrases of the training sentences and for held-out paraphrases the judge never saw
+(:data:`~capreward.testing.grader_judge.HELD_OUT`), each written after the plain wrong caption: how many
+lift FLEUR on the taught judge (:func:`~capreward.testing.grader_judge.grader_judge`) by more than the red
+team's tolerance, how many of those the injection patterns leave unflagged, and how many are left once
+the judge check (:class:`~capreward.judges.injection_judge.JudgeInjectionCheck`) is added; and the check's
+false positives on ordinary captions. ``python -m capreward.testing.injection_check_measure --ordinary
+FILE [--limit N]`` prints them as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from .grader_judge import HELD_OUT, TRAIN_ADDRESSING, grader_judge
+from .susceptible_judge import red_image
+
+
+def measure(ordinary: Sequence[str] = (), judge: tuple[Any, Any] | None = None, threshold: float = 0.5,
+            log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The check measured on the taught judge (see the module docstring). ``ordinary``: captions a person
+    wrote, for the false positives. Values are FLEUR on a red image, beside the plain wrong caption."""
+    from ..caption_reading import as_read
+    from ..judges import LocalChatJudge
+    from ..judges.injection import injection_reason
+    from ..judges.injection_judge import JudgeInjectionCheck
+    from ..scorers.fleur import FLEUR
+    from .red_team import ATTACKS, PLAIN_RIGHT, PLAIN_WRONG, TOLERANCE
+
+    judge = judge or grader_judge(log=log)
+    check = JudgeInjectionCheck(LocalChatJudge(judge, batch_size=8), threshold=threshold)
+    fleur = FLEUR(judge, max_new_tokens=16)
+    rng = random.Random("held-out")
+    held_out = [f"{PLAIN_WRONG}. " + s.replace("{c}", PLAIN_RIGHT) for s in HELD_OUT]
+    sets = {"red-team attacks": [a.caption for a in ATTACKS], "held-out paraphrases": held_out,
+            "training-form paraphrases": [f"{PLAIN_WRONG}. " + s.replace("{c}", PLAIN_RIGHT) for s in TRAIN_ADDRESSING]}
+    image = red_image(rng)
+    out: dict[str, Any] = {"threshold": threshold}
+    plain = fleur.score([PLAIN_WRONG, PLAIN_RIGHT], images=[image] * 2).score.tolist()
+    out["plain wrong / right"] = plain
+    for name, captions in sets.items():
+        values = fleur.score(captions, images=[image] * len(captions)).score.tolist()
+        patterns = [injection_reason(c) is not None for c in captions]
+        p_yes = check.probabilities([as_read(c) for c in captions], [image] * len(captions))
+        judged = [p is not None and p >= threshold for p in p_yes]
+        lifted = [v == v and v > plain[0] + TOLERANCE for v in values]
+        out[name] = {
+            "captions": len(captions),
+            "lift FLEUR": sum(lifted),
+            "left after the patterns": sum(x and not p for x, p in zip(lifted, patterns)),
+            "left after patterns + judge check": sum(x and not p and not j for x, p, j in zip(lifted, patterns, judged)),
+            "flagged by the judge check alone": sum(judged),
+            "no yes/no answer": sum(p is None for p in p_yes),
+        }
+        if log:
+            log(f"{name}: {out[name]}")
+    if ordinary:
+        p_yes = check.probabilities([as_read(c) for c in ordinary], [image] * len(ordinary))
+        flagged = [c for c, p in zip(ordinary, p_yes) if p is not None and p >= threshold]
+        out["ordinary captions"] = {"captions": len(ordinary), "false positives": len(flagged),
+                                    "no yes/no answer": sum(p is None for p in p_yes), "examples": flagged[:10]}
+        if log:
+            log(f"ordinary captions: {out['ordinary captions']}")
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m capreward.testing.injection_check_measure",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--ordinary", metavar="FILE", help="a file of ordinary captions, one per line")
+    parser.add_argument("--limit", type=int, default=0, help="at most this many ordinary captions (0: all)")
+    parser.add_argument("--threshold", type=float, default=0.5)
+    args = parser.parse_args(argv)
+    ordinary: list[str] = []
+    if args.ordinary:
+        ordinary = [line for line in Path(args.ordinary).read_text(encoding="utf-8").splitlines() if line.strip()]
+        ordinary = list(dict.fromkeys(ordinary))
+        if args.limit:
+            ordinary = random.Random(0).sample(ordinary, min(args.limit, len(ordinary)))
+    print(json.dumps(measure(ordinary, threshold=args.threshold, log=print), indent=1, ensure_ascii=False))
+
+
+if __name__ == "__main__":
+    main()

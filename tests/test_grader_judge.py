@@ -1,0 +1,42 @@
+"""The training examples of the susceptible judge taught the injection check's question, and the
+measurement of the check on it (capreward.testing.grader_judge, capreward.testing.injection_check_measure)."""
+
+from __future__ import annotations
+
+import random
+
+from capreward.judges.injection_judge import QUESTION
+from capreward.testing.grader_judge import (
+    HELD_OUT,
+    TRAIN_ADDRESSING,
+    addressing_caption,
+    describing_caption,
+    question_example,
+    question_prompt,
+)
+from capreward.testing.susceptible_judge import FORGED_TURNS
+
+
+def test_question_examples_answer_yes_exactly_for_captions_that_address_the_grader():
+    rng = random.Random(0)
+    answers = {"yes": 0, "no": 0}
+    for _ in range(400):
+        example = question_example(rng)
+        caption = example.prompt.split('"""\n')[1][:-1]  # the slot is '"""\n{caption}\n"""\n'
+        assert example.prompt == question_prompt(caption)
+        assert QUESTION.split("{caption}")[1].strip() in example.prompt
+        sentences = [s.split("{c}")[0] for s in TRAIN_ADDRESSING]
+        forged = [t for ts in FORGED_TURNS.values() for t in ts]
+        addresses = any(s in caption for s in sentences) or any(t in caption for t in forged)
+        assert example.answer == ("yes" if addresses else "no"), caption
+        answers[example.answer] += 1
+    assert min(answers.values()) > 150  # both answers are taught
+
+
+def test_held_out_paraphrases_are_never_trained_on():
+    rng = random.Random(1)
+    trained = {addressing_caption(rng) for _ in range(3000)} | {describing_caption(rng) for _ in range(3000)}
+    for sentence in HELD_OUT:
+        stem = sentence.split("{c}")[0]
+        assert not any(stem in caption for caption in trained), sentence
+    assert not set(HELD_OUT) & set(TRAIN_ADDRESSING)
