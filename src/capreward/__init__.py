@@ -29,6 +29,8 @@ _LAZY = {
     "VisCE2Result": "capreward.scorers.visce2",
     "GVEval": "capreward.scorers.gveval",
     "GVEvalResult": "capreward.scorers.gveval",
+    "Hallucination": "capreward.scorers.hallucination",
+    "HallucinationResult": "capreward.scorers.hallucination",
     "MediaError": "capreward.media.errors",
     "CaprewardError": "capreward.errors",
     "SampleError": "capreward.errors",

@@ -79,29 +79,21 @@ def parse_rewards(spec: str) -> list[tuple[str, float]]:
 
 
 def build_reward(name: str, args: argparse.Namespace, clip: Any, judge: Any) -> Any:
-    """One capreward reward callable (TRL contract) for ``name``, a metric of :mod:`capreward.registry`."""
-    from capreward import rewards
-
-    if name == "emscore":
-        return rewards.EMScoreReward(model=clip, device=args.reward_device, frames=args.frames)
-    if name == "clip_s":
-        return rewards.CLIPScoreReward(model=clip, device=args.reward_device, w=args.clip_w, frames=args.frames)
-    if name == "pac_s":
-        return rewards.PACScoreReward(model=clip, device=args.reward_device, frames=args.frames)
-    if name == "fleur":
-        if getattr(args, "judge_url", None):
-            from capreward.scorers.fleur_remote import RemoteFLEUR
-
-            return rewards.FLEURReward(scorer=RemoteFLEUR(chat_judge(args, judge)))
-        return rewards.FLEURReward(model=judge, device=args.reward_device)
-    tree = {"tree_top_logprobs": max(10, args.judge_top_logprobs_cap)} if getattr(args, "judge_url", None) else {}
-    if name == "visce2":
-        return rewards.VisCE2Reward(backend=chat_judge(args, judge), **tree)
-    if name == "gveval":
-        return rewards.GVEvalReward(backend=chat_judge(args, judge), mode=getattr(args, "gveval_mode", "ref-free"), **tree)
-    if name == "hallucination":
-        return rewards.HallucinationPenalty(model=clip, device=args.reward_device, frames=args.frames)
-    raise ValueError(f"unknown reward {name!r}")
+    """One capreward reward callable (TRL contract) for ``name``, a metric of :mod:`capreward.registry`: its
+    spec's reward class, with the options its spec says it takes."""
+    spec = registry.get(name)
+    reward = spec.load_reward()
+    remote = bool(getattr(args, "judge_url", None))
+    if spec.backbone == "clip":
+        w = dict(w=args.clip_w) if spec.has_option("w") and spec.shares == "clip" else {}  # CLIP-S's scale
+        return reward(model=clip, device=args.reward_device, frames=args.frames, **w)
+    if spec.judge_backend:  # a scorer on any chat judge: the server of --judge-url, or the local judge
+        tree = {"tree_top_logprobs": max(10, args.judge_top_logprobs_cap)} if remote else {}
+        mode = {"mode": getattr(args, "gveval_mode", "ref-free")} if spec.has_option("mode") else {}
+        return reward(backend=chat_judge(args, judge), **mode, **tree)
+    if remote:  # a metric whose scorer needs a local model, on its scorer for a chat server
+        return reward(scorer=spec.load_remote_scorer()(chat_judge(args, judge)))
+    return reward(model=judge, device=args.reward_device)
 
 
 def chat_judge(args: argparse.Namespace, judge: Any) -> Any:
@@ -124,11 +116,12 @@ def build_rewards(args: argparse.Namespace) -> tuple[list[Any], list[float]]:
         from capreward.testing import tiny_clip_factory
 
         clip = tiny_clip_factory(seed=args.seed)
-        if any(n == "fleur" for n, _ in args.reward_list):
+        chosen = [registry.get(n) for n, _ in args.reward_list]
+        if any(s.backbone == "chat_judge" and not s.judge_backend for s in chosen):  # FLEUR's digit judge
             from capreward.testing import tiny_fleur_judge
 
             judge = tiny_fleur_judge()
-        elif any(n in ("visce2", "gveval") for n, _ in args.reward_list):
+        elif any(s.judge_backend for s in chosen):
             from capreward.testing.tiny_vlm_judges import tiny_vlm_judge
 
             judge = tiny_vlm_judge()
