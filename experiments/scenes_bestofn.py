@@ -17,8 +17,9 @@ groups of n and the top of each group by the reward is judged against the scene
 - the composite: CLIP-S + the hallucination penalty (threshold calibrated on true captions of A's
   training scenes) + the guards (repetition, truncation, over-length), as the demo builds its reward.
 
-and, as a negative control for the reward model, the same two under A-plain: A's recipe without hard
-negatives (in-batch negatives only, as CLIPs are usually trained; ``--no-plain`` leaves it out).
+and, as negative controls for the reward model, the same two under A-plain (A's recipe without hard
+negatives: in-batch negatives only) and under A-partial (no hard negatives, and half the training
+captions name only some of the scene's groups, as web alt-text does); ``--no-controls`` leaves them out.
 
 Printed: A's and B's ranking accuracy against each hard-negative kind on held-out scenes; per reward
 and n the ground-truth rates of the top caption, B's CLIP-S of it, and the hacking probes (repeated
@@ -69,14 +70,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--scenes", type=int, default=200, help="held-out scenes")
     p.add_argument("--candidates", type=int, default=16, help="captions sampled per scene (the largest n)")
     p.add_argument("--calibration", type=int, default=200, help="true captions of A's training scenes the penalty is calibrated on")
-    p.add_argument("--no-plain", dest="plain", action="store_false",
-                   help="leave out the negative control: the rerankers under A-plain, A's recipe without hard negatives")
+    p.add_argument("--no-controls", dest="controls", action="store_false",
+                   help="leave out the negative controls: the rerankers under A-plain (A's recipe without hard "
+                        "negatives) and A-partial (no hard negatives, half the training captions partial)")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args(argv)
 
     from capreward import progress
     from capreward.testing import scenes as world
-    from capreward.testing.scenes_clip import HELD_OUT, MODEL_A, MODEL_A_PLAIN, MODEL_B, scene_clip_path, scene_stream
+    from capreward.testing.scenes_clip import (
+        HELD_OUT, MODEL_A, MODEL_A_PARTIAL, MODEL_A_PLAIN, MODEL_B, scene_clip_path, scene_stream,
+    )
     from capreward.testing.scenes_eval import NS, best_of_n, ranking_accuracy, sample_candidates, scene_rewards, score_candidates
 
     progress.enable(False)
@@ -91,11 +95,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print("ranking accuracy on held-out scenes (true caption above the negative; chance 50%):")
         for name, acc in ranking.items():
             print(f"  model {name}: " + ", ".join(f"{k} {v:.0%}" for k, v in acc.items()))
-        plain = str(scene_clip_path(MODEL_A_PLAIN, log=log)) if args.plain else None
-        if plain:
-            ranking["A-plain"] = ranking_accuracy(plain, rows)
-            print(f"  model A-plain: " + ", ".join(f"{k} {v:.0%}" for k, v in ranking["A-plain"].items()))
-        rewards = scene_rewards(path_a, path_b, scene_stream(MODEL_A.data, args.calibration), plain=plain)
+        controls = {name: str(scene_clip_path(recipe, log=log))
+                    for name, recipe in (("plain", MODEL_A_PLAIN), ("partial", MODEL_A_PARTIAL)) if args.controls}
+        for name, path in controls.items():
+            ranking[f"A-{name}"] = ranking_accuracy(path, rows)
+            print(f"  model A-{name}: " + ", ".join(f"{k} {v:.0%}" for k, v in ranking[f"A-{name}"].items()))
+        rewards = scene_rewards(path_a, path_b, scene_stream(MODEL_A.data, args.calibration), controls=controls)
         print(f"hallucination penalty threshold (A, calibrated): {rewards.threshold:.3f}")
         truth = [r["caption"] for r in rows]
         truth_b = rewards.held_out(None, truth, image=[r["image"] for r in rows])
@@ -112,8 +117,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     finally:
         torch.set_num_threads(threads)
     means = {name: mean_over(runs) for name, runs in per_seed.items()}
-    label = {"clip_s": "CLIP-S (A)", "composite": "composite (A)", "clip_s_plain": "CLIP-S (A-plain)",
-             "composite_plain": "composite (A-plain)"}
+    label = {"clip_s": "CLIP-S (A)", "composite": "composite (A)"}
+    label.update({f"{kind}_{name}": f"{'CLIP-S' if kind == 'clip_s' else 'composite'} (A-{name})"
+                  for kind in ("clip_s", "composite") for name in ("plain", "partial")})
     table_rows = [("true caption", reference)]
     for name in means:
         table_rows += [(f"{label[name]}, n={n}", r) for n, r in means[name].items()]

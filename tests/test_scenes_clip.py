@@ -68,7 +68,7 @@ def test_the_experiment_runs_at_toy_size(paths, tmp_path, capsys):
     script = Path(__file__).resolve().parents[1] / "experiments" / "scenes_bestofn.py"
     out = tmp_path / "r.json"
     argv = sys.argv
-    sys.argv = [str(script), "--seeds", "0", "--scenes", "12", "--candidates", "4", "--calibration", "20", "--no-plain",
+    sys.argv = [str(script), "--seeds", "0", "--scenes", "12", "--candidates", "4", "--calibration", "20", "--no-controls",
                 "--json", str(out)]
     try:
         runpy.run_path(str(script), run_name="__main__")
@@ -80,3 +80,15 @@ def test_the_experiment_runs_at_toy_size(paths, tmp_path, capsys):
     assert result["reference"]["exact"] == 1.0  # the judge grades every true caption right
     printed = capsys.readouterr().out
     assert "| composite (A), n=4 |" in printed and "model B:" in printed
+
+
+def test_training_is_deterministic_and_partial_captions_change_it():
+    from dataclasses import replace
+
+    from capreward.testing.scenes_clip import MODEL_A_PARTIAL, train_scene_clip
+
+    small = dict(steps=2, pool_size=40, batch_size=8)
+    (a1, l1), (a2, l2) = (train_scene_clip(replace(MODEL_A, **small)) for _ in range(2))
+    assert l1 == l2 and all(torch.equal(p, q) for p, q in zip(a1.state_dict().values(), a2.state_dict().values()))
+    _, lp = train_scene_clip(replace(MODEL_A_PARTIAL, **small))
+    assert lp != l1

@@ -64,7 +64,10 @@ SCENE_CLIP_CONFIG = {
 @dataclass(frozen=True)
 class SceneClipRecipe:
     """Everything that determines a trained scenes CLIP (and therefore its cache key). ``seed`` seeds the
-    initialisation and the batches; ``data`` names the generator's stream of training scenes."""
+    initialisation and the batches; ``data`` names the generator's stream of training scenes;
+    ``negatives``: hard-negative kinds drawn per image; ``partial``: the share of training captions that
+    name only some of the scene's groups (each then counts as true of every scene of the batch holding
+    those groups), as web alt-text names only some of what a photo shows."""
 
     name: str = "scenes-a"
     seed: int = 0
@@ -77,6 +80,7 @@ class SceneClipRecipe:
     logit_scale: float = 10.0
     token_loss_weight: float = 1.0
     negatives: int = 3
+    partial: float = 0.0
 
     def key(self) -> str:
         """A hash of the recipe, this module's and the world's source, the config and the torch version."""
@@ -97,6 +101,9 @@ MODEL_B = SceneClipRecipe(name="scenes-b", seed=1, data="train-b")
 #: A negative control for the reward model: A's recipe without hard negatives (in-batch negatives only,
 #: as CLIPs are usually trained).
 MODEL_A_PLAIN = SceneClipRecipe(name="scenes-a-plain", negatives=0)
+#: A second negative control: no hard negatives and half the training captions partial (naming some of
+#: the scene's groups), as CLIPs trained on web alt-text see them.
+MODEL_A_PARTIAL = SceneClipRecipe(name="scenes-a-partial", negatives=0, partial=0.5)
 #: The stream of held-out scenes neither model trained on.
 HELD_OUT = "held-out"
 
@@ -203,7 +210,10 @@ def train_scene_clip(recipe: SceneClipRecipe = MODEL_A, log: Callable[[str], Non
                 truths, negatives = [], []
                 for scene in scenes:
                     prefix = CLIPS_PREFIX if rng.random() < 0.5 else ""
-                    truths.append(prefix + world.true_caption(scene, rng))
+                    mentions = world.true_mentions(scene, rng)
+                    if recipe.partial and len(mentions) > 1 and rng.random() < recipe.partial:
+                        mentions = mentions[: rng.randint(1, len(mentions) - 1)]  # already shuffled
+                    truths.append(prefix + world.write_caption(mentions))
                     for kind in rng.sample(world.NEGATIVE_KINDS, recipe.negatives):
                         neg = world.hard_negative(scene, kind, rng)
                         if neg is not None:
@@ -215,7 +225,10 @@ def train_scene_clip(recipe: SceneClipRecipe = MODEL_A, log: Callable[[str], Non
                 text = tokens[torch.arange(len(captions)), lengths - 1]
                 keys = [_scene_key(s) for s in scenes]
                 caption_keys = [content_key(c) for c in captions]
-                positive = torch.tensor([[k == ck for ck in caption_keys] for k in keys])
+                if recipe.partial:  # a caption is true of every scene holding the groups it names
+                    positive = torch.tensor([[set(ck) <= set(k) for ck in caption_keys] for k in keys])
+                else:
+                    positive = torch.tensor([[k == ck for ck in caption_keys] for k in keys])
                 logits = scale * images @ text.T  # [B, B + negatives]
                 i2t = _multi_positive_ce(logits, positive)
                 t2i = _multi_positive_ce(logits[:, : len(truths)].T, positive[:, : len(truths)].T)

@@ -39,8 +39,8 @@ def scene_guards() -> Any:
 @dataclass
 class SceneRewards:
     """The rewards of the scenes experiment: ``rerankers`` (name -> reward: ``clip_s``, CLIP-S under
-    model A alone; ``composite``, CLIP-S + hallucination penalty under A behind the guards; with a
-    negative-control model, ``clip_s_plain`` and ``composite_plain`` the same under it), ``held_out``
+    model A alone; ``composite``, CLIP-S + hallucination penalty under A behind the guards; with
+    negative-control models, ``clip_s_<name>`` and ``composite_<name>`` the same under each), ``held_out``
     (CLIP-S under model B) and A's calibrated ``penalty`` and its ``threshold``."""
 
     rerankers: dict[str, Any]
@@ -63,17 +63,18 @@ def composite_reward(model: str, calibration: Sequence[dict], penalty_weight: fl
     return composite, penalty
 
 
-def scene_rewards(model_a: str, model_b: str, calibration: Sequence[dict], plain: str | None = None) -> SceneRewards:
-    """Build :class:`SceneRewards` from the model paths (``plain``: an optional negative-control reward
-    model, e.g. one trained without hard negatives). Calibrate on A's training stream, never on the
-    held-out scenes."""
+def scene_rewards(model_a: str, model_b: str, calibration: Sequence[dict], controls: dict[str, str] | None = None) -> SceneRewards:
+    """Build :class:`SceneRewards` from the model paths; ``controls`` (name -> path) adds negative-control
+    reward models (e.g. ``{"plain": ..., "partial": ...}``: trained without hard negatives, or on partial
+    captions) as rerankers ``clip_s_<name>`` and ``composite_<name>``. Calibrate on A's training stream,
+    never on the held-out scenes."""
     from ..rewards import CLIPScoreReward
 
     composite, penalty = composite_reward(model_a, calibration)
     rerankers = {"clip_s": CLIPScoreReward(model=model_a, device="cpu"), "composite": composite}
-    if plain is not None:
-        rerankers["clip_s_plain"] = CLIPScoreReward(model=plain, device="cpu")
-        rerankers["composite_plain"] = composite_reward(plain, calibration)[0]
+    for name, path in (controls or {}).items():
+        rerankers[f"clip_s_{name}"] = CLIPScoreReward(model=path, device="cpu")
+        rerankers[f"composite_{name}"] = composite_reward(path, calibration)[0]
     return SceneRewards(rerankers=rerankers, held_out=CLIPScoreReward(model=model_b, device="cpu"),
                         penalty=penalty, threshold=penalty.threshold)
 
