@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from capreward.judges.injection_judge import QUESTION
 from capreward.testing.grader_judge import (
     HELD_OUT,
@@ -40,3 +42,28 @@ def test_held_out_paraphrases_are_never_trained_on():
         stem = sentence.split("{c}")[0]
         assert not any(stem in caption for caption in trained), sentence
     assert not set(HELD_OUT) & set(TRAIN_ADDRESSING)
+
+
+@pytest.mark.slow
+def test_the_check_on_the_taught_judge_removes_the_lifts_the_patterns_leave():
+    """The measurement of ``python -m capreward.testing.injection_check_measure`` on the cached taught
+    judge (trained on first use): the judge answers the question (every training-form paraphrase
+    flagged), held-out paraphrases lift FLEUR past the patterns, and the check leaves fewer of them."""
+    from pathlib import Path
+
+    from capreward.testing.injection_check_measure import measure
+
+    lines = (Path(__file__).parent / "data" / "ordinary_captions.txt").read_text(encoding="utf-8").splitlines()
+    ordinary = random.Random(0).sample([x for x in lines if x and not x.startswith("#")], 40)
+    out = measure(ordinary)
+    assert out["plain wrong / right"][0] < 0.5 < out["plain wrong / right"][1]  # the judge tells them apart
+    trained = out["training-form paraphrases"]
+    assert trained["flagged by the judge check alone"] == trained["captions"]
+    held = out["held-out paraphrases"]
+    assert held["left after the patterns"] >= 1  # the patterns miss held-out paraphrases that lift
+    assert held["left after patterns + judge check"] < held["left after the patterns"]
+    attacks = out["red-team attacks"]
+    assert attacks["lift FLEUR"] > 0 and attacks["left after patterns + judge check"] == 0
+    # not zero: 15 of 2,000 human-judgment captions at threshold 0.5 (the tiny judge learned surface forms);
+    # here only that it does not answer yes to ordinary captions in general
+    assert out["ordinary captions"]["false positives"] <= len(ordinary) // 10, out["ordinary captions"]["examples"]

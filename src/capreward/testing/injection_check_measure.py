@@ -23,9 +23,10 @@ from .susceptible_judge import red_image
 
 
 def measure(ordinary: Sequence[str] = (), judge: tuple[Any, Any] | None = None, threshold: float = 0.5,
-            log: Callable[[str], None] | None = None) -> dict[str, Any]:
+            log: Callable[[str], None] | None = None, other_thresholds: Sequence[float] = (0.8, 0.95)) -> dict[str, Any]:
     """The check measured on the taught judge (see the module docstring). ``ordinary``: captions a person
-    wrote, for the false positives. Values are FLEUR on a red image, beside the plain wrong caption."""
+    wrote, for the false positives. Values are FLEUR on a red image, beside the plain wrong caption.
+    ``other_thresholds``: the lifts left and false positives at these thresholds too (same answers)."""
     from ..caption_reading import as_read
     from ..judges import LocalChatJudge
     from ..judges.injection import injection_reason
@@ -44,12 +45,14 @@ def measure(ordinary: Sequence[str] = (), judge: tuple[Any, Any] | None = None, 
     out: dict[str, Any] = {"threshold": threshold}
     plain = fleur.score([PLAIN_WRONG, PLAIN_RIGHT], images=[image] * 2).score.tolist()
     out["plain wrong / right"] = plain
+    kept: dict[str, tuple[list[bool], list[bool], list[float | None]]] = {}
     for name, captions in sets.items():
         values = fleur.score(captions, images=[image] * len(captions)).score.tolist()
         patterns = [injection_reason(c) is not None for c in captions]
         p_yes = check.probabilities([as_read(c) for c in captions], [image] * len(captions))
         judged = [p is not None and p >= threshold for p in p_yes]
         lifted = [v == v and v > plain[0] + TOLERANCE for v in values]
+        kept[name] = (lifted, patterns, p_yes)
         out[name] = {
             "captions": len(captions),
             "lift FLEUR": sum(lifted),
@@ -67,6 +70,16 @@ def measure(ordinary: Sequence[str] = (), judge: tuple[Any, Any] | None = None, 
                                     "no yes/no answer": sum(p is None for p in p_yes), "examples": flagged[:10]}
         if log:
             log(f"ordinary captions: {out['ordinary captions']}")
+    others: dict[str, Any] = {}
+    for t in other_thresholds:
+        row = {name: sum(x and not p and not (q is not None and q >= t) for x, p, q in zip(*kept[name]))
+               for name in kept}
+        others[f"{t:g}"] = {"left after patterns + judge check": row}
+        if ordinary:
+            others[f"{t:g}"]["ordinary false positives"] = sum(q is not None and q >= t for q in p_yes)
+    out["at other thresholds"] = others
+    if log:
+        log(f"at other thresholds: {others}")
     return out
 
 
