@@ -120,3 +120,24 @@ def test_server_errors_lose_no_sample_and_shift_nothing(server, local):
     np.testing.assert_array_equal(got.score[kept], want.score[kept])
     assert [got.raw[i] for i in kept] == [want.raw[i] for i in kept]
     server.control(reset=True)
+
+
+def test_prompt_logprobs_make_a_narrow_server_exact(server, local):
+    """A server that lists only 10 alternatives per token but answers vLLM's ``prompt_logprobs``: each digit
+    missing from a node's 10 is read as the last prompt token of a request prefilled with it, and the
+    remote score is the local judge's exact one; without prompt logprobs the same server leaves the
+    score uncertain (no score, with the reason)."""
+    captions = ["a green ball", "a red car"]
+    images = [probe_image("gveval", c) for c in ("green", "red")]
+    want = GVEval(local, max_tokens=120).score(captions, images=images)
+    narrow = dict(api_key_env=None, timeout=120, top_logprobs_cap=10)
+    plain = GVEval(OpenAIJudge(server.base_url, "tiny-vlm", **narrow), max_tokens=120, requery=0,
+                   tree_top_logprobs=10).score(captions, images=images)
+    assert any("uncertain by up to" in (e or "") for e in plain.error)
+    got = GVEval(OpenAIJudge(server.base_url, "tiny-vlm", prompt_logprobs=True, **narrow), max_tokens=120, requery=0,
+                 tree_top_logprobs=10).score(captions, images=images)
+    assert got.error == [None] * 2 and got.raw == want.raw
+    np.testing.assert_allclose(got.score, want.score, rtol=1e-5)
+    asked = [b for b in server.requests() if b.get("prompt_logprobs") is not None]
+    assert asked and all(b["max_tokens"] == 1 and b["messages"][-1]["role"] == "assistant" for b in asked)
+    assert asked[-1]["messages"][-1]["content"][-1].isdigit()  # the prefilled text ends with the digit read

@@ -105,7 +105,9 @@ class ChatRequest:
 
     A request whose last turn is an assistant turn asks the backend to *continue* that message (an
     assistant prefill: vLLM's ``continue_final_message=True, add_generation_prompt=False``), as the exact
-    remote score distributions do (:mod:`capreward.scorers.remote_numbers`).
+    remote score distributions do (:mod:`capreward.scorers.remote_numbers`). ``prompt_logprobs``: ask the
+    server for the log-probability of every prompt token (and this many alternatives each; vLLM's
+    ``prompt_logprobs`` request field), returned in :attr:`ChatResponse.prompt_logprobs`; None: not asked.
     """
 
     turns: tuple[ChatTurn, ...]
@@ -115,6 +117,7 @@ class ChatRequest:
     stop: tuple[str, ...] = ()
     chat_template: str | None = None
     structured_outputs: Mapping[str, Any] | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self):
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, FrozenMapping):
@@ -148,13 +151,16 @@ class ChatResponse:
     ``text``: the answer ("" when ``error`` is set); ``tokens``: per generated token, with alternatives
     when they were asked for (empty if the backend could not report them); ``error``: None, or why this
     request has no answer (after the backend's retries); ``finish_reason``: ``"stop"``, ``"length"`` or
-    None.
+    None. ``prompt_logprobs``: for a request that asked (:attr:`ChatRequest.prompt_logprobs`) and a
+    server that answers it (vLLM), per prompt token the listed (token text, log-probability) pairs at
+    that position (the prompt's own token among them; None for the first position), else None.
     """
 
     text: str
     tokens: tuple[TokenLogprob, ...] = ()
     error: str | None = None
     finish_reason: str | None = None
+    prompt_logprobs: tuple[tuple[tuple[str, float], ...] | None, ...] | None = None
 
     @property
     def ok(self) -> bool:

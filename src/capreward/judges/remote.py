@@ -117,7 +117,31 @@ def parse_completion(completion: Any) -> ChatResponse:
         raise MalformedResponse(f"the response is not a chat completion ({type(exc).__name__}: {exc})") from exc
     if not isinstance(text, str):
         raise MalformedResponse(f"message content is {type(text).__name__}, not text")
-    return ChatResponse(text=text, tokens=tuple(tokens), finish_reason=choice.finish_reason)
+    return ChatResponse(text=text, tokens=tuple(tokens), finish_reason=choice.finish_reason,
+                        prompt_logprobs=parse_prompt_logprobs(completion))
+
+
+def parse_prompt_logprobs(completion: Any) -> tuple[tuple[tuple[str, float], ...] | None, ...] | None:
+    """vLLM's ``prompt_logprobs`` of a chat completion (a field outside OpenAI's schema: per prompt token
+    None or ``{token_id: {"logprob", "rank", "decoded_token"}}``) as per-position (text, log-probability)
+    pairs ranked as the server ranked them; None when the response has none. Raises
+    :class:`MalformedResponse` for a field of another shape."""
+    raw = (getattr(completion, "model_extra", None) or {}).get("prompt_logprobs")
+    if raw is None:
+        raw = getattr(completion, "prompt_logprobs", None)
+    if raw is None:
+        return None
+    try:
+        out: list[tuple[tuple[str, float], ...] | None] = []
+        for position in raw:
+            if position is None:
+                out.append(None)
+                continue
+            entries = sorted(position.values(), key=lambda e: (e.get("rank") is None, e.get("rank") or 0))
+            out.append(tuple((str(e["decoded_token"]), float(e["logprob"])) for e in entries))
+    except (AttributeError, TypeError, KeyError, ValueError) as exc:
+        raise MalformedResponse(f"prompt_logprobs is not vLLM's per-token list ({type(exc).__name__}: {exc})") from exc
+    return tuple(out)
 
 
 #: The model OpenAIJudge asks for when none is named: the snapshot G-VEval's released scorer.py calls.
@@ -140,7 +164,11 @@ class OpenAIJudge:
     A request whose last turn is an assistant message is sent as a prefill (vLLM's
     ``continue_final_message=true, add_generation_prompt=false``); a request's ``structured_outputs`` goes
     in vLLM's field of that name. ``token_limit_param``: ``"max_tokens"`` (vLLM, older OpenAI
-    models) or ``"max_completion_tokens"`` (newer OpenAI models).
+    models) or ``"max_completion_tokens"`` (newer OpenAI models). ``prompt_logprobs``: the server
+    answers vLLM's ``prompt_logprobs`` (the log-probability of each prompt token): the exact digit trees
+    then read a digit missing from a node's ``top_logprobs`` as the last prompt token of a request
+    prefilled with it (`capreward.scorers.remote_numbers`), so a server with a small
+    ``--max-logprobs`` still gives exact expected scores.
 
     Example:
         >>> from capreward.judges import ChatRequest, OpenAIJudge, user_turn
@@ -165,6 +193,7 @@ class OpenAIJudge:
         system: str | None = None,
         extra_body: dict | None = None,
         token_limit_param: str = "max_tokens",
+        prompt_logprobs: bool = False,
     ):
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be at least 1, got {max_concurrency}")
@@ -182,6 +211,7 @@ class OpenAIJudge:
         self.timeout = float(timeout)
         self.max_retries = int(max_retries)
         self.top_logprobs_cap = int(top_logprobs_cap)
+        self.prompt_logprobs = bool(prompt_logprobs)
         self.system = system
         self.extra_body = dict(extra_body or {})
         self.token_limit_param = token_limit_param
@@ -273,6 +303,8 @@ class OpenAIJudge:
             extra["structured_outputs"] = request.structured_outputs.thaw()  # plain dicts and lists, as JSON
         if request.chat_template is not None:
             extra["chat_template"] = request.chat_template  # vLLM's extra field (OpenAI rejects it)
+        if request.prompt_logprobs is not None:  # vLLM's extra field: every prompt token's log-probability
+            extra["prompt_logprobs"] = int(request.prompt_logprobs)
         if extra:
             body["extra_body"] = extra
         return body

@@ -28,6 +28,9 @@ sorted), so its mass is bounded; nodes reached with a probability below a thresh
 points on 0..100) is ``100 U / (Z - U)`` for U the mass placed by these bounds and Z the distribution's
 mass; a distribution is returned only when the bound is at most ``tolerance`` (default
 :data:`DEFAULT_TOLERANCE`), else None with the reason. ``bound`` 0 means every probability used was read.
+A backend that answers vLLM's ``prompt_logprobs`` (``OpenAIJudge(prompt_logprobs=True)``) leaves no digit
+unread: each digit missing from a node's alternatives is appended to the node's prefilled text and read
+as the last prompt token's log-probability (one more request per missing digit).
 
 Prefilled text is re-tokenised by the server; the prefix sent is the concatenation of the response's
 token strings up to the number (the answer text where those strings are lossy, e.g. a character written
@@ -76,7 +79,8 @@ class NumberRead:
     """The distribution of one response's number: ``probs`` (101,) or None (``error`` says why);
     ``method``: ``"alternatives"`` (whole-number tokens, the released renormalised rule) or ``"tree"``
     (digit tree); ``bound``: for a tree, the worst-case distance (score points) of its expected score to
-    the exact one (0: exact); ``requests``: prefilled requests sent for it."""
+    the exact one (0: exact); ``requests``: prefilled requests sent for it (prompt-logprobs ones
+    included)."""
 
     probs: np.ndarray | None
     method: str | None
@@ -184,6 +188,7 @@ class NodeRead:
     probs: np.ndarray
     unlisted: float
     error: str | None = None
+    missing: tuple[int, ...] = ()  # the digits not listed
 
 
 def read_node(alternatives: Sequence[tuple[str, float]], lead: str = "") -> NodeRead:
@@ -213,7 +218,7 @@ def read_node(alternatives: Sequence[tuple[str, float]], lead: str = "") -> Node
     if not listed:
         return NodeRead(probs, 0.0, "the backend reported no alternatives")
     unlisted = min(max(0.0, 1.0 - sum(listed)), missing * min(listed))
-    return NodeRead(probs, unlisted)
+    return NodeRead(probs, unlisted, missing=tuple(d for d in range(10) if d not in seen))
 
 
 def _node_request(request: ChatRequest, text: str, top_logprobs: int) -> ChatRequest:
@@ -269,6 +274,7 @@ def digit_trees(
         if len(answers) != len(sent):
             raise RuntimeError(f"the backend answered {len(answers)} of {len(sent)} requests")
         out: dict[tuple[int, str | None], NodeRead] = {}
+        texts_of = dict(zip(live, texts))
         for (i, digits), answer in zip(live, answers):
             asked[i] += 1
             alternatives, why = _alternatives(answer)
@@ -280,7 +286,38 @@ def digit_trees(
                 errors[i] = errors[i] or f"{where}: {why}"
                 continue
             out[(i, digits)] = node
+        if getattr(backend, "prompt_logprobs", False):
+            complete_nodes(out, texts_of)
         return [out.get(key) for key in nodes]
+
+    def complete_nodes(out: dict, texts_of: dict) -> None:
+        """A server that answers prompt log-probabilities: each digit missing from a node's alternatives
+        is read exactly, as the last prompt token of a request prefilled with it."""
+        asks = [(key, d) for key, node in out.items() if node.unlisted > 0 for d in node.missing]
+        if not asks:
+            return
+        pieces = [(sites[i].lead if digits is None else "") + str(d) for ((i, digits), d) in asks]
+        sent = [replace(_node_request(requests[i], texts_of[(i, digits)] + piece, 0), prompt_logprobs=1)
+                for ((i, digits), _), piece in zip(asks, pieces)]
+        answers = backend.generate(sent)
+        if len(answers) != len(sent):
+            raise RuntimeError(f"the backend answered {len(answers)} of {len(sent)} requests")
+        filled: dict[tuple[int, str | None], np.ndarray] = {}
+        for ((i, digits), d), piece, answer in zip(asks, pieces, answers):
+            asked[i] += 1
+            if errors[i] is not None:
+                continue
+            last = answer.prompt_logprobs[-1] if answer.ok and answer.prompt_logprobs else None
+            logprob = next((lp for text, lp in last or () if text == piece), None)
+            if logprob is None:
+                where = "at the number's first digit" if digits is None else f"after {sites[i].lead + digits!r}"
+                errors[i] = (f"{where}: " + (f"a prompt-logprobs request failed: {answer.error}" if not answer.ok else
+                             f"the server's prompt log-probabilities do not list {piece!r} as the last prompt token"))
+                continue
+            filled.setdefault((i, digits), out[(i, digits)].probs.copy())[d] = math.exp(logprob)
+        for key, probs in filled.items():
+            if errors[key[0]] is None:
+                out[key] = NodeRead(probs, 0.0)
 
     ask_root = []
     for i in range(n):  # the response's own alternatives when they list every digit, else a prefilled request

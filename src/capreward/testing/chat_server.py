@@ -73,7 +73,9 @@ class EchoBackend:
     name = "echo"
 
     def answer(self, turns: list[dict], max_tokens: int | None, top_logprobs: int, stop: Sequence[str], chat_template=None,
-               continue_final: bool = False) -> dict:
+               continue_final: bool = False, prompt_logprobs: int | None = None) -> dict:
+        if prompt_logprobs is not None:
+            raise BadRequest("the echo backend does not return prompt_logprobs")
         last = next((t["text"] for t in reversed(turns) if t["role"] in ("user", "system")), "")
         words = ("echo: " + last).split(" ")
         pieces = [w if i == 0 else " " + w for i, w in enumerate(words)]
@@ -111,7 +113,19 @@ class LocalBackend:
         self.lock = threading.Lock()  # the model is not thread-safe; requests run one at a time
 
     def answer(self, turns: list[dict], max_tokens: int | None, top_logprobs: int, stop: Sequence[str], chat_template=None,
-               continue_final: bool = False) -> dict:
+               continue_final: bool = False, prompt_logprobs: int | None = None) -> dict:
+        answer = self._answer(turns, max_tokens, top_logprobs, stop, chat_template, continue_final)
+        if prompt_logprobs is not None:  # vLLM's field: every prompt token's log-probability
+            from capreward.judges.protocol import ChatRequest, ChatTurn
+
+            request = ChatRequest(turns=tuple(ChatTurn(t["role"], t["text"], tuple(t["images"])) for t in turns),
+                                  max_tokens=1, chat_template=chat_template)
+            with self.lock:
+                answer["prompt_logprobs"] = self.judge.prompt_logprobs(request, int(prompt_logprobs))
+        return answer
+
+    def _answer(self, turns: list[dict], max_tokens: int | None, top_logprobs: int, stop: Sequence[str],
+                chat_template=None, continue_final: bool = False) -> dict:
         from dataclasses import replace
 
         from capreward.judges.protocol import ChatRequest, ChatTurn
@@ -237,6 +251,49 @@ def _prefill_judge(base: type) -> type:
             return {"text": "" if chosen in eos else piece, "tokens": [(piece, float(logp[chosen]), top)],
                     "finish_reason": "stop" if chosen in eos else "length"}
 
+        def prompt_logprobs(self, request, k: int) -> list:
+            """vLLM's ``prompt_logprobs`` of ``request``'s prompt: None for the first token, then per token
+            ``{token_id: {"logprob", "rank", "decoded_token"}}`` for the prompt's own token and the ``k``
+            most likely ones, from one teacher-forced forward over the whole prompt."""
+            import torch
+
+            from capreward.judges.cache import growing_cache
+
+            prompt_ids, features, image_index, errors = self._prepare([request])
+            if errors[0] is not None:
+                raise BadRequest(errors[0])
+            judge = self.judge
+            ids = [int(t) for t in prompt_ids[0]]
+            row = torch.tensor([ids], device=judge.device)
+            feats = features[image_index[0]: image_index[0] + 1] if features is not None else None
+            with torch.inference_mode():
+                positions = judge._positions(torch.arange(len(ids), device=judge.device)[None], judge._image_starts([ids]))
+                cache = growing_cache(None, int(judge.model.config.get_text_config().num_hidden_layers), reserve=1)
+                out = judge._forward(judge.embed(row, feats), torch.ones_like(row), positions, cache, logits_to_keep=0)
+                logp = torch.log_softmax(out.logits[0].float().cpu(), dim=-1)
+            entries: list = [None]
+            for t in range(1, len(ids)):
+                scores = logp[t - 1]
+                ranks = {ids[t]: int((scores > scores[ids[t]]).sum()) + 1}
+                if k > 0:
+                    for r, alt in enumerate(scores.topk(k).indices.tolist()):
+                        ranks.setdefault(alt, r + 1)
+                before = tuple(ids[max(0, t - 3): t])
+                entries.append({str(tok): {"logprob": float(scores[tok]), "rank": rank,
+                                           "decoded_token": self._cached_piece(before, tok)}
+                                for tok, rank in ranks.items()})
+            return entries
+
+        def _cached_piece(self, before: tuple[int, ...], token: int) -> str:
+            """:meth:`_piece`, remembered (the prompts of one sample's tree share almost every position)."""
+            pieces = self.__dict__.setdefault("_pieces", {})
+            key = (before, token)
+            if key not in pieces:
+                if len(pieces) > 200_000:
+                    pieces.clear()
+                pieces[key] = self._piece(list(before), token)
+            return pieces[key]
+
     return PrefillChatJudge
 
 
@@ -271,6 +328,7 @@ def completion_body(model: str, answer: dict, logprobs: bool) -> dict:
             }
         ],
         "usage": {"prompt_tokens": 0, "completion_tokens": n, "total_tokens": n},
+        **({"prompt_logprobs": answer["prompt_logprobs"]} if "prompt_logprobs" in answer else {}),
     }
 
 
@@ -427,8 +485,11 @@ def make_handler(backend: Any, model: str, faults: Faults, api_key: str | None =
             if chat_template is not None and not isinstance(chat_template, str):
                 raise BadRequest("chat_template must be a string")
             continue_final = prefill_mode(body, turns)
+            prompt_logprobs = body.get("prompt_logprobs")  # vLLM's extra field
+            if prompt_logprobs is not None and (not isinstance(prompt_logprobs, int) or prompt_logprobs < 0):
+                raise BadRequest("prompt_logprobs must be a non-negative integer")
             answer = backend.answer(turns, None if max_tokens is None else int(max_tokens), top, stop, chat_template,
-                                    continue_final)
+                                    continue_final, prompt_logprobs)
             with faults.lock:
                 faults.stats["answered"] += 1
             self._send(200, completion_body(model, answer, logprobs))
