@@ -25,8 +25,11 @@ Prints per-seed figures and mean +- std over seeds::
 Measured (defaults: 80 steps, 64 completions per step = 16 images x 4, lr 3e-3 cosine, SFT 80 steps;
 2 shared CPU cores, ~57 s per seed), held-out mean reward over seeds 0, 1, 2:
 
-    reward        0.825 +- 0.096  ->  1.136 +- 0.063   (per seed 0.77/0.94/0.78 -> 1.15/1.19/1.07)
-    right colour  26.8% +- 4.5%   ->  30.7% +- 8.0%    (chance 25%)
+    reward        0.821 +- 0.099  ->  0.904 +- 0.149   (per seed 0.76/0.94/0.77 -> 1.08/0.81/0.83)
+    right colour  26.8% +- 4.5%   ->  25.0% +- 0.0%    (chance 25%)
+
+(re-measured twice, identical, on the current guards; the first figures, 0.825 -> 1.136 and 30.7 %,
+predate the repetition guard's single-word repeats: docs/scenes.md.)
 
 The reward rises for every seed, but only partly by naming the right colour; the rest comes from
 elsewhere (not measured separately; samples show fewer malformed captions, which the guards
