@@ -53,7 +53,8 @@ for _module in ("trl", "datasets"):  # fail at import, naming the extra, rather 
     require("recipes", _module, used_by="the GRPO recipe (capreward.recipes.grpo_captioner)")
 
 # ----------------------------------------------------------------------------------------- rewards
-REWARD_NAMES = ("emscore", "clip_s", "pac_s", "fleur", "visce2", "gveval", "hallucination")  # capreward.names' one name of each
+REWARD_NAMES = ("emscore", "clip_s", "pac_s", "fleur", "visce2", "gveval", "hallucination", "claims",
+                "qa_utility")  # capreward.names' one name of each
 DEFAULT_REWARDS = "emscore:1.0,clip_s:0.5,hallucination:0.5"
 TINY_WORDS = (
     "a", "an", "the", "of", "in", "is", "on", "image", "photo", "picture", "video", "frame", "colour",
@@ -113,7 +114,34 @@ def build_reward(name: str, args: argparse.Namespace, clip: Any, judge: Any) -> 
         return rewards.GVEvalReward(backend=chat_judge(args, judge), mode=getattr(args, "gveval_mode", "ref-free"), **tree)
     if name == "hallucination":
         return rewards.HallucinationPenalty(model=clip, device=args.reward_device, frames=args.frames)
+    if name == "claims":
+        from capreward.rewards.claims import ClaimsReward
+
+        return ClaimsReward(backend=chat_judge(args, judge))
+    if name == "qa_utility":
+        from capreward.rewards.qa_utility import QAUtilityReward
+
+        from capreward.jobs.runners import _LazyBackend
+
+        # the recipe's rows carry no questions: the chat judge writes them per visual (loaded on first need)
+        return QAUtilityReward(backend=qa_judge(args), question_backend=_LazyBackend(lambda: chat_judge(args, judge)))
     raise ValueError(f"unknown reward {name!r}")
+
+
+def qa_judge(args: argparse.Namespace) -> Any:
+    """The text-only judge of qa_utility: the judge server (``--judge-url``), ``--qa-model`` (a causal LM)
+    or, with ``--tiny``, the tiny trained QA judge."""
+    if getattr(args, "judge_url", None):
+        return chat_judge(args, None)
+    if getattr(args, "tiny", False):
+        from capreward.testing.tiny_qa_judge import qa_backend
+
+        return qa_backend()
+    if not getattr(args, "qa_model", None):
+        raise ValueError("the qa_utility reward needs a text judge: --qa-model (a causal LM) or --judge-url")
+    from capreward.scorers.qa_utility import LocalTextJudge
+
+    return LocalTextJudge(args.qa_model)
 
 
 def chat_judge(args: argparse.Namespace, judge: Any) -> Any:
@@ -140,6 +168,10 @@ def build_rewards(args: argparse.Namespace) -> tuple[list[Any], list[float]]:
             from capreward.testing import tiny_fleur_judge
 
             judge = tiny_fleur_judge()
+        elif any(n == "claims" for n, _ in args.reward_list):
+            from capreward.testing.tiny_claim_judge import tiny_claim_judge
+
+            judge = tiny_claim_judge()
         elif any(n in ("visce2", "gveval") for n, _ in args.reward_list):
             from capreward.testing.tiny_vlm_judges import tiny_vlm_judge
 
@@ -501,6 +533,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="judge of fleur/visce2/gveval: a local LLaVA, or with --judge-url the served model name")
     g.add_argument("--judge-url", default=None, help="OpenAI-compatible judge server (vLLM: http://HOST:8000/v1)")
     g.add_argument("--judge-top-logprobs-cap", type=int, default=20, help="the server's --max-logprobs")
+    g.add_argument("--qa-model", default=None, help="qa_utility's text-only judge (a causal LM name or directory)")
     g.add_argument("--gveval-mode", default="ref-free", choices=("ref-free", "ref-only", "combined"), help="G-VEval mode")
     g.add_argument("--reward-device", default="cpu", help="device of the reward models")
     g.add_argument("--bf16", action="store_true", help="policy in bfloat16 (GPU)")
