@@ -177,3 +177,14 @@ def test_a_resume_records_the_judges_of_claims_and_qa_utility(tmp_path):
     assert remote["judge_base_url"] == "http://127.0.0.1:8000/v1" and "judge_model" not in remote
     qa = scoring_settings(ScoreOptions(metrics=["qa_utility"], qa_model=str(tiny_qa_judge_dir()), judge_model=judge))
     assert qa["qa_model"] == model_identity(str(tiny_qa_judge_dir())) and qa["judge_model"] == model_identity(judge)
+
+
+def test_the_grpo_recipe_builds_claims_and_qa_utility_on_the_tiny_judges():
+    from capreward.recipes.grpo_captioner import build_parser, build_rewards, parse_rewards
+
+    args = build_parser().parse_args(["--tiny", "--rewards", "claims:1,qa_utility:0.5"])
+    args.reward_list = parse_rewards(args.rewards)
+    funcs, weights = build_rewards(args)
+    assert [f.__name__ for f in funcs] == ["claims", "qa_utility"] and weights == [1.0, 0.5]
+    image = claim_image("red", "green", random.Random("recipe"))
+    assert funcs[0](None, [CAPTIONS[0]], image=[image])[0] > funcs[0](None, [CAPTIONS[1]], image=[image])[0]

@@ -98,6 +98,8 @@ def aggregation_args(config_class: Any = None) -> dict[str, str]:
     """``{"multi_objective_aggregation": "normalize_then_sum"}`` when ``config_class`` (default: TRL's
     ``GRPOConfig``) has that field, else ``{}``."""
     if config_class is None:
-        from trl import GRPOConfig as config_class  # noqa: N813
+        from .._extras import require
+
+        config_class = require("recipes", "trl", used_by="the dense configuration's aggregation").GRPOConfig
     names = {f.name for f in dataclasses.fields(config_class)}
     return {"multi_objective_aggregation": "normalize_then_sum"} if "multi_objective_aggregation" in names else {}

@@ -82,6 +82,17 @@ def build_reward(name: str, args: argparse.Namespace, clip: Any, judge: Any) -> 
     """One capreward reward callable (TRL contract) for ``name``, a metric of :mod:`capreward.registry`: its
     spec's reward class, with the options its spec says it takes."""
     spec = registry.get(name)
+    if name == "claims":
+        from capreward.rewards.claims import ClaimsReward
+
+        return ClaimsReward(backend=chat_judge(args, judge))
+    if name == "qa_utility":
+        from capreward.rewards.qa_utility import QAUtilityReward
+
+        from capreward.jobs.runners import _LazyBackend
+
+        # the recipe's rows carry no questions: the chat judge writes them per visual (loaded on first need)
+        return QAUtilityReward(backend=qa_judge(args), question_backend=_LazyBackend(lambda: chat_judge(args, judge)))
     reward = spec.load_reward()
     remote = bool(getattr(args, "judge_url", None))
     if spec.backbone == "clip":
@@ -94,6 +105,22 @@ def build_reward(name: str, args: argparse.Namespace, clip: Any, judge: Any) -> 
     if remote:  # a metric whose scorer needs a local model, on its scorer for a chat server
         return reward(scorer=spec.load_remote_scorer()(chat_judge(args, judge)))
     return reward(model=judge, device=args.reward_device)
+
+
+def qa_judge(args: argparse.Namespace) -> Any:
+    """The text-only judge of qa_utility: the judge server (``--judge-url``), ``--qa-model`` (a causal LM)
+    or, with ``--tiny``, the tiny trained QA judge."""
+    if getattr(args, "judge_url", None):
+        return chat_judge(args, None)
+    if getattr(args, "tiny", False):
+        from capreward.testing.tiny_qa_judge import qa_backend
+
+        return qa_backend()
+    if not getattr(args, "qa_model", None):
+        raise ValueError("the qa_utility reward needs a text judge: --qa-model (a causal LM) or --judge-url")
+    from capreward.scorers.qa_utility import LocalTextJudge
+
+    return LocalTextJudge(args.qa_model)
 
 
 def chat_judge(args: argparse.Namespace, judge: Any) -> Any:
@@ -482,6 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="judge of fleur/visce2/gveval: a local LLaVA, or with --judge-url the served model name")
     g.add_argument("--judge-url", default=None, help="OpenAI-compatible judge server (vLLM: http://HOST:8000/v1)")
     g.add_argument("--judge-top-logprobs-cap", type=int, default=20, help="the server's --max-logprobs")
+    g.add_argument("--qa-model", default=None, help="qa_utility's text-only judge (a causal LM name or directory)")
     g.add_argument("--gveval-mode", default="ref-free", choices=("ref-free", "ref-only", "combined"), help="G-VEval mode")
     g.add_argument("--reward-device", default="cpu", help="device of the reward models")
     g.add_argument("--bf16", action="store_true", help="policy in bfloat16 (GPU)")
