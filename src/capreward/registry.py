@@ -107,6 +107,9 @@ class MetricSpec:
         remote_scorer: ``"module:attr"`` of a scorer that asks an OpenAI-compatible server (given a
             :class:`~capreward.judges.protocol.JudgeBackend`), for a metric whose :attr:`scorer` needs a
             local model (FLEUR); None otherwise.
+        text_judge: whether its scorer's ``backend`` is a text-only judge that reads the caption alone
+            (a local causal LM, or the judge server), the chat judge then writing what it asks
+            (``question_backend``): QA utility.
     """
 
     name: str
@@ -134,6 +137,7 @@ class MetricSpec:
     reward: str | None = None
     torchmetric: str | None = None
     remote_scorer: str | None = None
+    text_judge: bool = False
 
     def __post_init__(self):
         if self.references not in REFERENCE_MODES:

@@ -148,17 +148,11 @@ def build_reward(name: str, options: RewardOptions | None = None, *, backbone: A
         model = dict(backbone=backbone) if backbone is not None else dict(
             model=opts.clip_model, precision=opts.precision, device=opts.device)
         common.update(model, frames=opts.frames)
-    if kind == "claims":
-        from ..rewards.claims import ClaimsReward
-
-        return ClaimsReward(backend=judge_backend(opts), **common)
-    if kind == "qa_utility":
-        from ..rewards.qa_utility import QAUtilityReward
-
+    reward = spec.load_reward()
+    if spec.text_judge:  # a text-only judge reads the caption alone
         # the server and veRL carry no questions in their labels: the chat judge writes them per visual (cached)
         writer = judge_backend(opts) if opts.judge_url or opts.judge_model else None
-        return QAUtilityReward(backend=qa_backend(opts), question_backend=writer, **common)
-    reward = spec.load_reward()
+        return reward(backend=qa_backend(opts), question_backend=writer, **common)
     if spec.backbone == "clip":  # the options each CLIP metric has, read from its spec
         if spec.uses_idf:
             common["idf"] = read_idf_corpus(opts.idf) if opts.idf else False
@@ -168,7 +162,8 @@ def build_reward(name: str, options: RewardOptions | None = None, *, backbone: A
             common["w"] = opts.w
         return reward(**common)
     if spec.judge_backend:  # a scorer on any chat judge: the server of judge_url, or the local judge
-        tree = dict(tree_top_logprobs=max(10, opts.judge_top_logprobs_cap)) if opts.judge_url else {}
+        tree = dict(tree_top_logprobs=max(10, opts.judge_top_logprobs_cap)) if (
+            opts.judge_url and spec.has_option("tree_top_logprobs")) else {}
         mode = dict(mode=opts.gveval_mode) if spec.has_option("mode") else {}
         return reward(backend=judge_backend(opts), **mode, **tree, **common)
     if opts.judge_url:  # a metric whose scorer needs a local model, on its scorer for a chat server

@@ -150,7 +150,7 @@ def scoring_settings(options: ScoreOptions) -> dict[str, Any]:
     if "gveval" in used:
         settings["gveval_mode"] = options.gveval_mode
         settings["gveval_accr"] = bool(options.gveval_accr)
-    if "qa_utility" in used:  # its text judge (None: the judge server answers)
+    if any(registry.get(m).text_judge for m in used):  # the text judge (None: the judge server answers)
         settings["qa_model"] = model_identity(options.qa_model) if options.qa_model else None
     if "hallucination" in used:
         from ..scorers.hallucination import DEFAULT_THRESHOLD

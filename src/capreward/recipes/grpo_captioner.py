@@ -82,24 +82,18 @@ def build_reward(name: str, args: argparse.Namespace, clip: Any, judge: Any) -> 
     """One capreward reward callable (TRL contract) for ``name``, a metric of :mod:`capreward.registry`: its
     spec's reward class, with the options its spec says it takes."""
     spec = registry.get(name)
-    if name == "claims":
-        from capreward.rewards.claims import ClaimsReward
-
-        return ClaimsReward(backend=chat_judge(args, judge))
-    if name == "qa_utility":
-        from capreward.rewards.qa_utility import QAUtilityReward
-
+    reward = spec.load_reward()
+    if spec.text_judge:  # a text-only judge reads the caption alone
         from capreward.jobs.runners import _LazyBackend
 
         # the recipe's rows carry no questions: the chat judge writes them per visual (loaded on first need)
-        return QAUtilityReward(backend=qa_judge(args), question_backend=_LazyBackend(lambda: chat_judge(args, judge)))
-    reward = spec.load_reward()
+        return reward(backend=qa_judge(args), question_backend=_LazyBackend(lambda: chat_judge(args, judge)))
     remote = bool(getattr(args, "judge_url", None))
     if spec.backbone == "clip":
         w = dict(w=args.clip_w) if spec.has_option("w") and spec.shares == "clip" else {}  # CLIP-S's scale
         return reward(model=clip, device=args.reward_device, frames=args.frames, **w)
     if spec.judge_backend:  # a scorer on any chat judge: the server of --judge-url, or the local judge
-        tree = {"tree_top_logprobs": max(10, args.judge_top_logprobs_cap)} if remote else {}
+        tree = {"tree_top_logprobs": max(10, args.judge_top_logprobs_cap)} if remote and spec.has_option("tree_top_logprobs") else {}
         mode = {"mode": getattr(args, "gveval_mode", "ref-free")} if spec.has_option("mode") else {}
         return reward(backend=chat_judge(args, judge), **mode, **tree)
     if remote:  # a metric whose scorer needs a local model, on its scorer for a chat server

@@ -48,6 +48,7 @@ SPEC = register(MetricSpec(
     options=(
         Option("mode", "ref-free", "'ref-free', 'ref-only' (needs references) or 'combined' (needs references)"),
         Option("accr", False, "the four ACCR dimensions (videos only)"),
+        Option("tree_top_logprobs", 20, "alternatives each node of the exact digit tree asks a server for (at least 10)"),
         Option("expected", True, "the expected score from the token distribution (False: the written number)"),
         Option("temperature", 0.0, "0 decodes greedily (the release: 1)"),
         Option("top_logprobs", 5, "alternatives asked of a server (the release: 5)"),

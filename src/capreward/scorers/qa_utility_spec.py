@@ -30,6 +30,7 @@ SPEC = register(MetricSpec(
     uses_idf=False,
     backbone=None,
     judge_backend=True,  # its text judge may be the judge server
+    text_judge=True,
     options=(
         Option("normalise", True, "P(correct letter) over the option letters' total (False: over the vocabulary)"),
         Option("max_questions", 16, "questions asked per sample"),

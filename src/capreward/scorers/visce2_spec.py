@@ -33,6 +33,7 @@ SPEC = register(MetricSpec(
     judge_backend=True,
     options=(
         Option("expected", False, "also compute the expected score from the token distribution"),
+        Option("tree_top_logprobs", 20, "alternatives each node of the exact digit tree asks a server for (at least 10)"),
         Option("temperature", 0.0, "0 decodes greedily (the release samples at 0.2: VisCE2.released)"),
         Option("prompt", "visce_2", "the rating prompt variant: 'visce_2' (the released head's) or 'visce'"),
         Option("context_max_tokens", 1024, "generation budget of the visual context"),
