@@ -242,3 +242,24 @@ def test_an_unsupported_image_text_family_is_a_clear_error_not_a_llava_path():
                                          "llava_onevision, qwen2_5_vl, qwen2_vl, qwen3_vl, smolvlm"):
         judge_family(SimpleNamespace(config=SimpleNamespace(model_type="mllama")), None)
     assert judge_family(SimpleNamespace(config=SimpleNamespace(model_type="llava")), None) is None
+
+
+def test_the_teacher_forced_pass_gives_the_cached_paths_logits(judge, images):
+    """``logits_at`` (one differentiable pass over prompt + answer, what FLEUR's gradients use) gives the
+    logits the batched cached path chose each answer token with (Qwen3-VL: its DeepStack features in
+    this pass too), with gradients reaching the image features."""
+    rows = [(c, i) for i in range(len(images)) for c in CAPTIONS[:2]]
+    parts = [judge.conversation_parts([(fleur_prompt(c), None)]) for c, _ in rows]
+    features = judge.image_features(judge.preprocess(images))
+    ids = judge.encode_prompts(parts, int(features.shape[1]))
+    out = judge.greedy(judge.start(ids, features, [i for _, i in rows]), 4, keep_logits=True)
+    steps = [sorted(out.logits[r])[:len(out.tokens[r])] or [0] for r in range(len(rows))]
+    inputs = judge.teacher_forcing_inputs(ids, out.tokens, steps)
+    leaf = features.detach().clone().requires_grad_(True)
+    with torch.enable_grad():
+        logits = judge.logits_at(inputs, leaf, [i for _, i in rows])
+        logits[..., 0].sum().backward()
+    for r in range(len(rows)):
+        for k, step in enumerate(steps[r]):
+            torch.testing.assert_close(logits[r, k].detach(), out.logits[r][step], atol=1e-5, rtol=0)
+    assert leaf.grad is not None and bool(leaf.grad.abs().sum() > 0)
