@@ -26,7 +26,8 @@ What happens to a failed sample is decided once, here (:func:`sample_failure`, :
 :func:`summarize`): a sample fails when it has no finite value; its error is the one its producer gave,
 or says that there is no score. Each consumer then applies its own outcome: a reward returns None and
 logs the reason, a metric leaves the sample out of its mean and counts it, a job writes the text in the
-row's ``errors`` column, the server answers the fallback value with the text.
+row's ``errors`` column, the server answers the fallback value with the text. (A job also writes a
+scorer's flag on a scored row, as VisCE²'s "no integer in the answer" beside its score of 0.)
 """
 
 from __future__ import annotations
