@@ -33,6 +33,7 @@ SPEC = register(MetricSpec(
     uses_idf=False,
     backbone="chat_judge",
     judge_backend=True,
+    reward="capreward.rewards.claims:ClaimsReward",
     options=(
         Option("beta", 1.0, "weight of recall in the F-score"),
         Option("max_claims", 32, "claims verified per caption (claims past it count as unverified)"),

@@ -31,6 +31,7 @@ SPEC = register(MetricSpec(
     backbone=None,
     judge_backend=True,  # its text judge may be the judge server
     text_judge=True,
+    reward="capreward.rewards.qa_utility:QAUtilityReward",
     options=(
         Option("normalise", True, "P(correct letter) over the option letters' total (False: over the vocabulary)"),
         Option("max_questions", 16, "questions asked per sample"),
