@@ -17,11 +17,11 @@ from capreward.errors import CaprewardError
 #: (read from the code before the change): ``except <builtin>`` in user code must keep catching it.
 BUILTIN_BASES = {
     "capreward._extras.MissingExtraError": ModuleNotFoundError,
-    "capreward.adapters.batching.Busy": Exception,
+    "capreward.server.batching.Busy": Exception,
     "capreward.adapters.json_limits.JSONLimitError": ValueError,
     "capreward.adapters.labels.LabelError": ValueError,
-    "capreward.adapters.openrlhf.RequestError": Exception,
-    "capreward.adapters.openrlhf._HeadersTooLarge": Exception,
+    "capreward.server.http.RequestError": Exception,
+    "capreward.server.http._HeadersTooLarge": Exception,
     "capreward.adapters.paths.PathRefused": ValueError,
     "capreward.backbones.clip_loading.ModelLoadError": RuntimeError,
     "capreward.cli.common.CLIError": Exception,
@@ -48,6 +48,7 @@ BUILTIN_BASES = {
     "capreward.report.rows.ReportInputError": ValueError,
     "capreward.testing.chat_server.BadRequest": ValueError,
     "capreward.training.relaxed.UnsupportedVocabularyError": ValueError,
+    "capreward.registry.UnknownMetric": (ValueError, KeyError),
 }
 
 

@@ -32,6 +32,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from .errors import CaprewardError
+
 #: The reference modes a spec may declare.
 REFERENCE_MODES = ("none", "optional", "required")
 #: The models a metric can share with another metric of the same kind.
@@ -58,9 +60,13 @@ class Deviation:
     restore: str | None
 
 
-def _import(target: str) -> Any:
+def import_path(target: str) -> Any:
+    """The object a ``"module:attr"`` path names (imported now)."""
     module, _, attr = target.partition(":")
     return getattr(importlib.import_module(module), attr)
+
+
+_import = import_path
 
 
 def _no_sub_scores(config: Mapping[str, Any]) -> tuple[str, ...]:
@@ -107,6 +113,8 @@ class MetricSpec:
         remote_scorer: ``"module:attr"`` of a scorer that asks an OpenAI-compatible server (given a
             :class:`~capreward.judges.protocol.JudgeBackend`), for a metric whose :attr:`scorer` needs a
             local model (FLEUR); None otherwise.
+        tiny_judge: ``"module:attr"`` of the tiny trained judge in `capreward.testing` that runs it
+            offline (``(model, processor)``; the GRPO recipe's ``--tiny``), or None.
         text_judge: whether its scorer's ``backend`` is a text-only judge that reads the caption alone
             (a local causal LM, or the judge server), the chat judge then writing what it asks
             (``question_backend``): QA utility.
@@ -138,6 +146,7 @@ class MetricSpec:
     torchmetric: str | None = None
     remote_scorer: str | None = None
     text_judge: bool = False
+    tiny_judge: str | None = None
 
     def __post_init__(self):
         if self.references not in REFERENCE_MODES:
@@ -217,7 +226,7 @@ class MetricSpec:
         return (self.name, *self.result_fields.values())
 
 
-class UnknownMetric(ValueError, KeyError):
+class UnknownMetric(CaprewardError, ValueError, KeyError):
     """A metric name the registry does not hold; the message suggests the nearest names."""
 
     def __str__(self) -> str:  # KeyError would quote the message
@@ -362,6 +371,6 @@ def using_idf() -> tuple[str, ...]:
     return tuple(s.name for s in specs() if s.uses_idf)
 
 
-__all__ = ["Deviation", "MetricSpec", "Option", "UnknownMetric", "aliases", "get", "lookup", "names", "normalize", "on_backbone", "on_judge_backend",
+__all__ = ["Deviation", "MetricSpec", "Option", "UnknownMetric", "aliases", "get", "import_path", "lookup", "names", "normalize", "on_backbone", "on_judge_backend",
            "result_fields",
            "register", "sharing", "specs", "suggest", "unknown_message", "using_idf"]

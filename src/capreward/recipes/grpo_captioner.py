@@ -137,15 +137,11 @@ def build_rewards(args: argparse.Namespace) -> tuple[list[Any], list[float]]:
         from capreward.testing import tiny_clip_factory
 
         clip = tiny_clip_factory(seed=args.seed)
-        chosen = [registry.get(n) for n, _ in args.reward_list]
-        if any(s.backbone == "chat_judge" and not s.judge_backend for s in chosen):  # FLEUR's digit judge
-            from capreward.testing import tiny_fleur_judge
-
-            judge = tiny_fleur_judge()
-        elif any(s.judge_backend for s in chosen):
-            from capreward.testing.tiny_vlm_judges import tiny_vlm_judge
-
-            judge = tiny_vlm_judge()
+        # the tiny trained judge of the first chosen metric (in the registry's order) that names one
+        chosen = {n for n, _ in args.reward_list}
+        tiny = [s.tiny_judge for s in registry.specs() if s.name in chosen and s.tiny_judge]
+        if tiny:
+            judge = registry.import_path(tiny[0])()
     funcs = [build_reward(name, args, clip, judge) for name, _ in args.reward_list]
     return funcs, [w for _, w in args.reward_list]
 

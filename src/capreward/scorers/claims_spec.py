@@ -51,5 +51,6 @@ SPEC = register(MetricSpec(
         Deviation("recall asks the judge per reference claim whether the caption states it; DCScore matches "
                   "unit lists with GPT-4", None),
     ),
+    tiny_judge="capreward.testing.tiny_claim_judge:tiny_claim_judge",
     position=80,
 ))

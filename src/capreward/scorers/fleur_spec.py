@@ -48,5 +48,6 @@ SPEC = register(MetricSpec(
     reward="capreward.rewards.fleur:FLEURReward",
     torchmetric="capreward.torchmetrics.metrics:FLEURMetric",
     remote_scorer="capreward.scorers.fleur_remote:RemoteFLEUR",
+    tiny_judge="capreward.testing:tiny_fleur_judge",
     position=30,
 ))

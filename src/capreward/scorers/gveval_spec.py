@@ -67,5 +67,6 @@ SPEC = register(MetricSpec(
     visuals_for=visuals_for,
     reward="capreward.rewards.judges:GVEvalReward",
     torchmetric="capreward.torchmetrics.judges:GVEvalMetric",
+    tiny_judge="capreward.testing.tiny_vlm_judges:tiny_vlm_judge",
     position=60,
 ))

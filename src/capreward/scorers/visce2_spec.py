@@ -46,5 +46,6 @@ SPEC = register(MetricSpec(
     ),
     reward="capreward.rewards.judges:VisCE2Reward",
     torchmetric="capreward.torchmetrics.judges:VisCE2Metric",
+    tiny_judge="capreward.testing.tiny_vlm_judges:tiny_vlm_judge",
     position=50,
 ))
