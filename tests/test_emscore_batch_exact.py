@@ -140,11 +140,17 @@ def clips():
 
 @pytest.fixture(scope="module")
 def alone(scorer, clips):
-    logging.getLogger("capreward").setLevel(logging.ERROR)
-    pool = NEAR_SINGULAR + ORDINARY
-    return pool, [
-        scorer.score([c], videos=[clips[v]], references=[REFERENCES[k % 4]]) for k, (c, v) in enumerate(pool)
-    ]
+    # quiet while scoring the pool, and the logger's level restored after: other test files read its records
+    root = logging.getLogger("capreward")
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        pool = NEAR_SINGULAR + ORDINARY
+        return pool, [
+            scorer.score([c], videos=[clips[v]], references=[REFERENCES[k % 4]]) for k, (c, v) in enumerate(pool)
+        ]
+    finally:
+        root.setLevel(level)
 
 
 def test_the_pool_holds_samples_at_the_singularity(alone):
