@@ -66,8 +66,6 @@ def import_path(target: str) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
-_import = import_path
-
 
 def _no_sub_scores(config: Mapping[str, Any]) -> tuple[str, ...]:
     return ()
@@ -160,25 +158,25 @@ class MetricSpec:
 
     def load(self) -> Any:
         """The scorer class (imported now)."""
-        return _import(self.scorer)
+        return import_path(self.scorer)
 
     def load_reward(self) -> Any:
         """The reward class (imported now); ValueError when the metric has none."""
         if self.reward is None:
             raise ValueError(f"{self.name} has no reward class")
-        return _import(self.reward)
+        return import_path(self.reward)
 
     def load_torchmetric(self) -> Any:
         """The torchmetrics Metric class (imported now); ValueError when the metric has none."""
         if self.torchmetric is None:
             raise ValueError(f"{self.name} has no torchmetrics Metric")
-        return _import(self.torchmetric)
+        return import_path(self.torchmetric)
 
     def load_remote_scorer(self) -> Any:
         """The :attr:`remote_scorer` class (imported now); ValueError when the metric has none."""
         if self.remote_scorer is None:
             raise ValueError(f"{self.name} has no scorer for a chat server")
-        return _import(self.remote_scorer)
+        return import_path(self.remote_scorer)
 
     def has_option(self, name: str) -> bool:
         return any(o.name == name for o in self.options)

@@ -41,7 +41,8 @@ from typing import Any, Iterable, Sequence
 
 from ..metrics.token_support import GENERIC_WORDS, STOP_WORDS, SupportReport
 from ..scorers.emscore import EMScore, TokenAlignment
-from ..scorers.hallucination import (DEFAULT_EMPTY_PENALTY, DEFAULT_IDF_THRESHOLD, DEFAULT_THRESHOLD, Hallucination)
+from ..scorers.hallucination import (DEFAULT_EMPTY_PENALTY, DEFAULT_IDF_THRESHOLD, DEFAULT_THRESHOLD, Hallucination,
+                                    checked_options)
 from ..scorers.hallucination import Adjusted as _Adjusted  # noqa: F401  (its name before the scorer existed)
 from .base import CaptionReward, GroupScores
 
@@ -92,17 +93,13 @@ class HallucinationPenalty(CaptionReward):
         idf_weighting: bool = True,
         **kwargs: Any,
     ):
-        if kwargs.get("idf") == "batch":
-            raise ValueError("idf='batch' makes a sample's penalty depend on its batch; pass a corpus or dict")
+        empty_penalty = checked_options(empty_penalty, kwargs)
         kwargs["use_references"] = False
         super().__init__(**kwargs)
         self.threshold = float(threshold)
         self.idf_threshold = idf_threshold
         self.stop_words = frozenset(stop_words)
         self.generic_words = frozenset(w.lower() for w in generic_words)
-        empty_penalty = float(empty_penalty)
-        if not -1.0 <= empty_penalty <= 0.0:
-            raise ValueError(f"empty_penalty must be in [-1, 0], got {empty_penalty!r}")
         self.empty_penalty = empty_penalty
         self.context_free = bool(context_free)
         self.idf_weighting = idf_weighting

@@ -36,6 +36,21 @@ class Adjusted(list):
     contextual: list
 
 
+def checked_options(empty_penalty: float, emscore_options: dict[str, Any]) -> float:
+    """``empty_penalty`` as a float, validated with the EMScore options (the scorer's and the reward's one check).
+
+    Raises:
+        ValueError: ``idf="batch"`` (a sample's penalty would depend on its batch) or ``empty_penalty``
+            outside [-1, 0].
+    """
+    if emscore_options.get("idf") == "batch":
+        raise ValueError("idf='batch' makes a sample's penalty depend on its batch; pass a corpus or dict")
+    empty_penalty = float(empty_penalty)
+    if not -1.0 <= empty_penalty <= 0.0:
+        raise ValueError(f"empty_penalty must be in [-1, 0], got {empty_penalty!r}")
+    return empty_penalty
+
+
 @dataclass
 class HallucinationResult:
     """Per caption: ``penalty`` in [-1, 0], its :class:`~capreward.metrics.token_support.SupportReport`
@@ -91,11 +106,7 @@ class Hallucination:
         idf_weighting: bool = True,
         **emscore_options: Any,
     ):
-        if emscore_options.get("idf") == "batch":
-            raise ValueError("idf='batch' makes a sample's penalty depend on its batch; pass a corpus or dict")
-        empty_penalty = float(empty_penalty)
-        if not -1.0 <= empty_penalty <= 0.0:
-            raise ValueError(f"empty_penalty must be in [-1, 0], got {empty_penalty!r}")
+        empty_penalty = checked_options(empty_penalty, emscore_options)
         self.emscore = emscore if emscore is not None else EMScore(**emscore_options)
         self.threshold = float(threshold)
         self.idf_threshold = idf_threshold
