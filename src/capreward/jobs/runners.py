@@ -319,7 +319,9 @@ class ManifestScorer:
             raise ValueError("qa_utility needs a text judge: --qa-model (a causal LM) or a judge server")
         scorer = QAUtility(answerer, question_backend=self._chat_backend() if self.options.remote_judge else None)
         if not self.options.remote_judge:  # a local question writer is the local LLaVA, loaded on first need
-            scorer.question_backend = _LazyBackend(self._chat_backend)
+            from ..judges.lazy import LazyBackend
+
+            scorer.question_backend = LazyBackend(self._chat_backend)
 
         def run(rows: list[ManifestRow]) -> list[dict]:
             out: list[dict] = [{} for _ in rows]
@@ -427,29 +429,6 @@ def visual_refused(spec, config: dict, kind: str) -> str | None:
     with_config = "" if spec.visual_kinds() == kinds else " with " + ", ".join(f"{k}={v!r}" for k, v in config.items()
                                                                               if v is not False)
     return f"{spec.title} scores {' and '.join(k + 's' for k in kinds)} only{with_config}"
-
-
-class _LazyBackend:
-    """A chat backend built on its first request (the local judge is loaded only when questions must be
-    written)."""
-
-    def __init__(self, build):
-        self._build, self._backend = build, None
-
-    @property
-    def name(self) -> str:
-        return self._get().name
-
-    def _get(self):
-        if self._backend is None:
-            self._backend = self._build()
-        return self._backend
-
-    def generate(self, requests):
-        return self._get().generate(requests)
-
-    async def agenerate(self, requests):
-        return await self._get().agenerate(requests)
 
 
 def row_groups(rows: list[ManifestRow], with_references: bool = True):

@@ -84,10 +84,10 @@ def build_reward(name: str, args: argparse.Namespace, clip: Any, judge: Any) -> 
     spec = registry.get(name)
     reward = spec.load_reward()
     if spec.text_judge:  # a text-only judge reads the caption alone
-        from capreward.jobs.runners import _LazyBackend
+        from capreward.judges.lazy import LazyBackend
 
         # the recipe's rows carry no questions: the chat judge writes them per visual (loaded on first need)
-        return reward(backend=qa_judge(args), question_backend=_LazyBackend(lambda: chat_judge(args, judge)))
+        return reward(backend=qa_judge(args), question_backend=LazyBackend(lambda: chat_judge(args, judge)))
     remote = bool(getattr(args, "judge_url", None))
     if spec.backbone == "clip":
         w = dict(w=args.clip_w) if spec.has_option("w") and spec.shares == "clip" else {}  # CLIP-S's scale
