@@ -49,6 +49,7 @@ BUILTIN_BASES = {
     "capreward.testing.chat_server.BadRequest": ValueError,
     "capreward.training.relaxed.UnsupportedVocabularyError": ValueError,
     "capreward.registry.UnknownMetric": (ValueError, KeyError),
+    "capreward.registry.UnknownOption": TypeError,  # new: a constructor option no metric takes
 }
 
 

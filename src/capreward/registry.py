@@ -116,6 +116,19 @@ class MetricSpec:
         text_judge: whether its scorer's ``backend`` is a text-only judge that reads the caption alone
             (a local causal LM, or the judge server), the chat judge then writing what it asks
             (``question_backend``): QA utility.
+        reward_hooks: ``"module:attr"`` of its :class:`~capreward.rewards.hooks.RewardHooks` (what the one
+            generic reward, :class:`~capreward.rewards.MetricReward`, cannot read from the spec: how the
+            scorer's result becomes the value and the logged sub-scores, the reward's own options), or
+            None when the metric has no reward.
+        metric_hooks: ``"module:attr"`` of its :class:`~capreward.torchmetrics.hooks.MetricHooks` (for
+            the one generic torchmetrics Metric, :class:`~capreward.torchmetrics.RegisteredMetric`: its
+            columns and how the scorer's result fills them), or None when it has no torchmetrics Metric.
+        needs_visual: whether a sample needs a visual for a configuration; None: always. EMScore scores
+            references alone (EMScore_ref), QA utility the sample's questions alone, G-VEval ``ref-only``
+            the references alone.
+        unscored_kind: the :data:`~capreward.errors.KINDS` kind of a plain-text reason the scorer gives
+            for a sample without a score (``"judge_unreadable"``: the judge's answer had none).
+        default_visual: the visual kind its torchmetrics Metric takes by default (``visual=``).
     """
 
     name: str
@@ -145,6 +158,11 @@ class MetricSpec:
     remote_scorer: str | None = None
     text_judge: bool = False
     tiny_judge: str | None = None
+    reward_hooks: str | None = None
+    metric_hooks: str | None = None
+    needs_visual: Callable[[Mapping[str, Any]], bool] | None = None
+    unscored_kind: str = "scorer"
+    default_visual: str = "image"
 
     def __post_init__(self):
         if self.references not in REFERENCE_MODES:
@@ -177,6 +195,29 @@ class MetricSpec:
         if self.remote_scorer is None:
             raise ValueError(f"{self.name} has no scorer for a chat server")
         return import_path(self.remote_scorer)
+
+    @property
+    def judged_by_llm(self) -> bool:
+        """Whether a language model reads the caption (a chat judge, or QA utility's text judge): its
+        rewards floor captions that forge judge-prompt structure by default (the injection guard), and a
+        caption blank once special-token strings are removed is empty."""
+        return self.backbone == "chat_judge" or self.text_judge
+
+    def visual_required(self, config: Mapping[str, Any] | None = None) -> bool:
+        """Whether a sample needs a visual with ``config`` (see :attr:`needs_visual`)."""
+        return True if self.needs_visual is None else bool(self.needs_visual(self.configured(config)))
+
+    def load_reward_hooks(self) -> Any:
+        """The :attr:`reward_hooks` class (imported now); ValueError when the metric has no reward."""
+        if self.reward_hooks is None:
+            raise ValueError(f"{self.name} has no reward")
+        return import_path(self.reward_hooks)
+
+    def load_metric_hooks(self) -> Any:
+        """The :attr:`metric_hooks` class (imported now); ValueError when the metric has no torchmetrics Metric."""
+        if self.metric_hooks is None:
+            raise ValueError(f"{self.name} has no torchmetrics Metric")
+        return import_path(self.metric_hooks)
 
     def has_option(self, name: str) -> bool:
         return any(o.name == name for o in self.options)
@@ -228,6 +269,14 @@ class UnknownMetric(CaprewardError, ValueError, KeyError):
     """A metric name the registry does not hold; the message suggests the nearest names."""
 
     def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class UnknownOption(CaprewardError, TypeError):
+    """A keyword argument a reward or metric constructor does not take; the message names the nearest
+    valid option (raised at construction, not at the first call)."""
+
+    def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
 
 
@@ -369,6 +418,6 @@ def using_idf() -> tuple[str, ...]:
     return tuple(s.name for s in specs() if s.uses_idf)
 
 
-__all__ = ["Deviation", "MetricSpec", "Option", "UnknownMetric", "aliases", "get", "import_path", "lookup", "names", "normalize", "on_backbone", "on_judge_backend",
+__all__ = ["Deviation", "MetricSpec", "Option", "UnknownMetric", "UnknownOption", "aliases", "get", "import_path", "lookup", "names", "normalize", "on_backbone", "on_judge_backend",
            "result_fields",
            "register", "sharing", "specs", "suggest", "unknown_message", "using_idf"]

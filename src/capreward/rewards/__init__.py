@@ -1,7 +1,8 @@
 """Caption-quality rewards for RL fine-tuning (TRL's reward-function contract).
 
+``MetricReward(metric, ...)`` is any registered metric as a reward, read from its spec;
 ``EMScoreReward``, ``CLIPScoreReward``/``PACScoreReward`` and ``FLEURReward``, ``VisCE2Reward`` and ``GVEvalReward``
-wrap the scorers;
+are it fixed to one metric;
 ``HallucinationPenalty`` penalises caption words the visuals do not support; ``SpecificityReward`` pays a
 caption for fitting its own visual better than the other visuals of its batch (an image-blind caption earns 0); ``CompositeReward`` sums
 weighted rewards with guards against reward hacking (repetition, truncation, over-length, prompt
@@ -15,6 +16,7 @@ from .composite import CompositeReward
 from .fleur import FLEURReward
 from .guards import Guards, injection_penalty, length_penalty, repetition_penalty, truncation_penalty
 from .hallucination import DEFAULT_THRESHOLD, HallucinationPenalty
+from .metric_reward import MetricReward
 from .judges import GVEvalReward, VisCE2Reward
 from .specificity import SpecificityReward
 from .inputs import Columns, collect_inputs, completion_text, prompt_images
@@ -32,6 +34,7 @@ __all__ = [
     "GroupScores",
     "Guards",
     "HallucinationPenalty",
+    "MetricReward",
     "PACScoreReward",
     "RewardFunction",
     "RewardOutput",

@@ -13,10 +13,10 @@ from typing import Any
 
 from ..metrics.clipscore import ref_clip_s
 from ..metrics.harmonic import harmonic_mean as harmonic_mean_named
-from ..scorers.clipscore import CLIPScore, PACScore
-from ..scorers.emscore import EMScore
 from ..scorers.results import MatchScores
-from .base import CaptionReward, GroupScores
+from .base import GroupScores
+from .hooks import RewardHooks
+from .metric_reward import MetricReward
 
 MATCH_FIELDS = ("coarse", "fine_p", "fine_r", "fine_f", "full_p", "full_r", "full_f")
 EM_SUBSCORES = ("coarse", "fine_p", "fine_r", "full_f")  # logged for the video and the reference part
@@ -26,7 +26,111 @@ def _column(values) -> list[float]:
     return [float(v) for v in values.detach().float().cpu().tolist()]
 
 
-class EMScoreReward(CaptionReward):
+class EMScoreHooks(RewardHooks):
+    """EMScore's reward: the ``field`` of EMScore(X, V), EMScore(X, X*) or EMScore(X, V, X*) (the combined
+    part when both are given), sub-scores ``video/<f>`` and ``reference/<f>`` for f in
+    :data:`EM_SUBSCORES` and ``truncated``."""
+
+    def options(self, *, field: str = "full_f", harmonic_mean: str = "sign-safe") -> dict[str, Any]:
+        if field not in MATCH_FIELDS:
+            raise ValueError(f"field must be one of {MATCH_FIELDS}, got {field!r}")
+        harmonic_mean_named(harmonic_mean)  # ValueError naming the choices
+        return {"field": field, "harmonic_mean": harmonic_mean}
+
+    def check(self, spec, options, scorer_options) -> None:
+        if scorer_options.get("idf") == "batch":
+            raise ValueError("idf='batch' makes a sample's reward depend on its batch; pass a corpus or dict")
+
+    def value_range(self, reward) -> tuple[float, float]:
+        """[-1, 1]. With ``harmonic_mean="released"`` the paper's F-measure leaves it when P and R have
+        opposite signs (EMScore can then be -12 for a very long caption); such values are clipped and
+        counted (``clipped``). The sign-safe mean stays inside."""
+        return (-1.0, 1.0)
+
+    def metric_names(self, reward) -> tuple[str, ...]:
+        """``video/<f>`` and ``reference/<f>`` for f in coarse, fine_p, fine_r, full_f, and ``truncated``."""
+        return (*(f"{part}/{f}" for part in ("video", "reference") for f in EM_SUBSCORES), "truncated")
+
+    def score_group(self, reward, captions, visuals, kind, references, visual_ids) -> GroupScores:
+        result = reward.scorer.score(
+            captions,
+            videos=visuals if kind == "video" else None,
+            images=visuals if kind == "image" else None,
+            references=references,
+            video_ids=visual_ids,
+            harmonic_mean=reward.harmonic_mean,
+        )
+        main: MatchScores = result.combined or result.video or result.reference
+        metrics: dict[str, list[float]] = {}
+        for part in ("video", "reference"):
+            scores = getattr(result, part)
+            if scores is not None:
+                for f in EM_SUBSCORES:
+                    metrics[f"{part}/{f}"] = _column(getattr(scores, f))
+        metrics["truncated"] = [float(t) for t in result.truncated]
+        return GroupScores(scores=_column(getattr(main, reward.field)), metrics=metrics)
+
+
+class CLIPScoreHooks(RewardHooks):
+    """CLIP-S's and PAC-S's reward: CLIP-S, or RefCLIP-S with references formed by ``harmonic_mean``;
+    sub-scores the reference-free score (named as the metric: ``clip_s`` / ``pac_s``),
+    ``ref_similarity`` and ``truncated``."""
+
+    def options(self, *, harmonic_mean: str = "sign-safe") -> dict[str, Any]:
+        harmonic_mean_named(harmonic_mean)  # ValueError naming the choices
+        return {"harmonic_mean": harmonic_mean}
+
+    def check(self, spec, options, scorer_options) -> None:
+        w = scorer_options.get("w")
+        try:
+            ok = w is None or (not isinstance(w, (str, bool)) and math.isfinite(float(w)) and float(w) > 0)
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            # w < 0 would invert the reward (a worse caption scores higher), NaN leaves every sample unscored
+            raise ValueError(f"{spec.name}: w must be a finite number > 0 (CLIP-S uses 2.5), got {w!r}")
+
+    def value_range(self, reward) -> tuple[float, float]:
+        """CLIP-S alone: [0, w]. With references and the sign-safe mean (the default): RefCLIP-S lies
+        between CLIP-S and the reference cosine s in [-1, 1], so the range is [-1, max(w, 2w/(w+1))]
+        ([-1, w] for w >= 1). With ``harmonic_mean="released"``: [0, w], outside which the released
+        RefCLIP-S goes when s < 0; such values are clipped and counted (``clipped``)."""
+        if reward._given_scorer is not None:
+            w = reward._given_scorer.w
+        else:
+            w = reward.scorer_kwargs.get("w")
+            w = self.scorer_class(reward.spec).default_w if w is None else float(w)
+        lo, hi = min(0.0, w), max(0.0, w)
+        if reward.use_references and reward.harmonic_mean == "sign-safe":
+            lo = min(lo, -1.0)  # H(CLIP-S, s) is s when s < 0
+            if w > 0:
+                hi = max(hi, 2 * w / (w + 1))  # H(w, 1), above w when w < 1
+        return (lo, hi)
+
+    def metric_names(self, reward) -> tuple[str, ...]:
+        """The reference-free score (``clip_s`` / ``pac_s``: the metric's name), ``ref_similarity`` (NaN
+        without references) and ``truncated``."""
+        return (reward.metric, "ref_similarity", "truncated")
+
+    def score_group(self, reward, captions, visuals, kind, references, visual_ids) -> GroupScores:
+        result = reward.scorer.score(
+            captions,
+            images=visuals if kind == "image" else None,
+            videos=visuals if kind == "video" else None,
+            references=references,
+            image_ids=visual_ids,
+        )
+        metrics = {reward.metric: _column(result.clip_s), "truncated": [float(t) for t in result.truncated]}
+        if result.ref_similarity is not None:
+            metrics["ref_similarity"] = _column(result.ref_similarity)
+            mean = harmonic_mean_named(reward.harmonic_mean)
+            scores = _column(ref_clip_s(result.clip_s, result.ref_similarity, mean))
+        else:
+            scores = _column(result.clip_s)
+        return GroupScores(scores=[None if math.isnan(s) else s for s in scores], metrics=metrics)
+
+
+class EMScoreReward(MetricReward):
     """EMScore as a reward: the full F of EMScore(X, V) (with references: of EMScore(X, V, X*)), in
     [-1, 1] (cosine based; around 0.2-0.4 for real captions with a real CLIP).
 
@@ -59,53 +163,10 @@ class EMScoreReward(CaptionReward):
     """
 
     __name__ = "emscore"
-    needs_visual = False
-
-    def __init__(self, *, field: str = "full_f", harmonic_mean: str = "sign-safe", **kwargs: Any):
-        if field not in MATCH_FIELDS:
-            raise ValueError(f"field must be one of {MATCH_FIELDS}, got {field!r}")
-        if kwargs.get("idf") == "batch":
-            raise ValueError("idf='batch' makes a sample's reward depend on its batch; pass a corpus or dict")
-        harmonic_mean_named(harmonic_mean)  # ValueError naming the choices
-        self.field, self.harmonic_mean = field, harmonic_mean
-        super().__init__(**kwargs)
-
-    def _build(self) -> EMScore:
-        return EMScore(**self.scorer_kwargs)
-
-    def value_range(self) -> tuple[float, float]:
-        """[-1, 1]. With ``harmonic_mean="released"`` the paper's F-measure leaves it when P and R have
-        opposite signs (EMScore can then be -12 for a very long caption); such values are clipped and
-        counted (``clipped``). The sign-safe mean stays inside."""
-        return (-1.0, 1.0)
-
-    def metric_names(self) -> tuple[str, ...]:
-        """``video/<f>`` and ``reference/<f>`` for f in coarse, fine_p, fine_r, full_f, and ``clipped``."""
-        parts = [f"{part}/{f}" for part in ("video", "reference") for f in EM_SUBSCORES]
-        return (*parts, "truncated", *super().metric_names())
-
-    def score_group(self, captions, visuals, kind, references, visual_ids) -> GroupScores:
-        scorer = self.scorer
-        result = scorer.score(
-            captions,
-            videos=visuals if kind == "video" else None,
-            images=visuals if kind == "image" else None,
-            references=references,
-            video_ids=visual_ids,
-            harmonic_mean=self.harmonic_mean,
-        )
-        main: MatchScores = result.combined or result.video or result.reference
-        metrics: dict[str, list[float]] = {}
-        for part in ("video", "reference"):
-            scores = getattr(result, part)
-            if scores is not None:
-                for f in EM_SUBSCORES:
-                    metrics[f"{part}/{f}"] = _column(getattr(scores, f))
-        metrics["truncated"] = [float(t) for t in result.truncated]
-        return GroupScores(scores=_column(getattr(main, self.field)), metrics=metrics)
+    metric = "emscore"
 
 
-class CLIPScoreReward(CaptionReward):
+class CLIPScoreReward(MetricReward):
     """CLIP-S as a reward: ``w * max(cos(image, caption), 0)`` in [0, w] (w = 2.5 by default); with
     references RefCLIP-S, the harmonic mean of CLIP-S and the best reference cosine s.
 
@@ -136,63 +197,7 @@ class CLIPScoreReward(CaptionReward):
     """
 
     __name__ = "clip_s"
-    scorer_class = CLIPScore
-    #: the sub-score holding the reference-free score (the metric's one name: ``clip_s`` / ``pac_s``)
-    free_field = "clip_s"
-
-    def __init__(self, *, harmonic_mean: str = "sign-safe", **kwargs: Any):
-        harmonic_mean_named(harmonic_mean)  # ValueError naming the choices
-        w = kwargs.get("w")
-        try:
-            ok = w is None or (not isinstance(w, (str, bool)) and math.isfinite(float(w)) and float(w) > 0)
-        except (TypeError, ValueError):
-            ok = False
-        if not ok:
-            # w < 0 would invert the reward (a worse caption scores higher), NaN leaves every sample unscored
-            raise ValueError(f"{self.__name__}: w must be a finite number > 0 (CLIP-S uses 2.5), got {w!r}")
-        self.harmonic_mean = harmonic_mean
-        super().__init__(**kwargs)
-
-    def _build(self) -> CLIPScore:
-        return self.scorer_class(**self.scorer_kwargs)
-
-    def value_range(self) -> tuple[float, float]:
-        """CLIP-S alone: [0, w]. With references and the sign-safe mean (the default): RefCLIP-S lies
-        between CLIP-S and the reference cosine s in [-1, 1], so the range is [-1, max(w, 2w/(w+1))]
-        ([-1, w] for w >= 1). With ``harmonic_mean="released"``: [0, w], outside which the released
-        RefCLIP-S goes when s < 0; such values are clipped and counted (``clipped``)."""
-        if self._given_scorer is not None:
-            w = self._given_scorer.w
-        else:
-            w = self.scorer_kwargs.get("w")
-            w = self.scorer_class.default_w if w is None else float(w)
-        lo, hi = min(0.0, w), max(0.0, w)
-        if self.use_references and self.harmonic_mean == "sign-safe":
-            lo = min(lo, -1.0)  # H(CLIP-S, s) is s when s < 0
-            if w > 0:
-                hi = max(hi, 2 * w / (w + 1))  # H(w, 1), above w when w < 1
-        return (lo, hi)
-
-    def metric_names(self) -> tuple[str, ...]:
-        """``clip_s``, ``ref_similarity`` (NaN without references), ``truncated`` and ``clipped``."""
-        return ("clip_s", "ref_similarity", "truncated", *super().metric_names())
-
-    def score_group(self, captions, visuals, kind, references, visual_ids) -> GroupScores:
-        result = self.scorer.score(
-            captions,
-            images=visuals if kind == "image" else None,
-            videos=visuals if kind == "video" else None,
-            references=references,
-            image_ids=visual_ids,
-        )
-        metrics = {self.free_field: _column(result.clip_s), "truncated": [float(t) for t in result.truncated]}
-        if result.ref_similarity is not None:
-            metrics["ref_similarity"] = _column(result.ref_similarity)
-            mean = harmonic_mean_named(self.harmonic_mean)
-            scores = _column(ref_clip_s(result.clip_s, result.ref_similarity, mean))
-        else:
-            scores = _column(result.clip_s)
-        return GroupScores(scores=[None if math.isnan(s) else s for s in scores], metrics=metrics)
+    metric = "clip_s"
 
 
 class PACScoreReward(CLIPScoreReward):
@@ -214,5 +219,4 @@ class PACScoreReward(CLIPScoreReward):
     """
 
     __name__ = "pac_s"
-    scorer_class = PACScore
-    free_field = "pac_s"
+    metric = "pac_s"

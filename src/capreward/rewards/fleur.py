@@ -5,11 +5,39 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..scorers.fleur import FLEUR
-from .base import CaptionReward, GroupScores
+from .base import GroupScores
+from .hooks import RewardHooks
+from .metric_reward import MetricReward
 
 
-class FLEURReward(CaptionReward):
+class FLEURHooks(RewardHooks):
+    """FLEUR's reward: the judge's score in [0, 1]; sub-score ``raw_score`` (the greedy answer read as a
+    number)."""
+
+    def metric_names(self, reward) -> tuple[str, ...]:
+        """``raw_score`` (the greedy answer read as a number)."""
+        return ("raw_score",)
+
+    def score_group(self, reward, captions, visuals, kind, references, visual_ids) -> GroupScores:
+        result = reward.scorer.score(
+            captions,
+            images=visuals if kind == "image" else None,
+            videos=visuals if kind == "video" else None,
+            references=references,
+        )
+        scores = [float(s) for s in result.score.tolist()]
+        reasons = [
+            (err or f"judge answer {raw!r} has no score") if math.isnan(s) else None
+            for s, err, raw in zip(scores, result.error, result.raw)
+        ]
+        return GroupScores(
+            scores=[None if math.isnan(s) else s for s in scores],
+            reasons=reasons,
+            metrics={"raw_score": [float(v) for v in result.raw_score.tolist()]},
+        )
+
+
+class FLEURReward(MetricReward):
     """FLEUR as a reward, in [0, 1] (RefFLEUR when the sample has references).
 
     Constructor: ``model`` (hub name, local directory, ``(model, processor)`` pair or a
@@ -35,35 +63,4 @@ class FLEURReward(CaptionReward):
     """
 
     __name__ = "fleur"
-    guard_injection = True
-    reason_kind = "judge_unreadable"  # a plain-text reason of the judge: its answer had no score
-
-    def _build(self) -> FLEUR:
-        return FLEUR(**self.scorer_kwargs)
-
-    def value_range(self) -> tuple[float, float]:
-        """[0, 1] (values outside would be clipped and counted as ``clipped``)."""
-        return (0.0, 1.0)
-
-    def metric_names(self) -> tuple[str, ...]:
-        """``raw_score`` (the greedy answer read as a number), ``clipped`` and, with the injection guard,
-        ``injection``."""
-        return ("raw_score", *super().metric_names())
-
-    def score_group(self, captions, visuals, kind, references, visual_ids) -> GroupScores:
-        result = self.scorer.score(
-            captions,
-            images=visuals if kind == "image" else None,
-            videos=visuals if kind == "video" else None,
-            references=references,
-        )
-        scores = [float(s) for s in result.score.tolist()]
-        reasons = [
-            (err or f"judge answer {raw!r} has no score") if math.isnan(s) else None
-            for s, err, raw in zip(scores, result.error, result.raw)
-        ]
-        return GroupScores(
-            scores=[None if math.isnan(s) else s for s in scores],
-            reasons=reasons,
-            metrics={"raw_score": [float(v) for v in result.raw_score.tolist()]},
-        )
+    metric = "fleur"

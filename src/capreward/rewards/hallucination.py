@@ -40,14 +40,69 @@ from __future__ import annotations
 from typing import Any, Iterable, Sequence
 
 from ..metrics.token_support import GENERIC_WORDS, STOP_WORDS, SupportReport
-from ..scorers.emscore import EMScore, TokenAlignment
-from ..scorers.hallucination import (DEFAULT_EMPTY_PENALTY, DEFAULT_IDF_THRESHOLD, DEFAULT_THRESHOLD, Hallucination,
+from ..scorers.emscore import TokenAlignment
+from ..scorers.hallucination import (DEFAULT_EMPTY_PENALTY, DEFAULT_IDF_THRESHOLD, DEFAULT_THRESHOLD, Hallucination,  # noqa: F401
                                     checked_options)
 from ..scorers.hallucination import Adjusted as _Adjusted  # noqa: F401  (its name before the scorer existed)
-from .base import CaptionReward, GroupScores
+from .base import GroupScores
+from .hooks import RewardHooks
+from .metric_reward import MetricReward
 
 
-class HallucinationPenalty(CaptionReward):
+class HallucinationHooks(RewardHooks):
+    """The hallucination penalty: builds the EMScore it reads token alignments from; the value is the
+    :class:`~capreward.scorers.hallucination.Hallucination` penalty at the reward's settings; sub-scores
+    ``content_tokens``, ``unsupported_tokens`` and ``truncated``. References are never used."""
+
+    scorer = "capreward.scorers.emscore:EMScore"
+    fixed = {"use_references": False}
+
+    def options(
+        self,
+        *,
+        threshold: float = DEFAULT_THRESHOLD,
+        idf_threshold: float | None = None,
+        stop_words: Iterable[str] = STOP_WORDS,
+        generic_words: Iterable[str] = GENERIC_WORDS,
+        empty_penalty: float = DEFAULT_EMPTY_PENALTY,
+        context_free: bool = True,
+        idf_weighting: bool = True,
+    ) -> dict[str, Any]:
+        return {"threshold": float(threshold), "idf_threshold": idf_threshold, "stop_words": frozenset(stop_words),
+                "generic_words": frozenset(w.lower() for w in generic_words), "empty_penalty": empty_penalty,
+                "context_free": bool(context_free), "idf_weighting": idf_weighting}
+
+    def check(self, spec, options, scorer_options) -> None:
+        options["empty_penalty"] = checked_options(options["empty_penalty"], scorer_options)
+
+    def analysis(self, reward) -> Hallucination:
+        """The :class:`~capreward.scorers.hallucination.Hallucination` scorer on the reward's EMScore, with
+        its current settings (``threshold`` ...)."""
+        return Hallucination(
+            reward.scorer, threshold=reward.threshold, idf_threshold=reward.idf_threshold,
+            stop_words=reward.stop_words, generic_words=reward.generic_words, empty_penalty=reward.empty_penalty,
+            context_free=reward.context_free, idf_weighting=reward.idf_weighting,
+        )
+
+    def metric_names(self, reward) -> tuple[str, ...]:
+        """``content_tokens``, ``unsupported_tokens`` and ``truncated``."""
+        return ("content_tokens", "unsupported_tokens", "truncated")
+
+    def score_group(self, reward, captions, visuals, kind, references, visual_ids) -> GroupScores:
+        analysis = self.analysis(reward)
+        alignments = analysis.alignments(captions, visuals, kind, visual_ids)
+        reports = [analysis.report_for(a) for a in alignments]
+        return GroupScores(
+            scores=[r.penalty for r in reports],
+            metrics={
+                "content_tokens": [float(len(r.tokens)) for r in reports],
+                "unsupported_tokens": [float(sum(r.unsupported)) for r in reports],
+                "truncated": [float(t) for t in alignments.truncated],
+            },
+        )
+
+
+class HallucinationPenalty(MetricReward):
     """Reward in [-1, 0]: minus the weighted fraction of content tokens whose best frame similarity is
     below ``threshold``.
 
@@ -80,46 +135,13 @@ class HallucinationPenalty(CaptionReward):
     """
 
     __name__ = "hallucination"
-
-    def __init__(
-        self,
-        *,
-        threshold: float = DEFAULT_THRESHOLD,
-        idf_threshold: float | None = None,
-        stop_words: Iterable[str] = STOP_WORDS,
-        generic_words: Iterable[str] = GENERIC_WORDS,
-        empty_penalty: float = DEFAULT_EMPTY_PENALTY,
-        context_free: bool = True,
-        idf_weighting: bool = True,
-        **kwargs: Any,
-    ):
-        empty_penalty = checked_options(empty_penalty, kwargs)
-        kwargs["use_references"] = False
-        super().__init__(**kwargs)
-        self.threshold = float(threshold)
-        self.idf_threshold = idf_threshold
-        self.stop_words = frozenset(stop_words)
-        self.generic_words = frozenset(w.lower() for w in generic_words)
-        self.empty_penalty = empty_penalty
-        self.context_free = bool(context_free)
-        self.idf_weighting = idf_weighting
-
-    def _build(self) -> EMScore:
-        return EMScore(**self.scorer_kwargs)
-
-    def value_range(self) -> tuple[float, float]:
-        """[-1, 0]."""
-        return (-1.0, 0.0)
+    metric = "hallucination"
 
     # ------------------------------------------------------------------ analysis
     def analysis(self) -> Hallucination:
         """The `Hallucination` scorer on this reward's EMScore, with
         its current settings (``threshold`` ...)."""
-        return Hallucination(
-            self.scorer, threshold=self.threshold, idf_threshold=self.idf_threshold, stop_words=self.stop_words,
-            generic_words=self.generic_words, empty_penalty=self.empty_penalty, context_free=self.context_free,
-            idf_weighting=self.idf_weighting,
-        )
+        return self.hooks.analysis(self)
 
     def _uses_idf(self) -> bool:
         return self.scorer.idf_table is not None
@@ -152,20 +174,3 @@ class HallucinationPenalty(CaptionReward):
         words will be flagged). Returns the new threshold."""
         self.threshold = self.analysis().calibrate(captions, visuals, kind, quantile)
         return self.threshold
-
-    # ------------------------------------------------------------------- reward
-    def metric_names(self) -> tuple[str, ...]:
-        """``content_tokens``, ``unsupported_tokens``, ``truncated`` and ``clipped``."""
-        return ("content_tokens", "unsupported_tokens", "truncated", *super().metric_names())
-
-    def score_group(self, captions, visuals, kind, references, visual_ids) -> GroupScores:
-        alignments = self.alignments(captions, visuals, kind, visual_ids)
-        reports = [self.report_for(a) for a in alignments]
-        return GroupScores(
-            scores=[r.penalty for r in reports],
-            metrics={
-                "content_tokens": [float(len(r.tokens)) for r in reports],
-                "unsupported_tokens": [float(sum(r.unsupported)) for r in reports],
-                "truncated": [float(t) for t in alignments.truncated],
-            },
-        )

@@ -17,16 +17,100 @@ import math
 from typing import Any
 
 from ..errors import SampleError
-from ..scorers.gveval import GVEval
-from ..scorers.visce2 import VisCE2
-from .base import CaptionReward, GroupScores
+from ..scorers.gveval_spec import ACCR
+from .base import GroupScores
+from .hooks import RewardHooks
+from .metric_reward import MetricReward
 
 
 def _floats(values) -> list[float]:
     return [float(v) for v in values]
 
 
-class VisCE2Reward(CaptionReward):
+class VisCE2Hooks(RewardHooks):
+    """VisCE²'s reward: the written (or, with ``use_expected``, the expected) 0..100 score times
+    ``scale``; sub-scores ``parsed`` (1/0) and ``expected`` when the scorer computes it."""
+
+    use_references = False  # reference-free
+
+    def options(self, *, scale: float = 0.01, use_expected: bool = False) -> dict[str, Any]:
+        return {"scale": float(scale), "use_expected": use_expected}
+
+    def configure(self, reward) -> None:
+        if reward.use_expected and reward._given_scorer is None:
+            reward.scorer_kwargs.setdefault("expected", True)
+
+    def value_range(self, reward) -> tuple[float, float]:
+        """[0, 100 * scale]. A written score above 100 (kept by the scorer, as released, and flagged)
+        gets None with the scorer's reason; anything else outside would be clipped and counted."""
+        return (min(0.0, 100 * reward.scale), max(0.0, 100 * reward.scale))
+
+    def metric_names(self, reward) -> tuple[str, ...]:
+        """``parsed`` (1/0) and ``expected`` when the scorer computes expected scores."""
+        given = reward._given_scorer
+        expected = given.expected if given is not None else reward.scorer_kwargs.get("expected", False)
+        return ("parsed", *(("expected",) if expected else ()))
+
+    def score_group(self, reward, captions, visuals, kind, references, visual_ids) -> GroupScores:
+        if kind != "image":
+            reason = SampleError(None, "input", "", f"VisCE² scores images, got a {kind or 'sample without visual'}")
+            return GroupScores(scores=[None] * len(captions), reasons=[reason] * len(captions))
+        result = reward.scorer.score(captions, visuals, image_ids=visual_ids if visual_ids and all(visual_ids) else None)
+        values = result.expected if reward.use_expected and result.expected is not None else result.score
+        reasons = list(result.error)
+        if reward.use_expected and result.expected_error is not None:
+            reasons = [e or r for e, r in zip(result.expected_error, reasons)]
+        # range guard: the scorer returns a first integer above 100 as the release does; no reward for it
+        scores = [None if math.isnan(v) or not 0 <= v <= 100 else v * reward.scale for v in _floats(values)]
+        metrics = {"parsed": [1.0 if e is None else 0.0 for e in result.error]}
+        if result.expected is not None:
+            metrics["expected"] = _floats(result.expected)
+        return GroupScores(scores=scores, reasons=[None if s is not None else r for s, r in zip(scores, reasons)], metrics=metrics)
+
+
+class GVEvalHooks(RewardHooks):
+    """G-VEval's reward: the 0..100 score times ``scale`` (with ACCR the mean of the four dimensions);
+    sub-scores ``parsed`` and, with ``accr=True``, the four dimensions."""
+
+    def options(self, *, scale: float = 0.01) -> dict[str, Any]:
+        return {"scale": float(scale)}
+
+    def configure(self, reward) -> None:
+        given = reward._given_scorer
+        reward.mode = given.mode if given is not None else reward.scorer_kwargs.get("mode", "ref-free")
+        reward.needs_visual = reward.spec.visual_required({"mode": reward.mode})
+        reward.use_references = reward.use_references and reward.spec.references_for({"mode": reward.mode}) != "none"
+
+    def value_range(self, reward) -> tuple[float, float]:
+        """[0, 100 * scale] (values outside are clipped and counted as ``clipped``)."""
+        return (min(0.0, 100 * reward.scale), max(0.0, 100 * reward.scale))
+
+    def metric_names(self, reward) -> tuple[str, ...]:
+        """``parsed`` and the four ACCR dimensions with ``accr=True``."""
+        given = reward._given_scorer
+        accr = given.accr if given is not None else reward.scorer_kwargs.get("accr", False)
+        return ("parsed", *(ACCR if accr else ()))
+
+    def score_group(self, reward, captions, visuals, kind, references, visual_ids) -> GroupScores:
+        if reward.mode != "ref-free" and references is None:
+            reason = SampleError(None, "input", "", f"G-VEval mode {reward.mode!r} needs references for this sample")
+            return GroupScores(scores=[None] * len(captions), reasons=[reason] * len(captions))
+        result = reward.scorer.score(
+            captions,
+            images=visuals if kind == "image" else None,
+            videos=visuals if kind == "video" else None,
+            references=references,
+        )
+        scores = [None if math.isnan(v) else v * reward.scale for v in _floats(result.score)]
+        metrics = {"parsed": _floats(result.parsed)}
+        if reward.scorer.accr:
+            for name in ACCR:
+                metrics[name] = _floats(getattr(result, name))
+        reasons = [None if s is not None else e for s, e in zip(scores, result.error)]
+        return GroupScores(scores=scores, reasons=reasons, metrics=metrics)
+
+
+class VisCE2Reward(MetricReward):
     """VisCE² as a reward (images; reference-free).
 
     ``backend`` and the other `VisCE2` options (``expected``,
@@ -51,50 +135,10 @@ class VisCE2Reward(CaptionReward):
     """
 
     __name__ = "visce2"
-    guard_injection = True
-    reason_kind = "judge_unreadable"  # a plain-text reason of the judge: its answer had no score
-
-    def __init__(self, *, scale: float = 0.01, use_expected: bool = False, use_references: bool = False, **kwargs: Any):
-        super().__init__(use_references=use_references, **kwargs)
-        self.scale = float(scale)
-        self.use_expected = use_expected
-        if use_expected and self._given_scorer is None:
-            self.scorer_kwargs.setdefault("expected", True)
-
-    def _build(self) -> VisCE2:
-        return VisCE2(**self.scorer_kwargs)
-
-    def value_range(self) -> tuple[float, float]:
-        """[0, 100 * scale]. A written score above 100 (kept by the scorer, as released, and flagged)
-        gets None with the scorer's reason; anything else outside would be clipped and counted."""
-        return (min(0.0, 100 * self.scale), max(0.0, 100 * self.scale))
-
-    def _option(self, name: str) -> Any:
-        return getattr(self._given_scorer, name) if self._given_scorer is not None else self.scorer_kwargs.get(name, False)
-
-    def metric_names(self) -> tuple[str, ...]:
-        """``parsed`` (1/0), ``expected`` when the scorer computes expected scores, ``clipped`` and, with the
-        injection guard, ``injection``."""
-        return ("parsed", *(("expected",) if self._option("expected") else ()), *super().metric_names())
-
-    def score_group(self, captions, visuals, kind, references, visual_ids) -> GroupScores:
-        if kind != "image":
-            reason = SampleError(None, "input", "", f"VisCE² scores images, got a {kind or 'sample without visual'}")
-            return GroupScores(scores=[None] * len(captions), reasons=[reason] * len(captions))
-        result = self.scorer.score(captions, visuals, image_ids=visual_ids if visual_ids and all(visual_ids) else None)
-        values = result.expected if self.use_expected and result.expected is not None else result.score
-        reasons = list(result.error)
-        if self.use_expected and result.expected_error is not None:
-            reasons = [e or r for e, r in zip(result.expected_error, reasons)]
-        # range guard: the scorer returns a first integer above 100 as the release does; no reward for it
-        scores = [None if math.isnan(v) or not 0 <= v <= 100 else v * self.scale for v in _floats(values)]
-        metrics = {"parsed": [1.0 if e is None else 0.0 for e in result.error]}
-        if result.expected is not None:
-            metrics["expected"] = _floats(result.expected)
-        return GroupScores(scores=scores, reasons=[None if s is not None else r for s, r in zip(scores, reasons)], metrics=metrics)
+    metric = "visce2"
 
 
-class GVEvalReward(CaptionReward):
+class GVEvalReward(MetricReward):
     """G-VEval as a reward (images or videos; ``mode`` "ref-free", "ref-only" or "combined").
 
     ``backend``, ``mode``, ``accr`` and the other `GVEval` options go to
@@ -115,45 +159,4 @@ class GVEvalReward(CaptionReward):
     """
 
     __name__ = "gveval"
-    guard_injection = True
-    reason_kind = "judge_unreadable"  # a plain-text reason of the judge: its answer had no score
-
-    def __init__(self, *, scale: float = 0.01, **kwargs: Any):
-        super().__init__(**kwargs)
-        self.scale = float(scale)
-        mode = self._given_scorer.mode if self._given_scorer is not None else self.scorer_kwargs.get("mode", "ref-free")
-        self.mode = mode
-        self.needs_visual = mode != "ref-only"
-        self.use_references = self.use_references and mode != "ref-free"
-
-    def _build(self) -> GVEval:
-        return GVEval(**self.scorer_kwargs)
-
-    def value_range(self) -> tuple[float, float]:
-        """[0, 100 * scale] (values outside are clipped and counted as ``clipped``)."""
-        return (min(0.0, 100 * self.scale), max(0.0, 100 * self.scale))
-
-    def metric_names(self) -> tuple[str, ...]:
-        """``parsed``, the four ACCR dimensions with ``accr=True``, ``clipped`` and, with the injection
-        guard, ``injection``."""
-        accr = self._given_scorer.accr if self._given_scorer is not None else self.scorer_kwargs.get("accr", False)
-        dims = ("accuracy", "completeness", "conciseness", "relevance") if accr else ()
-        return ("parsed", *dims, *super().metric_names())
-
-    def score_group(self, captions, visuals, kind, references, visual_ids) -> GroupScores:
-        if self.mode != "ref-free" and references is None:
-            reason = SampleError(None, "input", "", f"G-VEval mode {self.mode!r} needs references for this sample")
-            return GroupScores(scores=[None] * len(captions), reasons=[reason] * len(captions))
-        result = self.scorer.score(
-            captions,
-            images=visuals if kind == "image" else None,
-            videos=visuals if kind == "video" else None,
-            references=references,
-        )
-        scores = [None if math.isnan(v) else v * self.scale for v in _floats(result.score)]
-        metrics = {"parsed": _floats(result.parsed)}
-        if self.scorer.accr:
-            for name in ("accuracy", "completeness", "conciseness", "relevance"):
-                metrics[name] = _floats(getattr(result, name))
-        reasons = [None if s is not None else e for s, e in zip(scores, result.error)]
-        return GroupScores(scores=scores, reasons=reasons, metrics=metrics)
+    metric = "gveval"

@@ -12,11 +12,102 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from ..scorers.qa_utility import QAUtility
-from .base import CaptionReward, GroupScores, RewardOutput, clip_to_range
+from .base import GroupScores, RewardOutput, clip_to_range
+from .hooks import RewardHooks
+from .metric_reward import MetricReward
 
 
-class QAUtilityReward(CaptionReward):
+class QAUtilityHooks(RewardHooks):
+    """The QA-utility reward: reads the questions column (``questions_column``) beside the captions; the
+    value is the scorer's expected accuracy; sub-score ``n_questions``. Samples that all bring questions
+    need no visual (one scorer call for the batch)."""
+
+    def options(self, *, questions_column: str = "questions") -> dict[str, Any]:
+        return {"questions_column": questions_column}
+
+    def configure(self, reward) -> None:
+        reward._questions = None
+
+    def value_range(self, reward) -> tuple[float, float]:
+        return (0.0, 1.0)
+
+    def metric_names(self, reward) -> tuple[str, ...]:
+        return ("n_questions",)
+
+    def compute(self, reward, prompts: Sequence[Any] | None, completions: Sequence[Any], kwargs) -> RewardOutput:
+        questions = kwargs.get(reward.questions_column)
+        if questions is not None and len(questions) != len(completions):
+            raise ValueError(f"{len(completions)} completions but {len(questions)} entries in {reward.questions_column!r}")
+        reward._questions = list(questions) if questions is not None else None
+        try:
+            return super().compute(reward, prompts, completions, kwargs)
+        finally:
+            reward._questions = None
+
+    def score_group(self, reward, captions, visuals, kind, references, visual_ids) -> GroupScores:
+        rows = self._rows(reward, captions)
+        questions = [reward._questions[r] if reward._questions is not None and r is not None else None for r in rows]
+        visual_kw = {f"{kind}s": visuals} if kind in ("image", "video") and visuals is not None else {}
+        if any(q is None for q in questions) and not visual_kw:
+            reason = f"qa_utility needs a {reward.questions_column!r} column or a visual to write questions for"
+            if all(q is None for q in questions):
+                return GroupScores(scores=[None] * len(captions), reasons=[reason] * len(captions))
+        result = reward.scorer.score(captions, questions=questions, **visual_kw)
+        scores = [None if math.isnan(v) else float(v) for v in result.score.tolist()]
+        reasons = [None if s is not None else e for s, e in zip(scores, result.error)]
+        return GroupScores(scores=scores, reasons=reasons, metrics={"n_questions": [float(v) for v in result.n_questions]})
+
+    def score_inputs(self, reward, inputs) -> RewardOutput:
+        """Samples that all bring questions need no visual: one scorer call for the batch (with the
+        injection guard and the caption reading of the base class); otherwise the base class's grouping
+        by visual, questions written for the samples without them."""
+        if reward._questions is None or any(q is None for q in reward._questions):
+            return super().score_inputs(reward, inputs)
+        n = len(inputs)
+        injection = reward._injection_guard(inputs.samples)
+        inputs, reading = reward._read(inputs)
+        values: list[float | None] = [None] * n
+        reasons: list[str | None] = [s.error for s in inputs.samples]
+        rows = []
+        for i, s in enumerate(inputs.samples):
+            if s.error is None and injection[i] is not None:
+                values[i] = reward.value_range()[0]
+            elif s.error is None:
+                rows.append(i)
+        metrics: dict[str, list[float]] = {"n_questions": [math.nan] * n}
+        if rows:
+            with reward._lock:
+                result = reward.scorer.score([inputs.samples[i].caption for i in rows],
+                                             questions=[reward._questions[i] for i in rows])
+            for j, i in enumerate(rows):
+                v = float(result.score[j])
+                metrics["n_questions"][i] = float(result.n_questions[j])
+                if math.isnan(v):
+                    reasons[i] = f"completions[{i}]: {result.error[j] or 'no score'}"
+                else:
+                    values[i] = v
+        if reward.injection_guard:
+            metrics["injection"] = [math.nan if s.error is not None else float(r is not None)
+                                    for s, r in zip(inputs.samples, injection)]
+        out = RewardOutput(values, reasons, metrics, injection=injection if reward.injection_guard else [], reading=reading)
+        return reward.with_metric_names(clip_to_range(out, reward.value_range()))
+
+    def call_group(self, reward, samples, rows, kind, with_refs) -> GroupScores:
+        reward._current_rows = list(rows)  # the completions of this group: their questions
+        try:
+            return super().call_group(reward, samples, rows, kind, with_refs)
+        finally:
+            reward._current_rows = None
+
+    @staticmethod
+    def _rows(reward, captions: list[str]) -> list[int]:
+        rows = getattr(reward, "_current_rows", None)
+        if rows is None or len(rows) != len(captions):
+            raise RuntimeError("qa_utility scores groups through compute()")
+        return rows
+
+
+class QAUtilityReward(MetricReward):
     """Expected QA accuracy from the caption alone, as a reward.
 
     ``backend``, ``question_backend`` and the other :class:`~capreward.scorers.qa_utility.QAUtility`
@@ -35,90 +126,4 @@ class QAUtilityReward(CaptionReward):
     """
 
     __name__ = "qa_utility"
-    guard_injection = True
-    needs_visual = False
-
-    def __init__(self, *, questions_column: str = "questions", **kwargs: Any):
-        super().__init__(**kwargs)
-        self.questions_column = questions_column
-        self._questions: list[Any] | None = None
-
-    def _build(self) -> QAUtility:
-        return QAUtility(**self.scorer_kwargs)
-
-    def value_range(self) -> tuple[float, float]:
-        return (0.0, 1.0)
-
-    def metric_names(self) -> tuple[str, ...]:
-        return ("n_questions", *super().metric_names())
-
-    def compute(self, prompts: Sequence[Any] | None, completions: Sequence[Any], **kwargs: Any) -> RewardOutput:
-        questions = kwargs.get(self.questions_column)
-        if questions is not None and len(questions) != len(completions):
-            raise ValueError(f"{len(completions)} completions but {len(questions)} entries in {self.questions_column!r}")
-        self._questions = list(questions) if questions is not None else None
-        try:
-            return super().compute(prompts, completions, **kwargs)
-        finally:
-            self._questions = None
-
-    def score_group(self, captions, visuals, kind, references, visual_ids) -> GroupScores:
-        rows = self._rows(captions)
-        questions = [self._questions[r] if self._questions is not None and r is not None else None for r in rows]
-        visual_kw = {f"{kind}s": visuals} if kind in ("image", "video") and visuals is not None else {}
-        if any(q is None for q in questions) and not visual_kw:
-            reason = f"qa_utility needs a {self.questions_column!r} column or a visual to write questions for"
-            if all(q is None for q in questions):
-                return GroupScores(scores=[None] * len(captions), reasons=[reason] * len(captions))
-        result = self.scorer.score(captions, questions=questions, **visual_kw)
-        scores = [None if math.isnan(v) else float(v) for v in result.score.tolist()]
-        reasons = [None if s is not None else e for s, e in zip(scores, result.error)]
-        return GroupScores(scores=scores, reasons=reasons, metrics={"n_questions": [float(v) for v in result.n_questions]})
-
-    def score_inputs(self, inputs) -> RewardOutput:
-        """Samples that all bring questions need no visual: one scorer call for the batch (with the
-        injection guard and the caption reading of the base class); otherwise the base class's grouping
-        by visual, questions written for the samples without them."""
-        if self._questions is None or any(q is None for q in self._questions):
-            return super().score_inputs(inputs)
-        n = len(inputs)
-        injection = self._injection_guard(inputs.samples)
-        inputs, reading = self._read(inputs)
-        values: list[float | None] = [None] * n
-        reasons: list[str | None] = [s.error for s in inputs.samples]
-        rows = []
-        for i, s in enumerate(inputs.samples):
-            if s.error is None and injection[i] is not None:
-                values[i] = self.value_range()[0]
-            elif s.error is None:
-                rows.append(i)
-        metrics: dict[str, list[float]] = {"n_questions": [math.nan] * n}
-        if rows:
-            with self._lock:
-                result = self.scorer.score([inputs.samples[i].caption for i in rows],
-                                           questions=[self._questions[i] for i in rows])
-            for j, i in enumerate(rows):
-                v = float(result.score[j])
-                metrics["n_questions"][i] = float(result.n_questions[j])
-                if math.isnan(v):
-                    reasons[i] = f"completions[{i}]: {result.error[j] or 'no score'}"
-                else:
-                    values[i] = v
-        if self.injection_guard:
-            metrics["injection"] = [math.nan if s.error is not None else float(r is not None)
-                                    for s, r in zip(inputs.samples, injection)]
-        out = RewardOutput(values, reasons, metrics, injection=injection if self.injection_guard else [], reading=reading)
-        return self.with_metric_names(clip_to_range(out, self.value_range()))
-
-    def _call_group(self, samples, rows, kind, with_refs) -> GroupScores:
-        self._current_rows = list(rows)  # the completions of this group: their questions
-        try:
-            return super()._call_group(samples, rows, kind, with_refs)
-        finally:
-            self._current_rows = None
-
-    def _rows(self, captions: list[str]) -> list[int]:
-        rows = getattr(self, "_current_rows", None)
-        if rows is None or len(rows) != len(captions):
-            raise RuntimeError("qa_utility scores groups through compute()")
-        return rows
+    metric = "qa_utility"

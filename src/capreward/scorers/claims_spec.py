@@ -34,6 +34,7 @@ SPEC = register(MetricSpec(
     backbone="chat_judge",
     judge_backend=True,
     reward="capreward.rewards.claims:ClaimsReward",
+    reward_hooks="capreward.rewards.claims:ClaimsHooks",
     options=(
         Option("beta", 1.0, "weight of recall in the F-score"),
         Option("max_claims", 32, "claims verified per caption (claims past it count as unverified)"),

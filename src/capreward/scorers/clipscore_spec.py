@@ -54,6 +54,7 @@ CLIP_S = register(MetricSpec(
     result_fields={"ref": "ref_clip_s"},
     reward="capreward.rewards.clip_family:CLIPScoreReward",
     torchmetric="capreward.torchmetrics.metrics:CLIPScoreMetric",
+    reward_hooks="capreward.rewards.clip_family:CLIPScoreHooks",
     position=10,
 ))
 
@@ -79,5 +80,6 @@ PAC_S = register(MetricSpec(
     result_fields={"ref": "ref_pac_s"},
     reward="capreward.rewards.clip_family:PACScoreReward",
     torchmetric=None,  # CLIPScoreMetric(scorer=PACScore(...)) is named pac_s
+    reward_hooks="capreward.rewards.clip_family:CLIPScoreHooks",
     position=20,
 ))

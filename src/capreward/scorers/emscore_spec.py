@@ -24,6 +24,11 @@ def sub_scores(config: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(f"{part}/{f}" for part in parts(config) for f in MATCH_FIELDS)
 
 
+def scores_references_alone(config: Mapping[str, Any]) -> bool:
+    """EMScore_ref scores a caption against its references alone: a sample needs no visual."""
+    return False
+
+
 SPEC = register(MetricSpec(
     name="emscore",
     aliases=("em", "em_score"),
@@ -65,5 +70,8 @@ SPEC = register(MetricSpec(
     ),
     reward="capreward.rewards.clip_family:EMScoreReward",
     torchmetric="capreward.torchmetrics.metrics:EMScoreMetric",
+    reward_hooks="capreward.rewards.clip_family:EMScoreHooks",
+    needs_visual=scores_references_alone,
+    default_visual="video",
     position=0,
 ))

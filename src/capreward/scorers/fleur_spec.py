@@ -47,6 +47,8 @@ SPEC = register(MetricSpec(
     ),
     reward="capreward.rewards.fleur:FLEURReward",
     torchmetric="capreward.torchmetrics.metrics:FLEURMetric",
+    reward_hooks="capreward.rewards.fleur:FLEURHooks",
+    unscored_kind="judge_unreadable",
     remote_scorer="capreward.scorers.fleur_remote:RemoteFLEUR",
     tiny_judge="capreward.testing:tiny_fleur_judge",
     position=30,

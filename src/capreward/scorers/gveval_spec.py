@@ -27,6 +27,11 @@ def visuals_for(config: Mapping[str, Any]) -> tuple[str, ...]:
     return ("video",) if config.get("accr") else ("image", "video")
 
 
+def needs_visual(config: Mapping[str, Any]) -> bool:
+    """``ref-only`` judges the caption against the references alone."""
+    return config.get("mode", "ref-free") != "ref-only"
+
+
 SPEC = register(MetricSpec(
     name="gveval",
     aliases=("g_veval",),
@@ -67,6 +72,9 @@ SPEC = register(MetricSpec(
     visuals_for=visuals_for,
     reward="capreward.rewards.judges:GVEvalReward",
     torchmetric="capreward.torchmetrics.judges:GVEvalMetric",
+    reward_hooks="capreward.rewards.judges:GVEvalHooks",
+    needs_visual=needs_visual,
+    unscored_kind="judge_unreadable",
     tiny_judge="capreward.testing.tiny_vlm_judges:tiny_vlm_judge",
     position=60,
 ))

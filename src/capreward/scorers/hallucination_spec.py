@@ -39,5 +39,6 @@ SPEC = register(MetricSpec(
     ),
     deviations=(),
     reward="capreward.rewards.hallucination:HallucinationPenalty",
+    reward_hooks="capreward.rewards.hallucination:HallucinationHooks",
     position=40,
 ))

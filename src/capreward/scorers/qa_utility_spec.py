@@ -12,6 +12,11 @@ def sub_scores(config: Mapping[str, Any]) -> tuple[str, ...]:
     return ("n_questions", "answers")
 
 
+def scores_questions_alone(config: Mapping[str, Any]) -> bool:
+    """A sample that brings its questions needs no visual (one is needed only to write questions)."""
+    return False
+
+
 SPEC = register(MetricSpec(
     name="qa_utility",
     aliases=("qa", "caprl"),
@@ -32,6 +37,8 @@ SPEC = register(MetricSpec(
     judge_backend=True,  # its text judge may be the judge server
     text_judge=True,
     reward="capreward.rewards.qa_utility:QAUtilityReward",
+    reward_hooks="capreward.rewards.qa_utility:QAUtilityHooks",
+    needs_visual=scores_questions_alone,
     options=(
         Option("normalise", True, "P(correct letter) over the option letters' total (False: over the vocabulary)"),
         Option("max_questions", 16, "questions asked per sample"),
