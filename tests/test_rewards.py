@@ -248,9 +248,10 @@ def test_one_value_per_completion_and_column_checks(clip_model, video_paths):
 
 
 def test_bad_configuration_raises_instead_of_none(video_paths):
-    broken = EMScoreReward(modle="ViT-B/32")  # misspelt scorer argument
-    with pytest.raises(TypeError, match="modle"):
-        broken(None, CAPTIONS[:1], video=video_paths[:1])
+    # a misspelt scorer argument is refused at construction (a TypeError, as before at the first call),
+    # naming the nearest option
+    with pytest.raises(TypeError, match="'modle' .*did you mean 'model'"):
+        EMScoreReward(modle="ViT-B/32")
 
 
 def test_visual_id_column_narrows_the_cache_key(clip_model):
