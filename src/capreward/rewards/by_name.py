@@ -10,11 +10,13 @@ from .. import registry
 def reward_for(name: str, **options: Any) -> Any:
     """The reward of metric ``name`` (any spelling or alias) built with ``options``: the class its spec
     names (:attr:`~capreward.registry.MetricSpec.reward`), so ``reward_for("clipscore", w=2.5)`` is a
-    :class:`~capreward.rewards.CLIPScoreReward`.
+    :class:`~capreward.rewards.CLIPScoreReward` (a :class:`~capreward.rewards.MetricReward` fixed to
+    CLIP-S); a metric whose spec names hooks but no class gets :class:`~capreward.rewards.MetricReward`.
 
     Args:
         name: a metric name or alias.
-        **options: the reward class's keyword arguments.
+        **options: the reward's keyword arguments (its signature lists them); an unknown one raises
+            :class:`~capreward.registry.UnknownOption`.
 
     Returns:
         The reward (TRL's reward-function contract; ``__name__`` is the metric's one name).
@@ -23,7 +25,12 @@ def reward_for(name: str, **options: Any) -> Any:
         capreward.registry.UnknownMetric: no metric is called ``name`` (with the nearest names).
         ValueError: the metric has no reward class.
     """
-    return registry.get(name).load_reward()(**options)
+    spec = registry.get(name)
+    if spec.reward is None and spec.reward_hooks is not None:
+        from .metric_reward import MetricReward
+
+        return MetricReward(spec.name, **options)
+    return spec.load_reward()(**options)
 
 
 __all__ = ["reward_for"]

@@ -55,6 +55,7 @@ CLIP_S = register(MetricSpec(
     reward="capreward.rewards.clip_family:CLIPScoreReward",
     torchmetric="capreward.torchmetrics.metrics:CLIPScoreMetric",
     reward_hooks="capreward.rewards.clip_family:CLIPScoreHooks",
+    metric_hooks="capreward.torchmetrics.metrics:CLIPScoreHooks",
     position=10,
 ))
 
@@ -81,5 +82,6 @@ PAC_S = register(MetricSpec(
     reward="capreward.rewards.clip_family:PACScoreReward",
     torchmetric=None,  # CLIPScoreMetric(scorer=PACScore(...)) is named pac_s
     reward_hooks="capreward.rewards.clip_family:CLIPScoreHooks",
+    metric_hooks="capreward.torchmetrics.metrics:CLIPScoreHooks",
     position=20,
 ))

@@ -71,6 +71,7 @@ SPEC = register(MetricSpec(
     reward="capreward.rewards.clip_family:EMScoreReward",
     torchmetric="capreward.torchmetrics.metrics:EMScoreMetric",
     reward_hooks="capreward.rewards.clip_family:EMScoreHooks",
+    metric_hooks="capreward.torchmetrics.metrics:EMScoreHooks",
     needs_visual=scores_references_alone,
     default_visual="video",
     position=0,

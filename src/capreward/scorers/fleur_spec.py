@@ -48,6 +48,7 @@ SPEC = register(MetricSpec(
     reward="capreward.rewards.fleur:FLEURReward",
     torchmetric="capreward.torchmetrics.metrics:FLEURMetric",
     reward_hooks="capreward.rewards.fleur:FLEURHooks",
+    metric_hooks="capreward.torchmetrics.metrics:FLEURHooks",
     unscored_kind="judge_unreadable",
     remote_scorer="capreward.scorers.fleur_remote:RemoteFLEUR",
     tiny_judge="capreward.testing:tiny_fleur_judge",

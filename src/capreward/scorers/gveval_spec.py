@@ -73,6 +73,7 @@ SPEC = register(MetricSpec(
     reward="capreward.rewards.judges:GVEvalReward",
     torchmetric="capreward.torchmetrics.judges:GVEvalMetric",
     reward_hooks="capreward.rewards.judges:GVEvalHooks",
+    metric_hooks="capreward.torchmetrics.judges:GVEvalHooks",
     needs_visual=needs_visual,
     unscored_kind="judge_unreadable",
     tiny_judge="capreward.testing.tiny_vlm_judges:tiny_vlm_judge",

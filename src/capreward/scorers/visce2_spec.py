@@ -47,6 +47,7 @@ SPEC = register(MetricSpec(
     reward="capreward.rewards.judges:VisCE2Reward",
     torchmetric="capreward.torchmetrics.judges:VisCE2Metric",
     reward_hooks="capreward.rewards.judges:VisCE2Hooks",
+    metric_hooks="capreward.torchmetrics.judges:VisCE2Hooks",
     unscored_kind="judge_unreadable",
     tiny_judge="capreward.testing.tiny_vlm_judges:tiny_vlm_judge",
     position=50,

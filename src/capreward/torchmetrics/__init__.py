@@ -1,5 +1,7 @@
 """torchmetrics Metrics of caption quality (DDP-synced per-sample states), for Lightning and any loop.
 
+- :class:`RegisteredMetric`: any registered metric's Metric, read from its spec (``RegisteredMetric("emscore",
+  clip)``); the per-metric classes below are it fixed to one metric.
 - :mod:`capreward.torchmetrics.metrics`: :class:`CaptionMetric`, :class:`EMScoreMetric`,
   :class:`CLIPScoreMetric`, :class:`FLEURMetric` (they were ``capreward.callbacks.tm_metrics``).
 - :mod:`capreward.torchmetrics.judges`: :class:`VisCE2Metric`, :class:`GVEvalMetric` (they were
@@ -17,6 +19,7 @@ _LAZY = {
     "EMScoreMetric": "capreward.torchmetrics.metrics",
     "CLIPScoreMetric": "capreward.torchmetrics.metrics",
     "FLEURMetric": "capreward.torchmetrics.metrics",
+    "RegisteredMetric": "capreward.torchmetrics.metrics",
     "VisCE2Metric": "capreward.torchmetrics.judges",
     "GVEvalMetric": "capreward.torchmetrics.judges",
 }
@@ -24,17 +27,24 @@ _LAZY = {
 __all__ = sorted([*_LAZY, "metric_for"])
 
 
-def metric_for(name: str, **options):
+def metric_for(name: str, *args, **options):
     """The torchmetrics Metric of metric ``name`` (any spelling or alias) built with ``options``: the class
-    its spec names (:attr:`~capreward.registry.MetricSpec.torchmetric`).
+    its spec names (:attr:`~capreward.registry.MetricSpec.torchmetric`), else
+    :class:`RegisteredMetric` reading its spec (PAC-S).
 
     Raises:
         capreward.registry.UnknownMetric: no metric is called ``name``.
+        capreward.registry.UnknownOption: an option the Metric does not take.
         ValueError: the metric has no torchmetrics Metric.
     """
     from .. import registry
 
-    return registry.get(name).load_torchmetric()(**options)
+    spec = registry.get(name)
+    if spec.torchmetric is None and spec.metric_hooks is not None:
+        from .metrics import RegisteredMetric
+
+        return RegisteredMetric(spec.name, *args, **options)
+    return spec.load_torchmetric()(*args, **options)
 
 
 def __getattr__(name: str):

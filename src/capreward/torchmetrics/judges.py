@@ -13,14 +13,77 @@ from typing import Any
 
 import torch
 
-from .metrics import CaptionMetric
+from ..scorers.gveval_spec import ACCR
+from .hooks import MetricHooks
+from .metrics import RegisteredMetric
 
 
 def _scored(score: torch.Tensor) -> torch.Tensor:
     return (~torch.isnan(score)).float()
 
 
-class VisCE2Metric(CaptionMetric):
+class VisCE2Hooks(MetricHooks):
+    """VisCE²'s columns: ``score``, ``empty``, ``scored`` and, when the scorer computes it, ``expected``;
+    images only, no references."""
+
+    required = "backend"
+    fixed_visual = "image"
+
+    def columns(self, metric, scorer) -> tuple[str, ...]:
+        return ("score", "empty", "scored") + (("expected",) if scorer.expected else ())
+
+    def check_mode(self, metric, has_visuals, has_refs) -> None:
+        if not has_visuals or has_refs:
+            raise ValueError(f"{metric.name}: VisCE² takes one image per caption and no references")
+
+    def score_rows(self, metric, candidates, visuals, references, visual_ids):
+        res = metric.scorer.score(candidates, visuals, image_ids=visual_ids if visual_ids and all(visual_ids) else None)
+        score = torch.as_tensor(res.score, dtype=torch.float32)
+        metric._log_unscored(candidates, score.tolist(), res.error)
+        cols = {"score": score, "scored": _scored(score)}
+        if res.expected is not None:
+            cols["expected"] = torch.as_tensor(res.expected, dtype=torch.float32)
+        return metric._row_tensor(cols, len(candidates))
+
+    def parts(self, metric, has_visuals, has_refs):
+        return [c for c in ("score", "expected") if c in metric.columns]
+
+
+class GVEvalHooks(MetricHooks):
+    """G-VEval's columns: ``score``, ``empty``, ``scored`` and with ACCR the four dimensions (videos only)."""
+
+    required = "backend"
+
+    def check(self, metric, scorer, visual) -> None:
+        if scorer.accr and visual != "video":
+            raise ValueError("G-VEval's ACCR prompts are for video: use visual='video'")
+
+    def columns(self, metric, scorer) -> tuple[str, ...]:
+        return ("score", "empty", "scored") + (ACCR if scorer.accr else ())
+
+    def check_mode(self, metric, has_visuals, has_refs) -> None:
+        mode = metric.scorer.mode
+        if mode != "ref-only" and not has_visuals:
+            raise ValueError(f"{metric.name}: G-VEval mode {mode!r} needs a visual for every caption")
+        if mode != "ref-free" and not has_refs:
+            raise ValueError(f"{metric.name}: G-VEval mode {mode!r} needs references for every caption")
+
+    def score_rows(self, metric, candidates, visuals, references, visual_ids):
+        key = "videos" if metric.visual == "video" else "images"
+        res = metric.scorer.score(candidates, references=references, **{key: visuals})
+        score = torch.as_tensor(res.score, dtype=torch.float32)
+        metric._log_unscored(candidates, score.tolist(), res.error)
+        cols = {"score": score, "scored": _scored(score)}
+        if metric.scorer.accr:
+            for name in ACCR:
+                cols[name] = torch.as_tensor(getattr(res, name), dtype=torch.float32)
+        return metric._row_tensor(cols, len(candidates))
+
+    def parts(self, metric, has_visuals, has_refs):
+        return [c for c in metric.columns if c not in ("empty", "scored")]
+
+
+class VisCE2Metric(RegisteredMetric):
     """VisCE² as a torchmetrics Metric (images; higher is better, 0..100).
 
     Columns: ``score`` (the first integer of the judge's answer; 0 when it wrote none, as in the paper;
@@ -42,48 +105,11 @@ class VisCE2Metric(CaptionMetric):
         True
     """
 
+    metric = "visce2"
     default_name = "visce2"
-    judge_text = True
-    plot_lower_bound = 0.0
-    plot_upper_bound = 100.0
-
-    def __init__(
-        self,
-        backend: Any = None,
-        *,
-        scorer: Any = None,
-        expected: bool = False,
-        scorer_kwargs: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ):
-        if (backend is None) == (scorer is None):
-            raise ValueError("give either backend= or scorer=")
-        if scorer is None:
-            from ..scorers.visce2 import VisCE2
-
-            scorer = VisCE2(backend, expected=expected, **(scorer_kwargs or {}))
-        self.columns = ("score", "empty", "scored") + (("expected",) if scorer.expected else ())
-        super().__init__(scorer, visual="image", **kwargs)
-
-    def _check_mode(self, has_visuals, has_refs):
-        if not has_visuals or has_refs:
-            raise ValueError(f"{self.name}: VisCE² takes one image per caption and no references")
-        super()._check_mode(has_visuals, has_refs)
-
-    def _score_rows(self, candidates, visuals, references, visual_ids):
-        res = self.scorer.score(candidates, visuals, image_ids=visual_ids if visual_ids and all(visual_ids) else None)
-        score = torch.as_tensor(res.score, dtype=torch.float32)
-        self._log_unscored(candidates, score.tolist(), res.error)
-        cols = {"score": score, "scored": _scored(score)}
-        if res.expected is not None:
-            cols["expected"] = torch.as_tensor(res.expected, dtype=torch.float32)
-        return self._row_tensor(cols, len(candidates))
-
-    def _parts(self, has_visuals, has_refs):
-        return [c for c in ("score", "expected") if c in self.columns]
 
 
-class GVEvalMetric(CaptionMetric):
+class GVEvalMetric(RegisteredMetric):
     """G-VEval as a torchmetrics Metric (0..100, higher is better).
 
     ``mode``: "ref-free" (visuals), "ref-only" (references; visuals optional) or "combined" (both);
@@ -105,55 +131,9 @@ class GVEvalMetric(CaptionMetric):
         True
     """
 
+    metric = "gveval"
     default_name = "gveval"
-    judge_text = True
-    plot_lower_bound = 0.0
-    plot_upper_bound = 100.0
-    _ACCR = ("accuracy", "completeness", "conciseness", "relevance")
-
-    def __init__(
-        self,
-        backend: Any = None,
-        *,
-        scorer: Any = None,
-        mode: str = "ref-free",
-        accr: bool = False,
-        visual: str | None = "image",
-        scorer_kwargs: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ):
-        if (backend is None) == (scorer is None):
-            raise ValueError("give either backend= or scorer=")
-        if scorer is None:
-            from ..scorers.gveval import GVEval
-
-            scorer = GVEval(backend, mode=mode, accr=accr, **(scorer_kwargs or {}))
-        if scorer.accr and visual != "video":
-            raise ValueError("G-VEval's ACCR prompts are for video: use visual='video'")
-        self.columns = ("score", "empty", "scored") + (self._ACCR if scorer.accr else ())
-        super().__init__(scorer, visual=visual, **kwargs)
-
-    def _check_mode(self, has_visuals, has_refs):
-        mode = self.scorer.mode
-        if mode != "ref-only" and not has_visuals:
-            raise ValueError(f"{self.name}: G-VEval mode {mode!r} needs a visual for every caption")
-        if mode != "ref-free" and not has_refs:
-            raise ValueError(f"{self.name}: G-VEval mode {mode!r} needs references for every caption")
-        super()._check_mode(has_visuals, has_refs)
-
-    def _score_rows(self, candidates, visuals, references, visual_ids):
-        key = "videos" if self.visual == "video" else "images"
-        res = self.scorer.score(candidates, references=references, **{key: visuals})
-        score = torch.as_tensor(res.score, dtype=torch.float32)
-        self._log_unscored(candidates, score.tolist(), res.error)
-        cols = {"score": score, "scored": _scored(score)}
-        if self.scorer.accr:
-            for name in self._ACCR:
-                cols[name] = torch.as_tensor(getattr(res, name), dtype=torch.float32)
-        return self._row_tensor(cols, len(candidates))
-
-    def _parts(self, has_visuals, has_refs):
-        return [c for c in self.columns if c not in ("empty", "scored")]
+    _ACCR = ACCR
 
 
 __all__ = ["GVEvalMetric", "VisCE2Metric"]

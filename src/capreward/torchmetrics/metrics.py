@@ -24,6 +24,7 @@ Empty captions (what a young captioner often produces) are not sent to the score
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import os
@@ -51,6 +52,8 @@ from ..callbacks.sources import as_captions, as_references, per_visual
 from ..callbacks.sources import per_sample as split_per_sample
 from ..callbacks.distributed import is_distributed
 from ..callbacks.summary import NO_ID, CaptionScores, check_ids, nanmean, summarize
+from ..explicit_options import ClassSignature
+from .hooks import MetricHooks
 
 logger = logging.getLogger("capreward.callbacks.tm_metrics")  # its name before the move: logging configs keep working
 
@@ -458,8 +461,282 @@ def _cat(state: Any) -> torch.Tensor:
     return dim_zero_cat(state) if len(state) else torch.zeros(0)
 
 
+# ------------------------------------------------------------------------------ any registered metric
+#: torchmetrics ``Metric``'s own keyword arguments (its constructor takes them as ``**kwargs``).
+TORCHMETRICS_OPTIONS = (("compute_on_cpu", False), ("dist_sync_on_step", False), ("process_group", None),
+                        ("dist_sync_fn", None), ("distributed_available_fn", None), ("sync_on_compute", True),
+                        ("compute_with_cache", True))
+_CAPTION_OPTIONS = tuple(
+    p for p in list(inspect.signature(CaptionMetric.__init__).parameters.values())[1:]
+    if p.name not in ("scorer", "visual") and p.kind is not inspect.Parameter.VAR_KEYWORD
+)
+_METRIC_OPTION_NAMES = frozenset([p.name for p in _CAPTION_OPTIONS] + [n for n, _ in TORCHMETRICS_OPTIONS])
+
+
+def metric_parameters(metric: str) -> tuple[inspect.Signature, frozenset[str] | None]:
+    """The constructor signature of ``metric``'s torchmetrics Metric (its scorer's first option
+    positional, the scorer's other options, ``scorer``, ``visual``, the options of
+    :class:`CaptionMetric` and torchmetrics' own) and the names it accepts (None: any)."""
+    from .. import registry
+    from ..explicit_options import constructor_parameters, keyword_only, merged_signature
+
+    spec = registry.get(metric)
+    hooks = spec.load_metric_hooks()()
+    scorer_params, open_kwargs = constructor_parameters(spec.load())
+    first = [scorer_params[0].replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD)] if scorer_params else []
+    if first and first[0].default is inspect.Parameter.empty:  # optional: scorer= may come instead
+        first = [first[0].replace(default=None)]
+    kw = inspect.Parameter.KEYWORD_ONLY
+    own = [inspect.Parameter("scorer", kw, default=None)]
+    if hooks.fixed_visual is None:
+        own.append(inspect.Parameter("visual", kw, default=spec.default_visual, annotation="str | None"))
+    own.append(inspect.Parameter("scorer_kwargs", kw, default=None, annotation="dict[str, Any] | None"))
+    tm = [inspect.Parameter(n, kw, default=d) for n, d in TORCHMETRICS_OPTIONS]
+    var = inspect.Parameter("scorer_options", inspect.Parameter.VAR_KEYWORD) if open_kwargs else None
+    signature = merged_signature(first, keyword_only(scorer_params[1:]), own, keyword_only(_CAPTION_OPTIONS), tm,
+                                 var_keyword=var)
+    return signature, (None if open_kwargs else frozenset(signature.parameters))
+
+
+def _metric_signature(cls: type) -> inspect.Signature | None:
+    if cls.metric is None:
+        return inspect.Signature([
+            inspect.Parameter("metric", inspect.Parameter.POSITIONAL_ONLY),
+            inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL),
+            inspect.Parameter("options", inspect.Parameter.VAR_KEYWORD)])
+    return metric_parameters(cls.metric)[0]
+
+
+def _spec_of_scorer(scorer: Any) -> Any:
+    """The spec whose scorer class ``scorer`` is an instance of (exactly), or None."""
+    from .. import registry
+
+    path = f"{type(scorer).__module__}:{type(scorer).__qualname__}"
+    return next((s for s in registry.specs() if s.scorer == path), None)
+
+
+class RegisteredMetric(CaptionMetric):
+    """Any registered metric with a torchmetrics Metric, read from its spec: ``RegisteredMetric("emscore",
+    clip, visual="image")`` is :class:`EMScoreMetric` (the per-metric classes are subclasses that fix
+    ``metric``).
+
+    The scorer is built from the scorer's own options (the first one may be given positionally: ``model``
+    or ``backend``), or pass a configured ``scorer``. The columns, and how the scorer's result fills them,
+    are the metric's :class:`~capreward.torchmetrics.hooks.MetricHooks`; the name, range (plot bounds),
+    default ``visual`` and whether a language model reads the caption come from its spec.
+
+    Args:
+        metric: a metric name or alias that has a torchmetrics Metric (the per-metric classes fix it).
+        *args: the scorer's first option (``model`` or ``backend``).
+        **options: the scorer's options, ``scorer``, ``visual``, ``scorer_kwargs`` (more scorer options,
+            as a dict), the options of :class:`CaptionMetric` and torchmetrics' own
+            (:meth:`signature_of` lists them).
+
+    Raises:
+        capreward.registry.UnknownMetric: no metric has that name.
+        capreward.registry.UnknownOption: an option it does not take (naming the nearest valid one).
+        ValueError: the metric has no torchmetrics Metric, or the options conflict.
+
+    Example:
+        >>> from capreward.testing import colour_image, trained_clip_path
+        >>> clip = str(trained_clip_path())   # a tiny CLIP trained to know colour words (seconds, then cached)
+        >>> red = colour_image("red")
+        >>> from capreward.torchmetrics import RegisteredMetric
+        >>> metric = RegisteredMetric("EMScore", clip, visual="image")
+        >>> metric.name, metric.columns[:3]
+        ('emscore', ('score', 'empty', 'truncated'))
+        >>> metric.update(["a red image.", "a blue image."], [red, red])
+        >>> bool(-1 <= metric.compute() <= 1)
+        True
+        >>> RegisteredMetric("emscore", clip, vidual="image")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        capreward.registry.UnknownOption: RegisteredMetric('emscore')() got an unexpected keyword argument 'vidual' (did you mean 'visual'?); ...
+    """
+
+    #: the metric this class is fixed to (the per-metric subclasses), None for the generic class
+    metric: str | None = None
+    __signature__ = ClassSignature(_metric_signature)
+
+    def __init__(self, *args: Any, **options: Any):
+        from .. import registry
+        from ..explicit_options import check_options
+
+        fixed = type(self).metric
+        args_ = list(args)
+        if fixed is None:
+            if not args_:
+                raise TypeError("RegisteredMetric() needs a metric name: RegisteredMetric('emscore', ...)")
+            name = args_.pop(0)
+        else:
+            name = fixed
+        spec = registry.get(name)
+        hooks = spec.load_metric_hooks()()
+        owner = type(self).__name__ if fixed is not None else f"RegisteredMetric({spec.name!r})"
+        signature, names = metric_parameters(spec.name)
+        first = next(iter(signature.parameters))
+        if len(args_) > 1:
+            raise TypeError(f"{owner}() takes one positional argument ({first}), got {len(args_)}")
+        if args_:
+            if first in options:
+                raise TypeError(f"{owner}() got multiple values for argument {first!r}")
+            options[first] = args_[0]
+        if names is not None:
+            check_options(owner, options, names)
+        scorer = options.pop("scorer", None)
+        visual = hooks.fixed_visual or options.pop("visual", spec.default_visual)
+        metric_kw = {k: options.pop(k) for k in _METRIC_OPTION_NAMES if k in options}
+        scorer_options = {**(options.pop("scorer_kwargs", None) or {}), **options}
+        required = hooks.required
+        if required is not None and (scorer is None) == (scorer_options.get(required) is None):
+            raise ValueError(f"give either {required}= or scorer=")
+        if scorer is None:
+            scorer = spec.load()(**scorer_options)
+        else:
+            for option in hooks.exclusive:
+                if scorer_options.get(option) is not None:
+                    raise ValueError(f"give either scorer= or {option}=, not both")
+        config = {o.name: getattr(scorer, o.name) for o in spec.options if hasattr(scorer, o.name)}
+        if visual is None and spec.visual_required(config):
+            raise ValueError(f"{spec.title} needs visuals: visual must be 'image' or 'video'")
+        self.metric = spec.name
+        self.hooks = hooks
+        hooks.check(self, scorer, visual)
+        self.columns = hooks.columns(self, scorer)
+        self.judge_text = spec.judged_by_llm
+        if metric_kw.get("name") is None:
+            metric_kw["name"] = hooks.name(self, scorer)
+        super().__init__(scorer, visual=visual, **metric_kw)
+
+    @property
+    def spec(self) -> Any:
+        """The metric's spec (:class:`~capreward.registry.MetricSpec`)."""
+        from .. import registry
+
+        return registry.get(self.metric)
+
+    @staticmethod
+    def signature_of(metric: str) -> inspect.Signature:
+        """The options ``RegisteredMetric(metric, ...)`` takes (the signature of its per-metric class).
+
+        Example:
+            >>> from capreward.torchmetrics import RegisteredMetric
+            >>> "idf" in RegisteredMetric.signature_of("emscore").parameters
+            True
+        """
+        return metric_parameters(metric)[0]
+
+    @property
+    def plot_lower_bound(self) -> float:  # type: ignore[override]
+        """The bottom of the metric's range."""
+        return float(self.hooks.plot_bounds(self)[0])
+
+    @property
+    def plot_upper_bound(self) -> float:  # type: ignore[override]
+        """The top of the metric's range (CLIP-S: its ``w``)."""
+        return float(self.hooks.plot_bounds(self)[1])
+
+    def _check_mode(self, has_visuals, has_refs):
+        self.hooks.check_mode(self, has_visuals, has_refs)
+        super()._check_mode(has_visuals, has_refs)
+
+    def _score_rows(self, candidates, visuals, references, visual_ids):
+        return self.hooks.score_rows(self, candidates, visuals, references, visual_ids)
+
+    def _parts(self, has_visuals, has_refs):
+        return self.hooks.parts(self, has_visuals, has_refs)
+
+
 # ------------------------------------------------------------------------------------------ EMScore
-class EMScoreMetric(CaptionMetric):
+class EMScoreHooks(MetricHooks):
+    """EMScore's columns: ``score``, ``empty``, ``truncated`` and ``<part>/<component>`` for part in
+    video/reference/combined and every component."""
+
+    exclusive = ("backbone",)
+
+    def columns(self, metric, scorer) -> tuple[str, ...]:
+        return ("score", "empty", "truncated") + tuple(
+            sub_score(part, f) for part in ("video", "reference", "combined") for f in _MATCH_FIELDS)
+
+    def score_rows(self, metric, candidates, visuals, references, visual_ids):
+        kw = {}
+        if visuals is not None:
+            kw["videos" if metric.visual == "video" else "images"] = visuals
+            kw["video_ids"] = visual_ids
+        res = metric.scorer.score(candidates, references=references, **kw)
+        cols = {"score": res.score, "truncated": torch.tensor(res.truncated, dtype=torch.float32)}
+        for part in ("video", "reference", "combined"):
+            scores = getattr(res, part)
+            if scores is not None:
+                cols.update({sub_score(part, k): v for k, v in scores.as_dict().items()})
+        return metric._row_tensor(cols, len(candidates))
+
+    def parts(self, metric, has_visuals, has_refs):
+        parts = ["score"]
+        present = [p for p, on in (("video", has_visuals), ("reference", has_refs)) if on]
+        if has_visuals and has_refs:
+            present.append("combined")
+        return parts + [sub_score(p, f) for p in present for f in _MATCH_FIELDS]
+
+
+class CLIPScoreHooks(MetricHooks):
+    """CLIP-S's (and PAC-S's) columns: ``score`` (RefCLIP-S with references, else CLIP-S), ``empty``,
+    ``truncated``, ``clip_s``, ``ref_clip_s`` and ``ref_similarity``; the top of the range is ``w``."""
+
+    exclusive = ("backbone",)
+
+    def columns(self, metric, scorer) -> tuple[str, ...]:
+        return ("score", "empty", "truncated", "clip_s", "ref_clip_s", "ref_similarity")
+
+    def name(self, metric, scorer) -> str:
+        own = _spec_of_scorer(scorer)  # PAC-S has its own one name
+        return own.name if own is not None else metric.spec.name
+
+    def plot_bounds(self, metric) -> tuple[float, float]:
+        return (0.0, float(metric.scorer.w))
+
+    def check_mode(self, metric, has_visuals, has_refs) -> None:
+        if not has_visuals:
+            raise ValueError(f"{metric.name}: CLIP-S needs visuals (images or videos) in every update")
+
+    def score_rows(self, metric, candidates, visuals, references, visual_ids):
+        key = "videos" if metric.visual == "video" else "images"
+        res = metric.scorer.score(candidates, references=references, image_ids=visual_ids, **{key: visuals})
+        cols = {"score": res.score, "clip_s": res.clip_s, "truncated": torch.tensor(res.truncated, dtype=torch.float32)}
+        if res.ref_clip_s is not None:
+            cols["ref_clip_s"] = res.ref_clip_s
+            cols["ref_similarity"] = res.ref_similarity
+        return metric._row_tensor(cols, len(candidates))
+
+    def parts(self, metric, has_visuals, has_refs):
+        return ["score", "clip_s"] + (["ref_clip_s", "ref_similarity"] if has_refs else [])
+
+
+class FLEURHooks(MetricHooks):
+    """FLEUR's columns: ``score`` (NaN where the answer did not parse), ``empty`` and ``parsed``."""
+
+    exclusive = ("model",)
+
+    def columns(self, metric, scorer) -> tuple[str, ...]:
+        return ("score", "empty", "parsed")
+
+    def check_mode(self, metric, has_visuals, has_refs) -> None:
+        if not has_visuals:
+            raise ValueError(f"{metric.name}: FLEUR needs an image (or video) for every caption")
+
+    def score_rows(self, metric, candidates, visuals, references, visual_ids):
+        key = "videos" if metric.visual == "video" else "images"
+        res = metric.scorer.score(candidates, references=references, **{key: visuals})
+        score = torch.as_tensor(res.score, dtype=torch.float32)
+        parsed = (~torch.isnan(score)).float()
+        metric._log_unscored(candidates, score.tolist(), getattr(res, "error", None))
+        return metric._row_tensor({"score": score, "parsed": parsed}, len(candidates))
+
+    def parts(self, metric, has_visuals, has_refs):
+        return ["score"]
+
+
+class EMScoreMetric(RegisteredMetric):
     """EMScore as a torchmetrics Metric: the mean full F of EMScore(X, V), EMScore(X, X*) or
     EMScore(X, V, X*) depending on what ``update`` gets (in [-1, 1]; higher is better).
 
@@ -486,57 +763,11 @@ class EMScoreMetric(CaptionMetric):
         True
     """
 
-    columns = ("score", "empty", "truncated") + tuple(
-        sub_score(part, f) for part in ("video", "reference", "combined") for f in _MATCH_FIELDS
-    )
+    metric = "emscore"
     default_name = "emscore"
-    plot_lower_bound = -1.0
-    plot_upper_bound = 1.0
-
-    def __init__(
-        self,
-        model: str | os.PathLike | Callable[[], tuple] = DEFAULT_CLIP,
-        *,
-        backbone: CLIPBackbone | None = None,
-        scorer: Any = None,
-        device: str | torch.device = "cpu",
-        idf: Any = False,
-        frames: int | None = DEFAULT_FRAMES,
-        batch_size: int = 64,
-        visual: str | None = "video",
-        **kwargs: Any,
-    ):
-        if scorer is None:
-            from ..scorers.emscore import EMScore
-
-            scorer = EMScore(model, device=device, idf=idf, frames=frames, batch_size=batch_size, backbone=backbone)
-        elif backbone is not None:
-            raise ValueError("give either scorer= or backbone=, not both")
-        super().__init__(scorer, visual=visual, **kwargs)
-
-    def _score_rows(self, candidates, visuals, references, visual_ids):
-        kw = {}
-        if visuals is not None:
-            kw["videos" if self.visual == "video" else "images"] = visuals
-            kw["video_ids"] = visual_ids
-        res = self.scorer.score(candidates, references=references, **kw)
-        cols = {"score": res.score, "truncated": torch.tensor(res.truncated, dtype=torch.float32)}
-        for part in ("video", "reference", "combined"):
-            scores = getattr(res, part)
-            if scores is not None:
-                cols.update({sub_score(part, k): v for k, v in scores.as_dict().items()})
-        return self._row_tensor(cols, len(candidates))
-
-    def _parts(self, has_visuals, has_refs):
-        parts = ["score"]
-        present = [p for p, on in (("video", has_visuals), ("reference", has_refs)) if on]
-        if has_visuals and has_refs:
-            present.append("combined")
-        return parts + [sub_score(p, f) for p in present for f in _MATCH_FIELDS]
 
 
-# ------------------------------------------------------------------------------------------- CLIP-S
-class CLIPScoreMetric(CaptionMetric):
+class CLIPScoreMetric(RegisteredMetric):
     """CLIP-S (or RefCLIP-S when ``update`` gets references) as a torchmetrics Metric; in [0, w]
     (w = 2.5; PAC-S: pass ``scorer=PACScore(...)``, then named ``pac_s`` and in [0, 2]), higher is better.
 
@@ -557,62 +788,11 @@ class CLIPScoreMetric(CaptionMetric):
         True
     """
 
-    columns = ("score", "empty", "truncated", "clip_s", "ref_clip_s", "ref_similarity")
+    metric = "clip_s"
     default_name = "clip_s"
-    plot_lower_bound = 0.0
-
-    def __init__(
-        self,
-        model: str | os.PathLike | Callable[[], tuple] = DEFAULT_CLIP,
-        *,
-        backbone: CLIPBackbone | None = None,
-        scorer: Any = None,
-        device: str | torch.device = "cpu",
-        w: float | None = None,
-        frames: int | None = DEFAULT_FRAMES,
-        batch_size: int = 64,
-        visual: str = "image",
-        **kwargs: Any,
-    ):
-        if scorer is None:
-            from ..scorers.clipscore import CLIPScore
-
-            scorer = CLIPScore(model, device=device, w=w, frames=frames, batch_size=batch_size, backbone=backbone)
-        elif backbone is not None:
-            raise ValueError("give either scorer= or backbone=, not both")
-        if visual is None:
-            raise ValueError("CLIP-S needs visuals: visual must be 'image' or 'video'")
-        from ..scorers.clipscore import PACScore
-
-        if kwargs.get("name") is None and isinstance(scorer, PACScore):
-            kwargs["name"] = "pac_s"  # PAC-S has its own one name (capreward.names)
-        super().__init__(scorer, visual=visual, **kwargs)
-
-    @property
-    def plot_upper_bound(self) -> float:  # type: ignore[override]
-        """The top of the range, w: 2.5 for CLIP-S, 2.0 for PAC-S, or the ``w`` given."""
-        return float(self.scorer.w)
-
-    def _check_mode(self, has_visuals, has_refs):
-        if not has_visuals:
-            raise ValueError(f"{self.name}: CLIP-S needs visuals (images or videos) in every update")
-        super()._check_mode(has_visuals, has_refs)
-
-    def _score_rows(self, candidates, visuals, references, visual_ids):
-        key = "videos" if self.visual == "video" else "images"
-        res = self.scorer.score(candidates, references=references, image_ids=visual_ids, **{key: visuals})
-        cols = {"score": res.score, "clip_s": res.clip_s, "truncated": torch.tensor(res.truncated, dtype=torch.float32)}
-        if res.ref_clip_s is not None:
-            cols["ref_clip_s"] = res.ref_clip_s
-            cols["ref_similarity"] = res.ref_similarity
-        return self._row_tensor(cols, len(candidates))
-
-    def _parts(self, has_visuals, has_refs):
-        return ["score", "clip_s"] + (["ref_clip_s", "ref_similarity"] if has_refs else [])
 
 
-# -------------------------------------------------------------------------------------------- FLEUR
-class FLEURMetric(CaptionMetric):
+class FLEURMetric(RegisteredMetric):
     """FLEUR (or RefFLEUR when ``update`` gets references) as a torchmetrics Metric; in [0, 1],
     higher is better.
 
@@ -635,47 +815,9 @@ class FLEURMetric(CaptionMetric):
         True
     """
 
-    columns = ("score", "empty", "parsed")
+    metric = "fleur"
     default_name = "fleur"
-    judge_text = True
-    plot_lower_bound = 0.0
-    plot_upper_bound = 1.0
-
-    def __init__(
-        self,
-        model: Any = None,
-        *,
-        scorer: Any = None,
-        device: str | torch.device | None = None,
-        dtype: str | torch.dtype | None = None,
-        visual: str = "image",
-        **kwargs: Any,
-    ):
-        if scorer is None:
-            from ..scorers.fleur import FLEUR
-
-            scorer = FLEUR(model, device=device, dtype=dtype) if model is not None else FLEUR(device=device, dtype=dtype)
-        elif model is not None:
-            raise ValueError("give either scorer= or model=, not both")
-        if visual is None:
-            raise ValueError("FLEUR needs visuals: visual must be 'image' or 'video'")
-        super().__init__(scorer, visual=visual, **kwargs)
-
-    def _check_mode(self, has_visuals, has_refs):
-        if not has_visuals:
-            raise ValueError(f"{self.name}: FLEUR needs an image (or video) for every caption")
-        super()._check_mode(has_visuals, has_refs)
-
-    def _score_rows(self, candidates, visuals, references, visual_ids):
-        key = "videos" if self.visual == "video" else "images"
-        res = self.scorer.score(candidates, references=references, **{key: visuals})
-        score = torch.as_tensor(res.score, dtype=torch.float32)
-        parsed = (~torch.isnan(score)).float()
-        self._log_unscored(candidates, score.tolist(), getattr(res, "error", None))
-        return self._row_tensor({"score": score, "parsed": parsed}, len(candidates))
-
-    def _parts(self, has_visuals, has_refs):
-        return ["score"]
 
 
-__all__ = ["CaptionMetric", "CaptionScores", "CLIPScoreMetric", "EMScoreMetric", "FLEURMetric", "named_metrics", "nanmean"]
+__all__ = ["CaptionMetric", "CaptionScores", "CLIPScoreMetric", "EMScoreMetric", "FLEURMetric", "RegisteredMetric",
+           "named_metrics", "nanmean"]
