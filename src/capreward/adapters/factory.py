@@ -126,8 +126,8 @@ def parse_terms(spec: str) -> list[tuple[str, float]]:
 
 
 def build_reward(name: str, options: RewardOptions | None = None, *, backbone: Any = None, **overrides: Any):
-    """A capreward reward for ``name`` (``clip_s``, ``emscore``, ``fleur``, ``hallucination`` or
-    ``composite``).
+    """A capreward reward for ``name``: any metric of :mod:`capreward.registry` (its spec's reward class,
+    given the options its spec says it takes), or ``composite``.
 
     Rewards read label ids from the ``visual_id`` column and build their model lazily on first use,
     except a composite, which loads the CLIP its CLIP-based terms share at once. ``backbone``: an
@@ -166,6 +166,8 @@ def build_reward(name: str, options: RewardOptions | None = None, *, backbone: A
             opts.judge_url and spec.has_option("tree_top_logprobs")) else {}
         mode = dict(mode=opts.gveval_mode) if spec.has_option("mode") else {}
         return reward(backend=judge_backend(opts), **mode, **tree, **common)
+    if spec.backbone != "chat_judge":  # a metric on no model the adapters configure: its reward's own defaults
+        return reward(**common)
     if opts.judge_url:  # a metric whose scorer needs a local model, on its scorer for a chat server
         remote = spec.load_remote_scorer()
         return reward(scorer=remote(judge_backend(opts), top_logprobs=min(20, opts.judge_top_logprobs_cap)), **common)

@@ -96,6 +96,8 @@ def build_reward(name: str, args: argparse.Namespace, clip: Any, judge: Any) -> 
         tree = {"tree_top_logprobs": max(10, args.judge_top_logprobs_cap)} if remote and spec.has_option("tree_top_logprobs") else {}
         mode = {"mode": getattr(args, "gveval_mode", "ref-free")} if spec.has_option("mode") else {}
         return reward(backend=chat_judge(args, judge), **mode, **tree)
+    if spec.backbone != "chat_judge":  # a metric on no model the recipe loads: its reward's own defaults
+        return reward()
     if remote:  # a metric whose scorer needs a local model, on its scorer for a chat server
         return reward(scorer=spec.load_remote_scorer()(chat_judge(args, judge)))
     return reward(model=judge, device=args.reward_device)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..registry import Deviation, MetricSpec, Option, register
+from ..registry import Deviation, JobFlag, MetricSpec, Option, register
 
 
 def sub_scores(config: Mapping[str, Any]) -> tuple[str, ...]:
@@ -55,6 +55,7 @@ CLIP_S = register(MetricSpec(
     reward="capreward.rewards.clip_family:CLIPScoreReward",
     torchmetric="capreward.torchmetrics.metrics:CLIPScoreMetric",
     position=10,
+    job_runner="capreward.scorers.job_runners:clip_s_runner",
 ))
 
 PAC_S = register(MetricSpec(
@@ -80,4 +81,6 @@ PAC_S = register(MetricSpec(
     reward="capreward.rewards.clip_family:PACScoreReward",
     torchmetric=None,  # CLIPScoreMetric(scorer=PACScore(...)) is named pac_s
     position=20,
+    job_runner="capreward.scorers.job_runners:pac_s_runner",
+    job_flags=(JobFlag("pac_model", ("--pac-model",), "PAC-S checkpoint path (for pac-s)", record="clip_model"),),
 ))

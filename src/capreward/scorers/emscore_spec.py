@@ -66,4 +66,6 @@ SPEC = register(MetricSpec(
     reward="capreward.rewards.clip_family:EMScoreReward",
     torchmetric="capreward.torchmetrics.metrics:EMScoreMetric",
     position=0,
+    job_runner="capreward.scorers.job_runners:emscore_runner",
+    writes_alignment=True,
 ))

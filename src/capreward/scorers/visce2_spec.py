@@ -48,4 +48,5 @@ SPEC = register(MetricSpec(
     torchmetric="capreward.torchmetrics.judges:VisCE2Metric",
     tiny_judge="capreward.testing.tiny_vlm_judges:tiny_vlm_judge",
     position=50,
+    job_runner="capreward.scorers.job_runners:visce2_runner",
 ))
