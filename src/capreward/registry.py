@@ -80,6 +80,10 @@ class JobFlag:
         record: how the settings record holds it: ``"value"`` (as it is), ``"bool"``, ``"float"``,
             ``"model"`` (a model name or local path, by :func:`~capreward.jobs.settings_file.model_identity`),
             ``"clip_model"`` (the same, read as a CLIP specification), or None (not recorded).
+        hint: what to try when the model it names cannot be loaded (a command's one-line error), or None.
+        adapters: whether the adapters' rewards take it too: a field of
+            :class:`~capreward.adapters.factory.RewardOptions` (``CAPREWARD_<NAME>`` in the environment), a
+            ``capreward serve`` flag and a GRPO recipe flag.
     """
 
     name: str
@@ -90,6 +94,8 @@ class JobFlag:
     type: str = "str"
     choices: tuple[Any, ...] | None = None
     record: str | None = "value"
+    hint: str | None = None
+    adapters: bool = False
 
     def __post_init__(self):
         if self.type not in ("str", "int", "float", "flag"):

@@ -12,7 +12,8 @@ import threading
 from ..adapters.factory import reward_names
 from ..backbones.clip_loading import DEFAULT_CLIP
 from ..metrics.harmonic import HARMONIC_MEANS
-from .common import CLIError, add_device_option, add_media_limit_options, metric_name, spelled_aliases
+from .common import (CLIError, adapter_flags, add_device_option, add_media_limit_options, add_metric_flags, metric_flag_values,
+                     metric_name, spelled_aliases)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         frames=None if args.frames == 0 else args.frames, w=args.w, composite=args.composite,
         harmonic_mean=args.harmonic_mean, judge_url=args.judge_url, judge_model=args.fleur_model,
         judge_api_key_env=args.judge_api_key_env, judge_top_logprobs_cap=args.judge_top_logprobs_cap,
-        gveval_mode=args.gveval_mode, qa_model=args.qa_model,
+        metric_options=metric_flag_values(args, adapter_flags()),
     )
     try:
         reward = build_reward(args.reward, options)
@@ -123,10 +124,7 @@ def add_parser(subparsers) -> None:
                    help="environment variable holding the judge server's API key (unset: none sent)")
     p.add_argument("--judge-top-logprobs-cap", type=int, default=20,
                    help="the most top_logprobs the judge server serves (vLLM --max-logprobs; default 20)")
-    p.add_argument("--gveval-mode", default="ref-free", choices=["ref-free", "ref-only", "combined"],
-                   help="G-VEval's mode for --reward gveval")
-    p.add_argument("--qa-model", help="the text-only judge of qa_utility (a causal LM name or directory; with "
-                                      "--judge-url the server answers instead); questions are written by the judge")
+    add_metric_flags(p, adapter_flags())  # each metric's own options the adapters take, from its spec
     p.add_argument("--composite", default="emscore=1.0,hallucination=1.0",
                    help="terms of --reward composite: name=weight,... (plus repetition/truncation/length guards)")
     p.add_argument("--idf", help="EMScore idf corpus: a text file with one caption per line (default: no idf)")

@@ -35,6 +35,7 @@ from typing import Any, Callable
 from ..backbones.clip_loading import DEFAULT_CLIP
 from .. import registry
 from ..errors import SampleError
+from ..metric_options import FlagFields
 from ..names import spelling, sub_score
 from .row_inputs import HASH_FIELD, visual_digest
 from .manifest import ManifestRow
@@ -89,18 +90,14 @@ class SharedScoreOptions:
         return bool(self.judge_base_url or self.judge_api_model)
 
 
-def _flags() -> dict[str, tuple[Any, Any]]:
-    """Flag name -> (spec, JobFlag) of every registered metric."""
-    return {flag.name: (spec, flag) for spec, flag in registry.job_flags()}
-
-
-class ScoreOptions(SharedScoreOptions):
+class ScoreOptions(FlagFields, SharedScoreOptions):
     """Everything a worker needs to build its scorers (picklable, so Ray actors can receive it).
 
     The fields of :class:`SharedScoreOptions`, and each metric's own settings by the name its spec gives
     them (:attr:`~capreward.registry.MetricSpec.job_flags`: ``pac_model``, ``hallucination_threshold``,
     ``gveval_mode``, ``gveval_accr``, ``qa_model`` for the built-in metrics), as keyword arguments and
-    attributes; an attribute not given reads the flag's default (the option's default it sets).
+    attributes; an attribute not given reads the flag's default (the option's default it sets). See
+    :mod:`capreward.metric_options`.
 
     Example:
         >>> from capreward.jobs.runners import ScoreOptions
@@ -108,34 +105,6 @@ class ScoreOptions(SharedScoreOptions):
         >>> options.metrics, options.gveval_mode, options.gveval_accr
         (['gveval'], 'combined', False)
     """
-
-    def __init__(self, *args: Any, metric_options: dict[str, Any] | None = None, **kwargs: Any):
-        flags = _flags()
-        own = {k: kwargs.pop(k) for k in list(kwargs) if k in flags}
-        shared = {f.name for f in dataclasses.fields(SharedScoreOptions)}
-        unknown = [k for k in kwargs if k not in shared]
-        if unknown:
-            raise TypeError(f"ScoreOptions got unexpected keyword argument(s) {unknown}; the metrics' own options: "
-                            f"{', '.join(flags)}")
-        values = {name: None for name in flags}
-        values.update(metric_options or {})
-        values.update(own)
-        super().__init__(*args, metric_options=values, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") or name == "metric_options":
-            raise AttributeError(name)
-        flags = _flags()
-        if name not in flags:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        spec, flag = flags[name]
-        return spec.job_value(flag, self.metric_options.get(name))
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name != "metric_options" and name not in self.__dataclass_fields__ and name in _flags():
-            self.metric_options[name] = value
-        else:
-            super().__setattr__(name, value)
 
 
 def finite_or_none(x: float) -> float | None:

@@ -82,5 +82,6 @@ PAC_S = register(MetricSpec(
     torchmetric=None,  # CLIPScoreMetric(scorer=PACScore(...)) is named pac_s
     position=20,
     job_runner="capreward.scorers.job_runners:pac_s_runner",
-    job_flags=(JobFlag("pac_model", ("--pac-model",), "PAC-S checkpoint path (for pac-s)", record="clip_model"),),
+    job_flags=(JobFlag("pac_model", ("--pac-model",), "PAC-S checkpoint path (for pac-s)", record="clip_model",
+                       hint="pass --pac-model PATH (the PAC-S checkpoint, e.g. clip_ViT-B-32.pth)"),),
 ))

@@ -73,7 +73,7 @@ SPEC = register(MetricSpec(
     explainer="capreward.scorers.explainers:gveval_explainer",
     job_flags=(
         JobFlag("gveval_mode", ("--gveval-mode",), "G-VEval inputs: visual only, references (+ visual), or both; "
-                "ref-only/combined need references on every row", option="mode", choices=MODES),
+                "ref-only/combined need references on every row", option="mode", choices=MODES, adapters=True),
         JobFlag("gveval_accr", ("--gveval-accr",), "G-VEval's four ACCR scores (accuracy, completeness, conciseness, "
                 "relevance; videos only)", option="accr", type="flag", record="bool"),
     ),

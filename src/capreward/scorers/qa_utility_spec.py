@@ -44,7 +44,8 @@ SPEC = register(MetricSpec(
     position=90,
     job_runner="capreward.scorers.job_runners:qa_utility_runner",
     job_flags=(JobFlag("qa_model", ("--qa-model",), "qa_utility's text-only judge: a causal LM name or directory "
-                       "(default: the judge server of --judge-base-url); questions come from each row's 'questions'",
-                       record="model"),),
+                       "(default: the judge server); questions come from each row's 'questions', else the chat "
+                       "judge writes them",
+                       record="model", adapters=True),),
     row_inputs=("questions",),
 ))
