@@ -103,6 +103,37 @@ def test_rewards_and_metrics_by_name(toy, tmp_path):
     assert float(metric.compute()) == pytest.approx((1 + 2 / 3) / 2)
 
 
+def test_the_reward_server_serves_it_with_its_option(toy, tmp_path, monkeypatch):
+    import threading
+
+    from capreward.adapters.factory import RewardOptions, build_reward
+    from capreward.adapters.openrlhf import make_server, post_json
+    from capreward.cli.main import build_parser
+
+    Image.new("RGB", (16, 16)).save(tmp_path / "im.png")
+    # its option is a field of the adapters' options, an environment variable and a serve flag
+    monkeypatch.setenv("CAPREWARD_WORD_OVERLAP_MIN_LETTERS", "4")
+    options = RewardOptions.from_env()
+    assert options.word_overlap_min_letters == 4 and RewardOptions().word_overlap_min_letters == 3
+    args = build_parser().parse_args(["serve", "--reward", "word-overlap-toy", "--word-overlap-min-letters", "4"])
+    assert (args.reward, args.word_overlap_min_letters) == ("word_overlap", 4)
+    server = make_server(build_reward("word_overlap", options), media_root=str(tmp_path))
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    thread.start()
+    try:
+        prompt = "USER: describe ASSISTANT:"
+        captions = ["a yellow lorry", "a red car"]
+        status, body = post_json(f"{server.url}/get_reward", {
+            "query": [prompt + c for c in captions], "prompts": [prompt] * 2,
+            "labels": [{"image": "im.png"}, {"image": "im.png", "references": ["the red car"]}]})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert status == 200
+    # no references: 2 of 3 words have at least 4 letters; with references: a is not in "the red car"
+    assert body["rewards"] == pytest.approx([2 / 3, 2 / 3])
+
+
 def test_explain_and_report(toy, manifest, tmp_path, capsys):
     from capreward.cli.main import main
     from capreward.jobs.results_file import read_results

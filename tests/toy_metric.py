@@ -54,19 +54,18 @@ class WordOverlap:
 
     def score(self, candidates: Sequence[str], images: Sequence[Any] | None = None, videos: Sequence[Any] | None = None,
               references: Sequence[Sequence[str]] | None = None) -> WordOverlapResult:
-        from PIL import Image
+        from capreward.media import MediaError, load_image
 
         if videos is not None:
             raise ValueError(f"{NAME} scores images only")
         errors: list[str | None] = []
-        for path in images or [None] * len(candidates):
+        for k, image in enumerate(images or [None] * len(candidates)):
             try:
-                if path is not None:
-                    with Image.open(path) as im:
-                        im.verify()
+                if image is not None:
+                    load_image(image, k)  # a path, a PIL image or an array: decoded, so a broken file is an error
                 errors.append(None)
-            except Exception as exc:  # noqa: BLE001 - the row's error
-                errors.append(f"cannot open the image: {type(exc).__name__}")
+            except MediaError as exc:  # the row's error
+                errors.append(f"cannot open the image: {exc}")
         ov = None if references is None else [overlap(c, r) for c, r in zip(candidates, references)]
         score = ov if ov is not None else [long_share(c, self.min_letters) for c in candidates]
         score = [float("nan") if e else s for s, e in zip(score, errors)]
@@ -94,7 +93,7 @@ SPEC = register(MetricSpec(
     torchmetric=f"{__name__}:WordOverlapMetric",
     job_flags=(JobFlag("word_overlap_min_letters", ("--word-overlap-min-letters",),
                        "word_overlap: words of at least this many letters count (without references)",
-                       option="min_letters", type="int"),),
+                       option="min_letters", type="int", adapters=True),),
     explainer=f"{__name__}:explainer",
 ))
 

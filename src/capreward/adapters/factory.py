@@ -188,8 +188,8 @@ def build_reward(name: str, options: RewardOptions | None = None, *, backbone: A
         tree = dict(tree_top_logprobs=max(10, opts.judge_top_logprobs_cap)) if (
             opts.judge_url and spec.has_option("tree_top_logprobs")) else {}
         return reward(backend=judge_backend(opts), **opts.options_of(spec), **tree, **common)
-    if spec.backbone != "chat_judge":  # a metric on no model the adapters configure: its reward's own defaults
-        return reward(**common)
+    if spec.backbone != "chat_judge":  # a metric on no model the adapters configure: its own options only
+        return reward(**opts.options_of(spec), **common)
     if opts.judge_url:  # a metric whose scorer needs a local model, on its scorer for a chat server
         remote = spec.load_remote_scorer()
         return reward(scorer=remote(judge_backend(opts), top_logprobs=min(20, opts.judge_top_logprobs_cap)), **common)

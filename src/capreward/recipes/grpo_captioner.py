@@ -89,16 +89,16 @@ def build_reward(name: str, args: argparse.Namespace, clip: Any, judge: Any) -> 
         # the recipe's rows carry no questions: the chat judge writes them per visual (loaded on first need)
         return reward(backend=qa_judge(args), question_backend=LazyBackend(lambda: chat_judge(args, judge)))
     remote = bool(getattr(args, "judge_url", None))
+    own = {f.option: spec.job_value(f, getattr(args, f.name, None))  # its options the adapters take
+           for f in spec.job_flags if f.adapters and f.option}
     if spec.backbone == "clip":
         w = dict(w=args.clip_w) if spec.has_option("w") and spec.shares == "clip" else {}  # CLIP-S's scale
         return reward(model=clip, device=args.reward_device, frames=args.frames, **w)
     if spec.judge_backend:  # a scorer on any chat judge: the server of --judge-url, or the local judge
         tree = {"tree_top_logprobs": max(10, args.judge_top_logprobs_cap)} if remote and spec.has_option("tree_top_logprobs") else {}
-        own = {f.option: spec.job_value(f, getattr(args, f.name, None))  # its options the adapters take
-               for f in spec.job_flags if f.adapters and f.option}
         return reward(backend=chat_judge(args, judge), **own, **tree)
-    if spec.backbone != "chat_judge":  # a metric on no model the recipe loads: its reward's own defaults
-        return reward()
+    if spec.backbone != "chat_judge":  # a metric on no model the recipe loads: its own options only
+        return reward(**own)
     if remote:  # a metric whose scorer needs a local model, on its scorer for a chat server
         return reward(scorer=spec.load_remote_scorer()(chat_judge(args, judge)))
     return reward(model=judge, device=args.reward_device)
