@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 
+from .. import registry
 from ..adapters.factory import reward_names
 from ..backbones.clip_loading import DEFAULT_CLIP
 from ..metrics.harmonic import HARMONIC_MEANS
@@ -115,11 +116,12 @@ def add_parser(subparsers) -> None:
                    help=f"the reward served (aliases: {spelled_aliases(reward_names())})")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=5000, help="0: pick a free port (printed on stderr when ready)")
-    p.add_argument("--clip-model", default=DEFAULT_CLIP, help="CLIP for clip_s/emscore: name/tag, .pt path, ...")
+    judges = "/".join(registry.on_backbone("chat_judge"))
+    p.add_argument("--clip-model", default=DEFAULT_CLIP, help=f"CLIP for {'/'.join(registry.on_backbone('clip'))}: name/tag, .pt path, ...")
     p.add_argument("--judge-model", "--fleur-model", dest="fleur_model", metavar="MODEL",
-                   help="the judge of fleur/visce2/gveval: a local LLaVA judge (hub name or directory; default: "
+                   help=f"the judge of {judges}: a local LLaVA judge (hub name or directory; default: "
                         "llava-hf/llava-1.5-13b-hf), or with --judge-url the served model name")
-    p.add_argument("--judge-url", help="an OpenAI-compatible server for fleur/visce2/gveval (vLLM: http://HOST:8000/v1)")
+    p.add_argument("--judge-url", help=f"an OpenAI-compatible server for {judges} (vLLM: http://HOST:8000/v1)")
     p.add_argument("--judge-api-key-env", default="OPENAI_API_KEY",
                    help="environment variable holding the judge server's API key (unset: none sent)")
     p.add_argument("--judge-top-logprobs-cap", type=int, default=20,

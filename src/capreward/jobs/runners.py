@@ -36,7 +36,7 @@ from ..backbones.clip_loading import DEFAULT_CLIP
 from .. import registry
 from ..errors import SampleError
 from ..metric_options import FlagFields
-from ..names import spelling, sub_score
+from ..names import spelling
 from .row_inputs import HASH_FIELD, visual_digest
 from .manifest import ManifestRow
 
