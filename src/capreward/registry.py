@@ -40,6 +40,8 @@ REFERENCE_MODES = ("none", "optional", "required")
 SHARES = ("clip", "chat_judge")
 #: The package whose ``*_spec`` modules declare the built-in metrics.
 SPEC_PACKAGE = "capreward.scorers"
+#: The job runner of a spec without :attr:`MetricSpec.job_runner`.
+GENERIC_JOB_RUNNER = "capreward.jobs.runners:generic_runner"
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,51 @@ class Deviation:
 
     what: str
     restore: str | None
+
+
+@dataclass(frozen=True)
+class JobFlag:
+    """A per-metric setting of the job commands (``capreward score``): a command-line flag, a field of
+    :class:`~capreward.jobs.runners.ScoreOptions` and, when ``record`` is not None, a setting recorded per
+    results file (:mod:`capreward.jobs.settings_file`).
+
+    Attributes:
+        name: the ScoreOptions field, argparse ``dest`` and settings key (``"gveval_mode"``).
+        flags: the command-line spellings, the first one canonical (``("--gveval-mode",)``).
+        help: the flag's help line.
+        option: the scorer option it sets (``"mode"``), or None when it sets none (a model the job
+            builds); the metric's config read by :meth:`MetricSpec.sub_scores_for` and friends holds it.
+        default: its value when not given (None: the option's default, when ``option`` names one).
+        type: ``"str"``, ``"int"``, ``"float"`` or ``"flag"`` (a switch: ``store_true``).
+        choices: the accepted values, or None.
+        record: how the settings record holds it: ``"value"`` (as it is), ``"bool"``, ``"float"``,
+            ``"model"`` (a model name or local path, by :func:`~capreward.jobs.settings_file.model_identity`),
+            ``"clip_model"`` (the same, read as a CLIP specification), or None (not recorded).
+        hint: what to try when the model it names cannot be loaded (a command's one-line error), or None.
+        adapters: whether the adapters' rewards take it too: a field of
+            :class:`~capreward.adapters.factory.RewardOptions` (``CAPREWARD_<NAME>`` in the environment), a
+            ``capreward serve`` flag and a GRPO recipe flag.
+    """
+
+    name: str
+    flags: tuple[str, ...]
+    help: str
+    option: str | None = None
+    default: Any = None
+    type: str = "str"
+    choices: tuple[Any, ...] | None = None
+    record: str | None = "value"
+    hint: str | None = None
+    adapters: bool = False
+
+    def __post_init__(self):
+        if self.type not in ("str", "int", "float", "flag"):
+            raise ValueError(f"{self.name}: type must be 'str', 'int', 'float' or 'flag', got {self.type!r}")
+        if self.record not in (None, "value", "bool", "float", "model", "clip_model"):
+            raise ValueError(f"{self.name}: record must be None, 'value', 'bool', 'float', 'model' or 'clip_model', "
+                             f"got {self.record!r}")
+        if not self.flags or not all(f.startswith("--") for f in self.flags):
+            raise ValueError(f"{self.name}: flags must be '--name' spellings, got {self.flags!r}")
 
 
 def import_path(target: str) -> Any:
@@ -129,6 +176,22 @@ class MetricSpec:
         unscored_kind: the :data:`~capreward.errors.KINDS` kind of a plain-text reason the scorer gives
             for a sample without a score (``"judge_unreadable"``: the judge's answer had none).
         default_visual: the visual kind its torchmetrics Metric takes by default (``visual=``).
+        job_flags: its own settings of the job commands (:class:`JobFlag`: ``--gveval-mode``), added to
+            ``capreward score`` and its settings record.
+        job_runner: ``"module:attr"`` of ``build(spec, job) -> run(rows) -> list[dict]``, how a job scores
+            manifest rows with it (``job``: the :class:`~capreward.jobs.runners.ManifestScorer`, which
+            holds the shared CLIP, judges, idf and flags); None: the generic runner
+            (:func:`capreward.jobs.runners.generic_runner`), which builds :attr:`scorer` from the spec and
+            writes ``result.score`` and each of :meth:`sub_scores_for` read off the result.
+        row_inputs: manifest keys the scorer reads per row besides caption, visual and references, passed
+            to ``score()`` as keyword lists (QA utility's ``questions``).
+        writes_alignment: whether a job can write its token -> frame ``alignment`` per row
+            (``--alignment``).
+        flagged_tokens: the sub-score holding the positions of the caption's tokens it flags (outlined by
+            ``capreward report``), or None.
+        explainer: ``"module:attr"`` of ``build(spec, args) -> explain(rows) -> list[dict]`` for
+            ``capreward explain`` (a judge that says why; ``args``: the command's options), or None; the
+            builder's docstring's first paragraph is its line in the command's help.
     """
 
     name: str
@@ -163,6 +226,12 @@ class MetricSpec:
     needs_visual: Callable[[Mapping[str, Any]], bool] | None = None
     unscored_kind: str = "scorer"
     default_visual: str = "image"
+    job_flags: tuple[JobFlag, ...] = ()
+    job_runner: str | None = None
+    row_inputs: tuple[str, ...] = ()
+    writes_alignment: bool = False
+    flagged_tokens: str | None = None
+    explainer: str | None = None
 
     def __post_init__(self):
         if self.references not in REFERENCE_MODES:
@@ -218,6 +287,29 @@ class MetricSpec:
         if self.metric_hooks is None:
             raise ValueError(f"{self.name} has no torchmetrics Metric")
         return import_path(self.metric_hooks)
+
+    def load_job_runner(self) -> Any:
+        """``build(spec, job) -> run(rows)`` of :attr:`job_runner`, or the generic runner (imported now)."""
+        return import_path(self.job_runner or GENERIC_JOB_RUNNER)
+
+    def load_explainer(self) -> Any:
+        """The :attr:`explainer` builder (imported now); ValueError when the metric has none."""
+        if self.explainer is None:
+            raise ValueError(f"{self.name} has no explainer")
+        return import_path(self.explainer)
+
+    def job_config(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The scorer options its :attr:`job_flags` set, from ``values`` (flag name -> value; a missing or
+        None value: the flag's default)."""
+        return {f.option: self.job_value(f, values.get(f.name)) for f in self.job_flags if f.option}
+
+    def job_value(self, flag: JobFlag, value: Any) -> Any:
+        """``value`` of ``flag``, or its default when None (the option's default when it names one)."""
+        if value is not None:
+            return value
+        if flag.default is not None or flag.option is None or not self.has_option(flag.option):
+            return flag.default
+        return self.option(flag.option).default
 
     def has_option(self, name: str) -> bool:
         return any(o.name == name for o in self.options)
@@ -312,6 +404,19 @@ def register(spec: MetricSpec) -> MetricSpec:
         for alias in spec.aliases:
             _ALIASES[normalize(alias)] = key
     return spec
+
+
+def unregister(name: str) -> MetricSpec:
+    """Remove the metric called ``name`` (its canonical name) and its aliases, and return its spec (a
+    metric a test or a plugin registered for a while). UnknownMetric when none has that name."""
+    with _LOCK:
+        key = normalize(name)
+        spec = _SPECS.pop(key, None)
+        if spec is None:
+            raise UnknownMetric(unknown_message(name, names()))
+        for alias in spec.aliases:
+            _ALIASES.pop(normalize(alias), None)
+        return spec
 
 
 def _load_builtin() -> None:
@@ -413,11 +518,29 @@ def result_fields() -> tuple[str, ...]:
     return tuple(f for s in specs() for f in s.all_fields())
 
 
+def job_flags() -> tuple[tuple[MetricSpec, JobFlag], ...]:
+    """Every metric's :attr:`~MetricSpec.job_flags`, with its spec, in :func:`specs` order (a flag two
+    metrics share, such as a model both read, is listed once, with the first)."""
+    seen: set[str] = set()
+    out = []
+    for spec in specs():
+        for flag in spec.job_flags:
+            if flag.name not in seen:
+                seen.add(flag.name)
+                out.append((spec, flag))
+    return tuple(out)
+
+
+def explaining() -> tuple[str, ...]:
+    """The metrics ``capreward explain`` can explain (those with an :attr:`~MetricSpec.explainer`)."""
+    return tuple(s.name for s in specs() if s.explainer)
+
+
 def using_idf() -> tuple[str, ...]:
     """The metrics that weigh tokens by idf."""
     return tuple(s.name for s in specs() if s.uses_idf)
 
 
-__all__ = ["Deviation", "MetricSpec", "Option", "UnknownMetric", "UnknownOption", "aliases", "get", "import_path", "lookup", "names", "normalize", "on_backbone", "on_judge_backend",
+__all__ = ["Deviation", "JobFlag", "MetricSpec", "Option", "explaining", "job_flags", "UnknownMetric", "UnknownOption", "aliases", "get", "import_path", "lookup", "names", "normalize", "on_backbone", "on_judge_backend",
            "result_fields",
-           "register", "sharing", "specs", "suggest", "unknown_message", "using_idf"]
+           "register", "sharing", "unregister", "specs", "suggest", "unknown_message", "using_idf"]

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .. import registry
 from ..backbones.clip_loading import DEFAULT_CLIP
+from ..metric_options import FlagFields, typed
 from ..names import canonical
 from ..terms import parse_weighted_terms
 
@@ -37,8 +38,8 @@ VISUAL_ID_COLUMN = "visual_id"  # the adapters pass label ids under this column 
 
 
 @dataclass
-class RewardOptions:
-    """Options of the adapters' rewards.
+class SharedRewardOptions:
+    """Options of the adapters' rewards (the metrics' own are :class:`RewardOptions` fields too).
 
     ``clip_model``: CLIP for clip_s/emscore (name/tag, OpenAI-format ``.pt`` path, ...);
     ``fleur_model``: LLaVA judge for fleur; ``idf``: a file with one caption per line (EMScore's idf
@@ -52,11 +53,11 @@ class RewardOptions:
     ``judge_model`` is the served model name, ``judge_api_key_env`` the variable holding its key and
     ``judge_top_logprobs_cap`` the most alternatives it serves (vLLM's ``--max-logprobs``); without
     ``judge_url`` the judge runs locally: ``judge_model`` (default ``fleur_model``) is the LLaVA judge
-    for VisCE²/G-VEval and FLEUR uses ``fleur_model``. ``gveval_mode``: ``ref-free``, ``ref-only`` or
-    ``combined``. ``claims`` runs on the chat judge; ``qa_utility`` asks the server at ``judge_url``
-    text-only questions, or locally the text-only causal LM ``qa_model``; its questions come from the
-    samples' ``questions`` column (TRL) or are written once per visual by the chat judge (``judge_url``
-    or ``judge_model``), as in the server and veRL, whose labels carry no questions.
+    for VisCE²/G-VEval and FLEUR uses ``fleur_model``. ``claims`` runs on the chat judge; ``qa_utility``
+    asks the server at ``judge_url`` text-only questions, or locally the text-only causal LM ``qa_model``;
+    its questions come from the samples' ``questions`` column (TRL) or are written once per visual by the
+    chat judge (``judge_url`` or ``judge_model``), as in the server and veRL, whose labels carry no
+    questions.
     """
 
     clip_model: str = DEFAULT_CLIP
@@ -73,23 +74,45 @@ class RewardOptions:
     judge_model: str | None = None
     judge_api_key_env: str | None = "OPENAI_API_KEY"
     judge_top_logprobs_cap: int = 20
-    gveval_mode: str = "ref-free"
-    qa_model: str | None = None
+    # the metrics' own options (their specs' job flags marked ``adapters``), by flag name; read them as attributes
+    metric_options: dict[str, Any] = field(default_factory=dict)
+
+
+class RewardOptions(FlagFields, SharedRewardOptions):
+    """The options of :class:`SharedRewardOptions`, and each metric's own options that the adapters take
+    (its spec's :attr:`~capreward.registry.MetricSpec.job_flags` marked ``adapters``: ``gveval_mode``,
+    ``ref-free``, ``ref-only`` or ``combined``; ``qa_model``, the text-only causal LM of ``qa_utility``),
+    as keyword arguments and attributes (see :mod:`capreward.metric_options`).
+
+    Example:
+        >>> from capreward.adapters.factory import RewardOptions
+        >>> RewardOptions(gveval_mode="combined").gveval_mode, RewardOptions().gveval_mode
+        ('combined', 'ref-free')
+    """
+
+    @staticmethod
+    def _flag_filter(flag) -> bool:
+        return flag.adapters
 
     @classmethod
     def from_env(cls, prefix: str = "CAPREWARD_") -> "RewardOptions":
         """Options from ``CAPREWARD_CLIP_MODEL``, ``CAPREWARD_FLEUR_MODEL``, ``CAPREWARD_DEVICE``,
         ``CAPREWARD_PRECISION``, ``CAPREWARD_DTYPE``, ``CAPREWARD_IDF``, ``CAPREWARD_FRAMES`` (0 = all),
         ``CAPREWARD_W``, ``CAPREWARD_COMPOSITE``, ``CAPREWARD_HARMONIC_MEAN``, ``CAPREWARD_JUDGE_URL``,
-        ``CAPREWARD_JUDGE_MODEL``, ``CAPREWARD_JUDGE_API_KEY_ENV``, ``CAPREWARD_JUDGE_TOP_LOGPROBS_CAP``,
-        ``CAPREWARD_GVEVAL_MODE`` and ``CAPREWARD_QA_MODEL``; unset ones keep their defaults."""
+        ``CAPREWARD_JUDGE_MODEL``, ``CAPREWARD_JUDGE_API_KEY_ENV``, ``CAPREWARD_JUDGE_TOP_LOGPROBS_CAP``
+        and each metric's own option as ``CAPREWARD_<NAME>`` (``CAPREWARD_GVEVAL_MODE``,
+        ``CAPREWARD_QA_MODEL``); unset ones keep their defaults."""
         env = os.environ
         opts = cls()
         for name in ("clip_model", "fleur_model", "device", "precision", "dtype", "idf", "composite", "harmonic_mean",
-                     "judge_url", "judge_model", "judge_api_key_env", "gveval_mode", "qa_model"):
+                     "judge_url", "judge_model", "judge_api_key_env"):
             value = env.get(prefix + name.upper())
             if value:
                 setattr(opts, name, value)
+        for name, (_, flag) in cls._flags().items():
+            value = env.get(prefix + name.upper())
+            if value:
+                opts.metric_options[name] = typed(flag)(value)
         if env.get(prefix + "FRAMES"):
             frames = int(env[prefix + "FRAMES"])
             opts.frames = None if frames == 0 else frames
@@ -126,8 +149,8 @@ def parse_terms(spec: str) -> list[tuple[str, float]]:
 
 
 def build_reward(name: str, options: RewardOptions | None = None, *, backbone: Any = None, **overrides: Any):
-    """A capreward reward for ``name`` (``clip_s``, ``emscore``, ``fleur``, ``hallucination`` or
-    ``composite``).
+    """A capreward reward for ``name``: any metric of :mod:`capreward.registry` (its spec's reward class,
+    given the options its spec says it takes), or ``composite``.
 
     Rewards read label ids from the ``visual_id`` column and build their model lazily on first use,
     except a composite, which loads the CLIP its CLIP-based terms share at once. ``backbone``: an
@@ -164,8 +187,9 @@ def build_reward(name: str, options: RewardOptions | None = None, *, backbone: A
     if spec.judge_backend:  # a scorer on any chat judge: the server of judge_url, or the local judge
         tree = dict(tree_top_logprobs=max(10, opts.judge_top_logprobs_cap)) if (
             opts.judge_url and spec.has_option("tree_top_logprobs")) else {}
-        mode = dict(mode=opts.gveval_mode) if spec.has_option("mode") else {}
-        return reward(backend=judge_backend(opts), **mode, **tree, **common)
+        return reward(backend=judge_backend(opts), **opts.options_of(spec), **tree, **common)
+    if spec.backbone != "chat_judge":  # a metric on no model the adapters configure: its own options only
+        return reward(**opts.options_of(spec), **common)
     if opts.judge_url:  # a metric whose scorer needs a local model, on its scorer for a chat server
         remote = spec.load_remote_scorer()
         return reward(scorer=remote(judge_backend(opts), top_logprobs=min(20, opts.judge_top_logprobs_cap)), **common)

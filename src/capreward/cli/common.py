@@ -17,13 +17,30 @@ MODEL_HINTS = {
         "to try things out without weights: python -c \"from capreward.testing import save_tiny_clip_openai; "
         "save_tiny_clip_openai('tiny_clip.pt')\" then --clip-model tiny_clip.pt"
     ),
-    "--pac-model": "pass --pac-model PATH (the PAC-S checkpoint, e.g. clip_ViT-B-32.pth)",
     "--judge-model": (
         "pass --judge-model DIR (a folder written by save_pretrained or `hf download --local-dir`); "
         "to try things out without weights: python -c \"from capreward.testing import tiny_judge_dir; "
         "print(tiny_judge_dir())\" (trains a tiny LLaVA judge in about a minute) and pass the printed folder"
     ),
 }
+
+
+def model_hint(flag: str) -> str:
+    """What to try when the model of ``flag`` cannot be loaded: :data:`MODEL_HINTS`, or the hint of the
+    metric's job flag (:attr:`capreward.registry.JobFlag.hint`), or ``pass FLAG PATH``."""
+    if flag in MODEL_HINTS:
+        return MODEL_HINTS[flag]
+    from .. import registry
+
+    hints = {f.flags[0]: f.hint for _, f in registry.job_flags() if f.hint}
+    return hints.get(flag, f"pass {flag} PATH")
+
+
+def clip_model_flags() -> tuple[str, ...]:
+    """The dest names of the options that name a CLIP: ``clip_model`` and the metrics' CLIP job flags."""
+    from .. import registry
+
+    return ("clip_model", *(f.name for _, f in registry.job_flags() if f.record == "clip_model"))
 
 
 class CLIError(CaprewardError):
@@ -149,3 +166,29 @@ def metric_list(choices: tuple[str, ...]):
         return names
 
     return parse
+
+
+def add_metric_flags(parser: argparse.ArgumentParser, flags) -> None:
+    """Add each :class:`~capreward.registry.JobFlag` of ``flags`` (``(spec, flag)`` pairs, e.g.
+    :func:`capreward.registry.job_flags`) to ``parser``: its spellings, ``dest`` its name, its default
+    (:meth:`~capreward.registry.MetricSpec.job_value`), a switch for ``type="flag"``."""
+    types = {"str": str, "int": int, "float": float}
+    for spec, flag in flags:
+        if flag.type == "flag":
+            parser.add_argument(*flag.flags, dest=flag.name, action="store_true", help=flag.help)
+        else:
+            parser.add_argument(*flag.flags, dest=flag.name, type=types[flag.type], default=spec.job_value(flag, None),
+                                help=flag.help,
+                                choices=list(flag.choices) if flag.choices else None)
+
+
+def adapter_flags() -> tuple:
+    """The metrics' job flags that the adapters take too (``serve``, the recipe): ``(spec, flag)`` pairs."""
+    from .. import registry
+
+    return tuple((spec, flag) for spec, flag in registry.job_flags() if flag.adapters)
+
+
+def metric_flag_values(args: argparse.Namespace, flags) -> dict:
+    """The values of ``flags`` (``(spec, flag)`` pairs) in ``args``, by flag name."""
+    return {flag.name: getattr(args, flag.name, None) for _, flag in flags}

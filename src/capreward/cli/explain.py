@@ -2,12 +2,11 @@
 
 Writes one JSONL row per manifest row (resumable like ``capreward score``: rerun to continue, no row
 twice): ``id``, ``caption``, ``image``/``video``, ``references`` (with ``--references``), ``metric``, the
-score under the metric's name (``fleur`` / ``gveval``, null when there is none), the judge's first
-answer (``<metric>/raw``), ``explanation`` (null when there is no score to explain) and ``errors``.
+score under the metric's name (null when there is none), the judge's first answer (``<metric>/raw``),
+``explanation`` (null when there is no score to explain) and ``errors``.
 
-Metrics: ``fleur`` (FLEUR, or RefFLEUR with ``--references``: the score, then the follow-up question
-"Why? Tell me the reason.") and ``gveval`` (G-VEval: the judge writes its reasoning before the score;
-that reasoning is the explanation). Each is an :class:`Explainer` in :data:`EXPLAINERS`.
+Metrics: those whose spec names an explainer (:attr:`capreward.registry.MetricSpec.explainer`; the
+built-in ones are in :mod:`capreward.scorers.explainers`), each built for the command's options.
 
 The settings that change an explanation are fixed per output file as ``capreward score``'s are
 (:func:`explanation_settings`, recorded in ``<out>.settings.json`` by
@@ -18,24 +17,23 @@ naming each, and an output with rows but no record needs ``--accept-unrecorded-s
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from .. import registry
 from ..jobs.settings_file import SEPARATOR_FLAG
-from ..names import SEP, sub_score
+from ..names import SEP
 from .common import add_device_option, add_media_limit_options, add_resume_options, metric_name
 
 DESCRIPTION = """Writes one JSONL row per manifest row (resumable: rerun to continue, no row twice): id, caption,
-image/video, references (with --references), metric, the score under the metric's name (fleur / gveval,
+image/video, references (with --references), metric, the score under the metric's name ({names},
 null when there is none), the judge's first answer (<metric>/raw), explanation (null when there is no
 score to explain) and errors.
 
-Metrics: fleur (FLEUR, or RefFLEUR with --references: the score, then the follow-up question "Why? Tell
-me the reason.") and gveval (G-VEval: the judge writes its reasoning before the score; that reasoning is
-the explanation).
+Metrics: {metrics}.
 
 The settings that change an explanation are fixed per output file: the first run records them (metric,
 references, the judge model and its files' size and time, dtype, max new tokens, media limits; not the
@@ -60,81 +58,22 @@ EXPLAIN_FLAGS = {
 Explainer = Callable[[list], list[dict]]  # manifest rows -> one result dict per row
 
 
-def _split_by_kind(rows: list) -> dict[str, list[int]]:
-    kinds: dict[str, list[int]] = {}
-    for i, r in enumerate(rows):
-        kinds.setdefault(r.kind, []).append(i)
-    return kinds
+def explainer_doc(spec) -> str:
+    """``spec``'s line in the help: the first paragraph of its explainer's docstring."""
+    doc = (spec.load_explainer().__doc__ or "").strip().split("\n\n")[0]
+    return " ".join(doc.split()).replace("``", "").rstrip(".")
 
 
-def fleur_explainer(args: argparse.Namespace) -> Explainer:
-    """FLEUR score and explanation per row; a row without a score gets the reason and no explanation."""
-    from ..scorers.fleur import FLEUR
-
-    scorer = FLEUR(model=args.judge_model, device=args.device, dtype=args.dtype, batch_size=args.batch_size,
-                   explain_max_new_tokens=args.max_new_tokens)
-
-    def run(rows: list) -> list[dict]:
-        out: list[dict] = [{} for _ in rows]
-        for kind, idx in _split_by_kind(rows).items():
-            caps = [rows[i].caption for i in idx]
-            visual = {"images" if kind == "image" else "videos": [rows[i].path for i in idx]}
-            refs = [rows[i].references for i in idx] if args.references else None
-            if refs is not None and any(r is None for r in refs):
-                missing = next(rows[i].id for i in idx if rows[i].references is None)
-                raise ValueError(f"--references: row {missing!r} has no references")
-            res = scorer.score(caps, references=refs, **visual)
-            scores = res.score.tolist()
-            ok = [k for k, s in enumerate(scores) if not math.isnan(s)]
-            explanations: dict[int, str] = {}
-            if ok:
-                sub = {key: [v[k] for k in ok] for key, v in visual.items()}
-                texts = scorer.explain([caps[k] for k in ok], references=[refs[k] for k in ok] if refs else None,
-                                       scores=[scores[k] for k in ok], **sub)
-                explanations = dict(zip(ok, texts))
-            for k, i in enumerate(idx):
-                row = {"fleur": None if math.isnan(scores[k]) else scores[k], sub_score("fleur", "raw"): res.raw[k],
-                       "explanation": explanations.get(k)}
-                if res.error[k]:
-                    row["_error"] = res.error[k]
-                out[i] = row
-        return out
-
-    return run
+def explainers() -> dict[str, Callable[[argparse.Namespace], Explainer]]:
+    """Metric name -> ``build(args) -> explain(rows)``: the metrics whose spec names an explainer."""
+    return {name: functools.partial(registry.get(name).load_explainer(), registry.get(name))
+            for name in registry.explaining()}
 
 
-def gveval_explainer(args: argparse.Namespace) -> Explainer:
-    """G-VEval score per row with the judge's written reasoning as the explanation."""
-    from ..judges.local import LocalJudge
-    from ..judges.local_chat import LocalChatJudge
-    from ..scorers.gveval import GVEval
-
-    judge = LocalJudge(args.judge_model, device=args.device, dtype=args.dtype)
-    scorer = GVEval(LocalChatJudge(judge, batch_size=args.batch_size), mode="combined" if args.references else "ref-free",
-                    max_tokens=args.max_new_tokens)
-
-    def run(rows: list) -> list[dict]:
-        out: list[dict] = [{} for _ in rows]
-        for kind, idx in _split_by_kind(rows).items():
-            visual = {"images" if kind == "image" else "videos": [rows[i].path for i in idx]}
-            refs = [rows[i].references or [] for i in idx] if args.references else None
-            res = scorer.score([rows[i].caption for i in idx], references=refs, **visual)
-            for k, i in enumerate(idx):
-                score = float(res.score[k])
-                row = {"gveval": None if math.isnan(score) else score, sub_score("gveval", "raw"): res.raw[k],
-                       "explanation": res.raw[k] or None}
-                if res.error[k]:
-                    row["_error"] = res.error[k]
-                out[i] = row
-        return out
-
-    return run
-
-
-EXPLAINERS: dict[str, Callable[[argparse.Namespace], Explainer]] = {
-    "fleur": fleur_explainer,
-    "gveval": gveval_explainer,
-}
+def __getattr__(name: str):
+    if name == "EXPLAINERS":  # the table this module held before the specs named the explainers
+        return explainers()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def explanation_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -198,7 +137,7 @@ def _explain_rows(args: argparse.Namespace, rows: list) -> dict:
     todo = unscored(rows, args.out, args.quarantine_bad_lines, references_used=args.references)
     written = 0
     if todo:
-        explain = EXPLAINERS[args.metric](args)
+        explain = explainers()[args.metric](args)
         with ResultsWriter(args.out) as writer, tqdm(total=len(todo), unit="row", file=sys.stderr,
                                                       disable=args.no_progress, desc="explaining") as bar:
             for batch in batches(todo, args.batch_size):
@@ -233,11 +172,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("explain", help="judge explanations (FLEUR, G-VEval) for a manifest (resumable)",
-                              description=DESCRIPTION)
+    names = registry.explaining()
+    metrics = "; ".join(f"{n} ({explainer_doc(registry.get(n))})" for n in names)
+    p = subparsers.add_parser(
+        "explain", help=f"judge explanations ({', '.join(registry.get(n).title for n in names)}) for a manifest "
+                        "(resumable)", description=DESCRIPTION.format(names=" / ".join(names), metrics=metrics))
     p.add_argument("manifest", help="JSONL rows: caption, image|video, optional references, id")
     p.add_argument("--out", required=True, help="explanations JSONL (appended to; rerun to resume)")
-    p.add_argument("--metric", default="fleur", choices=sorted(EXPLAINERS), type=metric_name,
+    p.add_argument("--metric", default=names[0] if names else None, choices=sorted(names), type=metric_name,
                    help="the judge metric to explain")
     p.add_argument("--references", action="store_true", help="use the rows' references (RefFLEUR / G-VEval combined)")
     p.add_argument("--judge-model", default="llava-hf/llava-1.5-13b-hf", help="LLaVA hub name or local directory")

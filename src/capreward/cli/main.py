@@ -16,7 +16,7 @@ import importlib
 import os
 import sys
 
-from .common import MODEL_HINTS, HelpFormatter, media_limit_settings, plain_text, resolve_device
+from .common import MODEL_HINTS, HelpFormatter, clip_model_flags, model_hint, media_limit_settings, plain_text, resolve_device
 
 SUBCOMMAND_MODULES = [
     "capreward.cli.demo",
@@ -27,7 +27,17 @@ SUBCOMMAND_MODULES = [
     "capreward.cli.serve",
 ]
 
-DESCRIPTION = "Caption-quality metrics (EMScore, CLIP-S, PAC-S, FLEUR, VisCE2, G-VEval) as scores and rewards."
+def description() -> str:
+    """The top-level help's first line: the metrics of :mod:`capreward.registry`, by title."""
+    from .. import registry
+
+    return f"Caption-quality metrics ({', '.join(s.title for s in registry.specs())}) as scores and rewards."
+
+
+def __getattr__(name: str):
+    if name == "DESCRIPTION":  # the constant this module held before the registry named the metrics
+        return description()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def package_version() -> str:
@@ -43,7 +53,7 @@ def package_version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="capreward", description=DESCRIPTION, formatter_class=HelpFormatter)
+    parser = argparse.ArgumentParser(prog="capreward", description=description(), formatter_class=HelpFormatter)
     parser.add_argument("--version", action="version", version=f"capreward {package_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module_name in SUBCOMMAND_MODULES:
@@ -127,8 +137,8 @@ def user_error_message(exc: BaseException, parser: argparse.ArgumentParser, args
     from ..judges.loading import JudgeLoadError
 
     if isinstance(exc, ModelLoadError):
-        flag = flag_of(parser, args, exc.spec, ("clip_model", "pac_model"))
-        hint = MODEL_HINTS.get(flag, f"pass {flag} PATH")
+        flag = flag_of(parser, args, exc.spec, clip_model_flags())
+        hint = model_hint(flag)
         return f"{flag}: {exc.summary}; {hint}"
     if isinstance(exc, JudgeLoadError):
         flag = flag_of(parser, args, exc.spec, ("judge_model", "fleur_model"))

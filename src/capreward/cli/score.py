@@ -1,25 +1,12 @@
 """``capreward score``: score a JSONL manifest into a resumable JSONL (and optional CSV) file.
 
 Metrics (``--metrics``, comma-separated; ``-`` and ``_`` are interchangeable) and the fields each
-writes per row (details in ``capreward.jobs.runners``):
+writes per row (each metric's spec in ``capreward.registry``; sub-score fields are named
+``<metric>/<sub-score>``, as the rewards and callbacks log them):
 
-Sub-score fields are named ``<metric>/<sub-score>``, as the rewards and callbacks log them.
+{metrics}
 
-- ``emscore``: ``emscore``, ``emscore/<part>/<component>``; ``--alignment`` adds ``alignment``
-  (tokens SOS..EOS, best frame, similarity, idf weight).
-- ``clip_s`` / ``pac_s``: ``clip_s`` / ``pac_s`` (``ref_clip_s`` / ``ref_pac_s`` with references).
-- ``hallucination``: ``hallucination`` in [-1, 0] (minus the weighted fraction of the caption's content
-  words without a matching frame: 0 all supported, -1 none) and ``hallucination/flagged`` (positions of
-  the flagged tokens in ``alignment.tokens``, outlined by ``capreward report``). Threshold:
-  ``--hallucination-threshold``; uses the CLIP of ``--clip-model`` and the idf of ``--idf``.
-- ``fleur``: ``fleur`` in [0, 1], ``fleur/raw`` (local LLaVA of ``--judge-model``, or the server below;
-  videos on G-VEval's three-frame composite).
-- ``visce2``: ``visce2`` in [0, 100], ``visce2/raw``, ``visce2/context`` (images only; a video row gets
-  an error).
-- ``gveval``: ``gveval`` in [0, 100], ``gveval/raw``; ``--gveval-accr`` adds ``gveval/accuracy``,
-  ``gveval/completeness``, ``gveval/conciseness``, ``gveval/relevance`` (videos only). ``--gveval-mode``.
-
-fleur, visce2 and gveval run on the local LLaVA of ``--judge-model``, or on an OpenAI-compatible server
+The judge metrics run on the local LLaVA of ``--judge-model``, or on an OpenAI-compatible server
 (vLLM, OpenAI) when ``--judge-base-url`` or ``--judge-api-model`` is given; the API key is read from
 ``$OPENAI_API_KEY`` and never printed. A score that cannot be computed is null with the reason in
 ``errors[metric]``; the other rows and metrics are unaffected.
@@ -34,11 +21,11 @@ and Ctrl-C, end with one line saying how many rows are safe. Manifest keys other
 row (metrics, models and their files' size and time, frames, precision, judge options, ...; not the
 batch size, device, engine or progress) in ``<out>.settings.json``, and a resume with any of them
 different is refused, naming each; a results file with rows but no settings record (from before they
-were recorded) is refused unless ``--accept-unrecorded-settings``. The idf of emscore and hallucination
-is fixed per results file: the first run records it in ``<out>.idf.json`` and every resume reuses it (a
-resume that would use a different idf is refused). One run at a time writes a results file:
-it holds ``<out>.lock`` (a second run on the same ``--out`` is refused, naming the holder's PID; a killed
-run's lock does not block a rerun).
+were recorded) is refused unless ``--accept-unrecorded-settings``. The idf of the metrics that weigh
+tokens by it ({idf}) is fixed per results file: the first run records it in ``<out>.idf.json`` and every
+resume reuses it (a resume that would use a different idf is refused). One run at a time writes a results
+file: it holds ``<out>.lock`` (a second run on the same ``--out`` is refused, naming the holder's PID; a
+killed run's lock does not block a rerun).
 """
 
 from __future__ import annotations
@@ -49,8 +36,36 @@ import sys
 
 from ..backbones.clip_loading import DEFAULT_CLIP
 from .. import registry
-from ..scorers.hallucination import DEFAULT_THRESHOLD
-from .common import add_device_option, add_media_limit_options, add_resume_options, metric_list, spelled_aliases
+from .common import (add_device_option, add_media_limit_options, add_metric_flags, add_resume_options, metric_flag_values,
+                     metric_list, spelled_aliases)
+
+
+def metric_lines() -> str:
+    """One line per metric for the help page, read from the specs: its fields with and without
+    references, the visuals it takes and what it needs."""
+    lines = []
+    for spec in registry.specs():
+        bare = spec.fields({"references": False})
+        with_refs = [f for f in spec.fields({"references": True}) if f not in bare]
+        text = f"- {spec.name} ({spec.title}): {', '.join(bare)}"
+        if with_refs and spec.references != "none":
+            text += f"; with references also {', '.join(with_refs)}"
+        if spec.writes_alignment:
+            text += "; --alignment adds alignment (tokens SOS..EOS, best frame, similarity, idf weight)"
+        if tuple(spec.visuals) != ("image", "video"):
+            text += f" ({' and '.join(v + 's' for v in spec.visuals)} only)"
+        if spec.references == "required":
+            text += " (needs references)"
+        flags = [f.flags[0] for f in spec.job_flags]
+        if flags:
+            text += f"; options: {', '.join(flags)}"
+        lines.append(text + ".")
+    return "\n".join(lines)
+
+
+def description() -> str:
+    """The help page's description: this module's text with the metrics of the registry."""
+    return __doc__.format(metrics=metric_lines(), idf=", ".join(registry.using_idf())).replace("``", "")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,11 +77,10 @@ def run(args: argparse.Namespace) -> int:
     precision = {"fp32": None}.get(args.precision, args.precision)
     options = ScoreOptions(
         metrics=args.metrics,
-        clip_model=args.clip_model, pac_model=args.pac_model, judge_model=args.judge_model,
+        clip_model=args.clip_model, judge_model=args.judge_model,
         judge_base_url=args.judge_base_url, judge_api_model=args.judge_api_model,
         judge_top_logprobs_cap=args.judge_top_logprobs_cap,
-        gveval_mode=args.gveval_mode, gveval_accr=args.gveval_accr, qa_model=args.qa_model,
-        hallucination_threshold=args.hallucination_threshold,
+        metric_options=metric_flag_values(args, registry.job_flags()),
         device=args.device, precision=precision, batch_size=args.batch_size,
         frames=None if args.frames == 0 else args.frames, alignment=args.alignment,
     )
@@ -83,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("score", help="score a JSONL manifest (resumable)", description=__doc__.replace("``", ""),
+    p = subparsers.add_parser("score", help="score a JSONL manifest (resumable)", description=description(),
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("manifest", help="JSONL rows: caption, image|video, optional references, id")
     p.add_argument("--out", required=True, help="results JSONL (appended to; rerun to resume)")
@@ -92,30 +106,21 @@ def add_parser(subparsers) -> None:
                    help=f"comma-separated, from: {', '.join(registry.names())}; any case, - for _, and the aliases "
                         f"{spelled_aliases(registry.names())} (default: emscore)")
     p.add_argument("--clip-model", default=DEFAULT_CLIP,
-                   help="CLIP for emscore/clip-s/hallucination (one shared copy): name/tag, .pt path, ...")
-    p.add_argument("--pac-model", help="PAC-S checkpoint path (for pac-s)")
+                   help=f"CLIP for {'/'.join(registry.sharing('clip'))} (one shared copy): name/tag, .pt path, ...")
+    judges = "/".join(registry.on_backbone("chat_judge"))
     p.add_argument("--judge-model", "--fleur-model", dest="judge_model", default="llava-hf/llava-1.5-13b-hf",
-                   help="local LLaVA name or dir for fleur/visce2/gveval unless a server is given (one shared copy)")
+                   help=f"local LLaVA name or dir for {judges} unless a server is given (one shared copy)")
     p.add_argument("--judge-base-url",
-                   help="OpenAI-compatible server for fleur/visce2/gveval, e.g. http://localhost:8000/v1 (vLLM); "
+                   help=f"OpenAI-compatible server for {judges}, e.g. http://localhost:8000/v1 (vLLM); "
                         "API key from $OPENAI_API_KEY (unset: a placeholder, fine for vLLM)")
     p.add_argument("--judge-api-model",
                    help="model name on that server (alone: OpenAI's API with this model)")
     p.add_argument("--judge-top-logprobs-cap", type=int, default=20,
                    help="the most top_logprobs the judge server serves (vLLM --max-logprobs; default 20): the "
                         "exact digit tree of a digit-by-digit judge asks this many alternatives per node")
-    p.add_argument("--gveval-mode", default="ref-free", choices=["ref-free", "ref-only", "combined"],
-                   help="G-VEval inputs: visual only, references (+ visual), or both; ref-only/combined need "
-                        "references on every row")
-    p.add_argument("--qa-model", help="qa_utility's text-only judge: a causal LM name or directory (default: the judge "
-                                      "server of --judge-base-url); questions come from each row's 'questions'")
-    p.add_argument("--gveval-accr", action="store_true",
-                   help="G-VEval's four ACCR scores (accuracy, completeness, conciseness, relevance; videos only)")
-    p.add_argument("--hallucination-threshold", type=float, default=DEFAULT_THRESHOLD,
-                   help="token->frame similarity below which a content word is flagged (an uncalibrated starting "
-                        "point; set it from HallucinationPenalty.calibrate on known-good captions)")
+    add_metric_flags(p, registry.job_flags())  # each metric's own options, from its spec
     p.add_argument("--idf", default="auto",
-                   help="idf of emscore/hallucination (default: auto = the manifest's references, none if it has "
+                   help=f"idf of {'/'.join(registry.using_idf())} (default: auto = the manifest's references, none if it has "
                         "none); refs | none | FILE (one caption per line) | OUT.idf.json (a recorded idf). "
                         "Recorded in <out>.idf.json and reused on resume")
     p.add_argument("--frames", type=int, default=10, help="frames per video (0: all)")
@@ -127,7 +132,8 @@ def add_parser(subparsers) -> None:
                    help="local: this process; ray: Ray Data with --num-actors model copies")
     p.add_argument("--num-actors", type=int, default=2, help="Ray actors (one model copy each)")
     p.add_argument("--alignment", action="store_true",
-                   help="store EMScore's token -> frame alignment (for reports; also with hallucination alone)")
+                   help="store the token -> frame alignment of "
+                        f"{'/'.join(s.name for s in registry.specs() if s.writes_alignment)} (for reports)")
     p.add_argument("--accept-unrecorded-settings", action="store_true",
                    help="resume a results file that has rows but no <out>.settings.json (written before settings "
                         "were recorded), recording this run's settings as theirs: only if they are the same")

@@ -9,10 +9,12 @@ import signal
 import sys
 import threading
 
+from .. import registry
 from ..adapters.factory import reward_names
 from ..backbones.clip_loading import DEFAULT_CLIP
 from ..metrics.harmonic import HARMONIC_MEANS
-from .common import CLIError, add_device_option, add_media_limit_options, metric_name, spelled_aliases
+from .common import (CLIError, adapter_flags, add_device_option, add_media_limit_options, add_metric_flags, metric_flag_values,
+                     metric_name, spelled_aliases)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         frames=None if args.frames == 0 else args.frames, w=args.w, composite=args.composite,
         harmonic_mean=args.harmonic_mean, judge_url=args.judge_url, judge_model=args.fleur_model,
         judge_api_key_env=args.judge_api_key_env, judge_top_logprobs_cap=args.judge_top_logprobs_cap,
-        gveval_mode=args.gveval_mode, qa_model=args.qa_model,
+        metric_options=metric_flag_values(args, adapter_flags()),
     )
     try:
         reward = build_reward(args.reward, options)
@@ -114,19 +116,17 @@ def add_parser(subparsers) -> None:
                    help=f"the reward served (aliases: {spelled_aliases(reward_names())})")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=5000, help="0: pick a free port (printed on stderr when ready)")
-    p.add_argument("--clip-model", default=DEFAULT_CLIP, help="CLIP for clip_s/emscore: name/tag, .pt path, ...")
+    judges = "/".join(registry.on_backbone("chat_judge"))
+    p.add_argument("--clip-model", default=DEFAULT_CLIP, help=f"CLIP for {'/'.join(registry.on_backbone('clip'))}: name/tag, .pt path, ...")
     p.add_argument("--judge-model", "--fleur-model", dest="fleur_model", metavar="MODEL",
-                   help="the judge of fleur/visce2/gveval: a local LLaVA judge (hub name or directory; default: "
+                   help=f"the judge of {judges}: a local LLaVA judge (hub name or directory; default: "
                         "llava-hf/llava-1.5-13b-hf), or with --judge-url the served model name")
-    p.add_argument("--judge-url", help="an OpenAI-compatible server for fleur/visce2/gveval (vLLM: http://HOST:8000/v1)")
+    p.add_argument("--judge-url", help=f"an OpenAI-compatible server for {judges} (vLLM: http://HOST:8000/v1)")
     p.add_argument("--judge-api-key-env", default="OPENAI_API_KEY",
                    help="environment variable holding the judge server's API key (unset: none sent)")
     p.add_argument("--judge-top-logprobs-cap", type=int, default=20,
                    help="the most top_logprobs the judge server serves (vLLM --max-logprobs; default 20)")
-    p.add_argument("--gveval-mode", default="ref-free", choices=["ref-free", "ref-only", "combined"],
-                   help="G-VEval's mode for --reward gveval")
-    p.add_argument("--qa-model", help="the text-only judge of qa_utility (a causal LM name or directory; with "
-                                      "--judge-url the server answers instead); questions are written by the judge")
+    add_metric_flags(p, adapter_flags())  # each metric's own options the adapters take, from its spec
     p.add_argument("--composite", default="emscore=1.0,hallucination=1.0",
                    help="terms of --reward composite: name=weight,... (plus repetition/truncation/length guards)")
     p.add_argument("--idf", help="EMScore idf corpus: a text file with one caption per line (default: no idf)")

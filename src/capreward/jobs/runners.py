@@ -1,36 +1,19 @@
 """Metric runners for offline jobs: manifest rows in, one flat result dict per row out.
 
-One runner per metric, built by ``ManifestScorer._build_<metric>``; the fields each writes:
+One runner per chosen metric, built by the hook its spec names
+(:attr:`~capreward.registry.MetricSpec.job_runner`, :mod:`capreward.scorers.job_runners` for the
+built-in metrics) or, without one, by :func:`generic_runner`. A metric writes its headline field (its
+name) and its sub-scores (:meth:`~capreward.registry.MetricSpec.fields` for the job's configuration),
+named ``<metric>/<sub-score>`` (the one separator of :mod:`capreward.names`); a metric that
+:attr:`~capreward.registry.MetricSpec.writes_alignment` also writes ``alignment`` = {tokens (SOS..EOS),
+best_frame, similarity, weight} with ``alignment=True``. Each metric's own settings (its
+:attr:`~capreward.registry.MetricSpec.job_flags`, such as G-VEval's mode) are fields of
+:class:`ScoreOptions` by name.
 
-Sub-score fields are named ``<metric>/<sub-score>`` (the one separator of :mod:`capreward.names`).
-
-- ``emscore``: ``emscore`` and ``emscore/<part>/<component>`` (``video/fine_p``, ``reference/full_f``, ...);
-  with ``alignment=True`` also ``alignment`` = {tokens (SOS..EOS), best_frame, similarity, weight}.
-- ``clip_s`` / ``pac_s``: ``clip_s`` / ``pac_s`` (and ``ref_clip_s`` / ``ref_pac_s`` with references).
-- ``hallucination``: ``hallucination``, the penalty of
-  :class:`~capreward.scorers.hallucination.Hallucination` in [-1, 0] (0: every content word of the
-  caption has a matching frame; -1: none has; more negative is worse), and ``hallucination/flagged``,
-  the positions of the flagged tokens in the caption's token list, the same list as ``alignment.tokens``
-  (SOS at 0), which ``capreward report`` outlines. With ``alignment=True`` and no ``emscore`` runner it
-  writes ``alignment`` itself.
-- ``fleur``: ``fleur`` in [0, 1] and ``fleur/raw`` (videos judged on G-VEval's three-frame composite).
-- ``visce2``: ``visce2`` in [0, 100], ``visce2/raw`` (the rating answer) and ``visce2/context`` (the
-  visual context). Images only: a video row gets an error, and so does an unreadable image (no fields).
-  An answer without an integer scores 0, as in the paper, with the reason in ``errors``.
-- ``claims``: ``claims`` in [0, 1] (F1 of claim precision and reference-claim recall; precision alone
-  without references), ``claims/precision``, ``claims/recall`` (rows with references), ``claims/n_claims``
-  and ``claims/claims`` (per claim: text, start, end, p). Videos are judged on their three-frame composite.
-- ``qa_utility``: ``qa_utility`` in [0, 1] (expected accuracy of a text-only judge answering the row's
-  ``questions`` from the caption alone; rows without questions get them from the chat judge, per visual),
-  ``qa_utility/n_questions`` and ``qa_utility/answers``.
-- ``gveval``: ``gveval`` in [0, 100] and ``gveval/raw``; with ACCR also ``gveval/accuracy``,
-  ``gveval/completeness``, ``gveval/conciseness``, ``gveval/relevance`` (ACCR: videos only). Videos are
-  judged on their three-frame composite.
-
-CLIP-based metrics (emscore, clip_s, hallucination) share one CLIP backbone; judge metrics (fleur,
-visce2, gveval) share one local LLaVA, or visce2/gveval use an OpenAI-compatible server when
-``judge_base_url`` or ``judge_api_model`` is set (key from ``$OPENAI_API_KEY``; fleur then runs as
-:class:`~capreward.scorers.fleur_remote.RemoteFLEUR` on that server).
+The metrics on a shared CLIP (:func:`capreward.registry.sharing`) share one CLIP backbone; the judge
+metrics share one local LLaVA, or those that take any chat backend use an OpenAI-compatible server when
+``judge_base_url`` or ``judge_api_model`` is set (key from ``$OPENAI_API_KEY``; a metric with a
+:attr:`~capreward.registry.MetricSpec.remote_scorer` then runs on that server too).
 
 A row's output never depends on the other rows of its batch: within a batch, rows are scored in
 groups of one kind (image or video) and one reference mode (with or without references), each row
@@ -43,15 +26,17 @@ bad item, it is split in halves until the failing rows are alone, so the error (
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from ..backbones.clip_loading import DEFAULT_CLIP
 from .. import registry
 from ..errors import SampleError
-from ..names import spelling, sub_score
+from ..metric_options import FlagFields
+from ..names import spelling
 from .row_inputs import HASH_FIELD, visual_digest
 from .manifest import ManifestRow
 
@@ -69,29 +54,26 @@ def __getattr__(name: str):
 
 
 @dataclass
-class ScoreOptions:
-    """Everything a worker needs to build its scorers (picklable, so Ray actors can receive it)."""
+class SharedScoreOptions:
+    """The options every job has (the metrics' own are :class:`ScoreOptions` fields too, see there)."""
 
     metrics: list[str] = field(default_factory=lambda: ["emscore"])
     clip_model: str = DEFAULT_CLIP
-    pac_model: str | None = None
-    judge_model: str = "llava-hf/llava-1.5-13b-hf"  # local LLaVA (name or dir) for fleur, visce2, gveval
-    judge_base_url: str | None = None  # OpenAI-compatible server for fleur/visce2/gveval (key: $OPENAI_API_KEY)
+    judge_model: str = "llava-hf/llava-1.5-13b-hf"  # local LLaVA (name or dir) of the judge metrics
+    judge_base_url: str | None = None  # OpenAI-compatible server of the judge metrics (key: $OPENAI_API_KEY)
     judge_api_model: str | None = None  # the served model's name (None: OpenAIJudge's default)
     judge_top_logprobs_cap: int = 20  # the most top_logprobs the server serves (vLLM --max-logprobs)
-    gveval_mode: str = "ref-free"  # ref-free | ref-only | combined
-    gveval_accr: bool = False  # the four ACCR dimensions (video rows only)
-    qa_model: str | None = None  # text-only causal LM of qa_utility (None: the judge server, if any)
-    hallucination_threshold: float | None = None  # None: capreward.scorers.hallucination.DEFAULT_THRESHOLD
     device: str = "cpu"
     precision: str | None = None
     batch_size: int = 64
     frames: int | None = 10
-    # The idf table of emscore/hallucination (token id -> weight, ``idf_default`` for other ids), fixed for
+    # The idf table of the metrics that use one (token id -> weight, ``idf_default`` for other ids), fixed for
     # the whole job so results do not depend on batching; None: every token weight 1.
     idf_weights: dict[int, float] | None = None
     idf_default: float | None = None
-    alignment: bool = False  # store EMScore's token -> best-frame alignment per row (for reports)
+    alignment: bool = False  # store the token -> best-frame alignment per row (for reports)
+    # the metrics' own settings (their specs' job_flags), by flag name; read them as attributes
+    metric_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
         self.metrics = [spelling(m) for m in self.metrics]  # "clip-s", "clipscore" are "clip_s"
@@ -104,8 +86,25 @@ class ScoreOptions:
 
     @property
     def remote_judge(self) -> bool:
-        """Whether fleur/visce2/gveval ask an OpenAI-compatible server instead of the local LLaVA."""
+        """Whether the judge metrics ask an OpenAI-compatible server instead of the local LLaVA."""
         return bool(self.judge_base_url or self.judge_api_model)
+
+
+class ScoreOptions(FlagFields, SharedScoreOptions):
+    """Everything a worker needs to build its scorers (picklable, so Ray actors can receive it).
+
+    The fields of :class:`SharedScoreOptions`, and each metric's own settings by the name its spec gives
+    them (:attr:`~capreward.registry.MetricSpec.job_flags`: ``pac_model``, ``hallucination_threshold``,
+    ``gveval_mode``, ``gveval_accr``, ``qa_model`` for the built-in metrics), as keyword arguments and
+    attributes; an attribute not given reads the flag's default (the option's default it sets). See
+    :mod:`capreward.metric_options`.
+
+    Example:
+        >>> from capreward.jobs.runners import ScoreOptions
+        >>> options = ScoreOptions(metrics=["G-VEval"], gveval_mode="combined")
+        >>> options.metrics, options.gveval_mode, options.gveval_accr
+        (['gveval'], 'combined', False)
+    """
 
 
 def finite_or_none(x: float) -> float | None:
@@ -113,112 +112,50 @@ def finite_or_none(x: float) -> float | None:
 
 
 class ManifestScorer:
-    """Builds the chosen scorers once (sharing one CLIP, and one judge) and scores batches of manifest rows."""
+    """Builds the chosen scorers once (sharing one CLIP, and one judge) and scores batches of manifest rows.
+
+    Each metric's runner is built by its spec (:meth:`~capreward.registry.MetricSpec.load_job_runner`),
+    given this object: the shared CLIP (:attr:`backbone`), the judges (:meth:`local_judge`,
+    :meth:`chat_backend`), the job's fixed idf (:attr:`idf`) and options (:attr:`options`).
+    """
 
     def __init__(self, options: ScoreOptions, backbone=None):
         """``backbone``: an already loaded CLIPBackbone of ``options.clip_model`` to share (else one is loaded
-        when a CLIP metric is chosen)."""
+        when a metric on the shared CLIP is chosen)."""
         self.options = options
         self._runners: dict[str, Callable[[list[ManifestRow]], list[dict]]] = {}
-        self._judge = None  # the local LLaVA judge, loaded on first use (see _local_judge)
-        self._chat = None  # the chat backend of visce2/gveval (see _chat_backend)
+        self._judge = None  # the local LLaVA judge, loaded on first use (see local_judge)
+        self._chat = None  # the chat backend of the judge metrics (see chat_backend)
         if backbone is None and set(registry.sharing("clip")) & set(options.metrics):
             from ..backbones.clip import CLIPBackbone
 
             backbone = CLIPBackbone(options.clip_model, device=options.device, precision=options.precision)
+        self.backbone = backbone
         for metric in options.metrics:
-            self._runners[metric] = getattr(self, f"_build_{metric}")(backbone)
+            spec = registry.get(metric)
+            self._runners[metric] = spec.load_job_runner()(spec, self)
 
     @property
     def idf(self) -> dict | bool:
-        """The ``idf`` argument of the EMScore-based scorers: the job's fixed table, or False."""
+        """The ``idf`` argument of the scorers that weigh tokens: the job's fixed table, or False."""
         if self.options.idf_weights is None:
             return False
         return {int(k): float(v) for k, v in self.options.idf_weights.items()}
 
-    def _build_emscore(self, backbone):
-        from ..scorers.emscore import EMScore
+    def flag_values(self) -> dict[str, Any]:
+        """The metrics' own settings (flag name -> value as given, None: its default)."""
+        return dict(self.options.metric_options)
 
-        scorer = EMScore(backbone=backbone, idf=self.idf, idf_default=self.options.idf_default,
-                         frames=self.options.frames, batch_size=self.options.batch_size)
-
-        def run(rows: list[ManifestRow]) -> list[dict]:
-            out: list[dict] = [{} for _ in rows]
-            for kind, refs, idx in row_groups(rows):
-                visual = {f"{kind}s": [rows[i].path for i in idx]}
-                res = scorer.score([rows[i].caption for i in idx], references=refs, **visual)
-                for pos, (j, flat) in enumerate(zip(idx, res.rows())):
-                    out[j] = {"emscore": flat.pop("score"), **{sub_score("emscore", k): v for k, v in flat.items()}}
-                    if self.options.alignment and res.alignment is not None:
-                        out[j]["alignment"] = alignment_fields(res.alignment[pos])
-            return out
-
-        return run
-
-    def _clip_like(self, scorer, name: str):
-        def run(rows: list[ManifestRow]) -> list[dict]:
-            out: list[dict] = [{} for _ in rows]
-            for kind, refs, idx in row_groups(rows):
-                visual = {f"{kind}s": [rows[i].path for i in idx]}
-                res = scorer.score([rows[i].caption for i in idx], references=refs, **visual)
-                for j, k in enumerate(idx):
-                    out[k] = {name: float(res.clip_s[j])}
-                    if res.ref_clip_s is not None:
-                        out[k][f"ref_{name}"] = float(res.ref_clip_s[j])
-            return out
-
-        return run
-
-    def _build_clip_s(self, backbone):
-        from ..scorers.clipscore import CLIPScore
-
-        return self._clip_like(CLIPScore(backbone=backbone, batch_size=self.options.batch_size, frames=self.options.frames), "clip_s")
-
-    def _build_pac_s(self, backbone):
-        from ..scorers.clipscore import PACScore
-
-        if not self.options.pac_model:
-            raise ValueError("pac_s needs the PAC-S checkpoint: pass --pac-model /path/to/clip_ViT-B-32.pth")
-        scorer = PACScore(self.options.pac_model, device=self.options.device, precision=self.options.precision,
-                          batch_size=self.options.batch_size, frames=self.options.frames)
-        return self._clip_like(scorer, "pac_s")
-
-    def _build_hallucination(self, backbone):
-        from ..scorers.hallucination import DEFAULT_THRESHOLD, Hallucination
-
-        threshold = self.options.hallucination_threshold
-        penalty = Hallucination(
-            backbone=backbone, idf=self.idf, idf_default=self.options.idf_default, frames=self.options.frames,
-            batch_size=self.options.batch_size, threshold=DEFAULT_THRESHOLD if threshold is None else threshold,
-        )
-        write_alignment = self.options.alignment and "emscore" not in self.options.metrics
-
-        def run(rows: list[ManifestRow]) -> list[dict]:
-            out: list[dict] = [{} for _ in rows]
-            for kind, _, idx in row_groups(rows, with_references=False):
-                alignments = penalty.alignments([rows[i].caption for i in idx], [rows[i].path for i in idx], kind)
-                # the row's alignment is EMScore's (what an emscore runner writes); the penalty's flags also
-                # read each content word encoded alone, so they can differ from that alignment's similarities
-                shown = getattr(alignments, "contextual", alignments)
-                for j, a, c in zip(idx, alignments, shown):
-                    report = penalty.report_for(a)
-                    out[j] = {"hallucination": report.penalty, sub_score("hallucination", "flagged"): report.flagged_index}
-                    if write_alignment:
-                        out[j]["alignment"] = alignment_fields(c)
-            return out
-
-        return run
-
-    def _local_judge(self):
-        """The local LLaVA judge (``judge_model``), loaded once and shared by fleur, visce2 and gveval."""
+    def local_judge(self):
+        """The local LLaVA judge (``judge_model``), loaded once and shared by the judge metrics."""
         if self._judge is None:
             from ..judges.local import LocalJudge
 
             self._judge = LocalJudge(self.options.judge_model, device=self.options.device)
         return self._judge
 
-    def _chat_backend(self):
-        """The chat backend of visce2 and gveval: an OpenAI-compatible server when ``judge_base_url`` or
+    def chat_backend(self):
+        """The chat backend of the judge metrics: an OpenAI-compatible server when ``judge_base_url`` or
         ``judge_api_model`` is set (API key from ``$OPENAI_API_KEY``), else the shared local judge."""
         if self._chat is None:
             if self.options.remote_judge:
@@ -230,157 +167,35 @@ class ManifestScorer:
             else:
                 from ..judges.local_chat import LocalChatJudge
 
-                self._chat = LocalChatJudge(self._local_judge())
+                self._chat = LocalChatJudge(self.local_judge())
         return self._chat
 
-    def _tree(self) -> dict:
+    _local_judge = local_judge  # the names before the specs' runners
+    _chat_backend = chat_backend
+
+    def tree(self) -> dict:
         """The digit-tree width of a remote judge's exact expected scores (the server's logprob cap)."""
         return {"tree_top_logprobs": max(10, self.options.judge_top_logprobs_cap)} if self.options.remote_judge else {}
 
-    def _build_fleur(self, backbone):
-        from ..scorers.fleur import FLEUR
+    _tree = tree
 
-        if self.options.remote_judge:  # the served judge, read exactly (as visce2/gveval)
-            from ..scorers.fleur_remote import RemoteFLEUR
-
-            scorer = RemoteFLEUR(self._chat_backend(), top_logprobs=min(20, self.options.judge_top_logprobs_cap))
-        else:
-            scorer = FLEUR(model=self._local_judge())
-
-        def run(rows: list[ManifestRow]) -> list[dict]:
-            out: list[dict] = [{} for _ in rows]
-            for kind, refs, idx in row_groups(rows):  # videos are judged on G-VEval's three-frame composite
-                visual = {f"{kind}s": [rows[i].path for i in idx]}
-                res = scorer.score([rows[i].caption for i in idx], references=refs, **visual)
-                for j, k in enumerate(idx):
-                    out[k] = {"fleur": finite_or_none(float(res.score[j])), sub_score("fleur", "raw"): res.raw[j]}
-                    if res.error[j]:
-                        out[k]["_error"] = res.error[j]
-            return out
-
-        return run
-
-    def _build_visce2(self, backbone):
-        from ..scorers.visce2 import VisCE2
-
-        scorer = VisCE2(self._chat_backend(), **self._tree())
-        spec = registry.get("visce2")
-
-        def run(rows: list[ManifestRow]) -> list[dict]:
-            out: list[dict] = [{} if (e := visual_refused(spec, {}, r.kind)) is None else {"_error": e} for r in rows]
-            idx = [i for i, r in enumerate(rows) if not out[i]]
-            if not idx:
-                return out
-            res = scorer.score([rows[i].caption for i in idx], [rows[i].path for i in idx])
-            for pos, i in enumerate(idx):
-                if (visual := visual_error(rows[i], pos, res.error[pos])) is not None:
-                    out[i] = {"_error": visual}
-                    continue
-                out[i] = {"visce2": finite_or_none(float(res.score[pos])), sub_score("visce2", "raw"): res.raw[pos],
-                          sub_score("visce2", "context"): res.context[pos]}
-                if res.error[pos]:
-                    out[i]["_error"] = res.error[pos]
-            return out
-
-        return run
-
-    def _build_claims(self, backbone):
-        from ..scorers.claims import ClaimScorer
-
-        scorer = ClaimScorer(self._chat_backend())
-
-        def run(rows: list[ManifestRow]) -> list[dict]:
-            out: list[dict] = [{} for _ in rows]
-            for kind, refs, idx in row_groups(rows):
-                res = scorer.score([rows[i].caption for i in idx], references=refs,
-                                   **{f"{kind}s": [rows[i].path for i in idx]})
-                for j, k in enumerate(idx):
-                    out[k] = {"claims": finite_or_none(float(res.score[j])),
-                              sub_score("claims", "precision"): finite_or_none(float(res.precision[j]))}
-                    if refs is not None:
-                        out[k][sub_score("claims", "recall")] = finite_or_none(float(res.recall[j]))
-                    out[k][sub_score("claims", "n_claims")] = int(res.n_claims[j])
-                    out[k][sub_score("claims", "claims")] = [
-                        {"text": v.text, "start": v.start, "end": v.end, "p": finite_or_none(float(v.p))} for v in res.claims[j]]
-                    if res.error[j]:
-                        out[k]["_error"] = res.error[j]
-            return out
-
-        return run
-
-    def _build_qa_utility(self, backbone):
-        from ..scorers.qa_utility import LocalTextJudge, QAUtility
-
-        if self.options.qa_model:
-            answerer = LocalTextJudge(self.options.qa_model)
-        elif self.options.remote_judge:
-            answerer = self._chat_backend()
-        else:
-            raise ValueError("qa_utility needs a text judge: --qa-model (a causal LM) or a judge server")
-        scorer = QAUtility(answerer, question_backend=self._chat_backend() if self.options.remote_judge else None)
-        if not self.options.remote_judge:  # a local question writer is the local LLaVA, loaded on first need
-            from ..judges.lazy import LazyBackend
-
-            scorer.question_backend = LazyBackend(self._chat_backend)
-
-        def run(rows: list[ManifestRow]) -> list[dict]:
-            out: list[dict] = [{} for _ in rows]
-            for kind in ("image", "video"):
-                idx = [i for i, r in enumerate(rows) if r.kind == kind]
-                if not idx:
-                    continue
-                res = scorer.score([rows[i].caption for i in idx],
-                                   questions=[rows[i].extra.get("questions") for i in idx],
-                                   **{f"{kind}s": [rows[i].path for i in idx]})
-                for j, k in enumerate(idx):
-                    out[k] = {"qa_utility": finite_or_none(float(res.score[j])),
-                              sub_score("qa_utility", "n_questions"): int(res.n_questions[j]),
-                              sub_score("qa_utility", "answers"): [finite_or_none(float(p)) for p in res.answers[j]]}
-                    if res.error[j]:
-                        out[k]["_error"] = res.error[j]
-            return out
-
-        return run
-
-    def _build_gveval(self, backbone):
-        from ..scorers.gveval import GVEval
-
-        mode, accr = self.options.gveval_mode, self.options.gveval_accr
-        scorer = GVEval(self._chat_backend(), mode=mode, accr=accr, **self._tree())
-        spec, config = registry.get("gveval"), {"mode": mode, "accr": accr}
-        needs_refs = spec.references_for(config) == "required"
-
-        def run(rows: list[ManifestRow]) -> list[dict]:
-            out: list[dict] = [{} for _ in rows]
-            for kind in ("image", "video"):
-                idx = []
-                for i, r in enumerate(rows):
-                    if r.kind != kind:
-                        continue
-                    if needs_refs and not r.references:
-                        out[i] = {"_error": f"{spec.title} mode {mode!r} needs references; the row has none"}
-                    elif (refused := visual_refused(spec, {"accr": accr}, kind)) is not None:
-                        out[i] = {"_error": f"{refused}; score {kind}s without --gveval-accr"}
-                    else:
-                        idx.append(i)
-                if not idx:
-                    continue
-                visual = {"images" if kind == "image" else "videos": [rows[i].path for i in idx]}
-                res = scorer.score([rows[i].caption for i in idx],
-                                   references=[rows[i].references for i in idx] if needs_refs else None, **visual)
-                for pos, i in enumerate(idx):
-                    if (visual := visual_error(rows[i], pos, res.error[pos])) is not None:
-                        out[i] = {"_error": visual}
-                        continue
-                    out[i] = {"gveval": finite_or_none(float(res.score[pos])), sub_score("gveval", "raw"): res.raw[pos]}
-                    for name in spec.sub_scores_for(config):
-                        if name != "raw":  # the ACCR dimensions, with accr
-                            out[i][sub_score("gveval", name)] = finite_or_none(float(getattr(res, name)[pos]))
-                    if res.error[pos]:
-                        out[i]["_error"] = res.error[pos]
-            return out
-
-        return run
+    def scorer_for(self, spec) -> Any:
+        """``spec``'s scorer built for this job from what its spec says it takes: the shared CLIP
+        (``backbone``), the job's idf, ``frames``/``batch_size`` and the options its job flags set; a
+        scorer on a chat judge gets :meth:`chat_backend` (and the digit-tree width its options name)."""
+        kwargs: dict[str, Any] = dict(spec.job_config(self.flag_values()))
+        if spec.shares == "clip":
+            kwargs["backbone"] = self.backbone
+        if spec.uses_idf:
+            kwargs.update(idf=self.idf, idf_default=self.options.idf_default)
+        for name in ("frames", "batch_size"):
+            if spec.has_option(name):
+                kwargs[name] = getattr(self.options, name)
+        if spec.judge_backend:
+            if spec.has_option("tree_top_logprobs"):
+                kwargs.update(self.tree())
+            return spec.load()(self.chat_backend(), **kwargs)
+        return spec.load()(**kwargs)
 
     def score_rows(self, rows: list[ManifestRow]) -> list[dict]:
         """One result dict per row: id, caption, visual path, metric fields, and ``errors``; each row's
@@ -402,6 +217,76 @@ class ManifestScorer:
             if not r["errors"]:
                 r["errors"] = None
         return results
+
+
+def result_value(value: Any) -> Any:
+    """A scorer's per-row value as a results-file value: a number as a float (NaN as None), a tensor or
+    array element as a plain number, a list or a dataclass field by field, text as it is."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)):
+        return finite_or_none(float(value)) if isinstance(value, float) else value
+    if isinstance(value, dict):
+        return {str(k): result_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [result_value(v) for v in value]
+    return value
+
+
+def generic_runner(spec, job: ManifestScorer) -> Callable[[list[ManifestRow]], list[dict]]:
+    """The runner of a metric whose spec names no :attr:`~capreward.registry.MetricSpec.job_runner`.
+
+    Its scorer (:meth:`ManifestScorer.scorer_for`) is asked ``score(captions, images=/videos=,
+    references=, **row_inputs)`` per group of rows of one visual kind and one reference mode, as its spec
+    says: a kind it does not score, or a row without references where it needs them, gets an error
+    without being asked; references are passed only where its reference mode is not ``"none"``; each of
+    :attr:`~capreward.registry.MetricSpec.row_inputs` is read from the rows' manifest keys. Row ``j`` gets
+    ``result.score[j]`` under the metric's name and each sub-score ``s`` of
+    :meth:`~capreward.registry.MetricSpec.sub_scores_for` (its configuration with ``references``) as
+    ``result.<s>[j]`` (``/`` read as ``_``), under :meth:`~capreward.registry.MetricSpec.field_of`;
+    ``result.error[j]``, when the result has it, is the row's error.
+    """
+    scorer = job.scorer_for(spec)
+    config = spec.job_config(job.flag_values())
+    mode = spec.references_for(config)
+
+    def run(rows: list[ManifestRow]) -> list[dict]:
+        out: list[dict] = [{} for _ in rows]
+        ready = []
+        for i, r in enumerate(rows):
+            if (refused := visual_refused(spec, config, r.kind)) is not None:
+                out[i] = {"_error": refused}
+            elif mode == "required" and not r.references:
+                out[i] = {"_error": f"{spec.title} needs references; the row has none"}
+            else:
+                ready.append(i)
+        for kind, refs, idx in row_groups([rows[i] for i in ready], with_references=mode != "none"):
+            where = [ready[k] for k in idx]
+            kwargs = {f"{kind}s": [rows[i].path for i in where]}
+            if mode != "none":
+                kwargs["references"] = refs
+            for key in spec.row_inputs:
+                kwargs[key] = [rows[i].extra.get(key) for i in where]
+            res = scorer.score([rows[i].caption for i in where], **kwargs)
+            subs = spec.sub_scores_for({**config, "visual": kind, "references": refs is not None})
+            errors = getattr(res, "error", None)
+            for pos, i in enumerate(where):
+                error = errors[pos] if errors is not None else None
+                if (visual := visual_error(rows[i], pos, error)) is not None:
+                    out[i] = {"_error": visual}
+                    continue
+                out[i] = {spec.name: result_value(res.score[pos])}
+                for sub in subs:
+                    out[i][spec.field_of(sub)] = result_value(getattr(res, sub.replace("/", "_"))[pos])
+                if error:
+                    out[i]["_error"] = error
+        return out
+
+    return run
 
 
 def alignment_fields(a) -> dict:

@@ -68,14 +68,14 @@ def run_job(manifest: str | Path, out: str | Path, options: ScoreOptions, idf: s
             engine: str = "local", num_actors: int = 2, csv: str | Path | None = None, progress: bool = True,
             accept_unrecorded_settings: bool = False, quarantine_bad_lines: bool = False) -> dict:
     """Score every manifest row not yet in ``out``; returns counts {total, skipped, written, errors} and,
-    when emscore or hallucination is scored, ``idf``: where the job's idf comes from (``"auto: the 12
+    when a metric that weighs tokens by idf is scored (:func:`capreward.registry.using_idf`), ``idf``: where the job's idf comes from (``"auto: the 12
     references in manifest.jsonl"``, ``"none (every token weight 1)"`` …, as ``<out>.idf.json`` records it).
 
     Holds ``<out>.lock`` for the whole job (:class:`~capreward.jobs.output_lock.OutputLocked` if another
     run holds it), fixes the scoring settings per results file in ``<out>.settings.json``
     (:class:`~capreward.jobs.settings_file.SettingsMismatch` if a resume would change one, or if ``out``
     has rows but no record and not ``accept_unrecorded_settings``; checked before ``out`` is touched,
-    whatever the engine) and the idf of emscore/hallucination in ``<out>.idf.json``
+    whatever the engine) and the idf of the metrics that use one in ``<out>.idf.json``
     (:class:`~capreward.jobs.idf_file.IdfMismatch` if a resume would change it). A complete line of
     ``out`` that is not a result row stops the job with ``out`` unchanged
     (:class:`~capreward.jobs.results_file.ResultsCorrupt`), unless ``quarantine_bad_lines`` (then such

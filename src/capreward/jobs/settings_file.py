@@ -11,7 +11,7 @@ A results file with rows but no record (written before capreward recorded settin
 deleted) is refused too, since nothing says how its rows were scored; ``accept_unrecorded=True``
 (``--accept-unrecorded-settings``) records this run's settings as theirs and resumes.
 
-The idf of emscore/hallucination is fixed separately, by ``<out>.idf.json``
+The idf of the metrics that use one is fixed separately, by ``<out>.idf.json``
 (:mod:`capreward.jobs.idf_file`): that record is a table other jobs can reuse (``--idf OUT.idf.json``),
 and this one only says how the rows were scored.
 
@@ -46,11 +46,11 @@ MAX_MODEL_FILES = 10_000
 SEPARATOR_FLAG = ("the separator of sub-score fields (this capreward writes <metric>/<sub-score>; 'not used' is "
                   "a file written with <metric>.<sub-score>)")
 
-#: How each recorded setting is set on the command line (for the refusal message).
-FLAGS = {
+#: How each setting every job may record is set on the command line (for the refusal message); the
+#: metrics' own settings are named by their specs' job flags (:data:`FLAGS`).
+SHARED_FLAGS = {
     "metrics": "--metrics",
     "clip_model": "--clip-model",
-    "pac_model": "--pac-model",
     "precision": "--precision",
     "frames": "--frames",
     "judge_model": "--judge-model",
@@ -58,15 +58,32 @@ FLAGS = {
     "judge_base_url": "--judge-base-url",
     "judge_api_model": "--judge-api-model",
     "judge_top_logprobs_cap": "--judge-top-logprobs-cap",
-    "gveval_mode": "--gveval-mode",
-    "gveval_accr": "--gveval-accr",
-    "qa_model": "--qa-model",
-    "hallucination_threshold": "--hallucination-threshold",
     "alignment": "--alignment",
     "max_pixels": "--max-pixels",
     "max_video_pixels": "--max-video-pixels",
     "sub_score_separator": SEPARATOR_FLAG,
 }
+
+
+class ScoreFlags(Mapping[str, str]):
+    """:data:`SHARED_FLAGS` and every registered metric's job flags (setting -> its flag), read from the
+    registry when used, so a metric registered later is named too."""
+
+    def _table(self) -> dict[str, str]:
+        return {**SHARED_FLAGS, **{flag.name: flag.flags[0] for _, flag in registry.job_flags()}}
+
+    def __getitem__(self, key: str) -> str:
+        return self._table()[key]
+
+    def __iter__(self):
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+
+#: How each recorded setting is set on the command line (for the refusal message).
+FLAGS: Mapping[str, str] = ScoreFlags()
 
 
 class SettingsMismatch(JobError):
@@ -97,22 +114,22 @@ def scoring_settings(options: ScoreOptions) -> dict[str, Any]:
     field (plus ``judge_dtype``); a setting is included only when a chosen metric uses it, so changing
     an unused one (``--clip-model`` of a FLEUR-only job) does not block a resume.
 
-    Included: ``metrics`` (as a sorted set: their order changes nothing); ``clip_model`` (CLIP metrics);
-    ``pac_model`` (pac_s); ``precision`` (``fp32`` for None) and ``frames`` (0: every frame, as
-    ``--frames 0``) for the CLIP-based metrics and pac_s (the judges see videos as G-VEval's three-frame
-    composite whatever ``frames`` says); ``judge_model`` and ``judge_dtype`` (the local LLaVA of
-    fleur/visce2/gveval/claims/qa_utility without a server); ``judge_base_url``, ``judge_api_model`` and
-    ``judge_top_logprobs_cap`` (the judge metrics on a server; the model resolved to the backend's
-    default when not given, the URL because another server may serve other weights under the same name,
-    the cap because it decides which numbers an exact score reads); ``gveval_mode``, ``gveval_accr``;
-    ``qa_model`` (qa_utility's text judge);
-    ``hallucination_threshold`` (resolved to the library default when not given, so a changed default
-    shows); ``alignment`` (emscore/hallucination: it changes which fields a row holds, and a report over
-    rows with and without alignment would be inconsistent); ``max_pixels`` and ``max_video_pixels``, for
-    every metric (the limits in force decide which rows are refused, and a JPEG over ``max_pixels`` is
-    decoded at a reduced scale, which changes its score); ``sub_score_separator`` (how the rows name their
-    sub-score fields, ``/``: see :mod:`capreward.names`). Models on local disk are recorded with
-    :func:`model_identity`, so new weights at the same path count as another model.
+    Included: ``metrics`` (as a sorted set: their order changes nothing); ``clip_model`` (the metrics on
+    the shared CLIP); ``precision`` (``fp32`` for None) and ``frames`` (0: every frame, as ``--frames 0``)
+    for every metric on a CLIP (the judges see videos as a three-frame composite whatever ``frames``
+    says); ``judge_model`` and ``judge_dtype`` (the local LLaVA of the judge metrics without a server);
+    ``judge_base_url``, ``judge_api_model`` and ``judge_top_logprobs_cap`` (the judge metrics on a
+    server; the model resolved to the backend's default when not given, the URL because another server
+    may serve other weights under the same name, the cap because it decides which numbers an exact score
+    reads); each chosen metric's own settings, its spec's job flags
+    (:attr:`~capreward.registry.MetricSpec.job_flags`) recorded as their ``record`` says (a default
+    resolved, so a changed default shows; a model by :func:`model_identity`); ``alignment`` (with a
+    metric that writes one: it changes which fields a row holds, and a report over rows with and without
+    alignment would be inconsistent); ``max_pixels`` and ``max_video_pixels``, for every metric (the
+    limits in force decide which rows are refused, and a JPEG over ``max_pixels`` is decoded at a reduced
+    scale, which changes its score); ``sub_score_separator`` (how the rows name their sub-score fields,
+    ``/``: see :mod:`capreward.names`). Models on local disk are recorded with :func:`model_identity`, so
+    new weights at the same path count as another model.
 
     Excluded: ``batch_size`` (a row never depends on its batch: tested per metric), ``device`` (a job
     may go on on another machine or GPU; what the device decides by design, the local judge's default
@@ -123,12 +140,11 @@ def scoring_settings(options: ScoreOptions) -> dict[str, Any]:
     and do not change a row.
     """
     used = set(options.metrics)
+    chosen = [registry.get(m) for m in sorted(used)]
     settings: dict[str, Any] = {"metrics": sorted(used)}
     on_clip = set(registry.on_backbone("clip")) & used
     if used & set(registry.sharing("clip")):
         settings["clip_model"] = model_identity(options.clip_model, open_clip=True)
-    if on_clip - set(registry.sharing("clip")):  # a CLIP of its own: PAC-S's checkpoint
-        settings["pac_model"] = model_identity(options.pac_model, open_clip=True) if options.pac_model else None
     if on_clip:
         settings["precision"] = options.precision or "fp32"
         settings["frames"] = options.frames if options.frames is not None else 0
@@ -147,17 +163,11 @@ def scoring_settings(options: ScoreOptions) -> dict[str, Any]:
         settings["judge_api_model"] = options.judge_api_model or DEFAULT_API_MODEL
         # how many alternatives the server gives decides which numbers an exact score can read
         settings["judge_top_logprobs_cap"] = int(options.judge_top_logprobs_cap)
-    if "gveval" in used:
-        settings["gveval_mode"] = options.gveval_mode
-        settings["gveval_accr"] = bool(options.gveval_accr)
-    if any(registry.get(m).text_judge for m in used):  # the text judge (None: the judge server answers)
-        settings["qa_model"] = model_identity(options.qa_model) if options.qa_model else None
-    if "hallucination" in used:
-        from ..scorers.hallucination import DEFAULT_THRESHOLD
-
-        threshold = options.hallucination_threshold
-        settings["hallucination_threshold"] = float(DEFAULT_THRESHOLD if threshold is None else threshold)
-    if used & {"emscore", "hallucination"}:
+    for spec in chosen:  # each metric's own settings, as its spec's job flags say to record them
+        for flag in spec.job_flags:
+            if flag.record is not None:
+                settings[flag.name] = recorded_value(flag.record, spec.job_value(flag, options.metric_options.get(flag.name)))
+    if any(spec.writes_alignment for spec in chosen):
         settings["alignment"] = bool(options.alignment)
     from ..media.limits import get_media_limits
 
@@ -166,6 +176,17 @@ def scoring_settings(options: ScoreOptions) -> dict[str, Any]:
     settings["max_video_pixels"] = limits.max_video_pixels
     settings["sub_score_separator"] = SEP
     return settings
+
+
+def recorded_value(record: str, value: Any) -> Any:
+    """``value`` of a job flag as the record holds it (:attr:`capreward.registry.JobFlag.record`)."""
+    if record == "bool":
+        return bool(value)
+    if record == "float":
+        return None if value is None else float(value)
+    if record in ("model", "clip_model"):
+        return None if not value else model_identity(value, open_clip=record == "clip_model")
+    return value
 
 
 def local_model_path(spec: str, open_clip: bool = False) -> tuple[str | None, Path] | None:

@@ -89,13 +89,16 @@ def build_reward(name: str, args: argparse.Namespace, clip: Any, judge: Any) -> 
         # the recipe's rows carry no questions: the chat judge writes them per visual (loaded on first need)
         return reward(backend=qa_judge(args), question_backend=LazyBackend(lambda: chat_judge(args, judge)))
     remote = bool(getattr(args, "judge_url", None))
+    own = {f.option: spec.job_value(f, getattr(args, f.name, None))  # its options the adapters take
+           for f in spec.job_flags if f.adapters and f.option}
     if spec.backbone == "clip":
         w = dict(w=args.clip_w) if spec.has_option("w") and spec.shares == "clip" else {}  # CLIP-S's scale
         return reward(model=clip, device=args.reward_device, frames=args.frames, **w)
     if spec.judge_backend:  # a scorer on any chat judge: the server of --judge-url, or the local judge
         tree = {"tree_top_logprobs": max(10, args.judge_top_logprobs_cap)} if remote and spec.has_option("tree_top_logprobs") else {}
-        mode = {"mode": getattr(args, "gveval_mode", "ref-free")} if spec.has_option("mode") else {}
-        return reward(backend=chat_judge(args, judge), **mode, **tree)
+        return reward(backend=chat_judge(args, judge), **own, **tree)
+    if spec.backbone != "chat_judge":  # a metric on no model the recipe loads: its own options only
+        return reward(**own)
     if remote:  # a metric whose scorer needs a local model, on its scorer for a chat server
         return reward(scorer=spec.load_remote_scorer()(chat_judge(args, judge)))
     return reward(model=judge, device=args.reward_device)
@@ -499,8 +502,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="judge of fleur/visce2/gveval: a local LLaVA, or with --judge-url the served model name")
     g.add_argument("--judge-url", default=None, help="OpenAI-compatible judge server (vLLM: http://HOST:8000/v1)")
     g.add_argument("--judge-top-logprobs-cap", type=int, default=20, help="the server's --max-logprobs")
-    g.add_argument("--qa-model", default=None, help="qa_utility's text-only judge (a causal LM name or directory)")
-    g.add_argument("--gveval-mode", default="ref-free", choices=("ref-free", "ref-only", "combined"), help="G-VEval mode")
+    from capreward.cli.common import adapter_flags, add_metric_flags
+
+    add_metric_flags(g, adapter_flags())  # each metric's own options the adapters take (--gveval-mode, --qa-model)
     g.add_argument("--reward-device", default="cpu", help="device of the reward models")
     g.add_argument("--bf16", action="store_true", help="policy in bfloat16 (GPU)")
     g = p.add_argument_group("data")

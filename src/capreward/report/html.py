@@ -10,7 +10,8 @@ the rows with an error or with flagged tokens; the view is kept in the address's
 Each sample shows its image or sampled video frames (embedded as base64 JPEG thumbnails), its
 caption, its scores, and, when the row carries an EMScore ``alignment``, every token coloured by its
 best visual similarity with the index of its best frame (the EMScore paper's Figure 7). Tokens listed
-in ``hallucination/flagged`` are marked. Each sample lists its references, and its sub-scores (fields
+flagged by a metric (the sub-score its spec names :attr:`~capreward.registry.MetricSpec.flagged_tokens`,
+``hallucination/flagged``) are marked. Each sample lists its references, and its sub-scores (fields
 ``<metric>/<part>``, e.g. the 21 components of EMScore; ``<metric>.<part>`` in files written before
 capreward named every sub-score with ``/``) are folded under the headline score.
 """
@@ -31,6 +32,7 @@ from typing import Iterable
 import numpy as np
 from PIL import Image
 
+from .. import registry
 from ..media import MediaError, load_image, load_video
 from ..names import SEP, sub_score
 
@@ -297,10 +299,24 @@ def score_table(row: dict, metrics: list[str]) -> str:
     return "".join(parts)
 
 
+def flagging_specs() -> list:
+    """The specs of the metrics that flag caption tokens (:attr:`~capreward.registry.MetricSpec.flagged_tokens`)."""
+    return [spec for spec in registry.specs() if spec.flagged_tokens]
+
+
+def flagged_positions(row: dict) -> set:
+    """The positions of ``row``'s caption tokens that a metric flags (the fields its spec names, as
+    ``<metric>/<sub-score>`` or, in files from before ``/``, ``<metric>.<sub-score>``)."""
+    out: set = set()
+    for spec in flagging_specs():
+        out.update(row.get(sub_score(spec.name, spec.flagged_tokens)) or row.get(f"{spec.name}.{spec.flagged_tokens}") or [])
+    return out
+
+
 def sample_section(row: dict, order: int, metrics: list[str], frames: int | None, lo: float, hi: float) -> str:
     scores = {m: row[m] for m in metrics if is_score(row.get(m))}
     has_error = bool(row.get("errors"))
-    flagged = set(row.get(sub_score("hallucination", "flagged")) or row.get("hallucination.flagged") or [])
+    flagged = flagged_positions(row)
     rid = html.escape(str(row.get("id", "")))
     parts = [f'<div class="sample" id="sample-{rid}" data-id="{rid}" data-order="{order}" '
              f'data-error="{int(has_error)}" data-flagged="{int(bool(flagged))}" '
@@ -352,7 +368,8 @@ def render_report(rows: Iterable[dict], out: str | Path, frames: int | None = 10
         f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>"
         f"{summary_section(rows, metrics)}"
         f"<h2>Samples</h2><p>{len(rows)} samples. Token colour: best visual similarity (red low, green high); "
-        f"superscript: index of the best frame; outlined: flagged by the hallucination penalty.</p>"
+        f"superscript: index of the best frame; outlined: flagged by the "
+        f"{html.escape(' or '.join(spec.title.lower() for spec in flagging_specs()) or 'metrics')}.</p>"
         f"{controls_section(metrics, len(rows))}"
         f'<div id="samples">{"".join(samples)}</div>'
         f"<script>{SCRIPT}</script></body></html>"

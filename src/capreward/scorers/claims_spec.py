@@ -54,4 +54,5 @@ SPEC = register(MetricSpec(
     ),
     tiny_judge="capreward.testing.tiny_claim_judge:tiny_claim_judge",
     position=80,
+    job_runner="capreward.scorers.job_runners:claims_runner",
 ))

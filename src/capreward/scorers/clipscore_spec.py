@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..registry import Deviation, MetricSpec, Option, register
+from ..registry import Deviation, JobFlag, MetricSpec, Option, register
 
 
 def sub_scores(config: Mapping[str, Any]) -> tuple[str, ...]:
@@ -57,6 +57,7 @@ CLIP_S = register(MetricSpec(
     reward_hooks="capreward.rewards.clip_family:CLIPScoreHooks",
     metric_hooks="capreward.torchmetrics.metrics:CLIPScoreHooks",
     position=10,
+    job_runner="capreward.scorers.job_runners:clip_s_runner",
 ))
 
 PAC_S = register(MetricSpec(
@@ -84,4 +85,7 @@ PAC_S = register(MetricSpec(
     reward_hooks="capreward.rewards.clip_family:CLIPScoreHooks",
     metric_hooks="capreward.torchmetrics.metrics:CLIPScoreHooks",
     position=20,
+    job_runner="capreward.scorers.job_runners:pac_s_runner",
+    job_flags=(JobFlag("pac_model", ("--pac-model",), "PAC-S checkpoint path (for pac-s)", record="clip_model",
+                       hint="pass --pac-model PATH (the PAC-S checkpoint, e.g. clip_ViT-B-32.pth)"),),
 ))

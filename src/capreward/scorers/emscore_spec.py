@@ -75,4 +75,6 @@ SPEC = register(MetricSpec(
     needs_visual=scores_references_alone,
     default_visual="video",
     position=0,
+    job_runner="capreward.scorers.job_runners:emscore_runner",
+    writes_alignment=True,
 ))

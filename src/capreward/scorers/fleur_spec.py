@@ -53,4 +53,6 @@ SPEC = register(MetricSpec(
     remote_scorer="capreward.scorers.fleur_remote:RemoteFLEUR",
     tiny_judge="capreward.testing:tiny_fleur_judge",
     position=30,
+    job_runner="capreward.scorers.job_runners:fleur_runner",
+    explainer="capreward.scorers.explainers:fleur_explainer",
 ))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..registry import Deviation, MetricSpec, Option, register
+from ..registry import Deviation, JobFlag, MetricSpec, Option, register
 
 #: The four ACCR dimensions, in the released prompts' order.
 ACCR = ("accuracy", "completeness", "conciseness", "relevance")
@@ -78,4 +78,12 @@ SPEC = register(MetricSpec(
     unscored_kind="judge_unreadable",
     tiny_judge="capreward.testing.tiny_vlm_judges:tiny_vlm_judge",
     position=60,
+    job_runner="capreward.scorers.job_runners:gveval_runner",
+    explainer="capreward.scorers.explainers:gveval_explainer",
+    job_flags=(
+        JobFlag("gveval_mode", ("--gveval-mode",), "G-VEval inputs: visual only, references (+ visual), or both; "
+                "ref-only/combined need references on every row", option="mode", choices=MODES, adapters=True),
+        JobFlag("gveval_accr", ("--gveval-accr",), "G-VEval's four ACCR scores (accuracy, completeness, conciseness, "
+                "relevance; videos only)", option="accr", type="flag", record="bool"),
+    ),
 ))

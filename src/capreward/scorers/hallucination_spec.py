@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..registry import MetricSpec, Option, register
+from ..registry import JobFlag, MetricSpec, Option, register
 
 
 def sub_scores(config: Mapping[str, Any]) -> tuple[str, ...]:
@@ -41,4 +41,11 @@ SPEC = register(MetricSpec(
     reward="capreward.rewards.hallucination:HallucinationPenalty",
     reward_hooks="capreward.rewards.hallucination:HallucinationHooks",
     position=40,
+    job_runner="capreward.scorers.job_runners:hallucination_runner",
+    job_flags=(JobFlag("hallucination_threshold", ("--hallucination-threshold",),
+                       "token->frame similarity below which a content word is flagged (an uncalibrated starting "
+                       "point; set it from HallucinationPenalty.calibrate on known-good captions)",
+                       option="threshold", type="float", record="float"),),
+    writes_alignment=True,
+    flagged_tokens="flagged",
 ))

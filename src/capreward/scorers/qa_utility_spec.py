@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..registry import Deviation, MetricSpec, Option, register
+from ..registry import Deviation, JobFlag, MetricSpec, Option, register
 
 
 def sub_scores(config: Mapping[str, Any]) -> tuple[str, ...]:
@@ -49,4 +49,10 @@ SPEC = register(MetricSpec(
                   None),
     ),
     position=90,
+    job_runner="capreward.scorers.job_runners:qa_utility_runner",
+    job_flags=(JobFlag("qa_model", ("--qa-model",), "qa_utility's text-only judge: a causal LM name or directory "
+                       "(default: the judge server); questions come from each row's 'questions', else the chat "
+                       "judge writes them",
+                       record="model", adapters=True),),
+    row_inputs=("questions",),
 ))

@@ -51,4 +51,5 @@ SPEC = register(MetricSpec(
     unscored_kind="judge_unreadable",
     tiny_judge="capreward.testing.tiny_vlm_judges:tiny_vlm_judge",
     position=50,
+    job_runner="capreward.scorers.job_runners:visce2_runner",
 ))
