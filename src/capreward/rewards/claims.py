@@ -39,9 +39,6 @@ class ClaimsHooks(RewardHooks):
     def configure(self, reward) -> None:
         reward.last_result = None
 
-    def value_range(self, reward) -> tuple[float, float]:
-        return (0.0, 1.0)
-
     def metric_names(self, reward) -> tuple[str, ...]:
         """``precision``, ``recall`` (NaN without reference claims) and ``n_claims``."""
         return ("precision", "recall", "n_claims")

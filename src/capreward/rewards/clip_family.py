@@ -29,7 +29,10 @@ def _column(values) -> list[float]:
 class EMScoreHooks(RewardHooks):
     """EMScore's reward: the ``field`` of EMScore(X, V), EMScore(X, X*) or EMScore(X, V, X*) (the combined
     part when both are given), sub-scores ``video/<f>`` and ``reference/<f>`` for f in
-    :data:`EM_SUBSCORES` and ``truncated``."""
+    :data:`EM_SUBSCORES` and ``truncated``. Its range is the spec's, [-1, 1]: with
+    ``harmonic_mean="released"`` the paper's F-measure leaves it when P and R have opposite signs
+    (EMScore can then be -12 for a very long caption); such values are clipped and counted
+    (``clipped``). The sign-safe mean stays inside."""
 
     def options(self, *, field: str = "full_f", harmonic_mean: str = "sign-safe") -> dict[str, Any]:
         if field not in MATCH_FIELDS:
@@ -40,12 +43,6 @@ class EMScoreHooks(RewardHooks):
     def check(self, spec, options, scorer_options) -> None:
         if scorer_options.get("idf") == "batch":
             raise ValueError("idf='batch' makes a sample's reward depend on its batch; pass a corpus or dict")
-
-    def value_range(self, reward) -> tuple[float, float]:
-        """[-1, 1]. With ``harmonic_mean="released"`` the paper's F-measure leaves it when P and R have
-        opposite signs (EMScore can then be -12 for a very long caption); such values are clipped and
-        counted (``clipped``). The sign-safe mean stays inside."""
-        return (-1.0, 1.0)
 
     def metric_names(self, reward) -> tuple[str, ...]:
         """``video/<f>`` and ``reference/<f>`` for f in coarse, fine_p, fine_r, full_f, and ``truncated``."""

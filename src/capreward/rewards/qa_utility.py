@@ -28,9 +28,6 @@ class QAUtilityHooks(RewardHooks):
     def configure(self, reward) -> None:
         reward._questions = None
 
-    def value_range(self, reward) -> tuple[float, float]:
-        return (0.0, 1.0)
-
     def metric_names(self, reward) -> tuple[str, ...]:
         return ("n_questions",)
 

@@ -89,8 +89,8 @@ class VisCE2Metric(RegisteredMetric):
     Columns: ``score`` (the first integer of the judge's answer; 0 when it wrote none, as in the paper;
     NaN when the request failed), ``empty``, ``scored``, and with ``expected=True`` ``expected`` (the
     expected score from the token distribution). Give ``backend`` (any
-    `JudgeBackend`; further keyword arguments of
-    `VisCE2` go in ``scorer_kwargs``) or a configured ``scorer``.
+    `JudgeBackend`) and any other `VisCE2` option as a keyword (``max_tokens=``; ``scorer_kwargs=``, a
+    dict of them, still works), or a configured ``scorer``.
 
     Example:
         >>> import random
@@ -115,8 +115,8 @@ class GVEvalMetric(RegisteredMetric):
     ``mode``: "ref-free" (visuals), "ref-only" (references; visuals optional) or "combined" (both);
     ``visual``: "image" or "video" (the three-frame composite); ``accr``: also the four ACCR columns
     (video only). Columns: ``score``, ``empty``, ``scored``, and with ACCR ``accuracy``,
-    ``completeness``, ``conciseness``, ``relevance``. Give ``backend`` (plus ``scorer_kwargs`` for
-    `GVEval`) or a configured ``scorer``.
+    ``completeness``, ``conciseness``, ``relevance``. Give ``backend`` and any other `GVEval` option as a
+    keyword (``scorer_kwargs=``, a dict of them, still works), or a configured ``scorer``.
 
     Example:
         >>> import random

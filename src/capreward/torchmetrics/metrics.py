@@ -526,8 +526,8 @@ class RegisteredMetric(CaptionMetric):
     default ``visual`` and whether a language model reads the caption come from its spec.
 
     Args:
-        metric: a metric name or alias that has a torchmetrics Metric (the per-metric classes fix it).
-        *args: the scorer's first option (``model`` or ``backend``).
+        *args: the metric's name or alias (for ``RegisteredMetric`` itself; the per-metric classes fix
+            it), then optionally the scorer's first option (``model`` or ``backend``).
         **options: the scorer's options, ``scorer``, ``visual``, ``scorer_kwargs`` (more scorer options,
             as a dict), the options of :class:`CaptionMetric` and torchmetrics' own
             (:meth:`signature_of` lists them).
