@@ -1,5 +1,5 @@
-"""G-VEval's video path on local judges that take video (tiny random Qwen2-VL and Qwen2.5-VL built
-offline, their real processor classes): the frames go to the judge as a video (the family's video
+"""G-VEval's video path on local judges that take video (tiny random Qwen2-VL, Qwen2.5-VL and
+LLaVA-OneVision built offline, their real processor classes): the frames go to the judge as a video (the family's video
 processor, its video slot, 3-D video positions), overall and ACCR; the released three-frame composite
 stays the path for judges that take no video (LLaVA-1.5, Qwen3-VL here, any remote judge) and an explicit
 option.
@@ -27,7 +27,7 @@ from capreward.judges.caller_text import render
 from capreward.media.composite import composite_indices
 from capreward.testing import fleur_task_image
 from capreward.testing.red_team import ATTACKS, PLAIN_WRONG
-from capreward.testing.tiny_vlm_families import build_tiny_qwen2_vl
+from capreward.testing.tiny_vlm_families import build_tiny_llava_next, build_tiny_qwen2_vl
 
 CAPTIONS = ["a red ball", "a blue box on the wall", "the kite"]
 
@@ -40,11 +40,18 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="module", params=["2", "2.5"])
+#: the families that take video -> a tiny model whose digit, "$" and end-of-turn outputs are scaled up
+VIDEO_FAMILIES = {
+    "qwen2-vl": lambda: build_tiny_qwen2_vl(seed=0, version="2", answer_bias=30.0),
+    "qwen2.5-vl": lambda: build_tiny_qwen2_vl(seed=0, version="2.5", answer_bias=30.0),
+    "llava-onevision": lambda: build_tiny_llava_next(seed=0, onevision=True, answer_bias=30.0),
+}
+
+
+@pytest.fixture(scope="module", params=list(VIDEO_FAMILIES))
 def backend(request):
-    """A tiny Qwen2-VL / Qwen2.5-VL whose digit, "$" and end-of-turn outputs are scaled up: it writes
-    numbers, so G-VEval reads real scores."""
-    judge = LocalJudge(build_tiny_qwen2_vl(seed=0, version=request.param, answer_bias=30.0), image_size=32)
+    """A tiny model of each family that takes video; it writes numbers, so G-VEval reads real scores."""
+    judge = LocalJudge(VIDEO_FAMILIES[request.param](), image_size=32)
     return LocalChatJudge(judge, batch_size=4)
 
 

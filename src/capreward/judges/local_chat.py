@@ -46,7 +46,7 @@ class LocalChatJudge(SyncBackendMixin):
 
     Conversations must alternate user/assistant turns, start and end with a user turn, and hold exactly
     one image, in the first user turn (LLaVA-1.5's format), or, for a family that takes video
-    (Qwen2-VL, Qwen2.5-VL), one video (:attr:`~capreward.judges.protocol.ChatTurn.videos`: its frames go
+    (Qwen2-VL, Qwen2.5-VL, LLaVA-OneVision), one video (:attr:`~capreward.judges.protocol.ChatTurn.videos`: its frames go
     through the family's video processor and fill the template's video slot); other requests get a
     response with ``error`` set. Image and video requests run in separate batches (:meth:`batches`). Generation stops at the end-of-sequence token, a ``stop`` string or ``max_tokens``.
 

@@ -88,7 +88,7 @@ class ChatTurn:
 
     ``images`` (user turns only) go before the text, or after it with ``text_first`` (G-VEval's released
     request puts the text first). ``videos`` (user turns only): videos as tuples of RGB frames, for a
-    judge that takes video (a local Qwen2-VL / Qwen2.5-VL; :class:`~capreward.judges.local_chat.LocalChatJudge`
+    judge that takes video (a local Qwen2-VL, Qwen2.5-VL or LLaVA-OneVision; :class:`~capreward.judges.local_chat.LocalChatJudge`
     fills its video slot with them; a remote judge refuses the request). ``image_detail``: OpenAI's
     ``detail`` of each image part (``"low"``, ``"high"``, ``"auto"``; None: not sent). Local backends
     ignore ``text_first`` and ``image_detail`` (the image comes where the model's template puts it).

@@ -5,7 +5,7 @@ Modes ``ref-free`` (image or video only), ``ref-only`` (references; the visual i
 the released code does), ``combined``; an overall score, or with ``accr=True`` the four ACCR dimensions
 (accuracy α, completeness β, conciseness ψ, relevance δ; the release has ACCR prompts for video only).
 Videos are shown as the three-frame 1536x512 composite (:func:`capreward.media.composite.video_composite`),
-as the release sends them to GPT-4o; to a local judge that takes video (Qwen2-VL, Qwen2.5-VL: see
+as the release sends them to GPT-4o; to a local judge that takes video (Qwen2-VL, Qwen2.5-VL, LLaVA-OneVision: see
 ``video_input``) the same three frames go as a video, through the family's own video processor.
 
 The score is the expected value over 0..100 at the number after the first "$" (ACCR: after each Greek
@@ -141,9 +141,9 @@ class GVEval:
     ignore it.
 
     ``video_input``: how a video reaches the judge. ``"composite"``: the released three-frame 1536x512
-    image (the only form for GPT-4o, any remote judge, and LLaVA-1.5); ``"frames"``: the frames as a
-    video, for a local judge that takes video (`LocalChatJudge` on Qwen2-VL / Qwen2.5-VL: the family's
-    video processor, its video slot and 3-D video positions); ``"auto"`` (default): frames when the
+    image (the only form for GPT-4o, any remote judge, LLaVA-1.5 and Qwen3-VL); ``"frames"``: the frames as a
+    video, for a local judge that takes video (`LocalChatJudge` on Qwen2-VL, Qwen2.5-VL or LLaVA-OneVision:
+    the family's video processor and video slot; Qwen2-VL's 3-D video positions); ``"auto"`` (default): frames when the
     backend takes video, else the composite. ``video_frames``: frames sent as a video (None, the default:
     the composite's three, ``int(linspace(0, T-1, 4))[:-1]``; an int k: ``int(linspace(0, T-1, k))``).
     The prompt text is the released one either way (it describes the composite).
@@ -209,7 +209,7 @@ class GVEval:
             raise ValueError(f"video_frames must be a positive int or None, got {video_frames!r}")
         if video_input == "frames" and not takes_video(backend):
             raise ValueError(
-                f"video_input='frames' needs a local judge that takes video (Qwen2-VL, Qwen2.5-VL); {backend_name(backend)} "
+                f"video_input='frames' needs a local judge that takes video (Qwen2-VL, Qwen2.5-VL, LLaVA-OneVision); {backend_name(backend)} "
                 "does not: use 'composite' (the released form) or 'auto'"
             )
         self.video_input = video_input
