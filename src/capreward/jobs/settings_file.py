@@ -63,6 +63,7 @@ FLAGS = {
     "qa_model": "--qa-model",
     "hallucination_threshold": "--hallucination-threshold",
     "alignment": "--alignment",
+    "image_aggregation": "--image-aggregation",
     "max_pixels": "--max-pixels",
     "max_video_pixels": "--max-video-pixels",
     "sub_score_separator": SEPARATOR_FLAG,
@@ -111,7 +112,9 @@ def scoring_settings(options: ScoreOptions) -> dict[str, Any]:
     rows with and without alignment would be inconsistent); ``max_pixels`` and ``max_video_pixels``, for
     every metric (the limits in force decide which rows are refused, and a JPEG over ``max_pixels`` is
     decoded at a reduced scale, which changes its score); ``sub_score_separator`` (how the rows name their
-    sub-score fields, ``/``: see :mod:`capreward.names`). Models on local disk are recorded with
+    sub-score fields, ``/``: see :mod:`capreward.names`); ``image_aggregation`` when it is not the default
+    ``mean`` (how several-image rows are aggregated; a file from before the option resumes as ``mean``).
+    Models on local disk are recorded with
     :func:`model_identity`, so new weights at the same path count as another model.
 
     Excluded: ``batch_size`` (a row never depends on its batch: tested per metric), ``device`` (a job
@@ -165,6 +168,8 @@ def scoring_settings(options: ScoreOptions) -> dict[str, Any]:
     settings["max_pixels"] = limits.max_pixels
     settings["max_video_pixels"] = limits.max_video_pixels
     settings["sub_score_separator"] = SEP
+    if options.image_aggregation != "mean":  # several-image rows; the default unrecorded, as before it existed
+        settings["image_aggregation"] = options.image_aggregation
     return settings
 
 
