@@ -70,6 +70,7 @@ def judge(qwen):
 #: scaled up by ``answer_bias``)
 ANSWERING = {
     "qwen2-vl": lambda bias: build_tiny_qwen2_vl(seed=0, answer_bias=bias),
+    "qwen2.5-vl": lambda bias: build_tiny_qwen2_vl(seed=0, version="2.5", answer_bias=bias),
     "qwen3-vl": lambda bias: build_tiny_qwen2_vl(seed=0, version="3", answer_bias=bias),
     "idefics3": lambda bias: build_tiny_idefics3(seed=0, answer_bias=bias),
     # seed 0's SmolVLM ends every answer at once; seed 4's answers image- and caption-dependent numbers

@@ -83,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
         metric_options=metric_flag_values(args, registry.job_flags()),
         device=args.device, precision=precision, batch_size=args.batch_size,
         frames=None if args.frames == 0 else args.frames, alignment=args.alignment,
+        image_aggregation=args.image_aggregation,
     )
     try:
         summary = run_job(args.manifest, args.out, options, idf=args.idf, engine=args.engine,
@@ -124,6 +125,9 @@ def add_parser(subparsers) -> None:
                         "none); refs | none | FILE (one caption per line) | OUT.idf.json (a recorded idf). "
                         "Recorded in <out>.idf.json and reused on resume")
     p.add_argument("--frames", type=int, default=10, help="frames per video (0: all)")
+    p.add_argument("--image-aggregation", default="mean", choices=["mean", "min", "max"],
+                   help="a row whose 'image' is a list of paths is scored on every image: its value is the mean, "
+                        "min or max of theirs (per-image values in <metric>/per_image; default mean)")
     add_device_option(p)
     add_media_limit_options(p)
     p.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"], help="CLIP precision")

@@ -4,6 +4,9 @@ Each row has ``caption`` and ``image`` or ``video`` (a path; a relative path is 
 manifest's folder, and rows record the absolute path they were scored with, so ``capreward report``
 finds the visual from any working directory), optionally ``references`` (list of str) and ``id``. Rows
 without an id get ``"line-N"`` (1-based line number), which is stable across reruns of the same manifest.
+``image`` may also be a list of paths: the row is scored on every image, each metric's value aggregated
+over them (``capreward score --image-aggregation``: mean, min or max, as the rewards'
+``image_aggregation``) and the per-image values written beside it (:mod:`capreward.jobs.runners`).
 
 Other keys are carried to the results untouched (a dataset's own fields: a source URL, a split, ...),
 except a near miss of a key above (``"refrences"``, ``"imgae"``, ``"captoin"``: see :func:`near_miss`),
@@ -55,6 +58,12 @@ class ManifestRow:
     path: str
     references: list[str] | None = None
     extra: dict = field(default_factory=dict)  # other keys of the row, carried to the results as they are
+    paths: list[str] | None = None  # a row with several images: all of them (``path`` is the first)
+
+    @property
+    def visual(self) -> str | list[str]:
+        """The row's visual as the manifest gives it: a path, or the list of a several-image row's paths."""
+        return list(self.paths) if self.paths else self.path
 
 
 def edit_distance(a: str, b: str) -> int:
@@ -134,18 +143,25 @@ def parse_row(obj: object, where: str, base: Path) -> ManifestRow:
     if len(kinds) != 1:
         raise ManifestError(f"{where}: give exactly one of 'image' or 'video'")
     kind = kinds[0]
-    if not isinstance(obj[kind], str) or not obj[kind]:
-        raise ManifestError(f"{where}: {kind!r} must be a path (a non-empty string)")
-    path = obj[kind]
-    if not Path(path).is_absolute():
-        path = str(base / path)
+    value = obj[kind]
+    if kind == "image" and isinstance(value, list):  # several images: all scored, values aggregated
+        if not value or not all(isinstance(v, str) and v for v in value):
+            raise ManifestError(f"{where}: 'image' must be a path or a non-empty list of paths (non-empty strings)")
+        paths = [v if Path(v).is_absolute() else str(base / v) for v in value]
+    elif not isinstance(value, str) or not value:
+        hint = " (one video per row)" if kind == "video" and isinstance(value, list) else ""
+        raise ManifestError(f"{where}: {kind!r} must be a path (a non-empty string){hint}")
+    else:
+        paths = [value if Path(value).is_absolute() else str(base / value)]
+    path = paths[0]
     refs = obj.get("references")
     if refs is not None:
         if isinstance(refs, str):
             refs = [refs]
         if not isinstance(refs, list) or not all(isinstance(r, str) for r in refs):
             raise ManifestError(f"{where}: 'references' must be a list of strings")
-    return ManifestRow(id="", caption=caption, kind=kind, path=path, references=refs, extra=extra)
+    return ManifestRow(id="", caption=caption, kind=kind, path=path, references=refs, extra=extra,
+                       paths=paths if len(paths) > 1 else None)
 
 
 def read_manifest(path: str | Path) -> list[ManifestRow]:

@@ -1,7 +1,8 @@
 """What a result row was scored on, so that a resume can tell a row whose inputs changed since.
 
 Every result row records its caption, references and visual path, and ``visual_hash``: the BLAKE2b-128
-digest of the visual file's bytes when it was scored (None when the file could not be read). On resume,
+digest of the visual file's bytes when it was scored (None when the file could not be read; a row with
+several images records the list of their paths and the list of their digests). On resume,
 each row already in the results is compared with the manifest's row of the same id; a row whose
 caption, references, visual path or visual content changed is not silently kept
 (:class:`ChangedInputs` names the rows and what changed). Rows written before ``visual_hash`` existed
@@ -75,11 +76,18 @@ def changes(stored: tuple, row: Any, references_used: bool = True) -> list[str]:
     if references_used and references != row.references:
         out.append("references")
     path = image if row.kind == "image" else video
-    if path != row.path or (image is not None and video is not None):
+    if path != getattr(row, "visual", row.path) or (image is not None and video is not None):
         out.append("visual path")
-    elif digest != "unrecorded" and digest != visual_digest(row.path):
+    elif digest != "unrecorded" and digest != visual_digests(row):
         out.append("visual content")
     return out
+
+
+def visual_digests(row: Any) -> str | None | list[str | None]:
+    """The ``visual_hash`` of manifest row ``row``: its file's digest, or the list of its images' digests
+    for a row with several images."""
+    paths = getattr(row, "paths", None)
+    return [visual_digest(p) for p in paths] if paths else visual_digest(row.path)
 
 
 def check_unchanged(rows: list, stored: dict[str, tuple], out: str, references_used: bool = True) -> None:

@@ -15,6 +15,14 @@ metrics share one local LLaVA, or those that take any chat backend use an OpenAI
 ``judge_base_url`` or ``judge_api_model`` is set (key from ``$OPENAI_API_KEY``; a metric with a
 :attr:`~capreward.registry.MetricSpec.remote_scorer` then runs on that server too).
 
+A row with several images (``"image": [path, ...]``) is scored on each image as its own row, in the
+same batch; each of a metric's top-level fields (``clip_s``, ``ref_clip_s``, ``gveval``, ...) is then the
+``image_aggregation`` (``"mean"``, ``"min"`` or ``"max"``: the rewards' rule, :class:`~capreward.rewards.base.CaptionReward`)
+of the images' values, and ``<metric>/per_image`` lists, per image in order, ``image`` (its path), every
+field the metric wrote for it (sub-scores included) and ``error``. An image without a value leaves the
+metric without one (null, the reason in ``errors`` naming the image): a missing judgment is never worth
+more than a scored one. Such rows have no ``alignment``.
+
 A row's output never depends on the other rows of its batch: within a batch, rows are scored in
 groups of one kind (image or video) and one reference mode (with or without references), each row
 with its own references, and the idf is fixed for the whole job. A score that is NaN or missing is
@@ -29,15 +37,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from ..backbones.clip_loading import DEFAULT_CLIP
 from .. import registry
 from ..errors import SampleError
 from ..metric_options import FlagFields
-from ..names import spelling
-from .row_inputs import HASH_FIELD, visual_digest
+from ..names import spelling, sub_score
+from .row_inputs import HASH_FIELD, visual_digests
 from .manifest import ManifestRow
 
 logger = logging.getLogger(__name__)
@@ -72,10 +80,15 @@ class SharedScoreOptions:
     idf_weights: dict[int, float] | None = None
     idf_default: float | None = None
     alignment: bool = False  # store the token -> best-frame alignment per row (for reports)
+    image_aggregation: str = "mean"  # a row with several images: mean | min | max of the images' values
     # the metrics' own settings (their specs' job_flags), by flag name; read them as attributes
     metric_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
+        from ..rewards.base import IMAGE_AGGREGATIONS
+
+        if self.image_aggregation not in IMAGE_AGGREGATIONS:
+            raise ValueError(f"image_aggregation must be one of {list(IMAGE_AGGREGATIONS)}, got {self.image_aggregation!r}")
         self.metrics = [spelling(m) for m in self.metrics]  # "clip-s", "clipscore" are "clip_s"
         known = registry.names()
         unknown = [m for m in self.metrics if m not in known]
@@ -200,6 +213,8 @@ class ManifestScorer:
     def score_rows(self, rows: list[ManifestRow]) -> list[dict]:
         """One result dict per row: id, caption, visual path, metric fields, and ``errors``; each row's
         output is the same whatever other rows are in ``rows``."""
+        if any(r.paths for r in rows):
+            return self._score_several_images(rows)
         results = [base_fields(r) for r in rows]
         problems = {i: SampleError(i, "input", f"row {r.id!r}", p) for i, r in enumerate(rows) if (p := row_problem(r))}
         scorable = [i for i in range(len(rows)) if i not in problems]
@@ -217,6 +232,60 @@ class ManifestScorer:
             if not r["errors"]:
                 r["errors"] = None
         return results
+
+
+    def _score_several_images(self, rows: list[ManifestRow]) -> list[dict]:
+        """`score_rows()` with each image of a several-image row scored as its own row, then aggregated
+        (see the module docstring)."""
+        flat_rows, owner = [], []
+        for i, row in enumerate(rows):
+            for path in row.paths or [row.path]:
+                flat_rows.append(replace(row, path=path, paths=None))
+                owner.append(i)
+        flat = self.score_rows(flat_rows)
+        members: list[list[int]] = [[] for _ in rows]
+        for j, i in enumerate(owner):
+            members[i].append(j)
+        results = []
+        for row, js in zip(rows, members):
+            if not row.paths:
+                results.append(flat[js[0]])
+                continue
+            out = base_fields(row)
+            for metric in self._runners:
+                out["errors"].update(aggregate_images(metric, [flat[j] for j in js], row, out,
+                                                      self.options.image_aggregation))
+            out["errors"] = out["errors"] or None
+            results.append(out)
+        return results
+
+
+#: How a metric's values over the images of a several-image row become the row's value.
+AGGREGATE = {"mean": lambda v: float(sum(v) / len(v)), "min": lambda v: float(min(v)), "max": lambda v: float(max(v))}
+
+
+def aggregate_images(metric: str, per_image: list[dict], row: ManifestRow, out: dict, how: str) -> dict:
+    """Write ``metric``'s fields for a several-image ``row`` into ``out`` from the images' results
+    ``per_image`` (one result dict per image, in order): each top-level field the aggregate of the
+    images' values, ``<metric>/per_image`` the images' fields. Returns ``{metric: error}`` when an image
+    has no value (the fields are then null), else {}."""
+    spec = registry.get(metric)
+    top = [f for f in spec.all_fields() if any(f in r for r in per_image)]
+    entries, error = [], None
+    for k, r in enumerate(per_image):
+        fields_ = {key: value for key, value in r.items() if key in top or key.startswith(sub_score(metric, ""))}
+        err = (r.get("errors") or {}).get(metric)
+        entries.append({"image": row.paths[k], **fields_, "error": None if err is None else str(err)})
+        if error is None and (err is not None or any(r.get(f) is None for f in top)):
+            why = err if err is not None else "no value"
+            error = SampleError.of(why, None).within(None, f"image {k} of {len(per_image)}")
+    for f in top:
+        values = [r.get(f) for r in per_image]
+        out[f] = None if error is not None or any(v is None for v in values) else AGGREGATE[how](values)
+    if error is not None and not top:
+        out[metric] = None
+    out[sub_score(metric, "per_image")] = entries
+    return {metric: error} if error is not None else {}
 
 
 def result_value(value: Any) -> Any:
@@ -297,10 +366,10 @@ def alignment_fields(a) -> dict:
 def base_fields(row: ManifestRow) -> dict:
     """The fields of ``row``'s result before any metric: id, caption, visual path, ``errors``,
     references (when given) and the manifest's other keys, as they are."""
-    out = {"id": row.id, "caption": row.caption, row.kind: row.path, "errors": {}}
+    out = {"id": row.id, "caption": row.caption, row.kind: row.visual, "errors": {}}
     if row.references is not None:
         out["references"] = row.references
-    out[HASH_FIELD] = visual_digest(row.path)  # a resume refuses the row if its visual changes
+    out[HASH_FIELD] = visual_digests(row)  # a resume refuses the row if its visual changes
     out.update(row.extra)
     return out
 

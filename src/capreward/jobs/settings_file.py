@@ -59,6 +59,7 @@ SHARED_FLAGS = {
     "judge_api_model": "--judge-api-model",
     "judge_top_logprobs_cap": "--judge-top-logprobs-cap",
     "alignment": "--alignment",
+    "image_aggregation": "--image-aggregation",
     "max_pixels": "--max-pixels",
     "max_video_pixels": "--max-video-pixels",
     "sub_score_separator": SEPARATOR_FLAG,
@@ -175,6 +176,8 @@ def scoring_settings(options: ScoreOptions) -> dict[str, Any]:
     settings["max_pixels"] = limits.max_pixels
     settings["max_video_pixels"] = limits.max_video_pixels
     settings["sub_score_separator"] = SEP
+    if options.image_aggregation != "mean":  # several-image rows; the default unrecorded, as before it existed
+        settings["image_aggregation"] = options.image_aggregation
     return settings
 
 

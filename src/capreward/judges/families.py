@@ -380,9 +380,52 @@ class LlavaNextFamily(JudgeFamily):
 
 class LlavaOnevisionFamily(LlavaNextFamily):
     """LLaVA-OneVision: LLaVA-NeXT's any-resolution tiling (the model reduces the feature grid of an
-    image with more tiles than its ``vision_aspect_ratio`` allows, the processor counts the same)."""
+    image with more tiles than its ``vision_aspect_ratio`` allows, the processor counts the same).
+
+    It takes videos: the frames go through the processor's video processor (each frame one tile), the
+    model's ``get_video_features`` pools each frame's features 2x2 and puts one ``image_newline`` feature
+    after the last frame; the template's one ``<video>`` placeholder becomes that many video tokens.
+    Positions are 1-D, so a video prompt shares its prefix as an image prompt does."""
 
     name = "llava-onevision"
+    takes_video = True
+
+    def __init__(self, model: Any, processor: Any, image_size: tuple[int, int] | int | None = None):
+        super().__init__(model, processor, image_size)
+        self.video = False  # whether the last preprocess was of videos
+
+    @property
+    def video_token_id(self) -> int:
+        return int(self.model.config.video_token_index)
+
+    @property
+    def video_placeholder(self) -> str:
+        return self.processor.video_token
+
+    def preprocess(self, images: Sequence[Image.Image], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        self.video = False
+        return super().preprocess(images, device, dtype)
+
+    def preprocess_videos(self, videos: Sequence[Sequence[Image.Image]], device: torch.device,
+                          dtype: torch.dtype) -> torch.Tensor:
+        """``pixel_values_videos`` (U, frames, 3, H, W) of videos (lists of frames, the same number each,
+        resized to :attr:`image_size`) through the processor's video processor."""
+        clips = [[self.resize(frame) for frame in frames] for frames in videos]
+        if len({len(c) for c in clips}) != 1:
+            raise ValueError(f"videos of different frame counts {sorted({len(c) for c in clips})}: pass the same number")
+        out = self.processor.video_processor(videos=clips, return_tensors="pt")
+        self.video = True
+        return out["pixel_values_videos"].to(device=device, dtype=dtype)
+
+    def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        if not self.video:
+            return super().image_features(pixel_values)
+        config = self.model.config
+        out = self.model.get_video_features(pixel_values_videos=pixel_values,
+                                            vision_feature_layer=config.vision_feature_layer,
+                                            vision_feature_select_strategy=config.vision_feature_select_strategy)
+        feats = getattr(out, "pooler_output", out)
+        return feats.view(pixel_values.shape[0], -1, feats.shape[-1])
 
 
 def judge_family(model: Any, processor: Any, image_size: tuple[int, int] | int | None = None) -> JudgeFamily | None:

@@ -273,7 +273,7 @@ class LocalJudge:
     def _video_family(self) -> JudgeFamily:
         if self.family is None or not self.family.takes_video:
             name = "llava" if self.family is None else self.family.name
-            raise ValueError(f"the {name} judge family does not take videos (video judges: Qwen2-VL, Qwen2.5-VL); "
+            raise ValueError(f"the {name} judge family does not take videos (video judges: Qwen2-VL, Qwen2.5-VL, LLaVA-OneVision); "
                              "pass frames as images or a composite instead")
         return self.family
 

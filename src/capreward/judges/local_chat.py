@@ -23,7 +23,7 @@ from ..metrics.gveval import NUM_SCORES, digit_tree_distribution
 from .local import LocalJudge
 from .caller_text import Data, fill_parts, render
 from .prompts import IMAGE_PLACEHOLDER, render_chat_template
-from .protocol import ChatRequest, ChatResponse, SyncBackendMixin, TokenLogprob
+from .protocol import ChatRequest, ChatResponse, SyncBackendMixin, TokenLogprob, visual_key
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +45,10 @@ class LocalChatJudge(SyncBackendMixin):
     (before temperature), as vLLM reports them.
 
     Conversations must alternate user/assistant turns, start and end with a user turn, and hold exactly
-    one image, in the first user turn (LLaVA-1.5's format); other requests get a response with
-    ``error`` set. Generation stops at the end-of-sequence token, a ``stop`` string or ``max_tokens``.
+    one image, in the first user turn (LLaVA-1.5's format), or, for a family that takes video
+    (Qwen2-VL, Qwen2.5-VL, LLaVA-OneVision), one video (:attr:`~capreward.judges.protocol.ChatTurn.videos`: its frames go
+    through the family's video processor and fill the template's video slot); other requests get a
+    response with ``error`` set. Image and video requests run in separate batches (:meth:`batches`). Generation stops at the end-of-sequence token, a ``stop`` string or ``max_tokens``.
 
     Message text is data: the conversation's structure (roles, turn ends, the image slot) comes from the
     template only, and the text of every turn is encoded without special tokens (a caption's "</s>" is
@@ -97,8 +99,12 @@ class LocalChatJudge(SyncBackendMixin):
         if not turns:
             raise ValueError("the request has no turns")
         n_images = sum(len(t.images) for t in turns)
-        if n_images != 1 or not turns[0].images:
-            raise ValueError(f"a local LLaVA judge needs exactly one image, in the first user turn (got {n_images})")
+        n_videos = sum(len(t.videos) for t in turns)
+        if n_images + n_videos != 1 or not (turns[0].images or turns[0].videos):
+            raise ValueError(
+                f"a local judge needs exactly one image or video, in the first user turn (got {n_images} images, "
+                f"{n_videos} videos)"
+            )
         pairs: list[tuple[str, str | None]] = []
         for i, turn in enumerate(turns):
             expected = "user" if i % 2 == 0 else "assistant"
@@ -110,9 +116,12 @@ class LocalChatJudge(SyncBackendMixin):
                 pairs[-1] = (pairs[-1][0], turn.text)
         if turns[-1].role != "user":
             raise ValueError("the last turn must be a user turn")
+        video = n_videos == 1
         if request.chat_template is not None:
+            if video:
+                raise ValueError("a request with a chat_template cannot carry a video (its template writes images)")
             return self._render_template(request)
-        return self.judge.conversation_parts(pairs)
+        return self.judge.conversation_parts(pairs, video=video)
 
     def _render_template(self, request: ChatRequest) -> list[str | Data]:
         """The prompt ``request.chat_template`` renders (as a server honouring vLLM's ``chat_template``
@@ -135,11 +144,17 @@ class LocalChatJudge(SyncBackendMixin):
         text = text[len(bos) :] if bos and text.startswith(bos) else text
         return fill_parts(text, texts)
 
-    def _prepare(self, requests: Sequence[ChatRequest], offset: int = 0):
-        """Prompt ids and image features for the valid requests; errors for the others (``requests`` are
-        the caller's requests from index ``offset`` on, which errors name)."""
+    def _prepare(self, requests: Sequence[ChatRequest], offset: int | Sequence[int] = 0):
+        """Prompt ids and image (or video) features for the valid requests; errors for the others
+        (``requests`` are the caller's requests from index ``offset`` on, or at the indices ``offset``,
+        which errors name). The requests of one call carry images only or videos only (:meth:`batches`);
+        equal visuals (by pixels) are encoded once and share their prefix."""
         judge = self.judge
+        names = [f"request {offset + i}" for i in range(len(requests))] if isinstance(offset, int) else [f"request {i}" for i in offset]
         images, image_keys, image_index, prompts, errors = [], {}, [], [], []
+        kinds = {r.visual_kind == "video" for r in requests}
+        if len(kinds) > 1:
+            raise ValueError("one batch holds image and video requests: split them (LocalChatJudge.batches)")
         for request in requests:
             try:
                 parts = self.render_parts(request)
@@ -150,20 +165,32 @@ class LocalChatJudge(SyncBackendMixin):
                 errors.append(str(exc))
                 image_index.append(-1)
                 continue
-            image = request.turns[0].images[0].convert("RGB")
-            key = id(request.turns[0].images[0])
+            first = request.turns[0]
+            if first.videos:
+                visual = tuple(frame.convert("RGB") for frame in first.videos[0])
+                key = visual_key(tuple(first.videos[0]))
+            else:
+                visual = first.images[0].convert("RGB")
+                key = visual_key(first.images[0])
             if key not in image_keys:
                 image_keys[key] = len(images)
-                images.append(image)
+                images.append(visual)
             image_index.append(image_keys[key])
-        features = judge.image_features(judge.preprocess(images)) if images else None
+        video = kinds == {True}
+        features = None
+        if images:
+            try:
+                pixels = judge.preprocess_videos(images) if video else judge.preprocess(images)
+            except ValueError as exc:  # videos of different frame counts or grids: every request of the batch
+                return [None] * len(requests), None, image_index, [e or str(exc) for e in errors]
+            features = judge.image_features(pixels)
         n_image = int(features.shape[1]) if features is not None else 0
         prompt_ids: list[list[int] | None] = [None] * len(requests)
         valid = [i for i, p in enumerate(prompts) if p is not None]
         encoded = {}
         for i in valid:
             try:
-                encoded[i] = judge.encode_prompts([prompts[i]], n_image, names=[f"request {offset + i}"])[0]
+                encoded[i] = judge.encode_prompts([prompts[i]], n_image, names=[names[i]])[0]
             except ValueError as exc:  # this request only
                 errors[i] = str(exc)
         for i, ids in encoded.items():
@@ -181,13 +208,26 @@ class LocalChatJudge(SyncBackendMixin):
     def generate(self, requests: Sequence[ChatRequest]) -> list[ChatResponse]:
         """Answer every request (``result[i]`` for ``requests[i]``); see the class docstring."""
         requests = list(requests)
-        out: list[ChatResponse] = []
-        for start in range(0, len(requests), self.batch_size):
-            out.extend(self._generate_batch(requests[start : start + self.batch_size], start))
+        out: list[ChatResponse | None] = [None] * len(requests)
+        for rows in self.batches(requests):
+            offset = rows[0] if rows == list(range(rows[0], rows[0] + len(rows))) else rows
+            for i, response in zip(rows, self._generate_batch([requests[i] for i in rows], offset)):
+                out[i] = response
         return out
 
+    def batches(self, requests: Sequence[ChatRequest]) -> list[list[int]]:
+        """Indices of ``requests`` in batches of at most ``batch_size`` that hold image requests only or
+        video requests only (a batch's visuals go through one processor call), in order."""
+        groups: dict[bool, list[int]] = {}
+        for i, request in enumerate(requests):
+            groups.setdefault(request.visual_kind == "video", []).append(i)
+        out = []
+        for rows in sorted(groups.values()):
+            out.extend(rows[s : s + self.batch_size] for s in range(0, len(rows), self.batch_size))
+        return sorted(out)
+
     @torch.inference_mode()
-    def _generate_batch(self, requests: list[ChatRequest], offset: int) -> list[ChatResponse]:
+    def _generate_batch(self, requests: list[ChatRequest], offset: int | list[int]) -> list[ChatResponse]:
         judge = self.judge
         prompt_ids, features, image_index, errors = self._prepare(requests, offset)
         rows = [i for i, p in enumerate(prompt_ids) if p is not None]
@@ -201,7 +241,7 @@ class LocalChatJudge(SyncBackendMixin):
         ]
         temps = torch.tensor([requests[i].temperature for i in rows], dtype=torch.float32)
         k = max(requests[i].top_logprobs for i in rows)
-        generator = torch.Generator().manual_seed(self.seed + offset)
+        generator = torch.Generator().manual_seed(self.seed + (offset if isinstance(offset, int) else offset[0]))
         eos = torch.tensor(sorted(judge.eos_token_ids))
         state = judge.start([prompt_ids[i] for i in rows], features, [image_index[i] for i in rows])
         chosen, chosen_logp, top_ids, top_logp = [], [], [], []
@@ -311,15 +351,14 @@ class LocalChatJudge(SyncBackendMixin):
         if len(prefixes) != len(requests):
             raise ValueError(f"{len(prefixes)} prefixes for {len(requests)} requests")
         out = np.zeros((len(requests), NUM_SCORES), dtype=np.float64)
-        for start in range(0, len(requests), self.batch_size):
-            batch = list(requests[start : start + self.batch_size])
-            prompt_ids, features, image_index, errors = self._prepare(batch, start)
+        for rows in self.batches(requests):
+            prompt_ids, features, image_index, errors = self._prepare([requests[i] for i in rows], rows)
             for j, err in enumerate(errors):
                 if err is not None:
-                    raise ValueError(f"request {start + j}: {err}")
-            ids = [list(p) + [int(t) for t in prefixes[start + j]] for j, p in enumerate(prompt_ids)]
+                    raise ValueError(f"request {rows[j]}: {err}")
+            ids = [list(p) + [int(t) for t in prefixes[rows[j]]] for j, p in enumerate(prompt_ids)]
             state = judge.start(ids, features, image_index, reserve=4)
-            out[start : start + len(batch)] = self._tree(state, max_branch_rows)
+            out[rows] = self._tree(state, max_branch_rows)
         return out
 
     def _tree(self, state, max_branch_rows: int) -> np.ndarray:

@@ -70,14 +70,31 @@ def _thaw(value: Any) -> Any:
     return value
 
 
-@dataclass(frozen=True)
+def visual_key(item: Any) -> tuple[str, Any]:
+    """What a request's image (or a video's frames) hashes and compares by: its pixels' content key
+    (:func:`~capreward.media.keys.content_key`: a hash of the mode, size and bytes), so two requests with
+    equal pixels in different objects are equal; ``("id", id(item))`` for an item without a content key
+    (an image over the pixel limit), equal only to itself (:attr:`ChatRequest.content_key` is then None:
+    such a request is deduplicated within a call but never cached)."""
+    from ..media.keys import content_key
+
+    key = content_key(list(item) if isinstance(item, tuple) else item)
+    return ("content", key) if key is not None else ("id", id(item))
+
+
+@dataclass(frozen=True, eq=False)
 class ChatTurn:
     """One message: ``role`` is ``"system"``, ``"user"`` or ``"assistant"``.
 
     ``images`` (user turns only) go before the text, or after it with ``text_first`` (G-VEval's released
-    request puts the text first). ``image_detail``: OpenAI's ``detail`` of each image part (``"low"``,
-    ``"high"``, ``"auto"``; None: not sent). Local backends ignore both (LLaVA's format puts the image
-    first).
+    request puts the text first). ``videos`` (user turns only): videos as tuples of RGB frames, for a
+    judge that takes video (a local Qwen2-VL, Qwen2.5-VL or LLaVA-OneVision; :class:`~capreward.judges.local_chat.LocalChatJudge`
+    fills its video slot with them; a remote judge refuses the request). ``image_detail``: OpenAI's
+    ``detail`` of each image part (``"low"``, ``"high"``, ``"auto"``; None: not sent). Local backends
+    ignore ``text_first`` and ``image_detail`` (the image comes where the model's template puts it).
+
+    A turn hashes and compares by its content: role, text, flags, and each image and video by its
+    pixels (:func:`visual_key`), never by object identity or by text joined with other fields.
     """
 
     role: str
@@ -85,6 +102,35 @@ class ChatTurn:
     images: tuple[Image.Image, ...] = ()
     text_first: bool = False
     image_detail: str | None = None
+    videos: tuple[tuple[Image.Image, ...], ...] = ()
+
+    def _identity(self) -> tuple:
+        cached = self.__dict__.get("_identity_cache")
+        if cached is None:
+            cached = (
+                self.role, self.text, self.text_first, self.image_detail,
+                tuple(visual_key(im) for im in self.images),
+                tuple(visual_key(tuple(v)) for v in self.videos),
+            )
+            object.__setattr__(self, "_identity_cache", cached)
+        return cached
+
+    def __hash__(self) -> int:
+        return hash(self._identity())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ChatTurn):
+            return NotImplemented
+        return self is other or self._identity() == other._identity()
+
+    @property
+    def content_key(self) -> tuple | None:
+        """The turn's identity with every visual keyed by content, or None when a visual has no content
+        key (then it only equals itself, and no cache may keep it)."""
+        identity = self._identity()
+        if any(kind == "id" for kind, _ in (*identity[4], *identity[5])):
+            return None
+        return identity
 
 
 @dataclass(frozen=True)
@@ -101,7 +147,8 @@ class ChatRequest:
     request field (``{"regex": ...}``, ``{"choice": [...]}``, ``{"json": schema}``; vLLM >= 0.12, which
     removed the ``guided_*`` fields), or None; local judges ignore it. It is kept as a
     :class:`FrozenMapping` (a dict given is frozen): the request stays hashable and compares by content
-    (a request with images hashes only if its images do; PIL images do not).
+    (images and videos by their pixels: :class:`ChatTurn`), so identical requests can be deduplicated and
+    cached (:attr:`content_key`).
 
     A request whose last turn is an assistant turn asks the backend to *continue* that message (an
     assistant prefill: vLLM's ``continue_final_message=True, add_generation_prompt=False``), as the exact
@@ -124,6 +171,23 @@ class ChatRequest:
             if not isinstance(self.structured_outputs, Mapping):
                 raise TypeError(f"structured_outputs must be a mapping, got {type(self.structured_outputs).__name__}")
             object.__setattr__(self, "structured_outputs", FrozenMapping(self.structured_outputs))
+
+    @property
+    def content_key(self) -> tuple | None:
+        """What identifies this request for a response cache: every field, each turn's
+        :attr:`ChatTurn.content_key`; None when a visual has no content key (never cache it)."""
+        turns = tuple(t.content_key for t in self.turns)
+        if any(t is None for t in turns):
+            return None
+        return (turns, self.max_tokens, self.temperature, self.top_logprobs, self.stop, self.chat_template,
+                self.structured_outputs, self.prompt_logprobs)
+
+    @property
+    def visual_kind(self) -> str | None:
+        """``"video"`` when a turn carries a video, ``"image"`` when one carries an image, else None."""
+        if any(t.videos for t in self.turns):
+            return "video"
+        return "image" if any(t.images for t in self.turns) else None
 
     @property
     def prefilled(self) -> bool:
@@ -181,10 +245,13 @@ class JudgeBackend(Protocol):
 
 
 def user_turn(
-    text: str, images: Sequence[Image.Image] = (), *, text_first: bool = False, image_detail: str | None = None
+    text: str, images: Sequence[Image.Image] = (), *, text_first: bool = False, image_detail: str | None = None,
+    videos: Sequence[Sequence[Image.Image]] = (),
 ) -> ChatTurn:
-    """A user message with its images (see :class:`ChatTurn` for ``text_first`` and ``image_detail``)."""
-    return ChatTurn(role="user", text=text, images=tuple(images), text_first=text_first, image_detail=image_detail)
+    """A user message with its images or videos (lists of frames; see :class:`ChatTurn` for
+    ``text_first``, ``image_detail`` and ``videos``)."""
+    return ChatTurn(role="user", text=text, images=tuple(images), text_first=text_first, image_detail=image_detail,
+                    videos=tuple(tuple(v) for v in videos))
 
 
 def system_turn(text: str) -> ChatTurn:

@@ -30,6 +30,7 @@ import concurrent.futures
 import io
 import logging
 import os
+from collections import OrderedDict
 from dataclasses import replace
 from typing import Any, Sequence
 
@@ -37,7 +38,7 @@ from PIL import Image
 
 from ..errors import CaprewardError
 from .caller_text import escape_special_tokens
-from .protocol import ChatRequest, ChatResponse, ChatTurn, TokenLogprob
+from .protocol import ChatRequest, ChatResponse, ChatTurn, TokenLogprob, visual_key
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,9 @@ def to_messages(turns: Sequence[ChatTurn], system: str | None = None, encode=ima
         turn = replace(turn, text=escape_special_tokens(turn.text))
         if turn.role not in ("system", "user", "assistant"):
             raise ValueError(f"turn role must be 'system', 'user' or 'assistant', got {turn.role!r}")
+        if turn.videos:
+            raise ValueError("a remote judge takes images, not video frames: send a video as images (G-VEval: "
+                             "video_input='composite')")
         if turn.images:
             if turn.role != "user":
                 raise ValueError("only user turns can carry images")
@@ -194,6 +198,7 @@ class OpenAIJudge:
         extra_body: dict | None = None,
         token_limit_param: str = "max_tokens",
         prompt_logprobs: bool = False,
+        cache_size: int = 0,
     ):
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be at least 1, got {max_concurrency}")
@@ -215,6 +220,10 @@ class OpenAIJudge:
         self.system = system
         self.extra_body = dict(extra_body or {})
         self.token_limit_param = token_limit_param
+        if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 0:
+            raise ValueError(f"cache_size must be a non-negative int, got {cache_size!r}")
+        self.cache_size = cache_size
+        self._cache: OrderedDict[tuple, ChatResponse] = OrderedDict()
 
     def __repr__(self) -> str:
         return (
@@ -237,22 +246,51 @@ class OpenAIJudge:
     async def agenerate(self, requests: Sequence[ChatRequest]) -> list[ChatResponse]:
         """Answer every request concurrently (at most ``max_concurrency`` in flight); ``result[i]`` answers
         ``requests[i]``."""
-        from .._extras import require
-
-        AsyncOpenAI = require("remote", "openai", used_by="OpenAIJudge").AsyncOpenAI
-
         requests = list(requests)
         results: list[ChatResponse | None] = [None] * len(requests)
         if not requests:
             return []
+        # Greedy requests equal by content (images by their pixels) are sent once; the others follow the
+        # first. Answers already cached (``cache_size``) are not sent at all.
+        first: dict[ChatRequest, int] = {}
+        copies: list[tuple[int, int]] = []
+        send: list[int] = []
+        for i, request in enumerate(requests):
+            if not self._deterministic(request):
+                send.append(i)
+                continue
+            cached = self._cache_get(request)
+            if cached is not None:
+                results[i] = cached
+            elif request in first:
+                copies.append((i, first[request]))
+            else:
+                first[request] = i
+                send.append(i)
+        if send:
+            await self._send(requests, send, results)
+        for i in send:
+            if results[i] is not None and results[i].ok and self._deterministic(requests[i]):
+                self._cache_put(requests[i], results[i])
+        for i, j in copies:
+            results[i] = results[j]
+        return [r if r is not None else ChatResponse(text="", error="internal error: no result") for r in results]
+
+    async def _send(self, requests: list[ChatRequest], send: list[int], results: list) -> None:
+        """Send ``requests[i]`` for each i in ``send`` concurrently, answers into ``results[i]``."""
+        from .._extras import require
+
+        AsyncOpenAI = require("remote", "openai", used_by="OpenAIJudge").AsyncOpenAI
+
         key = self._api_key()
         semaphore = asyncio.Semaphore(self.max_concurrency)
-        uris: dict[int, str] = {}  # one PNG encoding per distinct image object in this call
+        uris: dict[Any, str] = {}  # one PNG encoding per distinct image (by its pixels) in this call
 
         def encode(image: Image.Image) -> str:
-            if id(image) not in uris:
-                uris[id(image)] = image_data_uri(image)
-            return uris[id(image)]
+            k = visual_key(image)
+            if k not in uris:
+                uris[k] = image_data_uri(image)
+            return uris[k]
 
         async with AsyncOpenAI(base_url=self.base_url, api_key=key, max_retries=self.max_retries,
                                timeout=self.timeout) as client:
@@ -266,8 +304,30 @@ class OpenAIJudge:
                 async with semaphore:
                     results[index] = await self._complete(client, index, body, key)
 
-            await asyncio.gather(*(run(i, r) for i, r in enumerate(requests)))
-        return [r if r is not None else ChatResponse(text="", error="internal error: no result") for r in results]
+            await asyncio.gather(*(run(i, requests[i]) for i in send))
+
+    # ------------------------------------------------------------------------------------ response cache
+    @staticmethod
+    def _deterministic(request: ChatRequest) -> bool:
+        """Whether two copies of ``request`` may share one answer: greedy decoding (a sampled request
+        asked twice is two samples)."""
+        return request.temperature == 0
+
+    def _cache_get(self, request: ChatRequest) -> ChatResponse | None:
+        key = request.content_key if self.cache_size else None
+        if key is None or key not in self._cache:
+            return None
+        self._cache.move_to_end(key)
+        return self._cache[key]
+
+    def _cache_put(self, request: ChatRequest, response: ChatResponse) -> None:
+        key = request.content_key if self.cache_size else None
+        if key is None:  # no cache, or a visual without a content key: never cached
+            return
+        self._cache[key] = response
+        self._cache.move_to_end(key)
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
 
     # ------------------------------------------------------------------------------------ internals
     def request_deadline(self) -> float:

@@ -4,7 +4,9 @@ Tong et al., "G-VEval: A Versatile Metric for Evaluating Image and Video Caption
 Modes ``ref-free`` (image or video only), ``ref-only`` (references; the visual is attached when given, as
 the released code does), ``combined``; an overall score, or with ``accr=True`` the four ACCR dimensions
 (accuracy α, completeness β, conciseness ψ, relevance δ; the release has ACCR prompts for video only).
-Videos are shown as the three-frame 1536x512 composite (:func:`capreward.media.composite.video_composite`).
+Videos are shown as the three-frame 1536x512 composite (:func:`capreward.media.composite.video_composite`),
+as the release sends them to GPT-4o; to a local judge that takes video (Qwen2-VL, Qwen2.5-VL, LLaVA-OneVision: see
+``video_input``) the same three frames go as a video, through the family's own video processor.
 
 The score is the expected value over 0..100 at the number after the first "$" (ACCR: after each Greek
 letter): on a local judge the exact distribution from a tree of cached decode steps; on a server whose
@@ -42,13 +44,44 @@ from ..judges.injection import injection_reasons
 from ..judges.protocol import ChatRequest, JudgeBackend, system_turn, user_turn
 from ..judges.vlm_prompts import GVEVAL_MODES, gveval_prompt, gveval_template
 from ..media import MediaError, load_image
-from ..media.composite import video_composite
+from ..media.composite import COMPOSITE_FRAMES, video_composite
+from ..media.videos import frames_to_pil, load_video
 from ..metrics.gveval import ACCR_MARKERS, OVERALL_MARKER, answer_regex, expected_score, parse_marked_score
 from .remote_numbers import DEFAULT_TOLERANCE, TREE_TOP_LOGPROBS, check_tolerance
 from .bad_items import references_problem
 from .vlm_common import is_exact_backend, score_distributions
 
 log = logging.getLogger(__name__)
+
+#: How a video reaches the judge (`GVEval`'s ``video_input``).
+VIDEO_INPUTS = ("auto", "composite", "frames")
+
+
+class FrameClip(tuple):
+    """A video's frames (RGB PIL images) to send as a video."""
+
+
+def takes_video(backend: Any) -> bool:
+    """Whether ``backend`` takes videos natively (a `LocalChatJudge` on a family that takes video)."""
+    family = getattr(getattr(backend, "judge", None), "family", None)
+    return bool(getattr(family, "takes_video", False)) and is_exact_backend(backend)
+
+
+def backend_name(backend: Any) -> str:
+    family = getattr(getattr(backend, "judge", None), "family", None)
+    if family is not None:
+        return f"the {family.name} judge"
+    return f"{type(backend).__name__} ({getattr(backend, 'name', '?')})"
+
+
+def video_frames(item: Any, index: int, frames: int | None = None) -> FrameClip:
+    """The frames of ``item`` sent as a video: the composite's three (``frames`` None: the first three of
+    ``int(linspace(0, T-1, 4))``) or ``int(linspace(0, T-1, frames))``. Raises MediaError naming the item."""
+    if frames is None:
+        array = load_video(item, frames=COMPOSITE_FRAMES + 1, index=index)[:COMPOSITE_FRAMES]
+    else:
+        array = load_video(item, frames=frames, index=index)
+    return FrameClip(frames_to_pil(array))
 
 
 @dataclass
@@ -107,6 +140,14 @@ class GVEval:
     ``logprobs_mode="raw_logprobs"``), so the expected score is unchanged by the constraint. Local judges
     ignore it.
 
+    ``video_input``: how a video reaches the judge. ``"composite"``: the released three-frame 1536x512
+    image (the only form for GPT-4o, any remote judge, LLaVA-1.5 and Qwen3-VL); ``"frames"``: the frames as a
+    video, for a local judge that takes video (`LocalChatJudge` on Qwen2-VL, Qwen2.5-VL or LLaVA-OneVision:
+    the family's video processor and video slot; Qwen2-VL's 3-D video positions); ``"auto"`` (default): frames when the
+    backend takes video, else the composite. ``video_frames``: frames sent as a video (None, the default:
+    the composite's three, ``int(linspace(0, T-1, 4))[:-1]``; an int k: ``int(linspace(0, T-1, k))``).
+    The prompt text is the released one either way (it describes the composite).
+
     Example:
         >>> import random
         >>> from capreward.testing import fleur_task_image
@@ -136,6 +177,8 @@ class GVEval:
         tolerance: float = DEFAULT_TOLERANCE,
         tree_top_logprobs: int = TREE_TOP_LOGPROBS,
         structured: bool = False,
+        video_input: str = "auto",
+        video_frames: int | None = None,
     ):
         if mode not in GVEVAL_MODES:
             raise ValueError(f"mode must be one of {GVEVAL_MODES}, got {mode!r}")
@@ -160,6 +203,22 @@ class GVEval:
             raise ValueError(f"tree_top_logprobs must be at least 10 (the digits), got {tree_top_logprobs}")
         self.tree_top_logprobs = int(tree_top_logprobs)
         self.structured = bool(structured)
+        if video_input not in VIDEO_INPUTS:
+            raise ValueError(f"video_input must be one of {VIDEO_INPUTS}, got {video_input!r}")
+        if video_frames is not None and (isinstance(video_frames, bool) or not isinstance(video_frames, int) or video_frames < 1):
+            raise ValueError(f"video_frames must be a positive int or None, got {video_frames!r}")
+        if video_input == "frames" and not takes_video(backend):
+            raise ValueError(
+                f"video_input='frames' needs a local judge that takes video (Qwen2-VL, Qwen2.5-VL, LLaVA-OneVision); {backend_name(backend)} "
+                "does not: use 'composite' (the released form) or 'auto'"
+            )
+        self.video_input = video_input
+        self.video_frames = video_frames
+
+    @property
+    def sends_video(self) -> bool:
+        """Whether videos go to the judge as videos (frames) rather than as the composite image."""
+        return self.video_input == "frames" or (self.video_input == "auto" and takes_video(self.backend))
 
     @property
     def markers(self) -> dict[str, str]:
@@ -181,6 +240,10 @@ class GVEval:
         errors: list[str | None] = []
         for i, item in enumerate(items):
             try:
+                if visual == "vid" and self.sends_video:
+                    pictures.append(video_frames(item, i, self.video_frames))
+                    errors.append(None)
+                    continue
                 pictures.append(video_composite(item, i) if visual == "vid" else load_image(item, i))
                 errors.append(None)
             except MediaError as exc:
@@ -224,7 +287,9 @@ class GVEval:
                 continue
             refs = references[i] if self.mode != "ref-free" else None
             text = gveval_prompt(template, candidates[i], refs)
-            if pictures[i] is not None:
+            if isinstance(pictures[i], FrameClip):
+                turn = user_turn(text, videos=[pictures[i]], text_first=True)
+            elif pictures[i] is not None:
                 turn = user_turn(text, [pictures[i]], text_first=True, image_detail=detail)
             else:
                 turn = system_turn(text)
