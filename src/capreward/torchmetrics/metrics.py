@@ -765,6 +765,7 @@ class EMScoreMetric(RegisteredMetric):
 
     metric = "emscore"
     default_name = "emscore"
+    columns = EMScoreHooks().columns(None, None)  # as before, readable on the class
 
 
 class CLIPScoreMetric(RegisteredMetric):
@@ -790,6 +791,7 @@ class CLIPScoreMetric(RegisteredMetric):
 
     metric = "clip_s"
     default_name = "clip_s"
+    columns = CLIPScoreHooks().columns(None, None)  # as before, readable on the class
 
 
 class FLEURMetric(RegisteredMetric):
@@ -817,6 +819,7 @@ class FLEURMetric(RegisteredMetric):
 
     metric = "fleur"
     default_name = "fleur"
+    columns = FLEURHooks().columns(None, None)  # as before, readable on the class
 
 
 __all__ = ["CaptionMetric", "CaptionScores", "CLIPScoreMetric", "EMScoreMetric", "FLEURMetric", "RegisteredMetric",
