@@ -180,3 +180,17 @@ def test_no_page_shows_a_sphinx_role(site):
         if found:
             shown[str(page.relative_to(site))] = len(found)
     assert not shown, shown
+
+
+def test_the_per_metric_classes_show_their_options_in_the_reference(site):
+    """A reward or Metric fixed to one metric shows its run-time signature (its scorer's options, added by
+    scripts/griffe_explicit_signatures.py), not the generic ``(metric, /, **options)``."""
+    import html as html_lib
+
+    rewards = html_lib.unescape(re.sub(r"<[^>]+>", "", (site / "api" / "rewards" / "index.html").read_text("utf-8")))
+    em = rewards[rewards.index("EMScoreReward("):][:3000]
+    assert "idf_default" in em and "harmonic_mean" in em and "image_column" in em
+    assert "metric=None" not in em
+    metrics = html_lib.unescape(re.sub(r"<[^>]+>", "", (site / "api" / "metrics" / "index.html").read_text("utf-8")))
+    visce2 = metrics[metrics.index("VisCE2Metric("):][:3000]
+    assert "context_max_tokens" in visce2 and "dataset_size" in visce2

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-from typing import Any
-
 from .base import GroupScores
 from .hooks import RewardHooks
 from .metric_reward import MetricReward

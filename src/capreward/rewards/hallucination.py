@@ -119,8 +119,9 @@ class HallucinationPenalty(MetricReward):
             batch (the visuals' embeddings are cached). False: only the word in its caption.
         idf_weighting: weigh tokens by their idf weight (only with ``idf``); else every content token
             counts 1.
-        **kwargs: EMScore arguments (``model``, ``device``, ``idf``, ``frames``, ``backbone``, ...) and the
-            column options of `CaptionReward`; references are not used.
+
+    The EMScore options (``model``, ``device``, ``idf``, ``frames``, ``backbone``, ...) and the column options
+    of `CaptionReward` are keywords too (the signature lists them); references are not used.
 
     Logs ``content_tokens`` and ``unsupported_tokens`` (batch means) as sub-scores.
 

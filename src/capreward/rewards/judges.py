@@ -27,6 +27,12 @@ def _floats(values) -> list[float]:
     return [float(v) for v in values]
 
 
+def scaled_range(reward) -> tuple[float, float]:
+    """The spec's 0..100 range times the reward's ``scale`` (in order, whatever its sign)."""
+    lo, hi = (v * reward.scale for v in reward.spec.value_range)
+    return (min(lo, hi) + 0.0, max(lo, hi) + 0.0)  # + 0.0: no -0.0
+
+
 class VisCE2Hooks(RewardHooks):
     """VisCE²'s reward: the written (or, with ``use_expected``, the expected) 0..100 score times
     ``scale``; sub-scores ``parsed`` (1/0) and ``expected`` when the scorer computes it."""
@@ -43,7 +49,7 @@ class VisCE2Hooks(RewardHooks):
     def value_range(self, reward) -> tuple[float, float]:
         """[0, 100 * scale]. A written score above 100 (kept by the scorer, as released, and flagged)
         gets None with the scorer's reason; anything else outside would be clipped and counted."""
-        return (min(0.0, 100 * reward.scale), max(0.0, 100 * reward.scale))
+        return scaled_range(reward)
 
     def metric_names(self, reward) -> tuple[str, ...]:
         """``parsed`` (1/0) and ``expected`` when the scorer computes expected scores."""
@@ -83,7 +89,7 @@ class GVEvalHooks(RewardHooks):
 
     def value_range(self, reward) -> tuple[float, float]:
         """[0, 100 * scale] (values outside are clipped and counted as ``clipped``)."""
-        return (min(0.0, 100 * reward.scale), max(0.0, 100 * reward.scale))
+        return scaled_range(reward)
 
     def metric_names(self, reward) -> tuple[str, ...]:
         """``parsed`` and the four ACCR dimensions with ``accr=True``."""

@@ -9,8 +9,6 @@ request, an unreadable visual, an answer without a score) are NaN and left out o
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from ..scorers.gveval_spec import ACCR

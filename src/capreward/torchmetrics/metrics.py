@@ -29,7 +29,7 @@ import logging
 import math
 import os
 from collections.abc import Mapping
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -41,11 +41,8 @@ from torchmetrics import Metric  # noqa: E402 (after the check that names the ex
 from torchmetrics.utilities import rank_zero_warn
 from torchmetrics.utilities.data import dim_zero_cat
 
-from ..backbones.clip import CLIPBackbone
 from ..errors import failures
-from ..backbones.clip_loading import DEFAULT_CLIP
 from ..judges.caller_text import is_blank
-from ..media import DEFAULT_FRAMES
 from ..names import sub_score
 from ..caption_reading import as_read
 from ..callbacks.sources import as_captions, as_references, per_visual
@@ -765,6 +762,7 @@ class EMScoreMetric(RegisteredMetric):
 
     metric = "emscore"
     default_name = "emscore"
+    columns = EMScoreHooks().columns(None, None)  # as before, readable on the class
 
 
 class CLIPScoreMetric(RegisteredMetric):
@@ -790,6 +788,7 @@ class CLIPScoreMetric(RegisteredMetric):
 
     metric = "clip_s"
     default_name = "clip_s"
+    columns = CLIPScoreHooks().columns(None, None)  # as before, readable on the class
 
 
 class FLEURMetric(RegisteredMetric):
@@ -817,6 +816,7 @@ class FLEURMetric(RegisteredMetric):
 
     metric = "fleur"
     default_name = "fleur"
+    columns = FLEURHooks().columns(None, None)  # as before, readable on the class
 
 
 __all__ = ["CaptionMetric", "CaptionScores", "CLIPScoreMetric", "EMScoreMetric", "FLEURMetric", "RegisteredMetric",
