@@ -119,6 +119,17 @@ def metric_page(spec) -> str:
         lines += ["## Options", "", "| option | default | what it does |", "| --- | --- | --- |"]
         lines += [f"| `{o.name}` | `{cell(repr(o.default))}` | {cell(o.doc)} |" for o in spec.options]
         lines.append("")
+    flags = getattr(spec, "job_flags", ())
+    if flags:
+        lines += ["## Command-line options", "",
+                  "Its own options of `capreward score` (recorded per results file)"
+                  + (", also taken by `capreward serve`, the GRPO recipe and the adapters' `RewardOptions` "
+                     "(`CAPREWARD_<NAME>` in the environment) where marked" if any(f.adapters for f in flags) else "")
+                  + ".", "", "| flag | sets | default | adapters | what it does |", "| --- | --- | --- | --- | --- |"]
+        lines += [f"| `{f.flags[0]}` | {f'`{f.option}`' if f.option else '(the job)'} | "
+                  f"`{cell(repr(spec.job_value(f, None)))}` | {'yes' if f.adapters else 'no'} | {cell(f.help)} |"
+                  for f in flags]
+        lines.append("")
     lines += ["## Deviations from the released code", ""]
     if spec.deviations:
         lines += ["| capreward's default | restores the released behaviour |", "| --- | --- |"]
