@@ -132,6 +132,17 @@ def metric_page(spec) -> str:
         lines += ["## As a reward and a Metric", "", *built, "",
                   "They take the scorer's options above (and the scorer's other constructor arguments) as keywords: "
                   "`inspect.signature` lists them, and a misspelt one is refused when the object is built.", ""]
+    flags = getattr(spec, "job_flags", ())
+    if flags:
+        lines += ["## Command-line options", "",
+                  "Its own options of `capreward score` (recorded per results file)"
+                  + (", also taken by `capreward serve`, the GRPO recipe and the adapters' `RewardOptions` "
+                     "(`CAPREWARD_<NAME>` in the environment) where marked" if any(f.adapters for f in flags) else "")
+                  + ".", "", "| flag | sets | default | adapters | what it does |", "| --- | --- | --- | --- | --- |"]
+        lines += [f"| `{f.flags[0]}` | {f'`{f.option}`' if f.option else '(the job)'} | "
+                  f"`{cell(repr(spec.job_value(f, None)))}` | {'yes' if f.adapters else 'no'} | {cell(f.help)} |"
+                  for f in flags]
+        lines.append("")
     lines += ["## Deviations from the released code", ""]
     if spec.deviations:
         lines += ["| capreward's default | restores the released behaviour |", "| --- | --- |"]
