@@ -60,11 +60,15 @@ SPEC = register(MetricSpec(
         Option("requery", 2, "how many more times an unreadable answer is asked again"),
         Option("fallback", "nan", "what an answer that stays unreadable gets: 'nan' or 'parsed'"),
         Option("structured", False, "constrain the answer to the released format (vLLM)"),
+        Option("video_input", "auto", "how a video reaches the judge: 'auto' (frames as a video to a local judge "
+                                      "that takes video, else the composite), 'composite' or 'frames'"),
     ),
     deviations=(
         Deviation("greedy decoding (temperature 0); the release samples at temperature 1", "temperature=1.0"),
         Deviation("an answer that stays unreadable keeps its place with NaN and the reason (the release drops "
                   "the sample)", None),
+        Deviation("a local judge that takes video (Qwen2-VL, Qwen2.5-VL, LLaVA-OneVision) gets the composite's "
+                  "three frames as a video (the release sends GPT-4o the composite image)", "video_input='composite'"),
         Deviation("on a judge that writes numbers digit by digit, the exact distribution over 0..100 from a "
                   "digit tree (the release keeps the top-5 whole-number alternatives)", None),
     ),
