@@ -10,6 +10,7 @@ for samples without them, are written once per visual by the scorer's ``question
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any, Sequence
 
 from ..scorers.qa_utility import QAUtility
@@ -41,7 +42,34 @@ class QAUtilityReward(CaptionReward):
     def __init__(self, *, questions_column: str = "questions", **kwargs: Any):
         super().__init__(**kwargs)
         self.questions_column = questions_column
-        self._questions: list[Any] | None = None
+        self._calls = threading.local()  # the questions of the call running on each thread
+
+    # one call's questions and rows live per thread: veRL's naive manager and the server call one reward
+    # from several threads at once, and one call's questions must never answer another's captions
+    @property
+    def _questions(self) -> list[Any] | None:
+        return getattr(self._calls, "questions", None)
+
+    @_questions.setter
+    def _questions(self, value: list[Any] | None) -> None:
+        self._calls.questions = value
+
+    @property
+    def _current_rows(self) -> list[int] | None:
+        return getattr(self._calls, "rows", None)
+
+    @_current_rows.setter
+    def _current_rows(self, value: list[int] | None) -> None:
+        self._calls.rows = value
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state.pop("_calls", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._calls = threading.local()
 
     def _build(self) -> QAUtility:
         return QAUtility(**self.scorer_kwargs)
@@ -118,7 +146,7 @@ class QAUtilityReward(CaptionReward):
             self._current_rows = None
 
     def _rows(self, captions: list[str]) -> list[int]:
-        rows = getattr(self, "_current_rows", None)
+        rows = self._current_rows
         if rows is None or len(rows) != len(captions):
             raise RuntimeError("qa_utility scores groups through compute()")
         return rows
