@@ -12,7 +12,9 @@ caption, its scores, and, when the row carries an EMScore ``alignment``, every t
 best visual similarity with the index of its best frame (the EMScore paper's Figure 7). Tokens listed
 in ``hallucination/flagged`` are marked. Each sample lists its references, and its sub-scores (fields
 ``<metric>/<part>``, e.g. the 21 components of EMScore; ``<metric>.<part>`` in files written before
-capreward named every sub-score with ``/``) are folded under the headline score.
+capreward named every sub-score with ``/``) are folded under the headline score. A row with the claim
+reward's verdicts (``claims/claims``) shows each claim's span in the caption, verified or not
+(:mod:`capreward.report.claims_view`); a claim not verified flags the row.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from PIL import Image
 
 from ..media import MediaError, load_image, load_video
 from ..names import SEP, sub_score
+from .claims_view import STYLE as CLAIMS_STYLE, claims_section, has_unverified
 
 THUMB_HEIGHT = 96
 
@@ -229,7 +232,7 @@ def controls_section(metrics: list[str], n_rows: int) -> str:
         '<option value="asc">lowest first</option></select></label>'
         '<label>show <select id="filter"><option value="all">all samples</option>'
         '<option value="errors">samples with errors</option>'
-        '<option value="flagged">samples with flagged tokens</option></select></label>'
+        '<option value="flagged">samples with flagged tokens or claims</option></select></label>'
         f'<span><span id="shown">{n_rows}</span> of {n_rows} shown</span></div>'
     )
 
@@ -303,7 +306,7 @@ def sample_section(row: dict, order: int, metrics: list[str], frames: int | None
     flagged = set(row.get(sub_score("hallucination", "flagged")) or row.get("hallucination.flagged") or [])
     rid = html.escape(str(row.get("id", "")))
     parts = [f'<div class="sample" id="sample-{rid}" data-id="{rid}" data-order="{order}" '
-             f'data-error="{int(has_error)}" data-flagged="{int(bool(flagged))}" '
+             f'data-error="{int(has_error)}" data-flagged="{int(bool(flagged) or has_unverified(row))}" '
              f"data-scores='{html.escape(json.dumps(scores), quote=True)}'>"]
     parts.append(f'<div class="id">{rid}</div>')
     try:
@@ -322,6 +325,7 @@ def sample_section(row: dict, order: int, metrics: list[str], frames: int | None
         parts.append(f'<div class="caption">{token_spans(alignment, flagged, lo, hi)}</div>')
     else:
         parts.append(f'<div class="caption">{html.escape(row.get("caption", ""))}</div>')
+    parts.append(claims_section(row))  # the claim reward's verdicts, spans marked in the caption
     references = row.get("references") or []
     if references:
         items = "".join(f"<li>{html.escape(str(r))}</li>" for r in references)
@@ -349,10 +353,11 @@ def render_report(rows: Iterable[dict], out: str | Path, frames: int | None = 10
                for k, r in enumerate(tqdm(rows, desc="report", unit="row", file=sys.stderr, disable=not progress))]
     page = (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-        f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>"
+        f"<style>{STYLE}{CLAIMS_STYLE}</style></head><body><h1>{html.escape(title)}</h1>"
         f"{summary_section(rows, metrics)}"
         f"<h2>Samples</h2><p>{len(rows)} samples. Token colour: best visual similarity (red low, green high); "
-        f"superscript: index of the best frame; outlined: flagged by the hallucination penalty.</p>"
+        f"superscript: index of the best frame; outlined: flagged by the hallucination penalty; claims: green "
+        f"verified, red not verified by the claim judge.</p>"
         f"{controls_section(metrics, len(rows))}"
         f'<div id="samples">{"".join(samples)}</div>'
         f"<script>{SCRIPT}</script></body></html>"
