@@ -7,8 +7,9 @@ toy, ``small`` a ~100M-parameter judge with 576 image tokens as in the FLEUR ben
 - **batched**: :class:`~capreward.scorers.claims.ClaimScorer` as a reward calls it: every claim of the
   group in prefills of ``--batch-size`` rows, the shared prefix (system text, image, question up to the
   claim) run once per chunk, no cache (cold);
-- **per claim**: the same exact reading with one judge request per claim (``batch_size=1``: a prefill of
-  the full prompt, image included, for every claim).
+- **per claim**: the same exact reading with one judge request per claim (:class:`OneRequestPerClaim`:
+  each claim's request read alone, as a server answers one request: its prompt encoded, its image
+  preprocessed and encoded, and a prefill of the full prompt, image included).
 
 The two paths run interleaved (batched, per claim, batched, ...: ``--repeats`` rounds) so that a load
 change on a shared machine hits both alike. Prints wall seconds of each (the best round, and the median),
@@ -29,7 +30,7 @@ import time
 import torch
 
 from capreward.judges import LocalChatJudge
-from capreward.scorers.claims import ClaimScorer
+from capreward.scorers.claims import ClaimScorer, YesNoReader
 from capreward.testing import TinyLlavaSpec, build_tiny_llava
 from capreward.testing.tiny_claim_judge import claim_image
 
@@ -42,6 +43,13 @@ ARCHS = {
 NOUNS = "man woman child dog cat bicycle street park beach ball shirt hat car bus train table tree sky grass water".split()
 ADJECTIVES = "red blue green white black small large young old wooden bright dark tall short striped".split()
 VERBS = "sits stands runs holds wears walks lies rides leans waits".split()
+
+
+class OneRequestPerClaim(YesNoReader):
+    """The baseline: every request read on its own (one judge call per claim)."""
+
+    def read(self, requests):
+        return [answer for request in requests for answer in YesNoReader.read(self, [request])]
 
 
 def make_captions(rng: random.Random, n: int) -> list[str]:
@@ -70,6 +78,7 @@ def run(args: argparse.Namespace) -> dict:
     # raw P(yes) (normalise=False): the agreement check compares the probabilities themselves
     batched = ClaimScorer(judge, batch_size=args.batch_size, cache_size=0, normalise=False)
     per_claim = ClaimScorer(judge, batch_size=1, cache_size=0, normalise=False)
+    per_claim.reader = OneRequestPerClaim(judge, batch_size=1)
     batched.score(captions[:1], images=images[:1])  # warm-up (tokenizer scan, first allocations)
     rounds: dict[str, list[float]] = {"batched": [], "per_claim": []}
     results = {}
