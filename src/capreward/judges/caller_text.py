@@ -243,11 +243,19 @@ def encode_parts_many(
     call: a batch of short prompts (one claim each) costs one call instead of one per prompt."""
     cleaned = [[Data(strip_invisible(p.text)) if isinstance(p, Data) else p for p in parts] for parts in prompts]
     texts = [well_formed(render(parts)) for parts in cleaned]
-    if not texts:
-        return []
-    encoded = tokenizer(texts, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
-    return [_respell(tokenizer, text, ids, offsets, data_spans(parts), control)
-            for text, parts, ids, offsets in zip(texts, cleaned, encoded["input_ids"], encoded["offset_mapping"])]
+    spans = [data_spans(parts) for parts in cleaned]
+    out: list[list[int]] = [[] for _ in texts]
+    plain = [i for i, s in enumerate(spans) if not s]  # all template: no offsets needed (slow tokenizers too)
+    if plain:
+        ids = tokenizer([texts[i] for i in plain], add_special_tokens=add_special_tokens)["input_ids"]
+        for i, row in zip(plain, ids):
+            out[i] = list(row)
+    data = [i for i, s in enumerate(spans) if s]
+    if data:
+        encoded = tokenizer([texts[i] for i in data], add_special_tokens=add_special_tokens, return_offsets_mapping=True)
+        for i, row, offsets in zip(data, encoded["input_ids"], encoded["offset_mapping"]):
+            out[i] = _respell(tokenizer, texts[i], row, offsets, spans[i], control)
+    return out
 
 
 def _respell(tokenizer: Any, text: str, ids: Sequence[int], offsets: Sequence[tuple[int, int]],
