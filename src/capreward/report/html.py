@@ -323,9 +323,10 @@ def sample_section(row: dict, order: int, metrics: list[str], frames: int | None
     parts.append("</div>")
     if alignment:
         parts.append(f'<div class="caption">{token_spans(alignment, flagged, lo, hi)}</div>')
-    else:
+    claims = claims_section(row)  # the claim reward's verdicts: the caption with each claim's span marked
+    if not alignment and not claims:
         parts.append(f'<div class="caption">{html.escape(row.get("caption", ""))}</div>')
-    parts.append(claims_section(row))  # the claim reward's verdicts, spans marked in the caption
+    parts.append(claims)
     references = row.get("references") or []
     if references:
         items = "".join(f"<li>{html.escape(str(r))}</li>" for r in references)
