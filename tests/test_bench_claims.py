@@ -5,12 +5,13 @@ batched path one per chunk of rows. No timing is asserted."""
 from __future__ import annotations
 
 import argparse
-import sys
+import importlib.util
 
 from conftest import REPO
 
-sys.path.insert(0, str(REPO / "benchmarks"))
-import bench_claims  # noqa: E402
+_spec = importlib.util.spec_from_file_location("bench_claims", REPO / "benchmarks" / "bench_claims.py")
+bench_claims = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench_claims)
 
 
 def test_both_paths_agree_and_count_their_prefills(monkeypatch):

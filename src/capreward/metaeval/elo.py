@@ -78,10 +78,10 @@ def elo_ranking(battles: Sequence[Battle], rounds: int = BOOTSTRAP_ROUNDS, seed:
 
 
 def ranking_correlations(metric_ranking: Sequence[str], human_ranking: Sequence[str]) -> dict[str, float]:
-    """Spearman rho and Kendall tau (SciPy's ``spearmanr``/``kendalltau``, tau-b) between the positions of
+    """Spearman rho and Kendall tau-b (SciPy's ``spearmanr``/``kendalltau``, as the release) between the positions of
     the models of ``metric_ranking`` in it and in ``human_ranking`` (``"human"`` left out, as
     ``cal_model_level_agreement`` does); models missing from ``human_ranking`` raise ValueError."""
-    from scipy.stats import kendalltau, spearmanr
+    from .stats import kendall, spearman
 
     models = [m for m in metric_ranking if m != "human"]
     missing = [m for m in models if m not in human_ranking]
@@ -91,4 +91,4 @@ def ranking_correlations(metric_ranking: Sequence[str], human_ranking: Sequence[
         return {"spearman": float("nan"), "kendall": float("nan")}
     positions = list(range(1, len(models) + 1))
     human = [list(human_ranking).index(m) + 1 for m in models]
-    return {"spearman": float(spearmanr(human, positions)[0]), "kendall": float(kendalltau(human, positions)[0])}
+    return {"spearman": spearman(human, positions), "kendall": kendall(human, positions, "b")}
