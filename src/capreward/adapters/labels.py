@@ -11,7 +11,9 @@ Keys: ``video`` or ``image`` (a path; ``images``, a list of paths, is read as it
 ``references`` (a str or a list of str; optional; ``[]``, ``[""]`` or a blank entry gives the sample
 the fallback with its reason, never a score without references), ``visual_id`` (optional; it narrows the visual's
 cache key, which is always the file's identity or the pixels' hash, so a reused id never serves
-another visual's embedding).
+another visual's embedding), ``questions`` (optional; the ``qa_utility`` reward's multiple-choice
+questions about the visual: a list of ``{"question", "options", "answer"}`` or JSON text of one,
+:func:`parse_label_questions`; other rewards ignore them).
 
 Which paths are served is decided by a :class:`~capreward.adapters.paths.MediaPaths` policy: the
 reward server confines them to its media root (a refused path gives that sample a fallback with one
@@ -31,12 +33,16 @@ from ..media.files import ConfinedFile
 from . import json_limits
 from .paths import MediaPaths, PathRefused
 
-LABEL_KEYS = ("image", "images", "video", "references", "visual_id")
+LABEL_KEYS = ("image", "images", "video", "references", "visual_id", "questions")
 #: The most references one sample may have, and the most characters they (or the JSON text holding them)
 #: may have together: a sample over either is refused (None / the fallback) instead of costing the batch
 #: seconds of tokenising (captioning datasets have 5 to 20 references of a sentence each).
 MAX_REFERENCES = 256
 MAX_REFERENCE_CHARS = 100_000
+#: The most questions one sample may carry, and the most characters of their text together (question and
+#: options): CapRL's datasets have a handful of questions per image.
+MAX_QUESTIONS = 64
+MAX_QUESTION_CHARS = 100_000
 
 
 class LabelError(CaprewardError, ValueError):
@@ -55,6 +61,7 @@ class Label:
     references: list[str] | None = None
     visual_id: str | None = None
     error: str | None = None
+    questions: list[dict] | None = None
 
     @property
     def has_input(self) -> bool:
@@ -106,6 +113,44 @@ def parse_references(value: Any, where: str) -> list[str] | None:
         if chars > MAX_REFERENCE_CHARS:
             raise LabelError(f"{where}: references of more than {MAX_REFERENCE_CHARS} characters together")
     return list(value)
+
+
+def parse_label_questions(value: Any, where: str) -> list[dict] | None:
+    """A sample's ``questions`` (a list of ``{"question", "options", "answer"}``, or JSON text of one) as
+    a list of dicts with the answer as an option index (None for None). Raises :class:`LabelError`
+    naming ``where`` for JSON that does not parse, a question that is not well formed
+    (:meth:`~capreward.scorers.qa_utility.Question.of`), an empty list, more than :data:`MAX_QUESTIONS`
+    questions or more than :data:`MAX_QUESTION_CHARS` characters."""
+    from ..scorers.qa_utility import Question
+
+    value = _tolist(value)
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if len(value) > MAX_QUESTION_CHARS:
+            raise LabelError(f"{where}: questions of {len(value)} characters; at most {MAX_QUESTION_CHARS}")
+        try:
+            value = json.loads(value)
+        except (ValueError, RecursionError) as exc:
+            raise LabelError(f"{where}: questions are a str but not a JSON list: {str(exc)[:200]}") from None
+    if not isinstance(value, (list, tuple)):
+        raise LabelError(f"{where}: questions must be a list of question objects, got {type(value).__name__}")
+    if not value:
+        raise LabelError(f"{where}: questions is an empty list (leave the key out to have the judge write them)")
+    if len(value) > MAX_QUESTIONS:
+        raise LabelError(f"{where}: {len(value)} questions; at most {MAX_QUESTIONS}")
+    out, chars = [], 0
+    for j, item in enumerate(value):
+        item = {k: _tolist(v) for k, v in item.items()} if isinstance(item, dict) else item
+        try:
+            q = Question.of(item, f"{where}: questions[{j}]")
+        except (TypeError, ValueError) as exc:
+            raise LabelError(str(exc)) from None
+        chars += len(q.question) + sum(len(o) for o in q.options)
+        if chars > MAX_QUESTION_CHARS:
+            raise LabelError(f"{where}: questions of more than {MAX_QUESTION_CHARS} characters together")
+        out.append({"question": q.question, "options": list(q.options), "answer": q.answer})
+    return out
 
 
 def _path_value(value: Any, key: str, where: str) -> str | None:
@@ -169,7 +214,8 @@ def parse_label(label: Any, where: str = "label", paths: MediaPaths | str | os.P
     if visual_id is not None and not isinstance(visual_id, (str, int)):
         raise LabelError(f"{where}: visual_id must be a str, got {type(visual_id).__name__}")
     parsed = Label(image=image, video=video, references=parse_references(label.get("references"), where),
-                   visual_id=None if visual_id is None else str(visual_id), error=error)
+                   visual_id=None if visual_id is None else str(visual_id), error=error,
+                   questions=parse_label_questions(label.get("questions"), where))
     if not parsed.has_input:
         raise LabelError(f"{where} names no image, video or references to score against")
     return parsed

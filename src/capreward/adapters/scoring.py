@@ -119,6 +119,8 @@ def score_labelled(reward: Any, captions: Sequence[str], labels: Sequence[Label]
     # rewards without their own column names (a composite, a plain TRL function) get ids as "visual_id"
     columns = getattr(reward, "columns", None) or Columns(visual_id="visual_id")
     kwargs = label_columns(labels, columns)
+    if any(lab.questions is not None for lab in labels):  # qa_utility's column (other rewards ignore it)
+        kwargs[getattr(reward, "questions_column", "questions")] = [lab.questions for lab in labels]
     if hasattr(reward, "compute"):
         out = reward.compute(None, list(captions), **kwargs)
         values, reasons, metrics = list(out.values), list(out.reasons), dict(out.metrics)

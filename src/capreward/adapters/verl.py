@@ -11,7 +11,8 @@ called it (``reward_model.reward_manager=batch`` is not read): capreward's own r
 
 The visual comes from ``extra_info`` (``{"video": path}`` or ``{"image": path}``, optional
 ``"visual_id"``; see :mod:`capreward.adapters.labels`) and the references from ``ground_truth`` (a
-str, a list of str, or ``extra_info["references"]``).
+str, a list of str, or ``extra_info["references"]``); ``qa_utility``'s questions from
+``extra_info["questions"]`` (else the judge writes them per visual).
 
 Two ways to configure it:
 
@@ -71,7 +72,8 @@ def sample_label(ground_truth: Any, extra_info: Any, paths: MediaPaths | str | N
     info = {} if extra_info is None else extra_info
     if not isinstance(info, dict):
         raise LabelError(f"{where}: extra_info must be a dict with an image or video path, got {type(info).__name__}")
-    fields = {k: info[k] for k in ("image", "images", "video", "visual_id", "references") if info.get(k) is not None}
+    fields = {k: info[k] for k in ("image", "images", "video", "visual_id", "references", "questions")
+              if info.get(k) is not None}
     refs = parse_references(ground_truth, f"{where} ground_truth")
     if refs is not None:
         fields["references"] = refs

@@ -43,7 +43,7 @@ except ModuleNotFoundError as exc:  # a plugin of veRL's, loaded by veRL: no cap
         name=exc.name,
     ) from None
 
-from capreward.adapters.labels import Label, LabelError, parse_references
+from capreward.adapters.labels import Label, LabelError, parse_label_questions, parse_references
 from capreward.adapters.scoring import ScoredBatch, score_labelled
 from capreward.adapters.verl import VerlScorer, default_scorer, sample_label, scorer_from_env
 
@@ -192,7 +192,7 @@ def multi_modal_video(data: Any) -> Any:
 
 def image_label(ground_truth: Any, extra_info: Any, image: Any) -> Label:
     """The label of a sample scored on the image object it carries: references from ``ground_truth``
-    (else ``extra_info["references"]``), ``visual_id`` from ``extra_info``."""
+    (else ``extra_info["references"]``), ``visual_id`` and ``questions`` from ``extra_info``."""
     info = extra_info if isinstance(extra_info, dict) else {}
     refs = parse_references(ground_truth, "sample ground_truth")
     if refs is None:
@@ -200,7 +200,8 @@ def image_label(ground_truth: Any, extra_info: Any, image: Any) -> Label:
     visual_id = info.get("visual_id")
     if visual_id is not None and not isinstance(visual_id, (str, int)):
         raise LabelError(f"sample extra_info: visual_id must be a str, got {type(visual_id).__name__}")
-    return Label(image=image, references=refs, visual_id=None if visual_id is None else str(visual_id))
+    return Label(image=image, references=refs, visual_id=None if visual_id is None else str(visual_id),
+                 questions=parse_label_questions(info.get("questions"), "sample extra_info"))
 
 
 def _names_visual(extra_info: Any) -> bool:

@@ -18,9 +18,14 @@ PROTOCOL_CHOICES = ("per-rating", "per-candidate", "per-caption", "per-annotator
                     "annotator-mean", "pairwise", "caption-level")
 
 
+#: measures that are ratios, not percent (DetailCaps' 1 - R²)
+RATIOS = ("one_minus_r2",)
+
+
 def format_table(result) -> str:
     """The measures (percent) and counts as an aligned two-column text table."""
-    rows = [(name, "n/a" if math.isnan(v) else f"{v:.1f}") for name, v in result.measures.items()]
+    rows = [(name, "n/a" if math.isnan(v) else f"{v:.1f}") if name not in RATIOS else
+            (f"{name} (ratio)", "n/a" if math.isnan(v) else f"{v:.4g}") for name, v in result.measures.items()]
     dims = result.details.get("dimensions")
     if dims:
         for dim, vals in dims.items():

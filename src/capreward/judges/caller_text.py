@@ -105,13 +105,17 @@ def _is_invisible(ch: str) -> bool:
     return is_invisible(ch)
 
 
+#: The ASCII characters that are not printable, other than tab, newline and carriage return.
+_ASCII_INVISIBLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
 def strip_invisible(text: str) -> str:
     """``text`` without invisible characters: format characters (zero-width spaces and joiners, bidi
     controls, BOM), control characters other than tab, newline and carriage return (NUL, ESC, ...), the
     other default-ignorable code points (the tag block U+E0000-U+E0FFF, variation selectors, Hangul
     fillers, U+034F) and U+2800. What is sent to a judge never holds them (:func:`escape_special_tokens`,
     :func:`encode_parts`): a person does not read them, so a caption cannot write to the judge with them."""
-    if text.isascii() and (text.isprintable() or not any(ch not in "\t\n\r" and not ch.isprintable() for ch in text)):
+    if text.isascii() and (text.isprintable() or _ASCII_INVISIBLE.search(text) is None):
         return text
     return "".join(ch for ch in text if not _is_invisible(ch))
 
@@ -229,11 +233,38 @@ def encode_parts(tokenizer: Any, parts: PromptParts, control: set[int], add_spec
     if not spans:
         return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
     encoded = tokenizer(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
-    ids, offsets = encoded["input_ids"], encoded["offset_mapping"]
+    return _respell(tokenizer, text, encoded["input_ids"], encoded["offset_mapping"], spans, control)
+
+
+def encode_parts_many(
+    tokenizer: Any, prompts: Sequence[PromptParts], control: set[int], add_special_tokens: bool = True
+) -> list[list[int]]:
+    """:func:`encode_parts` of each prompt (the same ids), the rendered prompts encoded in one tokenizer
+    call: a batch of short prompts (one claim each) costs one call instead of one per prompt."""
+    cleaned = [[Data(strip_invisible(p.text)) if isinstance(p, Data) else p for p in parts] for parts in prompts]
+    texts = [well_formed(render(parts)) for parts in cleaned]
+    spans = [data_spans(parts) for parts in cleaned]
+    out: list[list[int]] = [[] for _ in texts]
+    plain = [i for i, s in enumerate(spans) if not s]  # all template: no offsets needed (slow tokenizers too)
+    if plain:
+        ids = tokenizer([texts[i] for i in plain], add_special_tokens=add_special_tokens)["input_ids"]
+        for i, row in zip(plain, ids):
+            out[i] = list(row)
+    data = [i for i, s in enumerate(spans) if s]
+    if data:
+        encoded = tokenizer([texts[i] for i in data], add_special_tokens=add_special_tokens, return_offsets_mapping=True)
+        for i, row, offsets in zip(data, encoded["input_ids"], encoded["offset_mapping"]):
+            out[i] = _respell(tokenizer, texts[i], row, offsets, spans[i], control)
+    return out
+
+
+def _respell(tokenizer: Any, text: str, ids: Sequence[int], offsets: Sequence[tuple[int, int]],
+             spans: list[tuple[int, int]], control: set[int]) -> list[int]:
+    """``ids`` with every control token that overlaps a data span re-spelled as its literal characters."""
     out: list[int] = []
     for tid, (start, end) in zip(ids, offsets):
-        inside = end > start and any(start < e and end > s for s, e in spans)
-        if inside and int(tid) in control:
+        # the span test only for control tokens (rare): it was most of the cost of encoding a prompt
+        if int(tid) in control and end > start and any(start < e and end > s for s, e in spans):
             out.extend(literal_token_ids(tokenizer, text[start:end], control))
         else:
             out.append(int(tid))

@@ -37,7 +37,7 @@ from .families import JudgeFamily, judge_family
 from .images import mean_background, pad_to_square
 from ..devices import checked_device
 from .loading import DEFAULT_LLAVA, load_llava, resolve_device, resolve_dtype
-from .caller_text import Data, PromptParts, control_token_ids, control_token_strings, encode_parts, render
+from .caller_text import Data, PromptParts, control_token_ids, control_token_strings, encode_parts_many, render
 from .prompts import IMAGE_PLACEHOLDER, LLAVA_V1_SYSTEM, llava_v1_parts
 
 
@@ -304,11 +304,13 @@ class LocalJudge:
         ``prompts[i]``) when it does not hold exactly one image placeholder."""
         out = []
         control = self.control_token_ids
+        in_parts = [i for i, prompt in enumerate(prompts) if not isinstance(prompt, str)]  # one tokenizer call
+        by_parts = dict(zip(in_parts, encode_parts_many(self.tokenizer, [prompts[i] for i in in_parts], control)))
         for i, prompt in enumerate(prompts):
             if isinstance(prompt, str):
                 ids = list(self.tokenizer(well_formed(prompt), add_special_tokens=True)["input_ids"])
             else:
-                ids = encode_parts(self.tokenizer, prompt, control)
+                ids = by_parts[i]
             visual = set(self.visual_token_ids)
             count = sum(1 for t in ids if t in visual)
             if count != 1:

@@ -188,11 +188,14 @@ class LocalChatJudge(SyncBackendMixin):
         prompt_ids: list[list[int] | None] = [None] * len(requests)
         valid = [i for i, p in enumerate(prompts) if p is not None]
         encoded = {}
-        for i in valid:
-            try:
-                encoded[i] = judge.encode_prompts([prompts[i]], n_image, names=[names[i]])[0]
-            except ValueError as exc:  # this request only
-                errors[i] = str(exc)
+        try:  # one tokenizer call for the batch; should one prompt fail, each alone names its own error
+            encoded = dict(zip(valid, judge.encode_prompts([prompts[i] for i in valid], n_image)))
+        except ValueError:
+            for i in valid:
+                try:
+                    encoded[i] = judge.encode_prompts([prompts[i]], n_image, names=[names[i]])[0]
+                except ValueError as exc:  # this request only
+                    errors[i] = str(exc)
         for i, ids in encoded.items():
             wanted = requests[i].max_tokens if requests[i].max_tokens is not None else 1
             if len(ids) + wanted > judge.context_length:

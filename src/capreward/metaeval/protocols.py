@@ -30,11 +30,20 @@ Some benchmarks offer more than one protocol (``run_protocol(..., protocol=name)
 - CapArena (``caption-level``, its ``caparena_metrics.py``): battles involving the ``human`` source
   skipped; the metric's verdict on a battle is the caption with the strictly higher score, a tie when
   they are equal; agreement = the share of battles where it equals the people's verdict, ties included
-  (``include_tie=True``), overall and per cluster (``level 1`` .. ``level 4``). A battle missing a score
-  counts as a disagreement. (The model-level Elo agreement is not computed.)
-- DetailCaps (``per-caption``, the CAPTURE paper's consistency): Pearson (PCC) and Kendall tau-b over all
-  captions, and the sample tau: Kendall tau-b among the captions of each image, averaged over images
-  with at least two. (The paper's 1-R² is not computed.)
+  (``include_tie=True``, the paper's number), overall and per cluster (``level 1`` .. ``level 4``), and
+  without ties (``<cluster>_without_ties``: only battles where neither the people nor the metric call a
+  tie, as ``cal_agreement(include_tie=False)``). A battle missing a score counts as a disagreement.
+  Model-level agreement (``model_spearman``, ``model_kendall``): the metric's verdicts ranked by Elo
+  (:mod:`~capreward.metaeval.elo`: ``cal_ranking.py``'s online Elo, 1000 bootstrap rounds, seed 42,
+  median rating; battles missing a score left out) and correlated with the people's ranking: the
+  release's ``ranking_human`` when it holds every model, else (files with other models) the same Elo
+  ranking of the people's own verdicts on the same battles (``details["human_ranking_from"]`` says which).
+- DetailCaps (``per-caption``, the CAPTURE paper's consistency table: PCC, 1-R², Kendall's tau, sample
+  tau): Pearson (PCC) and Kendall tau-b over all captions; ``one_minus_r2``: 1 - R² of the metric's
+  scores taken as predictions of the human scores, sum((h - m)²) / sum((h - mean h)²), no fit (lower is
+  better; a ratio, not in percent: the paper's table has 8.29 for CAPTURE and 2.6e7 for CIDEr, which
+  only an unfitted R² gives; the scores must be on the human scale); and the sample tau: Kendall tau-b
+  among the captions of each image, averaged over images with at least two.
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .elo import BOOTSTRAP_ROUNDS, CAPARENA_HUMAN_RANKING, elo_ranking, ranking_correlations
 from .judgments import Judgments, RatedItem
 from .readers import ACCR_DIMENSIONS, PASCAL_CATEGORIES
 from .scores import ScoreIndex
@@ -283,9 +293,28 @@ def pairwise_protocol(judgments: Judgments, index: ScoreIndex) -> MetaEvalResult
                           n_unused_scores=_unused(index, used))
 
 
-def caparena_protocol(judgments: Judgments, index: ScoreIndex) -> MetaEvalResult:
-    """CapArena's caption-level agreement, ties included (see the module docstring)."""
+def _caparena_model_level(metric_battles: list, human_battles: list, rounds: int) -> tuple[dict, dict]:
+    """Spearman and Kendall (percent) between the Elo ranking of the metric's verdicts and the people's."""
+    if not metric_battles:
+        return {"model_spearman": math.nan, "model_kendall": math.nan}, {"metric_ranking": []}
+    metric_ranking = elo_ranking(metric_battles, rounds)
+    if all(m in CAPARENA_HUMAN_RANKING for m in metric_ranking):
+        human_ranking, source = list(CAPARENA_HUMAN_RANKING), "caparena_metrics.py ranking_human"
+    else:
+        human_ranking, source = elo_ranking(human_battles, rounds), "Elo of the people's verdicts in this file"
+    rho = ranking_correlations(metric_ranking, human_ranking)
+    values = {"model_spearman": percent(rho["spearman"]), "model_kendall": percent(rho["kendall"])}
+    return values, {"metric_ranking": metric_ranking, "human_ranking": [m for m in human_ranking if m != "human"],
+                    "human_ranking_from": source, "elo_rounds": rounds}
+
+
+def caparena_protocol(judgments: Judgments, index: ScoreIndex, elo_rounds: int = BOOTSTRAP_ROUNDS) -> MetaEvalResult:
+    """CapArena's caption-level agreement (ties included, and without ties) and model-level Elo ranking
+    agreement (see the module docstring). ``elo_rounds``: bootstrap rounds of the Elo ranking."""
     agree: dict[str, list[int]] = {}
+    agree_no_tie: dict[str, list[int]] = {}
+    metric_battles: list[tuple[str, str, float]] = []
+    human_battles: list[tuple[str, str, float]] = []
     unmatched, used, skipped, n_unmatched = [], set(), 0, 0
     preferred, other, category = [], [], []
     for pair in judgments.pairs:
@@ -306,20 +335,41 @@ def caparena_protocol(judgments: Judgments, index: ScoreIndex) -> MetaEvalResult
         hit = int(verdict is not None and verdict == pair.preferred)
         agree.setdefault("overall", []).append(hit)
         agree.setdefault(pair.category, []).append(hit)
+        if pair.preferred >= 0 and verdict != -1:  # neither side a tie (a missing score: a miss)
+            agree_no_tie.setdefault("overall", []).append(hit)
+            agree_no_tie.setdefault(pair.category, []).append(hit)
+        if pair.sources is not None:
+            outcome = {0: 1.0, 1: 0.0, -1: 0.5}
+            human_battles.append((*pair.sources, outcome[pair.preferred]))
+            if verdict is not None:
+                metric_battles.append((*pair.sources, outcome[verdict]))
         keep = pair.preferred if pair.preferred >= 0 else 0
         preferred.append(s[keep])
         other.append(s[1 - keep])
         category.append(pair.category)
     values = {k: percent(sum(v) / len(v)) for k, v in agree.items()}
-    details = {"battles": {k: len(v) for k, v in agree.items()}, "human_battles_skipped": skipped,
-               "human_ties": sum(p.preferred < 0 for p in judgments.pairs), "unscored_battles": n_unmatched}
+    values.update({f"{k}_without_ties": percent(sum(v) / len(v)) for k, v in agree_no_tie.items()})
+    model_level, ranking_details = _caparena_model_level(metric_battles, human_battles, elo_rounds)
+    values.update(model_level)
+    details = {"battles": {k: len(v) for k, v in agree.items()},
+               "battles_without_ties": {k: len(v) for k, v in agree_no_tie.items()}, "human_battles_skipped": skipped,
+               "human_ties": sum(p.preferred < 0 for p in judgments.pairs), "unscored_battles": n_unmatched,
+               **ranking_details}
     return MetaEvalResult(judgments.benchmark, values, len(agree.get("overall", [])) - n_unmatched, n_unmatched,
                           unmatched, details, preferred=preferred, other=other, category=category,
                           n_unused_scores=_unused(index, used))
 
 
+def one_minus_r2(metric: list[float], human: list[float]) -> float:
+    """1 - R² of ``metric`` as predictions of ``human`` (no fit): sum((h - m)²) / sum((h - mean h)²);
+    NaN when the human scores are constant or there are none."""
+    h, m = np.asarray(human, dtype=np.float64), np.asarray(metric, dtype=np.float64)
+    total = float(((h - h.mean()) ** 2).sum()) if len(h) else 0.0
+    return float(((h - m) ** 2).sum()) / total if total > 0 else math.nan
+
+
 def detailcaps_protocol(judgments: Judgments, index: ScoreIndex) -> MetaEvalResult:
-    """DetailCaps consistency: PCC, Kendall tau-b and the per-image sample tau (see the module docstring)."""
+    """DetailCaps consistency: PCC, 1-R², Kendall tau-b and the per-image sample tau (see the module docstring)."""
     matched, unmatched = _match_rated(judgments, index)
     rows = [(item, item.human["human_score"], s) for item, s in matched if not math.isnan(item.human["human_score"])]
     human, metric = [h for _, h, _ in rows], [s for _, _, s in rows]
@@ -329,7 +379,8 @@ def detailcaps_protocol(judgments: Judgments, index: ScoreIndex) -> MetaEvalResu
     taus = [_safe(kendall, [s for s, _ in v], [h for _, h in v], "b") for v in by_image.values() if len(v) >= 2]
     taus = [t for t in taus if not math.isnan(t)]
     values = {"pearson": percent(_safe(pearson, metric, human)), "tau_b": percent(_safe(kendall, metric, human, "b")),
-              "sample_tau": percent(float(np.mean(taus))) if taus else math.nan}
+              "sample_tau": percent(float(np.mean(taus))) if taus else math.nan,
+              "one_minus_r2": one_minus_r2(metric, human)}
     details = {"images_in_sample_tau": len(taus), "nan_ratings_dropped": len(matched) - len(rows)}
     return MetaEvalResult(judgments.benchmark, values, len(rows), len(unmatched), unmatched, details, human, metric,
                           n_unused_scores=_unused(index, {i.key for i, _ in matched}))

@@ -13,7 +13,9 @@ best visual similarity with the index of its best frame (the EMScore paper's Fig
 flagged by a metric (the sub-score its spec names :attr:`~capreward.registry.MetricSpec.flagged_tokens`,
 ``hallucination/flagged``) are marked. Each sample lists its references, and its sub-scores (fields
 ``<metric>/<part>``, e.g. the 21 components of EMScore; ``<metric>.<part>`` in files written before
-capreward named every sub-score with ``/``) are folded under the headline score.
+capreward named every sub-score with ``/``) are folded under the headline score. A row with the claim
+reward's verdicts (``claims/claims``) shows each claim's span in the caption, verified or not
+(:mod:`capreward.report.claims_view`); a claim not verified flags the row.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from PIL import Image
 from .. import registry
 from ..media import MediaError, load_image, load_video
 from ..names import SEP, sub_score
+from .claims_view import STYLE as CLAIMS_STYLE, claims_section, has_unverified
 
 THUMB_HEIGHT = 96
 
@@ -231,7 +234,7 @@ def controls_section(metrics: list[str], n_rows: int) -> str:
         '<option value="asc">lowest first</option></select></label>'
         '<label>show <select id="filter"><option value="all">all samples</option>'
         '<option value="errors">samples with errors</option>'
-        '<option value="flagged">samples with flagged tokens</option></select></label>'
+        '<option value="flagged">samples with flagged tokens or claims</option></select></label>'
         f'<span><span id="shown">{n_rows}</span> of {n_rows} shown</span></div>'
     )
 
@@ -319,7 +322,7 @@ def sample_section(row: dict, order: int, metrics: list[str], frames: int | None
     flagged = flagged_positions(row)
     rid = html.escape(str(row.get("id", "")))
     parts = [f'<div class="sample" id="sample-{rid}" data-id="{rid}" data-order="{order}" '
-             f'data-error="{int(has_error)}" data-flagged="{int(bool(flagged))}" '
+             f'data-error="{int(has_error)}" data-flagged="{int(bool(flagged) or has_unverified(row))}" '
              f"data-scores='{html.escape(json.dumps(scores), quote=True)}'>"]
     parts.append(f'<div class="id">{rid}</div>')
     try:
@@ -336,8 +339,10 @@ def sample_section(row: dict, order: int, metrics: list[str], frames: int | None
     parts.append("</div>")
     if alignment:
         parts.append(f'<div class="caption">{token_spans(alignment, flagged, lo, hi)}</div>')
-    else:
+    claims = claims_section(row)  # the claim reward's verdicts: the caption with each claim's span marked
+    if not alignment and not claims:
         parts.append(f'<div class="caption">{html.escape(row.get("caption", ""))}</div>')
+    parts.append(claims)
     references = row.get("references") or []
     if references:
         items = "".join(f"<li>{html.escape(str(r))}</li>" for r in references)
@@ -365,11 +370,12 @@ def render_report(rows: Iterable[dict], out: str | Path, frames: int | None = 10
                for k, r in enumerate(tqdm(rows, desc="report", unit="row", file=sys.stderr, disable=not progress))]
     page = (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-        f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>"
+        f"<style>{STYLE}{CLAIMS_STYLE}</style></head><body><h1>{html.escape(title)}</h1>"
         f"{summary_section(rows, metrics)}"
         f"<h2>Samples</h2><p>{len(rows)} samples. Token colour: best visual similarity (red low, green high); "
         f"superscript: index of the best frame; outlined: flagged by the "
-        f"{html.escape(' or '.join(spec.title.lower() for spec in flagging_specs()) or 'metrics')}.</p>"
+        f"{html.escape(' or '.join(spec.title.lower() for spec in flagging_specs()) or 'metrics')}; claims: green "
+        f"verified, red not verified by the claim judge.</p>"
         f"{controls_section(metrics, len(rows))}"
         f'<div id="samples">{"".join(samples)}</div>'
         f"<script>{SCRIPT}</script></body></html>"

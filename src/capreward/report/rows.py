@@ -18,6 +18,7 @@ from typing import Any
 
 from ..errors import CaprewardError
 from ..jsonl import json_lines
+from .claims_view import FIELD as CLAIMS_FIELD, verdicts_problem
 
 ALIGNMENT_LISTS = ("tokens", "best_frame", "similarity", "weight")
 
@@ -41,6 +42,9 @@ def row_problem(row: Any) -> str | None:
     for key in ("image", "video"):
         if row.get(key) is not None and not isinstance(row[key], str):
             return f"'{key}' is a {type(row[key]).__name__}, not a path"
+    for key in (CLAIMS_FIELD, "claims.claims"):
+        if row.get(key) is not None and verdicts_problem(row[key]) is not None:
+            return verdicts_problem(row[key])
     alignment = row.get("alignment")
     if alignment is not None:
         if not isinstance(alignment, dict) or not all(isinstance(alignment.get(k), list) for k in ALIGNMENT_LISTS):

@@ -358,6 +358,7 @@ class CaptionReward(RewardFunction):
         self._given_scorer = scorer
         self._scorer = scorer
         self._lock = threading.RLock()
+        self._calls = threading.local()  # what one call in progress keeps, per thread (QA utility's questions)
 
     # ------------------------------------------------------------- the scorer
     def _build(self) -> Any:
@@ -383,6 +384,7 @@ class CaptionReward(RewardFunction):
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state.pop("_lock", None)
+        state.pop("_calls", None)
         if self._given_scorer is None:
             state["_scorer"] = None  # models are rebuilt lazily in the receiving process
         return state
@@ -390,6 +392,7 @@ class CaptionReward(RewardFunction):
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._lock = threading.RLock()
+        self._calls = threading.local()
 
     # ---------------------------------------------------------------- scoring
     def score_group(

@@ -26,7 +26,14 @@ class QAUtilityHooks(RewardHooks):
         return {"questions_column": questions_column}
 
     def configure(self, reward) -> None:
-        reward._questions = None
+        pass
+
+    # one call's questions and rows live per thread (the reward's ``_calls``): veRL's naive manager and
+    # the server call one reward from several threads at once, and one call's questions must never
+    # answer another's captions
+    @staticmethod
+    def _questions(reward) -> list[Any] | None:
+        return getattr(reward._calls, "questions", None)
 
     def metric_names(self, reward) -> tuple[str, ...]:
         return ("n_questions",)
@@ -35,15 +42,15 @@ class QAUtilityHooks(RewardHooks):
         questions = kwargs.get(reward.questions_column)
         if questions is not None and len(questions) != len(completions):
             raise ValueError(f"{len(completions)} completions but {len(questions)} entries in {reward.questions_column!r}")
-        reward._questions = list(questions) if questions is not None else None
+        reward._calls.questions = list(questions) if questions is not None else None
         try:
             return super().compute(reward, prompts, completions, kwargs)
         finally:
-            reward._questions = None
+            reward._calls.questions = None
 
     def score_group(self, reward, captions, visuals, kind, references, visual_ids) -> GroupScores:
         rows = self._rows(reward, captions)
-        questions = [reward._questions[r] if reward._questions is not None and r is not None else None for r in rows]
+        questions = [self._questions(reward)[r] if self._questions(reward) is not None and r is not None else None for r in rows]
         visual_kw = {f"{kind}s": visuals} if kind in ("image", "video") and visuals is not None else {}
         if any(q is None for q in questions) and not visual_kw:
             reason = f"qa_utility needs a {reward.questions_column!r} column or a visual to write questions for"
@@ -58,7 +65,7 @@ class QAUtilityHooks(RewardHooks):
         """Samples that all bring questions need no visual: one scorer call for the batch (with the
         injection guard and the caption reading of the base class); otherwise the base class's grouping
         by visual, questions written for the samples without them."""
-        if reward._questions is None or any(q is None for q in reward._questions):
+        if self._questions(reward) is None or any(q is None for q in self._questions(reward)):
             return super().score_inputs(reward, inputs)
         n = len(inputs)
         injection = reward._injection_guard(inputs.samples)
@@ -75,7 +82,7 @@ class QAUtilityHooks(RewardHooks):
         if rows:
             with reward._lock:
                 result = reward.scorer.score([inputs.samples[i].caption for i in rows],
-                                             questions=[reward._questions[i] for i in rows])
+                                             questions=[self._questions(reward)[i] for i in rows])
             for j, i in enumerate(rows):
                 v = float(result.score[j])
                 metrics["n_questions"][i] = float(result.n_questions[j])
@@ -90,15 +97,15 @@ class QAUtilityHooks(RewardHooks):
         return reward.with_metric_names(clip_to_range(out, reward.value_range()))
 
     def call_group(self, reward, samples, rows, kind, with_refs) -> GroupScores:
-        reward._current_rows = list(rows)  # the completions of this group: their questions
+        reward._calls.rows = list(rows)  # the completions of this group: their questions
         try:
             return super().call_group(reward, samples, rows, kind, with_refs)
         finally:
-            reward._current_rows = None
+            reward._calls.rows = None
 
     @staticmethod
     def _rows(reward, captions: list[str]) -> list[int]:
-        rows = getattr(reward, "_current_rows", None)
+        rows = getattr(reward._calls, "rows", None)
         if rows is None or len(rows) != len(captions):
             raise RuntimeError("qa_utility scores groups through compute()")
         return rows

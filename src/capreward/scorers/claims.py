@@ -168,30 +168,30 @@ class YesNoReader:
             if len(responses) != len(requests):
                 raise RuntimeError(f"the backend answered {len(responses)} of {len(requests)} requests")
             return [read_alternatives(r) for r in responses]
-        out: list[YesNo] = []
-        for start in range(0, len(requests), self.batch_size):
-            out.extend(self._read_local(requests[start : start + self.batch_size], start))
-        return out
+        return self._read_local(requests)
 
     @torch.inference_mode()
-    def _read_local(self, requests: list[ChatRequest], offset: int) -> list[YesNo]:
+    def _read_local(self, requests: list[ChatRequest]) -> list[YesNo]:
+        """Every request encoded in one pass and each distinct visual's features computed once; then the
+        valid rows run ``batch_size`` at a time, each chunk's shared prefix once per visual."""
         backend: LocalChatJudge = self.backend  # type: ignore[assignment]
         judge = backend.judge
         if self._ids is None:
             self._ids = (answer_token_ids(judge.tokenizer, "yes"), answer_token_ids(judge.tokenizer, "no"))
         yes, no = self._ids
-        prompt_ids, features, image_index, errors = backend._prepare(requests, offset)
+        prompt_ids, features, image_index, errors = backend._prepare(requests)
         out = [YesNo(error=e) for e in errors]
         rows = [i for i, p in enumerate(prompt_ids) if p is not None]
-        if not rows:
-            return out
-        state = judge.start([prompt_ids[i] for i in rows], features, [image_index[i] for i in rows], reserve=1)
-        probs = torch.softmax(state.logits.double(), dim=-1)
-        device = probs.device
-        p_yes = probs.index_select(1, torch.tensor(yes, device=device)).sum(1).tolist()
-        p_no = probs.index_select(1, torch.tensor(no, device=device)).sum(1).tolist()
-        for r, i in enumerate(rows):
-            out[i] = YesNo(p_yes[r], p_no[r])
+        for start in range(0, len(rows), self.batch_size):
+            chunk = rows[start : start + self.batch_size]
+            state = judge.start([prompt_ids[i] for i in chunk], features, [image_index[i] for i in chunk], reserve=1)
+            probs = torch.softmax(state.logits.double(), dim=-1)
+            device = probs.device
+            p_yes = probs.index_select(1, torch.tensor(yes, device=device)).sum(1).tolist()
+            p_no = probs.index_select(1, torch.tensor(no, device=device)).sum(1).tolist()
+            for r, i in enumerate(chunk):
+                out[i] = YesNo(p_yes[r], p_no[r])
+            del state, probs
         return out
 
 
