@@ -230,6 +230,19 @@ def sample_failure(index: int, value: Any, reason: Any, item: str = "", kind: st
     return SampleError.of(reason, index, item, kind)
 
 
+def kind_of(reason: Any, default: str) -> str:
+    """The kind of ``reason``: its own for a :class:`SampleError`, else ``default`` (the kind its
+    producer states for a plain text, e.g. ``"judge_unavailable"`` for a failed judge request's error).
+
+    Example:
+        >>> kind_of(SampleError(0, "limit", "", "prompt too long"), "judge_unavailable")
+        'limit'
+        >>> kind_of("connection refused", "judge_unavailable")
+        'judge_unavailable'
+    """
+    return reason.kind if isinstance(reason, SampleError) else default
+
+
 def common_kind(reasons: Sequence[Any], default: str = "scorer") -> str:
     """The kind of an error made of several (a composite reward's parts): the kind they all share,
     else ``default`` (plain-text reasons have none)."""
@@ -260,5 +273,5 @@ def summarize(errors: Sequence[SampleError], limit: int = 8, more: bool = True) 
     return shown + (f"; ... {len(errors) - limit} more" if more and len(errors) > limit else "")
 
 
-__all__ = ["CaprewardError", "KINDS", "NO_SCORE", "SampleError", "SampleErrorKind", "common_kind", "exception_kind", "failures", "sample_failure",
+__all__ = ["CaprewardError", "KINDS", "NO_SCORE", "SampleError", "SampleErrorKind", "common_kind", "exception_kind", "failures", "kind_of", "sample_failure",
            "summarize", "written"]

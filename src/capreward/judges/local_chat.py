@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from ..errors import SampleError, exception_kind
 from ..metrics.gveval import NUM_SCORES, digit_tree_distribution
 from .local import LocalJudge
 from .caller_text import Data, fill_parts, render
@@ -147,7 +148,7 @@ class LocalChatJudge(SyncBackendMixin):
                 errors.append(None)
             except ValueError as exc:
                 prompts.append(None)
-                errors.append(str(exc))
+                errors.append(SampleError(offset + len(errors), exception_kind(exc), "", str(exc)))
                 image_index.append(-1)
                 continue
             image = request.turns[0].images[0].convert("RGB")
@@ -165,14 +166,14 @@ class LocalChatJudge(SyncBackendMixin):
             try:
                 encoded[i] = judge.encode_prompts([prompts[i]], n_image, names=[f"request {offset + i}"])[0]
             except ValueError as exc:  # this request only
-                errors[i] = str(exc)
+                errors[i] = SampleError(offset + i, "input", "", str(exc))
         for i, ids in encoded.items():
             wanted = requests[i].max_tokens if requests[i].max_tokens is not None else 1
             if len(ids) + wanted > judge.context_length:
-                errors[i] = (
+                errors[i] = SampleError(offset + i, "limit", "", (
                     f"prompt of {len(ids)} tokens plus max_tokens={wanted} exceeds the judge's "
                     f"context of {judge.context_length} positions"
-                )
+                ))
             else:
                 prompt_ids[i] = ids
         return prompt_ids, features, image_index, errors

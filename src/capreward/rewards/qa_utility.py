@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+from ..errors import NO_SCORE, SampleError
 from ..scorers.qa_utility import QAUtility
 from .base import CaptionReward, GroupScores, RewardOutput, clip_to_range
 
@@ -67,7 +68,8 @@ class QAUtilityReward(CaptionReward):
         questions = [self._questions[r] if self._questions is not None and r is not None else None for r in rows]
         visual_kw = {f"{kind}s": visuals} if kind in ("image", "video") and visuals is not None else {}
         if any(q is None for q in questions) and not visual_kw:
-            reason = f"qa_utility needs a {self.questions_column!r} column or a visual to write questions for"
+            reason = SampleError(None, "input", "",
+                                 f"qa_utility needs a {self.questions_column!r} column or a visual to write questions for")
             if all(q is None for q in questions):
                 return GroupScores(scores=[None] * len(captions), reasons=[reason] * len(captions))
         result = self.scorer.score(captions, questions=questions, **visual_kw)
@@ -101,7 +103,8 @@ class QAUtilityReward(CaptionReward):
                 v = float(result.score[j])
                 metrics["n_questions"][i] = float(result.n_questions[j])
                 if math.isnan(v):
-                    reasons[i] = f"completions[{i}]: {result.error[j] or 'no score'}"
+                    reasons[i] = SampleError.of(result.error[j] or SampleError(i, "scorer", "", NO_SCORE), i,
+                                                f"completions[{i}]")
                 else:
                     values[i] = v
         if self.injection_guard:

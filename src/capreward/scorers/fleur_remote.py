@@ -55,7 +55,7 @@ from PIL import Image
 
 from ..judges.caller_text import is_blank
 from ..judges.images import mean_background, pad_to_square
-from ..errors import SampleError
+from ..errors import SampleError, kind_of
 from ..judges.injection import injection_reasons
 from ..judges.prompts import FLEUR_EXPLAIN_PROMPT, LLAVA_V1_CHAT_TEMPLATE, fleur_prompt
 from ..judges.protocol import ChatRequest, ChatResponse, JudgeBackend, TokenLogprob, assistant_turn, user_turn
@@ -365,7 +365,7 @@ class RemoteFLEUR:
         if response is None:
             error = SampleError(None, "input", "", "empty caption")
         elif response.error is not None:
-            error = SampleError(None, "judge_unavailable", "", f"judge request failed: {response.error}")
+            error = SampleError(None, kind_of(response.error, "judge_unavailable"), "", f"judge request failed: {response.error}")
         elif response.finish_reason == "length":
             error = SampleError(None, "judge_unreadable", "",
                                 f"the answer did not end within max_tokens={self.max_tokens} tokens: {response.text!r}")
