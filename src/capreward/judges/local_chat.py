@@ -39,11 +39,16 @@ class LocalChatResponse(ChatResponse):
 class LocalChatJudge(SyncBackendMixin):
     """A `JudgeBackend` on a local model.
 
-    ``judge``: a `LocalJudge`, or anything ``LocalJudge`` accepts as its model (a name, a
-    directory, a ``(model, processor)`` pair). ``batch_size``: requests per prefill. ``seed``: for
-    sampled decoding (``temperature > 0``). ``name``: the model identifier used in cache keys (default:
-    the model's ``name_or_path``). Reported log-probabilities are those of the model's distribution
-    (before temperature), as vLLM reports them.
+    Args:
+        judge: a `LocalJudge`, or anything ``LocalJudge`` accepts as its model (a name, a directory, a
+            ``(model, processor)`` pair).
+        batch_size: requests per prefill.
+        seed: for sampled decoding (``temperature > 0``).
+        name: the model identifier used in cache keys (default: the model's ``name_or_path``).
+        parse_special_tokens: encode message text as servers such as vLLM do (see below; tests only).
+
+    Reported log-probabilities are those of the model's distribution (before temperature), as vLLM
+    reports them.
 
     Conversations must alternate user/assistant turns, start and end with a user turn, and hold exactly
     one image, in the first user turn (LLaVA-1.5's format); other requests get a response with
@@ -180,7 +185,15 @@ class LocalChatJudge(SyncBackendMixin):
 
     # ---------------------------------------------------------------------------------- generation
     def generate(self, requests: Sequence[ChatRequest]) -> list[ChatResponse]:
-        """Answer every request (``result[i]`` for ``requests[i]``); see the class docstring."""
+        """Answer every request (see the class docstring for the conversations it accepts).
+
+        Args:
+            requests: the conversations to continue.
+
+        Returns:
+            One :class:`~capreward.judges.protocol.ChatResponse` per request, ``result[i]`` for
+            ``requests[i]``; a request that cannot be answered has ``error`` set (the call does not raise).
+        """
         requests = list(requests)
         out: list[ChatResponse] = []
         for start in range(0, len(requests), self.batch_size):
