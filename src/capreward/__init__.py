@@ -36,7 +36,11 @@ _LAZY = {
     "SampleError": "capreward.errors",
 }
 
-__all__ = sorted(_LAZY)
+#: The public names, each documented in the API reference (docs/api/). The scorers' result classes
+#: (``EMScoreResult``, ...) and ``MatchScores`` still import from here; they are documented as what the
+#: scorers return.
+__all__ = sorted(["CLIPBackbone", "CLIPScore", "CaprewardError", "EMScore", "FLEUR", "GVEval", "Hallucination",
+                  "MediaError", "PACScore", "RemoteFLEUR", "SampleError", "VisCE2"])
 
 
 def __getattr__(name: str):

@@ -328,3 +328,7 @@ def read_caption(text: str) -> Reading:
 def as_read(text: str) -> str:
     """The text of :func:`read_caption` (``text`` itself when it is not a str)."""
     return read_caption(text).text if isinstance(text, str) else text
+
+
+#: Documented in the API reference (docs/api/caption_reading.md); the helpers above are internal.
+__all__ = ["Reading", "read_caption"]

@@ -40,7 +40,18 @@ from typing import Any, Literal, Sequence, get_args
 class CaprewardError(Exception):
     """The root of every exception capreward raises on purpose (each message names what to fix).
 
-    Subclasses keep their builtin base too (``class MediaError(CaprewardError, ValueError)``)."""
+    Subclasses keep their builtin base too (``class MediaError(CaprewardError, ValueError)``), so code
+    that catches the builtin class keeps working.
+
+    Examples:
+        >>> import capreward
+        >>> from capreward.media import load_image
+        >>> try:
+        ...     load_image("no-such-file.png")
+        ... except capreward.CaprewardError as exc:
+        ...     print(type(exc).__name__, isinstance(exc, ValueError))
+        MediaError True
+    """
 
 
 #: Why a sample has no score, as the code finds it:
@@ -123,7 +134,11 @@ class SampleError(str):
     __repr__ = str.__repr__  # a list of reasons prints as before (the fields: :meth:`fields`)
 
     def fields(self) -> dict[str, Any]:
-        """The fields as a dict (``index``, ``kind``, ``item``, ``message``, ``sep``)."""
+        """The fields as a dict.
+
+        Returns:
+            ``{"index", "kind", "item", "message", "sep"}`` of this error.
+        """
         return {"index": self.index, "kind": self.kind, "item": self.item, "message": self.message, "sep": self.sep}
 
     @property
@@ -132,22 +147,49 @@ class SampleError(str):
         return str.__str__(self)
 
     def renamed(self, index: int | None, item: str | None = None) -> "SampleError":
-        """The same failure for the same sample named elsewhere: at ``index``, its item ``item`` (None:
-        keep the item)."""
+        """The same failure for the same sample named elsewhere (a reward's ``completions[3]`` is the
+        server's ``query[0]``).
+
+        Args:
+            index: the sample's position where it is now named.
+            item: its new item (None: keep the item).
+
+        Returns:
+            The renamed :class:`SampleError`, same kind and message.
+        """
         return replace(self, index=index, item=self.item if item is None else item)
 
     def within(self, index: int | None, item: str, sep: str = ": ") -> "SampleError":
         """This error (of a part of a sample: one image of several, one scorer item) as the error of the
-        sample ``item`` at ``index``: same kind, this error's text as the message."""
+        whole sample.
+
+        Args:
+            index: the sample's position.
+            item: what names the sample (``"completions[3]"``).
+            sep: how the text joins ``item`` and this error's text.
+
+        Returns:
+            A :class:`SampleError` of the same kind whose message is this error's text.
+        """
         return SampleError(index, self.kind, item, self.text, sep)
 
     @classmethod
     def of(cls, reason: Any, index: int | None = None, item: str = "", kind: str = "scorer",
            sep: str = ": ") -> "SampleError | None":
-        """``reason`` as the error of the sample ``item`` at ``index``: None stays None; a
-        :class:`SampleError` keeps its kind and becomes the message (see :meth:`within`; with
-        ``item=""`` it is only moved to ``index``); any other text gets ``kind``, which the caller
-        states from what produced it (the text is never read to guess one)."""
+        """``reason`` as the error of the sample ``item`` at ``index``.
+
+        Args:
+            reason: None, a :class:`SampleError` (it keeps its kind and becomes the message, see
+                :meth:`within`; with ``item=""`` it is only moved to ``index``), or a plain text.
+            index: the sample's position.
+            item: what names the sample (may be empty).
+            kind: the kind of a plain-text ``reason``, which the caller states from what produced it
+                (the text is never read to guess one).
+            sep: how the text joins ``item`` and the reason.
+
+        Returns:
+            None for a None ``reason``, else the :class:`SampleError`.
+        """
         if reason is None:
             return None
         if isinstance(reason, SampleError):
@@ -160,7 +202,16 @@ class SampleError(str):
         str..."``, ``"references[2][0] is empty"``): the same text, with ``item`` as its item (so a
         consumer can rename it); a text that does not start with ``item`` keeps no item.
 
-        Example:
+        Args:
+            index: the sample's position.
+            kind: one of :data:`KINDS`.
+            item: the item the text starts with.
+            text: the whole text.
+
+        Returns:
+            The :class:`SampleError` whose text is ``text``.
+
+        Examples:
             >>> e = SampleError.naming(2, "input", "references[2]", "references[2][0] is empty")
             >>> e.item, e.renamed(0, "labels[0] references")
             ('references[2]', 'labels[0] references[0] is empty')
@@ -172,10 +223,19 @@ class SampleError(str):
     @classmethod
     def from_exception(cls, exc: BaseException, index: int | None = None, item: str = "",
                        kind: str | None = None) -> "SampleError":
-        """The error of a sample whose scoring raised ``exc``: a media error gives kind ``"media"``
-        (``"refused"`` for a file outside the media root) and its own item and problem; anything else
-        kind ``kind`` (default ``"input"`` for a ValueError/TypeError, ``"scorer"`` otherwise) and
-        ``"<type>: <message>"``."""
+        """The error of a sample whose scoring raised ``exc``.
+
+        Args:
+            exc: the exception.
+            index: the sample's position.
+            item: what names the sample (a media error names its own item when this is empty).
+            kind: the kind of an exception that is not a media error (default ``"input"`` for a
+                ValueError/TypeError, ``"scorer"`` otherwise).
+
+        Returns:
+            For a media error, kind ``"media"`` (``"refused"`` for a file outside the media root) with its
+            item and problem; for anything else kind ``kind`` and the text ``"<type>: <message>"``.
+        """
         from .media.errors import MediaError
 
         if isinstance(exc, MediaError):
@@ -230,6 +290,19 @@ def sample_failure(index: int, value: Any, reason: Any, item: str = "", kind: st
     return SampleError.of(reason, index, item, kind)
 
 
+def kind_of(reason: Any, default: str) -> str:
+    """The kind of ``reason``: its own for a :class:`SampleError`, else ``default`` (the kind its
+    producer states for a plain text, e.g. ``"judge_unavailable"`` for a failed judge request's error).
+
+    Example:
+        >>> kind_of(SampleError(0, "limit", "", "prompt too long"), "judge_unavailable")
+        'limit'
+        >>> kind_of("connection refused", "judge_unavailable")
+        'judge_unavailable'
+    """
+    return reason.kind if isinstance(reason, SampleError) else default
+
+
 def common_kind(reasons: Sequence[Any], default: str = "scorer") -> str:
     """The kind of an error made of several (a composite reward's parts): the kind they all share,
     else ``default`` (plain-text reasons have none)."""
@@ -260,5 +333,5 @@ def summarize(errors: Sequence[SampleError], limit: int = 8, more: bool = True) 
     return shown + (f"; ... {len(errors) - limit} more" if more and len(errors) > limit else "")
 
 
-__all__ = ["CaprewardError", "KINDS", "NO_SCORE", "SampleError", "SampleErrorKind", "common_kind", "exception_kind", "failures", "sample_failure",
+__all__ = ["CaprewardError", "KINDS", "NO_SCORE", "SampleError", "SampleErrorKind", "common_kind", "exception_kind", "failures", "kind_of", "sample_failure",
            "summarize", "written"]

@@ -39,6 +39,23 @@ class MediaPaths:
         root: directory that relative paths are resolved against and that confines them (resolved
             once, symlinks included; it must exist unless ``allow_any_path``).
         allow_any_path: serve any path the label names (no confinement, no checks).
+
+    Raises:
+        ValueError: a confined ``root`` that is not a directory.
+
+    Examples:
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from capreward.adapters import MediaPaths
+        >>> root = Path(tempfile.mkdtemp())
+        >>> _ = (root / "a.png").write_bytes(b"...")
+        >>> paths = MediaPaths(root)
+        >>> type(paths.resolve("a.png")).__name__
+        'ConfinedFile'
+        >>> paths.resolve("../etc/passwd")
+        Traceback (most recent call last):
+        ...
+        capreward.adapters.paths.PathRefused: not a file under the server's media root
     """
 
     def __init__(self, root: str | os.PathLike | None = None, allow_any_path: bool = False):
@@ -60,10 +77,17 @@ class MediaPaths:
     def resolve(self, value: str) -> str | ConfinedFile:
         """What the loaders open for a label's ``value``.
 
-        Confined: a :class:`~capreward.media.files.ConfinedFile` of the real path (symlinks resolved)
-        of a regular file inside the root, opened only inside the root; else :class:`PathRefused` with
-        :data:`REFUSED` (or :data:`NO_ROOT` / :data:`NOT_LOCAL`). Trusted mode: the path ``value``
-        with ``~`` expanded, joined to the root when relative.
+        Args:
+            value: the path a label names (relative to the root, or absolute).
+
+        Returns:
+            Confined: a :class:`~capreward.media.files.ConfinedFile` of the real path (symlinks resolved)
+            of a regular file inside the root, opened only inside the root. Trusted mode: the path
+            ``value`` with ``~`` expanded, joined to the root when relative.
+
+        Raises:
+            PathRefused: confined, a path that is not a regular file inside the root (:data:`REFUSED`,
+                whatever the reason), no root (:data:`NO_ROOT`) or a URL (:data:`NOT_LOCAL`).
         """
         if _URL.match(value):
             raise PathRefused(NOT_LOCAL)

@@ -8,7 +8,5 @@ from .hf_clip import TransformersBackbone
 from .open_clip_text import CustomTextBackbone
 from .windows import split_windows
 
-__all__ = [
-    "CLIPBackbone", "CustomTextBackbone", "DEFAULT_CLIP", "LRUCache", "ModelLoadError", "TextEmbeddings", "TokenBatch",
-    "TransformersBackbone", "load_clip", "split_windows",
-]
+#: Documented in the API reference (docs/api/backbones.md); the other names above still import from here.
+__all__ = ["CLIPBackbone", "DEFAULT_CLIP", "ModelLoadError", "TransformersBackbone", "load_clip"]

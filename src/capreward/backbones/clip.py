@@ -48,17 +48,42 @@ class TextEmbeddings:
 
 
 class CLIPBackbone:
-    """A CLIP model with the encoders EMScore and CLIP-S need.
+    """A CLIP model with the encoders EMScore and CLIP-S need (one backbone can be shared by several
+    scorers: ``EMScore(backbone=b)``, ``CLIPScore(backbone=b)``).
 
-    ``model`` accepts every specification of :func:`capreward.backbones.clip_loading.load_clip`.
-    ``trim_text=True`` runs the text tower only up to the longest caption of each batch, which is exact
-    under CLIP's causal mask; ``False`` always runs the full context (the reference implementations'
-    behaviour, kept for benchmarks). ``cache_size`` bounds the visual cache (entries);
-    ``text_cache_size`` and ``text_cache_bytes`` bound the caption-embedding cache (0 disables it).
-    ``text_tokens_per_pass`` bounds the tokens of one packed text-tower pass (memory). The attribute
+    Args:
+        model: a specification :func:`~capreward.backbones.clip_loading.load_clip` accepts (an open_clip
+            name or ``name:tag``, an OpenAI-format ``.pt`` path, a local checkpoint, a zero-argument
+            factory returning ``(model, preprocess, tokenizer)``; a transformers spec gives a
+            :class:`~capreward.backbones.TransformersBackbone`).
+        device: where the model runs.
+        precision: open_clip precision (default fp32).
+        cache_size: entries of the visual-embedding cache.
+        image_batch_size: images per encoder pass.
+        trim_text: run the text tower only up to the longest caption of each batch (exact under CLIP's
+            causal mask); False always runs the full context (the reference implementations' behaviour).
+        text_cache_size: entries of the caption-embedding cache (0 disables it).
+        text_cache_bytes: bytes of the caption-embedding cache.
+        text_tokens_per_pass: tokens of one packed text-tower pass (memory).
+
+    Raises:
+        ModelLoadError: the model cannot be loaded (the message says how to point at a local file).
+
+    The attribute
     ``preprocess_workers`` (default: half the CPU cores, at most 4) is how many threads run the CLIP preprocessing of
     frames and images while the caller's thread decodes the next ones and the encoder runs (each frame is
     preprocessed by the same function as alone: the pixels are identical); 1 preprocesses in the caller's thread.
+
+    Examples:
+        >>> from PIL import Image
+        >>> from capreward.backbones import CLIPBackbone
+        >>> from capreward.testing import tiny_clip_factory
+        >>> backbone = CLIPBackbone(tiny_clip_factory())
+        >>> batch = backbone.tokenize(["a red image.", "a blue image."])
+        >>> text = backbone.encode_text(batch.ids, batch.lengths)
+        >>> image = backbone.encode_pixels(backbone.image_pixels(Image.new("RGB", (32, 32), "red"), 0))
+        >>> text.pooled.shape[0], image.shape[0], round(float(image.norm()), 4)
+        (2, 1, 1.0)
     """
 
     def __new__(cls, *args: Any, **kwargs: Any):
@@ -179,7 +204,16 @@ class CLIPBackbone:
         return TextEmbeddings(tokens=tokens, pooled=pooled, mask=mask)
 
     def encode_text(self, ids: torch.Tensor, lengths: torch.Tensor) -> TextEmbeddings:
-        """Embeddings of every position SOS..EOS (ln_final, then projection) and of EOS (pooled)."""
+        """Embeddings of every position SOS..EOS (ln_final, then projection) and of EOS (pooled).
+
+        Args:
+            ids: token ids [N, L] (:meth:`tokenize`'s ``ids``).
+            lengths: tokens per caption [N], SOS and EOS included.
+
+        Returns:
+            :class:`TextEmbeddings`: ``tokens`` [N, L, D] (L2-normalised; zero at padding), ``pooled``
+            [N, D] and ``mask`` [N, L].
+        """
         ids = ids.to(self.device)
         return self._text_tower(self.model.token_embedding(ids), lengths)
 
@@ -318,7 +352,14 @@ class CLIPBackbone:
     # ---------------------------------------------------------------- images
     @strict_fp32_method
     def encode_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
-        """L2-normalised image embeddings [n, D] (fp32) of preprocessed pixels [n, 3, H, W]."""
+        """Image embeddings of preprocessed pixels.
+
+        Args:
+            pixels: [n, 3, H, W], as :meth:`image_pixels` gives them.
+
+        Returns:
+            L2-normalised embeddings [n, D], fp32.
+        """
         outs = []
         dtype = pixel_dtype(self.model.visual)
         for start in range(0, pixels.shape[0], self.image_batch_size):

@@ -43,8 +43,19 @@ OFFLINE_HINT = (
 class ModelLoadError(CaprewardError, RuntimeError):
     """A CLIP model could not be loaded; the message says how to point at a local file.
 
-    ``spec``: the model specification that failed (None for a factory); ``summary``: what went wrong in
-    one line, without the hint (the command line prints it with a hint in flag terms).
+    Args:
+        message: the whole message, hint included.
+        spec: the model specification that failed (None for a factory).
+        summary: what went wrong in one line, without the hint (the command line prints it with a hint
+            in flag terms); default: the message up to its hint.
+
+    Examples:
+        >>> from capreward.backbones import ModelLoadError, load_clip
+        >>> try:
+        ...     load_clip(lambda: "not a model")
+        ... except ModelLoadError as exc:
+        ...     print(exc.summary, isinstance(exc, RuntimeError))
+        a model factory must return (model, preprocess, tokenizer) True
     """
 
     def __init__(self, message: str, spec: str | None = None, summary: str | None = None):
@@ -205,8 +216,21 @@ def load_open_clip(spec: str, device: str | torch.device, precision: str):
 
 
 def load_clip(model: str | os.PathLike | Callable[[], tuple], device: str | torch.device = "cpu",
-              precision: str | None = None):
-    """Return ``(model, preprocess, tokenizer)`` for any accepted specification (see module doc)."""
+              precision: str | None = None) -> tuple[Any, Any, Any]:
+    """Load a CLIP model from any accepted specification (see the module's documentation).
+
+    Args:
+        model: an open_clip name or ``name:pretrained`` tag, an OpenAI-format ``.pt`` path, a local
+            checkpoint or folder, or a zero-argument factory returning ``(model, preprocess, tokenizer)``.
+        device: where the model goes.
+        precision: open_clip precision (``"fp32"``, the default, ``"fp16"``, ``"bf16"``...).
+
+    Returns:
+        ``(model, preprocess, tokenizer)``, the model in eval mode.
+
+    Raises:
+        ModelLoadError: the model cannot be loaded; the message says how to point at a local file.
+    """
     from ..progress import status
 
     precision = precision_for(device, precision)

@@ -139,8 +139,19 @@ def _features(out: Any) -> torch.Tensor:
 class TransformersBackbone(TowerBackbone):
     """A transformers ``CLIPModel`` / ``SiglipModel`` / ``Siglip2Model`` as a
     :class:`~capreward.backbones.CLIPBackbone` (``CLIPBackbone(spec)`` with a transformers spec builds
-    one). Args as :class:`~capreward.backbones.CLIPBackbone`; ``model`` is a spec of
-    :func:`load_transformers_clip`.
+    one). ``model`` is a spec of :func:`load_transformers_clip`.
+
+    Args:
+        model: a ``"transformers:<name or dir>"`` spec, a transformers model directory or a
+            ``(model, processor)`` pair.
+        device: where the model runs.
+        precision: the weights' precision (default fp32).
+        cache_size: entries of the visual-embedding cache.
+        image_batch_size: images per encoder pass.
+        trim_text: as :class:`~capreward.backbones.CLIPBackbone`'s.
+        text_cache_size: entries of the caption-embedding cache (0 disables it).
+        text_cache_bytes: bytes of the caption-embedding cache.
+        text_tokens_per_pass: tokens of one packed text-tower pass (memory).
 
     Example:
         >>> from capreward.backbones import CLIPBackbone

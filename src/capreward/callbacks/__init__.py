@@ -39,7 +39,10 @@ _LAZY = {
     "GoodhartLightningCallback": "capreward.callbacks.goodhart_lightning",
 }
 
-__all__ = sorted(_LAZY)
+#: Documented in the API reference (docs/api/metrics.md). The torchmetrics metrics still import from here
+#: (their home is :mod:`capreward.torchmetrics`), as does ``CaptionScores``.
+__all__ = ["CaptionEvalCallback", "CaptionScoreCallback", "GoodhartCallback", "GoodhartLightningCallback",
+           "GoodhartMonitor", "GoodhartWarning", "sample_ids"]
 
 
 def __getattr__(name: str):

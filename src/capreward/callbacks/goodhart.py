@@ -37,7 +37,18 @@ logger = logging.getLogger(__name__)
 
 
 class GoodhartWarning(UserWarning):
-    """The training reward rose while a held-out judge fell."""
+    """The training reward rose while a held-out judge fell (a ``UserWarning``: ``warnings.simplefilter
+    ("error", GoodhartWarning)`` stops a run on it).
+
+    Examples:
+        >>> import warnings
+        >>> from capreward.callbacks import GoodhartWarning
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     warnings.warn("reward up, truth down", GoodhartWarning)
+        >>> caught[0].category is GoodhartWarning
+        True
+    """
 
 
 def _mean(values: Sequence[float | None]) -> float:

@@ -24,7 +24,8 @@ class GoodhartLightningCallback(Callback):
 
     Args:
         monitor: the :class:`~capreward.callbacks.goodhart.GoodhartMonitor`.
-        captions_key, rewards_key: keys of ``training_step``'s returned dict.
+        captions_key: the key of the captions in ``training_step``'s returned dict.
+        rewards_key: the key of their training rewards in that dict.
         columns: batch keys passed to the judges as keyword arguments.
 
     Example:

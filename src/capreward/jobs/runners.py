@@ -226,8 +226,8 @@ class ManifestScorer:
             for i, fields_ in zip(scorable, isolate_errors(run, [rows[i] for i in scorable], metric)):
                 err = fields_.pop("_error", None)
                 results[i].update(fields_)
-                if err:
-                    results[i]["errors"][metric] = err
+                if err:  # a runner's own plain-text reason (a visual kind the metric refuses) is of kind "input"
+                    results[i]["errors"][metric] = err if isinstance(err, SampleError) else SampleError(i, "input", "", err)
         for r in results:
             if not r["errors"]:
                 r["errors"] = None

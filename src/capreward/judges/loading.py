@@ -35,8 +35,17 @@ _DTYPES = {
 class JudgeLoadError(CaprewardError, OSError):
     """The judge model or its processor could not be loaded; the message says how to point at a local copy.
 
-    ``spec``: the name or path that failed; ``summary``: what went wrong in one line, without the hint
-    (the command line prints it with a hint in flag terms).
+    Args:
+        message: the whole message, hint included.
+        spec: the name or path that failed.
+        summary: what went wrong in one line, without the hint (the command line prints it with a hint
+            in flag terms); default: the message's first line.
+
+    Examples:
+        >>> from capreward.judges import JudgeLoadError
+        >>> exc = JudgeLoadError("no model at 'x'", spec="x")
+        >>> exc.summary, isinstance(exc, OSError)
+        ("no model at 'x'", True)
     """
 
     def __init__(self, message: str, spec: str | None = None, summary: str | None = None):

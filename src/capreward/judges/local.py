@@ -104,12 +104,23 @@ def select_cache_rows(cache: Any, rows: torch.Tensor, reserve: int = 16) -> Any:
 class LocalJudge:
     """A LLaVA-style judge running locally with transformers.
 
-    ``model``: a hub name or local directory (default ``llava-hf/llava-1.5-13b-hf``; the 7b and any
-    ``save_pretrained`` directory work), a ``(model, processor)`` pair, or a model object with
-    ``processor`` given. ``device``/``dtype``: where and in what precision to run (None: CUDA+float16 if
-    available, else CPU+float32 when loading by name; a passed model is moved only when they are given).
-    ``pad_to_square``: LLaVA-1.5's padding of images to a square in the processor's mean colour.
-    ``system``: the conversation's system sentence (LLaVA v1's by default).
+    Args:
+        model: a hub name or local directory (default ``llava-hf/llava-1.5-13b-hf``; the 7b and any
+            ``save_pretrained`` directory work), a ``(model, processor)`` pair, or a model object with
+            ``processor`` given.
+        processor: the processor of a model object.
+        device: where to run (None: CUDA if available, else CPU, when loading by name; a passed model is
+            moved only when ``device`` or ``dtype`` is given).
+        dtype: the precision (None: float16 on CUDA, float32 elsewhere).
+        pad_to_square: LLaVA-1.5's padding of images to a square in the processor's mean colour.
+        system: the conversation's system sentence (LLaVA v1's by default).
+        local_files_only: load from the local cache only (None: transformers' default).
+        attn_implementation: transformers' ``attn_implementation`` (None: its default).
+        image_size: (width, height) other families' images are resized to (None: the family's default).
+
+    Raises:
+        JudgeLoadError: the model or its processor cannot be loaded.
+        TypeError: a model object without its processor.
 
     Other families (`capreward.judges.families`, picked from ``config.model_type``: Qwen2-VL,
     Qwen2.5-VL, Qwen3-VL, Idefics3, SmolVLM, LLaVA-NeXT, LLaVA-OneVision) run through their own chat template,

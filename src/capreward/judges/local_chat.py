@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from ..errors import SampleError, exception_kind
 from ..metrics.gveval import NUM_SCORES, digit_tree_distribution
 from .local import LocalJudge
 from .caller_text import Data, fill_parts, render
@@ -35,14 +36,26 @@ class LocalChatResponse(ChatResponse):
     token_ids: tuple[int, ...] = ()
 
 
+def _row(offset: int | list[int], i: int) -> int:
+    """The index in the caller's list of request ``i`` of a batch: ``offset + i`` for a batch of
+    consecutive requests, ``offset[i]`` for one given by its indices (image and video requests batched
+    apart)."""
+    return offset + i if isinstance(offset, int) else offset[i]
+
+
 class LocalChatJudge(SyncBackendMixin):
     """A `JudgeBackend` on a local model.
 
-    ``judge``: a `LocalJudge`, or anything ``LocalJudge`` accepts as its model (a name, a
-    directory, a ``(model, processor)`` pair). ``batch_size``: requests per prefill. ``seed``: for
-    sampled decoding (``temperature > 0``). ``name``: the model identifier used in cache keys (default:
-    the model's ``name_or_path``). Reported log-probabilities are those of the model's distribution
-    (before temperature), as vLLM reports them.
+    Args:
+        judge: a `LocalJudge`, or anything ``LocalJudge`` accepts as its model (a name, a directory, a
+            ``(model, processor)`` pair).
+        batch_size: requests per prefill.
+        seed: for sampled decoding (``temperature > 0``).
+        name: the model identifier used in cache keys (default: the model's ``name_or_path``).
+        parse_special_tokens: encode message text as servers such as vLLM do (see below; tests only).
+
+    Reported log-probabilities are those of the model's distribution (before temperature), as vLLM
+    reports them.
 
     Conversations must alternate user/assistant turns, start and end with a user turn, and hold exactly
     one image, in the first user turn (LLaVA-1.5's format), or, for a family that takes video
@@ -162,7 +175,7 @@ class LocalChatJudge(SyncBackendMixin):
                 errors.append(None)
             except ValueError as exc:
                 prompts.append(None)
-                errors.append(str(exc))
+                errors.append(SampleError(_row(offset, len(errors)), exception_kind(exc), "", str(exc)))
                 image_index.append(-1)
                 continue
             first = request.turns[0]
@@ -195,21 +208,29 @@ class LocalChatJudge(SyncBackendMixin):
                 try:
                     encoded[i] = judge.encode_prompts([prompts[i]], n_image, names=[names[i]])[0]
                 except ValueError as exc:  # this request only
-                    errors[i] = str(exc)
+                    errors[i] = SampleError(_row(offset, i), "input", "", str(exc))
         for i, ids in encoded.items():
             wanted = requests[i].max_tokens if requests[i].max_tokens is not None else 1
             if len(ids) + wanted > judge.context_length:
-                errors[i] = (
+                errors[i] = SampleError(_row(offset, i), "limit", "", (
                     f"prompt of {len(ids)} tokens plus max_tokens={wanted} exceeds the judge's "
                     f"context of {judge.context_length} positions"
-                )
+                ))
             else:
                 prompt_ids[i] = ids
         return prompt_ids, features, image_index, errors
 
     # ---------------------------------------------------------------------------------- generation
     def generate(self, requests: Sequence[ChatRequest]) -> list[ChatResponse]:
-        """Answer every request (``result[i]`` for ``requests[i]``); see the class docstring."""
+        """Answer every request (see the class docstring for the conversations it accepts).
+
+        Args:
+            requests: the conversations to continue.
+
+        Returns:
+            One :class:`~capreward.judges.protocol.ChatResponse` per request, ``result[i]`` for
+            ``requests[i]``; a request that cannot be answered has ``error`` set (the call does not raise).
+        """
         requests = list(requests)
         out: list[ChatResponse | None] = [None] * len(requests)
         for rows in self.batches(requests):

@@ -84,17 +84,28 @@ def visual_key(item: Any) -> tuple[str, Any]:
 
 @dataclass(frozen=True, eq=False)
 class ChatTurn:
-    """One message: ``role`` is ``"system"``, ``"user"`` or ``"assistant"``.
+    """One message of a conversation.
 
-    ``images`` (user turns only) go before the text, or after it with ``text_first`` (G-VEval's released
-    request puts the text first). ``videos`` (user turns only): videos as tuples of RGB frames, for a
-    judge that takes video (a local Qwen2-VL, Qwen2.5-VL or LLaVA-OneVision; :class:`~capreward.judges.local_chat.LocalChatJudge`
-    fills its video slot with them; a remote judge refuses the request). ``image_detail``: OpenAI's
-    ``detail`` of each image part (``"low"``, ``"high"``, ``"auto"``; None: not sent). Local backends
-    ignore ``text_first`` and ``image_detail`` (the image comes where the model's template puts it).
+    Args:
+        role: ``"system"``, ``"user"`` or ``"assistant"``.
+        text: the message's text.
+        images: the images of a user turn; they go before the text, or after it with ``text_first``.
+        text_first: put the text before the images (G-VEval's released request does).
+        image_detail: OpenAI's ``detail`` of each image part (``"low"``, ``"high"``, ``"auto"``; None: not
+            sent). Local backends ignore it and ``text_first`` (the image comes where the model's template
+            puts it).
+        videos: videos of a user turn as tuples of RGB frames, for a judge that takes video (a local
+            Qwen2-VL, Qwen2.5-VL or LLaVA-OneVision; :class:`~capreward.judges.local_chat.LocalChatJudge`
+            fills its video slot with them; a remote judge refuses the request).
 
     A turn hashes and compares by its content: role, text, flags, and each image and video by its
     pixels (:func:`visual_key`), never by object identity or by text joined with other fields.
+
+    Example:
+        >>> from capreward.judges import user_turn
+        >>> turn = user_turn("Describe the image.")
+        >>> turn.role, turn.text, turn.images
+        ('user', 'Describe the image.', ())
     """
 
     role: str
@@ -137,6 +148,16 @@ class ChatTurn:
 class ChatRequest:
     """A conversation to continue with the assistant's next message.
 
+    Args:
+        turns: the messages, oldest first (:func:`user_turn`, :func:`system_turn`, :func:`assistant_turn`).
+        max_tokens: the generation budget (None: no limit; details below).
+        temperature: 0 means greedy.
+        top_logprobs: alternatives to report per generated token (0: none).
+        stop: strings that end the answer (not included in it).
+        chat_template: a Jinja chat template for the server to render the conversation with.
+        structured_outputs: a constraint on the answer, in vLLM's ``structured_outputs`` field.
+        prompt_logprobs: ask for the log-probability of every prompt token, with this many alternatives.
+
     ``max_tokens``: generation budget (None: no limit is sent to a server, which then allows what the
     model's context leaves; a local backend fills its context); ``temperature`` 0 means greedy;
     ``top_logprobs``: how many alternatives to report per generated token (0: none; OpenAI allows up to
@@ -155,6 +176,17 @@ class ChatRequest:
     remote score distributions do (:mod:`capreward.scorers.remote_numbers`). ``prompt_logprobs``: ask the
     server for the log-probability of every prompt token (and this many alternatives each; vLLM's
     ``prompt_logprobs`` request field), returned in :attr:`ChatResponse.prompt_logprobs`; None: not asked.
+
+    Raises:
+        TypeError: ``structured_outputs`` is not a mapping.
+
+    Example:
+        >>> from capreward.judges import ChatRequest, assistant_turn, user_turn
+        >>> request = ChatRequest(turns=(user_turn("Rate the caption."), assistant_turn("The score is ")),
+        ...                       max_tokens=2, top_logprobs=5, structured_outputs={"regex": "[0-9]+"})
+        >>> request.prefilled, hash(request) == hash(ChatRequest(request.turns, 2, top_logprobs=5,
+        ...                                                      structured_outputs={"regex": "[0-9]+"}))
+        (True, True)
     """
 
     turns: tuple[ChatTurn, ...]
@@ -197,10 +229,23 @@ class ChatRequest:
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """One generated token: its text, its log-probability, and the top alternatives
-    (text → log-probability, the generated token included when it is among them; when a server lists
-    one text twice, ``top`` keeps the first, most likely entry). ``ranked`` holds the alternatives as
-    the backend listed them, duplicates included (G-VEval's released rule lets a later duplicate win)."""
+    """One generated token.
+
+    Args:
+        token: its text.
+        logprob: its log-probability.
+        top: the top alternatives, text → log-probability (the generated token included when it is among
+            them; when a server lists one text twice, the first, most likely entry).
+        ranked: the alternatives as the backend listed them, duplicates included (G-VEval's released rule
+            lets a later duplicate win).
+
+    Example:
+        >>> import math
+        >>> from capreward.judges import TokenLogprob
+        >>> t = TokenLogprob("7", math.log(0.6), {"7": math.log(0.6), "8": math.log(0.3)})
+        >>> round(math.exp(t.top["8"]), 2)
+        0.3
+    """
 
     token: str
     logprob: float
@@ -212,12 +257,22 @@ class TokenLogprob:
 class ChatResponse:
     """The assistant's answer to one request.
 
-    ``text``: the answer ("" when ``error`` is set); ``tokens``: per generated token, with alternatives
-    when they were asked for (empty if the backend could not report them); ``error``: None, or why this
-    request has no answer (after the backend's retries); ``finish_reason``: ``"stop"``, ``"length"`` or
-    None. ``prompt_logprobs``: for a request that asked (:attr:`ChatRequest.prompt_logprobs`) and a
-    server that answers it (vLLM), per prompt token the listed (token text, log-probability) pairs at
-    that position (the prompt's own token among them; None for the first position), else None.
+    Args:
+        text: the answer ("" when ``error`` is set).
+        tokens: per generated token, a :class:`TokenLogprob` with alternatives when they were asked for
+            (empty if the backend could not report them).
+        error: None, or why this request has no answer (after the backend's retries); a local judge gives
+            a :class:`~capreward.errors.SampleError` (kind ``"limit"`` for a prompt over its context), which
+            the scorers keep.
+        finish_reason: ``"stop"``, ``"length"`` or None.
+        prompt_logprobs: for a request that asked (:attr:`ChatRequest.prompt_logprobs`) and a server that
+            answers it (vLLM), per prompt token the listed (token text, log-probability) pairs at that
+            position (the prompt's own token among them; None for the first position), else None.
+
+    Example:
+        >>> from capreward.judges import ChatResponse
+        >>> ChatResponse("The score is 7.").ok, ChatResponse("", error="HTTP 500 after 3 retries").ok
+        (True, False)
     """
 
     text: str
@@ -233,34 +288,87 @@ class ChatResponse:
 
 @runtime_checkable
 class JudgeBackend(Protocol):
-    """What the judge-based scorers need from a backend."""
+    """What the judge-based scorers need from a backend: a ``name`` (the model, used in cache keys; never
+    an API key) and :meth:`generate` / :meth:`agenerate`.
+
+    Example:
+        >>> from capreward.judges import ChatResponse, JudgeBackend
+        >>> class Echo:
+        ...     name = "echo"
+        ...     def generate(self, requests):
+        ...         return [ChatResponse(r.turns[-1].text) for r in requests]
+        ...     async def agenerate(self, requests):
+        ...         return self.generate(requests)
+        >>> isinstance(Echo(), JudgeBackend)
+        True
+    """
 
     name: str  # model identifier, used in cache keys (never an API key)
 
     def generate(self, requests: Sequence[ChatRequest]) -> list[ChatResponse]:
-        """Answer every request; ``result[i]`` belongs to ``requests[i]``."""
+        """Answer every request.
+
+        Args:
+            requests: the conversations to continue.
+
+        Returns:
+            One :class:`ChatResponse` per request: ``result[i]`` belongs to ``requests[i]`` (a request
+            that failed has ``error`` set; the call itself does not raise for it).
+        """
 
     async def agenerate(self, requests: Sequence[ChatRequest]) -> list[ChatResponse]:
-        """The same, awaitable (remote backends run requests concurrently)."""
+        """:meth:`generate`, awaitable (remote backends run requests concurrently).
+
+        Args:
+            requests: the conversations to continue.
+
+        Returns:
+            One :class:`ChatResponse` per request, in order.
+        """
 
 
 def user_turn(
     text: str, images: Sequence[Image.Image] = (), *, text_first: bool = False, image_detail: str | None = None,
     videos: Sequence[Sequence[Image.Image]] = (),
 ) -> ChatTurn:
-    """A user message with its images or videos (lists of frames; see :class:`ChatTurn` for
-    ``text_first``, ``image_detail`` and ``videos``)."""
+    """A user message with its images or videos.
+
+    Args:
+        text: the message.
+        images: its images (PIL).
+        text_first: put the text before the images (see :class:`ChatTurn`).
+        image_detail: OpenAI's ``detail`` of each image (see :class:`ChatTurn`).
+        videos: its videos, each a sequence of frames (see :class:`ChatTurn`).
+
+    Returns:
+        The :class:`ChatTurn`.
+    """
     return ChatTurn(role="user", text=text, images=tuple(images), text_first=text_first, image_detail=image_detail,
                     videos=tuple(tuple(v) for v in videos))
 
 
 def system_turn(text: str) -> ChatTurn:
-    """A system message (G-VEval's release sends a ref-only prompt without a visual this way)."""
+    """A system message (G-VEval's release sends a ref-only prompt without a visual this way).
+
+    Args:
+        text: the message.
+
+    Returns:
+        The :class:`ChatTurn`.
+    """
     return ChatTurn(role="system", text=text)
 
 
 def assistant_turn(text: str) -> ChatTurn:
-    """A finished assistant message (for multi-turn prompts such as FLEUR's explanation)."""
+    """A finished assistant message (for multi-turn prompts such as FLEUR's explanation); as the last turn
+    of a :class:`ChatRequest`, a prefill the backend continues.
+
+    Args:
+        text: the message.
+
+    Returns:
+        The :class:`ChatTurn`.
+    """
     return ChatTurn(role="assistant", text=text)
 
 

@@ -155,24 +155,30 @@ DEFAULT_API_MODEL = "gpt-4o-2024-05-13"
 class OpenAIJudge:
     """A `JudgeBackend` on an OpenAI-compatible chat-completions server.
 
-    ``base_url``: e.g. ``"http://localhost:8000/v1"`` for vLLM (None: OpenAI's). ``model``: the served
-    model name (also this backend's ``name``, used in cache keys); the default is the snapshot G-VEval's
-    released ``scorer.py`` calls, ``gpt-4o-2024-05-13``. ``api_key_env``: the environment
-    variable holding the key (None, or unset for a local server: the placeholder ``"EMPTY"`` that vLLM
-    accepts). ``max_concurrency``: requests in flight. ``timeout``: the ``openai`` client's timeout of
-    one attempt (seconds). ``max_retries``: the client's retries after the first attempt (its backoff:
-    0.5 s doubling up to 8 s, with jitter, or the server's ``Retry-After``); malformed 2xx bodies are
-    asked again as many times. ``system``: an optional system message. ``extra_body``: extra request
-    fields (e.g. vLLM's ``{"top_k": 1}``). ``top_logprobs_cap``: the most alternatives asked per token
-    (20: OpenAI's limit and vLLM's default ``--max-logprobs``; raise it for a vLLM served with more).
+    Args:
+        base_url: e.g. ``"http://localhost:8000/v1"`` for vLLM (None: OpenAI's).
+        model: the served model name (also this backend's ``name``, used in cache keys); the default is
+            the snapshot G-VEval's released ``scorer.py`` calls, ``gpt-4o-2024-05-13``.
+        api_key_env: the environment variable holding the key (None, or unset for a local server: the
+            placeholder ``"EMPTY"`` that vLLM accepts).
+        max_concurrency: requests in flight.
+        timeout: the ``openai`` client's timeout of one attempt (seconds).
+        max_retries: the client's retries after the first attempt (its backoff: 0.5 s doubling up to 8 s,
+            with jitter, or the server's ``Retry-After``); malformed 2xx bodies are asked again as many times.
+        top_logprobs_cap: the most alternatives asked per token (20: OpenAI's limit and vLLM's default
+            ``--max-logprobs``; raise it for a vLLM served with more).
+        system: an optional system message.
+        extra_body: extra request fields (e.g. vLLM's ``{"top_k": 1}``).
+        token_limit_param: ``"max_tokens"`` (vLLM, older OpenAI models) or ``"max_completion_tokens"``
+            (newer OpenAI models).
+        prompt_logprobs: the server answers vLLM's ``prompt_logprobs`` (the log-probability of each prompt
+            token): the exact digit trees then read a digit missing from a node's ``top_logprobs`` as the
+            last prompt token of a request prefilled with it (`capreward.scorers.remote_numbers`), so a
+            server with a small ``--max-logprobs`` still gives exact expected scores.
+
     A request whose last turn is an assistant message is sent as a prefill (vLLM's
     ``continue_final_message=true, add_generation_prompt=false``); a request's ``structured_outputs`` goes
-    in vLLM's field of that name. ``token_limit_param``: ``"max_tokens"`` (vLLM, older OpenAI
-    models) or ``"max_completion_tokens"`` (newer OpenAI models). ``prompt_logprobs``: the server
-    answers vLLM's ``prompt_logprobs`` (the log-probability of each prompt token): the exact digit trees
-    then read a digit missing from a node's ``top_logprobs`` as the last prompt token of a request
-    prefilled with it (`capreward.scorers.remote_numbers`), so a server with a small
-    ``--max-logprobs`` still gives exact expected scores.
+    in vLLM's field of that name.
 
     Example:
         >>> from capreward.judges import ChatRequest, OpenAIJudge, user_turn
@@ -233,8 +239,16 @@ class OpenAIJudge:
 
     # ----------------------------------------------------------------------------------- public API
     def generate(self, requests: Sequence[ChatRequest]) -> list[ChatResponse]:
-        """Answer every request (``result[i]`` for ``requests[i]``). Works with or without a running event
-        loop in this thread (inside one, the requests run on a fresh loop in a worker thread)."""
+        """Answer every request. Works with or without a running event loop in this thread (inside one,
+        the requests run on a fresh loop in a worker thread).
+
+        Args:
+            requests: the conversations to continue.
+
+        Returns:
+            One :class:`~capreward.judges.protocol.ChatResponse` per request, ``result[i]`` for
+            ``requests[i]``; a request that cannot be answered has ``error`` set (the call does not raise).
+        """
         requests = list(requests)
         try:
             asyncio.get_running_loop()
@@ -244,8 +258,15 @@ class OpenAIJudge:
             return pool.submit(asyncio.run, self.agenerate(requests)).result()
 
     async def agenerate(self, requests: Sequence[ChatRequest]) -> list[ChatResponse]:
-        """Answer every request concurrently (at most ``max_concurrency`` in flight); ``result[i]`` answers
-        ``requests[i]``."""
+        """Answer every request concurrently (at most ``max_concurrency`` in flight).
+
+        Args:
+            requests: the conversations to continue.
+
+        Returns:
+            One :class:`~capreward.judges.protocol.ChatResponse` per request, ``result[i]`` for
+            ``requests[i]``; a request that cannot be answered has ``error`` set (the call does not raise).
+        """
         requests = list(requests)
         results: list[ChatResponse | None] = [None] * len(requests)
         if not requests:

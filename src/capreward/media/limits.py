@@ -58,10 +58,26 @@ _FIELDS = (
 
 @dataclass(frozen=True)
 class MediaLimits:
-    """``max_pixels``: width x height of one image or one video frame; ``max_video_pixels``: total
-    pixels of the frames sampled from one video; ``max_video_frames``: frames one video file may hold
-    (from its header); ``max_model_pixels``: frames encoded from one video x the encoder's input
-    pixels. All must be positive."""
+    """Bounds on what one visual may cost to decode and encode (a larger one is a
+    :class:`~capreward.media.MediaError` naming the limit). All must be positive.
+
+    Args:
+        max_pixels: width x height of one image or one video frame.
+        max_video_pixels: total pixels of the frames sampled from one video.
+        max_video_frames: frames one video file may hold (from its header).
+        max_model_pixels: frames encoded from one video x the encoder's input pixels.
+
+    Raises:
+        ValueError: a limit that is not a positive int.
+
+    Examples:
+        >>> from capreward.media import MediaLimits, get_media_limits, media_limits
+        >>> MediaLimits(max_pixels=64 * 64).max_pixels
+        4096
+        >>> with media_limits(max_pixels=64 * 64) as limits:
+        ...     get_media_limits() == limits
+        True
+    """
 
     max_pixels: int = DEFAULT_MAX_PIXELS
     max_video_pixels: int = DEFAULT_MAX_VIDEO_PIXELS
@@ -91,13 +107,33 @@ _limits = _from_env()
 
 
 def get_media_limits() -> MediaLimits:
-    """The limits in force."""
+    """The limits in force.
+
+    Returns:
+        The process-wide :class:`MediaLimits` (from the ``CAPREWARD_MAX_*`` environment variables, or
+        as :func:`set_media_limits` left them).
+    """
     return _limits
 
 
 def set_media_limits(max_pixels: int | None = None, max_video_pixels: int | None = None,
                      max_video_frames: int | None = None, max_model_pixels: int | None = None) -> MediaLimits:
-    """Change the process-wide limits (None keeps a limit as it is); returns the previous limits."""
+    """Change the process-wide limits.
+
+    Args:
+        max_pixels: width x height of one image or video frame.
+        max_video_pixels: total pixels of the frames sampled from one video.
+        max_video_frames: frames one video file may hold.
+        max_model_pixels: frames encoded from one video x the encoder's input pixels.
+
+    (None keeps a limit as it is.)
+
+    Returns:
+        The previous :class:`MediaLimits`.
+
+    Raises:
+        ValueError: a limit that is not a positive int.
+    """
     global _limits
     previous = _limits
     changes = {k: v for k, v in (("max_pixels", max_pixels), ("max_video_pixels", max_video_pixels),
@@ -110,7 +146,19 @@ def set_media_limits(max_pixels: int | None = None, max_video_pixels: int | None
 @contextlib.contextmanager
 def media_limits(max_pixels: int | None = None, max_video_pixels: int | None = None,
                  max_video_frames: int | None = None, max_model_pixels: int | None = None) -> Iterator[MediaLimits]:
-    """``with media_limits(max_pixels=...):`` the limits inside the block, restored after it."""
+    """``with media_limits(max_pixels=...):`` the limits inside the block, restored after it.
+
+    Args:
+        max_pixels: width x height of one image or video frame.
+        max_video_pixels: total pixels of the frames sampled from one video.
+        max_video_frames: frames one video file may hold.
+        max_model_pixels: frames encoded from one video x the encoder's input pixels.
+
+    (None keeps a limit as it is.)
+
+    Yields:
+        The :class:`MediaLimits` in force inside the block.
+    """
     global _limits
     previous = set_media_limits(max_pixels, max_video_pixels, max_video_frames, max_model_pixels)
     try:

@@ -16,7 +16,16 @@ from ..errors import CaprewardError
 
 
 class JudgmentError(CaprewardError, ValueError):
-    """A judgments or scores file that cannot be used; the message names the file and item."""
+    """A judgments or scores file that cannot be used; the message names the file and item.
+
+    Examples:
+        >>> from capreward.metaeval import JudgmentError, read_judgments
+        >>> try:
+        ...     read_judgments("flickr8k-expert", "no-such-file.json")
+        ... except JudgmentError as exc:
+        ...     print(isinstance(exc, ValueError))
+        True
+    """
 
 
 def normalize_caption(caption: str) -> str:
@@ -84,7 +93,19 @@ class PairItem:
 
 @dataclass
 class Judgments:
-    """All items of one benchmark file: ``rated`` or ``pairs`` (one of them is empty)."""
+    """All items of one benchmark file (:func:`~capreward.metaeval.read_judgments` returns it).
+
+    Args:
+        benchmark: the benchmark's name.
+        source: the file read.
+        rated: the rated items (a caption and its human ratings), or empty.
+        pairs: the pairs (a preferred and another caption), or empty; one of ``rated`` and ``pairs`` is empty.
+
+    Examples:
+        >>> from capreward.metaeval import Judgments
+        >>> Judgments("pascal-50s", "pascal50s.json").items
+        []
+    """
 
     benchmark: str
     source: str

@@ -81,14 +81,27 @@ MSVD_PARTS = ACCR_DIMENSIONS[:4]  # the dimensions a metric can score separately
 
 @dataclass
 class MetaEvalResult:
-    """The outcome of one protocol.
+    """The outcome of one protocol (:func:`~capreward.metaeval.meta_evaluate` returns it).
 
-    - ``measures``: measure name -> value in percent (NaN when undefined, e.g. constant scores).
-    - ``n_matched`` / ``n_unmatched``: judgment rows (pairs for pairwise benchmarks) with / without scores.
-    - ``unmatched``: one dict per unmatched judgment caption: ``where``, ``image``, ``caption``, ``reason``.
-    - ``details``: protocol-specific counts (ties, per-annotator values, dropped NaN ratings, ...).
-    - ``human`` / ``metric`` (rated) or ``preferred`` / ``other`` / ``category`` (pairwise): the matched
-      values, for plots.
+    Args:
+        benchmark: the benchmark's name.
+        measures: measure name -> value in percent (NaN when undefined, e.g. constant scores).
+        n_matched: judgment rows (pairs for pairwise benchmarks) with scores.
+        n_unmatched: judgment rows without scores.
+        unmatched: one dict per unmatched judgment caption: ``where``, ``image``, ``caption``, ``reason``.
+        details: protocol-specific counts (ties, per-annotator values, dropped NaN ratings, ...).
+        human: the matched human ratings (rated benchmarks), for plots.
+        metric: the matched metric scores (rated benchmarks).
+        preferred: the preferred caption's score per pair (pairwise benchmarks).
+        other: the other caption's score per pair.
+        category: each pair's category.
+        n_unused_scores: score rows that matched no judgment.
+
+    Examples:
+        >>> from capreward.metaeval import MetaEvalResult
+        >>> r = MetaEvalResult("flickr8k-expert", {"kendall_c": 51.2}, n_matched=5664, n_unmatched=0)
+        >>> r.to_json()["kendall_c"], r.to_json()["n_matched"]
+        (51.2, 5664)
     """
 
     benchmark: str

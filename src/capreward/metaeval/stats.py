@@ -30,7 +30,21 @@ def _pair(x: Sequence[float], y: Sequence[float]) -> tuple[np.ndarray, np.ndarra
 
 
 def kendall(x: Sequence[float], y: Sequence[float], variant: str = "c") -> float:
-    """Kendall's tau-b or tau-c (``variant``) of ``x`` and ``y``, in [-1, 1]."""
+    """Kendall's tau-b or tau-c of ``x`` and ``y``.
+
+    Args:
+        x: one value per item.
+        y: the other value per item (same length).
+        variant: ``"b"`` or ``"c"`` (the benchmarks' protocols name which).
+
+    Returns:
+        The coefficient, in [-1, 1].
+
+    Examples:
+        >>> from capreward.metaeval import kendall
+        >>> round(kendall([1, 2, 3, 4], [1, 3, 2, 4], variant="b"), 4)
+        0.6667
+    """
     if variant not in ("b", "c"):
         raise ValueError(f"variant must be 'b' or 'c', got {variant!r}")
     x, y = _pair(x, y)
@@ -38,13 +52,29 @@ def kendall(x: Sequence[float], y: Sequence[float], variant: str = "c") -> float
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
-    """Spearman's rank correlation, in [-1, 1]."""
+    """Spearman's rank correlation.
+
+    Args:
+        x: one value per item.
+        y: the other value per item (same length).
+
+    Returns:
+        The coefficient, in [-1, 1].
+    """
     x, y = _pair(x, y)
     return float(_scipy_stats().spearmanr(x, y).statistic)
 
 
 def pearson(x: Sequence[float], y: Sequence[float]) -> float:
-    """Pearson's linear correlation, in [-1, 1]."""
+    """Pearson's linear correlation.
+
+    Args:
+        x: one value per item.
+        y: the other value per item (same length).
+
+    Returns:
+        The coefficient, in [-1, 1].
+    """
     x, y = _pair(x, y)
     return float(_scipy_stats().pearsonr(x, y).statistic)
 
@@ -66,8 +96,21 @@ def pairwise_outcomes(preferred: Sequence[float | None], other: Sequence[float |
 
 
 def pairwise_accuracy(preferred: Sequence[float | None], other: Sequence[float | None]) -> float:
-    """Share of pairs, in [0, 1], where the preferred caption scores strictly higher; ties and pairs
-    without both scores count as misses (the denominator is every pair). NaN for no pairs."""
+    """Share of pairs where the preferred caption scores strictly higher; ties and pairs without both
+    scores count as misses (the denominator is every pair).
+
+    Args:
+        preferred: the score of each pair's human-preferred caption (None: unscored).
+        other: the score of its other caption.
+
+    Returns:
+        The share, in [0, 1]; NaN for no pairs.
+
+    Examples:
+        >>> from capreward.metaeval import pairwise_accuracy
+        >>> pairwise_accuracy([0.9, 0.5, 0.7, None], [0.1, 0.5, 0.8, 0.2])
+        0.25
+    """
     counts = pairwise_outcomes(preferred, other)
     total = sum(counts.values())
     return counts["hits"] / total if total else math.nan

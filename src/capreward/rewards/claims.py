@@ -14,6 +14,7 @@ import logging
 import math
 from typing import Any
 
+from ..errors import SampleError
 from ..scorers.claims import ClaimsResult
 from .base import GroupScores
 from .hooks import RewardHooks
@@ -45,7 +46,7 @@ class ClaimsHooks(RewardHooks):
 
     def score_group(self, reward, captions, visuals, kind, references, visual_ids) -> GroupScores:
         if kind not in ("image", "video"):
-            reason = f"claims scores images or videos, got a {kind or 'sample without visual'}"
+            reason = SampleError(None, "input", "", f"claims scores images or videos, got a {kind or 'sample without visual'}")
             return GroupScores(scores=[None] * len(captions), reasons=[reason] * len(captions))
         ids = visual_ids if kind == "image" and visual_ids and all(visual_ids) else None
         result = reward.scorer.score(captions, **{f"{kind}s": visuals}, references=references, image_ids=ids)
@@ -56,8 +57,8 @@ class ClaimsHooks(RewardHooks):
         values = {"f": result.score, "precision": result.precision, "recall": result.recall}[reward.part]
         scores = [None if math.isnan(v) else float(v) for v in values.tolist()]
         if reward.part == "recall":
-            result.error = [e or (None if s is not None else "no reference claims for the recall side")
-                            for e, s in zip(result.error, scores)]
+            result.error = [e or (None if s is not None else SampleError(i, "input", "", "no reference claims for the recall side"))
+                            for i, (e, s) in enumerate(zip(result.error, scores))]
         metrics = {
             "precision": [float(v) for v in result.precision],
             "recall": [float(v) for v in result.recall],

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+from ..errors import NO_SCORE, SampleError
 from .base import GroupScores, RewardOutput, clip_to_range
 from .hooks import RewardHooks
 from .metric_reward import MetricReward
@@ -53,7 +54,8 @@ class QAUtilityHooks(RewardHooks):
         questions = [self._questions(reward)[r] if self._questions(reward) is not None and r is not None else None for r in rows]
         visual_kw = {f"{kind}s": visuals} if kind in ("image", "video") and visuals is not None else {}
         if any(q is None for q in questions) and not visual_kw:
-            reason = f"qa_utility needs a {reward.questions_column!r} column or a visual to write questions for"
+            reason = SampleError(None, "input", "",
+                                 f"qa_utility needs a {reward.questions_column!r} column or a visual to write questions for")
             if all(q is None for q in questions):
                 return GroupScores(scores=[None] * len(captions), reasons=[reason] * len(captions))
         result = reward.scorer.score(captions, questions=questions, **visual_kw)
@@ -87,7 +89,8 @@ class QAUtilityHooks(RewardHooks):
                 v = float(result.score[j])
                 metrics["n_questions"][i] = float(result.n_questions[j])
                 if math.isnan(v):
-                    reasons[i] = f"completions[{i}]: {result.error[j] or 'no score'}"
+                    reasons[i] = SampleError.of(result.error[j] or SampleError(i, "scorer", "", NO_SCORE), i,
+                                                f"completions[{i}]")
                 else:
                     values[i] = v
         if reward.injection_guard:

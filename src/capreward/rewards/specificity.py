@@ -23,6 +23,7 @@ import hashlib
 import math
 from typing import Any, Sequence
 
+from ..errors import SampleError
 from .base import RewardFunction, RewardOutput
 
 CONTRASTS = ("mean", "max")
@@ -103,7 +104,7 @@ class SpecificityReward(RewardFunction):
         kind = "image" if kwargs.get("image") is not None else "video" if kwargs.get("video") is not None else None
         if kind is None:
             reason = "specificity needs an image or video column"
-            return self.with_metric_names(RewardOutput([None] * n, [reason] * n))
+            return self.with_metric_names(RewardOutput([None] * n, [SampleError(i, "no_visual", "", reason) for i in range(n)]))
         visuals = list(kwargs[kind])
         if len(visuals) != n:
             raise ValueError(f"{self.name}: {len(visuals)} {kind}s for {n} completions")
@@ -113,7 +114,7 @@ class SpecificityReward(RewardFunction):
         first = {k: keys.index(k) for k in distinct}
         if len(distinct) < 2:
             reason = f"specificity needs at least two different {kind}s in the call, got {len(distinct)}"
-            return self.with_metric_names(RewardOutput([None] * n, [reason] * n))
+            return self.with_metric_names(RewardOutput([None] * n, [SampleError(i, "input", "", reason) for i in range(n)]))
         m = len(distinct)
         # every caption against every distinct visual, in one call of the base reward
         flat_completions = [completions[i] for i in range(n) for _ in range(m)]

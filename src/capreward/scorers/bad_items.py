@@ -5,7 +5,8 @@ scores. :func:`score_valid` finds the items that cannot be scored (a caption tha
 str, a visual that fails to load, a reference list that is not a non-empty list of non-blank str),
 scores the others in one call of the scorer and scatters the results back into full-length results:
 NaN in every tensor, None in per-item lists (``False`` for ``truncated``), and the reason in
-``errors[i]`` (None for scored items). The scored items' values are exactly what scoring them alone
+``errors[i]``, a :class:`~capreward.errors.SampleError` (kind ``"input"`` for the caption or references,
+``"media"``/``"refused"`` for the visual; None for scored items). The scored items' values are exactly what scoring them alone
 gives, since no score depends on the rest of its batch.
 """
 
@@ -16,6 +17,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ..errors import SampleError, exception_kind
 from ..media import MediaError
 from .results import Alignments
 
@@ -54,7 +56,7 @@ def references_problem(refs: Any, where: str = "references") -> str | None:
 
 def visual_problems(
     visuals: Sequence[Any] | None, ids: Sequence[Any] | None, embed: Callable[[list[Any], list[Any] | None], Any]
-) -> list[str | None]:
+) -> list[SampleError | None]:
     """Per visual: the :class:`MediaError` message of loading it alone (``embed([v], [id])``), or None.
     The embeddings land in the backbone's cache, so the batched call that follows reuses them."""
     if visuals is None:
@@ -64,8 +66,8 @@ def visual_problems(
         try:
             embed([visual], None if ids is None else [ids[i]])
             out.append(None)
-        except MediaError as exc:
-            out.append(str(exc))
+        except MediaError as exc:  # its text, kind "media" ("refused": a file outside the media root)
+            out.append(SampleError(i, exception_kind(exc), exc.item, exc.problem))
     return out
 
 
@@ -114,9 +116,11 @@ def score_valid(
     for what, items in ((visual_arg, visuals), ("references", references), (id_arg, ids)):
         if items is not None and len(items) != n:
             raise ValueError(f"got {len(items)} {what} for {n} candidates; give one per candidate")
-    problems: list[str | None] = [caption_problem(c) for c in candidates]
+    problems: list[SampleError | None] = [SampleError.of(caption_problem(c), i, kind="input")
+                                          for i, c in enumerate(candidates)]
     if references is not None:
-        problems = [p or references_problem(r) for p, r in zip(problems, references)]
+        problems = [p or ((why := references_problem(r)) and SampleError.naming(i, "input", "references", why))
+                    for i, (p, r) in enumerate(zip(problems, references))]
     if visuals is not None and embed is not None:
         problems = [p or v for p, v in zip(problems, visual_problems(visuals, ids, embed))]
     keep = [i for i, p in enumerate(problems) if p is None]

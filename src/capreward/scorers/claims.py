@@ -50,6 +50,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from ..errors import SampleError, kind_of
 from ..judges.caller_text import is_blank
 from ..judges.injection import injection_reasons
 from ..judges.local_chat import LocalChatJudge
@@ -113,9 +114,9 @@ def read_alternatives(response: ChatResponse) -> YesNo:
     """Yes/no probabilities from a server's first answer token: the summed probabilities of the listed
     alternatives that read as "yes" and as "no"."""
     if not response.ok:
-        return YesNo(error=response.error)
+        return YesNo(error=SampleError.of(response.error, kind=kind_of(response.error, "judge_unavailable")))
     if not response.tokens:
-        return YesNo(error="the backend returned no token log-probabilities")
+        return YesNo(error=SampleError(None, "judge_unreadable", "", "the backend returned no token log-probabilities"))
     first = response.tokens[0]
     listed = first.ranked or tuple(first.top.items()) or ((first.token, first.logprob),)
     seen: set[str] = set()
@@ -128,7 +129,8 @@ def read_alternatives(response: ChatResponse) -> YesNo:
         if w in p:
             p[w] += math.exp(lp)
     if p["yes"] == 0.0 and p["no"] == 0.0:
-        return YesNo(error="neither yes nor no is among the listed alternatives of the first answer token")
+        return YesNo(error=SampleError(None, "judge_unreadable", "",
+                                       "neither yes nor no is among the listed alternatives of the first answer token"))
     return YesNo(p["yes"], p["no"])
 
 
@@ -235,7 +237,8 @@ class ClaimsResult:
     - ``n_claims``: (N,) distinct claims in the caption (before the bound).
     - ``claims`` / ``coverage``: per sample, the :class:`ClaimVerdict` s (spans for a flag view) and the
       :class:`CoverageVerdict` s.
-    - ``error``: None or why the sample has no score; ``injection``: per sample, None or why the caption
+    - ``error``: None or why the sample has no score (a :class:`~capreward.errors.SampleError`);
+      ``injection``: per sample, None or why the caption
       looks like forged prompt structure (reported only).
     """
 
@@ -245,7 +248,7 @@ class ClaimsResult:
     n_claims: np.ndarray
     claims: list[list[ClaimVerdict]]
     coverage: list[list[CoverageVerdict]]
-    error: list[str | None]
+    error: list[SampleError | None]
     injection: list[str | None] = field(default_factory=list)
 
     def __len__(self) -> int:
@@ -479,13 +482,15 @@ class ClaimScorer:
             for key, response in zip(keys, self.backend.generate(requests)):
                 if not response.ok:
                     for u in todo[key]:
-                        out[u] = (None, f"inventory failed: {response.error}")
+                        out[u] = (None, SampleError(None, kind_of(response.error, "judge_unavailable"), "",
+                                                    f"inventory failed: {response.error}"))
                     continue
                 facts = parse_fact_list(response.text, self.max_reference_claims)
                 if not key.startswith("object:"):
                     self.cache.put(key, facts)
                 for u in todo[key]:
-                    out[u] = (facts, None if facts else "the judge's inventory holds no claim")
+                    out[u] = (facts, None if facts else SampleError(None, "judge_unreadable", "",
+                                                                    "the judge's inventory holds no claim"))
         return out
 
     # ---------------------------------------------------------------------------------------- scoring
@@ -515,14 +520,14 @@ class ClaimScorer:
             if keys[u] is None:
                 vk = media_key(visuals[u], image_ids[i] if image_ids is not None else None)
                 keys[u] = vk
-        errors: list[str | None] = [None] * n
+        errors: list[SampleError | None] = [None] * n
         for i, c in enumerate(candidates):
             if is_blank(c):
-                errors[i] = "empty caption"
+                errors[i] = SampleError(i, "input", "", "empty caption")
         split = self.split([c if errors[i] is None else "" for i, c in enumerate(candidates)])
         for i, (claims, total) in enumerate(split):
             if errors[i] is None and total == 0:
-                errors[i] = "the caption holds no claim"
+                errors[i] = SampleError(i, "input", "", "the caption holds no claim")
 
         def vkey(kind: str, u: int, *texts: str) -> Any:
             """The cache key (a hash) of a verdict; a tuple, never cached, for a visual without a key."""
@@ -551,7 +556,7 @@ class ClaimScorer:
                 if errors[i] is None:
                     facts, why = by_visual[index[i]]
                     if facts is None:
-                        errors[i] = why
+                        errors[i] = SampleError.of(why, i)
                     else:
                         ref_claims[i] = facts
         cover_items = []
@@ -592,7 +597,7 @@ class ClaimScorer:
                 ps.append(p)
             failed = next((v.error for v in claim_out[i] if math.isnan(v.p)), None)
             if failed is not None:
-                errors[i] = f"claim not verified: {failed}"
+                errors[i] = SampleError(i, kind_of(failed, "judge_unreadable"), "", f"claim not verified: {failed}")
                 continue
             precision[i] = sum(ps) / total  # claims past max_claims count 0
             if ref_claims[i]:
@@ -603,7 +608,8 @@ class ClaimScorer:
                     cs.append(p)
                 failed = next((v.error for v in cover_out[i] if math.isnan(v.p)), None)
                 if failed is not None:
-                    errors[i] = f"reference claim not checked: {failed}"
+                    errors[i] = SampleError(i, kind_of(failed, "judge_unreadable"), "",
+                                            f"reference claim not checked: {failed}")
                     precision[i] = math.nan
                     continue
                 recall[i] = sum(cs) / len(cs)

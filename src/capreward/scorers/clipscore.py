@@ -60,12 +60,24 @@ class CLIPScoreResult:
 class CLIPScore:
     """CLIP-S and RefCLIP-S on images, or on videos through their mean frame embedding.
 
-    Args: model (any CLIP specification), device, w (2.5 for CLIP-S), prefix, batch_size,
-    cache_size, precision, frames (for videos), backbone (share an existing CLIPBackbone),
-    long_captions: ``"windows"`` (default) reads a caption longer than the text context whole: its
-    sentence/clause windows are each scored as ``prefix + window`` and their caption embeddings averaged,
-    weighted by length (`capreward.backbones.windows`); captions that fit keep the released numbers
-    exactly. ``"truncate"``: the released behaviour (cut to the context, EOS kept; ``truncated``).
+    Args:
+        model: any CLIP specification (:func:`~capreward.backbones.load_clip`).
+        device: where the model runs.
+        w: the scale of CLIP-S (None: 2.5, the paper's).
+        prefix: the text put before every caption (the paper's ``"A photo depicts "``).
+        batch_size: captions per text-tower pass.
+        cache_size: entries of the visual-embedding cache.
+        precision: open_clip precision (default fp32).
+        frames: frames sampled per video (a video is scored through its mean frame embedding).
+        backbone: share an existing :class:`~capreward.backbones.CLIPBackbone` (``model`` is then unused).
+        long_captions: ``"windows"`` (default) reads a caption longer than the text context whole: its
+            sentence/clause windows are each scored as ``prefix + window`` and their caption embeddings
+            averaged, weighted by length (`capreward.backbones.windows`); captions that fit keep the
+            released numbers exactly. ``"truncate"``: the released behaviour (cut to the context, EOS
+            kept; ``truncated``).
+
+    Formula: ``CLIP-S = w * max(cos(c, v), 0)``; ``RefCLIP-S = H(CLIP-S, max(max_r cos(c, r), 0))``, the
+    harmonic mean H of CLIP-S and the best reference similarity.
 
     Example:
         >>> from capreward.testing import colour_image, trained_clip_path
@@ -114,9 +126,17 @@ class CLIPScore:
     ) -> CLIPScoreResult:
         """Score each candidate against its image (or video) and optionally its references.
 
-        ``errors="raise"`` (default): a bad item (empty caption, unreadable visual) raises, naming it.
-        ``errors="nan"``: bad items get NaN and their reason in ``result.errors[i]``; the others are
-        scored exactly as alone (see `capreward.scorers.bad_items`).
+        Args:
+            candidates: the captions to score.
+            images: one image per candidate (a path, PIL image or array), or None with ``videos``.
+            references: one list of reference captions per candidate (RefCLIP-S), or None.
+            videos: one video per candidate instead of ``images``.
+            image_ids: cache ids of the visuals (None: keyed by content).
+            errors: ``"raise"`` (default): a bad item (empty caption, unreadable visual) raises, naming it;
+                ``"nan"``: bad items get NaN and their reason in ``result.errors[i]`` (a
+                :class:`~capreward.errors.SampleError`), the others are scored exactly as alone.
+
+        See `capreward.scorers.bad_items` for ``errors="nan"``.
 
         Returns:
             A `CLIPScoreResult`: ``clip_s`` (N,) in [0, w]; with references ``ref_clip_s`` (RefCLIP-S)
@@ -172,7 +192,17 @@ class CLIPScore:
         videos: Sequence[Any] | None = None,
         image_ids: Sequence[str | None] | None = None,
     ) -> torch.Tensor:
-        """Differentiable CLIP-S [N] in [0, w] of soft captions, without references.
+        """Differentiable CLIP-S of soft captions, without references.
+
+        Args:
+            probs: [N, L, V] distributions over CLIP's vocabulary (below).
+            lengths: [N] positions of each caption, SOS and EOS included.
+            images: one image per caption.
+            videos: one video per caption instead of ``images``.
+            image_ids: cache ids of the visuals.
+
+        Returns:
+            CLIP-S [N] in [0, w], with gradients to ``probs``.
 
         ``probs`` [N, L, V] holds a distribution over CLIP's vocabulary per position (position 0 is SOS,
         ``lengths[i]-1`` is EOS, as for `capreward.scorers.EMScore.score_soft()`); the prefix is
@@ -214,8 +244,10 @@ class CLIPScore:
 class PACScore(CLIPScore):
     """PAC-S / RefPAC-S: CLIP-S with the PAC-S fine-tuned checkpoint and w = 2.0.
 
-    ``model`` must point at the PAC-S weights, e.g. the released ``clip_ViT-B-32.pth`` (an
-    OpenAI-format state dict under a ``state_dict`` key; the architecture is inferred).
+    Args:
+        model: the PAC-S weights, e.g. the released ``clip_ViT-B-32.pth`` (an OpenAI-format state dict
+            under a ``state_dict`` key; the architecture is inferred).
+        kwargs: the other arguments of :class:`CLIPScore` (``w`` defaults to 2.0).
 
     Example:
         >>> from capreward.testing import colour_image, trained_clip_path

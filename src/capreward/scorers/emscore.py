@@ -182,6 +182,17 @@ class EMScore:
         """Score ``candidates`` against ``videos`` (or ``images``, one-frame videos) and/or
         ``references`` (one list of reference captions per candidate).
 
+        Args:
+            candidates: the captions to score.
+            videos: one video per candidate (a path, frames, or a decoded clip), or None.
+            references: one list of reference captions per candidate, or None.
+            images: one image per candidate instead of ``videos`` (scored as one-frame videos).
+            video_ids: cache ids of the visuals (None: keyed by content).
+            errors: ``"raise"`` (default): a bad item (empty caption, unreadable visual) raises, naming it;
+                ``"nan"``: bad items get NaN and their reason in ``result.errors[i]`` (a
+                :class:`~capreward.errors.SampleError`), the others are scored exactly as alone.
+            harmonic_mean: ``"released"`` or ``"sign-safe"`` (below).
+
         ``harmonic_mean``: how every F (video, each reference, hence combined and full) is formed from
         P and R: ``"released"`` (the paper's 2PR/(P+R), default) or ``"sign-safe"``
         (`sign_safe_harmonic_mean()`, what the rewards use).
@@ -246,7 +257,19 @@ class EMScore:
         video_ids: Sequence[str | None] | None = None,
         harmonic_mean: str = "released",
     ) -> EMScoreResult:
-        """Differentiable EMScore of soft captions (``harmonic_mean`` as for `score()`).
+        """Differentiable EMScore of soft captions.
+
+        Args:
+            probs: [N, L, V] distributions over CLIP's vocabulary (below).
+            lengths: [N] positions of each caption, SOS and EOS included.
+            videos: as for `score()`.
+            references: as for `score()`.
+            images: as for `score()`.
+            video_ids: as for `score()`.
+            harmonic_mean: as for `score()`.
+
+        Returns:
+            An `EMScoreResult` whose tensors carry gradients to ``probs``.
 
         ``probs`` [N, L, V] holds a distribution over CLIP's vocabulary at each position (position 0 is
         SOS, position ``lengths[i]-1`` is EOS, later positions are ignored). Token embeddings are the

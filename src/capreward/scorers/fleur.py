@@ -163,15 +163,29 @@ def judge_visuals(images: Sequence[Any] | None, videos: Sequence[Any] | None, n:
 class FLEUR:
     """FLEUR / RefFLEUR scorer on a local LLaVA judge.
 
-    ``model``: hub name or local directory (default ``llava-hf/llava-1.5-13b-hf``), a
-    ``(model, processor)`` pair, or a `LocalJudge`. ``device``/``dtype``: None
-    picks CUDA+float16 when available, else CPU+float32 (a passed model stays where it is unless given).
-    ``batch_size``: captions per forward pass. ``max_new_tokens``: budget of the greedy answer (512, the
-    release's; decoding stops at each answer's end; an unfinished answer has no score).
-    ``digit_search``: ``"step"`` (default) reads each decimal at the step that wrote it; ``"release"``
-    searches the tokens as the released code does (see the module docstring). ``share_prefix``: reuse the image+prompt prefix across captions of
-    an image (results are the same either way; only speed differs). ``max_context``: longest prompt +
-    answer allowed (default: the model's ``max_position_embeddings``).
+    Args:
+        model: hub name or local directory (default ``llava-hf/llava-1.5-13b-hf``), a
+            ``(model, processor)`` pair, or a `LocalJudge`.
+        processor: the processor of a model object.
+        device: None picks CUDA when available, else CPU (a passed model stays where it is unless given).
+        dtype: None picks float16 on CUDA, float32 elsewhere.
+        batch_size: captions per forward pass.
+        max_new_tokens: budget of the greedy answer (512, the release's; decoding stops at each answer's
+            end; an unfinished answer has no score).
+        explain_max_new_tokens: budget of an explanation (:meth:`explain`).
+        share_prefix: reuse the image+prompt prefix across captions of an image (results are the same
+            either way; only speed differs).
+        pad_to_square: LLaVA-1.5's padding of images to a square in the mean colour.
+        max_context: longest prompt + answer allowed (default: the model's ``max_position_embeddings``).
+        local_files_only: load from the local cache only.
+        attn_implementation: transformers' ``attn_implementation``.
+        digit_search: ``"step"`` (default) reads each decimal at the step that wrote it; ``"release"``
+            searches the tokens as the released code does (see the module docstring).
+
+    Formula: with ``p(i, j)`` the judge's probability (softmax over the whole vocabulary) of digit ``i``
+    at the step of the greedy answer's ``j``-th decimal, ``FLEUR = 0.1 * sum_i i * p(i, 1) + 0.01 *
+    sum_i i * p(i, 2)`` (the second term only for an answer with two decimals); for an answer "1.0",
+    ``FLEUR = 0.9 * p("0") + p("1")`` read at the units step.
 
     Memory: a chunk holds the key/value cache of ``batch_size`` full prompts (the shared prefix is
     computed once per image but copied to every row, so that each row attends over one contiguous cache).
@@ -246,12 +260,17 @@ class FLEUR:
     ) -> FLEURResult:
         """Score each candidate against its image (FLEUR) or image and references (RefFLEUR).
 
-        ``images[n]``: a path, PIL image, uint8 (H, W, 3) array or float (3, H, W) tensor in [0, 1];
-        or ``videos[n]`` (a path, (T, H, W, 3) uint8 frames or a list of frames), scored on its
-        three-frame composite. ``references[n]``: a caption or a list of captions. With
-        ``requires_grad=True`` the scores are differentiable with respect to ``result.pixel_values`` and
-        ``result.inputs_embeds`` (one extra teacher-forced pass). Empty captions and prompts beyond the
-        context get NaN with a reason.
+        Args:
+            candidates: the captions.
+            images: per candidate, a path, PIL image, uint8 (H, W, 3) array or float (3, H, W) tensor in
+                [0, 1].
+            references: per candidate, a caption or a list of captions (RefFLEUR), or None.
+            videos: per candidate instead of ``images``, a path, (T, H, W, 3) uint8 frames or a list of
+                frames, scored on its three-frame composite.
+            requires_grad: make the scores differentiable with respect to ``result.pixel_values`` and
+                ``result.inputs_embeds`` (one extra teacher-forced pass).
+
+        Empty captions and prompts beyond the context get NaN with a reason.
 
         Returns:
             A `FLEURResult`: ``score`` (N,) in [0, 1], NaN with the reason in ``error`` where there is
@@ -299,9 +318,20 @@ class FLEUR:
         """The judge's explanation of each score: a second turn "Why? Tell me the reason." after the
         first turn's answer is set to the score (``str(float(score))``, as the released code does).
 
-        Without ``scores`` they are computed first; a sample without a score keeps its greedy answer as
-        the first turn. Returns one explanation per candidate (greedy, at most ``max_new_tokens``
-        tokens, default ``explain_max_new_tokens``). Raises for empty captions or prompts that do not fit.
+        Args:
+            candidates: the captions.
+            images: as for :meth:`score`.
+            references: as for :meth:`score`.
+            scores: the scores to explain (None: computed first; a sample without a score keeps its
+                greedy answer as the first turn).
+            videos: as for :meth:`score`.
+            max_new_tokens: budget of each explanation (default ``explain_max_new_tokens``).
+
+        Returns:
+            One explanation per candidate (greedy).
+
+        Raises:
+            ValueError: an empty caption, or a prompt that does not fit the context.
         """
         candidates = caption_list(candidates)
         n = len(candidates)

@@ -55,7 +55,7 @@ from PIL import Image
 
 from ..judges.caller_text import is_blank
 from ..judges.images import mean_background, pad_to_square
-from ..errors import SampleError
+from ..errors import SampleError, kind_of
 from ..judges.injection import injection_reasons
 from ..judges.prompts import FLEUR_EXPLAIN_PROMPT, LLAVA_V1_CHAT_TEMPLATE, fleur_prompt
 from ..judges.protocol import ChatRequest, ChatResponse, JudgeBackend, TokenLogprob, assistant_turn, user_turn
@@ -174,15 +174,20 @@ class RemoteFLEUR:
     """FLEUR / RefFLEUR on a `JudgeBackend` (e.g.
     `OpenAIJudge`).
 
-    ``top_logprobs``: alternatives asked per token (20, the most OpenAI and vLLM give).
-    ``max_tokens``: budget of the greedy answer (512, the release's; None sends no limit; an unfinished
-    answer has no score). ``pad_to_square`` / ``image_mean``: pad images to a square in the mean colour
-    before sending them, as LLaVA-1.5 does. ``llava_v1_template``: send the LLaVA v1 chat template with
-    each request (vLLM's ``chat_template`` field) so the server renders the released prompt exactly.
-    ``digit_search``: ``"step"`` or ``"release"`` (see `capreward.scorers.fleur`). ``tolerance``:
-    the largest worst-case distance to the exact FLEUR score a sample may carry when some weighted digits
-    are not among the alternatives (default 1e-6: exact or NaN with the reason); None keeps the
-    renormalised approximation whatever its bound.
+    Args:
+        backend: the judge (a `JudgeBackend`).
+        top_logprobs: alternatives asked per token (20, the most OpenAI and vLLM give).
+        max_tokens: budget of the greedy answer (512, the release's; None sends no limit; an unfinished
+            answer has no score).
+        explain_max_tokens: budget of an explanation (:meth:`explain`).
+        pad_to_square: pad images to a square in ``image_mean`` before sending them, as LLaVA-1.5 does.
+        image_mean: the padding colour (CLIP's mean, LLaVA-1.5's).
+        llava_v1_template: send the LLaVA v1 chat template with each request (vLLM's ``chat_template``
+            field) so the server renders the released prompt exactly.
+        digit_search: ``"step"`` or ``"release"`` (see `capreward.scorers.fleur`).
+        tolerance: the largest worst-case distance to the exact FLEUR score a sample may carry when some
+            weighted digits are not among the alternatives (default 1e-6: exact or NaN with the reason);
+            None keeps the renormalised approximation whatever its bound.
 
     Example:
         >>> import random
@@ -252,6 +257,12 @@ class RemoteFLEUR:
         """Score each candidate against its image (or video, on its three-frame composite) and, for
         RefFLEUR, its references.
 
+        Args:
+            candidates: the captions.
+            images: one image per candidate.
+            references: per candidate, a caption or a list of captions (RefFLEUR), or None.
+            videos: one video per candidate instead of ``images``.
+
         Returns:
             A `RemoteFLEURResult`: ``score`` (N,) in [0, 1], NaN with a reason in ``error`` for empty
             captions, failed requests and unreadable answers; ``exact`` and ``bound`` per sample.
@@ -318,7 +329,17 @@ class RemoteFLEUR:
         )
 
     async def ascore(self, candidates, images=None, references=None, *, videos=None) -> RemoteFLEURResult:
-        """`score()`, awaitable (the requests run concurrently on a remote backend)."""
+        """`score()`, awaitable (the requests run concurrently on a remote backend).
+
+        Args:
+            candidates: as for `score()`.
+            images: as for `score()`.
+            references: as for `score()`.
+            videos: as for `score()`.
+
+        Returns:
+            The `RemoteFLEURResult`.
+        """
         n, sent, requests = self._score_requests(candidates, images, references, videos)
         result = self.read(_placed(n, sent, await self.backend.agenerate(requests)))
         result.injection = injection_reasons(caption_list(candidates))
@@ -335,8 +356,17 @@ class RemoteFLEUR:
     ) -> list[ChatResponse]:
         """The judge's explanation of each score: the FLEUR prompt, the score (``str(float(score))``;
         without ``scores`` they are computed first, and an unscored sample keeps its raw answer) as the
-        assistant's answer, then "Why? Tell me the reason.". Returns one response per candidate (its
-        ``error`` set where the request failed)."""
+        assistant's answer, then "Why? Tell me the reason.".
+
+        Args:
+            candidates: as for `score()`.
+            images: as for `score()`.
+            references: as for `score()`.
+            scores: the scores to explain (None: computed first).
+            videos: as for `score()`.
+
+        Returns:
+            One response per candidate (its ``error`` set where the request failed)."""
         candidates, refs, visuals = self._inputs(candidates, images, references, videos)
         if scores is None:
             result = self.score(candidates, images, references, videos=videos)
@@ -365,7 +395,7 @@ class RemoteFLEUR:
         if response is None:
             error = SampleError(None, "input", "", "empty caption")
         elif response.error is not None:
-            error = SampleError(None, "judge_unavailable", "", f"judge request failed: {response.error}")
+            error = SampleError(None, kind_of(response.error, "judge_unavailable"), "", f"judge request failed: {response.error}")
         elif response.finish_reason == "length":
             error = SampleError(None, "judge_unreadable", "",
                                 f"the answer did not end within max_tokens={self.max_tokens} tokens: {response.text!r}")

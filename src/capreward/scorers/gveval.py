@@ -38,7 +38,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import SampleError
+from ..errors import SampleError, kind_of
 from ..judges.caller_text import is_blank
 from ..judges.injection import injection_reasons
 from ..judges.protocol import ChatRequest, JudgeBackend, system_turn, user_turn
@@ -371,7 +371,7 @@ class GVEval:
             sources[i] = None
             if not response.ok:
                 raw[i] = ""
-                errors[i] = SampleError(i, "judge_unavailable", "", f"judge request failed: {response.error}")
+                errors[i] = SampleError(i, kind_of(response.error, "judge_unavailable"), "", f"judge request failed: {response.error}")
                 continue
             raw[i] = response.text
             errors[i] = None

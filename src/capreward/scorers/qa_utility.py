@@ -29,6 +29,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
+from ..errors import SampleError, kind_of
 from ..caption_reading import read_caption
 from ..judges.caller_text import Data, control_token_ids, encode_parts, fill_parts, is_blank, render
 from ..judges.injection import injection_reasons
@@ -204,7 +205,7 @@ class QAUtilityResult:
     score: np.ndarray
     n_questions: np.ndarray
     answers: list[list[float]]
-    error: list[str | None]
+    error: list[SampleError | None]
     injection: list[str | None]
 
     def __len__(self) -> int:
@@ -281,12 +282,14 @@ class QAUtility:
                         for u, _ in todo]
             for (u, key), response in zip(todo, self.question_backend.generate(requests)):
                 if not response.ok:
-                    found[u] = (None, f"question generation failed: {response.error}")
+                    found[u] = (None, SampleError(None, kind_of(response.error, "judge_unavailable"), "",
+                                                  f"question generation failed: {response.error}"))
                     continue
                 qs = parse_questions(response.text)
                 if qs and key:
                     self.cache.put(key, qs)
-                found[u] = (qs, None) if qs else (None, "the question generator wrote no parsable question")
+                found[u] = (qs, None) if qs else (None, SampleError(None, "judge_unreadable", "",
+                                                                    "the question generator wrote no parsable question"))
         return [found[index[i]] for i in range(n)]
 
     def _probabilities(self, items: list[tuple[str, Question]]) -> list[tuple[float, str | None]]:
@@ -323,14 +326,16 @@ class QAUtility:
             for row, q in zip(probs, questions):
                 per = [float(row[letters[k]].sum()) for k in range(len(q.options))]
                 total = sum(per) if self.normalise else 1.0
-                out.append((per[q.answer] / total, None) if total > 0 else (0.0, "no probability on any option letter"))
+                out.append((per[q.answer] / total, None) if total > 0 else (0.0, SampleError(None, "judge_unreadable", "", "no probability on any option letter")))
             return out
         requests = [ChatRequest(turns=(user_turn(m),), max_tokens=1, temperature=0.0, top_logprobs=self.top_logprobs)
                     for m in messages]
         out = []
         for response, q in zip(self.backend.generate(requests), questions):
             if not response.ok or not response.tokens:
-                out.append((math.nan, response.error or "the backend returned no token log-probabilities"))
+                out.append((math.nan, SampleError(None, kind_of(response.error, "judge_unavailable"), "", response.error)
+                            if not response.ok else
+                            SampleError(None, "judge_unreadable", "", "the backend returned no token log-probabilities")))
                 continue
             first = response.tokens[0]
             per = [0.0] * len(q.options)
@@ -365,7 +370,7 @@ class QAUtility:
         if questions is not None and len(questions) != n:
             raise ValueError(f"{n} candidates but {len(questions)} question lists")
         per_sample: list[list[Question] | None] = [None] * n
-        errors: list[str | None] = [None] * n
+        errors: list[SampleError | None] = [None] * n
         for i in range(n):
             given = questions[i] if questions is not None else None
             if given is not None:
@@ -380,13 +385,13 @@ class QAUtility:
                 [images[i] for i in missing] if images is not None else None,
                 [videos[i] for i in missing] if videos is not None else None, len(missing))
             for i, (qs, why) in zip(missing, generated):
-                per_sample[i], errors[i] = qs, why
+                per_sample[i], errors[i] = qs, SampleError.of(why, i)
         items, owner = [], []
         for i, c in enumerate(candidates):
             if is_blank(c):
-                errors[i] = "empty caption"
+                errors[i] = SampleError(i, "input", "", "empty caption")
             if errors[i] is not None or not per_sample[i]:
-                errors[i] = errors[i] or "no questions for this sample"
+                errors[i] = errors[i] or SampleError(i, "input", "", "no questions for this sample")
                 continue
             caption = read_caption(c).text
             for q in per_sample[i][: self.max_questions]:
@@ -397,7 +402,7 @@ class QAUtility:
         for i, (p, why) in zip(owner, values):
             answers[i].append(p)
             if why is not None and errors[i] is None:
-                errors[i] = f"question not answered: {why}"
+                errors[i] = SampleError(i, kind_of(why, "judge_unreadable"), "", f"question not answered: {why}")
         score = np.full(n, np.nan)
         counts = np.zeros(n, dtype=np.int64)
         for i in range(n):

@@ -33,7 +33,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import SampleError
+from ..errors import SampleError, kind_of
 from ..judges.caller_text import is_blank
 from ..judges.injection import injection_reasons
 from ..judges.protocol import ChatRequest, JudgeBackend, user_turn
@@ -264,7 +264,8 @@ class VisCE2:
                     self.cache.put(key, response.text)
                     found[key] = response.text
                 else:
-                    failed[key] = SampleError(None, "judge_unavailable", "", f"visual context failed: {response.error}")
+                    failed[key] = SampleError(None, kind_of(response.error, "judge_unavailable"), "",
+                                              f"visual context failed: {response.error}")
                     log.warning("VisCE² visual context failed: %s", response.error)
         else:
             failed = {}
@@ -321,7 +322,7 @@ class VisCE2:
             raise RuntimeError(f"the backend answered {len(responses)} of {len(requests)} requests")
         for i, response in zip(rows, responses):
             if not response.ok:
-                errors[i] = SampleError(i, "judge_unavailable", "", f"rating failed: {response.error}")
+                errors[i] = SampleError(i, kind_of(response.error, "judge_unavailable"), "", f"rating failed: {response.error}")
                 continue
             raw[i] = response.text
             scores[i], errors[i] = parse_visce2_answer(response.text)
@@ -333,9 +334,10 @@ class VisCE2:
             probs, reasons = score_distributions(self.backend, requests, responses, [None] * len(rows),
                                                  tolerance=self.tolerance,
                                                      tree_top_logprobs=self.tree_top_logprobs)
-            for i, p, why in zip(rows, probs, reasons):
+            for i, response, p, why in zip(rows, responses, probs, reasons):
                 if p is None:
-                    expected_error[i] = why
+                    kind = kind_of(response.error, "judge_unavailable") if not response.ok else "judge_unreadable"
+                    expected_error[i] = SampleError.of(why, i, kind=kind)
                 else:
                     expected[i] = expected_score(p)
         for i, e in enumerate(errors):

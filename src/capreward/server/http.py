@@ -114,20 +114,34 @@ class RequestError(CaprewardError):
 class ServerLimits:
     """Bounds on what one server accepts (see the module docstring).
 
-    ``max_body_bytes``/``max_items``: per request (``max_items`` also bounds every JSON array in it);
-    ``max_json_depth``/``max_string_chars``: nesting and string length in a request's JSON;
-    ``max_header_bytes``: request line and headers together; ``max_concurrent``: batches scored at once
-    (None: 1 with batching, as a merged batch already keeps every core busy and a second one running
-    beside it only slows both, 10-15 % fewer requests/s measured at 16 clients on 2 cores; 4 without
-    batching); ``queue_timeout``: seconds a request may wait for its batch to start;
-    ``header_timeout``: seconds from when the server starts waiting for a request (a new connection,
-    or after the previous answer) until its headers are complete, idle keep-alive time included;
-    ``read_timeout``: seconds the whole request (line, headers, body) may take from the same start;
-    ``max_connections``: connections served at once; ``max_connections_per_peer`` (None:
-    ``max_connections // 2``): connections one client address may hold; ``reserved_connections``
-    (None: ``max_connections // 8``): of ``max_connections``, the slots only clients holding none may
-    take (:mod:`capreward.server.connections`); ``max_batch_size`` (samples, 0 = no merging) and
-    ``max_wait`` (seconds): dynamic batching.
+    Args:
+        max_body_bytes: bytes of one request's body.
+        max_items: samples of one request; also bounds every JSON array in it.
+        max_concurrent: batches scored at once (None: 1 with batching, as a merged batch already keeps
+            every core busy and a second one running beside it only slows both, 10-15 % fewer requests/s
+            measured at 16 clients on 2 cores; 4 without batching).
+        queue_timeout: seconds a request may wait for its batch to start.
+        header_timeout: seconds from when the server starts waiting for a request (a new connection, or
+            after the previous answer) until its headers are complete, idle keep-alive time included.
+        read_timeout: seconds the whole request (line, headers, body) may take from the same start.
+        max_connections: connections served at once.
+        max_connections_per_peer: connections one client address may hold (None: ``max_connections // 2``).
+        reserved_connections: of ``max_connections``, the slots only clients holding none may take
+            (None: ``max_connections // 8``; :mod:`capreward.server.connections`).
+        max_header_bytes: request line and headers together.
+        max_json_depth: nesting of a request's JSON.
+        max_string_chars: length of one string in a request's JSON.
+        max_batch_size: samples of one merged batch (0: no merging across requests).
+        max_wait: seconds a batch waits for more requests to merge.
+
+    Raises:
+        ValueError: a timeout that is not positive, or connection limits that do not fit together.
+
+    Examples:
+        >>> from capreward.server import ServerLimits
+        >>> limits = ServerLimits(max_items=256, max_connections=16)
+        >>> limits.max_connections_per_peer, limits.reserved_connections, limits.max_concurrent
+        (8, 2, 1)
     """
 
     max_body_bytes: int = 16 * 1024 * 1024
@@ -604,11 +618,25 @@ class RewardHTTPServer(ThreadingHTTPServer):
 def make_server(reward: Any, host: str = "127.0.0.1", port: int = 0, *, fallback: float | None = None,
                 media_root: str | None = None, limits: ServerLimits | None = None,
                 warm_up: bool = True, allow_any_path: bool = False, prompt_tokens: Any = None) -> RewardHTTPServer:
-    """A bound (not yet serving) server for ``reward``; ``port=0`` picks a free port (see ``.url``).
-    Labels may name files under ``media_root`` only (none without one, unless ``allow_any_path``).
-    ``fallback`` and ``prompt_tokens``: as for :class:`RewardService` (default: the bottom of the
-    reward's range; the response after the prompt's first occurrence).
-    With ``warm_up`` the model is loaded before the socket is bound."""
+    """A bound (not yet serving) reward server (``server.serve_forever()`` serves it).
+
+    Args:
+        reward: the reward to serve (a capreward reward function).
+        host: the address to bind (``127.0.0.1``: this machine only).
+        port: the port (0 picks a free one; see ``.url``).
+        fallback: the value answered for a sample without a score (default: the bottom of the reward's
+            range), as for :class:`RewardService`.
+        media_root: labels may name files under this folder only (none without one, unless
+            ``allow_any_path``).
+        limits: the :class:`ServerLimits` (default: its defaults).
+        warm_up: load the model before the socket is bound.
+        allow_any_path: serve any path a label names (trusted clients only).
+        prompt_tokens: the policy's tokenizer, to cut each query where the prompt's tokens end (default:
+            the response after the prompt's first occurrence).
+
+    Returns:
+        The :class:`RewardHTTPServer`, bound.
+    """
     service = RewardService(reward, fallback=fallback, media_root=media_root, limits=limits,
                             allow_any_path=allow_any_path, prompt_tokens=prompt_tokens)
     if warm_up:

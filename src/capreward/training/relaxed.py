@@ -41,7 +41,14 @@ UNMAPPABLE = ("refuse", "exclude")
 
 
 class UnsupportedVocabularyError(CaprewardError, ValueError):
-    """The captioner's tokenizer cannot be mapped token by token onto CLIP's vocabulary."""
+    """The captioner's tokenizer cannot be mapped token by token onto CLIP's vocabulary (train it with
+    :class:`~capreward.training.SelfCriticalStep` instead).
+
+    Examples:
+        >>> from capreward.training import UnsupportedVocabularyError
+        >>> issubclass(UnsupportedVocabularyError, ValueError)
+        True
+    """
 
 
 def _model_type(tokenizer: Any) -> str | None:
@@ -55,6 +62,22 @@ class VocabularyBridge:
     (``allowed`` [V_captioner] bool).
 
     Build it with :meth:`from_tokenizers`, or from an explicit ``{captioner id: CLIP id}`` with the constructor.
+
+    Args:
+        pairs: captioner token id -> CLIP token id, for every token the captioner may sample.
+        captioner_vocab: the captioner's vocabulary size.
+        clip_vocab: CLIP's vocabulary size.
+        eos_ids: the captioner ids that end a caption.
+
+    Raises:
+        ValueError: a mapped id outside its vocabulary.
+
+    Examples:
+        >>> import torch
+        >>> from capreward.training import VocabularyBridge
+        >>> bridge = VocabularyBridge({0: 5, 1: 7}, captioner_vocab=3, clip_vocab=8, eos_ids=[2])
+        >>> bridge.to_clip(torch.tensor([[0.25, 0.75, 0.0]]))[0, [5, 7]].tolist(), bridge.allowed.tolist()
+        ([0.25, 0.75], [True, True, True])
     """
 
     def __init__(self, pairs: Mapping[int, int], captioner_vocab: int, clip_vocab: int, eos_ids: Sequence[int]):
@@ -75,8 +98,19 @@ class VocabularyBridge:
     def from_tokenizers(cls, tokenizer: Any, backbone: Any, on_unmappable: str = "refuse") -> "VocabularyBridge":
         """The bridge from a ``transformers`` tokenizer to a :class:`~capreward.backbones.CLIPBackbone`.
 
-        Raises :class:`UnsupportedVocabularyError` for subword vocabularies and (with
-        ``on_unmappable="refuse"``) for word-level vocabularies with words CLIP splits."""
+        Args:
+            tokenizer: the captioner's tokenizer (CLIP's own, or a word-level vocabulary).
+            backbone: the CLIP backbone of the reward.
+            on_unmappable: ``"refuse"`` (default) a word CLIP splits into several tokens, or ``"exclude"``
+                it (never sampled).
+
+        Returns:
+            The :class:`VocabularyBridge`.
+
+        Raises:
+            UnsupportedVocabularyError: a subword vocabulary, a tokenizer without EOS, or (with
+                ``on_unmappable="refuse"``) a word-level vocabulary with words CLIP splits.
+        """
         if on_unmappable not in UNMAPPABLE:
             raise ValueError(f"on_unmappable must be one of {UNMAPPABLE}, got {on_unmappable!r}")
         vocab_size = len(tokenizer)
@@ -113,8 +147,15 @@ class VocabularyBridge:
         return cls(pairs, vocab_size, backbone.vocab_size, eos)
 
     def to_clip(self, y: torch.Tensor) -> torch.Tensor:
-        """Distributions [..., V_captioner] -> [..., V_clip] (mass of unmapped ids is dropped; those ids are
-        never sampled, see :attr:`allowed`)."""
+        """Map distributions over the captioner's vocabulary onto CLIP's.
+
+        Args:
+            y: distributions [..., V_captioner].
+
+        Returns:
+            [..., V_clip]: each mapped id's mass at its CLIP id (the mass of unmapped ids is dropped; those
+            ids are never sampled, see :attr:`allowed`).
+        """
         out = y.new_zeros(*y.shape[:-1], self.clip_vocab)
         return out.index_add(-1, self.cols.to(y.device), y.index_select(-1, self.rows.to(y.device)))
 
