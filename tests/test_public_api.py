@@ -174,27 +174,12 @@ def convention_problems(path: str, obj, members) -> list[str]:
 
 
 CHECKED = [(p, m) for p, m in entries() if not p.startswith(CONVENTION_PENDING)]
-#: Docstrings not yet converted to the convention, one ``problem`` line each (tests/docstring_gaps.txt): a
-#: ratchet. A new gap fails; a fixed one fails too until its line is deleted, so the list only shrinks.
-GAPS_FILE = REPO / "tests" / "docstring_gaps.txt"
-KNOWN_GAPS = {line.strip() for line in GAPS_FILE.read_text(encoding="utf-8").splitlines()
-              if line.strip() and not line.startswith("#")}
 
 
 @pytest.mark.parametrize("path,members", CHECKED, ids=[p for p, _ in CHECKED])
 def test_documented_docstrings_follow_the_convention(path, members):
-    problems = set(convention_problems(path, resolve(path), members))
-    new = sorted(problems - KNOWN_GAPS)
-    assert not new, "\n".join(new)
-    mine = {g for g in KNOWN_GAPS if g.split(":")[0] == path or g.split(":")[0].startswith(path + ".")}
-    fixed = sorted(mine - problems)
-    assert not fixed, f"fixed: delete these lines from {GAPS_FILE.name}:\n" + "\n".join(fixed)
-
-
-def test_every_known_gap_names_a_documented_object():
-    paths = {p for p, _ in CHECKED}
-    stray = [g for g in KNOWN_GAPS if not any(g.split(":")[0] == p or g.split(":")[0].startswith(p + ".") for p in paths)]
-    assert not stray, f"{GAPS_FILE.name} names objects the reference does not render: {stray}"
+    problems = convention_problems(path, resolve(path), members)
+    assert not problems, "\n".join(problems)
 
 
 def test_the_convention_check_finds_a_missing_section():

@@ -235,10 +235,14 @@ def mixed_after_reading(text: str) -> tuple[str, ...]:
 # --------------------------------------------------------------------------------------- the reading
 @dataclass(frozen=True)
 class Reading:
-    """A caption as read: ``text`` (what a person reads), ``given`` (the caption as given), ``changes``
-    (one short line per kind of change made, empty when the text is unchanged) and ``mixed_script`` (the
-    words of the caption that mixed letters of several scripts, as given) and ``unreadable_mixed`` (the
-    words of ``text`` that still mix scripts once read, `mixed_after_reading()`).
+    """A caption as read (:func:`read_caption` returns it).
+
+    Args:
+        text: what a person reads.
+        given: the caption as given.
+        changes: one short line per kind of change made (empty when the text is unchanged).
+        mixed_script: the words of the caption that mixed letters of several scripts, as given.
+        unreadable_mixed: the words of ``text`` that still mix scripts once read (`mixed_after_reading()`).
 
     Example:
         >>> from capreward.caption_reading import read_caption
@@ -258,7 +262,11 @@ class Reading:
         return self.text != self.given
 
     def describe(self) -> str | None:
-        """The changes as one line ("invisible characters removed (U+200B); ..."), or None."""
+        """The changes as one line.
+
+        Returns:
+            ``"invisible characters removed (U+200B); ..."``, or None when the text is unchanged.
+        """
         return "; ".join(self.changes) if self.changes else None
 
 

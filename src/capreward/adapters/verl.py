@@ -186,9 +186,18 @@ class VerlScorer:
 
 def make_compute_score(reward: Any, fallback: float | None = None, return_dict: bool = False,
                        subscores: Sequence[str] = (), media_root: str | None = None) -> VerlScorer:
-    """A veRL ``compute_score`` for ``reward`` (a capreward reward object); options as for
-    :class:`VerlScorer`. The returned object is callable with veRL's per-sample signature; its
-    ``.batch`` method has the batch-manager signature."""
+    """A veRL ``compute_score`` for a capreward reward.
+
+    Args:
+        reward: a capreward reward object.
+        fallback: the value returned for an unscorable sample (None: the bottom of the reward's range).
+        return_dict: return ``{"score": value, "unscored": 0/1, <sub-scores>...}`` instead of a float.
+        subscores: in dict mode, the reward's sub-scores to add.
+        media_root: the folder image/video paths are confined to (None: paths are used as given).
+
+    Returns:
+        A :class:`VerlScorer`, callable with veRL's per-sample signature; its ``.batch`` method has the
+        batch-manager signature."""
     return VerlScorer(reward, fallback=fallback, return_dict=return_dict, subscores=subscores,
                       media_root=media_root)
 

@@ -106,7 +106,16 @@ class GoodhartMonitor:
     def observe(self, train: Sequence[float | None], prompts: Any, completions: Sequence[Any], **columns: Any) -> dict[str, float]:
         """Record one batch: the training reward's values ``train`` for ``completions`` and every judge's
         scores of the same ``prompts``/``completions``/``columns``. Batches observed before the next
-        `flush()` are one step. Returns this batch's means."""
+        `flush()` are one step.
+
+        Args:
+            train: the training reward's values (None: unscored).
+            prompts: the batch's prompts, as the reward received them.
+            completions: the batch's completions.
+            columns: the batch's other columns (images, ground truth...), passed to the judges.
+
+        Returns:
+            This batch's means (``train`` and each judge)."""
         if len(train) != len(completions):
             raise ValueError(f"{len(train)} training rewards for {len(completions)} completions")
         row = {"train": _mean(train), "n": float(len(completions))}
@@ -119,8 +128,15 @@ class GoodhartMonitor:
         return row
 
     def watch(self, reward: Callable[..., Sequence[float | None]]) -> Callable[..., list[float | None]]:
-        """A TRL reward function returning exactly ``reward``'s values, observing them and the judges'
-        scores of the same samples (keeps ``reward.__name__``, so TRL logs it under the same name)."""
+        """Watch a TRL reward function.
+
+        Args:
+            reward: the training reward (TRL's ``reward(prompts, completions, **columns)``).
+
+        Returns:
+            A reward function returning exactly ``reward``'s values, observing them and the judges' scores
+            of the same samples (it keeps ``reward.__name__``, so TRL logs it under the same name).
+        """
         monitor = self
 
         def watched(prompts, completions, completion_ids=None, **kwargs):
@@ -138,8 +154,14 @@ class GoodhartMonitor:
 
     def flush(self, step: int | None = None) -> dict[str, float]:
         """Close the current step: the means over the batches observed since the last flush (weighted by
-        their sizes) become one row; returns the logs ``goodhart/train``, ``goodhart/<judge>`` and
-        ``goodhart/gap/<judge>`` (empty when nothing was observed), warning if the verdict turned bad."""
+        their sizes) become one row; warns (:class:`GoodhartWarning`) if the verdict turned bad.
+
+        Args:
+            step: the training step (None: the number of this flush, from 1).
+
+        Returns:
+            The logs ``goodhart/train``, ``goodhart/<judge>`` and ``goodhart/gap/<judge>`` (empty when
+            nothing was observed)."""
         if not self._pending:
             return {}
         pending, self._pending = self._pending, []
@@ -160,7 +182,12 @@ class GoodhartMonitor:
 
     # ------------------------------------------------------------------------ verdict
     def changes(self) -> dict[str, tuple[float, float]] | None:
-        """``{"train" or judge: (first-window mean, latest-window mean)}``, or None before ``2 * window`` steps."""
+        """How each series moved.
+
+        Returns:
+            ``{"train" or judge: (first-window mean, latest-window mean)}``, or None before
+            ``2 * window`` steps.
+        """
         k = self.window
         if len(self.rows) < 2 * k:
             return None
@@ -170,9 +197,13 @@ class GoodhartMonitor:
         return out
 
     def verdict(self) -> str | None:
-        """The warning when the training reward rose by at least ``min_rise`` (first window -> latest)
-        while a judge rose by less than its ``follow`` (fell, with the default 0.0); None otherwise (and
-        before ``2 * window`` steps)."""
+        """Whether the training reward is being gamed.
+
+        Returns:
+            The warning text when the training reward rose by at least ``min_rise`` (first window ->
+            latest) while a judge rose by less than its ``follow`` (fell, with the default 0.0); None
+            otherwise (and before ``2 * window`` steps).
+        """
         ch = self.changes()
         if ch is None:
             return None
@@ -223,7 +254,15 @@ class GoodhartCallback(TrainerCallback):
         self.monitor = monitor
 
     def install(self, trainer: Any) -> "GoodhartCallback":
-        """Put this callback first in ``trainer``'s callbacks (before the logging integrations); returns it."""
+        """Put this callback first in the trainer's callbacks (before the logging integrations, so they
+        log its values).
+
+        Args:
+            trainer: a transformers or TRL trainer.
+
+        Returns:
+            This callback.
+        """
         callbacks = trainer.callback_handler.callbacks
         if self in callbacks:
             callbacks.remove(self)

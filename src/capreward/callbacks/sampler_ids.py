@@ -63,10 +63,17 @@ def eval_loaders(trainer: Any) -> list[Any]:
 def sample_ids(trainer: Any, batch_idx: int, dataloader_idx: int = 0) -> list[int] | None:
     """The dataset indices of the current evaluation batch, for ``metric.update(..., ids=...)``.
 
-    Call it in ``validation_step``/``test_step`` with ``self.trainer`` and the step's ``batch_idx``
-    (and ``dataloader_idx`` with several loaders). Returns a list of ints (one per sample of the batch)
-    when the loader's sampler is a ``DistributedSampler`` (what Lightning uses under DDP), else None,
-    which ``update`` reads as "no ids" (single-process runs need none).
+    Call it in ``validation_step``/``test_step``.
+
+    Args:
+        trainer: the Lightning trainer (``self.trainer``).
+        batch_idx: the step's ``batch_idx``.
+        dataloader_idx: the step's ``dataloader_idx`` (with several loaders).
+
+    Returns:
+        A list of ints (one per sample of the batch) when the loader's sampler is a
+        ``DistributedSampler`` (what Lightning uses under DDP), else None, which ``update`` reads as
+        "no ids" (single-process runs need none).
     """
     loaders = eval_loaders(trainer)
     if not 0 <= dataloader_idx < len(loaders):

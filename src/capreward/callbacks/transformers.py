@@ -219,10 +219,14 @@ class CaptionEvalCallback(TrainerCallback):
 
     # ------------------------------------------------------------------------------------- public
     def evaluate(self, model: Any = None) -> dict[str, float]:
-        """Generate, score and log now (on every process); return the logged values.
+        """Generate, score and log now (call it on every process).
 
-        Values are means over the held-out set: ``<prefix><metric>`` in the metric's range and
-        ``<prefix><metric>/<column>`` for its sub-scores; NaN values are not logged.
+        Args:
+            model: the model to caption with (None: the trainer's).
+
+        Returns:
+            The logged values, means over the held-out set: ``<prefix><metric>`` in the metric's range
+            and ``<prefix><metric>/<column>`` for its sub-scores; NaN values are not logged.
         """
         trainer = self.trainer
         accelerator = trainer.accelerator

@@ -51,12 +51,23 @@ def decord_available() -> bool:
 
 
 def get_video_backend() -> str:
-    """The configured choice: ``"auto"``, ``"decord"`` or ``"pyav"``."""
+    """The configured video decoder.
+
+    Returns:
+        ``"auto"``, ``"decord"`` or ``"pyav"``.
+    """
     return _backend
 
 
 def set_video_backend(name: str) -> str:
-    """Set the process-wide choice; returns the previous one. ``"decord"`` needs decord installed."""
+    """Set the process-wide video decoder.
+
+    Args:
+        name: ``"auto"``, ``"decord"`` (needs decord installed) or ``"pyav"``.
+
+    Returns:
+        The previous choice.
+    """
     global _backend
     name = check_backend(name)
     previous, _backend = _backend, name
@@ -65,7 +76,14 @@ def set_video_backend(name: str) -> str:
 
 @contextlib.contextmanager
 def video_backend(name: str) -> Iterator[str]:
-    """``with video_backend("pyav"):`` the choice inside the block, restored after it."""
+    """``with video_backend("pyav"):`` the choice inside the block, restored after it.
+
+    Args:
+        name: ``"auto"``, ``"decord"`` or ``"pyav"``.
+
+    Yields:
+        The choice in force inside the block.
+    """
     previous = set_video_backend(name)
     try:
         yield name

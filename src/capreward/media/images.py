@@ -279,12 +279,22 @@ def pil_image(image: Image.Image, name: str, keep_mode: bool = False, limits: Me
 def load_image(
     item: ImageLike, index: int | None = None, *, keep_mode: bool = False, limits: MediaLimits | None = None
 ) -> Image.Image:
-    """Return ``item`` as an RGB ``PIL.Image``; raise ``MediaError`` naming the item if it is unusable.
+    """Load one image.
 
-    ``keep_mode=True`` returns files and PIL images in a mode whose ``convert("RGB")`` is what a viewer
-    shows (RGBA, palette, CMYK... unchanged; 16-bit and float as 8-bit ``L``), for pipelines that
-    convert after resizing as the released CLIP transforms do. ``limits`` (default: the process-wide
-    :func:`~capreward.media.limits.get_media_limits`) bounds the pixels decoded.
+    Args:
+        item: a path, ``PIL.Image``, uint8 (H, W, 3) array or float (3, H, W) tensor in [0, 1].
+        index: its position in the caller's list, for the error message.
+        keep_mode: return files and PIL images in a mode whose ``convert("RGB")`` is what a viewer shows
+            (RGBA, palette, CMYK... unchanged; 16-bit and float as 8-bit ``L``), for pipelines that
+            convert after resizing as the released CLIP transforms do.
+        limits: bounds the pixels decoded (default: the process-wide
+            :func:`~capreward.media.limits.get_media_limits`).
+
+    Returns:
+        The image as an RGB ``PIL.Image`` (or in its viewable mode with ``keep_mode``).
+
+    Raises:
+        MediaError: the item is unusable (missing, undecodable, over a limit), naming it.
     """
     name = describe(item, index)
     if isinstance(item, (str, os.PathLike, ConfinedFile)):

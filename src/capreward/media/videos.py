@@ -379,12 +379,23 @@ def load_video(
     item: VideoLike, frames: int | None = DEFAULT_FRAMES, index: int | None = None, limits: MediaLimits | None = None,
     backend: str | None = None,
 ) -> np.ndarray:
-    """Return the sampled frames of ``item`` as a uint8 array (k, H, W, 3), upright.
+    """Sample frames of a video.
 
-    Raises ``MediaError`` naming the item when the video is missing, unreadable, not a self-contained
-    container (playlists, concat lists), empty, of the wrong dtype or shape, or over the limits of
-    :mod:`capreward.media.limits` (``limits`` defaults to the process-wide ones; in-memory frames are
-    checked per frame against ``max_pixels``). ``backend``: see :func:`open_video`.
+    Args:
+        item: a path, uint8 (T, H, W, 3) frames or a list of frames.
+        frames: frames to sample, evenly spaced (None: every frame).
+        index: its position in the caller's list, for the error message.
+        limits: the media limits (default: the process-wide ones; in-memory frames are checked per frame
+            against ``max_pixels``).
+        backend: the decoder (see :func:`open_video`; None: the process-wide choice).
+
+    Returns:
+        The sampled frames as a uint8 array (k, H, W, 3), upright.
+
+    Raises:
+        MediaError: naming the item, when the video is missing, unreadable, not a self-contained
+            container (playlists, concat lists), empty, of the wrong dtype or shape, or over the limits
+            of :mod:`capreward.media.limits`.
     """
     name = describe(item, index)
     if item is None:

@@ -18,10 +18,22 @@ from .stats import kendall, pairwise_accuracy, pairwise_outcomes, pearson, spear
 
 def meta_evaluate(benchmark: str, judgments: str | Path | Judgments, scores: str | Path | list[ScoreRow],
                   score_field: str | None = None, protocol: str | None = None) -> MetaEvalResult:
-    """The protocol's measures (percent) for ``scores`` (a JSONL path or rows) against ``judgments``
-    (a path read with ``benchmark``'s reader, or already read). ``protocol``: one of
-    ``protocol_names(benchmark)`` (default: the first). Raises :class:`JudgmentError` for unusable files,
-    ValueError for an unknown protocol."""
+    """How well a metric's scores agree with a benchmark's human judgments.
+
+    Args:
+        benchmark: one of :data:`BENCHMARKS` (``"flickr8k-expert"``, ``"pascal-50s"``...).
+        judgments: a path read with ``benchmark``'s reader, or judgments already read.
+        scores: a scores JSONL path (a ``capreward score`` results file), or its rows.
+        score_field: the field holding the score (None: picked from the rows).
+        protocol: one of ``protocol_names(benchmark)`` (default: the first).
+
+    Returns:
+        The :class:`MetaEvalResult`: the protocol's measures in percent and the match counts.
+
+    Raises:
+        JudgmentError: an unusable judgments or scores file.
+        ValueError: an unknown protocol, or judgments of another benchmark.
+    """
     if protocol is not None and protocol not in protocol_names(benchmark):
         raise ValueError(f"{benchmark} has no protocol {protocol!r}; choose from {list(protocol_names(benchmark))}")
     if not isinstance(judgments, Judgments):

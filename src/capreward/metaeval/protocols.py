@@ -118,8 +118,11 @@ class MetaEvalResult:
     n_unused_scores: int = 0
 
     def to_json(self) -> dict:
-        """A flat JSON-able dict: the measures, ``n_matched``, ``n_unmatched``, ``n_unused_scores``,
-        ``benchmark`` and ``details``; NaN measures become null."""
+        """The result as JSON.
+
+        Returns:
+            A flat JSON-able dict: the measures, ``n_matched``, ``n_unmatched``, ``n_unused_scores``,
+            ``benchmark`` and ``details``; NaN measures become null."""
         out: dict = {k: (None if isinstance(v, float) and math.isnan(v) else round(v, 4)) for k, v in self.measures.items()}
         out.update(benchmark=self.benchmark, n_matched=self.n_matched, n_unmatched=self.n_unmatched,
                    n_unused_scores=self.n_unused_scores, details=_jsonable(self.details))
@@ -419,7 +422,14 @@ PROTOCOLS = {
 
 
 def protocol_names(benchmark: str) -> tuple[str, ...]:
-    """The protocols ``benchmark`` offers, its default first."""
+    """The protocols a benchmark offers.
+
+    Args:
+        benchmark: one of :data:`~capreward.metaeval.readers.BENCHMARKS`.
+
+    Returns:
+        The protocol names, its default first.
+    """
     if benchmark not in PROTOCOLS:
         raise ValueError(f"no protocol for benchmark {benchmark!r}")
     return tuple(PROTOCOLS[benchmark])

@@ -291,7 +291,18 @@ BENCHMARKS = tuple(READERS)
 
 
 def read_judgments(benchmark: str, path: str | Path) -> Judgments:
-    """The judgments of ``benchmark`` (one of :data:`BENCHMARKS`) read from ``path``."""
+    """Read a benchmark's human judgments.
+
+    Args:
+        benchmark: one of :data:`BENCHMARKS`.
+        path: the benchmark's file, in its released format.
+
+    Returns:
+        The :class:`~capreward.metaeval.judgments.Judgments`.
+
+    Raises:
+        JudgmentError: the file cannot be used (the message names the file and item).
+    """
     if benchmark not in READERS:
         raise ValueError(f"unknown benchmark {benchmark!r}; choose from {list(BENCHMARKS)}")
     judgments = READERS[benchmark](path)

@@ -77,10 +77,21 @@ def _number(value: object) -> float | None:
 
 
 def read_scores(path: str | Path, score_field: str | None = None, parts: tuple[str, ...] = ()) -> list[ScoreRow]:
-    """Every row of a scores JSONL. Rows whose score is missing, null or NaN are kept with
-    ``score=None`` and a reason (they count as unmatched); rows without a visual or caption raise.
-    ``parts``: dimension names whose per-dimension scores ``<field>/<dimension>`` (or ``<field>.<dimension>``) are read into
-    ``ScoreRow.parts`` where the row has them as numbers."""
+    """Every row of a scores JSONL (a ``capreward score`` results file, or any JSONL with a visual, a
+    caption and a score).
+
+    Args:
+        path: the JSONL file.
+        score_field: the field holding the score (None: picked from the row).
+        parts: dimension names whose per-dimension scores ``<field>/<dimension>`` (or
+            ``<field>.<dimension>``) are read into ``ScoreRow.parts`` where the row has them as numbers.
+
+    Returns:
+        One ``ScoreRow`` per line; rows whose score is missing, null or NaN are kept with ``score=None``
+        and a reason (they count as unmatched).
+
+    Raises:
+        JudgmentError: a row without a visual or caption."""
     path = Path(path)
     rows: list[ScoreRow] = []
     for where, obj in read_jsonl_objects(path, "scores"):

@@ -357,9 +357,18 @@ def sample_section(row: dict, order: int, metrics: list[str], frames: int | None
 
 def render_report(rows: Iterable[dict], out: str | Path, frames: int | None = 10, title: str = "capreward report",
                   progress: bool = False) -> Path:
-    """Write the HTML page for ``rows`` to ``out`` (summary, histograms, sort and filter controls, one
-    section per row in the given order); returns its path. ``progress``: a bar on stderr while the
-    samples' frames are decoded."""
+    """Write the HTML page of a results file's rows (summary, histograms, sort and filter controls, one
+    section per row in the given order).
+
+    Args:
+        rows: the results rows (``capreward score`` output).
+        out: the HTML file to write.
+        frames: frames shown per video (None: every frame).
+        title: the page's title.
+        progress: a bar on stderr while the samples' frames are decoded.
+
+    Returns:
+        The path written."""
     from tqdm import tqdm
 
     rows = list(rows)

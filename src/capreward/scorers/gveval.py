@@ -117,28 +117,38 @@ class GVEvalResult:
 class GVEval:
     """G-VEval on any chat judge backend.
 
-    ``mode``: "ref-free", "ref-only" or "combined"; ``accr``: the four ACCR scores (video only).
-    ``expected``: read the expected score from the token distribution (the paper's score); False uses the
-    written number only. ``max_tokens``: budget for reasoning plus score (None, the default: no limit is
-    sent, as the release sends none); ``temperature``: 0 is greedy (the release: 1); ``top_logprobs``:
-    alternatives asked of non-local backends (the release uses 5; vLLM allows 20). ``resolution``: the
-    ``detail`` of image parts, ``"low"`` (the release's default) or ``"high"``; video composites are
-    always sent with ``"high"``, as released. ``requery``: how many more times an answer whose score
-    cannot be read is asked again (default 2: the release's three attempts; skipped on a local judge at
-    temperature 0, whose answer would not change). ``fallback``: what an answer that stays unreadable
-    gets: ``"nan"`` (default; the release drops the sample, we keep its place with NaN and the reason)
-    or ``"parsed"`` (the number written after the marker, when there is one). ``tolerance``: on a
-    server whose tokenizer writes numbers digit by digit, the expected score comes from an exact digit
-    tree of assistant-prefilled requests (`capreward.scorers.remote_numbers`); a score whose bound
-    (score points) is above ``tolerance`` gets NaN and the reason; ``tree_top_logprobs``: the alternatives
-    each node of the tree asks (20; a node is exact when all ten digits are listed, so serve more with
-    vLLM's ``--max-logprobs`` and raise this and `OpenAIJudge`'s
-    ``top_logprobs_cap`` together). ``structured``: constrain the answer to
-    the released format (free text, then "$N$" with N in 0..100; ACCR: each Greek-letter score) with
-    vLLM's ``structured_outputs={"regex": ...}`` (`answer_regex()`), so the
-    score slot is always readable; vLLM reports the model's own log-probabilities (its default
-    ``logprobs_mode="raw_logprobs"``), so the expected score is unchanged by the constraint. Local judges
-    ignore it.
+    Args:
+        backend: a `JudgeBackend` (a `LocalChatJudge`, an `OpenAIJudge`, ...).
+        mode: ``"ref-free"``, ``"ref-only"`` or ``"combined"``.
+        accr: the four ACCR scores (video only).
+        expected: read the expected score from the token distribution (the paper's score); False uses
+            the written number only.
+        max_tokens: budget for reasoning plus score (None, the default: no limit is sent, as the release
+            sends none).
+        temperature: 0 is greedy (the release: 1).
+        top_logprobs: alternatives asked of non-local backends (the release uses 5; vLLM allows 20).
+        resolution: the ``detail`` of image parts, ``"low"`` (the release's default) or ``"high"``; video
+            composites are always sent with ``"high"``, as released.
+        requery: how many more times an answer whose score cannot be read is asked again (default 2:
+            the release's three attempts; skipped on a local judge at temperature 0, whose answer would
+            not change).
+        fallback: what an answer that stays unreadable gets: ``"nan"`` (default; the release drops the
+            sample, we keep its place with NaN and the reason) or ``"parsed"`` (the number written after
+            the marker, when there is one).
+        tolerance: on a server whose tokenizer writes numbers digit by digit, the expected score comes
+            from an exact digit tree of assistant-prefilled requests (`capreward.scorers.remote_numbers`);
+            a score whose bound (score points) is above ``tolerance`` gets NaN and the reason.
+        tree_top_logprobs: the alternatives each node of the tree asks (20; a node is exact when all ten
+            digits are listed, so serve more with vLLM's ``--max-logprobs`` and raise this and
+            `OpenAIJudge`'s ``top_logprobs_cap`` together).
+        structured: constrain the answer to the released format (free text, then "$N$" with N in
+            0..100; ACCR: each Greek-letter score) with vLLM's ``structured_outputs={"regex": ...}``
+            (`answer_regex()`), so the score slot is always readable; vLLM reports the model's own
+            log-probabilities (its default ``logprobs_mode="raw_logprobs"``), so the expected score is
+            unchanged by the constraint. Local judges ignore it.
+
+    Formula: the expected score ``sum_k k * p(k)`` over the judge's distribution of the integer after
+    "The final score is" (with ACCR, the mean of the four dimensions' expected scores).
 
     ``video_input``: how a video reaches the judge. ``"composite"``: the released three-frame 1536x512
     image (the only form for GPT-4o, any remote judge, LLaVA-1.5 and Qwen3-VL); ``"frames"``: the frames as a
@@ -312,6 +322,12 @@ class GVEval:
         references: Sequence[Sequence[str]] | None = None,
     ) -> GVEvalResult:
         """Score each ``candidates[n]`` with ``images[n]`` or ``videos[n]`` and/or ``references[n]``.
+
+        Args:
+            candidates: the captions.
+            images: one image per candidate (ref-free and combined modes).
+            videos: one video per candidate instead of ``images``.
+            references: one list of reference captions per candidate (ref-only and combined modes).
 
         A sample whose score cannot be read from the answer (no marker, no number after it, no integer
         among the alternatives) is asked again, up to ``requery`` times, as the release does; then it gets

@@ -192,6 +192,16 @@ class Hallucination:
     ) -> HallucinationResult:
         """The penalty of each caption against its video (or image).
 
+        Args:
+            captions: the captions.
+            videos: one video per caption, or None with ``images``.
+            images: one image per caption instead of ``videos``.
+            video_ids: cache ids of the visuals (None: keyed by content).
+
+        Returns:
+            A `HallucinationResult`: per caption the ``penalty`` in [-1, 0] and its ``reports`` (which
+            content words the visual does not support).
+
         Raises:
             ValueError: both or neither of ``videos`` and ``images`` given; a bad caption or visual (naming it).
         """

@@ -135,26 +135,33 @@ class ContextCache:
 class VisCE2:
     """VisCE² on any chat judge backend.
 
-    ``backend``: a `JudgeBackend` (a
-    `LocalChatJudge`, a remote server backend, ...).
-    ``expected``: also compute the expected score from the token distribution. ``context_cache_size``:
-    visual contexts kept in memory (the most recently used; default `DEFAULT_CONTEXT_CACHE_SIZE`, 0
-    for none), so a long run does not grow without bound. ``cache_dir``: keep every visual context on
-    disk too. ``context_max_tokens`` / ``max_tokens``: generation budgets of the two
-    stages (1024 each, the release's ``max_new_tokens``, so a five-object context is not cut off; the
-    stages stop at the end of the answer, so short answers cost no more). ``temperature``: 0 (default)
-    decodes greedily, deterministic for rewards; the release samples at 0.2 (see `released()`).
-    ``prompt``: the rating prompt variant, ``"visce_2"`` (the released head's, default) or ``"visce"``
-    (the earlier commit's; `VISCE2_RATING_VARIANTS`).
-    ``top_logprobs``: alternatives asked of non-local backends for the expected score (vLLM and OpenAI
-    allow up to 20). ``tolerance``: on a server whose tokenizer writes numbers digit by digit, the
-    expected score comes from an exact digit tree of assistant-prefilled requests
-    (`capreward.scorers.remote_numbers`); one whose bound (score points) is above ``tolerance`` is
-    NaN with the reason; ``tree_top_logprobs``: the alternatives each node of the tree asks (20; a
-    node is exact when all ten digits are listed, so serve more with vLLM's ``--max-logprobs`` and raise
-    this and `OpenAIJudge`'s ``top_logprobs_cap`` together). ``structured``: constrain the rating to start with an integer 0..100 as its first
-    number (vLLM's ``structured_outputs={"regex": ...}``, `ANSWER_REGEX`);
-    local judges ignore it.
+    Args:
+        backend: a `JudgeBackend` (a `LocalChatJudge`, a remote server backend, ...).
+        expected: also compute the expected score from the token distribution.
+        cache_dir: keep every visual context on disk too.
+        context_cache_size: visual contexts kept in memory (the most recently used; default
+            `DEFAULT_CONTEXT_CACHE_SIZE`, 0 for none), so a long run does not grow without bound.
+        context_max_tokens: generation budget of the visual context (1024, the release's
+            ``max_new_tokens``, so a five-object context is not cut off; generation stops at the end of
+            the answer, so short answers cost no more).
+        max_tokens: generation budget of the rating (1024, as released).
+        temperature: 0 (default) decodes greedily, deterministic for rewards; the release samples at 0.2
+            (see `released()`).
+        prompt: the rating prompt variant, ``"visce_2"`` (the released head's, default) or ``"visce"``
+            (the earlier commit's; `VISCE2_RATING_VARIANTS`).
+        top_logprobs: alternatives asked of non-local backends for the expected score (vLLM and OpenAI
+            allow up to 20).
+        tolerance: on a server whose tokenizer writes numbers digit by digit, the expected score comes
+            from an exact digit tree of assistant-prefilled requests (`capreward.scorers.remote_numbers`);
+            one whose bound (score points) is above ``tolerance`` is NaN with the reason.
+        tree_top_logprobs: the alternatives each node of the tree asks (20; a node is exact when all ten
+            digits are listed, so serve more with vLLM's ``--max-logprobs`` and raise this and
+            `OpenAIJudge`'s ``top_logprobs_cap`` together).
+        structured: constrain the rating to start with an integer 0..100 as its first number (vLLM's
+            ``structured_outputs={"regex": ...}``, `ANSWER_REGEX`); local judges ignore it.
+
+    Formula: the score is the first integer of the rating answer (normally in [0, 100]); the expected
+    score is ``sum_k k * p(k)`` over the judge's distribution of that integer.
 
     Example:
         >>> import random
@@ -221,8 +228,16 @@ class VisCE2:
         return f"{image_key}|{self.backend.name}|{VISCE2_PROMPT_VERSION}|{settings}"
 
     def contexts(self, images: Sequence[Any], image_ids: Sequence[str] | None = None) -> tuple[list[str | None], list[str | None]]:
-        """Visual contexts for ``images`` (one per item, generated once per distinct image): returns
-        ``(contexts, errors)``, a context None where its image or request failed."""
+        """Visual contexts for ``images`` (one per item, generated once per distinct image).
+
+        Args:
+            images: the images.
+            image_ids: cache ids of the images (None: keyed by content).
+
+        Returns:
+            ``(contexts, errors)``: a context None where its image or request failed, and then its
+            :class:`~capreward.errors.SampleError`.
+        """
         contexts, errors, _ = self._contexts(images, image_ids)
         return contexts, errors
 
@@ -280,7 +295,12 @@ class VisCE2:
         return contexts, errors, row_images
 
     def score(self, candidates: Sequence[str], images: Sequence[Any], *, image_ids: Sequence[str] | None = None) -> VisCE2Result:
-        """Score each ``candidates[n]`` against ``images[n]`` (paths, PIL images, arrays or tensors).
+        """Score each ``candidates[n]`` against ``images[n]``.
+
+        Args:
+            candidates: the captions.
+            images: one image per candidate (paths, PIL images, arrays or tensors).
+            image_ids: cache ids of the images' visual contexts (None: keyed by content).
 
         Returns:
             A `VisCE2Result`: ``score`` (N,) (the first integer of the answer, normally in [0, 100]),

@@ -318,6 +318,14 @@ def tiny_caption_policy(seed: int = 0, sft_steps: int = 80, labels: str = "weak"
     right about half the time: a start RL can sharpen), ``"true"`` (:func:`true_label`) or ``"random"``
     (:func:`random_label`: the format only, image-blind). Deterministic for ``seed``; in eval mode.
 
+    Args:
+        seed: the seed of the weights and the fine-tuning data.
+        sft_steps: fine-tuning steps.
+        labels: ``"weak"``, ``"true"`` or ``"random"`` (above).
+
+    Returns:
+        ``(model, processor)``.
+
     Raises:
         ValueError: for an unknown ``labels``.
 

@@ -367,7 +367,15 @@ def _moved(alone: list[float | None], beside: list[float | None]) -> str | None:
 
 def run_red_team(attacks: Sequence[Attack] = ATTACKS, paths: Sequence[str] = ("local", "remote"), log=None) -> list[Verdict]:
     """Every attack against every target on the susceptible judge, on each of ``paths`` ("local", and
-    "remote" through a chat-server subprocess on 127.0.0.1). Returns the verdicts."""
+    "remote" through a chat-server subprocess on 127.0.0.1).
+
+    Args:
+        attacks: the hostile captions (default :data:`ATTACKS`).
+        paths: ``"local"`` and/or ``"remote"``.
+        log: called with progress lines (None: quiet).
+
+    Returns:
+        One :class:`Verdict` per attack, target and path."""
     import torch
 
     from ..judges import LocalChatJudge, OpenAIJudge

@@ -212,12 +212,29 @@ SUSCEPTIBLE_RECIPE = JudgeRecipe(
 
 
 def susceptible_judge_dir(cache_dir: str | os.PathLike | None = None, log: Callable[[str], None] | None = None) -> Path:
-    """Directory of the trained susceptible judge (trained on first use, then cached)."""
+    """Directory of the trained susceptible judge (trained on first use, then cached).
+
+    Args:
+        cache_dir: where trained fixtures are cached (None: ``$CAPREWARD_CACHE``, default ``~/.cache/capreward``).
+        log: called with progress lines while training (None: quiet).
+
+    Returns:
+        The ``save_pretrained`` directory.
+    """
     _SAMPLER.reset()
     return tiny_judge_dir(SUSCEPTIBLE_RECIPE, cache_dir, log=log)
 
 
 def susceptible_judge(cache_dir: str | os.PathLike | None = None, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
-    """``(model, processor)`` of the susceptible judge (for ``FLEUR(model=...)`` or ``LocalChatJudge``)."""
+    """The susceptible judge, a tiny judge that falls for prompt injection (trained on first use, then
+    cached), for ``FLEUR(model=...)`` or ``LocalChatJudge``.
+
+    Args:
+        cache_dir: where trained fixtures are cached (None: ``$CAPREWARD_CACHE``, default ``~/.cache/capreward``).
+        dtype: the weights' dtype.
+
+    Returns:
+        ``(model, processor)``.
+    """
     susceptible_judge_dir(cache_dir)
     return load_tiny_judge(SUSCEPTIBLE_RECIPE, cache_dir, dtype)

@@ -22,7 +22,14 @@ TINY_CLIP_CONFIG = {
 
 
 def build_tiny_clip(seed: int = 0, config: dict | None = None) -> torch.nn.Module:
-    """Return a tiny open_clip ``CLIP`` in eval mode with seeded random weights.
+    """A tiny open_clip ``CLIP`` in eval mode with seeded random weights.
+
+    Args:
+        seed: the weights' seed (same seed, same weights, on any machine).
+        config: the open_clip model config (default :data:`TINY_CLIP_CONFIG`).
+
+    Returns:
+        The model.
 
     Every floating-point parameter is rounded to fp16 precision (kept in fp32), as OpenAI's released
     checkpoints are, so saving and reloading through the OpenAI-format loader is lossless.
@@ -68,7 +75,15 @@ def openai_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def save_tiny_clip_openai(path: str | os.PathLike, seed: int = 0) -> Path:
-    """Build the tiny CLIP and save it as an OpenAI-format ``.pt`` state dict; return the path."""
+    """Build the tiny CLIP and save it as an OpenAI-format ``.pt`` state dict.
+
+    Args:
+        path: the file to write.
+        seed: the weights' seed.
+
+    Returns:
+        The path written (pass ``model=str(path)`` to any CLIP-based scorer).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(openai_state_dict(build_tiny_clip(seed)), path)
@@ -79,6 +94,12 @@ def tiny_clip_factory(seed: int = 0):
     """A zero-argument factory returning ``(model, preprocess, tokenizer)`` for the tiny CLIP.
 
     Pass it as ``model=`` to any CLIP-based scorer.
+
+    Args:
+        seed: the weights' seed.
+
+    Returns:
+        The factory.
     """
 
     def factory():

@@ -204,8 +204,16 @@ def build_tiny_llava(
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
 ) -> tuple[Any, Any]:
-    """``(model, processor)``: a ``LlavaForConditionalGeneration`` with seeded random weights (same spec,
-    same weights, on any machine) in eval mode, and its processor. Nothing is downloaded.
+    """A tiny ``LlavaForConditionalGeneration`` with seeded random weights (same spec, same weights, on any
+    machine) in eval mode, and its processor. Nothing is downloaded.
+
+    Args:
+        spec: the sizes, vocabulary and seed (:class:`TinyLlavaSpec`).
+        dtype: the weights' dtype.
+        device: where the weights are created.
+
+    Returns:
+        ``(model, processor)``.
 
     The weights are created directly on ``device`` in ``dtype`` (so a 7B-sized spec can be built in
     float16 on a GPU); a spec built on the CPU in float32 is bit-for-bit reproducible.
@@ -660,7 +668,18 @@ def tiny_judge_dir(
 ) -> Path:
     """The directory of the trained judge for ``recipe`` (``save_pretrained`` layout: config, weights,
     processor and tokenizer files); built and trained first if it is not cached yet (about a minute of
-    CPU for the FLEUR recipe), then reused. Concurrent callers (parallel test sessions) wait on a file
+    CPU for the FLEUR recipe), then reused.
+
+    Args:
+        recipe: what to train (default: the FLEUR judge's :class:`JudgeRecipe`).
+        cache_dir: where trained fixtures are cached (None: ``$CAPREWARD_CACHE``, default ``~/.cache/capreward``).
+        rebuild: train again even if cached.
+        log: called with progress lines while training (None: quiet).
+
+    Returns:
+        The directory (``FLEUR(model=str(dir))``, ``LocalJudge(str(dir))``).
+
+    Concurrent callers (parallel test sessions) wait on a file
     lock and train once; the result is written to a temporary directory and renamed into place (a rebuild
     swaps it with the old one atomically, so a reader never finds the directory missing).
 
@@ -825,7 +844,15 @@ def load_tiny_judge(
 
 
 def tiny_fleur_judge(cache_dir: str | os.PathLike | None = None, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
-    """The trained tiny FLEUR judge as ``(model, processor)``; pass it as ``FLEUR(model=...)``."""
+    """The trained tiny FLEUR judge (trained on first use, then cached); pass it as ``FLEUR(model=...)``.
+
+    Args:
+        cache_dir: where trained fixtures are cached (None: ``$CAPREWARD_CACHE``, default ``~/.cache/capreward``).
+        dtype: the weights' dtype.
+
+    Returns:
+        ``(model, processor)``.
+    """
     return load_tiny_judge(FLEUR_RECIPE, cache_dir, dtype)
 
 

@@ -223,13 +223,29 @@ def tiny_vlm_judge_dir(
     cache_dir: str | os.PathLike | None = None, log: Callable[[str], None] | None = None
 ) -> Path:
     """Directory of the trained VisCE²/G-VEval tiny judge (trained on first use, a few minutes on 2 CPU
-    cores, then cached)."""
+    cores, then cached).
+
+    Args:
+        cache_dir: where trained fixtures are cached (None: ``$CAPREWARD_CACHE``, default ``~/.cache/capreward``).
+        log: called with progress lines while training (None: quiet).
+
+    Returns:
+        The ``save_pretrained`` directory."""
     _GROUPED.reset()
     return tiny_judge_dir(VLM_RECIPE, cache_dir, log=log)
 
 
 def tiny_vlm_judge(cache_dir: str | os.PathLike | None = None, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
-    """``(model, processor)`` of the trained VisCE²/G-VEval tiny judge; wrap it in ``LocalChatJudge``."""
+    """The trained VisCE²/G-VEval tiny judge (trained on first use, then cached); wrap it in
+    ``LocalChatJudge``.
+
+    Args:
+        cache_dir: where trained fixtures are cached (None: ``$CAPREWARD_CACHE``, default ``~/.cache/capreward``).
+        dtype: the weights' dtype.
+
+    Returns:
+        ``(model, processor)``.
+    """
     return load_tiny_judge(VLM_RECIPE, cache_dir, dtype)
 
 

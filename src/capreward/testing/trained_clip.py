@@ -98,8 +98,15 @@ COLOUR_RECIPE = ColourClipRecipe()
 # ------------------------------------------------------------------------------------ the synthetic task
 def colour_image(colour: str, rng: random.Random | None = None, size: tuple[int, int] | None = None) -> Image.Image:
     """An RGB image of ``colour`` (a key of :data:`COLOURS`): the colour shifted by up to +-25 per
-    channel, plus Gaussian pixel noise (sigma 12). Random size in [24, 64] per side unless given.
-    Deterministic for a given ``rng`` state."""
+    channel, plus Gaussian pixel noise (sigma 12). Deterministic for a given ``rng`` state.
+
+    Args:
+        colour: a key of :data:`COLOURS`.
+        rng: the random source (None: a fresh one).
+        size: (width, height) (None: random in [24, 64] per side).
+
+    Returns:
+        The PIL image."""
     if colour not in COLOURS:
         raise ValueError(f"unknown colour {colour!r}; expected one of {list(COLOURS)}")
     rng = rng or random.Random(f"colour-{colour}")
@@ -115,7 +122,16 @@ CLIPS_PREFIX = "A photo depicts "
 
 
 def colour_caption(colour: str, rng: random.Random | None = None, template: str | None = None) -> str:
-    """A caption naming ``colour`` from :data:`CAPTION_TEMPLATES` (random unless ``template`` is given)."""
+    """A caption naming ``colour``.
+
+    Args:
+        colour: a key of :data:`COLOURS`.
+        rng: the random source of the template (None: a fresh one).
+        template: one of :data:`CAPTION_TEMPLATES` (None: a random one).
+
+    Returns:
+        The caption.
+    """
     rng = rng or random.Random(0)
     return (template or rng.choice(CAPTION_TEMPLATES)).format(colour=colour)
 
@@ -248,6 +264,15 @@ def trained_clip_path(
     log: Callable[[str], None] | None = None,
 ) -> Path:
     """Path of the trained colour CLIP as an OpenAI-format ``.pt`` state dict (pass it as ``model=``).
+
+    Args:
+        recipe: what to train (the default colour recipe).
+        cache_dir: where trained fixtures are cached (None: ``$CAPREWARD_CACHE``, default ``~/.cache/capreward``).
+        rebuild: train again even if cached.
+        log: called with progress lines while training (None: quiet).
+
+    Returns:
+        The ``.pt`` path.
 
     Trained and written on the first call for ``recipe`` (atomically: a temporary file renamed into
     place, so concurrent callers never read a partial file), then reused. A ``.json`` beside it records

@@ -330,7 +330,16 @@ class DifferentiableRewardLoss:
         self.harmonic_mean = harmonic_mean
 
     def rewards(self, relaxed: RelaxedCaptions, visuals: Sequence[Any], references=None) -> torch.Tensor:
-        """The scorer's differentiable reward [N] of relaxed captions."""
+        """The scorer's differentiable reward of relaxed captions.
+
+        Args:
+            relaxed: the relaxed (soft) captions.
+            visuals: one image or video per caption.
+            references: one list of reference captions per caption, for a scorer that uses them.
+
+        Returns:
+            The rewards [N], with gradients to the captions' distributions.
+        """
         probs, lengths = clip_soft_captions(relaxed, self.bridge, self.scorer.backbone)
         where = {"images" if self.visual == "image" else "videos": list(visuals)}
         if isinstance(self.scorer, EMScore):

@@ -165,12 +165,30 @@ class SelfCriticalStep:
         return out.sequences, len(out.scores)
 
     def greedy(self, model, inputs: Mapping[str, Any]) -> list[str]:
-        """The greedy caption of each visual (what validation scores)."""
+        """The greedy caption of each visual (what validation scores).
+
+        Args:
+            model: the captioner.
+            inputs: its processor's inputs for the visuals (and prompts).
+
+        Returns:
+            One caption per visual.
+        """
         return greedy_captions(model, self.tokenizer, inputs, self.max_new_tokens, **self.generation_kwargs)
 
     def log_probs(self, model, inputs: Mapping[str, Any], sequences: torch.Tensor, generated: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Σ log p of the last ``generated`` tokens of each row of ``sequences`` (the sampled caption, up to
-        and including its EOS) under a teacher-forced forward pass, with gradient; and their lengths."""
+        """The log-probability of each sampled caption under a teacher-forced forward pass.
+
+        Args:
+            model: the captioner.
+            inputs: its processor's inputs, one row per sequence.
+            sequences: prompt and sampled caption per row.
+            generated: how many trailing tokens of each row are the caption.
+
+        Returns:
+            ``(log_probs, lengths)``: Σ log p of each row's caption tokens (up to and including its EOS),
+            with gradient, and their counts.
+        """
         eos = getattr(model.generation_config, "eos_token_id", None)
         targets = sequences[:, -generated:]
         mask = generated_mask(targets, eos)

@@ -25,7 +25,21 @@ def scst_advantages(rewards: torch.Tensor, greedy: torch.Tensor | None = None, b
     NaN marks a sample without a reward (an unscorable caption): its advantage is 0 and it does not
     enter the other samples' mean baseline. A visual whose baseline is undefined (greedy reward NaN, or
     fewer than two scored samples with ``"mean"``) gets advantage 0 for all its samples.
-    Returns a tensor without gradient (rewards are constants for REINFORCE).
+
+    Args:
+        rewards: [B, k] rewards of k samples per visual (NaN: no reward).
+        greedy: [B] rewards of each visual's greedy caption (``baseline="greedy"``).
+        baseline: ``"greedy"`` or ``"mean"``.
+
+    Returns:
+        The advantages [B, k], without gradient (rewards are constants for REINFORCE).
+
+    Examples:
+        >>> import torch
+        >>> from capreward.training import scst_advantages
+        >>> a = scst_advantages(torch.tensor([[0.8, 0.2, float("nan")]]), baseline="mean")
+        >>> [round(v, 4) for v in a[0].tolist()]   # 0.8 - 0.2, 0.2 - 0.8; no reward: 0
+        [0.6, -0.6, 0.0]
     """
     if baseline not in BASELINES:
         raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
@@ -61,9 +75,14 @@ def sequence_log_probs(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.T
 def reinforce_loss(seq_log_probs: torch.Tensor, advantages: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
     """``- mean_s advantage_s · log p(w^s)`` over all samples (those without a reward have advantage 0).
 
-    ``seq_log_probs`` and ``advantages`` have the same shape (flattened inside). With ``lengths`` each
-    sample's log-probability is divided by its token count (length-normalised SCST). Returns a scalar
-    attached to the graph of ``seq_log_probs``.
+    Args:
+        seq_log_probs: each sample's caption log-probability (with gradient).
+        advantages: each sample's advantage (same shape; flattened inside).
+        lengths: each sample's token count: its log-probability is divided by it (length-normalised
+            SCST); None: not normalised.
+
+    Returns:
+        A scalar attached to the graph of ``seq_log_probs``.
     """
     lp = seq_log_probs.reshape(-1)
     adv = advantages.reshape(-1).to(lp.device, lp.dtype)
