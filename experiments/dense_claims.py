@@ -128,8 +128,9 @@ def sft(model: Any, processor: Any, rows: Sequence[dict[str, Any]], steps: int, 
         texts = [f"{prompt} {sft_caption(b['background'], b['patch'], rng, right)}</s>" for b in batch]
         enc = processor(images=[b["image"] for b in batch], text=texts, return_tensors="pt", padding=True)
         labels = enc["input_ids"].clone()
-        labels[:, :n_prompt] = -100  # right padding is not used: the processor pads on the left
-        labels[enc["attention_mask"] == 0] = -100
+        width = labels.shape[1]
+        for i, n in enumerate(enc["attention_mask"].sum(1).tolist()):  # left padding: a row ends at the last column
+            labels[i, : width - (n - n_prompt)] = -100  # padding and prompt: only the answer is learned
         out = model(**enc, labels=labels)
         optimizer.zero_grad(set_to_none=True)
         out.loss.backward()
