@@ -3,19 +3,29 @@
 Built on :mod:`capreward.testing.tiny_llava` (same tiny LLaVA, training loop and on-disk cache keyed by
 the recipe and this module's source hash). Its world: an image of one background colour with a large
 patch of another colour in one corner (:func:`claim_image`). Two facts hold about every image: the
-background colour and the patch colour. The judge answers the claim reward's three prompts
-(:mod:`capreward.scorers.claims_prompts`):
+background colour and the patch colour. The judge gives both sides of the claim reward
+(:mod:`capreward.scorers.claims`):
 
-- **verify** a claim: ``"yes"`` when the colour the claim names is in the image (as background or as
-  patch: "the background is red", "a red ball", "there is a green patch"), ``"no"`` for a colour that is
-  not and for claims naming no colour ("there is a ball"). A presence check, not a binding one: a
-  two-layer toy learns it in minutes, and it is enough to tell a hallucinated colour from a seen one.
-- **coverage** of a fact by a description: ``"yes"`` when the description names the fact's colour, else
-  ``"no"``.
-- **inventory**: ``"the background is {B}. there is a {P} patch."``
+- **verify** a claim (the precision side, :data:`~capreward.scorers.claims_prompts.VERIFY_TEMPLATE`):
+  ``"yes"`` when the colour the claim names is in the image (as background or as patch: "the background
+  is red", "a red ball", "there is a green patch"), ``"no"`` for a colour that is not and for claims
+  naming no colour ("there is a ball"). A presence check, not a binding one: enough to tell a
+  hallucinated colour from a seen one. Trained, it reads P(yes) > 0.99 for a claim naming a colour of
+  the image and < 0.01 for one naming another colour, on images it never saw.
+- **inventory** (the coverage side, :data:`~capreward.scorers.claims_prompts.INVENTORY_PROMPT`):
+  ``"the background is {B}. there is a {P} patch."``, the image's two facts, read off the image. With
+  ``ClaimScorer(inventory=True, coverage="lexical")`` they are the reference claims each caption is
+  checked against (a caption that leaves the patch out covers half of them); with references given,
+  the references are.
+
+Not learned: the coverage question (:data:`~capreward.scorers.claims_prompts.COVERAGE_TEMPLATE`,
+``coverage="judge"``: whether a *description* states a fact, a text-matching task this two-layer toy
+did not learn within a CPU-minute budget: its P(yes) stayed at chance after 1,000 steps) and the judge
+splitter (``splitter="judge"``); use ``coverage="lexical"`` and the rule-based splitter with it.
 
 A caption of the toy task is a few such claims joined by ". " or " and "
-(:func:`claim_caption`). :data:`CLAIM_RECIPE` trains it in about six minutes of one CPU thread.
+(:func:`claim_caption`). :data:`CLAIM_RECIPE` trains it in 1,200 steps (about 1.5 minutes of one
+idle CPU thread; verification is learned between steps 600 and 800).
 """
 
 from __future__ import annotations
@@ -137,13 +147,11 @@ def inventory_example(rng: random.Random) -> JudgeExample:
 
 
 def sample_claim_example(rng: random.Random) -> JudgeExample:
-    """One training example: verify (70%), coverage (25%) or inventory (5%)."""
-    roll = rng.random()
-    if roll < 0.7:
-        return verify_example(rng)
-    if roll < 0.95:
-        return coverage_example(rng)
-    return inventory_example(rng)
+    """One training example: inventory (25%) or verify (75%). (:func:`coverage_example` is not in the
+    mix: the toy did not learn it within the budget, and it slowed the verification down.)"""
+    if rng.random() < 0.25:
+        return inventory_example(rng)
+    return verify_example(rng)
 
 
 _SOURCE_HASH = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:8]
@@ -153,7 +161,7 @@ CLAIM_RECIPE = JudgeRecipe(
     name=f"claims-{_SOURCE_HASH}",
     sampler=sample_claim_example,
     spec=TinyLlavaSpec(words=tuple(dict.fromkeys(tuple(prompt_words()) + CLAIM_WORDS)), init_std=0.1),
-    steps=1000,
+    steps=1200,
     batch_size=16,
     lr=4e-3,
 )
