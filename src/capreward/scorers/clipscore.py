@@ -264,5 +264,5 @@ class PACScore(CLIPScore):
 
     default_w = 2.0
 
-    def __init__(self, model: str | os.PathLike | Callable[[], tuple], **kwargs):
+    def __init__(self, model: str | os.PathLike | Callable[[], tuple], **kwargs: Any):
         super().__init__(model, **kwargs)

@@ -328,7 +328,14 @@ class RemoteFLEUR:
             responses=list(responses),
         )
 
-    async def ascore(self, candidates, images=None, references=None, *, videos=None) -> RemoteFLEURResult:
+    async def ascore(
+        self,
+        candidates: Sequence[str],
+        images: Sequence[Any] | None = None,
+        references: Sequence[Sequence[str] | str] | None = None,
+        *,
+        videos: Sequence[Any] | None = None,
+    ) -> RemoteFLEURResult:
         """`score()`, awaitable (the requests run concurrently on a remote backend).
 
         Args:
