@@ -181,6 +181,7 @@ def test_manifest_rows_are_validated_with_their_line(recipe, tmp_path):
         ('{"references": ["x"]}', "exactly one of"),
         ('{"image": "a.png", "references": "x"}', "'references' must be a list of strings"),
         ('{"image": "a.png", "prompt": 3}', "'prompt' must be a string"),
+        ('{"image": ["a.png", "a.png"]}', "'image' must be one path (the recipe's policy sees one visual per prompt), got list"),
         ("[1, 2]", "expected a JSON object"),
         ("{not json", "not JSON"),
     ]:

@@ -201,6 +201,10 @@ def read_manifest(path: str | os.PathLike) -> list[dict[str, Any]]:
         kinds = [k for k in ("image", "video") if row.get(k)]
         if len(kinds) != 1:
             raise ValueError(f"{where}: needs exactly one of 'image' or 'video', got {kinds or 'neither'}")
+        if not isinstance(row[kinds[0]], str):
+            raise ValueError(f"{where}: {kinds[0]!r} must be one path (the recipe's policy sees one visual per "
+                             f"prompt), got {type(row[kinds[0]]).__name__}; several-image rows are scored by "
+                             "`capreward score` and the rewards' images column")
         refs = row.get("references")
         if refs is not None and (not isinstance(refs, list) or not all(isinstance(r, str) for r in refs)):
             raise ValueError(f"{where}: 'references' must be a list of strings")
