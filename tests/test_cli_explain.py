@@ -349,3 +349,23 @@ def test_explain_help_documents_the_settings_record():
     assert "<out>.settings.json" in text and "a resume with any of them different is refused" in text
     assert "not the batch size, device or progress" in text
     assert "--accept-unrecorded-settings resume an output that has rows but no <out>.settings.json" in text
+
+
+def test_a_several_image_row_is_refused_and_the_others_explained(manifest, fleur_run, tiny_judge_path, tmp_path):
+    """An explanation is about one visual: a row whose ``image`` lists several gets an error naming how
+    many, the other rows of its batch are explained as in a run without it."""
+    path, rows = manifest
+    several = {"id": "g", "image": [rows[0]["image"], rows[2]["image"]], "caption": rows[0]["caption"]}
+    mixed = tmp_path / "manifest.jsonl"
+    mixed.write_text(json.dumps(rows[0]) + "\n" + json.dumps(several) + "\n")
+    for row in (rows[0],):
+        shutil.copyfile(path.parent / row["image"], tmp_path / row["image"])
+    shutil.copyfile(path.parent / rows[2]["image"], tmp_path / rows[2]["image"])
+    out = tmp_path / "out.jsonl"
+    assert main(explain_args(mixed, out, tiny_judge_path)) == 0
+    got = {r["id"]: r for r in read_rows(out)}
+    assert got["g"]["fleur"] is None and got["g"]["explanation"] is None
+    assert "the row has 2 images; an explanation is about one visual" in got["g"]["errors"]["fleur"]
+    alone = {r["id"]: r for r in read_rows(fleur_run[0])}["a"]
+    assert got["a"]["fleur"] == pytest.approx(alone["fleur"], abs=1e-5)  # another batch: fp32 rounding
+    assert got["a"]["explanation"] == alone["explanation"]

@@ -142,7 +142,13 @@ def _explain_rows(args: argparse.Namespace, rows: list) -> dict:
                                                       disable=args.no_progress, desc="explaining") as bar:
             for batch in batches(todo, args.batch_size):
                 results = []
-                for row, fields in zip(batch, isolate_errors(explain, batch, args.metric)):
+                # an explanation is about one visual: a several-image row gets an error, not its first image's
+                single = [r for r in batch if not r.paths]
+                explained = iter(isolate_errors(explain, single, args.metric) if single else [])
+                outcomes = [next(explained) if not row.paths else
+                            {"_error": f"the row has {len(row.paths)} images; an explanation is about one visual "
+                                       "(give each image its own row)"} for row in batch]
+                for row, fields in zip(batch, outcomes):
                     result = base_fields(row)
                     if not args.references:
                         result.pop("references", None)
