@@ -37,6 +37,13 @@ Prints per-seed figures and means over seeds::
     python experiments/dense_claims.py --arms dense control precision --json out.json
 
 Runs on one torch thread; trains the claim judge on first use (cached under $CAPREWARD_CACHE).
+
+Measured (defaults, seeds 0 and 1; figures and what they mean in docs/claims.md): under the dense arm
+both logged parts rise on held-out images (judge precision 0.501 -> 0.635, recall 0.465 -> 0.679) and
+ground-truth coverage with them (0.320 -> 0.533), but ground-truth precision falls (0.493 -> 0.289): on
+seed 1 the policy wrote run-on claims listing colours, which the tiny judge reads by their last colour.
+Best-of-8 by the claim F-score moves both ground-truth parts up (precision 0.547 -> 0.984, coverage
+0.359 -> 0.594).
 """
 
 from __future__ import annotations
