@@ -82,7 +82,7 @@ class ChatTurn:
         image_detail: OpenAI's ``detail`` of each image part (``"low"``, ``"high"``, ``"auto"``; None: not
             sent). Local backends ignore it and ``text_first`` (LLaVA's format puts the image first).
 
-    Example:
+    Examples:
         >>> from capreward.judges import user_turn
         >>> turn = user_turn("Describe the image.")
         >>> turn.role, turn.text, turn.images
@@ -131,7 +131,7 @@ class ChatRequest:
     Raises:
         TypeError: ``structured_outputs`` is not a mapping.
 
-    Example:
+    Examples:
         >>> from capreward.judges import ChatRequest, assistant_turn, user_turn
         >>> request = ChatRequest(turns=(user_turn("Rate the caption."), assistant_turn("The score is ")),
         ...                       max_tokens=2, top_logprobs=5, structured_outputs={"regex": "[0-9]+"})
@@ -173,7 +173,7 @@ class TokenLogprob:
         ranked: the alternatives as the backend listed them, duplicates included (G-VEval's released rule
             lets a later duplicate win).
 
-    Example:
+    Examples:
         >>> import math
         >>> from capreward.judges import TokenLogprob
         >>> t = TokenLogprob("7", math.log(0.6), {"7": math.log(0.6), "8": math.log(0.3)})
@@ -203,7 +203,7 @@ class ChatResponse:
             answers it (vLLM), per prompt token the listed (token text, log-probability) pairs at that
             position (the prompt's own token among them; None for the first position), else None.
 
-    Example:
+    Examples:
         >>> from capreward.judges import ChatResponse
         >>> ChatResponse("The score is 7.").ok, ChatResponse("", error="HTTP 500 after 3 retries").ok
         (True, False)
@@ -225,7 +225,7 @@ class JudgeBackend(Protocol):
     """What the judge-based scorers need from a backend: a ``name`` (the model, used in cache keys; never
     an API key) and :meth:`generate` / :meth:`agenerate`.
 
-    Example:
+    Examples:
         >>> from capreward.judges import ChatResponse, JudgeBackend
         >>> class Echo:
         ...     name = "echo"

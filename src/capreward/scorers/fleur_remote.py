@@ -189,7 +189,7 @@ class RemoteFLEUR:
             weighted digits are not among the alternatives (default 1e-6: exact or NaN with the reason);
             None keeps the renormalised approximation whatever its bound.
 
-    Example:
+    Examples:
         >>> import random
         >>> from capreward.testing import fleur_task_image
         >>> red = fleur_task_image("red", random.Random(0))
@@ -328,7 +328,9 @@ class RemoteFLEUR:
             responses=list(responses),
         )
 
-    async def ascore(self, candidates, images=None, references=None, *, videos=None) -> RemoteFLEURResult:
+    async def ascore(self, candidates: Sequence[str], images: Sequence[Any] | None = None,
+                     references: Sequence[Sequence[str] | str] | None = None, *,
+                     videos: Sequence[Any] | None = None) -> RemoteFLEURResult:
         """`score()`, awaitable (the requests run concurrently on a remote backend).
 
         Args:

@@ -117,7 +117,7 @@ class GVEval:
     Formula: the expected score ``sum_k k * p(k)`` over the judge's distribution of the integer after
     "The final score is" (with ACCR, the mean of the four dimensions' expected scores).
 
-    Example:
+    Examples:
         >>> import random
         >>> from capreward.testing import fleur_task_image
         >>> red = fleur_task_image("red", random.Random(0))
