@@ -5,7 +5,8 @@ convention.
   by a ``::: module.Name`` line of docs/api/*.md, and every rendered object is in a public ``__all__``
   (:data:`PENDING` lists the few names still waiting for their page, each with the reason). A name left
   out of an ``__all__`` stays importable: user code does not break.
-- Every documented class has an ``Example:`` of doctests (run by tests/test_docs_examples.py) and, when its
+- Every documented class has an ``Examples:`` section of doctests (griffe renders ``Example:`` as an
+  admonition, not as code) (run by tests/test_docs_examples.py) and, when its
   constructor takes arguments, an ``Args:`` section; every documented function and every public method a
   class page renders (all of them, or the ``members:`` the page lists) has ``Args:`` when it takes
   arguments and ``Returns:`` (or ``Yields:``) when it returns something.
@@ -157,8 +158,8 @@ def convention_problems(path: str, obj, members) -> list[str]:
             check_function(path, obj)
         return problems
     doc = inspect.getdoc(obj) or ""
-    if not re.search(r"^Examples?:\n(?:\s+.*\n)*?\s+>>> ", doc + "\n", flags=re.M):
-        problems.append(f"{path}: no Example section of doctests")
+    if not re.search(r"^Examples:\n(?:\s+.*\n)*?\s+>>> ", doc + "\n", flags=re.M):
+        problems.append(f"{path}: no Examples section of doctests")  # "Example:" renders as an admonition
     init = vars(obj).get("__init__")  # its own (a Protocol's placeholder __init__ is not a constructor)
     if init is not None and getattr(init, "__qualname__", "").startswith(obj.__qualname__ + ".") and arguments(init) and "Args" not in sections(doc):
         problems.append(f"{path}: the constructor's arguments have no Args section")
@@ -206,8 +207,8 @@ def test_the_convention_check_finds_a_missing_section():
             return y
 
     assert convention_problems("f", f, None) == ["f: no Args section", "f: no Returns section"]
-    assert convention_problems("C", C, None) == ["C: no Example section of doctests", "C.g: no Returns section"]
-    assert convention_problems("C", C, False) == ["C: no Example section of doctests"]
+    assert convention_problems("C", C, None) == ["C: no Examples section of doctests", "C.g: no Returns section"]
+    assert convention_problems("C", C, False) == ["C: no Examples section of doctests"]
 
 
 # ------------------------------------------------------------------------------ every example runs

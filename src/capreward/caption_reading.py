@@ -244,7 +244,7 @@ class Reading:
         mixed_script: the words of the caption that mixed letters of several scripts, as given.
         unreadable_mixed: the words of ``text`` that still mix scripts once read (`mixed_after_reading()`).
 
-    Example:
+    Examples:
         >>> from capreward.caption_reading import read_caption
         >>> r = read_caption("a red ima\\u200bge")         # a zero-width space
         >>> r.text, r.given == "a red ima\\u200bge", r.changed

@@ -6,7 +6,7 @@ class it derived from before the root existed (a :class:`~capreward.media.MediaE
 ``except capreward.CaprewardError`` catches whatever capreward raises on purpose while
 ``except ValueError`` in existing code keeps working.
 
-Example:
+Examples:
     >>> from capreward.errors import CaprewardError
     >>> from capreward.media import MediaError
     >>> issubclass(MediaError, CaprewardError) and issubclass(MediaError, ValueError)
@@ -80,7 +80,7 @@ def written(item: str, message: str, sep: str = ": ") -> str:
     """The one text of a per-sample error, as logs, results files and server answers write it: ``item``
     (what failed: ``"completions[3]"``, ``"row 'a1'"``; may be empty), ``sep``, then ``message``.
 
-    Example:
+    Examples:
         >>> written("completions[3]", "empty caption")
         'completions[3]: empty caption'
         >>> written("", "empty caption")
@@ -109,7 +109,7 @@ class SampleError(str):
     Raises:
         ValueError: ``kind`` is not one of :data:`KINDS`.
 
-    Example:
+    Examples:
         >>> e = SampleError(3, "input", "completions[3]", "empty caption")
         >>> e, e.kind, e == "completions[3]: empty caption"
         ('completions[3]: empty caption', 'input', True)
@@ -266,7 +266,7 @@ def sample_failure(index: int, value: Any, reason: Any, item: str = "", kind: st
     ``"non_finite"`` with the consumer's text ``non_finite`` (``{value}`` filled in) followed by the
     reason, or ``"no score"`` when there is no reason. None for a scored sample.
 
-    Example:
+    Examples:
         >>> sample_failure(0, 0.5, None) is None
         True
         >>> sample_failure(1, float("nan"), None).kind
@@ -294,7 +294,7 @@ def kind_of(reason: Any, default: str) -> str:
     """The kind of ``reason``: its own for a :class:`SampleError`, else ``default`` (the kind its
     producer states for a plain text, e.g. ``"judge_unavailable"`` for a failed judge request's error).
 
-    Example:
+    Examples:
         >>> kind_of(SampleError(0, "limit", "", "prompt too long"), "judge_unavailable")
         'limit'
         >>> kind_of("connection refused", "judge_unavailable")
@@ -324,7 +324,7 @@ def summarize(errors: Sequence[SampleError], limit: int = 8, more: bool = True) 
     """The failed samples of one batch in one log line: ``"[i] <text>; [j] <text>"`` for the first
     ``limit``, then (``more``) ``"; ... N more"``.
 
-    Example:
+    Examples:
         >>> summarize([SampleError(0, "input", "", "empty caption"), SampleError(4, "media", "image 'a.png'",
         ...           "cannot decode image")], limit=1)
         '[0] empty caption; ... 1 more'

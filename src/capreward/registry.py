@@ -9,7 +9,7 @@ imports torch or a scorer. The scorer itself is imported on :meth:`MetricSpec.lo
 Every consumer (rewards, torchmetrics metrics, jobs, the server, the recipe, the CLI, meta-evaluation,
 the docs) reads the specs here instead of restating a fact about a metric.
 
-Example:
+Examples:
     >>> from capreward import registry
     >>> registry.get("CLIPScore").name
     'clip_s'

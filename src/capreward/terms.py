@@ -6,7 +6,7 @@ The documented form is ``name=weight`` joined by commas (``"emscore=1,clip_s=0.5
 (the recipe's earlier form) is accepted too, and a bare name weighs 1. Names are read through the
 registry's aliases (``clipscore`` is ``clip_s``).
 
-Example:
+Examples:
     >>> parse_weighted_terms("emscore=1, clipscore:0.5,hallucination")
     [('emscore', 1.0), ('clip_s', 0.5), ('hallucination', 1.0)]
 """

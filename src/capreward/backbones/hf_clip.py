@@ -153,7 +153,7 @@ class TransformersBackbone(TowerBackbone):
         text_cache_bytes: bytes of the caption-embedding cache.
         text_tokens_per_pass: tokens of one packed text-tower pass (memory).
 
-    Example:
+    Examples:
         >>> from capreward.backbones import CLIPBackbone
         >>> from capreward.testing.tiny_hf_clip import tiny_hf_clip
         >>> backbone = CLIPBackbone(tiny_hf_clip("siglip"))  # a (model, processor) pair

@@ -31,7 +31,7 @@ class CustomTextBackbone(TowerBackbone):
     """A :class:`~capreward.backbones.CLIPBackbone` on an open_clip ``CustomTextCLIP``; built by
     ``CLIPBackbone(spec)`` when the loaded model is one (see the module doc).
 
-    Example:
+    Examples:
         >>> from capreward.backbones import CLIPBackbone
         >>> from capreward.testing.tiny_custom_clip import tiny_custom_clip_factory
         >>> backbone = CLIPBackbone(tiny_custom_clip_factory("siglip"))

@@ -132,7 +132,7 @@ def split_windows(caption: str, fits: Callable[[str], bool]) -> list[str]:
     Raises:
         ValueError: when not even one character fits (a template as long as the context).
 
-    Example:
+    Examples:
         >>> fits = lambda text: len(text.split()) <= 4
         >>> split_windows("a red car. a dog runs, a cat sleeps on a mat.", fits)
         ['a red car.', 'a dog runs,', 'a cat sleeps on', 'a mat.']

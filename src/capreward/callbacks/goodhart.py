@@ -74,7 +74,7 @@ class GoodhartMonitor:
         warn: called with the message when the verdict turns bad (default: ``warnings.warn`` with
             `GoodhartWarning`, and a log record); called again only after a good verdict.
 
-    Example:
+    Examples:
         >>> m = GoodhartMonitor({"truth": lambda p, c, **k: [float("red" in x) for x in c]}, window=2, warn=print)
         >>> for captions, reward in [(["red", "red"], 0.1), (["red", "blue"], 0.2), (["blue", "red"], 0.6), (["blue", "blue"], 0.9)]:
         ...     _ = m.observe([reward] * 2, None, captions)
@@ -245,7 +245,7 @@ class GoodhartCallback(TrainerCallback):
         monitor: the :class:`GoodhartMonitor` whose :meth:`~GoodhartMonitor.watch`-ed reward (TRL) or
             :meth:`~GoodhartMonitor.observe` calls (a custom loop) feed it.
 
-    Example:
+    Examples:
         >>> callback = GoodhartCallback(GoodhartMonitor({"truth": lambda p, c, **k: [1.0] * len(c)}))
         >>> # trainer = GRPOTrainer(..., reward_funcs=[callback.monitor.watch(reward)]); callback.install(trainer)
     """

@@ -28,7 +28,7 @@ class GoodhartLightningCallback(Callback):
         rewards_key: the key of their training rewards in that dict.
         columns: batch keys passed to the judges as keyword arguments.
 
-    Example:
+    Examples:
         >>> from capreward.callbacks.goodhart import GoodhartMonitor
         >>> cb = GoodhartLightningCallback(GoodhartMonitor({"truth": lambda p, c, **k: [1.0] * len(c)}), columns=("colour",))
         >>> # lightning.Trainer(callbacks=[cb]); training_step returns {"loss": ..., "captions": [...], "rewards": [...]}

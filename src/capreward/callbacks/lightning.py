@@ -101,7 +101,7 @@ class CaptionScoreCallback(Callback):
     Returns nothing; logged values are in ``trainer.callback_metrics``, the history of epoch means in
     ``callback.history`` and the last epoch's per-sample table in ``callback.last_table``.
 
-    Example:
+    Examples:
         >>> from capreward.callbacks import CLIPScoreMetric, CaptionScoreCallback, EMScoreMetric
         >>> from capreward.testing import trained_clip_path
         >>> clip = str(trained_clip_path())

@@ -127,7 +127,7 @@ class CaptionEvalCallback(TrainerCallback):
     After an evaluation: ``history`` (one dict of logged values per evaluation, with ``step``),
     ``last_table`` (per-sample rows) and ``last_examples`` (Markdown of the best/worst captions).
 
-    Example:
+    Examples:
         >>> from capreward.testing import colour_image, trained_clip_path
         >>> clip = str(trained_clip_path())   # a tiny CLIP trained to know colour words (seconds, then cached)
         >>> red = colour_image("red")

@@ -128,7 +128,7 @@ class LocalJudge:
     (width, height) is what their images are resized to (None: the family's default), and
     ``pad_to_square``/``system`` are LLaVA's only. `family` is None for LLaVA-1.5.
 
-    Example:
+    Examples:
         >>> from capreward.judges import LocalJudge
         >>> from capreward.testing import tiny_judge_dir
         >>> judge = LocalJudge(str(tiny_judge_dir()))    # FLEUR(model=...) builds one of these

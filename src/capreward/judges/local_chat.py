@@ -69,7 +69,7 @@ class LocalChatJudge(SyncBackendMixin):
     servers such as vLLM do (special-token strings in it become special tokens); it exists to model such
     a server in tests (`capreward.testing.chat_server`), never to score with.
 
-    Example:
+    Examples:
         >>> import random
         >>> from capreward.testing import fleur_task_image
         >>> red = fleur_task_image("red", random.Random(0))

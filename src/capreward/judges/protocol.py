@@ -101,7 +101,7 @@ class ChatTurn:
     A turn hashes and compares by its content: role, text, flags, and each image and video by its
     pixels (:func:`visual_key`), never by object identity or by text joined with other fields.
 
-    Example:
+    Examples:
         >>> from capreward.judges import user_turn
         >>> turn = user_turn("Describe the image.")
         >>> turn.role, turn.text, turn.images
@@ -180,7 +180,7 @@ class ChatRequest:
     Raises:
         TypeError: ``structured_outputs`` is not a mapping.
 
-    Example:
+    Examples:
         >>> from capreward.judges import ChatRequest, assistant_turn, user_turn
         >>> request = ChatRequest(turns=(user_turn("Rate the caption."), assistant_turn("The score is ")),
         ...                       max_tokens=2, top_logprobs=5, structured_outputs={"regex": "[0-9]+"})
@@ -239,7 +239,7 @@ class TokenLogprob:
         ranked: the alternatives as the backend listed them, duplicates included (G-VEval's released rule
             lets a later duplicate win).
 
-    Example:
+    Examples:
         >>> import math
         >>> from capreward.judges import TokenLogprob
         >>> t = TokenLogprob("7", math.log(0.6), {"7": math.log(0.6), "8": math.log(0.3)})
@@ -269,7 +269,7 @@ class ChatResponse:
             answers it (vLLM), per prompt token the listed (token text, log-probability) pairs at that
             position (the prompt's own token among them; None for the first position), else None.
 
-    Example:
+    Examples:
         >>> from capreward.judges import ChatResponse
         >>> ChatResponse("The score is 7.").ok, ChatResponse("", error="HTTP 500 after 3 retries").ok
         (True, False)
@@ -291,7 +291,7 @@ class JudgeBackend(Protocol):
     """What the judge-based scorers need from a backend: a ``name`` (the model, used in cache keys; never
     an API key) and :meth:`generate` / :meth:`agenerate`.
 
-    Example:
+    Examples:
         >>> from capreward.judges import ChatResponse, JudgeBackend
         >>> class Echo:
         ...     name = "echo"

@@ -180,7 +180,7 @@ class OpenAIJudge:
     ``continue_final_message=true, add_generation_prompt=false``); a request's ``structured_outputs`` goes
     in vLLM's field of that name.
 
-    Example:
+    Examples:
         >>> from capreward.judges import ChatRequest, OpenAIJudge, user_turn
         >>> from capreward.testing.chat_server import ChatServer
         >>> with ChatServer("echo", model="echo") as server:   # a local OpenAI-compatible test server

@@ -79,7 +79,7 @@ class CLIPScore:
     Formula: ``CLIP-S = w * max(cos(c, v), 0)``; ``RefCLIP-S = H(CLIP-S, max(max_r cos(c, r), 0))``, the
     harmonic mean H of CLIP-S and the best reference similarity.
 
-    Example:
+    Examples:
         >>> from capreward.testing import colour_image, trained_clip_path
         >>> clip = str(trained_clip_path())   # a tiny CLIP trained to know colour words (seconds, then cached)
         >>> red = colour_image("red")
@@ -249,7 +249,7 @@ class PACScore(CLIPScore):
             under a ``state_dict`` key; the architecture is inferred).
         kwargs: the other arguments of :class:`CLIPScore` (``w`` defaults to 2.0).
 
-    Example:
+    Examples:
         >>> from capreward.testing import colour_image, trained_clip_path
         >>> clip = str(trained_clip_path())   # a tiny CLIP trained to know colour words (seconds, then cached)
         >>> red = colour_image("red")

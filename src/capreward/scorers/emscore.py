@@ -116,7 +116,7 @@ class EMScore:
             ``"truncate"``: cut to the context keeping EOS, as the released metric (``truncated`` says
             which).
 
-    Example:
+    Examples:
         >>> from capreward.testing import colour_image, trained_clip_path
         >>> clip = str(trained_clip_path())   # a tiny CLIP trained to know colour words (seconds, then cached)
         >>> red = colour_image("red")

@@ -192,7 +192,7 @@ class FLEUR:
     For LLaVA-1.5-13B in float16 that is about 0.8 MB per token and row: ~18 GB for 32 captions of 700
     tokens; lower ``batch_size`` to trade speed for memory.
 
-    Example:
+    Examples:
         >>> import random
         >>> from capreward.testing import fleur_task_image
         >>> red = fleur_task_image("red", random.Random(0))

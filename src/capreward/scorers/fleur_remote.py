@@ -189,7 +189,7 @@ class RemoteFLEUR:
             weighted digits are not among the alternatives (default 1e-6: exact or NaN with the reason);
             None keeps the renormalised approximation whatever its bound.
 
-    Example:
+    Examples:
         >>> import random
         >>> from capreward.testing import fleur_task_image
         >>> red = fleur_task_image("red", random.Random(0))

@@ -158,7 +158,7 @@ class GVEval:
     the composite's three, ``int(linspace(0, T-1, 4))[:-1]``; an int k: ``int(linspace(0, T-1, k))``).
     The prompt text is the released one either way (it describes the composite).
 
-    Example:
+    Examples:
         >>> import random
         >>> from capreward.testing import fleur_task_image
         >>> red = fleur_task_image("red", random.Random(0))

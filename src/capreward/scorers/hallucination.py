@@ -83,7 +83,7 @@ class Hallucination:
         context_free: also judge each content word encoded alone and keep the lower similarity.
         idf_weighting: weigh tokens by their idf weight (only with idf); else every content token counts 1.
 
-    Example:
+    Examples:
         >>> from capreward.backbones import CLIPBackbone
         >>> from capreward.testing import tiny_clip_factory
         >>> import numpy as np

@@ -163,7 +163,7 @@ class VisCE2:
     Formula: the score is the first integer of the rating answer (normally in [0, 100]); the expected
     score is ``sum_k k * p(k)`` over the judge's distribution of that integer.
 
-    Example:
+    Examples:
         >>> import random
         >>> from capreward.testing import fleur_task_image
         >>> red = fleur_task_image("red", random.Random(0))

@@ -329,7 +329,7 @@ def tiny_caption_policy(seed: int = 0, sft_steps: int = 80, labels: str = "weak"
     Raises:
         ValueError: for an unknown ``labels``.
 
-    Example:
+    Examples:
         >>> from capreward.testing import tiny_caption_policy
         >>> model, processor = tiny_caption_policy(sft_steps=2)
         >>> # GRPOTrainer(model=model, processing_class=processor, train_dataset=grpo_dataset(colour_rows(32, 0)), ...)

@@ -365,7 +365,8 @@ def _moved(alone: list[float | None], beside: list[float | None]) -> str | None:
     return None
 
 
-def run_red_team(attacks: Sequence[Attack] = ATTACKS, paths: Sequence[str] = ("local", "remote"), log=None) -> list[Verdict]:
+def run_red_team(attacks: Sequence[Attack] = ATTACKS, paths: Sequence[str] = ("local", "remote"),
+                 log: Callable[[str], None] | None = None) -> list[Verdict]:
     """Every attack against every target on the susceptible judge, on each of ``paths`` ("local", and
     "remote" through a chat-server subprocess on 127.0.0.1).
 

@@ -21,7 +21,7 @@ model):
 
 Every function is deterministic for a given ``random.Random`` state.
 
-Example:
+Examples:
     >>> import random
     >>> from capreward.testing.scenes import Scene, SceneObject, judge, hard_negative, true_caption
     >>> scene = Scene((SceneObject("circle", "red", 0), SceneObject("circle", "red", 1), SceneObject("cross", "blue", 3)))

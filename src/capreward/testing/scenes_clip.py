@@ -25,7 +25,7 @@ and :mod:`~capreward.testing.scenes`' source, the config and the torch version, 
 :func:`scene_clip_path` trains on the first call (a few CPU minutes on one thread) and returns the path,
 which every CLIP-based scorer accepts as ``model=``.
 
-Example:
+Examples:
     >>> from capreward.testing.scenes_clip import MODEL_A, scene_clip_path
     >>> from capreward.rewards import CLIPScoreReward
     >>> reward = CLIPScoreReward(model=str(scene_clip_path(MODEL_A)))  # doctest: +SKIP

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -90,7 +91,7 @@ def save_tiny_clip_openai(path: str | os.PathLike, seed: int = 0) -> Path:
     return path
 
 
-def tiny_clip_factory(seed: int = 0):
+def tiny_clip_factory(seed: int = 0) -> Callable[[], tuple]:
     """A zero-argument factory returning ``(model, preprocess, tokenizer)`` for the tiny CLIP.
 
     Pass it as ``model=`` to any CLIP-based scorer.

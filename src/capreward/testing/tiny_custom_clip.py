@@ -51,7 +51,7 @@ def tiny_custom_clip_factory(kind: str = "siglip", seed: int = 0) -> Callable[[]
     """A zero-argument factory ``() -> (model, preprocess, tokenizer)`` for :func:`build_tiny_custom_clip`,
     which every CLIP-based scorer accepts as ``model=``.
 
-    Example:
+    Examples:
         >>> model, preprocess, tokenizer = tiny_custom_clip_factory("eva")()
         >>> type(model).__name__, model.context_length
         ('CustomTextCLIP', 77)

@@ -82,7 +82,7 @@ def tiny_hf_clip(family: str = "clip", seed: int = 0) -> tuple[Any, Any]:
     """``(model, processor)`` of a tiny random transformers ``family`` model (one of :data:`HF_FAMILIES`),
     deterministic for ``seed``, in eval mode, on the CPU, in fp32.
 
-    Example:
+    Examples:
         >>> model, processor = tiny_hf_clip("siglip")
         >>> type(model).__name__, model.config.text_config.max_position_embeddings
         ('SiglipModel', 64)

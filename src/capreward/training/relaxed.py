@@ -278,7 +278,7 @@ class DifferentiableRewardLoss:
         tau: Gumbel-softmax temperature; hard: straight-through (one-hot forward) or soft forward.
         max_new_tokens: caption length cap; visual: ``"image"`` or ``"video"``.
 
-    Example:
+    Examples:
         >>> from capreward.testing import colour_image, trained_clip_path
         >>> clip = str(trained_clip_path())   # a tiny CLIP trained to know colour words (seconds, then cached)
         >>> red = colour_image("red")
@@ -329,7 +329,7 @@ class DifferentiableRewardLoss:
         self.tau, self.hard, self.max_new_tokens, self.field, self.visual = tau, hard, max_new_tokens, field, visual
         self.harmonic_mean = harmonic_mean
 
-    def rewards(self, relaxed: RelaxedCaptions, visuals: Sequence[Any], references=None) -> torch.Tensor:
+    def rewards(self, relaxed: RelaxedCaptions, visuals: Sequence[Any], references: Sequence[Sequence[str]] | None = None) -> torch.Tensor:
         """The scorer's differentiable reward of relaxed captions.
 
         Args:

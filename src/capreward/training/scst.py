@@ -109,7 +109,7 @@ class SelfCriticalStep:
             a policy can then drift to empty captions (see experiments/scst_colour_toy.py). A value at
             or below the reward's minimum (e.g. 0 for CLIP-S) makes them the worst captions instead.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from capreward.testing import colour_image
         >>> from capreward.testing.tiny_captioner import build_tiny_captioner
@@ -164,7 +164,7 @@ class SelfCriticalStep:
             out = model.generate(**inputs, **kwargs, return_dict_in_generate=True, output_scores=True)
         return out.sequences, len(out.scores)
 
-    def greedy(self, model, inputs: Mapping[str, Any]) -> list[str]:
+    def greedy(self, model: Any, inputs: Mapping[str, Any]) -> list[str]:
         """The greedy caption of each visual (what validation scores).
 
         Args:
@@ -176,7 +176,7 @@ class SelfCriticalStep:
         """
         return greedy_captions(model, self.tokenizer, inputs, self.max_new_tokens, **self.generation_kwargs)
 
-    def log_probs(self, model, inputs: Mapping[str, Any], sequences: torch.Tensor, generated: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def log_probs(self, model: Any, inputs: Mapping[str, Any], sequences: torch.Tensor, generated: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The log-probability of each sampled caption under a teacher-forced forward pass.
 
         Args:
