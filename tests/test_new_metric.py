@@ -93,12 +93,19 @@ def test_rewards_and_metrics_by_name(toy, tmp_path):
     image = str(tmp_path / "x.png")
     for reward in (reward_for("word-overlap-toy"), build_reward("word_overlap")):
         assert reward.__name__ == "word_overlap"
+        logged = {}
         values = reward(None, ["a red car", "a blue car"], image=[image] * 2,
-                        references=[["a red car"], ["a red car"]])
+                        references=[["a red car"], ["a red car"]], log_metric=logged.__setitem__)
         assert values == [1.0, pytest.approx(2 / 3)]
+        # the generic reward logs the spec's sub-scores, read off the scorer's result: 3 words each,
+        # overlap 1 and 2/3
+        assert reward.metric_names()[:2] == ("words", "overlap")
+        assert logged["rewards/word_overlap/words"] == 3.0
+        assert logged["rewards/word_overlap/overlap"] == pytest.approx((1 + 2 / 3) / 2)
     assert parse_terms("word_overlap=0.5,emscore=1") == [("word_overlap", 0.5), ("emscore", 1.0)]
     assert parse_rewards("word-overlap-toy:2") == [("word_overlap", 2.0)]
     metric = metric_for("word_overlap")
+    assert metric.columns == ("score", "empty", "words", "overlap")
     metric.update(["a red car", "a blue car"], [image, image], [["a red car"], ["a red car"]])
     assert float(metric.compute()) == pytest.approx((1 + 2 / 3) / 2)
 

@@ -7,13 +7,13 @@ the share of its words that are longer than two letters; sub-scores ``words`` (t
 and, with references, ``overlap`` (the same share, kept as a sub-score). Images only (a video row gets the
 spec's refusal); an image that cannot be opened is the row's error.
 
-The reward and the torchmetrics classes below are the two the spec names until the generic reward and
-metric classes (issue #27, item 2) read any spec: each is a few lines over the scorer.
+Its reward and its torchmetrics Metric are the generic ones
+(:class:`~capreward.rewards.MetricReward`, :class:`~capreward.torchmetrics.RegisteredMetric`), which
+read the scorer's ``score`` and its sub-scores as the spec names them: no reward or Metric code here.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -89,8 +89,6 @@ SPEC = register(MetricSpec(
     visuals=("image",),
     references="optional",
     options=(Option("min_letters", 3, "without references, words of at least this many letters count"),),
-    reward=f"{__name__}:WordOverlapReward",
-    torchmetric=f"{__name__}:WordOverlapMetric",
     job_flags=(JobFlag("word_overlap_min_letters", ("--word-overlap-min-letters",),
                        "word_overlap: words of at least this many letters count (without references)",
                        option="min_letters", type="int", adapters=True),),
@@ -113,54 +111,3 @@ def explainer(spec, args):
         return out
 
     return run
-
-
-@functools.cache
-def _reward_class():
-    from capreward.rewards.base import CaptionReward, GroupScores
-
-    class WordOverlapReward(CaptionReward):
-        __name__ = NAME
-
-        def _build(self):
-            return WordOverlap(**self.scorer_kwargs)
-
-        def value_range(self):
-            return SPEC.value_range
-
-        def score_group(self, captions, visuals, kind, references, visual_ids):
-            res = self.scorer.score(captions, images=visuals if kind == "image" else None,
-                                    videos=visuals if kind == "video" else None, references=references)
-            return GroupScores(scores=list(res.score), reasons=list(res.error),
-                               metrics={"words": [float(w) for w in res.words]})
-
-    return WordOverlapReward
-
-
-@functools.cache
-def _metric_class():
-    import torch
-
-    from capreward.torchmetrics.metrics import CaptionMetric
-
-    class WordOverlapMetric(CaptionMetric):
-        columns = ("score", "empty", "words")
-        default_name = NAME
-
-        def __init__(self, *, scorer=None, visual="image", **kwargs):
-            super().__init__(scorer or WordOverlap(), visual=visual, **kwargs)
-
-        def _score_rows(self, candidates, visuals, references, visual_ids):
-            res = self.scorer.score(candidates, images=visuals, references=references)
-            return self._row_tensor({"score": torch.tensor(res.score), "words": torch.tensor(res.words)},
-                                    len(candidates))
-
-    return WordOverlapMetric
-
-
-def __getattr__(name: str):
-    if name == "WordOverlapReward":
-        return _reward_class()
-    if name == "WordOverlapMetric":
-        return _metric_class()
-    raise AttributeError(name)

@@ -38,6 +38,11 @@ from .errors import CaprewardError
 REFERENCE_MODES = ("none", "optional", "required")
 #: The models a metric can share with another metric of the same kind.
 SHARES = ("clip", "chat_judge")
+#: The generic reward and torchmetrics classes, and the hooks they use for a metric whose spec names none.
+GENERIC_REWARD = "capreward.rewards.metric_reward:MetricReward"
+GENERIC_METRIC = "capreward.torchmetrics.metrics:RegisteredMetric"
+GENERIC_REWARD_HOOKS = "capreward.rewards.hooks:ScoreHooks"
+GENERIC_METRIC_HOOKS = "capreward.torchmetrics.hooks:ScoreMetricHooks"
 #: The package whose ``*_spec`` modules declare the built-in metrics.
 SPEC_PACKAGE = "capreward.scorers"
 #: The job runner of a spec without :attr:`MetricSpec.job_runner`.
@@ -153,8 +158,10 @@ class MetricSpec:
         position: sort key of the built-in metrics (the order of :func:`names`).
         judge_backend: whether its scorer takes any chat judge backend
             (:class:`~capreward.judges.protocol.JudgeBackend`: a local VLM or an OpenAI-compatible server).
-        reward: ``"module:attr"`` of its reward class (TRL's reward-function contract), or None.
-        torchmetric: ``"module:attr"`` of its torchmetrics Metric class, or None.
+        reward: ``"module:attr"`` of its named reward class (TRL's reward-function contract), or None:
+            the generic :class:`~capreward.rewards.MetricReward` (every metric has a reward).
+        torchmetric: ``"module:attr"`` of its named torchmetrics Metric class, or None: the generic
+            :class:`~capreward.torchmetrics.RegisteredMetric`.
         remote_scorer: ``"module:attr"`` of a scorer that asks an OpenAI-compatible server (given a
             :class:`~capreward.judges.protocol.JudgeBackend`), for a metric whose :attr:`scorer` needs a
             local model (FLEUR); None otherwise.
@@ -166,10 +173,13 @@ class MetricSpec:
         reward_hooks: ``"module:attr"`` of its :class:`~capreward.rewards.hooks.RewardHooks` (what the one
             generic reward, :class:`~capreward.rewards.MetricReward`, cannot read from the spec: how the
             scorer's result becomes the value and the logged sub-scores, the reward's own options), or
-            None when the metric has no reward.
+            None: the generic :class:`~capreward.rewards.hooks.ScoreHooks` (the value is
+            ``result.score``, the sub-scores ``result.<sub-score>``), enough for a metric whose scorer
+            writes its sub-scores as its spec names them.
         metric_hooks: ``"module:attr"`` of its :class:`~capreward.torchmetrics.hooks.MetricHooks` (for
             the one generic torchmetrics Metric, :class:`~capreward.torchmetrics.RegisteredMetric`: its
-            columns and how the scorer's result fills them), or None when it has no torchmetrics Metric.
+            columns and how the scorer's result fills them), or None: the generic
+            :class:`~capreward.torchmetrics.hooks.ScoreMetricHooks` (``score`` and the sub-scores).
         needs_visual: whether a sample needs a visual for a configuration; None: always. EMScore scores
             references alone (EMScore_ref), QA utility the sample's questions alone, G-VEval ``ref-only``
             the references alone.
@@ -248,15 +258,21 @@ class MetricSpec:
         return import_path(self.scorer)
 
     def load_reward(self) -> Any:
-        """The reward class (imported now); ValueError when the metric has none."""
+        """The reward class (imported now): :attr:`reward`, or, for a metric that names none, the generic
+        :class:`~capreward.rewards.MetricReward` fixed to it (a callable taking the same options)."""
         if self.reward is None:
-            raise ValueError(f"{self.name} has no reward class")
+            import functools
+
+            return functools.partial(import_path(GENERIC_REWARD), self.name)
         return import_path(self.reward)
 
     def load_torchmetric(self) -> Any:
-        """The torchmetrics Metric class (imported now); ValueError when the metric has none."""
+        """The torchmetrics Metric class (imported now): :attr:`torchmetric`, or, for a metric that names
+        none, the generic :class:`~capreward.torchmetrics.RegisteredMetric` fixed to it."""
         if self.torchmetric is None:
-            raise ValueError(f"{self.name} has no torchmetrics Metric")
+            import functools
+
+            return functools.partial(import_path(GENERIC_METRIC), self.name)
         return import_path(self.torchmetric)
 
     def load_remote_scorer(self) -> Any:
@@ -277,16 +293,14 @@ class MetricSpec:
         return True if self.needs_visual is None else bool(self.needs_visual(self.configured(config)))
 
     def load_reward_hooks(self) -> Any:
-        """The :attr:`reward_hooks` class (imported now); ValueError when the metric has no reward."""
-        if self.reward_hooks is None:
-            raise ValueError(f"{self.name} has no reward")
-        return import_path(self.reward_hooks)
+        """The :attr:`reward_hooks` class (imported now), or the generic
+        :class:`~capreward.rewards.hooks.ScoreHooks` for a metric that names none."""
+        return import_path(self.reward_hooks or GENERIC_REWARD_HOOKS)
 
     def load_metric_hooks(self) -> Any:
-        """The :attr:`metric_hooks` class (imported now); ValueError when the metric has no torchmetrics Metric."""
-        if self.metric_hooks is None:
-            raise ValueError(f"{self.name} has no torchmetrics Metric")
-        return import_path(self.metric_hooks)
+        """The :attr:`metric_hooks` class (imported now), or the generic
+        :class:`~capreward.torchmetrics.hooks.ScoreMetricHooks` for a metric that names none."""
+        return import_path(self.metric_hooks or GENERIC_METRIC_HOOKS)
 
     def load_job_runner(self) -> Any:
         """``build(spec, job) -> run(rows)`` of :attr:`job_runner`, or the generic runner (imported now)."""

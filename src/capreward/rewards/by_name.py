@@ -23,13 +23,8 @@ def reward_for(name: str, **options: Any) -> Any:
 
     Raises:
         capreward.registry.UnknownMetric: no metric is called ``name`` (with the nearest names).
-        ValueError: the metric has no reward class.
     """
     spec = registry.get(name)
-    if spec.reward is None and spec.reward_hooks is not None:
-        from .metric_reward import MetricReward
-
-        return MetricReward(spec.name, **options)
     return spec.load_reward()(**options)
 
 

@@ -12,8 +12,10 @@ attributes), so a reward pickles with them.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, Sequence
 
+from ..errors import SampleError
 from ..registry import import_path
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -91,4 +93,69 @@ class RewardHooks:
         return (type(self), ())
 
 
-__all__ = ["RewardHooks"]
+def all_sub_scores(spec: Any, config: dict[str, Any] | None = None) -> tuple[str, ...]:
+    """Every sub-score ``spec`` writes with ``config`` for any visual kind it takes, with and without
+    references (as its reference mode allows), in the order the spec names them."""
+    config = spec.configured(config)
+    refs = {"none": (False,), "required": (True,)}.get(spec.references_for(config), (False, True))
+    out: list[str] = []
+    for visual in spec.visual_kinds(config) or (None,):
+        for with_refs in refs:
+            for sub in spec.sub_scores_for({**config, "visual": visual, "references": with_refs}):
+                if sub not in out:
+                    out.append(sub)
+    return tuple(out)
+
+
+def result_column(result: Any, sub: str, n: int) -> list[float]:
+    """Sub-score ``sub`` of a scorer's ``result`` (attribute ``sub`` with ``/`` read as ``_``) as k floats,
+    NaN where it is missing or not a number (the whole column when the result has none)."""
+    values = getattr(result, sub.replace("/", "_"), None)
+    if values is None:
+        return [math.nan] * n
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    out = []
+    for v in list(values)[:n]:
+        out.append(float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan)
+    return out + [math.nan] * (n - len(out))
+
+
+class ScoreHooks(RewardHooks):
+    """The reward of a metric whose spec names no hooks: the scorer is called as its spec says
+    (``score(captions, images=/videos=, references=)``, references only where its reference mode is not
+    ``"none"``); the value is ``result.score``, each sub-score of the spec
+    (:meth:`~capreward.registry.MetricSpec.sub_scores_for`) is logged from ``result.<sub-score>`` (``/``
+    read as ``_``; NaN where the result has none), and ``result.error``, when the result has it, is the
+    reason of a sample without a score. A new metric therefore needs no reward code: its spec and its
+    scorer are enough.
+    """
+
+    def metric_names(self, reward: "MetricReward") -> tuple[str, ...]:
+        return all_sub_scores(reward.spec, reward.scorer_kwargs)
+
+    def score_group(self, reward: "MetricReward", captions: list[str], visuals: list[Any] | None, kind: str | None,
+                    references: list[list[str]] | None, visual_ids: list[str | None] | None) -> "GroupScores":
+        from .base import GroupScores
+
+        spec = reward.spec
+        config = spec.configured(reward.scorer_kwargs)
+        kwargs: dict[str, Any] = {}
+        if kind in ("image", "video") and visuals is not None:
+            if kind not in spec.visual_kinds(config):
+                reason = SampleError(None, "input", "", f"{spec.title} scores {' and '.join(spec.visual_kinds(config))} only, "
+                                                        f"got a {kind}")
+                return GroupScores(scores=[None] * len(captions), reasons=[reason] * len(captions))
+            kwargs[f"{kind}s"] = visuals
+        if spec.references_for(config) != "none" and references is not None:
+            kwargs["references"] = references
+        result = reward.scorer.score(captions, **kwargs)
+        n = len(captions)
+        scores = [None if math.isnan(v) else v for v in result_column(result, "score", n)]
+        errors = list(getattr(result, "error", None) or [None] * n)
+        reasons = [None if s is not None else (e or None) for s, e in zip(scores, errors)]
+        metrics = {sub: result_column(result, sub, n) for sub in self.metric_names(reward)}
+        return GroupScores(scores=scores, reasons=reasons, metrics=metrics)
+
+
+__all__ = ["RewardHooks", "ScoreHooks"]

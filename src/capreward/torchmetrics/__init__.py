@@ -35,15 +35,10 @@ def metric_for(name: str, *args, **options):
     Raises:
         capreward.registry.UnknownMetric: no metric is called ``name``.
         capreward.registry.UnknownOption: an option the Metric does not take.
-        ValueError: the metric has no torchmetrics Metric.
     """
     from .. import registry
 
     spec = registry.get(name)
-    if spec.torchmetric is None and spec.metric_hooks is not None:
-        from .metrics import RegisteredMetric
-
-        return RegisteredMetric(spec.name, *args, **options)
     return spec.load_torchmetric()(*args, **options)
 
 

@@ -59,4 +59,34 @@ class MetricHooks:
         return (type(self), ())
 
 
-__all__ = ["MetricHooks"]
+class ScoreMetricHooks(MetricHooks):
+    """The Metric of a metric whose spec names no hooks: columns ``score``, ``empty`` and every sub-score
+    of its spec (:func:`capreward.rewards.hooks.all_sub_scores`); the scorer is called as its spec says
+    (``score(captions, images=/videos=, references=)``) and ``result.score`` and ``result.<sub-score>``
+    (``/`` read as ``_``) fill them (NaN where the result has none)."""
+
+    def columns(self, metric: "RegisteredMetric", scorer: Any) -> tuple[str, ...]:
+        from ..rewards.hooks import all_sub_scores
+
+        config = {o.name: getattr(scorer, o.name) for o in metric.spec.options if hasattr(scorer, o.name)}
+        return ("score", "empty", *all_sub_scores(metric.spec, config))
+
+    def score_rows(self, metric: "RegisteredMetric", candidates: list[str], visuals, references,
+                   visual_ids) -> "torch.Tensor":
+        import torch
+
+        from ..rewards.hooks import result_column
+
+        kwargs: dict[str, Any] = {}
+        if visuals is not None:
+            kwargs[f"{metric.visual}s"] = visuals
+        if references is not None and metric.spec.references != "none":
+            kwargs["references"] = references
+        result = metric.scorer.score(candidates, **kwargs)
+        n = len(candidates)
+        cols = {c: torch.tensor(result_column(result, c, n), dtype=torch.float32)
+                for c in metric.columns if c != "empty"}
+        return metric._row_tensor(cols, n)
+
+
+__all__ = ["MetricHooks", "ScoreMetricHooks"]
