@@ -119,19 +119,16 @@ def metric_page(spec) -> str:
         lines += ["## Options", "", "| option | default | what it does |", "| --- | --- | --- |"]
         lines += [f"| `{o.name}` | `{cell(repr(o.default))}` | {cell(o.doc)} |" for o in spec.options]
         lines.append("")
-    built = []
-    if spec.reward_hooks is not None:
-        alias = f" (the same as `{spec.reward.rpartition(':')[2]}(...)`)" if spec.reward else ""
-        built.append(f"- reward (TRL's reward-function contract): `MetricReward({spec.name!r}, ...)`{alias}, or "
-                     f"`reward_for({spec.name!r}, ...)`, from `capreward.rewards`")
-    if spec.metric_hooks is not None:
-        alias = f" (the same as `{spec.torchmetric.rpartition(':')[2]}(...)`)" if spec.torchmetric else ""
-        built.append(f"- torchmetrics Metric: `RegisteredMetric({spec.name!r}, ...)`{alias}, or "
-                     f"`metric_for({spec.name!r}, ...)`, from `capreward.torchmetrics`")
-    if built:
-        lines += ["## As a reward and a Metric", "", *built, "",
-                  "They take the scorer's options above (and the scorer's other constructor arguments) as keywords: "
-                  "`inspect.signature` lists them, and a misspelt one is refused when the object is built.", ""]
+    # every metric has a reward and a torchmetrics Metric: its own class, or the generic one fixed to it
+    reward_alias = f" (the same as `{spec.reward.rpartition(':')[2]}(...)`)" if spec.reward else ""
+    metric_alias = f" (the same as `{spec.torchmetric.rpartition(':')[2]}(...)`)" if spec.torchmetric else ""
+    lines += ["## As a reward and a Metric", "",
+              f"- reward (TRL's reward-function contract): `MetricReward({spec.name!r}, ...)`{reward_alias}, or "
+              f"`reward_for({spec.name!r}, ...)`, from `capreward.rewards`",
+              f"- torchmetrics Metric: `RegisteredMetric({spec.name!r}, ...)`{metric_alias}, or "
+              f"`metric_for({spec.name!r}, ...)`, from `capreward.torchmetrics`", "",
+              "They take the scorer's options above (and the scorer's other constructor arguments) as keywords: "
+              "`inspect.signature` lists them, and a misspelt one is refused when the object is built.", ""]
     flags = getattr(spec, "job_flags", ())
     if flags:
         lines += ["## Command-line options", "",

@@ -244,9 +244,13 @@ def test_each_spec_names_its_reward_and_metric_classes_under_its_own_name():
             assert vars(spec.load_reward())["__name__"] == spec.name  # the instances' __name__ (TRL's key)
         if spec.torchmetric is not None:
             assert spec.load_torchmetric().default_name == spec.name
-    assert registry.get("hallucination").torchmetric is None
-    with pytest.raises(ValueError, match="has no torchmetrics Metric"):
-        registry.get("hallucination").load_torchmetric()
+    # a metric that names no class gets the generic one fixed to it (PAC-S, the hallucination penalty)
+    from capreward.torchmetrics import RegisteredMetric
+
+    for name in ("pac_s", "hallucination"):
+        assert registry.get(name).torchmetric is None
+        built = registry.get(name).load_torchmetric()
+        assert built.func is RegisteredMetric and built.args == (name,)
 
 
 def test_generic_consumers_build_any_metric_by_name(tiny_backbone):
@@ -261,3 +265,23 @@ def test_generic_consumers_build_any_metric_by_name(tiny_backbone):
     assert type(metric) is EMScoreMetric
     with pytest.raises(ValueError, match="did you mean 'emscore'"):
         reward_for("emscor")
+
+
+def test_the_hallucination_penalty_has_a_metric_through_the_generic_class(tiny_backbone):
+    """Hallucination is a scorer like the others: its torchmetrics Metric is the generic one (its hooks
+    read the penalty, the flagged and content token counts), equal to the scorer called directly."""
+    import numpy as np
+
+    from capreward.scorers.hallucination import Hallucination
+    from capreward.torchmetrics import metric_for
+
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 255, (32, 32, 3), dtype=np.uint8) for _ in range(3)]
+    captions = ["a red car on a road", "a blue kite", "the image"]
+    metric = metric_for("hallucination", backbone=tiny_backbone, visual="image", frames=2)
+    assert metric.name == "hallucination" and metric.columns[:2] == ("score", "empty")
+    metric.update(captions, images)
+    direct = Hallucination(backbone=tiny_backbone, frames=2).score(captions, images=images)
+    assert float(metric.compute()) == pytest.approx(sum(direct.penalty) / 3, abs=1e-6)
+    with pytest.raises(ValueError, match="needs visuals"):
+        metric.update(captions, None, [["a car"]] * 3)

@@ -40,6 +40,7 @@ SPEC = register(MetricSpec(
     deviations=(),
     reward="capreward.rewards.hallucination:HallucinationPenalty",
     reward_hooks="capreward.rewards.hallucination:HallucinationHooks",
+    metric_hooks="capreward.torchmetrics.metrics:HallucinationHooks",
     position=40,
     job_runner="capreward.scorers.job_runners:hallucination_runner",
     job_flags=(JobFlag("hallucination_threshold", ("--hallucination-threshold",),

@@ -676,6 +676,33 @@ class EMScoreHooks(MetricHooks):
         return parts + [sub_score(p, f) for p in present for f in _MATCH_FIELDS]
 
 
+class HallucinationHooks(MetricHooks):
+    """The hallucination penalty's columns: ``score`` (the penalty in [-1, 0]), ``empty``,
+    ``truncated``, ``flagged`` (how many content tokens were flagged) and ``content`` (how many content
+    tokens the caption has). Build it with ``model=`` (or ``backbone=`` / ``emscore=``) as keywords."""
+
+    exclusive = ("backbone", "emscore")
+
+    def columns(self, metric, scorer) -> tuple[str, ...]:
+        return ("score", "empty", "truncated", "flagged", "content")
+
+    def score_rows(self, metric, candidates, visuals, references, visual_ids):
+        key = "videos" if metric.visual == "video" else "images"
+        res = metric.scorer.score(candidates, video_ids=visual_ids, **{key: visuals})
+        cols = {"score": torch.tensor(res.penalty, dtype=torch.float32),
+                "truncated": torch.tensor(res.truncated, dtype=torch.float32),
+                "flagged": torch.tensor([float(len(r.flagged)) for r in res.reports]),
+                "content": torch.tensor([float(len(r.tokens)) for r in res.reports])}
+        return metric._row_tensor(cols, len(candidates))
+
+    def check_mode(self, metric, has_visuals, has_refs) -> None:
+        if not has_visuals:
+            raise ValueError(f"{metric.name}: the hallucination penalty needs visuals (images or videos) in every update")
+
+    def parts(self, metric, has_visuals, has_refs):
+        return ["score"]
+
+
 class CLIPScoreHooks(MetricHooks):
     """CLIP-S's (and PAC-S's) columns: ``score`` (RefCLIP-S with references, else CLIP-S), ``empty``,
     ``truncated``, ``clip_s``, ``ref_clip_s`` and ``ref_similarity``; the top of the range is ``w``."""
