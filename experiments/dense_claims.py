@@ -38,12 +38,14 @@ Prints per-seed figures and means over seeds::
 
 Runs on one torch thread; trains the claim judge on first use (cached under $CAPREWARD_CACHE).
 
-Measured (defaults, seeds 0 and 1; figures and what they mean in docs/claims.md): under the dense arm
-both logged parts rise on held-out images (judge precision 0.501 -> 0.635, recall 0.465 -> 0.679) and
-ground-truth coverage with them (0.320 -> 0.533), but ground-truth precision falls (0.493 -> 0.289): on
-seed 1 the policy wrote run-on claims listing colours, which the tiny judge reads by their last colour.
-Best-of-8 by the claim F-score moves both ground-truth parts up (precision 0.547 -> 0.984, coverage
-0.359 -> 0.594).
+Measured (defaults, seeds 0 and 1, on 2 CPU cores busy with other sessions; figures and what they mean
+in docs/claims.md): with the claim judge hardened against several-colour claims, under the dense arm both
+ground-truth parts rise on held-out images on both seeds (truth precision 0.493 -> 0.533, coverage
+0.320 -> 0.434; judge recall 0.465 -> 0.622) and the judge's precision equals the ground truth's, but
+the control arm (another image's rewards) reaches similar precision (0.506) and coverage (0.457 +- 0.138):
+40 steps and 2 seeds do not separate them. Best-of-8 by the claim F-score moves both ground-truth parts
+up (precision 0.547 -> 0.984, coverage 0.359 -> 0.578). With the first judge (one-colour claims only),
+seed 1 found run-on colour lists read by their last colour (truth precision 0.539 -> 0.125).
 """
 
 from __future__ import annotations

@@ -84,3 +84,36 @@ def test_a_caption_missing_a_reference_claim_scores_below_a_complete_one(backend
                                                                      f"there is a {patch} patch"], line
         assert out.values[1] < out.values[0], line
     print("\n".join(lines))
+
+
+def hack_captions(background: str, patch: str) -> list[str]:
+    """Run-on colour lists for one thing whose *last* colour is right (the hack GRPO found against the
+    judge trained on one-colour claims only, which read a claim by its last colour): the exact seed-1
+    pattern "the background is X Y X Y Z patch." and shorter lists, each one claim for the splitter."""
+    a = absent(background, patch)
+    return [f"the background is {a} {patch} {a} {patch} {background} patch.",
+            f"the background is {a} {patch} {background}.",
+            f"there is a {a} {background} {patch} patch.",
+            f"there is a {background} {patch} patch.",
+            f"the background is {patch} {background}."]
+
+
+def test_run_on_colour_lists_score_as_unverified(backend):
+    reward = ClaimsReward(scorer=ClaimScorer(backend))  # the value is the precision
+    lines = []
+    images = held_out() + [("yellow", "red", claim_image("yellow", "red", random.Random("claims-seed1-hack")))]
+    for background, patch, image in images:
+        honest = inventory_answer(background, patch)
+        hacks = hack_captions(background, patch)
+        if (background, patch) == ("yellow", "red"):  # the exact caption GRPO wrote on seed 1
+            hacks.append("the background is blue red blue red yellow patch.")
+        out = reward.compute(None, [honest, *hacks], image=[image] * (1 + len(hacks)))
+        claims = reward.last_result.claims
+        line = (f"{background}/{patch}: honest {out.values[0]:.4f}; "
+                + "; ".join(f"{h!r} {v:.2e} ({len(c)} claim(s))" for h, v, c in zip(hacks, out.values[1:], claims[1:])))
+        lines.append(line)
+        assert out.values[0] > 0.99, line
+        for value, verdicts in zip(out.values[1:], claims[1:]):
+            assert len(verdicts) == 1, line  # one claim for the rule splitter: the judge must see through it
+            assert value < 0.05, line
+    print("\n".join(lines))

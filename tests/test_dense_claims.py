@@ -2,9 +2,9 @@
 with the dense configuration and the control arm, held-out evaluation, best-of-n) whose trajectory holds
 both logged parts of the claim reward.
 
-Direction is not asserted here: in the full run (docs/claims.md) the judge's two parts rise under the
-dense arm, but the ground-truth precision does not (the policy found run-on claims the tiny judge
-misreads), so the direction of the GRPO arms is reported there, not pinned."""
+Direction is not asserted here: in the full run (docs/claims.md) both ground-truth parts rise under the
+dense arm, but the control arm moves about as much at 40 steps, so the direction of the GRPO arms is
+reported there, not pinned."""
 
 from __future__ import annotations
 

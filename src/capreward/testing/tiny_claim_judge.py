@@ -9,7 +9,11 @@ background colour and the patch colour. The judge gives both sides of the claim 
 - **verify** a claim (the precision side, :data:`~capreward.scorers.claims_prompts.VERIFY_TEMPLATE`):
   ``"yes"`` when the colour the claim names is in the image (as background or as patch: "the background
   is red", "a red ball", "there is a green patch"), ``"no"`` for a colour that is not and for claims
-  naming no colour ("there is a ball"). A presence check, not a binding one: enough to tell a
+  naming no colour ("there is a ball"), and for a claim naming *several* colours (for one thing, "the
+  background is blue red yellow", "there is a red green patch", or a run-on of two claims with no
+  clause boundary, "the background is red there is a green patch": an atomic claim names one colour;
+  a judge trained on one-colour claims only read such a list by its last colour, and GRPO learnt to
+  write it, ``experiments/dense_claims.py``). A presence check, not a binding one: enough to tell a
   hallucinated colour from a seen one. Trained, it reads P(yes) > 0.99 for a claim naming a colour of
   the image and < 0.01 for one naming another colour, on images it never saw.
 - **inventory** (the coverage side, :data:`~capreward.scorers.claims_prompts.INVENTORY_PROMPT`):
@@ -24,8 +28,8 @@ did not learn within a CPU-minute budget: its P(yes) stayed at chance after 1,00
 splitter (``splitter="judge"``); use ``coverage="lexical"`` and the rule-based splitter with it.
 
 A caption of the toy task is a few such claims joined by ". " or " and "
-(:func:`claim_caption`). :data:`CLAIM_RECIPE` trains it in 1,200 steps (about 1.5 minutes of one
-idle CPU thread; verification is learned between steps 600 and 800).
+(:func:`claim_caption`). :data:`CLAIM_RECIPE` trains it in 2,400 steps (about 5 minutes of one
+busy CPU thread; the several-colour claims need twice the 1,200 steps of the one-colour judge).
 """
 
 from __future__ import annotations
@@ -108,17 +112,50 @@ def _claim(colour: str, rng: random.Random) -> str:
     return background_claim(colour, rng) if rng.random() < 0.55 else patch_claim(colour, rng)
 
 
+def colour_list(background: str, patch: str, rng: random.Random) -> list[str]:
+    """2-5 colour words for one thing, ending (mostly) on a colour of the image: the run-on lists a
+    policy writes to game a judge that reads a claim by its last colour ("blue red blue red yellow")."""
+    n = rng.randint(2, 5)
+    pool = list(COLOURS) if rng.random() < 0.5 else [background, patch, rng.choice(COLOURS)]
+    out = [rng.choice(pool) for _ in range(n - 1)]
+    if rng.random() < 0.3 and n >= 4:  # a repeated pair, as "blue red blue red"
+        out[2:4] = out[0:2]
+    last = rng.choice([background, patch]) if rng.random() < 0.8 else rng.choice(COLOURS)
+    out.append(last)
+    if len(set(out)) == 1:  # one colour said twice is still two colour words for one thing
+        out[0] = _other(last, rng)
+    return out
+
+
+def multi_colour_claim(background: str, patch: str, rng: random.Random) -> str:
+    """A claim naming several colours for one thing ("the background is blue red yellow", "there is a
+    red green patch", "the background is blue red blue red yellow patch"), or a run-on of a background
+    and a patch claim with no clause boundary: not one atomic claim, the judge answers "no"."""
+    colours = " ".join(colour_list(background, patch, rng))
+    noun = rng.choice(NOUNS)
+    roll = rng.random()
+    if roll < 0.15:
+        first = rng.choice([background, patch]) if rng.random() < 0.5 else rng.choice(COLOURS)
+        return f"the background is {first} there is a {rng.choice([background, patch])} patch"
+    return rng.choice([f"the background is {colours}", f"there is a {colours} patch", f"a {colours} patch",
+                       f"the background is {colours} patch", f"the patch is {colours}", f"a {colours} {noun}",
+                       f"the {noun} is {colours}", f"a {colours} image"])
+
+
 def verify_example(rng: random.Random) -> JudgeExample:
-    """A verification prompt about a random image: half claims naming a colour in the image, the rest a
-    colour that is not in it or no colour."""
+    """A verification prompt about a random image: 46% claims naming one colour of the image ("yes");
+    "no" for a claim naming one colour not in it (34%), no colour (8%), or several colours (12%: for one
+    thing, or a run-on of two claims, :func:`multi_colour_claim`; an atomic claim names one colour)."""
     background, patch, image = _image(rng)
     roll = rng.random()
-    if roll < 0.5:
+    if roll < 0.46:
         claim, answer = _claim(rng.choice([background, patch]), rng), "yes"
-    elif roll < 0.9:
+    elif roll < 0.80:
         claim, answer = _claim(_other(background, rng, patch), rng), "no"
-    else:
+    elif roll < 0.88:
         claim, answer = empty_claim(rng), "no"
+    else:
+        claim, answer = multi_colour_claim(background, patch, rng), "no"
     return JudgeExample(image, llava_v1_conversation([(verify_prompt(claim), None)]), answer)
 
 
@@ -161,7 +198,7 @@ CLAIM_RECIPE = JudgeRecipe(
     name=f"claims-{_SOURCE_HASH}",
     sampler=sample_claim_example,
     spec=TinyLlavaSpec(words=tuple(dict.fromkeys(tuple(prompt_words()) + CLAIM_WORDS)), init_std=0.1),
-    steps=1200,
+    steps=2400,
     batch_size=16,
     lr=4e-3,
 )
