@@ -344,8 +344,12 @@ class CaptionReward(RewardFunction):
     Args:
         scorer: an already built scorer to use (pickled along with the reward); else one is built on
             first call from ``scorer_kwargs`` and dropped when pickling (rebuilt lazily after).
-        image_column, images_column, video_column, references_column, visual_id_column: dataset column
-            names (see :func:`capreward.rewards.inputs.collect_inputs` for how a visual is chosen).
+        image_column: the dataset column of single images (see
+            :func:`capreward.rewards.inputs.collect_inputs` for how a visual is chosen).
+        images_column: the column of lists of images.
+        video_column: the column of videos.
+        references_column: the column of reference captions.
+        visual_id_column: the column of visual ids (None: none).
         use_references: score against the references column when a sample has references.
         as_given: score the caption text exactly as given (the released metrics' behaviour, for parity
             checks) instead of the caption a person reads (default:
@@ -367,7 +371,8 @@ class CaptionReward(RewardFunction):
             the per-image values (sub-scores: their mean); an image that cannot be scored leaves the
             sample unscored, with that image's reason. Each such sample's per-image values are logged
             (INFO).
-        name, log_subscores: see :class:`RewardFunction`.
+        name: the reward's name (see :class:`RewardFunction`).
+        log_subscores: also log the batch mean of every sub-score (see :class:`RewardFunction`).
         scorer_kwargs: keyword arguments of the scorer class (``model=``, ``device=``, ``backbone=``...).
 
     Subclasses set ``needs_visual`` (False when references alone can be scored) and implement
