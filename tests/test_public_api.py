@@ -2,8 +2,7 @@
 convention.
 
 - Every name of every public package's ``__all__`` (``capreward``, ``capreward.rewards``, ...) is rendered
-  by a ``::: module.Name`` line of docs/api/*.md, and every rendered object is in a public ``__all__``
-  (:data:`PENDING` lists the few names still waiting for their page, each with the reason). A name left
+  by a ``::: module.Name`` line of docs/api/*.md, and every rendered object is in a public ``__all__``. A name left
   out of an ``__all__`` stays importable: user code does not break.
 - Every documented class has an ``Examples:`` section of doctests (griffe renders ``Example:`` as an
   admonition, not as code) (run by tests/test_docs_examples.py) and, when its
@@ -30,21 +29,6 @@ API = REPO / "docs" / "api"
 PACKAGES = ("capreward", "capreward.caption_reading", "capreward.adapters", "capreward.backbones", "capreward.callbacks", "capreward.judges",
             "capreward.media", "capreward.metaeval", "capreward.report", "capreward.rewards", "capreward.server",
             "capreward.testing", "capreward.torchmetrics", "capreward.training")
-
-#: (package, name) in an ``__all__`` but not yet in the reference: their modules are being rewritten (the
-#: generic reward and metric classes, the registry-built reward factory) and get their pages with them.
-PENDING = {
-    ("capreward.rewards", "RewardFunction"): "rewards/base.py: rewritten as the generic reward class",
-    ("capreward.rewards", "CaptionReward"): "rewards/base.py: rewritten as the generic reward class",
-    ("capreward.rewards", "RewardOutput"): "rewards/base.py: rewritten as the generic reward class",
-    ("capreward.torchmetrics", "CaptionMetric"): "torchmetrics/metrics.py: rewritten as the generic metric class",
-    ("capreward.adapters", "RewardOptions"): "adapters/factory.py: rewritten to read the registry",
-    ("capreward.adapters", "build_reward"): "adapters/factory.py: rewritten to read the registry",
-}
-
-#: Modules whose docstrings the docstring convention does not check yet (being rewritten, see PENDING).
-CONVENTION_PENDING = ("capreward.rewards.", "capreward.torchmetrics.", "capreward.adapters.factory")
-
 
 def entries() -> list[tuple[str, object]]:
     """``(path, members)`` of every ``::: path`` line of docs/api/*.md; ``members`` is the page's
@@ -89,7 +73,7 @@ def same(a, b) -> bool:
 def test_every_public_name_is_documented():
     documented = [resolve(p) for p, _ in entries()]
     missing = [f"{package}.{name}" for (package, name), obj in public_names().items()
-               if (package, name) not in PENDING and not any(same(obj, d) for d in documented)]
+               if not any(same(obj, d) for d in documented)]
     assert not missing, f"in an __all__ but not in docs/api/*.md (document it, or drop it from __all__): {missing}"
 
 
@@ -101,13 +85,6 @@ def test_every_documented_object_is_public():
         if not any(same(obj, o) and n == name for (_, n), o in public.items()):
             stray.append(path)
     assert not stray, f"documented in docs/api/*.md but in no public __all__: {stray}"
-
-
-def test_pending_names_are_still_public_and_undocumented():
-    public, documented = public_names(), [resolve(p) for p, _ in entries()]
-    for key in PENDING:
-        assert key in public, f"{key} left its __all__: drop it from PENDING"
-        assert not any(same(public[key], d) for d in documented), f"{key} is documented: drop it from PENDING"
 
 
 def test_old_names_stay_importable():
@@ -174,7 +151,7 @@ def convention_problems(path: str, obj, members) -> list[str]:
     return problems
 
 
-CHECKED = [(p, m) for p, m in entries() if not p.startswith(CONVENTION_PENDING)]
+CHECKED = entries()
 
 
 @pytest.mark.parametrize("path,members", CHECKED, ids=[p for p, _ in CHECKED])

@@ -84,7 +84,7 @@ class RewardOptions(FlagFields, SharedRewardOptions):
     ``ref-free``, ``ref-only`` or ``combined``; ``qa_model``, the text-only causal LM of ``qa_utility``),
     as keyword arguments and attributes (see :mod:`capreward.metric_options`).
 
-    Example:
+    Examples:
         >>> from capreward.adapters.factory import RewardOptions
         >>> RewardOptions(gveval_mode="combined").gveval_mode, RewardOptions().gveval_mode
         ('combined', 'ref-free')
@@ -101,7 +101,14 @@ class RewardOptions(FlagFields, SharedRewardOptions):
         ``CAPREWARD_W``, ``CAPREWARD_COMPOSITE``, ``CAPREWARD_HARMONIC_MEAN``, ``CAPREWARD_JUDGE_URL``,
         ``CAPREWARD_JUDGE_MODEL``, ``CAPREWARD_JUDGE_API_KEY_ENV``, ``CAPREWARD_JUDGE_TOP_LOGPROBS_CAP``
         and each metric's own option as ``CAPREWARD_<NAME>`` (``CAPREWARD_GVEVAL_MODE``,
-        ``CAPREWARD_QA_MODEL``); unset ones keep their defaults."""
+        ``CAPREWARD_QA_MODEL``); unset ones keep their defaults.
+
+        Args:
+            prefix: the variables' prefix.
+
+        Returns:
+            The options.
+        """
         env = os.environ
         opts = cls()
         for name in ("clip_model", "fleur_model", "device", "precision", "dtype", "idf", "composite", "harmonic_mean",
@@ -156,6 +163,18 @@ def build_reward(name: str, options: RewardOptions | None = None, *, backbone: A
     except a composite, which loads the CLIP its CLIP-based terms share at once. ``backbone``: an
     existing :class:`~capreward.backbones.CLIPBackbone` for the CLIP-based rewards (then
     ``clip_model``/``precision`` are not used). ``overrides`` replace fields of ``options``.
+
+    Args:
+        name: a metric name or alias, or ``"composite"``.
+        options: the adapters' options (default: :class:`RewardOptions` defaults).
+        backbone: a CLIP backbone the CLIP-based rewards share.
+        **overrides: fields of ``options`` to replace.
+
+    Returns:
+        The reward (a TRL reward function).
+
+    Raises:
+        ValueError: no reward has that name (naming the choices).
     """
     opts = options or RewardOptions()
     for key, value in overrides.items():

@@ -112,7 +112,7 @@ class ScoreOptions(FlagFields, SharedScoreOptions):
     attributes; an attribute not given reads the flag's default (the option's default it sets). See
     :mod:`capreward.metric_options`.
 
-    Example:
+    Examples:
         >>> from capreward.jobs.runners import ScoreOptions
         >>> options = ScoreOptions(metrics=["G-VEval"], gveval_mode="combined")
         >>> options.metrics, options.gveval_mode, options.gveval_accr

@@ -48,7 +48,22 @@ class GroupScores:
 class RewardOutput:
     """One reward call's results, one entry per completion: ``values`` (None = unscored), ``reasons``
     (None or why the value is None: a :class:`~capreward.errors.SampleError`, which is also the text
-    logged) and per-sample sub-score ``metrics``."""
+    logged) and per-sample sub-score ``metrics``.
+
+    Args:
+        values: per sample, the reward or None.
+        reasons: per sample, None or why the value is None.
+        metrics: sub-score name -> per-sample floats (NaN where undefined).
+        clipped: samples whose value was clipped into the reward's range.
+        injection: per sample, None or why the injection guard floored it (empty when no guard ran).
+        reading: per sample, None or what reading the caption as a person does changed in it.
+
+    Examples:
+        >>> from capreward.rewards import RewardOutput
+        >>> out = RewardOutput(values=[0.5, None], reasons=[None, "completions[1] is empty"])
+        >>> out.unscored, out.flagged
+        ([1], [])
+    """
 
     values: list[float | None]
     reasons: list[str | None]
@@ -115,6 +130,24 @@ class RewardFunction:
 
     ``name`` overrides the class-level ``__name__`` for this instance (TRL's metric prefix).
     ``log_subscores``: also log the batch mean of every sub-score via TRL's ``log_metric``.
+
+    Args:
+        name: the reward's name for this instance (None: the class's ``__name__``).
+        log_subscores: also log the batch mean of every sub-score.
+
+    Examples:
+        A reward implements :meth:`compute`; calling it is TRL's contract:
+
+        >>> from capreward.rewards import RewardFunction, RewardOutput
+        >>> class Length(RewardFunction):
+        ...     __name__ = "length"
+        ...     def compute(self, prompts, completions, **kwargs):
+        ...         return RewardOutput(values=[float(len(c.split())) for c in completions],
+        ...                             reasons=[None] * len(completions))
+        >>> Length()(None, ["a red image.", "red"])
+        [3.0, 1.0]
+        >>> Length(name="words").name
+        'words'
     """
 
     __name__ = "reward"
@@ -130,7 +163,11 @@ class RewardFunction:
 
     def value_range(self) -> tuple[float, float] | None:
         """The closed interval every value of this reward lies in (values the scorer puts outside it
-        are clipped and counted), or None when the reward promises none."""
+        are clipped and counted), or None when the reward promises none.
+
+        Returns:
+            ``(low, high)`` or None.
+        """
         return None
 
     def metric_names(self) -> tuple[str, ...]:
@@ -138,7 +175,11 @@ class RewardFunction:
         fixed by its configuration, whatever the batch: :meth:`compute` returns each of them for every
         call, NaN where a sample has none (unscored, no references...), so a framework that stacks the
         sub-scores of separately scored samples sees one key set. ``clipped`` when the reward has a
-        :meth:`value_range`."""
+        :meth:`value_range`.
+
+        Returns:
+            The sub-score names.
+        """
         return ("clipped",) if self.value_range() is not None else ()
 
     def with_metric_names(self, out: RewardOutput) -> RewardOutput:
@@ -152,7 +193,16 @@ class RewardFunction:
         return out
 
     def compute(self, prompts: Sequence[Any] | None, completions: Sequence[Any], **kwargs: Any) -> RewardOutput:
-        """Score the completions without logging anything (see :meth:`__call__`)."""
+        """Score the completions without logging anything (see :meth:`__call__`).
+
+        Args:
+            prompts: the prompts (unused by most rewards; may be None).
+            completions: the captions (strings, or chat messages).
+            **kwargs: the dataset columns, lists with one entry per completion.
+
+        Returns:
+            The values, reasons and sub-scores.
+        """
         raise NotImplementedError
 
     def __call__(
@@ -224,11 +274,19 @@ class RewardFunction:
 
     def load_models(self) -> "RewardFunction":
         """Load every model this reward uses now rather than on its first call (a server calls this before
-        it reports ready, so a missing model fails at start-up). Returns self."""
+        it reports ready, so a missing model fails at start-up). Returns self.
+
+        Returns:
+            This reward.
+        """
         return self
 
     def as_async(self) -> "AsyncReward":
-        """This reward as an ``async`` callable (TRL gathers async reward functions concurrently)."""
+        """This reward as an ``async`` callable (TRL gathers async reward functions concurrently).
+
+        Returns:
+            The :class:`AsyncReward` wrapping this reward.
+        """
         return AsyncReward(self)
 
 
@@ -286,8 +344,12 @@ class CaptionReward(RewardFunction):
     Args:
         scorer: an already built scorer to use (pickled along with the reward); else one is built on
             first call from ``scorer_kwargs`` and dropped when pickling (rebuilt lazily after).
-        image_column, images_column, video_column, references_column, visual_id_column: dataset column
-            names (see :func:`capreward.rewards.inputs.collect_inputs` for how a visual is chosen).
+        image_column: the dataset column of single images (see
+            :func:`capreward.rewards.inputs.collect_inputs` for how a visual is chosen).
+        images_column: the column of lists of images.
+        video_column: the column of videos.
+        references_column: the column of reference captions.
+        visual_id_column: the column of visual ids (None: none).
         use_references: score against the references column when a sample has references.
         as_given: score the caption text exactly as given (the released metrics' behaviour, for parity
             checks) instead of the caption a person reads (default:
@@ -309,11 +371,24 @@ class CaptionReward(RewardFunction):
             the per-image values (sub-scores: their mean); an image that cannot be scored leaves the
             sample unscored, with that image's reason. Each such sample's per-image values are logged
             (INFO).
-        name, log_subscores: see :class:`RewardFunction`.
+        name: the reward's name (see :class:`RewardFunction`).
+        log_subscores: also log the batch mean of every sub-score (see :class:`RewardFunction`).
         scorer_kwargs: keyword arguments of the scorer class (``model=``, ``device=``, ``backbone=``...).
 
     Subclasses set ``needs_visual`` (False when references alone can be scored) and implement
     :meth:`_build` and :meth:`score_group`.
+
+    Examples:
+        >>> from capreward.testing import colour_image, trained_clip_path
+        >>> from capreward.rewards import CaptionReward, EMScoreReward
+        >>> reward = EMScoreReward(model=str(trained_clip_path()))   # a tiny CLIP (seconds, then cached)
+        >>> isinstance(reward, CaptionReward)
+        True
+        >>> out = reward.compute(None, ["a red image.", ""], image=[colour_image("red")] * 2)
+        >>> out.values[1], str(out.reasons[1])
+        (None, 'completions[1] is empty')
+        >>> "video/full_f" in out.metrics
+        True
     """
 
     needs_visual = True
@@ -408,7 +483,16 @@ class CaptionReward(RewardFunction):
         raise NotImplementedError
 
     def compute(self, prompts: Sequence[Any] | None, completions: Sequence[Any], **kwargs: Any) -> RewardOutput:
-        """Score each completion; see :meth:`RewardFunction.__call__`. Returns a :class:`RewardOutput`."""
+        """Score each completion; see :meth:`RewardFunction.__call__`. Returns a :class:`RewardOutput`.
+
+        Args:
+            prompts: the prompts (unused by most rewards; may be None).
+            completions: the captions (strings, or chat messages).
+            **kwargs: the dataset columns (the visual, references and id columns), one entry per completion.
+
+        Returns:
+            The values, the reasons of the unscored samples and the per-sample sub-scores.
+        """
         inputs = collect_inputs(prompts, completions, kwargs, self.columns)
         out = self.score_inputs(inputs)
         hint = self._column_hint(kwargs)

@@ -79,8 +79,7 @@ class ClaimsReward(MetricReward):
     (GDPO; :mod:`capreward.recipes.dense`); rewards sharing one ``scorer`` ask the judge once (its
     verdict cache answers the second).
 
-    Example::
-
+    Examples:
         >>> from capreward.judges import LocalChatJudge
         >>> from capreward.rewards.claims import ClaimsReward
         >>> from capreward.testing.tiny_claim_judge import claim_image, tiny_claim_judge

@@ -148,7 +148,7 @@ class EMScoreReward(MetricReward):
     ``truncated`` (a count: captions cut to the text context, only with ``long_captions="truncate"``;
     by default a caption longer than the context is read whole, see `capreward.backbones.windows`).
 
-    Example:
+    Examples:
         >>> from capreward.testing import colour_image, trained_clip_path
         >>> clip = str(trained_clip_path())   # a tiny CLIP trained to know colour words (seconds, then cached)
         >>> red = colour_image("red")
@@ -180,7 +180,7 @@ class CLIPScoreReward(MetricReward):
     and ``truncated`` (a count: captions cut to the text context, only with ``long_captions="truncate"``;
     by default a caption longer than the context is read whole, see `capreward.backbones.windows`).
 
-    Example:
+    Examples:
         >>> from capreward.testing import colour_image, trained_clip_path
         >>> clip = str(trained_clip_path())   # a tiny CLIP trained to know colour words (seconds, then cached)
         >>> red = colour_image("red")
@@ -202,7 +202,7 @@ class PACScoreReward(CLIPScoreReward):
     sign-safe mean; see `CLIPScoreReward`): ``model`` must be the PAC-S weights. Sub-scores
     ``pac_s`` (the reference-free score) and ``ref_similarity``.
 
-    Example:
+    Examples:
         >>> from capreward.testing import colour_image, trained_clip_path
         >>> clip = str(trained_clip_path())   # a tiny CLIP trained to know colour words (seconds, then cached)
         >>> red = colour_image("red")

@@ -58,7 +58,7 @@ class CompositeReward(RewardFunction):
     keeps its own range); values outside (``renormalize`` scales the valid components up) are clipped
     and counted as ``clipped``. With a plain function as a component the composite promises no range.
 
-    Example:
+    Examples:
         >>> from capreward.testing import colour_image, trained_clip_path
         >>> clip = str(trained_clip_path())   # a tiny CLIP trained to know colour words (seconds, then cached)
         >>> red = colour_image("red")

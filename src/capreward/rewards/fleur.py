@@ -48,7 +48,7 @@ class FLEURReward(MetricReward):
     (``injection_guard=False`` turns it off): a caption that forges judge-prompt structure gets 0.0
     unscored, with the reason logged (see `CaptionReward`).
 
-    Example:
+    Examples:
         >>> import random
         >>> from capreward.testing import fleur_task_image
         >>> red = fleur_task_image("red", random.Random(0))

@@ -117,6 +117,22 @@ def repetition_penalty(text: str, n: int = 2) -> float:
     "a dog and a dog and a dog" (n=2): 7 bigrams, 3 distinct, so 4 repeats -> -4/7; "image image": no
     bigram repeats, one word of two repeats the one before it -> -1/2. Captions shorter than n words
     have no n-gram.
+
+    Args:
+        text: the caption.
+        n: the n-gram length (>= 1).
+
+    Returns:
+        The penalty, in [-1, 0].
+
+    Raises:
+        ValueError: ``n`` is below 1.
+
+    Examples:
+        >>> repetition_penalty("a dog and a dog and a dog")
+        -0.5714285714285714
+        >>> repetition_penalty("a dog runs on the grass.")
+        0.0
     """
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
@@ -129,7 +145,19 @@ def repetition_penalty(text: str, n: int = 2) -> float:
 def truncation_penalty(text: str, require_punctuation: bool = True) -> float:
     """-1 if the caption looks cut off, else 0: its last word is one of :data:`DANGLING_WORDS` ("a man
     and the", with or without a period), or (with ``require_punctuation``) it does not end with
-    terminal punctuation (any script's: ".", "。", "।", "؟", ...). Empty text is -1."""
+    terminal punctuation (any script's: ".", "。", "।", "؟", ...). Empty text is -1.
+
+    Args:
+        text: the caption.
+        require_punctuation: also fire on a caption without terminal punctuation.
+
+    Returns:
+        -1.0 or 0.0.
+
+    Examples:
+        >>> truncation_penalty("a man and the"), truncation_penalty("a man walks a dog.")
+        (-1.0, 0.0)
+    """
     stripped = as_read(text).strip()
     w = words(stripped)
     if not w:
@@ -144,14 +172,42 @@ def truncation_penalty(text: str, require_punctuation: bool = True) -> float:
 
 def injection_penalty(text: str) -> float:
     """-1 if the caption forges judge-prompt structure (:func:`~capreward.judges.injection.injection_reason`
-    names a pattern), else 0."""
+    names a pattern), else 0.
+
+    Args:
+        text: the caption.
+
+    Returns:
+        -1.0 or 0.0.
+
+    Examples:
+        >>> injection_penalty("a dog runs on the grass.")
+        0.0
+    """
     return -1.0 if injection_reason(text) is not None else 0.0
 
 
 def length_penalty(text: str, max_words: int, scale: int | None = None) -> float:
     """Minus the number of words (:func:`words`, any script) beyond ``max_words`` divided by ``scale``
     (default ``max_words``), clipped to [-1, 0]: 0 up to max_words, -1 at max_words + scale words and
-    beyond."""
+    beyond.
+
+    Args:
+        text: the caption.
+        max_words: the number of words allowed (>= 1).
+        scale: the number of words past ``max_words`` at which the penalty reaches -1 (>= 1; default
+            ``max_words``).
+
+    Returns:
+        The penalty, in [-1, 0].
+
+    Raises:
+        ValueError: ``max_words`` or ``scale`` is below 1.
+
+    Examples:
+        >>> length_penalty("one two three four five six", max_words=4)
+        -0.5
+    """
     if max_words < 1:
         raise ValueError(f"max_words must be >= 1, got {max_words}")
     scale = max_words if scale is None else scale
@@ -183,7 +239,23 @@ class Guards:
     ``injection``: the injection guard (`injection_penalty()`): a caption that forges judge-prompt
     structure gets ``-injection``.
 
-    Example:
+    Args:
+        repetition: weight of the repetition guard.
+        ngram: n of the repetition guard.
+        truncation: weight of the truncation guard.
+        require_punctuation: the truncation guard also fires without terminal punctuation.
+        length: weight of the over-length guard.
+        max_words: the over-length guard's fixed limit.
+        length_scale: the over-length guard's ramp (None: the allowed length).
+        injection: weight of the injection guard.
+        length_target: None, ``"references"`` or a column of target lengths (see above).
+        length_ratio: the allowed multiple of a target length.
+
+    Raises:
+        ValueError: a weight or ``length_ratio`` that is not a finite number >= 0 (``length_ratio`` > 0),
+            or an empty ``length_target``.
+
+    Examples:
         >>> g = Guards(length_target="references")
         >>> g.max_words_for({"references": [["a dog runs on the grass"]]}, 0)  # 6 words x 1.5
         9
@@ -252,7 +324,15 @@ class Guards:
 
     def terms(self, text: str, max_words: int | None = None) -> dict[str, float]:
         """The enabled weighted guard terms of one caption, e.g. ``{"repetition": -0.25, ...}``;
-        ``max_words`` overrides the length limit (a sample's `max_words_for()`)."""
+        ``max_words`` overrides the length limit (a sample's `max_words_for()`).
+
+        Args:
+            text: the caption.
+            max_words: the length limit (None: :attr:`max_words`).
+
+        Returns:
+            Term name -> weighted penalty, for each enabled term.
+        """
         out = {}
         if self.repetition:
             out["repetition"] = self.repetition * repetition_penalty(text, self.ngram)

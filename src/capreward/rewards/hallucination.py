@@ -125,7 +125,7 @@ class HallucinationPenalty(MetricReward):
 
     Logs ``content_tokens`` and ``unsupported_tokens`` (batch means) as sub-scores.
 
-    Example:
+    Examples:
         >>> from capreward.testing import colour_image, trained_clip_path
         >>> clip = str(trained_clip_path())   # a tiny CLIP trained to know colour words (seconds, then cached)
         >>> red = colour_image("red")
@@ -148,7 +148,15 @@ class HallucinationPenalty(MetricReward):
         return self.scorer.idf_table is not None
 
     def report_for(self, alignment: TokenAlignment, threshold: float | None = None) -> SupportReport:
-        """The `SupportReport` of one caption's alignment at ``threshold`` (default: the current one)."""
+        """The `SupportReport` of one caption's alignment at ``threshold`` (default: the current one).
+
+        Args:
+            alignment: the caption's alignment (:meth:`alignments`).
+            threshold: the similarity below which a content token is unsupported (None: :attr:`threshold`).
+
+        Returns:
+            The caption's `SupportReport`.
+        """
         return self.analysis().report_for(alignment, threshold)
 
     def _content(self, alignment: TokenAlignment) -> list[bool]:
@@ -172,6 +180,16 @@ class HallucinationPenalty(MetricReward):
     ) -> float:
         """Set ``threshold`` to the ``quantile`` of the content-token similarities of ``captions``, which
         must be known-good descriptions of their ``visuals`` (so about that fraction of correct content
-        words will be flagged). Returns the new threshold."""
+        words will be flagged). Returns the new threshold.
+
+        Args:
+            captions: known-good captions.
+            visuals: their visuals (one per caption).
+            kind: ``"video"`` or ``"image"``.
+            quantile: the fraction of correct content words to flag.
+
+        Returns:
+            The new threshold.
+        """
         self.threshold = self.analysis().calibrate(captions, visuals, kind, quantile)
         return self.threshold

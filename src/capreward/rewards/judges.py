@@ -127,7 +127,7 @@ class VisCE2Reward(MetricReward):
     cached across calls (the ``context_cache_size`` most recently used in memory), so a GRPO group
     sharing an image asks for its context once.
 
-    Example:
+    Examples:
         >>> import random
         >>> from capreward.testing import fleur_task_image
         >>> red = fleur_task_image("red", random.Random(0))
@@ -151,7 +151,7 @@ class GVEvalReward(MetricReward):
     the scorer, or pass a built ``scorer``. Videos are judged on the three-frame composite. With ACCR the
     reward is the mean of the four dimensions, each logged as a sub-score.
 
-    Example:
+    Examples:
         >>> import random
         >>> from capreward.testing import fleur_task_image
         >>> red = fleur_task_image("red", random.Random(0))

@@ -73,7 +73,7 @@ class MetricReward(CaptionReward):
             nearest valid one).
         ValueError: the metric has no reward, or an option's value is refused.
 
-    Example:
+    Examples:
         >>> from capreward.testing import colour_image, trained_clip_path
         >>> clip = str(trained_clip_path())   # a tiny CLIP trained to know colour words (seconds, then cached)
         >>> red = colour_image("red")
@@ -134,7 +134,13 @@ class MetricReward(CaptionReward):
         """The options ``MetricReward(metric, ...)`` takes: the common ones, the metric's reward options
         and its scorer's (the signature of its per-metric class).
 
-        Example:
+        Args:
+            metric: a metric name or alias.
+
+        Returns:
+            The options' signature.
+
+        Examples:
             >>> from capreward.rewards import MetricReward
             >>> "idf" in MetricReward.signature_of("emscore").parameters
             True
@@ -146,9 +152,20 @@ class MetricReward(CaptionReward):
         return self.hooks.build(self)
 
     def value_range(self) -> tuple[float, float]:
+        """The closed interval every value of this reward lies in (read from the metric's spec and
+        options; values outside are clipped and counted).
+
+        Returns:
+            ``(low, high)``.
+        """
         return self.hooks.value_range(self)
 
     def metric_names(self) -> tuple[str, ...]:
+        """Every per-sample sub-score this reward can report (the metric's, then the common ones).
+
+        Returns:
+            The sub-score names.
+        """
         return (*self.hooks.metric_names(self), *super().metric_names())
 
     def score_group(self, captions, visuals, kind, references, visual_ids) -> GroupScores:

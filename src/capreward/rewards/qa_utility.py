@@ -121,8 +121,7 @@ class QAUtilityReward(MetricReward):
     options go to the scorer, or pass a built ``scorer``. Visuals are only needed for samples without
     questions.
 
-    Example::
-
+    Examples:
         >>> from capreward.rewards.qa_utility import QAUtilityReward
         >>> from capreward.testing.tiny_qa_judge import colour_questions, qa_backend
         >>> reward = QAUtilityReward(backend=qa_backend())

@@ -59,7 +59,7 @@ class SpecificityReward(RewardFunction):
     Raises:
         ValueError: for an unknown ``contrast`` or both ``base`` and ``clip_kwargs``.
 
-    Example:
+    Examples:
         >>> from capreward.rewards import CLIPScoreReward, CompositeReward, SpecificityReward
         >>> from capreward.testing.trained_clip import colour_image, trained_clip_path
         >>> clip = str(trained_clip_path())

@@ -32,6 +32,14 @@ def metric_for(name: str, *args, **options):
     its spec names (:attr:`~capreward.registry.MetricSpec.torchmetric`), else
     :class:`RegisteredMetric` reading its spec (PAC-S).
 
+    Args:
+        name: a metric name or alias (:func:`capreward.registry.names`).
+        *args: the Metric's positional arguments (its backbone or judge).
+        **options: the Metric's options.
+
+    Returns:
+        The torchmetrics Metric.
+
     Raises:
         capreward.registry.UnknownMetric: no metric is called ``name``.
         capreward.registry.UnknownOption: an option the Metric does not take.

@@ -90,7 +90,7 @@ class VisCE2Metric(RegisteredMetric):
     `JudgeBackend`) and any other `VisCE2` option as a keyword (``max_tokens=``; ``scorer_kwargs=``, a
     dict of them, still works), or a configured ``scorer``.
 
-    Example:
+    Examples:
         >>> import random
         >>> from capreward.testing import fleur_task_image
         >>> red = fleur_task_image("red", random.Random(0))
@@ -116,7 +116,7 @@ class GVEvalMetric(RegisteredMetric):
     ``completeness``, ``conciseness``, ``relevance``. Give ``backend`` and any other `GVEval` option as a
     keyword (``scorer_kwargs=``, a dict of them, still works), or a configured ``scorer``.
 
-    Example:
+    Examples:
         >>> import random
         >>> from capreward.testing import fleur_task_image
         >>> red = fleur_task_image("red", random.Random(0))

@@ -89,6 +89,31 @@ class CaptionMetric(Metric):
     per-image scores (other columns: their mean), as the rewards do; an image without a score leaves the
     sample without one; the per-image scores are logged (INFO). Extra keyword arguments go to
     ``torchmetrics.Metric`` (``sync_on_compute``, ``process_group``, ``compute_on_cpu`` …).
+
+    Args:
+        scorer: the scorer the rows come from.
+        visual: the kind of visual ``update`` gets (``"image"``, ``"video"``; None: references only).
+        empty_score: the score of an empty caption (None: no score).
+        per_sample: ``compute()`` also returns the per-sample columns.
+        sub_scores: ``compute()`` returns every column's mean.
+        name: the metric's name (default: the class's ``default_name``).
+        dataset_size: the number of samples one evaluation should count (the padding check).
+        image_aggregation: ``"mean"``, ``"min"`` or ``"max"`` over a sample's images.
+        **kwargs: ``torchmetrics.Metric``'s options.
+
+    Raises:
+        ValueError: an unknown ``image_aggregation``.
+
+    Examples:
+        >>> from capreward.testing import colour_image, trained_clip_path
+        >>> from capreward.torchmetrics import CaptionMetric, EMScoreMetric
+        >>> metric = EMScoreMetric(model=str(trained_clip_path()), visual="image", per_sample=True)
+        >>> isinstance(metric, CaptionMetric)
+        True
+        >>> metric.update(["a red image.", ""], [colour_image("red")] * 2)
+        >>> out = metric.compute()
+        >>> out["per_sample/empty"].tolist()
+        [0.0, 1.0]
     """
 
     is_differentiable = False
@@ -534,7 +559,7 @@ class RegisteredMetric(CaptionMetric):
         capreward.registry.UnknownOption: an option it does not take (naming the nearest valid one).
         ValueError: the metric has no torchmetrics Metric, or the options conflict.
 
-    Example:
+    Examples:
         >>> from capreward.testing import colour_image, trained_clip_path
         >>> clip = str(trained_clip_path())   # a tiny CLIP trained to know colour words (seconds, then cached)
         >>> red = colour_image("red")
@@ -616,7 +641,13 @@ class RegisteredMetric(CaptionMetric):
     def signature_of(metric: str) -> inspect.Signature:
         """The options ``RegisteredMetric(metric, ...)`` takes (the signature of its per-metric class).
 
-        Example:
+        Args:
+            metric: a metric name or alias.
+
+        Returns:
+            The options' signature.
+
+        Examples:
             >>> from capreward.torchmetrics import RegisteredMetric
             >>> "idf" in RegisteredMetric.signature_of("emscore").parameters
             True
@@ -776,7 +807,7 @@ class EMScoreMetric(RegisteredMetric):
     ``idf="batch"`` for the release's default); ``visual``: ``"video"`` (default) or ``"image"``; see
     `CaptionMetric` for the rest.
 
-    Example:
+    Examples:
         >>> from capreward.testing import colour_image, trained_clip_path
         >>> clip = str(trained_clip_path())   # a tiny CLIP trained to know colour words (seconds, then cached)
         >>> red = colour_image("red")
@@ -802,7 +833,7 @@ class CLIPScoreMetric(RegisteredMetric):
     Args: ``model``/``backbone``/``scorer`` as for `EMScoreMetric`; ``w``; ``frames`` (for
     videos, scored through their mean frame embedding); ``visual``: ``"image"`` (default) or ``"video"``.
 
-    Example:
+    Examples:
         >>> from capreward.testing import colour_image, trained_clip_path
         >>> clip = str(trained_clip_path())   # a tiny CLIP trained to know colour words (seconds, then cached)
         >>> red = colour_image("red")
@@ -829,7 +860,7 @@ class FLEURMetric(RegisteredMetric):
     ``scorer`` (a configured `FLEUR`); ``device``, ``dtype``; ``visual``:
     ``"image"`` (default) or ``"video"`` (scored on FLEUR's three-frame composite).
 
-    Example:
+    Examples:
         >>> import random
         >>> from capreward.testing import fleur_task_image
         >>> red = fleur_task_image("red", random.Random(0))
