@@ -50,6 +50,8 @@ def test_sft_captions_hallucinate_only_absent_colours(experiment):
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # SFT then GRPO: run once in the suite, not at both ends of the version matrix (TRL's
+# GRPO with the claim rewards is there already: test_claims_entry_points.py)
 def test_a_short_run_logs_both_parts_of_the_claim_reward(experiment, tmp_path):
     out = experiment.main(
         ["--seeds", "0", "--steps", "2", "--sft-steps", "4", "--batch-size", "8", "--num-generations", "4",

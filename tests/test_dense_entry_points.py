@@ -89,6 +89,7 @@ def _post(server, captions, labels):
     return body
 
 
+@pytest.mark.slow  # capreward's own server and CLI: once in the suite, not at both matrix ends
 def test_serve_subprocess_answers_the_claim_scorer_numbers(media, claims_expected):
     with_refs, without = claims_expected
     server = Server(["--reward", "claims", "--judge-model", str(tiny_claim_judge_dir()), "--media-root", str(media),
@@ -107,6 +108,7 @@ def test_serve_subprocess_answers_the_claim_scorer_numbers(media, claims_expecte
     assert missing["rewards"] == [0.0] and missing["extra_logs"]["unscored"] == [1.0]  # the bottom of [0, 1]
 
 
+@pytest.mark.slow  # capreward's own server and CLI: once in the suite, not at both matrix ends
 def test_serve_subprocess_answers_the_qa_utility_numbers(media, qa_expected):
     server = Server(["--reward", "qa_utility", "--qa-model", str(tiny_qa_judge_dir()), "--media-root", str(media),
                      "--no-progress"])
@@ -188,6 +190,7 @@ def test_verl_reward_loop_gives_the_qa_utility_numbers(verl_env, policy_tokenize
 
 
 # ------------------------------------------------------------------------------------ capreward score
+@pytest.mark.slow  # capreward's own server and CLI: once in the suite, not at both matrix ends
 def test_capreward_score_cli_runs_both_rewards(media, tmp_path, claims_expected, qa_expected):
     with_refs, _ = claims_expected
     manifest = tmp_path / "m.jsonl"
