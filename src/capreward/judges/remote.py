@@ -266,7 +266,13 @@ class OpenAIJudge:
         Returns:
             One :class:`~capreward.judges.protocol.ChatResponse` per request, ``result[i]`` for
             ``requests[i]``; a request that cannot be answered has ``error`` set (the call does not raise).
+
+        Raises:
+            ImportError: the ``remote`` extra (the ``openai`` client) is not installed, naming it.
         """
+        from .._extras import require
+
+        require("remote", "openai", used_by="OpenAIJudge")  # without the extra: one line naming it, even for no requests
         requests = list(requests)
         results: list[ChatResponse | None] = [None] * len(requests)
         if not requests:
