@@ -119,6 +119,13 @@ def import_path(target: str) -> Any:
 
 
 
+def scorer_values(result: Any, sub_score: str) -> Any:
+    """The values a scorer's ``result`` holds for ``sub_score`` (one per caption): its attribute named
+    as the sub-score with ``/`` read as ``_`` (``video/full_f`` is ``result.video_full_f``), or None when
+    it has none. The one rule by which the generic reward, Metric and job runner read a result."""
+    return getattr(result, sub_score.replace("/", "_"), None)
+
+
 def _no_sub_scores(config: Mapping[str, Any]) -> tuple[str, ...]:
     return ()
 

@@ -350,7 +350,7 @@ def generic_runner(spec, job: ManifestScorer) -> Callable[[list[ManifestRow]], l
                     continue
                 out[i] = {spec.name: result_value(res.score[pos])}
                 for sub in subs:
-                    out[i][spec.field_of(sub)] = result_value(getattr(res, sub.replace("/", "_"))[pos])
+                    out[i][spec.field_of(sub)] = result_value(registry.scorer_values(res, sub)[pos])
                 if error:
                     out[i]["_error"] = error
         return out

@@ -16,7 +16,7 @@ import math
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import SampleError
-from ..registry import import_path
+from ..registry import import_path, scorer_values
 
 if TYPE_CHECKING:  # pragma: no cover
     from .base import GroupScores, RewardOutput
@@ -110,7 +110,7 @@ def all_sub_scores(spec: Any, config: dict[str, Any] | None = None) -> tuple[str
 def result_column(result: Any, sub: str, n: int) -> list[float]:
     """Sub-score ``sub`` of a scorer's ``result`` (attribute ``sub`` with ``/`` read as ``_``) as k floats,
     NaN where it is missing or not a number (the whole column when the result has none)."""
-    values = getattr(result, sub.replace("/", "_"), None)
+    values = scorer_values(result, sub)
     if values is None:
         return [math.nan] * n
     if hasattr(values, "tolist"):
