@@ -61,7 +61,7 @@ def test_verl_compute_score_gives_the_scorer_numbers(media, expected):
 
 
 def test_the_reward_server_answers_the_scorer_numbers(media, expected):
-    from capreward.adapters.openrlhf import make_server, post_json
+    from capreward.server.http import make_server, post_json
 
     reward = build_reward("claims", RewardOptions(judge_model=str(tiny_claim_judge_dir())))
     server = make_server(reward, media_root=str(media))

@@ -221,7 +221,7 @@ def test_reasons_name_the_callers_index_across_reward_groups(colour_images):
 
 
 def test_judge_metrics_count_special_tokens_only_as_empty(fleur, colour_images):
-    from capreward.callbacks.tm_metrics import FLEURMetric
+    from capreward.torchmetrics.metrics import FLEURMetric
 
     red = colour_images["red"]
     metric = FLEURMetric(scorer=fleur, per_sample=True)

@@ -247,7 +247,7 @@ def test_server_and_verl_emscore_rank_the_issue_case_right(colour_backbone, tmp_
     """``capreward serve --reward emscore`` (the server's default reward) and veRL's ``emscore``: the
     adapters' reward is the sign-safe one; ``harmonic_mean="released"`` restores the paper's F."""
     from capreward.adapters.factory import RewardOptions, build_reward
-    from capreward.adapters.openrlhf import RewardService
+    from capreward.server.http import RewardService
     from capreward.adapters.verl import make_compute_score
     from capreward.testing.trained_clip import colour_image
 

@@ -8,10 +8,6 @@ from __future__ import annotations
 
 import importlib
 
-from . import _moved
-
-_moved.install()  # old import paths of moved modules (capreward.adapters.openrlhf, ...) keep working
-
 __version__ = "0.1.0"
 
 _LAZY = {

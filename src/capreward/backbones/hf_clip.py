@@ -161,6 +161,8 @@ class TransformersBackbone(TowerBackbone):
         (64, False)
     """
 
+    takes_spec = staticmethod(is_transformers_spec)
+
     def __init__(
         self,
         model: Any,

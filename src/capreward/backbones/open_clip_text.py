@@ -39,6 +39,8 @@ class CustomTextBackbone(TowerBackbone):
         ('CustomTextBackbone', 64, False)
     """
 
+    takes_model = staticmethod(is_custom_text_clip)
+
     def _adopt(self, **kwargs: Any) -> None:
         """Finish construction once ``model``, ``preprocess``, ``tokenizer`` and ``device`` are set."""
         text = self.model.text

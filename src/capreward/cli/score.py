@@ -36,8 +36,8 @@ import sys
 
 from ..backbones.clip_loading import DEFAULT_CLIP
 from .. import registry
-from .common import (add_device_option, add_media_limit_options, add_metric_flags, add_resume_options, metric_flag_values,
-                     metric_list, spelled_aliases)
+from ..metric_flags import add_metric_flags, metric_flag_values
+from .common import add_device_option, add_media_limit_options, add_resume_options, metric_list, spelled_aliases
 
 
 def metric_lines() -> str:

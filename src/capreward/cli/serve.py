@@ -13,8 +13,8 @@ from .. import registry
 from ..adapters.factory import reward_names
 from ..backbones.clip_loading import DEFAULT_CLIP
 from ..metrics.harmonic import HARMONIC_MEANS
-from .common import (CLIError, adapter_flags, add_device_option, add_media_limit_options, add_metric_flags, metric_flag_values,
-                     metric_name, spelled_aliases)
+from ..metric_flags import adapter_flags, add_metric_flags, metric_flag_values
+from .common import CLIError, add_device_option, add_media_limit_options, metric_name, spelled_aliases
 
 
 def run(args: argparse.Namespace) -> int:

@@ -20,8 +20,9 @@ Example::
 
     import functools, ray
     from ray import serve
-    from capreward.adapters import RewardOptions, ServerLimits, build_reward
-    from capreward.adapters.ray_serve import reward_app
+    from capreward.adapters import RewardOptions, build_reward
+    from capreward.server import ServerLimits
+    from capreward.server.ray_serve import reward_app
 
     factory = functools.partial(build_reward, "emscore", RewardOptions(clip_model="/models/ViT-B-32.pt"))
     app = reward_app(factory, media_root="/data/media", num_replicas=4,
@@ -36,10 +37,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable
 
-from ..server.batching import slice_batch
-from .labels import Label
-from ..server.http import RequestError, RewardService, ServerLimits
-from .scoring import ScoredBatch, concat_batches
+from ..adapters.labels import Label
+from ..adapters.scoring import ScoredBatch, concat_batches
+from .batching import slice_batch
+from .http import RequestError, RewardService, ServerLimits
 
 
 def reward_app(reward_factory: Callable[[], Any], *, fallback: float | None = None, media_root: str | None = None,
@@ -54,7 +55,7 @@ def reward_app(reward_factory: Callable[[], Any], *, fallback: float | None = No
     """
     from .._extras import require
 
-    serve = require("serve", "ray.serve", used_by="capreward.adapters.ray_serve")
+    serve = require("serve", "ray.serve", used_by="capreward.server.ray_serve")
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response
 
