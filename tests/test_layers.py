@@ -20,6 +20,7 @@ The rules, as docs/design/architecture.md draws them:
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -230,6 +231,20 @@ def test_arrows_go_down_the_floors():
     assert not unexpected, "imports running up a floor (move the code, or the part):\n" + "\n".join(
         f"{a} -> {b}: {', '.join(lines)}" for (a, b), lines in sorted(unexpected.items()))
     assert set(UPWARD) <= set(found), "an allowed upward arrow that no longer exists: drop it from UPWARD"
+
+
+def documented_floors(page: Path) -> list[tuple[str, ...]]:
+    """The floors of the architecture page's table (``| floor | parts | ... |``), lowest first."""
+    rows = {}
+    for line in page.read_text(encoding="utf-8").splitlines():
+        m = re.fullmatch(r"\| (\d+) \| ((?:`[\w.]+`(?:, )?)+) \|.*", line)
+        if m:
+            rows[int(m.group(1))] = tuple(re.findall(r"`([\w.]+)`", m.group(2)))
+    return [rows[k] for k in sorted(rows)]
+
+
+def test_the_architecture_page_draws_these_floors():
+    assert documented_floors(REPO / "docs" / "design" / "architecture.md") == FLOORS
 
 
 def test_a_package_serves_only_its_own_modules_lazily():
