@@ -33,7 +33,7 @@ PACKAGE = REPO / "src" / "capreward"
 #: The floors, lowest first; a part may import the parts of the floors below its own.
 FLOORS: list[tuple[str, ...]] = [
     # ground: no capreward import (the package's own __init__ holds the version and lazy public names)
-    ("capreward", "errors", "text", "progress"),
+    ("capreward", "errors", "text", "progress", "default_models"),
     # services and inputs: optional extras, devices, the hub, text files, media, the caption as read, the
     # registry of metric facts
     ("_extras", "devices", "hub", "jsonl", "media", "caption_reading", "registry"),

@@ -8,14 +8,40 @@
 - :mod:`capreward.adapters.paths`: which files a label may name (confinement to a media root).
 - :mod:`capreward.adapters.json_limits`: bounds on a request's JSON, each refusal naming the field.
 - :mod:`capreward.adapters.scoring`: a labelled batch scored by a reward (what veRL and the server share).
+
+
+Names are imported on first use, so that reading a reward's name (the command line's help) imports no
+model code.
 """
 
-from .factory import RewardOptions, build_reward, reward_names
-from .labels import Label, LabelError, parse_label
-from .paths import MediaPaths
-from .scoring import ScoredBatch, score_labelled
-from .verl import VerlScorer, make_compute_score
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {
+    "RewardOptions": "capreward.adapters.factory",
+    "build_reward": "capreward.adapters.factory",
+    "reward_names": "capreward.adapters.factory",
+    "Label": "capreward.adapters.labels",
+    "LabelError": "capreward.adapters.labels",
+    "parse_label": "capreward.adapters.labels",
+    "MediaPaths": "capreward.adapters.paths",
+    "ScoredBatch": "capreward.adapters.scoring",
+    "score_labelled": "capreward.adapters.scoring",
+    "VerlScorer": "capreward.adapters.verl",
+    "make_compute_score": "capreward.adapters.verl",
+}
 
 #: Documented in the API reference (docs/api/server.md). The rest imports from here too: the label format,
 #: the batch scorer and :func:`reward_names`.
 __all__ = ["MediaPaths", "RewardOptions", "build_reward", "make_compute_score"]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))

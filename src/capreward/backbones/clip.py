@@ -25,7 +25,8 @@ from ..devices import checked_device, host_to_device, strict_fp32_method
 from ..media import MediaError, describe, frames_to_pil, get_media_limits, load_image, open_video, to_rgb
 from ..media.keys import content_key, with_id
 from .cache import LRUCache
-from .clip_loading import DEFAULT_CLIP, load_clip
+from ..default_models import DEFAULT_CLIP
+from .clip_loading import load_clip
 from .windows import check_long_captions, combine_windows, split_windows
 
 

@@ -34,12 +34,6 @@ def description() -> str:
     return f"Caption-quality metrics ({', '.join(s.title for s in registry.specs())}) as scores and rewards."
 
 
-def __getattr__(name: str):
-    if name == "DESCRIPTION":  # the constant this module held before the registry named the metrics
-        return description()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def package_version() -> str:
     """The installed distribution's version, else the package's ``__version__``."""
     from importlib import metadata

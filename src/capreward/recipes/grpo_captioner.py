@@ -115,7 +115,7 @@ def qa_judge(args: argparse.Namespace) -> Any:
         return qa_backend()
     if not getattr(args, "qa_model", None):
         raise ValueError("the qa_utility reward needs a text judge: --qa-model (a causal LM) or --judge-url")
-    from capreward.scorers.qa_utility import LocalTextJudge
+    from capreward.judges.local_text import LocalTextJudge
 
     return LocalTextJudge(args.qa_model)
 
