@@ -325,9 +325,11 @@ class ClaimScorer:
             :func:`~capreward.scorers.claims_split.lexical_coverage`, CAPTURE's exact-match stage).
         normalise: P(yes) normalised over yes+no (default) or the raw P(yes) (VQAScore's reading).
         min_mass: a claim whose yes+no probability is below this counts as not verified (0).
-        batch_size: requests per local prefill; top_logprobs: alternatives asked of a server.
+        batch_size: requests per local prefill.
+        top_logprobs: alternatives asked of a server.
         cache_size: verdicts kept in memory (0: none).
-        inventory_max_tokens / split_max_tokens: generation budgets of the inventory and the judge splitter.
+        inventory_max_tokens: the generation budget of the inventory.
+        split_max_tokens: the generation budget of the judge splitter.
 
     Raises:
         ValueError: a bad option.
