@@ -15,7 +15,8 @@ import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Hashable, Sequence
+from typing import Any, ClassVar
+from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
 import torch
@@ -99,11 +100,11 @@ class CLIPBackbone:
             CLIPBackbone.families.append(cls)
 
     @staticmethod
-    def takes_spec(model: Any) -> bool:
-        """Whether this family's class loads the model specification ``model`` itself.
+    def takes_spec(spec: Any) -> bool:
+        """Whether this family's class loads the model specification ``spec`` itself.
 
         Args:
-            model: what ``CLIPBackbone(model)`` was given.
+            spec: what ``CLIPBackbone(model=...)`` was given.
 
         Returns:
             False here (open_clip loads it); True in a family that loads it (transformers).
@@ -122,6 +123,11 @@ class CLIPBackbone:
             False here; True in a family with its own text tower (open_clip ``CustomTextCLIP``).
         """
         return False
+
+    def _adopt(self, **options: Any) -> None:
+        """Finish the construction of a family's backbone that took over the loaded model
+        (:meth:`takes_model`), with the constructor's cache and batching options."""
+        raise NotImplementedError(f"{type(self).__name__} takes over no loaded model")
 
     def __new__(cls, *args: Any, **kwargs: Any):
         # A transformers model (a "transformers:" name, a transformers directory, a (model, processor)

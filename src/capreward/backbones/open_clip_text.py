@@ -13,7 +13,8 @@ non-causal tower (SigLIP) see :mod:`capreward.backbones.towers` for what the tok
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import re
-from typing import Iterator
+from collections.abc import Iterator
 
 from ..errors import CaprewardError
 

@@ -4,7 +4,8 @@ first-token distributions (the QA-utility reward's answerer), or greedy text."""
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import torch
 
@@ -112,7 +113,7 @@ class LocalTextJudge(SyncBackendMixin):
         eos = self.tokenizer.eos_token_id
         for request in requests:
             ids = torch.tensor([self.encode(request.turns[-1].text)])
-            new = []
+            new: list[int] = []
             with torch.inference_mode():
                 for _ in range(request.max_tokens or 256):
                     logits = self.model(input_ids=torch.tensor([ids[0].tolist() + new])).logits[0, -1]
@@ -120,5 +121,6 @@ class LocalTextJudge(SyncBackendMixin):
                     if token == eos:
                         break
                     new.append(token)
-            responses.append(ChatResponse(self.tokenizer.decode(new, skip_special_tokens=True).strip(), finish_reason="stop"))
+            text = str(self.tokenizer.decode(new, skip_special_tokens=True))
+            responses.append(ChatResponse(text.strip(), finish_reason="stop"))
         return responses
