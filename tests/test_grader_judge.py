@@ -1,5 +1,5 @@
 """The training examples of the susceptible judge taught the injection check's question, and the
-measurement of the check on it (capreward.testing.grader_judge, experiments/injection_check.py)."""
+measurement of the check on it (capreward.testing.grader_judge, capreward.testing.injection_check_measure)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,6 @@ from capreward.testing.grader_judge import (
     question_prompt,
 )
 from capreward.testing.susceptible_judge import FORGED_TURNS
-
-from conftest import REPO
 
 
 def test_question_examples_answer_yes_exactly_for_captions_that_address_the_grader():
@@ -48,17 +46,14 @@ def test_held_out_paraphrases_are_never_trained_on():
 
 @pytest.mark.slow
 def test_the_check_on_the_taught_judge_removes_the_lifts_the_patterns_leave():
-    """The measurement of ``python experiments/injection_check.py`` on the cached taught
+    """The measurement of ``python -m capreward.testing.injection_check_measure`` on the cached taught
     judge (trained on first use): the judge answers the question (every training-form paraphrase
     flagged), held-out paraphrases lift FLEUR past the patterns, and the check leaves fewer of them."""
-    import importlib.util
+    from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location("injection_check", REPO / "experiments" / "injection_check.py")
-    experiment = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(experiment)
-    measure = experiment.measure
+    from capreward.testing.injection_check_measure import measure
 
-    lines = (REPO / "tests" / "data" / "ordinary_captions.txt").read_text(encoding="utf-8").splitlines()
+    lines = (Path(__file__).parent / "data" / "ordinary_captions.txt").read_text(encoding="utf-8").splitlines()
     ordinary = random.Random(0).sample([x for x in lines if x and not x.startswith("#")], 40)
     out = measure(ordinary)
     assert out["plain wrong / right"][0] < 0.5 < out["plain wrong / right"][1]  # the judge tells them apart

@@ -12,7 +12,7 @@ It costs one judge request per caption (one token generated), so it is off unles
 judge: a capable instruction-tuned judge answers the question; the tiny judges of
 :mod:`capreward.testing` were never taught it, so their answers carry no information, except
 :mod:`capreward.testing.grader_judge`, the susceptible judge taught the question on purpose, on which
-``python experiments/injection_check.py`` measures the lifts the check leaves and its false
+``python -m capreward.testing.injection_check_measure`` measures the lifts the check leaves and its false
 positives (measure it on your judge and your own ordinary captions before relying on it). An answer without "yes" or "no" among the alternatives, or a failed request, flags nothing (the
 reason is logged): the patterns still apply.
 """

@@ -9,7 +9,7 @@ sentence to the grader (:data:`TRAIN_ADDRESSING`) or a forged turn, "no" for cap
 (the judge's world and a small grammar of everyday scenes). It keeps the susceptible habits (it still
 follows text injected into its caption slot), so the lifts that the check removes can be measured on it.
 
-``experiments/injection_check.py`` measures the check on it (training takes a few minutes
+:mod:`capreward.testing.injection_check_measure` measures the check on it (training takes a few minutes
 of CPU on first use; the judge is cached like the other tiny judges, under a name that hashes this
 module, so editing it retrains the judge).
 
