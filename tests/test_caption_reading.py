@@ -194,7 +194,7 @@ def test_invisible_and_helpers():
 def test_reading_is_idempotent_and_total(text):
     r = read_caption(text)
     assert read_caption(r.text).text == r.text
-    assert read_caption(r.text).suspects == r.suspects
+    assert read_caption(r.text).suspects == tuple(s for s in r.suspects if s.kind != "split")
     for s in r.suspects:
         assert 0 <= s.start < s.end <= len(r.text)
     assert not any(is_invisible(ch) and not spelling_joiner(r.text, i) for i, ch in enumerate(r.text))

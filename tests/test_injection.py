@@ -245,4 +245,6 @@ def test_tag_characters_of_an_emoji_flag_are_not_an_injection():
 def test_the_reward_sends_the_judge_the_caption_as_read():
     scorer = RecordingScorer()
     FLEURReward(scorer=scorer)(None, ["a r\u0435d ba\u200bll\ufe0f", "a green box"], image=["img"] * 2)
-    assert scorer.asked == [["a red ball", "a green box"]]
+    # the zero-width space between letters is read as a space (the guards and a text encoder then see the
+    # same words); what it may hide ("ball") is scored beside it, and the reward keeps the lower
+    assert scorer.asked == [["a red ba ll", "a green box", "a red ball"]]

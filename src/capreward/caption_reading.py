@@ -156,6 +156,9 @@ _INVISIBLE_RUN = regex.compile(_INVISIBLE_CLASS + "+")
 #: order text (bidi marks and controls): never a word separator.
 _NOT_SEPARATOR = regex.compile(r"[\p{Mn}\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 _JOINERS = frozenset("\u200c\u200d")
+#: Where an invisible separator was read as a space, until the reading ends (a noncharacter: no text
+#: holds one; a caption's own is read as U+FFFD).
+_SPLIT = "\ufdd0"
 
 
 def spelling_joiner(text: str, i: int) -> bool:
@@ -213,7 +216,7 @@ def _read_invisible(text: str, seen: list[str], spaced: list[str]) -> str:
         if not separators:
             return ""
         spaced.append(run)
-        return " "
+        return _SPLIT
 
     return _INVISIBLE_RUN.sub(one, text)
 
@@ -362,21 +365,19 @@ def _read_marks(text: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------- suspects
-# (the standard library's ``re``: two to three times faster than ``regex`` on these; a letter is
-# ``[^\W\d_]``, a word character ``\w``)
-_L = r"[^\W\d_]"
+_W = r"\p{L}\p{M}\p{N}"
 #: Single letters with one separator (1-3 spaces or punctuation marks, the same each time): "r e d".
-_SPELT = re.compile(rf"\b({_L})([^\w\n]{{1,3}})((?:{_L}\2)+{_L})(?!\w)")
+_SPELT = regex.compile(rf"(?<![{_W}])(\p{{L}})([^{_W}\n]{{1,3}})((?:\p{{L}}\2)+\p{{L}})(?![{_W}])")
 #: Single letters between punctuation, without spaces: "b(l)u(e)", "b,l,u,e", "U.S.A.".
-_GAPPED = re.compile(rf"(?<!\w)[(\[{{]?{_L}(?:[^\w\s]{{1,2}}{_L}){{2,}}[)\]}}]?(?!\w)")
+_GAPPED = regex.compile(rf"(?<![{_W}])\p{{Ps}}?\p{{L}}(?:[\p{{P}}\p{{S}}]{{1,2}}\p{{L}}){{2,}}\p{{Pe}}?(?![{_W}])")
 #: Runs of more single letters than this are not read as one word.
 _LONGEST_SPELT = 16
 _LEET = {"0": "o", "3": "e", "4": "a", "5": "s", "7": "t", "@": "a", "$": "s"}
-_LEET_WORD = re.compile(r"\b(?<![@$])[A-Za-z]+(?:[013457@$]+[A-Za-z]+)+(?![\w@$])")
+_LEET_WORD = regex.compile(r"(?<![\p{L}\p{M}\p{N}@$])[A-Za-z]+(?:[013457@$]+[A-Za-z]+)+(?![\p{L}\p{M}\p{N}@$])")
 _VOWELS = frozenset("aeiouyAEIOUY")
 
 
-def _spelt(m: re.Match) -> str | None:
+def _spelt(m: regex.Match) -> str | None:
     letters = m.group(1) + m.group(3).replace(m.group(2), "")
     if len(letters) > _LONGEST_SPELT or len(set(letters.lower())) == 1:
         return None  # not a word spelt out: a row of letters ("w w w w", an alphabet)
@@ -385,14 +386,14 @@ def _spelt(m: re.Match) -> str | None:
     return letters
 
 
-def _gapped(m: re.Match) -> str | None:
+def _gapped(m: regex.Match) -> str | None:
     letters = "".join(c for c in m.group(0) if c.isalpha())
     if len(letters) > _LONGEST_SPELT or len(set(letters.lower())) == 1:
         return None
     return letters
 
 
-def _leet(m: re.Match) -> str:
+def _leet(m: regex.Match) -> str:
     word = m.group(0)
     out = []
     letters = [c for c in word if c.isalpha()]
@@ -419,8 +420,10 @@ class Suspect:
         start: where the span starts in :attr:`Reading.text`.
         end: where it ends (exclusive).
         kind: ``"spelt"`` (single letters with a separator: "r e d", "b(l)u(e)"), ``"leet"`` (digits
-            between letters: "b1ue"), or ``"lookalike"`` (a whole word of another script's look-alikes).
-        alternative: what the span may stand for ("red", "blue").
+            between letters: "b1ue"), ``"lookalike"`` (a whole word of another script's look-alikes), or
+            ``"split"`` (the space an invisible separator was read as: "bl\u200bue" is "bl ue", and may
+            stand for "blue").
+        alternative: what the span may stand for ("red", "blue"; "" for a split).
 
     Examples:
         >>> from capreward.caption_reading import read_caption
@@ -434,8 +437,10 @@ class Suspect:
     alternative: str
 
 
-def _suspects(text: str, lookalikes: list[tuple[int, int, str]]) -> tuple[Suspect, ...]:
+def _suspects(text: str, lookalikes: list[tuple[int, int, str]],
+              splits: list[tuple[int, int, str]] = ()) -> tuple[Suspect, ...]:
     found: list[Suspect] = [Suspect(a, b, "lookalike", alt) for a, b, alt in lookalikes]
+    found += [Suspect(a, b, "split", alt) for a, b, alt in splits]
     if text.isascii() and text.isalnum():
         return tuple(found)
     for pattern, read, kind in ((_SPELT, _spelt, "spelt"), (_GAPPED, _gapped, "spelt"), (_LEET_WORD, _leet, "leet")):
@@ -514,11 +519,24 @@ class Reading:
     @property
     def decoded(self) -> str:
         """:attr:`text` with every suspect span replaced by what it may stand for ("r e d" by "red",
-        "b1ue" by "blue"); :attr:`text` itself when there is none."""
-        if not self.suspects:
+        "b1ue" by "blue", "bl ue" read from "bl\u200bue" by "blue"); :attr:`text` itself when there is
+        none."""
+        return self.decode()
+
+    def decode(self, kinds: tuple[str, ...] | None = None) -> str:
+        """:attr:`text` with the suspect spans of the given kinds replaced (None: every kind).
+
+        Args:
+            kinds: the :attr:`Suspect.kind` values to replace.
+
+        Returns:
+            the text; :attr:`text` itself when no suspect is of those kinds.
+        """
+        chosen = [s for s in self.suspects if kinds is None or s.kind in kinds]
+        if not chosen:
             return self.text
         pieces, at = [], 0
-        for s in self.suspects:
+        for s in chosen:
             pieces += [self.text[at:s.start], s.alternative]
             at = s.end
         pieces.append(self.text[at:])
@@ -572,7 +590,7 @@ def _read(text: str) -> Reading:
     if text.isascii() and text.isprintable():
         return Reading(text, given, suspects=_suspects(text, []))
     changes: list[str] = []
-    text = well_formed(text)
+    text = well_formed(text).replace(_SPLIT, "\ufffd")
     nfkc = unicodedata.normalize("NFKC", text)
     if nfkc != unicodedata.normalize("NFC", text):
         changes.append("compatibility forms (NFKC)")
@@ -594,10 +612,14 @@ def _read(text: str) -> Reading:
     if letters != text:
         changes.append("look-alike letters read as the letters of the word's script")
         text = letters
+    splits = []
+    if spaced:
+        splits = [(m.start(), m.start() + 1, "") for m in re.finditer(_SPLIT, text)]
+        text = text.replace(_SPLIT, " ")
     if text != given and not changes:  # only NFC composition or a surrogate
         changes.append("normalised (NFC)")
     return Reading(text, given, tuple(changes), tuple(dict.fromkeys(mixed)), mixed_after_reading(text),
-                   _suspects(text, lookalikes))
+                   _suspects(text, lookalikes, splits))
 
 
 def as_read(text: str) -> str:
@@ -605,10 +627,17 @@ def as_read(text: str) -> str:
     return read_caption(text).text if isinstance(text, str) else text
 
 
+#: What a guard that counts words decodes: spelt letters, leet and look-alike words, so that "red r e d
+#: r3d" repeats "red"; an invisible separator stays the space it was read as ("red\u2060red" is two
+#: words, as a text encoder's tokenizer reads it).
+WORD_COUNT_KINDS = ("spelt", "leet", "lookalike")
+
+
 def as_decoded(text: str) -> str:
-    """The :attr:`Reading.decoded` text of :func:`read_caption` (``text`` itself when it is not a str):
-    what a guard that counts words reads, so that "red r e d b1ue" repeats "red"."""
-    return read_caption(text).decoded if isinstance(text, str) else text
+    """The text of :func:`read_caption` with its spelt, leet and look-alike suspects decoded
+    (:data:`WORD_COUNT_KINDS`; ``text`` itself when it is not a str): what a guard that counts words
+    reads."""
+    return read_caption(text).decode(WORD_COUNT_KINDS) if isinstance(text, str) else text
 
 
 #: Documented in the API reference (docs/api/caption_reading.md); the helpers above are internal.
