@@ -17,7 +17,7 @@ import pytest
 from capreward.judges.caller_text import is_blank
 from capreward.judges.injection import injection_reason
 from capreward.rewards import FLEURReward, GVEvalReward, VisCE2Reward
-from capreward.testing.red_team import ATTACKS
+from red_team import ATTACKS
 
 REPO = Path(__file__).resolve().parents[1]
 #: The shared data folder beside the main checkout (or beside a worktree's parent).
