@@ -128,9 +128,10 @@ def test_the_length_guard_follows_the_target_and_the_parts_split(media):
     assert out.metrics["guard/length"] == [0.0, pytest.approx(-4 / 11)]
     funcs, weights = dense_rewards(LocalChatJudge(tiny_claim_judge()), coverage="lexical")
     image = Image.open(media / "im.png").convert("RGB")
-    values = [f.compute(None, CAPTIONS, image=[image] * 2, references=[REFS] * 2).values for f in funcs[:2]]
+    n = len(CAPTIONS)
+    values = [f.compute(None, CAPTIONS, image=[image] * n, references=[REFS] * n).values for f in funcs[:2]]
     direct = ClaimScorer(LocalChatJudge(tiny_claim_judge()), coverage="lexical").score(
-        CAPTIONS, images=[image] * 2, references=[REFS] * 2)
+        CAPTIONS, images=[image] * n, references=[REFS] * n)
     assert values[0] == pytest.approx(direct.precision.tolist()) and values[1] == pytest.approx(direct.recall.tolist())
     assert funcs[0].scorer is funcs[1].scorer and weights == [1.0, 1.0, 0.5]
     assert aggregation_args() == {"multi_objective_aggregation": "normalize_then_sum"}
