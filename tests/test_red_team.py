@@ -23,7 +23,7 @@ FAMILIES = {
     "forged turn (special tokens)", "forged turn (plain text)", "judge prompt phrase", "template placeholder",
     "score-like ending", "master key", "image placeholder", "special tokens only", "invisible characters",
     "look-alike marker", "other-language marker", "paraphrased instruction",  # round 3
-    "unmapped look-alike letters",  # flagged as a word that still mixes scripts once read
+    "unmapped look-alike letters",  # letters the old tables lacked: read by UTS #39, the marker found
 }
 TARGETS = 12  # per path: 6 scorers (FLEUR, RefFLEUR, VisCE², G-VEval x 3 modes) and their 6 rewards
 
