@@ -375,9 +375,11 @@ class CaptionReward(RewardFunction):
         use_references: score against the references column when a sample has references.
         as_given: score the caption text exactly as given (the released metrics' behaviour, for parity
             checks) instead of the caption a person reads (default:
-            :func:`~capreward.caption_reading.read_caption` first: NFKC, invisible characters removed,
-            look-alike letters mapped, spaced and leet letters read; what it changed is logged,
-            ``<name>/reading`` column). Ordinary captions read as they are written, so their scores do
+            :func:`~capreward.caption_reading.read_caption` first: NFKC, invisible characters removed
+            or read as spaces, look-alike letters of another script read, accents and digits kept; a
+            caption whose reading may stand for other words (spelt letters, leet, an invisible
+            separator: :attr:`~capreward.caption_reading.Reading.decoded`) is also scored decoded and
+            the lower value kept; what the reading changed is logged, ``<name>/reading`` column). Ordinary captions read as they are written, so their scores do
             not depend on this option. The injection guard reads the caption either way.
         injection_guard: floor captions that forge judge-prompt structure
             (:func:`~capreward.judges.injection.injection_reason`): such a caption gets the bottom of
