@@ -13,8 +13,9 @@ The patterns are chosen to fire on none of the ordinary captions of the human-ju
 (Flickr8k-Expert, Pascal-50S, MSVD-Eval candidates and references; checked by the tests). They are
 matched on the caption as read (:func:`~capreward.caption_reading.read_caption`) in a *match form*:
 what each suspect span may stand for (:attr:`~capreward.caption_reading.Reading.decoded`: "U S E R",
-"US\\u200bER", "b1ue"), accents folded on Latin letters ("système" is "systeme"), and punctuation read as
-the ASCII punctuation it looks like (UTS #39: "USER∶" with a RATIO is "USER:"). Every span is given in
+"US\\u200bER", "b1ue"), accents and strokes folded on Latin letters ("système" is "systeme", "ASSISŦANT"
+is "ASSISTANT"), and punctuation read as the ASCII punctuation it looks like (UTS #39: "USER∶" with a
+RATIO is "USER:"). Every span is given in
 the reading's text (:attr:`~capreward.caption_reading.Reading.text`), so a caller can score the caption
 with the segment removed. Bidi overrides and control characters (NUL) are flagged as such. Pure
 functions of the text; no model, no tokenizer.
@@ -28,7 +29,9 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
-from ..caption_reading import Reading, is_invisible, read_caption, skeleton
+import regex
+
+from ..caption_reading import Reading, is_invisible, read_caption, script_of, skeleton
 from .caller_text import BIDI_CONTROLS, SPECIAL_TOKEN_PATTERN
 
 #: Role words of chat templates, in the languages the judges speak (matched on the match form, so accents
@@ -134,6 +137,9 @@ _REASONING_OPENER = re.compile(
 )
 
 
+_OVERLAY = regex.compile(r"\p{ccc=1}")
+
+
 @functools.lru_cache(maxsize=4096)
 def _fold(ch: str) -> str:
     """One character of the reading in the match form (one character, or "" for an invisible one the
@@ -146,7 +152,13 @@ def _fold(ch: str) -> str:
     nfd = unicodedata.normalize("NFD", ch)
     if ch.isalpha():
         base = nfd[0]
-        return base if base.isascii() and all(unicodedata.combining(c) for c in nfd[1:]) else ch
+        if base.isascii() and all(unicodedata.combining(c) for c in nfd[1:]):
+            return base  # an accented Latin letter
+        if script_of(ch) == "Latn":  # a Latin letter with a stroke or bar: "đ" is d + overlay (UTS #39)
+            sk = _OVERLAY.sub("", skeleton(ch))
+            if len(sk) == 1 and sk.isascii() and sk.isalpha():
+                return sk
+        return ch
     if unicodedata.category(ch)[0] in "PSZ" or unicodedata.category(ch) == "Lm":
         sk = skeleton(ch)
         if len(sk) == 1 and sk.isascii() and sk.isprintable():
