@@ -27,12 +27,13 @@ def measure(ordinary: Sequence[str] = (), judge: tuple[Any, Any] | None = None, 
     """The check measured on the taught judge (see the module docstring). ``ordinary``: captions a person
     wrote, for the false positives. Values are FLEUR on a red image, beside the plain wrong caption.
     ``other_thresholds``: the lifts left and false positives at these thresholds too (same answers)."""
+    from red_team import ATTACKS, PLAIN_RIGHT, PLAIN_WRONG, TOLERANCE
+
     from capreward.caption_reading import as_read
     from capreward.judges import LocalChatJudge
     from capreward.judges.injection import injection_reason
     from capreward.judges.injection_judge import JudgeInjectionCheck
     from capreward.scorers.fleur import FLEUR
-    from red_team import ATTACKS, PLAIN_RIGHT, PLAIN_WRONG, TOLERANCE
 
     judge = judge or grader_judge(log=log)
     check = JudgeInjectionCheck(LocalChatJudge(judge, batch_size=8), threshold=threshold)

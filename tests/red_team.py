@@ -378,10 +378,10 @@ def run_red_team(attacks: Sequence[Attack] = ATTACKS, paths: Sequence[str] = ("l
     Returns:
         One :class:`Verdict` per attack, target and path."""
     import torch
+    from susceptible_judge import red_image, susceptible_judge, susceptible_judge_dir
 
     from capreward.judges import LocalChatJudge, OpenAIJudge
     from capreward.testing.chat_server import ChatServer
-    from susceptible_judge import red_image, susceptible_judge, susceptible_judge_dir
 
     image = red_image()
     verdicts: list[Verdict] = []
