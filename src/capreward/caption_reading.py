@@ -370,6 +370,11 @@ _W = r"\p{L}\p{M}\p{N}"
 _SPELT = regex.compile(rf"(?<![{_W}])(\p{{L}})([^{_W}\n]{{1,3}})((?:\p{{L}}\2)+\p{{L}})(?![{_W}])")
 #: Single letters between punctuation, without spaces: "b(l)u(e)", "b,l,u,e", "U.S.A.".
 _GAPPED = regex.compile(rf"(?<![{_W}])\p{{Ps}}?\p{{L}}(?:[\p{{P}}\p{{S}}]{{1,2}}\p{{L}}){{2,}}\p{{Pe}}?(?![{_W}])")
+#: The same three patterns for ASCII text, with the standard library's ``re`` (two to three times faster;
+#: an ASCII text has no combining mark).
+_SPELT_ASCII = re.compile(r"(?<![A-Za-z0-9])([A-Za-z])([^A-Za-z0-9\n]{1,3})((?:[A-Za-z]\2)+[A-Za-z])(?![A-Za-z0-9])")
+_GAPPED_ASCII = re.compile(r"(?<![A-Za-z0-9])[(\[{]?[A-Za-z](?:[^A-Za-z0-9\s]{1,2}[A-Za-z]){2,}[)\]}]?(?![A-Za-z0-9])")
+_LEET_ASCII = re.compile(r"(?<![A-Za-z0-9@$])[A-Za-z]+(?:[013457@$]+[A-Za-z]+)+(?![A-Za-z0-9@$])")
 #: Runs of more single letters than this are not read as one word.
 _LONGEST_SPELT = 16
 _LEET = {"0": "o", "3": "e", "4": "a", "5": "s", "7": "t", "@": "a", "$": "s"}
@@ -377,7 +382,7 @@ _LEET_WORD = regex.compile(r"(?<![\p{L}\p{M}\p{N}@$])[A-Za-z]+(?:[013457@$]+[A-Z
 _VOWELS = frozenset("aeiouyAEIOUY")
 
 
-def _spelt(m: regex.Match) -> str | None:
+def _spelt(m: re.Match | regex.Match) -> str | None:
     letters = m.group(1) + m.group(3).replace(m.group(2), "")
     if len(letters) > _LONGEST_SPELT or len(set(letters.lower())) == 1:
         return None  # not a word spelt out: a row of letters ("w w w w", an alphabet)
@@ -386,14 +391,14 @@ def _spelt(m: regex.Match) -> str | None:
     return letters
 
 
-def _gapped(m: regex.Match) -> str | None:
+def _gapped(m: re.Match | regex.Match) -> str | None:
     letters = "".join(c for c in m.group(0) if c.isalpha())
     if len(letters) > _LONGEST_SPELT or len(set(letters.lower())) == 1:
         return None
     return letters
 
 
-def _leet(m: regex.Match) -> str:
+def _leet(m: re.Match | regex.Match) -> str:
     word = m.group(0)
     out = []
     letters = [c for c in word if c.isalpha()]
@@ -443,7 +448,11 @@ def _suspects(text: str, lookalikes: list[tuple[int, int, str]],
     found += [Suspect(a, b, "split", alt) for a, b, alt in splits]
     if text.isascii() and text.isalnum():
         return tuple(found)
-    for pattern, read, kind in ((_SPELT, _spelt, "spelt"), (_GAPPED, _gapped, "spelt"), (_LEET_WORD, _leet, "leet")):
+    ascii_text = text.isascii()
+    patterns = ((_SPELT_ASCII if ascii_text else _SPELT, _spelt, "spelt"),
+                (_GAPPED_ASCII if ascii_text else _GAPPED, _gapped, "spelt"),
+                (_LEET_ASCII if ascii_text else _LEET_WORD, _leet, "leet"))
+    for pattern, read, kind in patterns:
         for m in pattern.finditer(text):
             alternative = read(m)
             if alternative is None or alternative == m.group(0):
