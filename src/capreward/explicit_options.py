@@ -32,7 +32,8 @@ _VAR_POS = inspect.Parameter.VAR_POSITIONAL
 
 def constructor_parameters(cls: type) -> tuple[list[inspect.Parameter], bool]:
     """The parameters of ``cls``'s constructor (``self`` left out), following ``**kwargs`` into the
-    constructors of its base classes while one forwards them.
+    constructors of its base classes while one forwards them, then into the class its
+    ``forwards_kwargs_to`` attribute names (the hallucination penalty's EMScore).
 
     Returns:
         The parameters in order (first definition of a name wins), and whether the chain still ends in
@@ -52,6 +53,11 @@ def constructor_parameters(cls: type) -> tuple[list[inspect.Parameter], bool]:
                 found[p.name] = p
         if not open_kwargs:
             break
+    target = getattr(cls, "forwards_kwargs_to", None)
+    if open_kwargs and isinstance(target, type):  # the class names where its **kwargs go
+        more, open_kwargs = constructor_parameters(target)
+        for p in more:
+            found.setdefault(p.name, p)
     return list(found.values()), open_kwargs
 
 

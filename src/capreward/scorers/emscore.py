@@ -25,6 +25,7 @@ from ..metrics.emscore import FineMatch, coarse_score, greedy_match, pad_stack, 
 from ..metrics.harmonic import harmonic_mean as harmonic_mean_named
 from ..metrics.idf import IdfTable, idf_from_mapping, idf_from_rows
 from .bad_items import check_error_mode, score_valid
+from .contract import Scores, floats
 from .results import Alignments, MatchScores, TokenAlignment  # noqa: F401  (imported from here before)
 from .validation import check_captions, check_references, check_same_length
 
@@ -245,6 +246,30 @@ class EMScore:
         if result.alignment is not None:
             result.alignment.truncated = list(text.truncated)
         return result
+
+    def scores(
+        self,
+        captions: Sequence[str],
+        *,
+        images: Sequence[Any] | None = None,
+        videos: Sequence[Any] | None = None,
+        references: Sequence[Sequence[str]] | None = None,
+        visual_ids: Sequence[str | None] | None = None,
+        harmonic_mean: str = "released",
+    ) -> Scores:
+        """The contract (:class:`~capreward.scorers.contract.Scores`): the headline (the main part's full
+        F), every ``<part>/<component>`` of the parts scored, and the extras ``truncated`` and
+        ``alignment`` (with a visual). ``harmonic_mean`` as for :meth:`score` (the rewards' default:
+        ``"sign-safe"``)."""
+        res = self.score(list(captions), videos=videos, references=references, images=images, video_ids=visual_ids,
+                         harmonic_mean=harmonic_mean)
+        n = len(res.score)
+        subs = {sub_score(part, k): floats(v, n) for part in ("video", "reference", "combined")
+                if (scores := getattr(res, part)) is not None for k, v in scores.as_dict().items()}
+        extras: dict[str, list] = {"truncated": [bool(t) for t in res.truncated]}
+        if res.alignment is not None:
+            extras["alignment"] = res.alignment
+        return Scores(score=floats(res.score, n), sub_scores=subs, extras=extras, result=res)
 
     def score_soft(
         self,
