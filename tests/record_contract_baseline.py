@@ -91,7 +91,7 @@ def key(options: dict, refs: bool | None) -> str:
     return json.dumps({"options": options, "references": refs}, sort_keys=True)
 
 
-def reward_runs(models: Models, metric: str, tmp: Path) -> dict:
+def reward_runs(models: Models, metric: str, tmp: Path, labels: tuple[str, ...] = ("named", "generic")) -> dict:
     from capreward.rewards import MetricReward
 
     out: dict[str, Any] = {}
@@ -101,6 +101,8 @@ def reward_runs(models: Models, metric: str, tmp: Path) -> dict:
         case = cases(metric, tmp, refs)
         runs = {}
         for label, build in (("named", lambda o: named(**o)), ("generic", lambda o: MetricReward(metric, **o))):
+            if label not in labels:
+                continue
             try:
                 reward = build({**models.scorer_option(metric), **options})
                 logged: dict = {}
