@@ -193,7 +193,8 @@ class MetricConformance:
         return values, logged, {k: [None if r is None else str(r) for r in v] for k, v in extra.items()}
 
     def _metric_run(self, metric: Any) -> dict[str, list[float]]:
-        metric.update(list(self.case.captions), list(self.case.images), self.case.references)
+        metric.update(list(self.case.captions), list(self.case.images), self.case.references,
+                      **{k: list(v) for k, v in self.case.inputs.items()})
         return {k: v.tolist() for k, v in metric.compute().items()}
 
     def check_reward_metric_job(self) -> None:

@@ -128,6 +128,8 @@ class CaptionMetric(Metric):
     #: the scorer is an LLM judge: a caption blank once special-token strings ("<s></s>") are removed is
     #: empty too (:func:`~capreward.judges.caller_text.is_blank`)
     judge_text = False
+    #: the other inputs ``update`` takes besides captions, visuals and references (QA utility's ``questions``)
+    row_inputs: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -179,6 +181,7 @@ class CaptionMetric(Metric):
         *,
         ids: Sequence[int] | torch.Tensor | None = None,
         visual_ids: Sequence[str | None] | None = None,
+        **inputs: Sequence[Any],
     ) -> None:
         """Score a batch and keep its per-caption rows.
 
@@ -188,7 +191,8 @@ class CaptionMetric(Metric):
         (H, W, 3) of integers 0..255 (uint8, int64 …) or floats in [0, 1], uint8 arrays (H, W, 3); videos
         as paths or uint8 (T, H, W, 3) frames. ``references``: one caption or list of captions per
         candidate. ``ids``: one int sample id per caption (dataset index), needed for exact results under
-        a DistributedSampler. ``visual_ids``: optional cache keys for the visuals.
+        a DistributedSampler. ``visual_ids``: optional cache keys for the visuals. ``inputs``: the metric's
+        other inputs (its spec's ``row_inputs``: QA utility's ``questions``), one entry per caption.
 
         The captions come first (torchmetrics' CLIPScore takes images first): visuals given as the first
         argument are refused with a TypeError saying so.
@@ -207,16 +211,20 @@ class CaptionMetric(Metric):
         if visual_ids is not None:
             visual_ids = split_per_sample(visual_ids, n, "visual_ids")
         id_tensor = torch.full((n,), NO_ID) if ids is None else check_ids(ids, n)
-        self._check_mode(visuals is not None, refs is not None)
+        unknown = sorted(set(inputs) - set(self.row_inputs))
+        if unknown:
+            raise TypeError(f"{self.name}: update() got unexpected inputs {unknown}; its inputs: {list(self.row_inputs) or 'none'}")
+        inputs = {k: split_per_sample(v, n, k) for k, v in inputs.items() if v is not None}
+        self._check_mode(visuals is not None, refs is not None, bool(inputs))
         if self.visual == "image" and visuals is not None and any(isinstance(v, (list, tuple)) for v in visuals):
-            rows = self._multi_image_rows(candidates, visuals, refs, visual_ids)
+            rows = self._multi_image_rows(candidates, visuals, refs, visual_ids, inputs)
         else:
-            rows = self._rows(candidates, visuals, refs, visual_ids)
+            rows = self._rows(candidates, visuals, refs, visual_ids, inputs)
         self.ids.append(id_tensor.to(self.device))
         self.values.append(rows.reshape(-1).to(self.device))
         self._mode = (visuals is not None, refs is not None)
 
-    def _rows(self, candidates: list[str], visuals, refs, visual_ids) -> torch.Tensor:
+    def _rows(self, candidates: list[str], visuals, refs, visual_ids, inputs: dict | None = None) -> torch.Tensor:
         """Rows [n, len(columns)] of one visual per caption: scored rows, ``empty_score`` rows for empty
         captions, the ``empty`` column filled."""
         n = len(candidates)
@@ -225,7 +233,8 @@ class CaptionMetric(Metric):
         keep = [i for i in range(n) if not empty[i]]
         if keep:
             pick = lambda xs: None if xs is None else [xs[i] for i in keep]  # noqa: E731
-            scored = self._score_rows([candidates[i] for i in keep], pick(visuals), pick(refs), pick(visual_ids))
+            scored = self._score_rows([candidates[i] for i in keep], pick(visuals), pick(refs), pick(visual_ids),
+                                      **{k: pick(v) for k, v in (inputs or {}).items()})
             rows[keep] = scored.to(torch.float32).cpu()
         if len(keep) < n:
             drop = [i for i in range(n) if empty[i]]
@@ -233,7 +242,7 @@ class CaptionMetric(Metric):
         rows[:, 1] = torch.tensor(empty, dtype=torch.float32)
         return rows
 
-    def _multi_image_rows(self, candidates: list[str], visuals, refs, visual_ids) -> torch.Tensor:
+    def _multi_image_rows(self, candidates: list[str], visuals, refs, visual_ids, inputs: dict | None = None) -> torch.Tensor:
         """Rows of samples some of which have several images: every (caption, image) pair scored as a
         row of its own in one batch, then each sample's rows aggregated (``image_aggregation`` for the
         score, the mean for the other columns; NaN when an image has no score)."""
@@ -249,7 +258,7 @@ class CaptionMetric(Metric):
         ids = pick(visual_ids)
         if ids is not None:  # a sample's cache key names its first image only
             ids = [ids[j] if j == 0 or owner[j - 1] != owner[j] else None for j in range(len(owner))]
-        flat_rows = self._rows(pick(candidates), flat, pick(refs), ids)
+        flat_rows = self._rows(pick(candidates), flat, pick(refs), ids, {k: pick(v) for k, v in (inputs or {}).items()})
         reduce = {"mean": torch.mean, "min": torch.amin, "max": torch.amax}[self.image_aggregation]
         rows = torch.empty((len(candidates), len(self.columns)), dtype=torch.float32)
         members = torch.tensor(owner)
@@ -391,7 +400,7 @@ class CaptionMetric(Metric):
         rank_zero_warn(message, UserWarning)
 
     # ------------------------------------------------------------------------------ for subclasses
-    def _score_rows(self, candidates: list[str], visuals, references, visual_ids) -> torch.Tensor:
+    def _score_rows(self, candidates: list[str], visuals, references, visual_ids, **inputs: list[Any]) -> torch.Tensor:
         """Rows [n, len(columns)] for non-empty captions (column 1, ``empty``, is filled by update)."""
         raise NotImplementedError
 
@@ -407,8 +416,8 @@ class CaptionMetric(Metric):
             row[self.columns.index("truncated")] = 0.0
         return row
 
-    def _check_mode(self, has_visuals: bool, has_refs: bool) -> None:
-        if not has_visuals and not has_refs:
+    def _check_mode(self, has_visuals: bool, has_refs: bool, has_inputs: bool = False) -> None:
+        if not has_visuals and not has_refs and not has_inputs:
             raise ValueError(f"{self.name}: update needs visuals and/or references")
         if has_visuals and self.visual is None:
             raise ValueError(f"{self.name}: got visuals but the metric was built with visual=None")
@@ -669,6 +678,7 @@ class RegisteredMetric(CaptionMetric):
         self.metric = spec.name
         self.columns = metric_columns(spec, config)
         self.judge_text = spec.judged_by_llm
+        self.row_inputs = spec.row_inputs
         if metric_kw.get("name") is None:
             own = _spec_of_scorer(scorer)  # PAC-S's scorer in CLIP-S's Metric: named pac_s
             metric_kw["name"] = own.name if own is not None else spec.name
@@ -735,7 +745,7 @@ class RegisteredMetric(CaptionMetric):
         with_refs = has_refs and self.spec.references_for(config) != "none"
         return {**config, "visual": self.visual if has_visuals else None, "references": with_refs}
 
-    def _check_mode(self, has_visuals: bool, has_refs: bool) -> None:
+    def _check_mode(self, has_visuals: bool, has_refs: bool, has_inputs: bool = False) -> None:
         spec, config = self.spec, self._config()
         where = spec.with_config(config)
         if not has_visuals and spec.visual_required(config):
@@ -745,12 +755,12 @@ class RegisteredMetric(CaptionMetric):
             raise ValueError(f"{self.name}: {spec.title}{where} takes no references")
         if not has_refs and mode == "required":
             raise ValueError(f"{self.name}: {spec.title}{where} needs references for every caption")
-        super()._check_mode(has_visuals, has_refs)
+        super()._check_mode(has_visuals, has_refs, has_inputs)
 
-    def _score_rows(self, candidates, visuals, references, visual_ids):
+    def _score_rows(self, candidates, visuals, references, visual_ids, **inputs):
         spec = self.spec
         mode = self._mode_config(visuals is not None, references is not None)
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = dict(inputs)
         if visuals is not None:
             kwargs[f"{self.visual}s"] = visuals
         if mode["references"]:
