@@ -65,9 +65,20 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Option:
-    """One option of a metric (of its scorer, or of its reward: :attr:`RewardPolicy.options`): its name,
-    default, a one-line description and, when it takes only some values, ``choices`` (a reward refuses
-    another value at construction)."""
+    """One option of a metric (of its scorer, or of its reward: :attr:`RewardPolicy.options`).
+
+    Args:
+        name: the keyword.
+        default: its default.
+        doc: a one-line description.
+        choices: the values it takes when it takes only some (a reward refuses another at construction),
+            or None.
+
+    Examples:
+        >>> from capreward.registry import Option
+        >>> Option("part", "f", "the reward's side", ("f", "precision", "recall")).choices
+        ('f', 'precision', 'recall')
+    """
 
     name: str
     default: Any
@@ -80,7 +91,7 @@ class RewardPolicy:
     """What makes a metric a reward besides its scores, as data the one generic reward
     (:class:`~capreward.rewards.MetricReward`) reads.
 
-    Attributes:
+    Args:
         options: the reward's own options (each an attribute of the reward and a keyword of its
             signature; ``choices`` refused otherwise). An option the scorer's ``scores`` method names
             is passed to it on every call (EMScore's and CLIP-S's ``harmonic_mean``); the others choose
@@ -91,6 +102,12 @@ class RewardPolicy:
             (``use_expected=True`` needs VisCE²'s ``expected=True``), or None.
         check: refuses a configuration (ValueError) before anything is built, given the reward's own and
             scorer options (``idf="batch"`` would make a sample's reward depend on its batch), or None.
+
+    Examples:
+        >>> from capreward import registry
+        >>> policy = registry.get("visce2").reward_policy
+        >>> [o.name for o in policy.options], policy.scale
+        (['scale', 'use_expected'], 'scale')
     """
 
     options: tuple[Option, ...] = ()
@@ -102,7 +119,17 @@ class RewardPolicy:
 @dataclass(frozen=True)
 class Deviation:
     """Where capreward's default differs from the authors' released code, and the option that restores the
-    released behaviour (``restore``; None when nothing does, e.g. a released crash)."""
+    released behaviour.
+
+    Args:
+        what: the difference.
+        restore: the option that restores the released behaviour; None when nothing does (a released crash).
+
+    Examples:
+        >>> from capreward import registry
+        >>> registry.get("visce2").deviations[0].restore
+        'temperature=0.2 (VisCE2.released())'
+    """
 
     what: str
     restore: str | None
@@ -114,7 +141,13 @@ class JobFlag:
     :class:`~capreward.jobs.runners.ScoreOptions` and, when ``record`` is not None, a setting recorded per
     results file (:mod:`capreward.jobs.settings_file`).
 
-    Attributes:
+    Examples:
+        >>> from capreward import registry
+        >>> flag = registry.get("gveval").job_flags[0]
+        >>> flag.flags, flag.option, flag.adapters
+        (('--gveval-mode',), 'mode', True)
+
+    Args:
         name: the ScoreOptions field, argparse ``dest`` and settings key (``"gveval_mode"``).
         flags: the command-line spellings, the first one canonical (``("--gveval-mode",)``).
         help: the flag's help line.
@@ -167,7 +200,15 @@ def _no_sub_scores(config: Mapping[str, Any]) -> tuple[str, ...]:
 class MetricSpec:
     """Everything capreward knows about one metric, declared once, as facts (no consumer code).
 
-    Attributes:
+    Examples:
+        >>> from capreward import registry
+        >>> spec = registry.get("clip_s")
+        >>> spec.sub_scores_for({"references": True}), spec.value_of({"references": True})
+        (('ref', 'ref_similarity'), 'ref')
+        >>> spec.field_of("ref"), spec.range_of({"w": 2.5})
+        ('ref_clip_s', (0.0, 2.5))
+
+    Args:
         name: the one canonical name (``"emscore"``), used by every entry point and log key.
         aliases: other accepted spellings (compared after :func:`capreward.names.normalize`).
         title: the display name (``"EMScore"``).
@@ -286,7 +327,10 @@ class MetricSpec:
             raise ValueError(f"{self.name}: sub_score_kinds must be among {SUB_SCORE_KINDS}, got {bad}")
 
     def load(self) -> Any:
-        """The scorer class (imported now)."""
+        """The scorer class (imported now).
+
+        Returns:
+            The class :attr:`scorer` names."""
         return import_path(self.scorer)
 
     def load_remote_scorer(self) -> Any:
@@ -340,7 +384,14 @@ class MetricSpec:
 
     def config_of(self, scorer: Any = None, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """A configuration read from a built ``scorer`` (its attributes named as the spec's options), else
-        from the ``options`` it is built with (a None value: the option's default), over the defaults."""
+        from the ``options`` it is built with (a None value: the option's default), over the defaults.
+
+        Args:
+            scorer: a built scorer, or None.
+            options: the options a scorer is built with (when ``scorer`` is None).
+
+        Returns:
+            Option name -> value."""
         if scorer is not None:
             given = {o.name: getattr(scorer, o.name) for o in self.options if hasattr(scorer, o.name)}
         else:
@@ -348,7 +399,13 @@ class MetricSpec:
         return self.configured(given)
 
     def sub_scores_for(self, config: Mapping[str, Any] | None = None) -> tuple[str, ...]:
-        """:attr:`sub_scores` for ``config`` (missing options at their defaults)."""
+        """:attr:`sub_scores` for ``config`` (missing options at their defaults).
+
+        Args:
+            config: options, ``visual`` and ``references``.
+
+        Returns:
+            The sub-scores a scorer so configured writes."""
         return tuple(self.sub_scores(self.configured(config)))
 
     def modes(self, config: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], ...]:
@@ -375,7 +432,13 @@ class MetricSpec:
 
     def value_of(self, config: Mapping[str, Any] | None = None) -> str:
         """The sub-score (or ``"score"``, the headline) that is the value of a reward or Metric with
-        ``config`` (see :attr:`value`)."""
+        ``config`` (see :attr:`value`).
+
+        Args:
+            config: options (the reward's too), ``visual`` and ``references``.
+
+        Returns:
+            A sub-score name, or ``"score"``."""
         return "score" if self.value is None else self.value(self.configured(config))
 
     def headline_differs(self, config: Mapping[str, Any] | None = None) -> bool:
@@ -384,7 +447,13 @@ class MetricSpec:
         return any(self.value_of(mode) != "score" for mode in self.modes(config))
 
     def range_of(self, config: Mapping[str, Any] | None = None) -> tuple[float, float]:
-        """The range of :meth:`value_of` with ``config`` (see :attr:`range_for`)."""
+        """The range of :meth:`value_of` with ``config`` (see :attr:`range_for`).
+
+        Args:
+            config: options (the reward's too) and ``references``.
+
+        Returns:
+            ``(low, high)``."""
         if self.range_for is None:
             return (float(self.value_range[0]), float(self.value_range[1]))
         lo, hi = self.range_for(self.configured(config))
@@ -408,12 +477,24 @@ class MetricSpec:
 
     def field_of(self, sub_score: str) -> str:
         """The results-file field of ``sub_score`` (``<metric>/<sub-score>`` unless :attr:`result_fields`
-        names another)."""
+        names another).
+
+        Args:
+            sub_score: a sub-score name.
+
+        Returns:
+            The field."""
         return self.result_fields.get(sub_score, f"{self.name}/{sub_score}")
 
     def fields(self, config: Mapping[str, Any] | None = None) -> tuple[str, ...]:
         """The results-file fields written for ``config``: the headline (the metric's name) and its
-        sub-scores."""
+        sub-scores.
+
+        Args:
+            config: options, ``visual`` and ``references``.
+
+        Returns:
+            The fields."""
         return (self.name, *(self.field_of(s) for s in self.sub_scores_for(config)))
 
     def all_fields(self) -> tuple[str, ...]:
@@ -423,7 +504,16 @@ class MetricSpec:
 
 
 class UnknownMetric(CaprewardError, ValueError, KeyError):
-    """A metric name the registry does not hold; the message suggests the nearest names."""
+    """A metric name the registry does not hold; the message suggests the nearest names.
+
+    Examples:
+        >>> from capreward import registry
+        >>> try:
+        ...     registry.get("clipscor")
+        ... except registry.UnknownMetric as exc:
+        ...     print(str(exc).split(";")[0])
+        unknown metric 'clipscor' (did you mean 'clip_s'?)
+    """
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
@@ -431,7 +521,17 @@ class UnknownMetric(CaprewardError, ValueError, KeyError):
 
 class UnknownOption(CaprewardError, TypeError):
     """A keyword argument a reward or metric constructor does not take; the message names the nearest
-    valid option (raised at construction, not at the first call)."""
+    valid option (raised at construction, not at the first call).
+
+    Examples:
+        >>> from capreward.registry import UnknownOption
+        >>> from capreward.rewards import EMScoreReward
+        >>> try:
+        ...     EMScoreReward(idff=False)
+        ... except UnknownOption as exc:
+        ...     print(str(exc).split(";")[0])
+        EMScoreReward() got an unexpected keyword argument 'idff' (did you mean 'idf'?)
+    """
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
@@ -450,7 +550,18 @@ def normalize(name: str) -> str:
 
 def register(spec: MetricSpec) -> MetricSpec:
     """Add ``spec`` to the registry and return it. Registering the same name again replaces the spec
-    (a module reloaded); an alias that already names another metric is refused."""
+    (a module reloaded); an alias that already names another metric is refused.
+
+    Args:
+        spec: the metric's spec.
+
+    Returns:
+        ``spec``.
+
+    Raises:
+        TypeError: ``spec`` is not a :class:`MetricSpec`.
+        ValueError: its name is not canonical (lower case, ``_``), or an alias names another metric.
+    """
     if not isinstance(spec, MetricSpec):
         raise TypeError(f"register() takes a MetricSpec, got {type(spec).__name__}")
     with _LOCK:
@@ -472,8 +583,18 @@ def register(spec: MetricSpec) -> MetricSpec:
 
 
 def unregister(name: str) -> MetricSpec:
-    """Remove the metric called ``name`` (its canonical name) and its aliases, and return its spec (a
-    metric a test or a plugin registered for a while). UnknownMetric when none has that name."""
+    """Remove the metric called ``name`` (its canonical name) and its aliases (a metric a test or a
+    plugin registered for a while).
+
+    Args:
+        name: the canonical name.
+
+    Returns:
+        The spec removed.
+
+    Raises:
+        UnknownMetric: no metric has that name.
+    """
     with _LOCK:
         key = normalize(name)
         spec = _SPECS.pop(key, None)
@@ -536,13 +657,19 @@ def load_plugins(group: str = ENTRY_POINTS) -> tuple[str, ...]:
 
 
 def specs() -> tuple[MetricSpec, ...]:
-    """Every registered spec, built-in metrics first in their :attr:`~MetricSpec.position` order."""
+    """Every registered spec, built-in metrics first in their :attr:`~MetricSpec.position` order.
+
+    Returns:
+        The specs (the built-in metrics, then the installed packages')."""
     _load_builtin()
     return tuple(sorted(_SPECS.values(), key=lambda s: s.position))
 
 
 def names() -> tuple[str, ...]:
-    """The canonical names, in :func:`specs` order."""
+    """The canonical names, in :func:`specs` order.
+
+    Returns:
+        The names."""
     return tuple(s.name for s in specs())
 
 
@@ -553,7 +680,13 @@ def aliases() -> dict[str, str]:
 
 
 def lookup(name: str) -> str | None:
-    """The canonical name of ``name`` (any spelling: case, ``-``/``_``, an alias), or None."""
+    """The canonical name of ``name`` (any spelling: case, ``-``/``_``, an alias), or None.
+
+    Args:
+        name: a name or alias.
+
+    Returns:
+        The canonical name, or None when no metric has it."""
     _load_builtin()
     key = normalize(name)
     if key in _SPECS:
@@ -583,6 +716,12 @@ def unknown_message(name: Any, choices: tuple[str, ...] | list[str], what: str =
 
 def get(name: str) -> MetricSpec:
     """The spec of ``name`` (canonical name or alias, any case, ``-`` or ``_``).
+
+    Args:
+        name: a name or alias.
+
+    Returns:
+        Its :class:`MetricSpec`.
 
     Raises:
         TypeError: ``name`` is not a str.
@@ -642,7 +781,8 @@ def using_idf() -> tuple[str, ...]:
     return tuple(s.name for s in specs() if s.uses_idf)
 
 
+#: The documented surface (docs/api/registry.md); the helpers the consumers share (``sharing``,
+#: ``on_backbone``, ``job_flags``, ``result_fields``, ``explaining``, ``using_idf``, ``suggest``...) import
+#: from here too.
 __all__ = ["Deviation", "ENTRY_POINTS", "JobFlag", "MetricSpec", "Option", "RewardPolicy", "UnknownMetric", "UnknownOption",
-           "aliases", "explaining", "get", "import_path", "job_flags", "load_plugins", "lookup", "names", "normalize",
-           "on_backbone", "on_judge_backend", "register", "result_fields", "sharing", "specs", "suggest", "unknown_message",
-           "unregister", "using_idf"]
+           "get", "load_plugins", "lookup", "names", "register", "specs", "unregister"]

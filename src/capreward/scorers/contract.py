@@ -58,7 +58,13 @@ def floats(values: Any, n: int) -> list[float]:
 class Scores:
     """What a scorer gives for N captions: the one result type every consumer reads.
 
-    Attributes:
+    Examples:
+        >>> from capreward import Scores
+        >>> s = Scores(score=[0.9, float("nan")], sub_scores={"ref": [0.8, 0.1]}, errors=[None, "no answer"])
+        >>> s.value("ref"), s.reason("score", 1)
+        ([0.8, 0.1], 'no answer')
+
+    Args:
         score: the headline per caption (N floats; NaN: no score, ``errors`` says why). It lies in the
             spec's :attr:`~capreward.registry.MetricSpec.value_range` for the scorer's configuration.
         sub_scores: sub-score name -> N values, exactly the names the spec declares for the
@@ -92,14 +98,27 @@ class Scores:
 
     def value(self, name: str) -> list[float]:
         """``"score"`` (the headline) or sub-score ``name`` as floats (NaN where it is not a number or the
-        scores have no such sub-score)."""
+        scores have no such sub-score).
+
+        Args:
+            name: ``"score"`` or a sub-score.
+
+        Returns:
+            One float per caption."""
         if name == "score":
             return list(self.score)
         return floats(self.sub_scores.get(name), len(self))
 
     def reason(self, name: str, i: int) -> Any:
         """Why caption ``i`` has no ``name`` (the headline or a sub-score): its entry in :attr:`reasons`,
-        else in :attr:`errors`."""
+        else in :attr:`errors`.
+
+        Args:
+            name: ``"score"`` or a sub-score.
+            i: the caption's position.
+
+        Returns:
+            The reason, or None."""
         own = self.reasons.get(name) if name != "score" else None
         return (own[i] if own is not None else None) or self.errors[i]
 
@@ -130,12 +149,20 @@ class Scorer(Protocol):
     names). Its constructor takes the spec's options as keywords; its attributes named as the spec's
     options say its configuration.
 
-    Optional, read when present: ``explain(captions, *, images=, videos=, references=) -> Scores`` with
+    Optional, read when present: ``explanations(captions, *, images=, videos=, references=) -> Scores`` with
     ``extras["explanation"]`` (``capreward explain``; the spec's
     :attr:`~capreward.registry.MetricSpec.explanation` says what it is), and the class method
     ``for_explain(settings)`` building the scorer for that command (``settings``: ``judge_model``,
     ``device``, ``dtype``, ``batch_size``, ``max_new_tokens``, ``references``; default: the class with
     no argument).
+
+    Examples:
+        >>> from capreward import Scorer, Scores
+        >>> class Length:
+        ...     def scores(self, captions, *, images=None, videos=None, references=None, visual_ids=None):
+        ...         return Scores(score=[min(len(c.split()) / 10, 1.0) for c in captions])
+        >>> isinstance(Length(), Scorer), Length().scores(["a red car"]).score
+        (True, [0.3])
     """
 
     def scores(

@@ -37,7 +37,13 @@ TOLERANCE = 1e-4
 class ConformanceCase:
     """The inputs a metric is checked on.
 
-    Attributes:
+    Examples:
+        >>> from capreward.testing.conformance import ConformanceCase
+        >>> case = ConformanceCase("clip_s", ["a red image.", "a blue image."], ["red.png", "red.png"])
+        >>> case.references, case.ordered
+        (None, True)
+
+    Args:
         metric: the metric's name.
         captions: a few captions; the first is right for its visual and the second wrong (for the
             direction check) unless ``ordered`` is False; an empty one checks the empty-caption path.
@@ -113,7 +119,10 @@ class MetricConformance:
         return f"{self.spec.name}: "
 
     def reference_modes(self) -> list[bool]:
-        """With references and without, as the metric's reference mode and the case allow."""
+        """With references and without, as the metric's reference mode and the case allow.
+
+        Returns:
+            ``True`` (with references) and/or ``False``."""
         mode = self.spec.references_for(self.spec.config_of(self.scorer))
         if mode == "none" or self.case.references is None:
             return [False] if mode != "required" else []
