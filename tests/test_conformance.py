@@ -1,4 +1,4 @@
-"""Every registered metric keeps the one contract (capreward.testing.conformance): declared sub-scores ==
+"""Every registered metric keeps the one contract (tests/conformance.py): declared sub-scores ==
 written, range and direction as declared, batch and order invariance, reward == Metric == job fields for
 the same inputs, the named classes == the generic ones, pickling. Each runs on its tiny model (the tiny
 models are built once per session: tests/contract_cases.py); a metric registered without a tiny case fails
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from capreward import registry
-from capreward.testing.conformance import ConformanceCase, MetricConformance
+from conformance import ConformanceCase, MetricConformance
 from contract_cases import BUILTIN, Models, cases
 
 

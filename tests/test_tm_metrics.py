@@ -89,7 +89,7 @@ def test_clipscore_metric_equals_the_scorer(tiny_backbone, videos, fresh_scorers
     direct = fresh_scorers[1].score(CAPTIONS, images=images)
     out = clip_s.compute()
     assert float(out["score"]) == pytest.approx(float(direct.clip_s.double().mean()), abs=1e-5)
-    assert "ref_clip_s" not in out
+    assert "ref" not in out  # RefCLIP-S (the sub-score ``ref``): no references, no mean
 
     ref = CLIPScoreMetric(backbone=tiny_backbone, visual="video", frames=FRAMES, per_sample=True, sub_scores=True)
     ref.update(CAPTIONS, videos, REFS, ids=range(6))
@@ -222,7 +222,7 @@ def test_empty_captions_get_empty_score_and_are_counted(tiny_backbone, videos, f
 
     all_empty = CLIPScoreMetric(backbone=tiny_backbone)
     all_empty.update(["", ""], [v[0] for v in videos[:2]], REFS[:2])
-    assert all_empty.summary().values["ref_clip_s"].tolist() == [0.0, 0.0]
+    assert all_empty.summary().values["ref"].tolist() == [0.0, 0.0]
 
 
 def test_forward_gives_the_batch_value_and_compute_the_epoch_value(tiny_backbone, videos, fresh_scorers):

@@ -110,6 +110,26 @@ def check_options(owner: str, given: Iterable[str], valid: Iterable[str]) -> Non
         raise UnknownOption(f"{owner}() got an unexpected keyword argument {name!r}{hint}; its options: {', '.join(valid)}")
 
 
+def class_for(named: dict[str, type], generic: type, metric: str) -> Callable[..., Any]:
+    """The class ``named`` holds for ``metric`` (any spelling), else ``generic`` fixed to it: a callable
+    taking the same options (how ``reward_for`` and ``metric_for`` build any metric).
+
+    Args:
+        named: metric name -> the class fixed to it (``MetricReward.named``).
+        generic: the generic class (its first argument the metric's name).
+        metric: a metric name or alias.
+
+    Returns:
+        The named class, or ``functools.partial(generic, name)``.
+    """
+    import functools
+
+    from . import registry
+
+    name = registry.get(metric).name
+    return named[name] if name in named else functools.partial(generic, name)
+
+
 class ClassSignature:
     """A class attribute ``__signature__`` computed per class by ``make(cls)`` on first access (cached),
     so :func:`inspect.signature` and ``help()`` show a subclass's generated signature. Instances have
@@ -127,4 +147,4 @@ class ClassSignature:
         return self.cache[cls]
 
 
-__all__ = ["ClassSignature", "check_options", "constructor_parameters", "keyword_only", "merged_signature"]
+__all__ = ["ClassSignature", "check_options", "class_for", "constructor_parameters", "keyword_only", "merged_signature"]

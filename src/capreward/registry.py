@@ -327,10 +327,7 @@ class MetricSpec:
             raise ValueError(f"{self.name}: sub_score_kinds must be among {SUB_SCORE_KINDS}, got {bad}")
 
     def load(self) -> Any:
-        """The scorer class (imported now).
-
-        Returns:
-            The class :attr:`scorer` names."""
+        """The scorer class (imported now)."""
         return import_path(self.scorer)
 
     def load_remote_scorer(self) -> Any:
@@ -384,14 +381,7 @@ class MetricSpec:
 
     def config_of(self, scorer: Any = None, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """A configuration read from a built ``scorer`` (its attributes named as the spec's options), else
-        from the ``options`` it is built with (a None value: the option's default), over the defaults.
-
-        Args:
-            scorer: a built scorer, or None.
-            options: the options a scorer is built with (when ``scorer`` is None).
-
-        Returns:
-            Option name -> value."""
+        from the ``options`` it is built with (a None value: the option's default), over the defaults."""
         if scorer is not None:
             given = {o.name: getattr(scorer, o.name) for o in self.options if hasattr(scorer, o.name)}
         else:
@@ -399,13 +389,7 @@ class MetricSpec:
         return self.configured(given)
 
     def sub_scores_for(self, config: Mapping[str, Any] | None = None) -> tuple[str, ...]:
-        """:attr:`sub_scores` for ``config`` (missing options at their defaults).
-
-        Args:
-            config: options, ``visual`` and ``references``.
-
-        Returns:
-            The sub-scores a scorer so configured writes."""
+        """:attr:`sub_scores` for ``config`` (missing options at their defaults)."""
         return tuple(self.sub_scores(self.configured(config)))
 
     def modes(self, config: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], ...]:
@@ -432,13 +416,7 @@ class MetricSpec:
 
     def value_of(self, config: Mapping[str, Any] | None = None) -> str:
         """The sub-score (or ``"score"``, the headline) that is the value of a reward or Metric with
-        ``config`` (see :attr:`value`).
-
-        Args:
-            config: options (the reward's too), ``visual`` and ``references``.
-
-        Returns:
-            A sub-score name, or ``"score"``."""
+        ``config`` (see :attr:`value`)."""
         return "score" if self.value is None else self.value(self.configured(config))
 
     def headline_differs(self, config: Mapping[str, Any] | None = None) -> bool:
@@ -447,13 +425,7 @@ class MetricSpec:
         return any(self.value_of(mode) != "score" for mode in self.modes(config))
 
     def range_of(self, config: Mapping[str, Any] | None = None) -> tuple[float, float]:
-        """The range of :meth:`value_of` with ``config`` (see :attr:`range_for`).
-
-        Args:
-            config: options (the reward's too) and ``references``.
-
-        Returns:
-            ``(low, high)``."""
+        """The range of :meth:`value_of` with ``config`` (see :attr:`range_for`)."""
         if self.range_for is None:
             return (float(self.value_range[0]), float(self.value_range[1]))
         lo, hi = self.range_for(self.configured(config))
@@ -477,24 +449,12 @@ class MetricSpec:
 
     def field_of(self, sub_score: str) -> str:
         """The results-file field of ``sub_score`` (``<metric>/<sub-score>`` unless :attr:`result_fields`
-        names another).
-
-        Args:
-            sub_score: a sub-score name.
-
-        Returns:
-            The field."""
+        names another)."""
         return self.result_fields.get(sub_score, f"{self.name}/{sub_score}")
 
     def fields(self, config: Mapping[str, Any] | None = None) -> tuple[str, ...]:
         """The results-file fields written for ``config``: the headline (the metric's name) and its
-        sub-scores.
-
-        Args:
-            config: options, ``visual`` and ``references``.
-
-        Returns:
-            The fields."""
+        sub-scores."""
         return (self.name, *(self.field_of(s) for s in self.sub_scores_for(config)))
 
     def all_fields(self) -> tuple[str, ...]:

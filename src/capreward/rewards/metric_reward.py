@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 from .. import registry
 from ..errors import SampleError
-from ..explicit_options import ClassSignature, check_options, constructor_parameters, keyword_only, merged_signature
+from ..explicit_options import ClassSignature, check_options, class_for, constructor_parameters, keyword_only, merged_signature
 from ..scorers.contract import Scores
 from .base import CaptionReward, GroupScores
 from .inputs import RewardInputs, collect_inputs
@@ -154,6 +154,7 @@ class MetricReward(CaptionReward):
             common["name"] = spec.name
         self.metric = spec.name
         self._own = tuple(own)
+        self._options = frozenset(o.name for o in spec.options)  # the scorer's options, settable on the reward
         for key, value in own.items():
             setattr(self, key, value)
         config = spec.config_of(common.get("scorer"), options)
@@ -168,12 +169,15 @@ class MetricReward(CaptionReward):
     @property
     def spec(self) -> registry.MetricSpec:
         """The metric's spec."""
-        return registry.get(self.metric)
+        spec = self.__dict__.get("_spec")
+        if spec is None:
+            spec = self.__dict__["_spec"] = registry.get(self.__dict__["metric"])
+        return spec
 
     @classmethod
     def class_for(cls, metric: str) -> Callable[..., "MetricReward"]:
-        """The reward class of ``metric``: its named class (``EMScoreReward``), else ``MetricReward`` fixed
-        to it (a callable taking the same options).
+        """The reward class of ``metric``: its named class (``EMScoreReward``), else ``MetricReward``
+        fixed to it (:func:`~capreward.explicit_options.class_for`).
 
         Args:
             metric: a metric name or alias.
@@ -181,9 +185,7 @@ class MetricReward(CaptionReward):
         Returns:
             The class, or a callable building the generic reward.
         """
-        spec = registry.get(metric)
-        named = cls.named.get(spec.name)
-        return named if named is not None else functools.partial(MetricReward, spec.name)
+        return class_for(MetricReward.named, MetricReward, metric)
 
     @staticmethod
     def signature_of(metric: str) -> inspect.Signature:
@@ -221,8 +223,11 @@ class MetricReward(CaptionReward):
 
     def __setattr__(self, name: str, value: Any) -> None:
         state = self.__dict__
-        if ("scorer_kwargs" in state and name not in state and name not in state.get("_own", ())
-                and registry.get(state["metric"]).has_option(name)):
+        option = "scorer_kwargs" in state and (name in state.get("_own", ()) or name == "use_references"
+                                               or name in state["_options"])
+        if option:
+            state.pop("_plans", None)  # an option changes: what the reward reads off its scores is read again
+        if option and name not in state and name not in state.get("_own", ()) and name != "use_references":
             self.scorer_kwargs[name] = value  # a scorer option set on the reward: the scorer's from now on
             if state.get("_scorer") is not None and hasattr(state["_scorer"], name):
                 setattr(state["_scorer"], name, value)
@@ -231,7 +236,8 @@ class MetricReward(CaptionReward):
 
     def __getstate__(self) -> dict:
         state = super().__getstate__()
-        state.pop("last_result", None)
+        for key in ("last_result", "_spec", "_plans"):
+            state.pop(key, None)
         built = self.__dict__.get("_scorer")
         if built is not None and self._given_scorer is None:  # the scorer's settings changed since (calibrate)
             kwargs = dict(state["scorer_kwargs"])
@@ -253,6 +259,41 @@ class MetricReward(CaptionReward):
         own = {k: getattr(self, k) for k in self._own}
         return {**self.spec.config_of(scorer, self.scorer_kwargs), **own}
 
+    def _plan(self, key: Any) -> dict[str, Any]:
+        """What the reward reads off its metric's spec for ``key`` (``(kind, with_refs)`` of a group, or
+        ``"names"`` / ``"range"``), worked out once per configuration (the spec's facts do not change
+        between calls; an option set on the reward clears them)."""
+        plans = self.__dict__.setdefault("_plans", {})
+        if key in plans:
+            return plans[key]
+        spec, config = self.spec, self._config()
+        if key == "names":
+            headline = (spec.name,) if spec.headline_differs(config) else ()
+            truncated = ("truncated",) if spec.backbone == "clip" else ()
+            plan: dict[str, Any] = {"names": (*headline, *spec.all_sub_scores(config, ("score", "number")), *truncated)}
+        elif key == "range":
+            lo, hi = spec.range_of({**config, "references": self.use_references})
+            scale = getattr(self, spec.reward_policy.scale) if spec.reward_policy.scale else 1.0
+            plan = {"range": (min(lo * scale, hi * scale) + 0.0, max(lo * scale, hi * scale) + 0.0)}  # + 0.0: no -0.0
+        else:
+            kind, has_refs = key
+            kinds, reference_mode = spec.visual_kinds(config), spec.references_for(config)
+            refused = None
+            if kind is not None and kind not in kinds:
+                refused = f"{spec.title} scores {' and '.join(k + 's' for k in kinds)} only{spec.with_config(config)}, got a {kind}"
+            elif not has_refs and reference_mode == "required":
+                refused = f"{spec.title}{spec.with_config(config)} needs references for this sample"
+            with_refs = has_refs and reference_mode != "none"
+            mode = {**config, "visual": kind, "references": with_refs}
+            declared = spec.sub_scores_for(mode)
+            plan = {"refused": refused, "with_refs": with_refs, "declared": declared, "value": spec.value_of(mode),
+                    "numeric": tuple(s for s in declared if spec.kind_of(s) != "data"),
+                    "headline": spec.name if spec.headline_differs(config) else None,
+                    "scale": getattr(self, spec.reward_policy.scale) if spec.reward_policy.scale else 1.0,
+                    "call": None}
+        plans[key] = plan
+        return plan
+
     def _build(self) -> Any:
         return self.spec.load()(**self.scorer_kwargs)
 
@@ -263,12 +304,7 @@ class MetricReward(CaptionReward):
         Returns:
             ``(low, high)``.
         """
-        spec = self.spec
-        lo, hi = spec.range_of({**self._config(), "references": self.use_references})
-        scale = spec.reward_policy.scale
-        if scale is not None:
-            lo, hi = lo * getattr(self, scale), hi * getattr(self, scale)
-        return (min(lo, hi) + 0.0, max(lo, hi) + 0.0)  # + 0.0: no -0.0
+        return self._plan("range")["range"]
 
     def metric_names(self) -> tuple[str, ...]:
         """Every per-sample sub-score this reward can report: the headline under the metric's name where
@@ -278,10 +314,7 @@ class MetricReward(CaptionReward):
         Returns:
             The sub-score names.
         """
-        spec, config = self.spec, self._config()
-        headline = (spec.name,) if spec.headline_differs(config) else ()
-        truncated = ("truncated",) if spec.backbone == "clip" else ()
-        return (*headline, *spec.all_sub_scores(config, ("score", "number")), *truncated, *super().metric_names())
+        return (*self._plan("names")["names"], *super().metric_names())
 
     def _collect(self, prompts: Sequence[Any] | None, completions: Sequence[Any], kwargs: dict) -> RewardInputs:
         inputs = collect_inputs(prompts, completions, kwargs, self.columns)
@@ -301,39 +334,33 @@ class MetricReward(CaptionReward):
         :meth:`~capreward.scorers.contract.Scorer.scores`, as the spec says (the visual kinds and
         reference mode of the configuration), and read the value and sub-scores off its
         :class:`~capreward.scorers.contract.Scores`."""
-        spec, config = self.spec, self._config()
         n = len(captions)
-        refused = None
-        if kind is not None and kind not in spec.visual_kinds(config):
-            refused = f"{spec.title} scores {' and '.join(k + 's' for k in spec.visual_kinds(config))} only" \
-                      f"{spec.with_config(config)}, got a {kind}"
-        elif references is None and spec.references_for(config) == "required":
-            refused = f"{spec.title}{spec.with_config(config)} needs references for this sample"
-        if refused is not None:
-            reason = SampleError(None, "input", "", refused)
+        scorer = self.scorer
+        plan = self._plan((kind, references is not None))
+        if plan["refused"] is not None:
+            reason = SampleError(None, "input", "", plan["refused"])
             return GroupScores(scores=[None] * n, reasons=[reason] * n)
         kwargs: dict[str, Any] = dict(inputs)
         if kind is not None and visuals is not None:
             kwargs[f"{kind}s"] = visuals
-        with_refs = references is not None and spec.references_for(config) != "none"
-        if with_refs:
+        if plan["with_refs"]:
             kwargs["references"] = references
         if visual_ids is not None:
             kwargs["visual_ids"] = visual_ids
-        scorer = self.scorer
-        call = _call_options(type(scorer))
-        kwargs.update({k: getattr(self, k) for k in self._own if k in call})
+        if plan["call"] is None:
+            call = _call_options(type(scorer))
+            plan["call"] = {k: getattr(self, k) for k in self._own if k in call}
+        kwargs.update(plan["call"])
         out: Scores = scorer.scores(captions, **kwargs)
-        mode = {**config, "visual": kind, "references": with_refs}
-        out.check(spec.sub_scores_for(mode), spec.name)
+        out.check(plan["declared"], self.metric)
         self.last_result = out.result
-        value = spec.value_of(mode)
-        scale = getattr(self, spec.reward_policy.scale) if spec.reward_policy.scale else 1.0
-        values = [None if math.isnan(v) else v * scale for v in out.value(value)]
+        value, scale = plan["value"], plan["scale"]
+        columns = out.values([value, *plan["numeric"]])
+        values = [None if math.isnan(v) else v * scale for v in columns[value]]
         reasons = [None if v is not None else out.reason(value, i) for i, v in enumerate(values)]
-        metrics = {sub: out.value(sub) for sub in spec.sub_scores_for(mode) if spec.kind_of(sub) != "data"}
-        if spec.headline_differs(config):
-            metrics[spec.name] = list(out.score)
+        metrics = {sub: columns[sub] for sub in plan["numeric"]}
+        if plan["headline"] is not None:
+            metrics[plan["headline"]] = list(out.score)
         if "truncated" in out.extras:
             metrics["truncated"] = [float(t) for t in out.extras["truncated"]]
         return GroupScores(scores=values, reasons=reasons, metrics=metrics)

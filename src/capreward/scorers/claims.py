@@ -495,9 +495,7 @@ class ClaimScorer:
         return out
 
     # ---------------------------------------------------------------------------------------- scoring
-    def scores(self, captions: Sequence[str], *, images: Sequence[Any] | None = None,
-               videos: Sequence[Any] | None = None, references: Sequence[Sequence[str]] | None = None,
-               visual_ids: Sequence[str | None] | None = None) -> Scores:
+    def scores(self, captions: Sequence[str], *, images=None, videos=None, references=None, visual_ids=None) -> Scores:
         """The contract (:class:`~capreward.scorers.contract.Scores`): the F-score (precision alone without
         reference claims), ``precision``, ``recall`` (with references or the inventory), ``n_claims`` and
         ``claims`` (per claim its text, span and P(yes)). Each verdict is logged at DEBUG."""

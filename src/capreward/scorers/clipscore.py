@@ -185,16 +185,8 @@ class CLIPScore:
         sim = reference_similarity(text.pooled, per_candidate, ref_mask)
         return CLIPScoreResult(scores, ref_clip_s(scores, sim), sim, text.truncated, windows=text.windows)
 
-    def scores(
-        self,
-        captions: Sequence[str],
-        *,
-        images: Sequence[Any] | None = None,
-        videos: Sequence[Any] | None = None,
-        references: Sequence[Sequence[str]] | None = None,
-        visual_ids: Sequence[str | None] | None = None,
-        harmonic_mean: str = "released",
-    ) -> Scores:
+    def scores(self, captions: Sequence[str], *, images=None, videos=None, references=None, visual_ids=None,
+               harmonic_mean: str = "released") -> Scores:
         """The contract (:class:`~capreward.scorers.contract.Scores`): the headline CLIP-S and, with
         references, ``ref`` (RefCLIP-S formed by ``harmonic_mean``: ``"released"`` or ``"sign-safe"``, the
         rewards' default) and ``ref_similarity``; the extra ``truncated``."""

@@ -34,7 +34,7 @@ from ..errors import CaprewardError
 
 #: The extras a consumer reads when a scorer gives them: ``truncated`` (per sample, whether the caption
 #: was cut to the text context), ``alignment`` (per sample, the token -> frame alignment a job writes),
-#: ``explanation`` (per sample, the judge's reasons: :meth:`Scorer.explain`).
+#: ``explanation`` (per sample, the judge's reasons: ``capreward explain``).
 EXTRAS = ("truncated", "alignment", "explanation")
 
 
@@ -109,6 +109,16 @@ class Scores:
             return list(self.score)
         return floats(self.sub_scores.get(name), len(self))
 
+    def values(self, names: Sequence[str]) -> dict[str, list[float]]:
+        """:meth:`value` of each of ``names``, in one call.
+
+        Args:
+            names: ``"score"`` and sub-score names.
+
+        Returns:
+            Name -> one float per caption."""
+        return {name: self.value(name) for name in names}
+
     def reason(self, name: str, i: int) -> Any:
         """Why caption ``i`` has no ``name`` (the headline or a sub-score): its entry in :attr:`reasons`,
         else in :attr:`errors`.
@@ -165,16 +175,9 @@ class Scorer(Protocol):
         (True, [0.3])
     """
 
-    def scores(
-        self,
-        captions: Sequence[str],
-        *,
-        images: Sequence[Any] | None = None,
-        videos: Sequence[Any] | None = None,
-        references: Sequence[Sequence[str]] | None = None,
-        visual_ids: Sequence[str | None] | None = None,
-        **inputs: Any,
-    ) -> Scores:
+    def scores(self, captions: Sequence[str], *, images: Sequence[Any] | None = None, videos: Sequence[Any] | None = None,
+               references: Sequence[Sequence[str]] | None = None, visual_ids: Sequence[str | None] | None = None,
+               **inputs: Any) -> Scores:
         """Score each caption against its visual (at most one of ``images``/``videos``, of a kind the spec
         takes) and its references (only when the spec's reference mode is not ``"none"``).
 

@@ -177,9 +177,7 @@ class FLEURScores:
     """The contract (:meth:`scores`) of the FLEUR scorers, local (:class:`FLEUR`) and remote
     (:class:`~capreward.scorers.fleur_remote.RemoteFLEUR`), on their ``score``."""
 
-    def scores(self, captions: Sequence[str], *, images: Sequence[Any] | None = None,
-               videos: Sequence[Any] | None = None, references: Sequence[Sequence[str]] | None = None,
-               visual_ids: Sequence[str | None] | None = None) -> Scores:
+    def scores(self, captions: Sequence[str], *, images=None, videos=None, references=None, visual_ids=None) -> Scores:
         """The contract (:class:`~capreward.scorers.contract.Scores`; see :func:`fleur_scores`)."""
         return fleur_scores(self.score(list(captions), images, references, videos=videos))  # type: ignore[attr-defined]
 

@@ -370,9 +370,7 @@ class GVEval:
                 setattr(result, name, dims[name])
         return result
 
-    def scores(self, captions: Sequence[str], *, images: Sequence[Any] | None = None,
-               videos: Sequence[Any] | None = None, references: Sequence[Sequence[str]] | None = None,
-               visual_ids: Sequence[str | None] | None = None) -> Scores:
+    def scores(self, captions: Sequence[str], *, images=None, videos=None, references=None, visual_ids=None) -> Scores:
         """The contract (:class:`~capreward.scorers.contract.Scores`): the score in [0, 100], ``raw``,
         ``parsed`` and, with ``accr=True``, the four ACCR dimensions."""
         res = self.score(list(captions), images=images, videos=videos, references=references)

@@ -212,9 +212,7 @@ class Hallucination:
         in the alignment's token list (``index``, ``flagged_index``; SOS is position 0)."""
         return [self.report_for(a) for a in self.alignments(captions, visuals, kind, ids)]
 
-    def scores(self, captions: Sequence[str], *, images: Sequence[Any] | None = None,
-               videos: Sequence[Any] | None = None, references: Sequence[Sequence[str]] | None = None,
-               visual_ids: Sequence[str | None] | None = None) -> Scores:
+    def scores(self, captions: Sequence[str], *, images=None, videos=None, references=None, visual_ids=None) -> Scores:
         """The contract (:class:`~capreward.scorers.contract.Scores`; references are not read): the
         penalty, ``flagged`` (the flagged tokens' positions), ``content_tokens``, ``unsupported_tokens``;
         the extras ``truncated`` and ``alignment`` (EMScore's own, contextual similarities)."""

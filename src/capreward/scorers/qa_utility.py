@@ -352,9 +352,7 @@ class QAUtility:
             out.append((per[q.answer] / total if total > 0 else 0.0, None))
         return out
 
-    def scores(self, captions: Sequence[str], *, images: Sequence[Any] | None = None,
-               videos: Sequence[Any] | None = None, references: Sequence[Sequence[str]] | None = None,
-               visual_ids: Sequence[str | None] | None = None,
+    def scores(self, captions: Sequence[str], *, images=None, videos=None, references=None, visual_ids=None,
                questions: Sequence[Sequence[Any] | None] | None = None) -> Scores:
         """The contract (:class:`~capreward.scorers.contract.Scores`; references are not read): the
         expected accuracy, ``n_questions`` and ``answers`` (P(correct option) per question)."""

@@ -296,9 +296,7 @@ class VisCE2:
         row_images = [pil[k] if k is not None else None for k in keys]
         return contexts, errors, row_images
 
-    def scores(self, captions: Sequence[str], *, images: Sequence[Any] | None = None,
-               videos: Sequence[Any] | None = None, references: Sequence[Sequence[str]] | None = None,
-               visual_ids: Sequence[str | None] | None = None) -> Scores:
+    def scores(self, captions: Sequence[str], *, images=None, videos=None, references=None, visual_ids=None) -> Scores:
         """The contract (:class:`~capreward.scorers.contract.Scores`; images only, no references): the
         score in [0, 100] (a first integer above 100, which :meth:`score` keeps as the release does, has no
         score here: NaN with the scorer's reason), ``raw``, ``context``, ``parsed`` (the integer the answer

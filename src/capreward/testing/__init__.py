@@ -48,11 +48,10 @@ from .tiny_llava import (
 from .tiny_vlm_judges import tiny_vlm_judge, tiny_vlm_judge_dir
 from .colour_task import tiny_caption_policy
 from .trained_clip import TrainedClipFactory, colour_caption, colour_image, trained_clip_path
-from .conformance import ConformanceCase, MetricConformance
 
 #: The builders (tiny offline models, fixture images) and the red-team run, documented in the API reference
 #: (docs/api/testing.md). The training recipes, samplers and constants behind them (``JudgeRecipe``,
 #: ``FLEUR_RECIPE``, ``openai_state_dict``...) still import from here.
-__all__ = ["ATTACKS", "ConformanceCase", "MetricConformance", "build_tiny_clip", "build_tiny_llava", "colour_caption", "colour_image", "run_red_team",
+__all__ = ["ATTACKS", "build_tiny_clip", "build_tiny_llava", "colour_caption", "colour_image", "run_red_team",
            "save_tiny_clip_openai", "susceptible_judge", "susceptible_judge_dir", "tiny_caption_policy", "tiny_clip_factory",
            "tiny_fleur_judge", "tiny_judge_dir", "tiny_vlm_judge", "tiny_vlm_judge_dir", "trained_clip_path"]

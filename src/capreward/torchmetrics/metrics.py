@@ -432,7 +432,7 @@ class CaptionMetric(Metric):
     def _log_unscored(self, candidates: Sequence[str], score: Any, errors: Sequence[Any] | None) -> None:
         """Log the captions the scorer gave no score (:func:`capreward.errors.failures`, the rule rewards,
         jobs and the server share; a NaN score is the scorer's "no score", ``errors`` its reasons): they
-        stay NaN in the rows, so the mean leaves them out and the ``scored``/``parsed`` column counts them.
+        stay NaN in the rows, so the mean leaves them out and the ``scored`` column counts them.
         One INFO line per batch naming the first."""
         values = [None if math.isnan(float(s)) else float(s) for s in score]
         failed = failures(values, list(errors) if errors is not None else [None] * len(values), kind="judge_unreadable")
@@ -672,7 +672,7 @@ class RegisteredMetric(CaptionMetric):
         if visual is None and spec.visual_required(config):
             raise ValueError(f"{spec.title} needs visuals: visual must be 'image' or 'video'")
         kinds = spec.visual_kinds(config)
-        if visual is not None and visual not in kinds:
+        if visual in _VISUAL_KINDS and visual not in kinds:  # another value: CaptionMetric names the choices
             raise ValueError(f"{spec.title} scores {' and '.join(k + 's' for k in kinds)} only{spec.with_config(config)}: "
                              f"use visual={kinds[0]!r}")
         self.metric = spec.name
@@ -693,8 +693,8 @@ class RegisteredMetric(CaptionMetric):
 
     @classmethod
     def class_for(cls, metric: str) -> Any:
-        """The torchmetrics Metric class of ``metric``: its named class (``EMScoreMetric``), else
-        ``RegisteredMetric`` fixed to it (a callable taking the same arguments).
+        """``metric``'s Metric class (``EMScoreMetric``), else this class fixed to it
+        (:func:`~capreward.explicit_options.class_for`).
 
         Args:
             metric: a metric name or alias.
@@ -702,13 +702,9 @@ class RegisteredMetric(CaptionMetric):
         Returns:
             The class, or a callable building the generic Metric.
         """
-        import functools
+        from ..explicit_options import class_for
 
-        from .. import registry
-
-        spec = registry.get(metric)
-        named = cls.named.get(spec.name)
-        return named if named is not None else functools.partial(RegisteredMetric, spec.name)
+        return class_for(RegisteredMetric.named, RegisteredMetric, metric)
 
     @staticmethod
     def signature_of(metric: str) -> inspect.Signature:

@@ -1,4 +1,4 @@
-"""A conformance tester for registered metrics, in the spirit of torchmetrics' ``MetricTester``: one
+"""The conformance tester of registered metrics, in the spirit of torchmetrics' ``MetricTester``: one
 :class:`MetricConformance` checks that a metric keeps the one contract every consumer relies on.
 
 For a metric and a small case on its (tiny) model it checks:
@@ -17,7 +17,8 @@ For a metric and a small case on its (tiny) model it checks:
 - **pickling**: a reward pickles and gives the same values after (when its options pickle: a reward on an
   in-memory model cannot).
 
-A metric added by a plugin is checked the same way: build a :class:`ConformanceCase` on its model and call
+tests/test_conformance.py runs it over every registered metric on its tiny model. A metric added by a
+plugin is checked the same way: build a :class:`ConformanceCase` on its model and call
 :meth:`MetricConformance.check_all` (the "Adding a metric" guide, docs/adding-a-metric.md).
 """
 
@@ -36,12 +37,6 @@ TOLERANCE = 1e-4
 @dataclass
 class ConformanceCase:
     """The inputs a metric is checked on.
-
-    Examples:
-        >>> from capreward.testing.conformance import ConformanceCase
-        >>> case = ConformanceCase("clip_s", ["a red image.", "a blue image."], ["red.png", "red.png"])
-        >>> case.references, case.ordered
-        (None, True)
 
     Args:
         metric: the metric's name.
@@ -87,21 +82,10 @@ class MetricConformance:
 
     Args:
         case: the inputs and the scorer options.
-
-    Examples:
-        >>> import tempfile, os
-        >>> from capreward.testing import colour_image, trained_clip_path
-        >>> from capreward.testing.conformance import ConformanceCase, MetricConformance
-        >>> path = os.path.join(tempfile.mkdtemp(), "red.png")
-        >>> colour_image("red").save(path)
-        >>> case = ConformanceCase("clip_s", ["a red image.", "a blue image.", ""], [path] * 3,
-        ...                        references=[["a red image."]] * 3, options={"model": str(trained_clip_path())})
-        >>> MetricConformance(case).check_all()   # doctest: +ELLIPSIS
-        [...'declared sub-scores', 'range and direction', ...]
     """
 
     def __init__(self, case: ConformanceCase):
-        from .. import registry
+        from capreward import registry
 
         self.case = case
         self.spec = registry.get(case.metric)
@@ -208,10 +192,10 @@ class MetricConformance:
 
     def check_reward_metric_job(self) -> None:
         """The reward, the Metric and a job give the same numbers for the same inputs and configuration."""
-        from ..jobs.manifest import ManifestRow
-        from ..jobs.runners import metric_runner
-        from ..rewards import MetricReward
-        from ..torchmetrics import RegisteredMetric
+        from capreward.jobs.manifest import ManifestRow
+        from capreward.jobs.runners import metric_runner
+        from capreward.rewards import MetricReward
+        from capreward.torchmetrics import RegisteredMetric
 
         spec, case = self.spec, self.case
         reward = MetricReward(spec.name, scorer=self.scorer, **self._reward_options())
@@ -251,9 +235,9 @@ class MetricConformance:
 
     def check_named_equals_generic(self) -> None:
         """The class named for the metric (reward, Metric) gives what the generic class gives."""
-        from ..rewards import MetricReward
-        from ..torchmetrics import RegisteredMetric
-        from ..torchmetrics import judges, metrics  # noqa: F401  (the named Metric classes)
+        from capreward.rewards import MetricReward
+        from capreward.torchmetrics import RegisteredMetric
+        from capreward.torchmetrics import judges, metrics  # noqa: F401  (the named Metric classes)
 
         spec = self.spec
         named = MetricReward.named.get(spec.name)
@@ -277,7 +261,7 @@ class MetricConformance:
     def check_pickling(self) -> None:
         """A reward built from the case's options pickles (its scorer is rebuilt after) and scores the same;
         skipped when the options do not pickle (an in-memory model)."""
-        from ..rewards import MetricReward
+        from capreward.rewards import MetricReward
 
         try:
             pickle.dumps(self.case.options)
