@@ -20,9 +20,8 @@ class FLEURReward(MetricReward):
     unscored, with the reason logged (see `CaptionReward`).
 
     Examples:
-        >>> import random
         >>> from capreward.testing import fleur_task_image
-        >>> red = fleur_task_image("red", random.Random(0))
+        >>> red = fleur_task_image("red")                # a fixed synthetic image
         >>> from capreward.rewards import FLEURReward
         >>> from capreward.testing import tiny_judge_dir
         >>> reward = FLEURReward(model=str(tiny_judge_dir()))

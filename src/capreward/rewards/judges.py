@@ -30,9 +30,8 @@ class VisCE2Reward(MetricReward):
     sharing an image asks for its context once.
 
     Examples:
-        >>> import random
         >>> from capreward.testing import fleur_task_image
-        >>> red = fleur_task_image("red", random.Random(0))
+        >>> red = fleur_task_image("red")                # a fixed synthetic image
         >>> from capreward.judges import LocalChatJudge
         >>> from capreward.rewards import VisCE2Reward
         >>> from capreward.testing import tiny_vlm_judge
@@ -54,9 +53,8 @@ class GVEvalReward(MetricReward):
     reward is the mean of the four dimensions, each logged as a sub-score.
 
     Examples:
-        >>> import random
         >>> from capreward.testing import fleur_task_image
-        >>> red = fleur_task_image("red", random.Random(0))
+        >>> red = fleur_task_image("red")                # a fixed synthetic image
         >>> from capreward.judges import LocalChatJudge
         >>> from capreward.rewards import GVEvalReward
         >>> from capreward.testing import tiny_vlm_judge

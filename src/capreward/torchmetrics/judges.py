@@ -24,9 +24,8 @@ class VisCE2Metric(RegisteredMetric):
     dict of them, still works), or a configured ``scorer``.
 
     Examples:
-        >>> import random
         >>> from capreward.testing import fleur_task_image
-        >>> red = fleur_task_image("red", random.Random(0))
+        >>> red = fleur_task_image("red")                # a fixed synthetic image
         >>> from capreward.callbacks import VisCE2Metric
         >>> from capreward.judges import LocalChatJudge
         >>> from capreward.testing import tiny_vlm_judge
@@ -50,9 +49,8 @@ class GVEvalMetric(RegisteredMetric):
     keyword (``scorer_kwargs=``, a dict of them, still works), or a configured ``scorer``.
 
     Examples:
-        >>> import random
         >>> from capreward.testing import fleur_task_image
-        >>> red = fleur_task_image("red", random.Random(0))
+        >>> red = fleur_task_image("red")                # a fixed synthetic image
         >>> from capreward.callbacks import GVEvalMetric
         >>> from capreward.judges import LocalChatJudge
         >>> from capreward.testing import tiny_vlm_judge
