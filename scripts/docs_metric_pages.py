@@ -119,9 +119,13 @@ def metric_page(spec) -> str:
         lines += ["## Options", "", "| option | default | what it does |", "| --- | --- | --- |"]
         lines += [f"| `{o.name}` | `{cell(repr(o.default))}` | {cell(o.doc)} |" for o in spec.options]
         lines.append("")
-    # every metric has a reward and a torchmetrics Metric: its own class, or the generic one fixed to it
-    reward_alias = f" (the same as `{spec.reward.rpartition(':')[2]}(...)`)" if spec.reward else ""
-    metric_alias = f" (the same as `{spec.torchmetric.rpartition(':')[2]}(...)`)" if spec.torchmetric else ""
+    # every metric has a reward and a torchmetrics Metric: the generic one fixed to it (under a name or not)
+    from capreward.rewards import MetricReward
+    from capreward.torchmetrics import RegisteredMetric, judges, metrics  # noqa: F401  (the named classes)
+
+    reward_named, metric_named = MetricReward.named.get(spec.name), RegisteredMetric.named.get(spec.name)
+    reward_alias = f" (the same as `{reward_named.__name__}(...)`)" if reward_named else ""
+    metric_alias = f" (the same as `{metric_named.__name__}(...)`)" if metric_named else ""
     lines += ["## As a reward and a Metric", "",
               f"- reward (TRL's reward-function contract): `MetricReward({spec.name!r}, ...)`{reward_alias}, or "
               f"`reward_for({spec.name!r}, ...)`, from `capreward.rewards`",

@@ -34,7 +34,11 @@ def served_judges(reward) -> list[OpenAIJudge]:
 
 def check_reward(name: str, reward, url: str, model: str) -> None:
     spec = registry.get(name)
-    assert isinstance(reward, spec.load_reward()), (name, type(reward))
+    from capreward.rewards import MetricReward
+
+    assert isinstance(reward, MetricReward) and reward.metric == name, (name, type(reward))
+    if name in MetricReward.named:
+        assert type(reward) is MetricReward.named[name]
     if judge_metric(name):
         judges = served_judges(reward)
         assert judges, f"{name}: no judge server reached"

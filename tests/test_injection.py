@@ -17,6 +17,7 @@ import pytest
 from capreward.judges.caller_text import is_blank
 from capreward.judges.injection import injection_reason
 from capreward.rewards import FLEURReward, GVEvalReward, VisCE2Reward
+from capreward.scorers.fleur import FLEURScores
 from red_team import ATTACKS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -118,8 +119,9 @@ def test_detector_names_the_pattern(caption, pattern):
 
 
 # ------------------------------------------------------------------------------------ the rewards
-class RecordingScorer:
-    """A FLEUR-shaped scorer with a fixed score: records the captions it is asked to score."""
+class RecordingScorer(FLEURScores):
+    """A FLEUR-shaped scorer with a fixed score (its contract, ``scores``, is FLEUR's): records the captions
+    it is asked to score."""
 
     expected = accr = False  # the options the VisCE² and G-VEval rewards read off a given scorer
 
@@ -153,7 +155,7 @@ def test_judge_rewards_floor_flagged_captions_and_log_the_reason():
     assert extra["fleur/injection"][3] == "master key (no letter or digit)"
     # a declared sub-score: every call reports it (the reward server's fixed key set)
     out = reward.compute(None, captions, image=["img"] * 5)
-    assert list(out.metrics) == list(reward.metric_names()) == ["raw_score", "clipped", "injection"]
+    assert list(out.metrics) == list(reward.metric_names()) == ["parsed", "clipped", "injection"]
     assert out.metrics["injection"] == [0.0, 1.0, 0.0, 1.0, 0.0]
     assert "injection" not in FLEURReward(scorer=scorer, injection_guard=False).metric_names()
 

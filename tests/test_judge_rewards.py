@@ -26,7 +26,8 @@ def test_visce2_reward_values_reasons_and_async(backend):
     values = reward(None, captions, image=images, log_extra=logged.__setitem__, log_metric=metrics.__setitem__)
     assert values[:3] == [VISCE2_ANSWERS["green"] / 100, 1.0, 0.0]  # "no idea" scores 0, as in the paper
     assert values[3] is None and "empty" in logged["visce2/error"][3]
-    assert metrics["rewards/visce2/parsed"] == pytest.approx(2 / 3)
+    # parsed: the integer each answer wrote (the "no idea" answer wrote none); 1 of 3 unscored (the empty caption)
+    assert metrics["rewards/visce2/parsed"] == pytest.approx((VISCE2_ANSWERS["green"] + 100) / 2)
     assert asyncio.run(reward.as_async()(None, captions, image=images)) == values
     assert reward(None, ["a red car"], video=[synthetic_video("red")]) == [None]  # VisCE² is image-only
 

@@ -55,10 +55,7 @@ FLOORS: list[tuple[str, ...]] = [
 ]
 
 #: The arrows allowed to run up a floor: ``(from part, to part): reason`` (at most one).
-UPWARD: dict[tuple[str, str], str] = {
-    ("scorers", "jobs"): "the per-metric job runners of scorers/job_runners.py, which move into jobs/ with the generic "
-                         "runner (issue #40 item 1)",
-}
+UPWARD: dict[tuple[str, str], str] = {}
 
 
 # ------------------------------------------------------------------------------ the graph, from the source

@@ -1,5 +1,6 @@
 """Issue #27's "done when": a new metric is one file holding its spec and its scorer
-(tests/toy_metric.py), and every entry point reaches it by name with no other file touched:
+(tests/toy_metric.py, public names only), and every entry point reaches it by name with no other file
+touched (tests/test_metric_plugin.py installs the same file as a package's entry point):
 ``capreward score`` (its fields, its own flag, its settings record and the spec's refusals), the
 adapters' factory, ``reward_for`` / ``metric_for``, the weighted-terms parsers of ``serve`` and the
 recipe, ``capreward explain`` and the HTML report. The numbers are counted by hand from the captions."""
@@ -84,9 +85,10 @@ def test_score_help_lists_it_with_its_flag(toy, capsys):
 
 
 def test_rewards_and_metrics_by_name(toy, tmp_path):
-    from capreward.adapters.factory import build_reward, parse_terms
+    from capreward.adapters import build_reward
+    from capreward.adapters.factory import parse_terms
     from capreward.recipes.grpo_captioner import parse_rewards
-    from capreward.rewards.by_name import reward_for
+    from capreward.rewards import reward_for
     from capreward.torchmetrics import metric_for
 
     Image.new("RGB", (16, 16)).save(tmp_path / "x.png")
@@ -113,9 +115,10 @@ def test_rewards_and_metrics_by_name(toy, tmp_path):
 def test_the_reward_server_serves_it_with_its_option(toy, tmp_path, monkeypatch):
     import threading
 
-    from capreward.adapters.factory import RewardOptions, build_reward
-    from capreward.server.http import make_server, post_json
+    from capreward.adapters import RewardOptions, build_reward
     from capreward.cli.main import build_parser
+    from capreward.server import make_server
+    from capreward.server.http import post_json
 
     Image.new("RGB", (16, 16)).save(tmp_path / "im.png")
     # its option is a field of the adapters' options, an environment variable and a serve flag
@@ -144,7 +147,7 @@ def test_the_reward_server_serves_it_with_its_option(toy, tmp_path, monkeypatch)
 def test_explain_and_report(toy, manifest, tmp_path, capsys):
     from capreward.cli.main import main
     from capreward.jobs.results_file import read_results
-    from capreward.report.html import render_report
+    from capreward.report import render_report
 
     with pytest.raises(SystemExit):
         main(["explain", "--help"])

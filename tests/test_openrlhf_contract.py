@@ -154,7 +154,7 @@ def test_mixed_batch_survives_concat_and_split(tiny_clip_path, tokenizer, media)
     # the server scored what OpenRLHF sent: the response after the decoded prompt
     assert all(r["reward"] is not None for r in responses)
     logs = [r["extra_logs"] for r in responses]
-    keys = {"clip_s", "ref_similarity", "truncated", "clipped", "unscored"}
+    keys = {"clip_s", "ref", "ref_similarity", "truncated", "clipped", "unscored"}  # ref: RefCLIP-S
     assert [set(x) for x in logs] == [keys] * 3  # one key set, whatever the sample
     assert [x["unscored"] for x in logs] == [[0.0], [0.0], [1.0]]
     assert math.isfinite(logs[0]["ref_similarity"][0]) and math.isnan(logs[1]["ref_similarity"][0])

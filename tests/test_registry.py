@@ -238,19 +238,30 @@ def test_fleur_writes_the_fields_of_its_spec(tmp_path):
         assert metric_fields(row, "fleur") == set(registry.get("fleur").fields({"references": r.references is not None}))
 
 
-def test_each_spec_names_its_reward_and_metric_classes_under_its_own_name():
-    for spec in registry.specs():
-        if spec.reward is not None:
-            assert vars(spec.load_reward())["__name__"] == spec.name  # the instances' __name__ (TRL's key)
-        if spec.torchmetric is not None:
-            assert spec.load_torchmetric().default_name == spec.name
-    # a metric that names no class gets the generic one fixed to it (PAC-S, the hallucination penalty)
-    from capreward.torchmetrics import RegisteredMetric
+def test_the_named_classes_are_the_generic_ones_under_the_metrics_name():
+    from capreward.rewards import MetricReward
+    from capreward.torchmetrics import RegisteredMetric, judges, metrics  # noqa: F401  (the named classes)
 
+    for name, cls in MetricReward.named.items():
+        assert vars(cls)["__name__"] == name == cls.metric  # the instances' __name__ (TRL's key)
+    for name, cls in RegisteredMetric.named.items():
+        assert cls.default_name == name == cls.metric
+    # a metric with no named class gets the generic one fixed to it (PAC-S, the hallucination penalty)
     for name in ("pac_s", "hallucination"):
-        assert registry.get(name).torchmetric is None
-        built = registry.get(name).load_torchmetric()
+        assert name not in RegisteredMetric.named
+        built = RegisteredMetric.class_for(name)
         assert built.func is RegisteredMetric and built.args == (name,)
+
+
+def test_a_spec_holds_facts_only():
+    """No spec names code of a consumer package: its only code references are its scorers."""
+    import dataclasses
+
+    for spec in registry.specs():
+        for f in dataclasses.fields(spec):
+            value = getattr(spec, f.name)
+            if isinstance(value, str) and ":" in value and value.startswith("capreward."):
+                assert f.name in ("scorer", "remote_scorer") and value.startswith("capreward.scorers."), (spec.name, f.name)
 
 
 def test_generic_consumers_build_any_metric_by_name(tiny_backbone):

@@ -367,7 +367,7 @@ def test_fleur_reward_matches_scorer_and_reports_unparseable(tiny_judge, colour_
     assert math.isnan(expected[3]) and all(0.0 <= v <= 1.0 for v in expected[:3])
     assert "contains no number" in trainer.extra["fleur/error"][3]
     assert trainer.extra["fleur/error"][:3] == [None] * 3
-    assert "rewards/fleur/raw_score" in trainer.metrics
+    assert "rewards/fleur/parsed" in trainer.metrics  # the answer read as a number
 
     # an answer cut off before it ends has no score: None with the judge's reason, the rest still scored
     short = FLEURReward(model=tiny_judge, max_new_tokens=3)

@@ -89,7 +89,7 @@ def test_clipscore_metric_equals_the_scorer(tiny_backbone, videos, fresh_scorers
     direct = fresh_scorers[1].score(CAPTIONS, images=images)
     out = clip_s.compute()
     assert float(out["score"]) == pytest.approx(float(direct.clip_s.double().mean()), abs=1e-5)
-    assert "ref_clip_s" not in out
+    assert "ref" not in out  # RefCLIP-S (the sub-score ``ref``): no references, no mean
 
     ref = CLIPScoreMetric(backbone=tiny_backbone, visual="video", frames=FRAMES, per_sample=True, sub_scores=True)
     ref.update(CAPTIONS, videos, REFS, ids=range(6))
@@ -222,7 +222,7 @@ def test_empty_captions_get_empty_score_and_are_counted(tiny_backbone, videos, f
 
     all_empty = CLIPScoreMetric(backbone=tiny_backbone)
     all_empty.update(["", ""], [v[0] for v in videos[:2]], REFS[:2])
-    assert all_empty.summary().values["ref_clip_s"].tolist() == [0.0, 0.0]
+    assert all_empty.summary().values["ref"].tolist() == [0.0, 0.0]
 
 
 def test_forward_gives_the_batch_value_and_compute_the_epoch_value(tiny_backbone, videos, fresh_scorers):
@@ -295,14 +295,18 @@ def test_errors_name_the_offending_item(tiny_backbone, videos):
 
 # -------------------------------------------------------------------------------------- FLEUR
 class _FakeFleur:
-    """Duck-typed FLEUR scorer: NaN for captions containing "?" (an answer that did not parse)."""
+    """A FLEUR-shaped scorer keeping the contract: NaN for captions containing "?" (an answer that did not
+    parse)."""
 
     def __init__(self):
         self.calls = []
 
-    def score(self, candidates, images=None, references=None, videos=None):
-        self.calls.append(list(candidates))
-        return type("R", (), {"score": torch.tensor([math.nan if "?" in c else len(c) / 100 for c in candidates])})()
+    def scores(self, captions, images=None, references=None, videos=None, visual_ids=None):
+        from capreward import Scores
+
+        self.calls.append(list(captions))
+        score = [math.nan if "?" in c else len(c) / 100 for c in captions]
+        return Scores(score=score, sub_scores={"raw": list(captions), "parsed": list(score)})
 
 
 def test_fleur_metric_skips_unparsed_answers_and_reports_the_parse_rate(videos):
@@ -312,7 +316,7 @@ def test_fleur_metric_skips_unparsed_answers_and_reports_the_parse_rate(videos):
     out = metric.compute()
     assert fake.calls == [["a red ball", "what?"]]  # the empty caption never reaches the judge
     assert float(out["score"]) == pytest.approx((0.1 + 0.0) / 2)  # NaN left out; empty caption scores 0
-    assert float(out["parsed"]) == pytest.approx(0.5)  # of the captions sent to the judge
+    assert float(out["scored"]) == pytest.approx(0.5)  # of the captions sent to the judge
     assert float(out["empty"]) == pytest.approx(1 / 3)
     assert math.isnan(float(out["per_sample/score"][1]))
 
@@ -328,7 +332,8 @@ def test_fleur_metric_equals_the_fleur_scorer(fleur, tiny_judge, colour_images):
     metric.update(captions[4:], images[4:], ids=range(4, 6))
     out = metric.compute()
     torch.testing.assert_close(out["per_sample/score"], direct.score, atol=1e-5, rtol=0, equal_nan=True)
-    assert out["per_sample/parsed"].tolist() == [float(e is None) for e in direct.error]
+    assert out["per_sample/scored"].tolist() == [float(e is None) for e in direct.error]
+    torch.testing.assert_close(out["per_sample/parsed"], direct.raw_score, atol=1e-5, rtol=0, equal_nan=True)
     valid = direct.score[~torch.isnan(direct.score)].double()
     assert float(out["score"]) == pytest.approx(float(valid.mean()), abs=1e-5)
 

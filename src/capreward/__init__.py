@@ -32,13 +32,15 @@ _LAZY = {
     "MediaError": "capreward.media.errors",
     "CaprewardError": "capreward.errors",
     "SampleError": "capreward.errors",
+    "Scores": "capreward.scorers.contract",
+    "Scorer": "capreward.scorers.contract",
 }
 
 #: The public names, each documented in the API reference (docs/api/). The scorers' result classes
 #: (``EMScoreResult``, ...) and ``MatchScores`` still import from here; they are documented as what the
 #: scorers return.
 __all__ = sorted(["CLIPBackbone", "CLIPScore", "CaprewardError", "ClaimScorer", "EMScore", "FLEUR", "GVEval", "Hallucination",
-                  "MediaError", "PACScore", "QAUtility", "RemoteFLEUR", "SampleError", "VisCE2"])
+                  "MediaError", "PACScore", "QAUtility", "RemoteFLEUR", "SampleError", "Scorer", "Scores", "VisCE2"])
 
 
 def __getattr__(name: str):

@@ -32,7 +32,8 @@ _VAR_POS = inspect.Parameter.VAR_POSITIONAL
 
 def constructor_parameters(cls: type) -> tuple[list[inspect.Parameter], bool]:
     """The parameters of ``cls``'s constructor (``self`` left out), following ``**kwargs`` into the
-    constructors of its base classes while one forwards them.
+    constructors of its base classes while one forwards them, then into the class its
+    ``forwards_kwargs_to`` attribute names (the hallucination penalty's EMScore).
 
     Returns:
         The parameters in order (first definition of a name wins), and whether the chain still ends in
@@ -52,6 +53,11 @@ def constructor_parameters(cls: type) -> tuple[list[inspect.Parameter], bool]:
                 found[p.name] = p
         if not open_kwargs:
             break
+    target = getattr(cls, "forwards_kwargs_to", None)
+    if open_kwargs and isinstance(target, type):  # the class names where its **kwargs go
+        more, open_kwargs = constructor_parameters(target)
+        for p in more:
+            found.setdefault(p.name, p)
     return list(found.values()), open_kwargs
 
 
@@ -104,6 +110,26 @@ def check_options(owner: str, given: Iterable[str], valid: Iterable[str]) -> Non
         raise UnknownOption(f"{owner}() got an unexpected keyword argument {name!r}{hint}; its options: {', '.join(valid)}")
 
 
+def class_for(named: dict[str, type], generic: type, metric: str) -> Callable[..., Any]:
+    """The class ``named`` holds for ``metric`` (any spelling), else ``generic`` fixed to it: a callable
+    taking the same options (how ``reward_for`` and ``metric_for`` build any metric).
+
+    Args:
+        named: metric name -> the class fixed to it (``MetricReward.named``).
+        generic: the generic class (its first argument the metric's name).
+        metric: a metric name or alias.
+
+    Returns:
+        The named class, or ``functools.partial(generic, name)``.
+    """
+    import functools
+
+    from . import registry
+
+    name = registry.get(metric).name
+    return named[name] if name in named else functools.partial(generic, name)
+
+
 class ClassSignature:
     """A class attribute ``__signature__`` computed per class by ``make(cls)`` on first access (cached),
     so :func:`inspect.signature` and ``help()`` show a subclass's generated signature. Instances have
@@ -121,4 +147,4 @@ class ClassSignature:
         return self.cache[cls]
 
 
-__all__ = ["ClassSignature", "check_options", "constructor_parameters", "keyword_only", "merged_signature"]
+__all__ = ["ClassSignature", "check_options", "class_for", "constructor_parameters", "keyword_only", "merged_signature"]

@@ -7,7 +7,16 @@ where it deliberately differs from the authors' released code) is declared in a 
 imports torch or a scorer. The scorer itself is imported on :meth:`MetricSpec.load`.
 
 Every consumer (rewards, torchmetrics metrics, jobs, the server, the recipe, the CLI, meta-evaluation,
-the docs) reads the specs here instead of restating a fact about a metric.
+the docs) reads the specs here instead of restating a fact about a metric, and reads a metric's scores
+from its scorer's :class:`~capreward.scorers.contract.Scores` (the one contract: see
+:mod:`capreward.scorers.contract`). A spec holds facts only: it names no consumer code.
+
+The registry finds the built-in metrics (the ``*_spec`` modules of :mod:`capreward.scorers`) and the
+metrics of installed packages through the entry-point group ``capreward.metrics`` (:data:`ENTRY_POINTS`):
+an entry point names a module that registers its specs when imported, or a :class:`MetricSpec`. A metric
+in a user's own package reaches every entry point (``capreward score``, ``serve``, the adapters, the
+recipe, :func:`~capreward.rewards.reward_for`, :func:`~capreward.torchmetrics.metric_for`); see the
+"Adding a metric" guide (docs/adding-a-metric.md).
 
 Examples:
     >>> from capreward import registry
@@ -27,8 +36,10 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import logging
 import pkgutil
 import threading
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -38,30 +49,87 @@ from .errors import CaprewardError
 REFERENCE_MODES = ("none", "optional", "required")
 #: The models a metric can share with another metric of the same kind.
 SHARES = ("clip", "chat_judge")
-#: The generic reward and torchmetrics classes, and the hooks they use for a metric whose spec names none.
-GENERIC_REWARD = "capreward.rewards.metric_reward:MetricReward"
-GENERIC_METRIC = "capreward.torchmetrics.metrics:RegisteredMetric"
-GENERIC_REWARD_HOOKS = "capreward.rewards.hooks:ScoreHooks"
-GENERIC_METRIC_HOOKS = "capreward.torchmetrics.hooks:ScoreMetricHooks"
 #: The package whose ``*_spec`` modules declare the built-in metrics.
 SPEC_PACKAGE = "capreward.scorers"
-#: The job runner of a spec without :attr:`MetricSpec.job_runner`.
-GENERIC_JOB_RUNNER = "capreward.jobs.runners:generic_runner"
+#: The entry-point group through which an installed package adds metrics: each entry point names a module
+#: (imported: it registers its specs) or a :class:`MetricSpec` (registered).
+ENTRY_POINTS = "capreward.metrics"
+#: What a sub-score is (:attr:`MetricSpec.sub_score_kinds`): ``"score"`` (on the metric's scale: an
+#: empty caption's Metric row gets ``empty_score`` there), ``"number"`` (a count or a number as a judge
+#: wrote it: logged and a Metric column, NaN for an empty caption) or ``"data"`` (text or a list: results
+#: files only).
+SUB_SCORE_KINDS = ("score", "number", "data")
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Option:
-    """One constructor option of a metric: its name, default and a one-line description."""
+    """One option of a metric (of its scorer, or of its reward: :attr:`RewardPolicy.options`).
+
+    Args:
+        name: the keyword.
+        default: its default.
+        doc: a one-line description.
+        choices: the values it takes when it takes only some (a reward refuses another at construction),
+            or None.
+
+    Examples:
+        >>> from capreward.registry import Option
+        >>> Option("part", "f", "the reward's side", ("f", "precision", "recall")).choices
+        ('f', 'precision', 'recall')
+    """
 
     name: str
     default: Any
     doc: str
+    choices: tuple[Any, ...] | None = None
+
+
+@dataclass(frozen=True)
+class RewardPolicy:
+    """What makes a metric a reward besides its scores, as data the one generic reward
+    (:class:`~capreward.rewards.MetricReward`) reads.
+
+    Args:
+        options: the reward's own options (each an attribute of the reward and a keyword of its
+            signature; ``choices`` refused otherwise). An option the scorer's ``scores`` method names
+            is passed to it on every call (EMScore's and CLIP-S's ``harmonic_mean``); the others choose
+            among the scores (:attr:`MetricSpec.value`) or scale them (``scale``).
+        scale: the option whose value multiplies the reward's value and range (the 0..100 judges'
+            ``scale``), or None.
+        implies: the scorer options a choice of reward options sets when the scorer is built by the reward
+            (``use_expected=True`` needs VisCE²'s ``expected=True``), or None.
+        check: refuses a configuration (ValueError) before anything is built, given the reward's own and
+            scorer options (``idf="batch"`` would make a sample's reward depend on its batch), or None.
+
+    Examples:
+        >>> from capreward import registry
+        >>> policy = registry.get("visce2").reward_policy
+        >>> [o.name for o in policy.options], policy.scale
+        (['scale', 'use_expected'], 'scale')
+    """
+
+    options: tuple[Option, ...] = ()
+    scale: str | None = None
+    implies: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
+    check: Callable[[Mapping[str, Any]], None] | None = None
 
 
 @dataclass(frozen=True)
 class Deviation:
     """Where capreward's default differs from the authors' released code, and the option that restores the
-    released behaviour (``restore``; None when nothing does, e.g. a released crash)."""
+    released behaviour.
+
+    Args:
+        what: the difference.
+        restore: the option that restores the released behaviour; None when nothing does (a released crash).
+
+    Examples:
+        >>> from capreward import registry
+        >>> registry.get("visce2").deviations[0].restore
+        'temperature=0.2 (VisCE2.released())'
+    """
 
     what: str
     restore: str | None
@@ -73,7 +141,13 @@ class JobFlag:
     :class:`~capreward.jobs.runners.ScoreOptions` and, when ``record`` is not None, a setting recorded per
     results file (:mod:`capreward.jobs.settings_file`).
 
-    Attributes:
+    Examples:
+        >>> from capreward import registry
+        >>> flag = registry.get("gveval").job_flags[0]
+        >>> flag.flags, flag.option, flag.adapters
+        (('--gveval-mode',), 'mode', True)
+
+    Args:
         name: the ScoreOptions field, argparse ``dest`` and settings key (``"gveval_mode"``).
         flags: the command-line spellings, the first one canonical (``("--gveval-mode",)``).
         help: the flag's help line.
@@ -118,33 +192,35 @@ def import_path(target: str) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
-
-def scorer_values(result: Any, sub_score: str) -> Any:
-    """The values a scorer's ``result`` holds for ``sub_score`` (one per caption): its attribute named
-    as the sub-score with ``/`` read as ``_`` (``video/full_f`` is ``result.video_full_f``), or None when
-    it has none. The one rule by which the generic reward, Metric and job runner read a result."""
-    return getattr(result, sub_score.replace("/", "_"), None)
-
-
 def _no_sub_scores(config: Mapping[str, Any]) -> tuple[str, ...]:
     return ()
 
 
 @dataclass(frozen=True)
 class MetricSpec:
-    """Everything capreward knows about one metric, declared once.
+    """Everything capreward knows about one metric, declared once, as facts (no consumer code).
 
-    Attributes:
+    Examples:
+        >>> from capreward import registry
+        >>> spec = registry.get("clip_s")
+        >>> spec.sub_scores_for({"references": True}), spec.value_of({"references": True})
+        (('ref', 'ref_similarity'), 'ref')
+        >>> spec.field_of("ref"), spec.range_of({"w": 2.5})
+        ('ref_clip_s', (0.0, 2.5))
+
+    Args:
         name: the one canonical name (``"emscore"``), used by every entry point and log key.
         aliases: other accepted spellings (compared after :func:`capreward.names.normalize`).
         title: the display name (``"EMScore"``).
         summary: one sentence saying what it measures.
         paper: the citation.
         released_code: URL of the authors' code, or None.
-        scorer: ``"module:attr"`` of the scorer class, imported lazily by :meth:`load`.
+        scorer: ``"module:attr"`` of the scorer class (the :class:`~capreward.scorers.contract.Scorer`
+            protocol), imported lazily by :meth:`load`.
         sub_scores: the sub-scores the scorer writes for a configuration (a mapping with ``visual``:
             ``"image"``/``"video"``/None, ``references``: bool, and the metric's own options), as the
-            part after ``<metric>/`` of a results-file field (``video/full_f``, ``raw``).
+            part after ``<metric>/`` of a results-file field (``video/full_f``, ``raw``): exactly the keys
+            of its :attr:`~capreward.scorers.contract.Scores.sub_scores`.
         value_range: the range of the headline score.
         higher_is_better: whether a larger headline score is a better caption.
         visuals: the visual kinds it scores (``("image",)`` or ``("image", "video")``).
@@ -152,7 +228,7 @@ class MetricSpec:
         shares: ``"clip"`` (shares one CLIP backbone with the other CLIP metrics), ``"chat_judge"``
             (shares one chat judge) or None.
         uses_idf: whether it weighs tokens by idf (a job fixes one idf table for it).
-        options: its main constructor options.
+        options: its main scorer options.
         deviations: where its defaults differ from the released code.
         backbone: the kind of model it runs on: ``"clip"`` or ``"chat_judge"`` (PAC-S runs on a CLIP it
             cannot share: its own checkpoint).
@@ -163,30 +239,14 @@ class MetricSpec:
         visuals_for: the visual kinds for a configuration when they depend on one (G-VEval's ACCR scores
             videos only); None: always :attr:`visuals`.
         position: sort key of the built-in metrics (the order of :func:`names`).
-        judge_backend: whether its scorer takes any chat judge backend
+        judge_backend: whether its scorer takes any chat judge backend as its first argument
             (:class:`~capreward.judges.protocol.JudgeBackend`: a local VLM or an OpenAI-compatible server).
-        reward: ``"module:attr"`` of its named reward class (TRL's reward-function contract), or None:
-            the generic :class:`~capreward.rewards.MetricReward` (every metric has a reward).
-        torchmetric: ``"module:attr"`` of its named torchmetrics Metric class, or None: the generic
-            :class:`~capreward.torchmetrics.RegisteredMetric`.
-        remote_scorer: ``"module:attr"`` of a scorer that asks an OpenAI-compatible server (given a
-            :class:`~capreward.judges.protocol.JudgeBackend`), for a metric whose :attr:`scorer` needs a
-            local model (FLEUR); None otherwise.
-        tiny_judge: ``"module:attr"`` of the tiny trained judge in `capreward.testing` that runs it
-            offline (``(model, processor)``; the GRPO recipe's ``--tiny``), or None.
+        remote_scorer: ``"module:attr"`` of a scorer of the same metric that asks an OpenAI-compatible
+            server (given a :class:`~capreward.judges.protocol.JudgeBackend`), for a metric whose
+            :attr:`scorer` needs a local model (FLEUR); None otherwise.
         text_judge: whether its scorer's ``backend`` is a text-only judge that reads the caption alone
             (a local causal LM, or the judge server), the chat judge then writing what it asks
             (``question_backend``): QA utility.
-        reward_hooks: ``"module:attr"`` of its :class:`~capreward.rewards.hooks.RewardHooks` (what the one
-            generic reward, :class:`~capreward.rewards.MetricReward`, cannot read from the spec: how the
-            scorer's result becomes the value and the logged sub-scores, the reward's own options), or
-            None: the generic :class:`~capreward.rewards.hooks.ScoreHooks` (the value is
-            ``result.score``, the sub-scores ``result.<sub-score>``), enough for a metric whose scorer
-            writes its sub-scores as its spec names them.
-        metric_hooks: ``"module:attr"`` of its :class:`~capreward.torchmetrics.hooks.MetricHooks` (for
-            the one generic torchmetrics Metric, :class:`~capreward.torchmetrics.RegisteredMetric`: its
-            columns and how the scorer's result fills them), or None: the generic
-            :class:`~capreward.torchmetrics.hooks.ScoreMetricHooks` (``score`` and the sub-scores).
         needs_visual: whether a sample needs a visual for a configuration; None: always. EMScore scores
             references alone (EMScore_ref), QA utility the sample's questions alone, G-VEval ``ref-only``
             the references alone.
@@ -195,20 +255,24 @@ class MetricSpec:
         default_visual: the visual kind its torchmetrics Metric takes by default (``visual=``).
         job_flags: its own settings of the job commands (:class:`JobFlag`: ``--gveval-mode``), added to
             ``capreward score`` and its settings record.
-        job_runner: ``"module:attr"`` of ``build(spec, job) -> run(rows) -> list[dict]``, how a job scores
-            manifest rows with it (``job``: the :class:`~capreward.jobs.runners.ManifestScorer`, which
-            holds the shared CLIP, judges, idf and flags); None: the generic runner
-            (:func:`capreward.jobs.runners.generic_runner`), which builds :attr:`scorer` from the spec and
-            writes ``result.score`` and each of :meth:`sub_scores_for` read off the result.
-        row_inputs: manifest keys the scorer reads per row besides caption, visual and references, passed
-            to ``score()`` as keyword lists (QA utility's ``questions``).
-        writes_alignment: whether a job can write its token -> frame ``alignment`` per row
-            (``--alignment``).
+        row_inputs: inputs the scorer reads per sample besides caption, visual and references, passed to
+            ``scores()`` as keyword lists (QA utility's ``questions``): a manifest key of ``capreward
+            score``, a dataset column of the reward (``<input>_column`` names it).
+        writes_alignment: whether its scores carry a token -> frame ``alignment`` per caption, which a
+            job writes with ``--alignment``.
         flagged_tokens: the sub-score holding the positions of the caption's tokens it flags (outlined by
             ``capreward report``), or None.
-        explainer: ``"module:attr"`` of ``build(spec, args) -> explain(rows) -> list[dict]`` for
-            ``capreward explain`` (a judge that says why; ``args``: the command's options), or None; the
-            builder's docstring's first paragraph is its line in the command's help.
+        explanation: what ``capreward explain`` gives for it (its line in the command's help), for a
+            scorer with an ``explain`` method; None: it explains nothing.
+        sub_score_kinds: sub-score -> :data:`SUB_SCORE_KINDS` kind, for those that are not ``"score"``
+            (counts, text, lists).
+        value: the sub-score a reward and a torchmetrics Metric take as their value for a configuration
+            (its options, the reward's options, ``visual`` and ``references``); None: always the headline
+            (``"score"``). CLIP-S's reward is RefCLIP-S (``ref``) with references, its results-file
+            headline CLIP-S.
+        range_for: the range of :attr:`value` for a configuration when it depends on one (CLIP-S's
+            ``w``, and its sign-safe RefCLIP-S reaching -1); None: :attr:`value_range`.
+        reward_policy: what makes it a reward besides its scores (:class:`RewardPolicy`).
     """
 
     name: str
@@ -233,54 +297,38 @@ class MetricSpec:
     visuals_for: Callable[[Mapping[str, Any]], tuple[str, ...]] | None = None
     position: int = 1000
     judge_backend: bool = False
-    reward: str | None = None
-    torchmetric: str | None = None
     remote_scorer: str | None = None
     text_judge: bool = False
-    tiny_judge: str | None = None
-    reward_hooks: str | None = None
-    metric_hooks: str | None = None
     needs_visual: Callable[[Mapping[str, Any]], bool] | None = None
     unscored_kind: str = "scorer"
     default_visual: str = "image"
     job_flags: tuple[JobFlag, ...] = ()
-    job_runner: str | None = None
     row_inputs: tuple[str, ...] = ()
     writes_alignment: bool = False
     flagged_tokens: str | None = None
-    explainer: str | None = None
+    explanation: str | None = None
+    sub_score_kinds: Mapping[str, str] = field(default_factory=dict)
+    value: Callable[[Mapping[str, Any]], str] | None = None
+    range_for: Callable[[Mapping[str, Any]], tuple[float, float]] | None = None
+    reward_policy: RewardPolicy = field(default_factory=RewardPolicy)
 
     def __post_init__(self):
         if self.references not in REFERENCE_MODES:
             raise ValueError(f"{self.name}: references must be one of {REFERENCE_MODES}, got {self.references!r}")
         if self.shares is not None and self.shares not in SHARES:
             raise ValueError(f"{self.name}: shares must be one of {SHARES} or None, got {self.shares!r}")
-        if ":" not in self.scorer:
-            raise ValueError(f"{self.name}: scorer must be 'module:attr', got {self.scorer!r}")
+        for target in (self.scorer, self.remote_scorer):
+            if target is not None and ":" not in target:
+                raise ValueError(f"{self.name}: a scorer must be 'module:attr', got {target!r}")
         if not set(self.visuals) <= {"image", "video"} or not self.visuals:
             raise ValueError(f"{self.name}: visuals must be some of ('image', 'video'), got {self.visuals!r}")
+        bad = {k: v for k, v in self.sub_score_kinds.items() if v not in SUB_SCORE_KINDS}
+        if bad:
+            raise ValueError(f"{self.name}: sub_score_kinds must be among {SUB_SCORE_KINDS}, got {bad}")
 
     def load(self) -> Any:
         """The scorer class (imported now)."""
         return import_path(self.scorer)
-
-    def load_reward(self) -> Any:
-        """The reward class (imported now): :attr:`reward`, or, for a metric that names none, the generic
-        :class:`~capreward.rewards.MetricReward` fixed to it (a callable taking the same options)."""
-        if self.reward is None:
-            import functools
-
-            return functools.partial(import_path(GENERIC_REWARD), self.name)
-        return import_path(self.reward)
-
-    def load_torchmetric(self) -> Any:
-        """The torchmetrics Metric class (imported now): :attr:`torchmetric`, or, for a metric that names
-        none, the generic :class:`~capreward.torchmetrics.RegisteredMetric` fixed to it."""
-        if self.torchmetric is None:
-            import functools
-
-            return functools.partial(import_path(GENERIC_METRIC), self.name)
-        return import_path(self.torchmetric)
 
     def load_remote_scorer(self) -> Any:
         """The :attr:`remote_scorer` class (imported now); ValueError when the metric has none."""
@@ -291,33 +339,14 @@ class MetricSpec:
     @property
     def judged_by_llm(self) -> bool:
         """Whether a language model reads the caption (a chat judge, or QA utility's text judge): its
-        rewards floor captions that forge judge-prompt structure by default (the injection guard), and a
-        caption blank once special-token strings are removed is empty."""
+        rewards floor captions that forge judge-prompt structure by default (the injection guard), a
+        caption blank once special-token strings are removed is empty, and its answer may hold no score
+        (a Metric counts the ``scored`` captions)."""
         return self.backbone == "chat_judge" or self.text_judge
 
     def visual_required(self, config: Mapping[str, Any] | None = None) -> bool:
         """Whether a sample needs a visual with ``config`` (see :attr:`needs_visual`)."""
         return True if self.needs_visual is None else bool(self.needs_visual(self.configured(config)))
-
-    def load_reward_hooks(self) -> Any:
-        """The :attr:`reward_hooks` class (imported now), or the generic
-        :class:`~capreward.rewards.hooks.ScoreHooks` for a metric that names none."""
-        return import_path(self.reward_hooks or GENERIC_REWARD_HOOKS)
-
-    def load_metric_hooks(self) -> Any:
-        """The :attr:`metric_hooks` class (imported now), or the generic
-        :class:`~capreward.torchmetrics.hooks.ScoreMetricHooks` for a metric that names none."""
-        return import_path(self.metric_hooks or GENERIC_METRIC_HOOKS)
-
-    def load_job_runner(self) -> Any:
-        """``build(spec, job) -> run(rows)`` of :attr:`job_runner`, or the generic runner (imported now)."""
-        return import_path(self.job_runner or GENERIC_JOB_RUNNER)
-
-    def load_explainer(self) -> Any:
-        """The :attr:`explainer` builder (imported now); ValueError when the metric has none."""
-        if self.explainer is None:
-            raise ValueError(f"{self.name} has no explainer")
-        return import_path(self.explainer)
 
     def job_config(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """The scorer options its :attr:`job_flags` set, from ``values`` (flag name -> value; a missing or
@@ -343,16 +372,64 @@ class MetricSpec:
         raise KeyError(f"{self.name} has no option {name!r}; its options: {', '.join(o.name for o in self.options)}")
 
     def defaults(self) -> dict[str, Any]:
-        """Option name -> default."""
-        return {o.name: o.default for o in self.options}
+        """Option name -> default (the scorer's options, then the reward's own)."""
+        return {**{o.name: o.default for o in self.reward_policy.options}, **{o.name: o.default for o in self.options}}
 
     def configured(self, config: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """``config`` over the options' defaults."""
         return {**self.defaults(), **(config or {})}
 
+    def config_of(self, scorer: Any = None, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """A configuration read from a built ``scorer`` (its attributes named as the spec's options), else
+        from the ``options`` it is built with (a None value: the option's default), over the defaults."""
+        if scorer is not None:
+            given = {o.name: getattr(scorer, o.name) for o in self.options if hasattr(scorer, o.name)}
+        else:
+            given = {k: v for k, v in (options or {}).items() if v is not None}
+        return self.configured(given)
+
     def sub_scores_for(self, config: Mapping[str, Any] | None = None) -> tuple[str, ...]:
         """:attr:`sub_scores` for ``config`` (missing options at their defaults)."""
         return tuple(self.sub_scores(self.configured(config)))
+
+    def modes(self, config: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], ...]:
+        """``config`` with each ``visual`` kind it scores and each ``references`` its reference mode
+        allows: every configuration a consumer may score in."""
+        config = self.configured(config)
+        refs = {"none": (False,), "required": (True,)}.get(self.references_for(config), (True, False))
+        return tuple({**config, "visual": visual, "references": with_refs}
+                     for visual in self.visual_kinds(config) or (None,) for with_refs in refs)
+
+    def all_sub_scores(self, config: Mapping[str, Any] | None = None, kinds: tuple[str, ...] = SUB_SCORE_KINDS) -> tuple[str, ...]:
+        """Every sub-score of the ``kinds`` asked for that it writes in any of :meth:`modes`, in the order
+        the spec names them: the fixed key set of a consumer that reports sub-scores whatever the batch."""
+        out: list[str] = []
+        for mode in self.modes(config):
+            for sub in self.sub_scores_for(mode):
+                if sub not in out and self.kind_of(sub) in kinds:
+                    out.append(sub)
+        return tuple(out)
+
+    def kind_of(self, sub_score: str) -> str:
+        """The :data:`SUB_SCORE_KINDS` kind of ``sub_score``."""
+        return self.sub_score_kinds.get(sub_score, "score")
+
+    def value_of(self, config: Mapping[str, Any] | None = None) -> str:
+        """The sub-score (or ``"score"``, the headline) that is the value of a reward or Metric with
+        ``config`` (see :attr:`value`)."""
+        return "score" if self.value is None else self.value(self.configured(config))
+
+    def headline_differs(self, config: Mapping[str, Any] | None = None) -> bool:
+        """Whether in some of :meth:`modes` the value is not the headline: then a reward logs, and a
+        Metric keeps, the headline under the metric's name (CLIP-S's reference-free ``clip_s``)."""
+        return any(self.value_of(mode) != "score" for mode in self.modes(config))
+
+    def range_of(self, config: Mapping[str, Any] | None = None) -> tuple[float, float]:
+        """The range of :meth:`value_of` with ``config`` (see :attr:`range_for`)."""
+        if self.range_for is None:
+            return (float(self.value_range[0]), float(self.value_range[1]))
+        lo, hi = self.range_for(self.configured(config))
+        return (float(lo), float(hi))
 
     def references_for(self, config: Mapping[str, Any] | None = None) -> str:
         """The reference mode for ``config`` (``"none"``, ``"optional"`` or ``"required"``)."""
@@ -361,6 +438,14 @@ class MetricSpec:
     def visual_kinds(self, config: Mapping[str, Any] | None = None) -> tuple[str, ...]:
         """The visual kinds it scores with ``config``."""
         return self.visuals if self.visuals_for is None else tuple(self.visuals_for(self.configured(config)))
+
+    def with_config(self, config: Mapping[str, Any] | None = None) -> str:
+        """``" with mode='combined'"``: the options of ``config`` that differ from their defaults, as a
+        message names them ("" when none does)."""
+        defaults = self.defaults()
+        shown = [f"{k}={v!r}" for k, v in (config or {}).items()
+                 if k in defaults and v != defaults[k] and isinstance(v, (str, bool, int, float))]
+        return f" with {', '.join(shown)}" if shown else ""
 
     def field_of(self, sub_score: str) -> str:
         """The results-file field of ``sub_score`` (``<metric>/<sub-score>`` unless :attr:`result_fields`
@@ -379,7 +464,16 @@ class MetricSpec:
 
 
 class UnknownMetric(CaprewardError, ValueError, KeyError):
-    """A metric name the registry does not hold; the message suggests the nearest names."""
+    """A metric name the registry does not hold; the message suggests the nearest names.
+
+    Examples:
+        >>> from capreward import registry
+        >>> try:
+        ...     registry.get("clipscor")
+        ... except registry.UnknownMetric as exc:
+        ...     print(str(exc).split(";")[0])
+        unknown metric 'clipscor' (did you mean 'clip_s'?)
+    """
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
@@ -387,7 +481,17 @@ class UnknownMetric(CaprewardError, ValueError, KeyError):
 
 class UnknownOption(CaprewardError, TypeError):
     """A keyword argument a reward or metric constructor does not take; the message names the nearest
-    valid option (raised at construction, not at the first call)."""
+    valid option (raised at construction, not at the first call).
+
+    Examples:
+        >>> from capreward.registry import UnknownOption
+        >>> from capreward.rewards import EMScoreReward
+        >>> try:
+        ...     EMScoreReward(idff=False)
+        ... except UnknownOption as exc:
+        ...     print(str(exc).split(";")[0])
+        EMScoreReward() got an unexpected keyword argument 'idff' (did you mean 'idf'?)
+    """
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
@@ -406,7 +510,18 @@ def normalize(name: str) -> str:
 
 def register(spec: MetricSpec) -> MetricSpec:
     """Add ``spec`` to the registry and return it. Registering the same name again replaces the spec
-    (a module reloaded); an alias that already names another metric is refused."""
+    (a module reloaded); an alias that already names another metric is refused.
+
+    Args:
+        spec: the metric's spec.
+
+    Returns:
+        ``spec``.
+
+    Raises:
+        TypeError: ``spec`` is not a :class:`MetricSpec`.
+        ValueError: its name is not canonical (lower case, ``_``), or an alias names another metric.
+    """
     if not isinstance(spec, MetricSpec):
         raise TypeError(f"register() takes a MetricSpec, got {type(spec).__name__}")
     with _LOCK:
@@ -428,8 +543,18 @@ def register(spec: MetricSpec) -> MetricSpec:
 
 
 def unregister(name: str) -> MetricSpec:
-    """Remove the metric called ``name`` (its canonical name) and its aliases, and return its spec (a
-    metric a test or a plugin registered for a while). UnknownMetric when none has that name."""
+    """Remove the metric called ``name`` (its canonical name) and its aliases (a metric a test or a
+    plugin registered for a while).
+
+    Args:
+        name: the canonical name.
+
+    Returns:
+        The spec removed.
+
+    Raises:
+        UnknownMetric: no metric has that name.
+    """
     with _LOCK:
         key = normalize(name)
         spec = _SPECS.pop(key, None)
@@ -441,28 +566,70 @@ def unregister(name: str) -> MetricSpec:
 
 
 def _load_builtin() -> None:
-    """Import every ``*_spec`` module of :mod:`capreward.scorers` once (each registers its spec)."""
+    """Import every ``*_spec`` module of :mod:`capreward.scorers` once (each registers its spec), then the
+    installed packages' metrics (:func:`load_plugins`)."""
     global _LOADED
     if _LOADED:
         return
     with _LOCK:
         if _LOADED:
             return
+        _LOADED = True  # set first: a plugin that reads the registry while it loads sees the built-in metrics
         package = importlib.import_module(SPEC_PACKAGE)
         for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
             if info.name.endswith("_spec"):
                 importlib.import_module(f"{SPEC_PACKAGE}.{info.name}")
-        _LOADED = True
+        load_plugins()
+
+
+def load_plugins(group: str = ENTRY_POINTS) -> tuple[str, ...]:
+    """Register the metrics of every installed package's ``group`` entry points and return their names.
+
+    An entry point names a module (imported: its ``register`` calls add its specs) or a
+    :class:`MetricSpec` (registered). One that cannot be loaded, or whose metric takes the name of a
+    metric already registered, is skipped with a warning naming it: a broken plugin never stops the
+    others, nor capreward.
+
+    Args:
+        group: the entry-point group (:data:`ENTRY_POINTS`).
+
+    Returns:
+        The names of the metrics the entry points added.
+    """
+    from importlib.metadata import entry_points
+
+    added: list[str] = []
+    for ep in sorted(entry_points(group=group), key=lambda e: e.name):
+        before = set(_SPECS)
+        try:
+            target = ep.load()
+            if isinstance(target, MetricSpec):
+                if target.name in _SPECS and _SPECS[target.name] is not target:
+                    raise ValueError(f"the metric name {target.name!r} is taken")
+                register(target)
+        except Exception as exc:  # noqa: BLE001 - one broken plugin must not stop capreward
+            message = f"capreward: the metric plugin {ep.name!r} ({ep.value}) is skipped: {type(exc).__name__}: {exc}"
+            logger.warning("%s", message)
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
+            continue
+        added.extend(sorted(set(_SPECS) - before) or ([target.name] if isinstance(target, MetricSpec) else []))
+    return tuple(added)
 
 
 def specs() -> tuple[MetricSpec, ...]:
-    """Every registered spec, built-in metrics first in their :attr:`~MetricSpec.position` order."""
+    """Every registered spec, built-in metrics first in their :attr:`~MetricSpec.position` order.
+
+    Returns:
+        The specs (the built-in metrics, then the installed packages')."""
     _load_builtin()
     return tuple(sorted(_SPECS.values(), key=lambda s: s.position))
 
 
 def names() -> tuple[str, ...]:
-    """The canonical names, in :func:`specs` order."""
+    """The canonical names, in :func:`specs` order.
+
+    Returns:
+        The names."""
     return tuple(s.name for s in specs())
 
 
@@ -473,7 +640,13 @@ def aliases() -> dict[str, str]:
 
 
 def lookup(name: str) -> str | None:
-    """The canonical name of ``name`` (any spelling: case, ``-``/``_``, an alias), or None."""
+    """The canonical name of ``name`` (any spelling: case, ``-``/``_``, an alias), or None.
+
+    Args:
+        name: a name or alias.
+
+    Returns:
+        The canonical name, or None when no metric has it."""
     _load_builtin()
     key = normalize(name)
     if key in _SPECS:
@@ -503,6 +676,12 @@ def unknown_message(name: Any, choices: tuple[str, ...] | list[str], what: str =
 
 def get(name: str) -> MetricSpec:
     """The spec of ``name`` (canonical name or alias, any case, ``-`` or ``_``).
+
+    Args:
+        name: a name or alias.
+
+    Returns:
+        Its :class:`MetricSpec`.
 
     Raises:
         TypeError: ``name`` is not a str.
@@ -553,8 +732,8 @@ def job_flags() -> tuple[tuple[MetricSpec, JobFlag], ...]:
 
 
 def explaining() -> tuple[str, ...]:
-    """The metrics ``capreward explain`` can explain (those with an :attr:`~MetricSpec.explainer`)."""
-    return tuple(s.name for s in specs() if s.explainer)
+    """The metrics ``capreward explain`` can explain (those with an :attr:`~MetricSpec.explanation`)."""
+    return tuple(s.name for s in specs() if s.explanation)
 
 
 def using_idf() -> tuple[str, ...]:
@@ -562,6 +741,8 @@ def using_idf() -> tuple[str, ...]:
     return tuple(s.name for s in specs() if s.uses_idf)
 
 
-__all__ = ["Deviation", "JobFlag", "MetricSpec", "Option", "explaining", "job_flags", "UnknownMetric", "UnknownOption", "aliases", "get", "import_path", "lookup", "names", "normalize", "on_backbone", "on_judge_backend",
-           "result_fields",
-           "register", "sharing", "unregister", "specs", "suggest", "unknown_message", "using_idf"]
+#: The documented surface (docs/api/registry.md); the helpers the consumers share (``sharing``,
+#: ``on_backbone``, ``job_flags``, ``result_fields``, ``explaining``, ``using_idf``, ``suggest``...) import
+#: from here too.
+__all__ = ["Deviation", "ENTRY_POINTS", "JobFlag", "MetricSpec", "Option", "RewardPolicy", "UnknownMetric", "UnknownOption",
+           "get", "load_plugins", "lookup", "names", "register", "specs", "unregister"]

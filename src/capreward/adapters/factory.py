@@ -156,8 +156,9 @@ def parse_terms(spec: str) -> list[tuple[str, float]]:
 
 
 def build_reward(name: str, options: RewardOptions | None = None, *, backbone: Any = None, **overrides: Any):
-    """A capreward reward for ``name``: any metric of :mod:`capreward.registry` (its spec's reward class,
-    given the options its spec says it takes), or ``composite``.
+    """A capreward reward for ``name``: any metric of :mod:`capreward.registry` (its reward class,
+    :meth:`~capreward.rewards.MetricReward.class_for`, given the options its spec says it takes), or
+    ``composite``.
 
     Rewards read label ids from the ``visual_id`` column and build their model lazily on first use,
     except a composite, which loads the CLIP its CLIP-based terms share at once. ``backbone``: an
@@ -190,7 +191,9 @@ def build_reward(name: str, options: RewardOptions | None = None, *, backbone: A
         model = dict(backbone=backbone) if backbone is not None else dict(
             model=opts.clip_model, precision=opts.precision, device=opts.device)
         common.update(model, frames=opts.frames)
-    reward = spec.load_reward()
+    from ..rewards import MetricReward
+
+    reward = MetricReward.class_for(kind)
     if spec.text_judge:  # a text-only judge reads the caption alone
         # the server and veRL carry no questions in their labels: the chat judge writes them per visual (cached)
         writer = judge_backend(opts) if opts.judge_url or opts.judge_model else None

@@ -5,8 +5,9 @@ twice): ``id``, ``caption``, ``image``/``video``, ``references`` (with ``--refer
 score under the metric's name (null when there is none), the judge's first answer (``<metric>/raw``),
 ``explanation`` (null when there is no score to explain) and ``errors``.
 
-Metrics: those whose spec names an explainer (:attr:`capreward.registry.MetricSpec.explainer`; the
-built-in ones are in :mod:`capreward.scorers.explainers`), each built for the command's options.
+Metrics: those whose spec says what an explanation is (:attr:`capreward.registry.MetricSpec.explanation`)
+and whose scorer explains (``explanations``, see :class:`capreward.scorers.contract.Scorer`), built for
+the command's options by the scorer class's ``for_explain`` (else with no argument).
 
 The settings that change an explanation are fixed per output file as ``capreward score``'s are
 (:func:`explanation_settings`, recorded in ``<out>.settings.json`` by
@@ -59,15 +60,49 @@ Explainer = Callable[[list], list[dict]]  # manifest rows -> one result dict per
 
 
 def explainer_doc(spec) -> str:
-    """``spec``'s line in the help: the first paragraph of its explainer's docstring."""
-    doc = (spec.load_explainer().__doc__ or "").strip().split("\n\n")[0]
-    return " ".join(doc.split()).replace("``", "").rstrip(".")
+    """``spec``'s line in the help: its :attr:`~capreward.registry.MetricSpec.explanation`."""
+    return " ".join((spec.explanation or "").split()).replace("``", "").rstrip(".")
+
+
+def explainer(spec, args: argparse.Namespace) -> Explainer:
+    """``spec``'s explainer for the command's options: its scorer (``for_explain(args)`` when the class
+    has it) asked ``explanations`` per visual kind; each row gets the score under the metric's name, its
+    declared sub-scores (``<metric>/raw`` ...), ``explanation`` and ``_error``. With ``--references`` a row
+    without references is an error."""
+    from ..jobs.runners import finite_or_none, result_value
+
+    cls = spec.load()
+    scorer = cls.for_explain(args) if hasattr(cls, "for_explain") else cls()
+
+    def run(rows: list) -> list[dict]:
+        out: list[dict] = [{} for _ in rows]
+        kinds: dict[str, list[int]] = {}
+        for i, r in enumerate(rows):
+            kinds.setdefault(r.kind, []).append(i)
+        for kind, idx in kinds.items():
+            refs = None
+            if args.references:
+                missing = next((rows[i].id for i in idx if rows[i].references is None), None)
+                if missing is not None:
+                    raise ValueError(f"--references: row {missing!r} has no references")
+                refs = [rows[i].references for i in idx]
+            res = scorer.explanations([rows[i].caption for i in idx], references=refs,
+                                      **{f"{kind}s": [rows[i].path for i in idx]})
+            for k, i in enumerate(idx):
+                row = {spec.name: finite_or_none(res.score[k]),
+                       **{spec.field_of(s): result_value(v[k]) for s, v in res.sub_scores.items()},
+                       "explanation": res.extras["explanation"][k]}
+                if res.errors[k]:
+                    row["_error"] = res.errors[k]
+                out[i] = row
+        return out
+
+    return run
 
 
 def explainers() -> dict[str, Callable[[argparse.Namespace], Explainer]]:
-    """Metric name -> ``build(args) -> explain(rows)``: the metrics whose spec names an explainer."""
-    return {name: functools.partial(registry.get(name).load_explainer(), registry.get(name))
-            for name in registry.explaining()}
+    """Metric name -> ``build(args) -> explain(rows)``: the metrics whose spec says what they explain."""
+    return {name: functools.partial(explainer, registry.get(name)) for name in registry.explaining()}
 
 
 def __getattr__(name: str):

@@ -1,11 +1,11 @@
 """Metric runners for offline jobs: manifest rows in, one flat result dict per row out.
 
-One runner per chosen metric, built by the hook its spec names
-(:attr:`~capreward.registry.MetricSpec.job_runner`, :mod:`capreward.scorers.job_runners` for the
-built-in metrics) or, without one, by :func:`generic_runner`. A metric writes its headline field (its
-name) and its sub-scores (:meth:`~capreward.registry.MetricSpec.fields` for the job's configuration),
-named ``<metric>/<sub-score>`` (the one separator of :mod:`capreward.names`); a metric that
-:attr:`~capreward.registry.MetricSpec.writes_alignment` also writes ``alignment`` = {tokens (SOS..EOS),
+One runner serves every metric (:func:`metric_runner`): it builds the metric's scorer for the job from
+its spec's facts (:meth:`ManifestScorer.scorer_for`) and writes what the scorer's
+:class:`~capreward.scorers.contract.Scores` hold: the headline field (the metric's name) and its
+sub-scores (:meth:`~capreward.registry.MetricSpec.fields` for the job's configuration), named
+``<metric>/<sub-score>`` (the one separator of :mod:`capreward.names`); the chosen metric that
+:attr:`~capreward.registry.MetricSpec.writes_alignment` first in the registry's order also writes ``alignment`` = {tokens (SOS..EOS),
 best_frame, similarity, weight} with ``alignment=True``. Each metric's own settings (its
 :attr:`~capreward.registry.MetricSpec.job_flags`, such as G-VEval's mode) are fields of
 :class:`ScoreOptions` by name.
@@ -127,8 +127,8 @@ def finite_or_none(x: float) -> float | None:
 class ManifestScorer:
     """Builds the chosen scorers once (sharing one CLIP, and one judge) and scores batches of manifest rows.
 
-    Each metric's runner is built by its spec (:meth:`~capreward.registry.MetricSpec.load_job_runner`),
-    given this object: the shared CLIP (:attr:`backbone`), the judges (:meth:`local_judge`,
+    Each metric's runner (:func:`metric_runner`) scores with the scorer :meth:`scorer_for` builds from
+    its spec: on the shared CLIP (:attr:`backbone`), the judges (:meth:`local_judge`,
     :meth:`chat_backend`), the job's fixed idf (:attr:`idf`) and options (:attr:`options`).
     """
 
@@ -145,8 +145,7 @@ class ManifestScorer:
             backbone = CLIPBackbone(options.clip_model, device=options.device, precision=options.precision)
         self.backbone = backbone
         for metric in options.metrics:
-            spec = registry.get(metric)
-            self._runners[metric] = spec.load_job_runner()(spec, self)
+            self._runners[metric] = metric_runner(registry.get(metric), self)
 
     @property
     def idf(self) -> dict | bool:
@@ -192,23 +191,57 @@ class ManifestScorer:
 
     _tree = tree
 
+    def text_judge(self) -> Any:
+        """The text-only judge of a metric that reads the caption alone (QA utility): the causal LM
+        ``qa_model``, else the judge server."""
+        if self.options.qa_model:
+            from ..judges.local_text import LocalTextJudge
+
+            return LocalTextJudge(self.options.qa_model)
+        if self.options.remote_judge:
+            return self.chat_backend()
+        raise ValueError("qa_utility needs a text judge: --qa-model (a causal LM) or a judge server")
+
     def scorer_for(self, spec) -> Any:
-        """``spec``'s scorer built for this job from what its spec says it takes: the shared CLIP
-        (``backbone``), the job's idf, ``frames``/``batch_size`` and the options its job flags set; a
-        scorer on a chat judge gets :meth:`chat_backend` (and the digit-tree width its options name)."""
+        """``spec``'s scorer built for this job from what its spec says it takes: the options its job flags
+        set; on a shared CLIP the job's ``backbone`` (on its own checkpoint: the job's device and
+        precision), its idf, ``frames`` and ``batch_size``; a scorer on any chat judge gets
+        :meth:`chat_backend` (and the digit-tree width its options name); a text judge's scorer
+        :meth:`text_judge` and a question writer; a scorer on a local judge model (FLEUR)
+        :meth:`local_judge`, or its remote scorer on the judge server."""
+        from ..explicit_options import constructor_parameters
+
+        cls = spec.load()
         kwargs: dict[str, Any] = dict(spec.job_config(self.flag_values()))
-        if spec.shares == "clip":
-            kwargs["backbone"] = self.backbone
+        if spec.backbone == "clip":
+            if spec.shares == "clip":
+                kwargs["backbone"] = self.backbone
+            else:  # its own checkpoint (PAC-S)
+                flag = next((f for f in spec.job_flags if f.option == "model"), None)
+                if not kwargs.get("model"):
+                    raise ValueError(f"{spec.name} needs its own checkpoint: pass {flag.flags[0] if flag else 'model'} PATH")
+                kwargs.update(device=self.options.device, precision=self.options.precision)
+            params = {p.name for p in constructor_parameters(cls)[0]}
+            kwargs.update({k: getattr(self.options, k) for k in ("frames", "batch_size") if k in params})
         if spec.uses_idf:
             kwargs.update(idf=self.idf, idf_default=self.options.idf_default)
-        for name in ("frames", "batch_size"):
-            if spec.has_option(name):
-                kwargs[name] = getattr(self.options, name)
+        if spec.text_judge:
+            if self.options.remote_judge:
+                writer: Any = self.chat_backend()
+            else:  # a local question writer is the local LLaVA, loaded on first need
+                from ..judges.lazy import LazyBackend
+
+                writer = LazyBackend(self.chat_backend)
+            return cls(self.text_judge(), question_backend=writer, **kwargs)
         if spec.judge_backend:
             if spec.has_option("tree_top_logprobs"):
                 kwargs.update(self.tree())
-            return spec.load()(self.chat_backend(), **kwargs)
-        return spec.load()(**kwargs)
+            return cls(self.chat_backend(), **kwargs)
+        if spec.backbone == "chat_judge":  # a scorer on a local judge model (FLEUR)
+            if self.options.remote_judge and spec.remote_scorer:  # the served judge, read exactly
+                return spec.load_remote_scorer()(self.chat_backend(), top_logprobs=min(20, self.options.judge_top_logprobs_cap))
+            return cls(model=self.local_judge(), **kwargs)
+        return cls(**kwargs)
 
     def score_rows(self, rows: list[ManifestRow]) -> list[dict]:
         """One result dict per row: id, caption, visual path, metric fields, and ``errors``; each row's
@@ -306,53 +339,60 @@ def result_value(value: Any) -> Any:
     return value
 
 
-def generic_runner(spec, job: ManifestScorer) -> Callable[[list[ManifestRow]], list[dict]]:
-    """The runner of a metric whose spec names no :attr:`~capreward.registry.MetricSpec.job_runner`.
+def metric_runner(spec, job: ManifestScorer) -> Callable[[list[ManifestRow]], list[dict]]:
+    """The runner of any metric: rows in, one dict of the metric's fields per row out (``_error``: the
+    row's error for it).
 
-    Its scorer (:meth:`ManifestScorer.scorer_for`) is asked ``score(captions, images=/videos=,
-    references=, **row_inputs)`` per group of rows of one visual kind and one reference mode, as its spec
-    says: a kind it does not score, or a row without references where it needs them, gets an error
-    without being asked; references are passed only where its reference mode is not ``"none"``; each of
-    :attr:`~capreward.registry.MetricSpec.row_inputs` is read from the rows' manifest keys. Row ``j`` gets
-    ``result.score[j]`` under the metric's name and each sub-score ``s`` of
-    :meth:`~capreward.registry.MetricSpec.sub_scores_for` (its configuration with ``references``) as
-    ``result.<s>[j]`` (``/`` read as ``_``), under :meth:`~capreward.registry.MetricSpec.field_of`;
-    ``result.error[j]``, when the result has it, is the row's error.
+    Its scorer (:meth:`ManifestScorer.scorer_for`) is asked
+    :meth:`~capreward.scorers.contract.Scorer.scores` per group of rows of one visual kind and one
+    reference mode, as its spec says: a row without references where it needs them, or of a kind it
+    does not score, gets an error without being asked; references are passed only where its reference
+    mode is not ``"none"``; each of :attr:`~capreward.registry.MetricSpec.row_inputs` is read from the
+    rows' manifest keys. Row ``j`` gets the headline under the metric's name and each declared sub-score
+    under :meth:`~capreward.registry.MetricSpec.field_of`; its error is the scorer's (a visual that
+    cannot be used: the row's media error alone); of the chosen metrics that write an alignment, the
+    first in the registry's order writes the row's ``alignment`` with ``alignment=True``.
     """
     scorer = job.scorer_for(spec)
-    config = spec.job_config(job.flag_values())
+    config = spec.config_of(scorer)
     mode = spec.references_for(config)
+    writers = [registry.get(m) for m in job.options.metrics if registry.get(m).writes_alignment]
+    writer = min(writers, key=lambda w: w.position).name if writers else None  # EMScore's, when chosen
+    write_alignment = job.options.alignment and writer == spec.name
 
     def run(rows: list[ManifestRow]) -> list[dict]:
         out: list[dict] = [{} for _ in rows]
         ready = []
         for i, r in enumerate(rows):
-            if (refused := visual_refused(spec, config, r.kind)) is not None:
+            if mode == "required" and not r.references:
+                out[i] = {"_error": f"{spec.title}{spec.with_config(config)} needs references; the row has none"}
+            elif (refused := visual_refused(spec, config, r.kind)) is not None:
                 out[i] = {"_error": refused}
-            elif mode == "required" and not r.references:
-                out[i] = {"_error": f"{spec.title} needs references; the row has none"}
             else:
                 ready.append(i)
         for kind, refs, idx in row_groups([rows[i] for i in ready], with_references=mode != "none"):
             where = [ready[k] for k in idx]
-            kwargs = {f"{kind}s": [rows[i].path for i in where]}
+            kwargs: dict[str, Any] = {f"{kind}s": [rows[i].path for i in where]}
             if mode != "none":
                 kwargs["references"] = refs
             for key in spec.row_inputs:
                 kwargs[key] = [rows[i].extra.get(key) for i in where]
-            res = scorer.score([rows[i].caption for i in where], **kwargs)
-            subs = spec.sub_scores_for({**config, "visual": kind, "references": refs is not None})
-            errors = getattr(res, "error", None)
+            res = scorer.scores([rows[i].caption for i in where], **kwargs)
+            subs = spec.sub_scores_for({**config, "visual": kind, "references": refs is not None and mode != "none"})
+            res.check(subs, spec.name)
+            alignment = res.extras.get("alignment")
             for pos, i in enumerate(where):
-                error = errors[pos] if errors is not None else None
+                error = res.errors[pos]
                 if (visual := visual_error(rows[i], pos, error)) is not None:
                     out[i] = {"_error": visual}
                     continue
                 out[i] = {spec.name: result_value(res.score[pos])}
                 for sub in subs:
-                    out[i][spec.field_of(sub)] = result_value(registry.scorer_values(res, sub)[pos])
+                    out[i][spec.field_of(sub)] = result_value(res.sub_scores[sub][pos])
                 if error:
                     out[i]["_error"] = error
+                if write_alignment and alignment is not None:
+                    out[i]["alignment"] = alignment_fields(alignment[pos])
         return out
 
     return run

@@ -80,9 +80,11 @@ def parse_rewards(spec: str) -> list[tuple[str, float]]:
 
 def build_reward(name: str, args: argparse.Namespace, clip: Any, judge: Any) -> Any:
     """One capreward reward callable (TRL contract) for ``name``, a metric of :mod:`capreward.registry`: its
-    spec's reward class, with the options its spec says it takes."""
+    reward class (:meth:`~capreward.rewards.MetricReward.class_for`), with the options its spec says it takes."""
+    from capreward.rewards import MetricReward
+
     spec = registry.get(name)
-    reward = spec.load_reward()
+    reward = MetricReward.class_for(name)
     if spec.text_judge:  # a text-only judge reads the caption alone
         from capreward.judges.lazy import LazyBackend
 
@@ -142,9 +144,11 @@ def build_rewards(args: argparse.Namespace) -> tuple[list[Any], list[float]]:
         clip = tiny_clip_factory(seed=args.seed)
         # the tiny trained judge of the first chosen metric (in the registry's order) that names one
         chosen = {n for n, _ in args.reward_list}
-        tiny = [s.tiny_judge for s in registry.specs() if s.name in chosen and s.tiny_judge]
+        from capreward.testing.tiny_judges import tiny_judge_for
+
+        tiny = [tiny_judge_for(s.name) for s in registry.specs() if s.name in chosen and tiny_judge_for(s.name)]
         if tiny:
-            judge = registry.import_path(tiny[0])()
+            judge = tiny[0]()
     funcs = [build_reward(name, args, clip, judge) for name, _ in args.reward_list]
     return funcs, [w for _, w in args.reward_list]
 

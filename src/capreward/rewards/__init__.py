@@ -1,9 +1,8 @@
 """Caption-quality rewards for RL fine-tuning (TRL's reward-function contract).
 
-``MetricReward(metric, ...)`` is any registered metric as a reward, read from its spec;
-``EMScoreReward``, ``CLIPScoreReward``/``PACScoreReward`` and ``FLEURReward``, ``VisCE2Reward`` and ``GVEvalReward``
-are it fixed to one metric; ``ClaimsReward`` (claim-level precision/recall of dense captions) and
-``QAUtilityReward`` (CapRL's QA utility) score claims and answers;
+``MetricReward(metric, ...)`` is any registered metric as a reward, read from its spec and its scorer's
+scores; ``EMScoreReward``, ``CLIPScoreReward``/``PACScoreReward``, ``FLEURReward``, ``VisCE2Reward``,
+``GVEvalReward``, ``ClaimsReward`` and ``QAUtilityReward`` are it fixed to one metric;
 ``HallucinationPenalty`` penalises caption words the visuals do not support; ``SpecificityReward`` pays a
 caption for fitting its own visual better than the other visuals of its batch (an image-blind caption earns 0); ``CompositeReward`` sums
 weighted rewards with guards against reward hacking (repetition, truncation, over-length, prompt
@@ -26,6 +25,7 @@ from .inputs import Columns, collect_inputs, completion_text, prompt_images
 
 #: Documented in the API reference (docs/api/rewards.md); the other names above (``AsyncReward``, ``Columns``,
 #: ``GroupScores``, ``collect_inputs``...) still import from here.
-__all__ = ["CLIPScoreReward", "CaptionReward", "ClaimsReward", "CompositeReward", "EMScoreReward", "FLEURReward", "GVEvalReward", "Guards",
-           "HallucinationPenalty", "MetricReward", "PACScoreReward", "QAUtilityReward", "RewardFunction", "RewardOutput", "SpecificityReward", "VisCE2Reward",
+__all__ = ["CLIPScoreReward", "CaptionReward", "ClaimsReward", "CompositeReward", "EMScoreReward", "FLEURReward", "GVEvalReward",
+           "Guards", "HallucinationPenalty", "MetricReward", "PACScoreReward", "QAUtilityReward", "RewardFunction", "RewardOutput",
+           "SpecificityReward", "VisCE2Reward",
            "injection_penalty", "length_penalty", "repetition_penalty", "reward_for", "truncation_penalty"]

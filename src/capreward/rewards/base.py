@@ -400,7 +400,8 @@ class CaptionReward(RewardFunction):
         scorer_kwargs: keyword arguments of the scorer class (``model=``, ``device=``, ``backbone=``...).
 
     Subclasses set ``needs_visual`` (False when references alone can be scored) and implement
-    :meth:`_build` and :meth:`score_group`.
+    :meth:`_build` and :meth:`score_group` (:class:`~capreward.rewards.MetricReward` does, for every
+    registered metric).
 
     Examples:
         >>> from capreward.testing import colour_image, trained_clip_path
@@ -423,6 +424,9 @@ class CaptionReward(RewardFunction):
     #: the kind (:data:`capreward.errors.KINDS`) of a plain-text reason the scorer gives for a sample
     #: without a score (a scorer that gives :class:`~capreward.errors.SampleError` reasons states its own)
     reason_kind = "scorer"
+    #: what lets a sample be scored without a visual when ``needs_visual`` is False: its references, or
+    #: one of the metric's other inputs (``Sample.inputs``: QA utility's questions)
+    alone_with: tuple[str, ...] = ("references",)
 
     def __init__(
         self,
@@ -457,7 +461,6 @@ class CaptionReward(RewardFunction):
         self._given_scorer = scorer
         self._scorer = scorer
         self._lock = threading.RLock()
-        self._calls = threading.local()  # what one call in progress keeps, per thread (QA utility's questions)
 
     # ------------------------------------------------------------- the scorer
     def _build(self) -> Any:
@@ -483,7 +486,6 @@ class CaptionReward(RewardFunction):
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state.pop("_lock", None)
-        state.pop("_calls", None)
         if self._given_scorer is None:
             state["_scorer"] = None  # models are rebuilt lazily in the receiving process
         return state
@@ -491,7 +493,6 @@ class CaptionReward(RewardFunction):
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._lock = threading.RLock()
-        self._calls = threading.local()
 
     # ---------------------------------------------------------------- scoring
     def score_group(
@@ -501,9 +502,11 @@ class CaptionReward(RewardFunction):
         kind: str | None,
         references: list[list[str]] | None,
         visual_ids: list[str | None] | None,
+        **inputs: list[Any],
     ) -> GroupScores:
         """Score k valid samples sharing a visual ``kind`` ("image", "video"; None = no visuals, only
-        when ``needs_visual`` is False) and, when ``references`` is given, each having references."""
+        when ``needs_visual`` is False) and, when ``references`` is given, each having references;
+        ``inputs``: the samples' other inputs (``Sample.inputs``), one list each."""
         raise NotImplementedError
 
     def compute(self, prompts: Sequence[Any] | None, completions: Sequence[Any], **kwargs: Any) -> RewardOutput:
@@ -517,13 +520,16 @@ class CaptionReward(RewardFunction):
         Returns:
             The values, the reasons of the unscored samples and the per-sample sub-scores.
         """
-        inputs = collect_inputs(prompts, completions, kwargs, self.columns)
-        out = self.score_inputs(inputs)
+        out = self.score_inputs(self._collect(prompts, completions, kwargs))
         hint = self._column_hint(kwargs)
         if hint:
             out.reasons = [dataclasses.replace(r, message=r.message + hint) if getattr(r, "kind", None) == "no_visual"
                            else r for r in out.reasons]
         return out
+
+    def _collect(self, prompts: Sequence[Any] | None, completions: Sequence[Any], kwargs: dict) -> RewardInputs:
+        """The samples of a call (:func:`~capreward.rewards.inputs.collect_inputs`)."""
+        return collect_inputs(prompts, completions, kwargs, self.columns)
 
     def _column_hint(self, columns: dict) -> str:
         """A hint when a column that looks like a visual is not one this reward reads (a ``videos``
@@ -558,8 +564,10 @@ class CaptionReward(RewardFunction):
                 values[i] = self.value_range()[0]  # the guard found a range (see _injection_guard)
                 continue
             refs = s.references if self.use_references else None
-            if s.visual is None and (self.needs_visual or refs is None):
-                reasons[i] = SampleError(i, "no_visual", "", NO_VISUAL + ("" if self.needs_visual else " and no references"))
+            alone = refs is not None or any(v is not None for v in s.inputs.values())
+            if s.visual is None and (self.needs_visual or not alone):
+                missing = "" if self.needs_visual else f" and no {' or '.join(self.alone_with)}"
+                reasons[i] = SampleError(i, "no_visual", "", NO_VISUAL + missing)
                 continue
             groups.setdefault((s.kind, refs is not None), []).append(i)
         with self._lock:
@@ -735,12 +743,14 @@ class CaptionReward(RewardFunction):
         group = [samples[i] for i in rows]
         visuals = None if kind is None else [s.visual for s in group]
         ids = [s.visual_id for s in group]
+        names = sorted({k for s in group for k in s.inputs})
         result = self.score_group(
             [s.caption for s in group],
             visuals,
             kind,
             [s.references for s in group] if with_refs else None,
             ids if any(x is not None for x in ids) else None,
+            **{k: [s.inputs.get(k) for s in group] for k in names},
         )
         if len(result.scores) != len(rows):
             raise RuntimeError(f"{type(self).__name__}.score_group returned {len(result.scores)} scores for {len(rows)} samples")

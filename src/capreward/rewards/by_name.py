@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import registry
+from .metric_reward import MetricReward
 
 
 def reward_for(name: str, **options: Any) -> Any:
-    """The reward of metric ``name`` (any spelling or alias) built with ``options``: the class its spec
-    names (:attr:`~capreward.registry.MetricSpec.reward`), so ``reward_for("clipscore", w=2.5)`` is a
-    :class:`~capreward.rewards.CLIPScoreReward` (a :class:`~capreward.rewards.MetricReward` fixed to
-    CLIP-S); a metric whose spec names hooks but no class gets :class:`~capreward.rewards.MetricReward`.
+    """The reward of metric ``name`` (any spelling or alias) built with ``options``: its named class
+    (``reward_for("clipscore", w=2.5)`` is a :class:`~capreward.rewards.CLIPScoreReward`), else the
+    generic :class:`~capreward.rewards.MetricReward` fixed to it (a metric added by a plugin): the same
+    reward either way (:meth:`~capreward.rewards.MetricReward.class_for`).
 
     Args:
         name: a metric name or alias.
@@ -24,8 +24,7 @@ def reward_for(name: str, **options: Any) -> Any:
     Raises:
         capreward.registry.UnknownMetric: no metric is called ``name`` (with the nearest names).
     """
-    spec = registry.get(name)
-    return spec.load_reward()(**options)
+    return MetricReward.class_for(name)(**options)
 
 
 __all__ = ["reward_for"]

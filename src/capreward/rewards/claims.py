@@ -10,66 +10,14 @@ rewards. Per-claim verdicts with their caption spans are logged at DEBUG and kep
 
 from __future__ import annotations
 
-import logging
-import math
-from typing import Any
-
-from ..errors import SampleError
-from ..scorers.claims import ClaimsResult
-from .base import GroupScores
-from .hooks import RewardHooks
+from ..scorers.claims_spec import PARTS  # noqa: F401  (what the value may be: ``part``)
 from .metric_reward import MetricReward
-
-log = logging.getLogger(__name__)
-
-
-#: What a claims reward's value is: the F-score, or one side of it.
-PARTS = ("f", "precision", "recall")
-
-
-class ClaimsHooks(RewardHooks):
-    """The claims reward: the ``part`` (F-score, precision or recall) of the
-    :class:`~capreward.scorers.claims.ClaimScorer` result; sub-scores ``precision``, ``recall`` and
-    ``n_claims``; the last result is kept on the reward's ``last_result``."""
-
-    def options(self, *, part: str = "f") -> dict[str, Any]:
-        if part not in PARTS:
-            raise ValueError(f"part must be one of {PARTS}, got {part!r}")
-        return {"part": part}
-
-    def configure(self, reward) -> None:
-        reward.last_result = None
-
-    def metric_names(self, reward) -> tuple[str, ...]:
-        """``precision``, ``recall`` (NaN without reference claims) and ``n_claims``."""
-        return ("precision", "recall", "n_claims")
-
-    def score_group(self, reward, captions, visuals, kind, references, visual_ids) -> GroupScores:
-        if kind not in ("image", "video"):
-            reason = SampleError(None, "input", "", f"claims scores images or videos, got a {kind or 'sample without visual'}")
-            return GroupScores(scores=[None] * len(captions), reasons=[reason] * len(captions))
-        ids = visual_ids if kind == "image" and visual_ids and all(visual_ids) else None
-        result = reward.scorer.score(captions, **{f"{kind}s": visuals}, references=references, image_ids=ids)
-        reward.last_result = result
-        for i, verdicts in enumerate(result.claims):
-            for v in verdicts:
-                log.debug("claims sample %d: [%d, %d) %r p=%.3f", i, v.start, v.end, v.text, v.p)
-        values = {"f": result.score, "precision": result.precision, "recall": result.recall}[reward.part]
-        scores = [None if math.isnan(v) else float(v) for v in values.tolist()]
-        if reward.part == "recall":
-            result.error = [e or (None if s is not None else SampleError(i, "input", "", "no reference claims for the recall side"))
-                            for i, (e, s) in enumerate(zip(result.error, scores))]
-        metrics = {
-            "precision": [float(v) for v in result.precision],
-            "recall": [float(v) for v in result.recall],
-            "n_claims": [float(v) for v in result.n_claims],
-        }
-        reasons = [None if s is not None else e for s, e in zip(scores, result.error)]
-        return GroupScores(scores=scores, reasons=reasons, metrics=metrics)
 
 
 class ClaimsReward(MetricReward):
-    """Claim precision / coverage F-score as a reward.
+    """Claim precision / coverage F-score as a reward. The last group's
+    :class:`~capreward.scorers.claims.ClaimsResult` (per-claim verdicts with their spans) is
+    :attr:`last_result`.
 
     ``backend`` and the other :class:`~capreward.scorers.claims.ClaimScorer` options (``beta``,
     ``max_claims``, ``inventory``, ``splitter``, ...) go to the scorer, or pass a built ``scorer``.
@@ -92,5 +40,3 @@ class ClaimsReward(MetricReward):
 
     __name__ = "claims"
     metric = "claims"
-    PARTS = PARTS
-    last_result: ClaimsResult | None = None

@@ -1,38 +1,9 @@
-"""FLEUR (a LLaVA judge's probability-weighted score) as a reward."""
+"""FLEUR (a LLaVA judge's probability-weighted score) as a reward: the generic
+:class:`~capreward.rewards.MetricReward` fixed to it."""
 
 from __future__ import annotations
 
-import math
-from .base import GroupScores
-from .hooks import RewardHooks
 from .metric_reward import MetricReward
-
-
-class FLEURHooks(RewardHooks):
-    """FLEUR's reward: the judge's score in [0, 1]; sub-score ``raw_score`` (the greedy answer read as a
-    number)."""
-
-    def metric_names(self, reward) -> tuple[str, ...]:
-        """``raw_score`` (the greedy answer read as a number)."""
-        return ("raw_score",)
-
-    def score_group(self, reward, captions, visuals, kind, references, visual_ids) -> GroupScores:
-        result = reward.scorer.score(
-            captions,
-            images=visuals if kind == "image" else None,
-            videos=visuals if kind == "video" else None,
-            references=references,
-        )
-        scores = [float(s) for s in result.score.tolist()]
-        reasons = [
-            (err or f"judge answer {raw!r} has no score") if math.isnan(s) else None
-            for s, err, raw in zip(scores, result.error, result.raw)
-        ]
-        return GroupScores(
-            scores=[None if math.isnan(s) else s for s in scores],
-            reasons=reasons,
-            metrics={"raw_score": [float(v) for v in result.raw_score.tolist()]},
-        )
 
 
 class FLEURReward(MetricReward):
@@ -43,15 +14,14 @@ class FLEURReward(MetricReward):
     and the other `FLEUR` options, plus the column options of
     `CaptionReward`. Videos are judged on their three-frame composite. A sample whose answer
     does not read as a score (unfinished or unparseable) gets None with the judge's reason. The judge is
-    slow: use `as_async()` so TRL runs it concurrently with the other rewards. ``raw_score`` (the
+    slow: use `as_async()` so TRL runs it concurrently with the other rewards. ``parsed`` (the
     greedy answer read as a number) is logged as a sub-score. The injection guard is on
     (``injection_guard=False`` turns it off): a caption that forges judge-prompt structure gets 0.0
     unscored, with the reason logged (see `CaptionReward`).
 
     Examples:
-        >>> import random
         >>> from capreward.testing import fleur_task_image
-        >>> red = fleur_task_image("red", random.Random(0))
+        >>> red = fleur_task_image("red")                # a fixed synthetic image
         >>> from capreward.rewards import FLEURReward
         >>> from capreward.testing import tiny_judge_dir
         >>> reward = FLEURReward(model=str(tiny_judge_dir()))

@@ -37,69 +37,8 @@ behaviour with the latter on colour-tinted frames of the sample clips.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
-
-from ..metrics.token_support import GENERIC_WORDS, STOP_WORDS, SupportReport
-from ..scorers.emscore import TokenAlignment
-from ..scorers.hallucination import (DEFAULT_EMPTY_PENALTY, DEFAULT_IDF_THRESHOLD, DEFAULT_THRESHOLD, Hallucination,  # noqa: F401
-                                    checked_options)
-from ..scorers.hallucination import Adjusted as _Adjusted  # noqa: F401  (its name before the scorer existed)
-from .base import GroupScores
-from .hooks import RewardHooks
+from ..scorers.hallucination import DEFAULT_EMPTY_PENALTY, DEFAULT_IDF_THRESHOLD, DEFAULT_THRESHOLD  # noqa: F401
 from .metric_reward import MetricReward
-
-
-class HallucinationHooks(RewardHooks):
-    """The hallucination penalty: builds the EMScore it reads token alignments from; the value is the
-    :class:`~capreward.scorers.hallucination.Hallucination` penalty at the reward's settings; sub-scores
-    ``content_tokens``, ``unsupported_tokens`` and ``truncated``. References are never used."""
-
-    scorer = "capreward.scorers.emscore:EMScore"
-    fixed = {"use_references": False}
-
-    def options(
-        self,
-        *,
-        threshold: float = DEFAULT_THRESHOLD,
-        idf_threshold: float | None = None,
-        stop_words: Iterable[str] = STOP_WORDS,
-        generic_words: Iterable[str] = GENERIC_WORDS,
-        empty_penalty: float = DEFAULT_EMPTY_PENALTY,
-        context_free: bool = True,
-        idf_weighting: bool = True,
-    ) -> dict[str, Any]:
-        return {"threshold": float(threshold), "idf_threshold": idf_threshold, "stop_words": frozenset(stop_words),
-                "generic_words": frozenset(w.lower() for w in generic_words), "empty_penalty": empty_penalty,
-                "context_free": bool(context_free), "idf_weighting": idf_weighting}
-
-    def check(self, spec, options, scorer_options) -> None:
-        options["empty_penalty"] = checked_options(options["empty_penalty"], scorer_options)
-
-    def analysis(self, reward) -> Hallucination:
-        """The :class:`~capreward.scorers.hallucination.Hallucination` scorer on the reward's EMScore, with
-        its current settings (``threshold`` ...)."""
-        return Hallucination(
-            reward.scorer, threshold=reward.threshold, idf_threshold=reward.idf_threshold,
-            stop_words=reward.stop_words, generic_words=reward.generic_words, empty_penalty=reward.empty_penalty,
-            context_free=reward.context_free, idf_weighting=reward.idf_weighting,
-        )
-
-    def metric_names(self, reward) -> tuple[str, ...]:
-        """``content_tokens``, ``unsupported_tokens`` and ``truncated``."""
-        return ("content_tokens", "unsupported_tokens", "truncated")
-
-    def score_group(self, reward, captions, visuals, kind, references, visual_ids) -> GroupScores:
-        analysis = self.analysis(reward)
-        alignments = analysis.alignments(captions, visuals, kind, visual_ids)
-        reports = [analysis.report_for(a) for a in alignments]
-        return GroupScores(
-            scores=[r.penalty for r in reports],
-            metrics={
-                "content_tokens": [float(len(r.tokens)) for r in reports],
-                "unsupported_tokens": [float(sum(r.unsupported)) for r in reports],
-                "truncated": [float(t) for t in alignments.truncated],
-            },
-        )
 
 
 class HallucinationPenalty(MetricReward):
@@ -121,7 +60,10 @@ class HallucinationPenalty(MetricReward):
             counts 1.
 
     The EMScore options (``model``, ``device``, ``idf``, ``frames``, ``backbone``, ...) and the column options
-    of `CaptionReward` are keywords too (the signature lists them); references are not used.
+    of `CaptionReward` are keywords too (the signature lists them); references are not used. Its scorer
+    is a `Hallucination`, whose methods read through the reward: ``calibrate(captions, visuals, kind,
+    quantile)`` sets ``threshold`` from known-good captions, ``reports(captions, visuals, kind)`` and
+    ``report_for(alignment, threshold)`` say which content words are flagged, ``alignments(...)``.
 
     Logs ``content_tokens`` and ``unsupported_tokens`` (batch means) as sub-scores.
 
@@ -137,59 +79,3 @@ class HallucinationPenalty(MetricReward):
 
     __name__ = "hallucination"
     metric = "hallucination"
-
-    # ------------------------------------------------------------------ analysis
-    def analysis(self) -> Hallucination:
-        """The `Hallucination` scorer on this reward's EMScore, with
-        its current settings (``threshold`` ...)."""
-        return self.hooks.analysis(self)
-
-    def _uses_idf(self) -> bool:
-        return self.scorer.idf_table is not None
-
-    def report_for(self, alignment: TokenAlignment, threshold: float | None = None) -> SupportReport:
-        """The `SupportReport` of one caption's alignment at ``threshold`` (default: the current one).
-
-        Args:
-            alignment: the caption's alignment (:meth:`alignments`).
-            threshold: the similarity below which a content token is unsupported (None: :attr:`threshold`).
-
-        Returns:
-            The caption's `SupportReport`.
-        """
-        return self.analysis().report_for(alignment, threshold)
-
-    def _content(self, alignment: TokenAlignment) -> list[bool]:
-        return self.analysis().content(alignment)
-
-    def alignments(
-        self, captions: Sequence[str], visuals: Sequence[Any], kind: str = "video", ids: Sequence[str | None] | None = None
-    ) -> list[TokenAlignment]:
-        """EMScore's token→frame alignment of each caption with its visual (``kind`` "video" or "image")."""
-        return self.analysis().alignments(captions, visuals, kind, ids)
-
-    def reports(
-        self, captions: Sequence[str], visuals: Sequence[Any], kind: str = "video", ids: Sequence[str | None] | None = None
-    ) -> list[SupportReport]:
-        """Per caption: penalty, content tokens, their similarities, which are flagged, and their positions
-        in the alignment's token list (``index``, ``flagged_index``; SOS is position 0)."""
-        return [self.report_for(a) for a in self.alignments(captions, visuals, kind, ids)]
-
-    def calibrate(
-        self, captions: Sequence[str], visuals: Sequence[Any], kind: str = "video", quantile: float = 0.05
-    ) -> float:
-        """Set ``threshold`` to the ``quantile`` of the content-token similarities of ``captions``, which
-        must be known-good descriptions of their ``visuals`` (so about that fraction of correct content
-        words will be flagged). Returns the new threshold.
-
-        Args:
-            captions: known-good captions.
-            visuals: their visuals (one per caption).
-            kind: ``"video"`` or ``"image"``.
-            quantile: the fraction of correct content words to flag.
-
-        Returns:
-            The new threshold.
-        """
-        self.threshold = self.analysis().calibrate(captions, visuals, kind, quantile)
-        return self.threshold

@@ -103,6 +103,8 @@ class Sample:
     error: SampleError | None = None  # (a SampleError, or a plain text from older callers)
     #: the sample's other images (an ``images`` entry holding several): scored too, then aggregated
     more_visuals: tuple = ()
+    #: the metric's other inputs for this sample (its spec's ``row_inputs``: QA utility's questions)
+    inputs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

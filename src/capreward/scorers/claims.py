@@ -59,6 +59,7 @@ from ..media import MediaError, media_key
 from ..media.keys import hash_bytes
 from .claims_prompts import CLAIMS_PROMPT_VERSION, INVENTORY_PROMPT, coverage_prompt, split_prompt, verify_prompt
 from .claims_split import Claim, claim_key, claims_of_references, lexical_coverage, split_claims
+from .contract import Scores, floats
 from .fleur import judge_visuals
 from .validation import caption_list, check_references
 
@@ -495,6 +496,27 @@ class ClaimScorer:
         return out
 
     # ---------------------------------------------------------------------------------------- scoring
+    def scores(self, captions: Sequence[str], *, images=None, videos=None, references=None, visual_ids=None) -> Scores:
+        """The contract (:class:`~capreward.scorers.contract.Scores`): the F-score (precision alone without
+        reference claims), ``precision``, ``recall`` (with references or the inventory), ``n_claims`` and
+        ``claims`` (per claim its text, span and P(yes)). Each verdict is logged at DEBUG."""
+        ids = list(visual_ids) if images is not None and visual_ids is not None and all(visual_ids) else None
+        res = self.score(list(captions), images, videos=videos, references=references, image_ids=ids)
+        n = len(res.error)
+        for i, verdicts in enumerate(res.claims):
+            for v in verdicts:
+                log.debug("claims sample %d: [%d, %d) %r p=%.3f", i, v.start, v.end, v.text, v.p)
+        subs: dict[str, list] = {"precision": floats(res.precision, n)}
+        if references is not None or self.inventory:
+            subs["recall"] = floats(res.recall, n)
+        subs["n_claims"] = [int(c) for c in res.n_claims]
+        subs["claims"] = [[{"text": v.text, "start": v.start, "end": v.end, "p": None if math.isnan(v.p) else float(v.p)}
+                           for v in verdicts] for verdicts in res.claims]
+        no_recall = [None if not math.isnan(r) else SampleError(i, "input", "", "no reference claims for the recall side")
+                     for i, r in enumerate(floats(res.recall, n))]
+        return Scores(score=floats(res.score, n), sub_scores=subs, errors=list(res.error), reasons={"recall": no_recall},
+                      result=res)
+
     def score(
         self,
         candidates: Sequence[str],

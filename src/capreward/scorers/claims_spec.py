@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..registry import Deviation, MetricSpec, Option, register
+from ..registry import Deviation, MetricSpec, Option, RewardPolicy, register
+
+#: What a claims reward's value is: the F-score, or one side of it.
+PARTS = ("f", "precision", "recall")
 
 
 def sub_scores(config: Mapping[str, Any]) -> tuple[str, ...]:
@@ -12,6 +15,11 @@ def sub_scores(config: Mapping[str, Any]) -> tuple[str, ...]:
     verdicts with spans); ``recall`` with references or ``inventory=True``."""
     recall = bool(config.get("references")) or bool(config.get("inventory"))
     return ("precision",) + (("recall",) if recall else ()) + ("n_claims", "claims")
+
+
+def value(config: Mapping[str, Any]) -> str:
+    """A reward's value: the F-score (the headline), or with ``part`` one side of it."""
+    return {"f": "score", "precision": "precision", "recall": "recall"}[config.get("part", "f")]
 
 
 SPEC = register(MetricSpec(
@@ -33,8 +41,6 @@ SPEC = register(MetricSpec(
     uses_idf=False,
     backbone="chat_judge",
     judge_backend=True,
-    reward="capreward.rewards.claims:ClaimsReward",
-    reward_hooks="capreward.rewards.claims:ClaimsHooks",
     options=(
         Option("beta", 1.0, "weight of recall in the F-score"),
         Option("max_claims", 32, "claims verified per caption (claims past it count as unverified)"),
@@ -52,7 +58,10 @@ SPEC = register(MetricSpec(
         Deviation("recall asks the judge per reference claim whether the caption states it; DCScore matches "
                   "unit lists with GPT-4", None),
     ),
-    tiny_judge="capreward.testing.tiny_claim_judge:tiny_claim_judge",
     position=80,
-    job_runner="capreward.scorers.job_runners:claims_runner",
+    sub_score_kinds={"n_claims": "number", "claims": "data"},
+    value=value,
+    reward_policy=RewardPolicy(
+        options=(Option("part", "f", "the reward: 'f' (the F-score), 'precision' or 'recall' alone", PARTS),),
+    ),
 ))

@@ -22,8 +22,10 @@ from ..default_models import DEFAULT_CLIP
 from ..backbones.windows import check_long_captions
 from ..media import DEFAULT_FRAMES
 from ..metrics.clipscore import clip_s, ref_clip_s, reference_similarity
+from ..metrics.harmonic import harmonic_mean as harmonic_mean_named
 from ..metrics.emscore import pad_stack, video_embedding
 from .bad_items import check_error_mode, score_valid
+from .contract import Scores, floats
 from .validation import check_captions, check_references, check_same_length
 
 CLIPS_PREFIX = "A photo depicts "
@@ -182,6 +184,21 @@ class CLIPScore:
         per_candidate, ref_mask = pad_stack(list(torch.split(ref_text.pooled, [len(rs) for rs in refs])))
         sim = reference_similarity(text.pooled, per_candidate, ref_mask)
         return CLIPScoreResult(scores, ref_clip_s(scores, sim), sim, text.truncated, windows=text.windows)
+
+    def scores(self, captions: Sequence[str], *, images=None, videos=None, references=None, visual_ids=None,
+               harmonic_mean: str = "released") -> Scores:
+        """The contract (:class:`~capreward.scorers.contract.Scores`): the headline CLIP-S and, with
+        references, ``ref`` (RefCLIP-S formed by ``harmonic_mean``: ``"released"`` or ``"sign-safe"``, the
+        rewards' default) and ``ref_similarity``; the extra ``truncated``."""
+        mean = harmonic_mean_named(harmonic_mean)
+        res = self.score(list(captions), images=images, references=references, videos=videos, image_ids=visual_ids)
+        n = len(res.clip_s)
+        subs = {}
+        if res.ref_similarity is not None:
+            subs = {"ref": floats(ref_clip_s(res.clip_s, res.ref_similarity, mean), n),
+                    "ref_similarity": floats(res.ref_similarity, n)}
+        return Scores(score=floats(res.clip_s, n), sub_scores=subs, extras={"truncated": [bool(t) for t in res.truncated]},
+                      result=res)
 
     def score_soft(
         self,

@@ -3,14 +3,61 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
-from ..registry import Deviation, JobFlag, MetricSpec, Option, register
+from ..registry import Deviation, JobFlag, MetricSpec, Option, RewardPolicy, register
+
+#: How RefCLIP-S is formed (:mod:`capreward.metrics.harmonic`).
+HARMONIC_MEANS = ("sign-safe", "released")
 
 
 def sub_scores(config: Mapping[str, Any]) -> tuple[str, ...]:
-    """``ref`` (RefCLIP-S / RefPAC-S: the harmonic mean with the best reference similarity) with references."""
-    return ("ref",) if config.get("references") else ()
+    """With references: ``ref`` (RefCLIP-S / RefPAC-S: the harmonic mean with the best reference
+    similarity) and ``ref_similarity`` (that best cosine, in [-1, 1])."""
+    return ("ref", "ref_similarity") if config.get("references") else ()
+
+
+def value(config: Mapping[str, Any]) -> str:
+    """A reward's (and a Metric's) value: RefCLIP-S with references, else CLIP-S (the headline)."""
+    return "ref" if config.get("references") else "score"
+
+
+def value_range(config: Mapping[str, Any]) -> tuple[float, float]:
+    """CLIP-S alone: [0, w]. With references and the sign-safe mean: RefCLIP-S lies between CLIP-S and the
+    reference cosine s in [-1, 1], so [-1, max(w, 2w/(w+1))] ([-1, w] for w >= 1). With the released mean:
+    [0, w], which the released RefCLIP-S leaves when s < 0 (a reward clips and counts such values)."""
+    w = float(config["w"])
+    lo, hi = min(0.0, w), max(0.0, w)
+    if config.get("references") and config.get("harmonic_mean") == "sign-safe":
+        lo = min(lo, -1.0)  # H(CLIP-S, s) is s when s < 0
+        if w > 0:
+            hi = max(hi, 2 * w / (w + 1))  # H(w, 1), above w when w < 1
+    return (lo, hi)
+
+
+def reward_check(name: str):
+    """A check refusing a ``w`` that is not a finite number > 0 (w < 0 would invert the reward, NaN leave
+    every sample unscored)."""
+
+    def check(options: Mapping[str, Any]) -> None:
+        w = options.get("w")
+        try:
+            ok = w is None or (not isinstance(w, (str, bool)) and math.isfinite(float(w)) and float(w) > 0)
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ValueError(f"{name}: w must be a finite number > 0 (CLIP-S uses 2.5), got {w!r}")
+
+    return check
+
+
+def _reward(name: str) -> RewardPolicy:
+    return RewardPolicy(
+        options=(Option("harmonic_mean", "sign-safe", "how RefCLIP-S is formed: 'sign-safe' or 'released'",
+                        HARMONIC_MEANS),),
+        check=reward_check(name),
+    )
 
 
 def _options(w: float, model: Any) -> tuple[Option, ...]:
@@ -52,12 +99,10 @@ CLIP_S = register(MetricSpec(
     options=_options(2.5, "ViT-B/32"),
     deviations=_DEVIATIONS,
     result_fields={"ref": "ref_clip_s"},
-    reward="capreward.rewards.clip_family:CLIPScoreReward",
-    torchmetric="capreward.torchmetrics.metrics:CLIPScoreMetric",
-    reward_hooks="capreward.rewards.clip_family:CLIPScoreHooks",
-    metric_hooks="capreward.torchmetrics.metrics:CLIPScoreHooks",
     position=10,
-    job_runner="capreward.scorers.job_runners:clip_s_runner",
+    value=value,
+    range_for=value_range,
+    reward_policy=_reward("clip_s"),
 ))
 
 PAC_S = register(MetricSpec(
@@ -80,12 +125,10 @@ PAC_S = register(MetricSpec(
     options=_options(2.0, None),
     deviations=_DEVIATIONS,
     result_fields={"ref": "ref_pac_s"},
-    reward="capreward.rewards.clip_family:PACScoreReward",
-    torchmetric=None,  # CLIPScoreMetric(scorer=PACScore(...)) is named pac_s
-    reward_hooks="capreward.rewards.clip_family:CLIPScoreHooks",
-    metric_hooks="capreward.torchmetrics.metrics:CLIPScoreHooks",
     position=20,
-    job_runner="capreward.scorers.job_runners:pac_s_runner",
-    job_flags=(JobFlag("pac_model", ("--pac-model",), "PAC-S checkpoint path (for pac-s)", record="clip_model",
+    value=value,
+    range_for=value_range,
+    reward_policy=_reward("pac_s"),
+    job_flags=(JobFlag("pac_model", ("--pac-model",), "PAC-S checkpoint path (for pac-s)", option="model", record="clip_model",
                        hint="pass --pac-model PATH (the PAC-S checkpoint, e.g. clip_ViT-B-32.pth)"),),
 ))

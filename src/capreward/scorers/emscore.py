@@ -8,6 +8,7 @@ are averaged.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -20,12 +21,16 @@ from ..backbones.clip import CLIPBackbone, embed_captions
 from ..default_models import DEFAULT_CLIP
 from ..backbones.windows import check_long_captions
 from ..media import DEFAULT_FRAMES
-from ..names import sub_score
+from ..names import SEP, sub_score
 from ..metrics.emscore import FineMatch, coarse_score, greedy_match, pad_stack, video_embedding
 from ..metrics.harmonic import harmonic_mean as harmonic_mean_named
 from ..metrics.idf import IdfTable, idf_from_mapping, idf_from_rows
 from .bad_items import check_error_mode, score_valid
+from .contract import Scores
 from .results import Alignments, MatchScores, TokenAlignment  # noqa: F401  (imported from here before)
+
+#: The components of a :class:`MatchScores`, in order.
+MATCH_FIELDS = dataclasses.fields(MatchScores)
 from .validation import check_captions, check_references, check_same_length
 
 logger = logging.getLogger(__name__)
@@ -245,6 +250,21 @@ class EMScore:
         if result.alignment is not None:
             result.alignment.truncated = list(text.truncated)
         return result
+
+    def scores(self, captions: Sequence[str], *, images=None, videos=None, references=None, visual_ids=None,
+               harmonic_mean: str = "released") -> Scores:
+        """The contract (:class:`~capreward.scorers.contract.Scores`): the headline (the main part's full
+        F), every ``<part>/<component>`` of the parts scored, and the extras ``truncated`` and
+        ``alignment`` (with a visual). ``harmonic_mean`` as for :meth:`score` (the rewards' default:
+        ``"sign-safe"``)."""
+        res = self.score(list(captions), videos=videos, references=references, images=images, video_ids=visual_ids,
+                         harmonic_mean=harmonic_mean)
+        subs = {f"{part}{SEP}{f.name}": getattr(scores, f.name).tolist() for part in ("video", "reference", "combined")
+                if (scores := getattr(res, part)) is not None for f in MATCH_FIELDS}
+        extras: dict[str, list] = {"truncated": [bool(t) for t in res.truncated]}
+        if res.alignment is not None:
+            extras["alignment"] = res.alignment
+        return Scores(score=res.score.tolist(), sub_scores=subs, extras=extras, result=res)
 
     def score_soft(
         self,

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..registry import Deviation, MetricSpec, Option, register
+from ..registry import Deviation, MetricSpec, Option, RewardPolicy, register
 
 #: The components of each part (video, reference, combined), as :class:`~capreward.scorers.results.MatchScores`.
 MATCH_FIELDS = ("coarse", "fine_p", "fine_r", "fine_f", "full_p", "full_r", "full_f")
+#: How an F is formed from P and R (:mod:`capreward.metrics.harmonic`).
+HARMONIC_MEANS = ("sign-safe", "released")
 
 
 def parts(config: Mapping[str, Any]) -> tuple[str, ...]:
@@ -22,6 +24,23 @@ def parts(config: Mapping[str, Any]) -> tuple[str, ...]:
 def sub_scores(config: Mapping[str, Any]) -> tuple[str, ...]:
     """``<part>/<component>`` for every part of :func:`parts` and every :data:`MATCH_FIELDS` component."""
     return tuple(f"{part}/{f}" for part in parts(config) for f in MATCH_FIELDS)
+
+
+def main_part(config: Mapping[str, Any]) -> str:
+    """The part the headline is read from: ``combined`` with a visual and references, else the one given."""
+    return parts(config)[-1]
+
+
+def value(config: Mapping[str, Any]) -> str:
+    """A reward's value: the headline (the main part's ``full_f``), or the main part's ``field``."""
+    chosen = config.get("field", "full_f")
+    return "score" if chosen == "full_f" else f"{main_part(config)}/{chosen}"
+
+
+def reward_check(options: Mapping[str, Any]) -> None:
+    """``idf="batch"`` makes a sample's reward depend on the rest of its batch: refused."""
+    if options.get("idf") == "batch":
+        raise ValueError("idf='batch' makes a sample's reward depend on its batch; pass a corpus or dict")
 
 
 def scores_references_alone(config: Mapping[str, Any]) -> bool:
@@ -68,13 +87,17 @@ SPEC = register(MetricSpec(
         Deviation("the rewards form F sign-safely (in [-1, 1]); the scorer keeps 2PR/(P+R)",
                   "harmonic_mean='released'"),
     ),
-    reward="capreward.rewards.clip_family:EMScoreReward",
-    torchmetric="capreward.torchmetrics.metrics:EMScoreMetric",
-    reward_hooks="capreward.rewards.clip_family:EMScoreHooks",
-    metric_hooks="capreward.torchmetrics.metrics:EMScoreHooks",
     needs_visual=scores_references_alone,
     default_visual="video",
     position=0,
-    job_runner="capreward.scorers.job_runners:emscore_runner",
     writes_alignment=True,
+    value=value,
+    reward_policy=RewardPolicy(
+        options=(
+            Option("field", "full_f", "the component of the main part that is the reward", MATCH_FIELDS),
+            Option("harmonic_mean", "sign-safe", "how every F is formed: 'sign-safe' (in [-1, 1]) or 'released'",
+                   HARMONIC_MEANS),
+        ),
+        check=reward_check,
+    ),
 ))

@@ -56,6 +56,7 @@ from ..metrics.fleur import (
     raw_scores,
     release_token_search,
 )
+from .contract import Scores, floats
 from .validation import caption_list, check_references
 
 
@@ -160,7 +161,28 @@ def judge_visuals(images: Sequence[Any] | None, videos: Sequence[Any] | None, n:
     return visuals, index
 
 
-class FLEUR:
+def fleur_scores(result: FLEURResult) -> Scores:
+    """A FLEUR result (local or remote) as the contract's :class:`~capreward.scorers.contract.Scores`: the
+    score, ``raw`` (the greedy answer), ``parsed`` (that answer read as a number); an unscored sample's
+    error is the scorer's reason, or says its answer has no score."""
+    n = len(result.raw)
+    score = floats(result.score, n)
+    errors = [(err or f"judge answer {raw!r} has no score") if math.isnan(s) else err
+              for s, err, raw in zip(score, result.error, result.raw)]
+    return Scores(score=score, sub_scores={"raw": list(result.raw), "parsed": floats(result.raw_score, n)},
+                  errors=errors, result=result)
+
+
+class FLEURScores:
+    """The contract (:meth:`scores`) of the FLEUR scorers, local (:class:`FLEUR`) and remote
+    (:class:`~capreward.scorers.fleur_remote.RemoteFLEUR`), on their ``score``."""
+
+    def scores(self, captions: Sequence[str], *, images=None, videos=None, references=None, visual_ids=None) -> Scores:
+        """The contract (:class:`~capreward.scorers.contract.Scores`; see :func:`fleur_scores`)."""
+        return fleur_scores(self.score(list(captions), images, references, videos=videos))  # type: ignore[attr-defined]
+
+
+class FLEUR(FLEURScores):
     """FLEUR / RefFLEUR scorer on a local LLaVA judge.
 
     Args:
@@ -360,6 +382,28 @@ class FLEUR:
             if err is not None:
                 raise ValueError(f"candidates[{i}]: {err}")
         return [self.judge.decode(runs[i][1]) for i in range(n)]
+
+    @classmethod
+    def for_explain(cls, settings: Any) -> "FLEUR":
+        """The scorer ``capreward explain`` builds (``settings``: its options)."""
+        return cls(model=settings.judge_model, device=settings.device, dtype=settings.dtype,
+                   batch_size=settings.batch_size, explain_max_new_tokens=settings.max_new_tokens)
+
+    def explanations(self, captions: Sequence[str], *, images: Sequence[Any] | None = None,
+                     videos: Sequence[Any] | None = None, references: Sequence[Sequence[str]] | None = None) -> Scores:
+        """:meth:`scores` with ``extras["explanation"]``: the score, then the follow-up question "Why? Tell
+        me the reason." (:meth:`explain`). A caption without a score gets the reason and no explanation."""
+        captions = list(captions)
+        out = self.scores(captions, images=images, videos=videos, references=references)
+        ok = [k for k, s in enumerate(out.score) if not math.isnan(s)]
+        explained: dict[int, str] = {}
+        if ok:
+            pick = (lambda xs: None if xs is None else [xs[k] for k in ok])  # noqa: E731
+            texts = self.explain([captions[k] for k in ok], pick(images), pick(references),
+                                 scores=[out.score[k] for k in ok], videos=pick(videos))
+            explained = dict(zip(ok, texts))
+        out.extras["explanation"] = [explained.get(k) for k in range(len(captions))]
+        return out
 
     def prompts(self, candidates: Sequence[str], references: Sequence[Sequence[str] | str] | None = None) -> list[str]:
         """The full conversation strings the judge is asked (with the image placeholder)."""

@@ -71,7 +71,7 @@ from ..metrics.fleur import (
     raw_scores,
     release_token_search,
 )
-from .fleur import FLEURResult, judge_visuals
+from .fleur import FLEURResult, FLEURScores, judge_visuals
 from .remote_numbers import check_tolerance
 from .validation import caption_list, check_references
 
@@ -170,7 +170,7 @@ class RemoteFLEURResult(FLEURResult):
     responses: list[ChatResponse | None] = field(default_factory=list)
 
 
-class RemoteFLEUR:
+class RemoteFLEUR(FLEURScores):
     """FLEUR / RefFLEUR on a `JudgeBackend` (e.g.
     `OpenAIJudge`).
 

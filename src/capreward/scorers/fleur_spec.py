@@ -9,8 +9,9 @@ from ..registry import Deviation, MetricSpec, Option, register
 
 
 def sub_scores(config: Mapping[str, Any]) -> tuple[str, ...]:
-    """``raw``: the judge's greedy answer (text)."""
-    return ("raw",)
+    """``raw``: the judge's greedy answer (text); ``parsed``: that answer read as a number (the paper's
+    raw-score ablation; NaN when it reads as no number in [0, 1])."""
+    return ("raw", "parsed")
 
 
 SPEC = register(MetricSpec(
@@ -45,14 +46,10 @@ SPEC = register(MetricSpec(
                   "never a silent 0", None),
         Deviation("videos are judged on G-VEval's three-frame composite (the paper scores images only)", None),
     ),
-    reward="capreward.rewards.fleur:FLEURReward",
-    torchmetric="capreward.torchmetrics.metrics:FLEURMetric",
-    reward_hooks="capreward.rewards.fleur:FLEURHooks",
-    metric_hooks="capreward.torchmetrics.metrics:FLEURHooks",
     unscored_kind="judge_unreadable",
     remote_scorer="capreward.scorers.fleur_remote:RemoteFLEUR",
-    tiny_judge="capreward.testing:tiny_fleur_judge",
     position=30,
-    job_runner="capreward.scorers.job_runners:fleur_runner",
-    explainer="capreward.scorers.explainers:fleur_explainer",
+    sub_score_kinds={"raw": "data", "parsed": "number"},
+    explanation='FLEUR, or RefFLEUR with --references: the score, then the follow-up question "Why? Tell me the '
+                'reason."',
 ))

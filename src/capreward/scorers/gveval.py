@@ -49,6 +49,7 @@ from ..media.videos import frames_to_pil, load_video
 from ..metrics.gveval import ACCR_MARKERS, OVERALL_MARKER, answer_regex, expected_score, parse_marked_score
 from .remote_numbers import DEFAULT_TOLERANCE, TREE_TOP_LOGPROBS, check_tolerance
 from .bad_items import references_problem
+from .contract import Scores, floats
 from .vlm_common import is_exact_backend, score_distributions
 
 log = logging.getLogger(__name__)
@@ -368,6 +369,35 @@ class GVEval:
             for name in ACCR_MARKERS:
                 setattr(result, name, dims[name])
         return result
+
+    def scores(self, captions: Sequence[str], *, images=None, videos=None, references=None, visual_ids=None) -> Scores:
+        """The contract (:class:`~capreward.scorers.contract.Scores`): the score in [0, 100], ``raw``,
+        ``parsed`` and, with ``accr=True``, the four ACCR dimensions."""
+        res = self.score(list(captions), images=images, videos=videos, references=references)
+        n = len(res.raw)
+        subs: dict[str, list] = {"raw": list(res.raw), "parsed": floats(res.parsed, n)}
+        if self.accr:
+            subs.update({name: floats(getattr(res, name), n) for name in ACCR_MARKERS})
+        return Scores(score=floats(res.score, n), sub_scores=subs, errors=list(res.error), result=res)
+
+    @classmethod
+    def for_explain(cls, settings: Any) -> "GVEval":
+        """The scorer ``capreward explain`` builds (``settings``: its options): the local judge, in the
+        combined mode with ``--references``, else reference-free."""
+        from ..judges.local import LocalJudge
+        from ..judges.local_chat import LocalChatJudge
+
+        judge = LocalJudge(settings.judge_model, device=settings.device, dtype=settings.dtype)
+        return cls(LocalChatJudge(judge, batch_size=settings.batch_size),
+                   mode="combined" if settings.references else "ref-free", max_tokens=settings.max_new_tokens)
+
+    def explanations(self, captions: Sequence[str], *, images: Sequence[Any] | None = None,
+                     videos: Sequence[Any] | None = None, references: Sequence[Sequence[str]] | None = None) -> Scores:
+        """:meth:`scores` with ``extras["explanation"]``: the judge writes its reasoning before the score;
+        that reasoning (its answer) is the explanation."""
+        out = self.scores(captions, images=images, videos=videos, references=references)
+        out.extras["explanation"] = [r or None for r in out.sub_scores["raw"]]
+        return out
 
     def _requery_changes_answers(self) -> bool:
         """False for a local judge decoding greedily: asking again would give the same answer."""

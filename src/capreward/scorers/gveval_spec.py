@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..registry import Deviation, JobFlag, MetricSpec, Option, register
+from ..registry import Deviation, JobFlag, MetricSpec, Option, RewardPolicy, register
 
 #: The four ACCR dimensions, in the released prompts' order.
 ACCR = ("accuracy", "completeness", "conciseness", "relevance")
@@ -13,8 +13,9 @@ MODES = ("ref-free", "ref-only", "combined")
 
 
 def sub_scores(config: Mapping[str, Any]) -> tuple[str, ...]:
-    """``raw`` (the judge's answer) and, with ``accr=True``, the four :data:`ACCR` dimensions."""
-    return ("raw",) + (ACCR if config.get("accr") else ())
+    """``raw`` (the judge's answer), ``parsed`` (the integer written after the score marker; ACCR: the mean
+    of the four; NaN when there is none) and, with ``accr=True``, the four :data:`ACCR` dimensions."""
+    return ("raw", "parsed") + (ACCR if config.get("accr") else ())
 
 
 def reference_mode(config: Mapping[str, Any]) -> str:
@@ -74,16 +75,15 @@ SPEC = register(MetricSpec(
     ),
     reference_mode=reference_mode,
     visuals_for=visuals_for,
-    reward="capreward.rewards.judges:GVEvalReward",
-    torchmetric="capreward.torchmetrics.judges:GVEvalMetric",
-    reward_hooks="capreward.rewards.judges:GVEvalHooks",
-    metric_hooks="capreward.torchmetrics.judges:GVEvalHooks",
     needs_visual=needs_visual,
     unscored_kind="judge_unreadable",
-    tiny_judge="capreward.testing.tiny_vlm_judges:tiny_vlm_judge",
     position=60,
-    job_runner="capreward.scorers.job_runners:gveval_runner",
-    explainer="capreward.scorers.explainers:gveval_explainer",
+    sub_score_kinds={"raw": "data", "parsed": "number"},
+    explanation="G-VEval: the judge writes its reasoning before the score; that reasoning is the explanation",
+    reward_policy=RewardPolicy(
+        options=(Option("scale", 0.01, "the reward is the 0..100 score times this (0.01: rewards in [0, 1])"),),
+        scale="scale",
+    ),
     job_flags=(
         JobFlag("gveval_mode", ("--gveval-mode",), "G-VEval inputs: visual only, references (+ visual), or both; "
                 "ref-only/combined need references on every row", option="mode", choices=MODES, adapters=True),

@@ -18,7 +18,9 @@ from typing import Any, Iterable, Sequence
 
 from ..metrics.token_support import (GENERIC_WORDS, STOP_WORDS, SupportReport, content_mask, quantile_threshold,
                                      support_report)
+from .contract import Scores
 from .emscore import EMScore, TokenAlignment
+from .hallucination_spec import checked_options  # noqa: F401  (the scorer's and the reward's one check; imported from here before)
 
 #: Starting threshold on token→frame cosine similarity; uncalibrated, call ``calibrate`` on your data.
 DEFAULT_THRESHOLD = 0.2
@@ -34,21 +36,6 @@ class Adjusted(list):
 
     truncated: list[bool]
     contextual: list
-
-
-def checked_options(empty_penalty: float, emscore_options: dict[str, Any]) -> float:
-    """``empty_penalty`` as a float, validated with the EMScore options (the scorer's and the reward's one check).
-
-    Raises:
-        ValueError: ``idf="batch"`` (a sample's penalty would depend on its batch) or ``empty_penalty``
-            outside [-1, 0].
-    """
-    if emscore_options.get("idf") == "batch":
-        raise ValueError("idf='batch' makes a sample's penalty depend on its batch; pass a corpus or dict")
-    empty_penalty = float(empty_penalty)
-    if not -1.0 <= empty_penalty <= 0.0:
-        raise ValueError(f"empty_penalty must be in [-1, 0], got {empty_penalty!r}")
-    return empty_penalty
 
 
 @dataclass
@@ -83,6 +70,9 @@ class Hallucination:
         context_free: also judge each content word encoded alone and keep the lower similarity.
         idf_weighting: weigh tokens by their idf weight (only with idf); else every content token counts 1.
 
+    The EMScore options not named here go to :class:`~capreward.scorers.emscore.EMScore` (its signature
+    lists them: :attr:`forwards_kwargs_to`).
+
     Examples:
         >>> from capreward.backbones import CLIPBackbone
         >>> from capreward.testing import tiny_clip_factory
@@ -92,6 +82,9 @@ class Hallucination:
         >>> -1.0 <= res.penalty[0] <= 0.0
         True
     """
+
+    #: where ``**emscore_options`` go (the options a reward or Metric built on it shows and checks)
+    forwards_kwargs_to = EMScore
 
     def __init__(
         self,
@@ -211,6 +204,28 @@ class Hallucination:
         alignments = self.alignments(captions, videos if videos is not None else images, kind, video_ids)
         reports = [self.report_for(a) for a in alignments]
         return HallucinationResult([r.penalty for r in reports], reports, alignments)
+
+    def reports(
+        self, captions: Sequence[str], visuals: Sequence[Any], kind: str = "video", ids: Sequence[str | None] | None = None
+    ) -> list[SupportReport]:
+        """Per caption: penalty, content tokens, their similarities, which are flagged, and their positions
+        in the alignment's token list (``index``, ``flagged_index``; SOS is position 0)."""
+        return [self.report_for(a) for a in self.alignments(captions, visuals, kind, ids)]
+
+    def scores(self, captions: Sequence[str], *, images=None, videos=None, references=None, visual_ids=None) -> Scores:
+        """The contract (:class:`~capreward.scorers.contract.Scores`; references are not read): the
+        penalty, ``flagged`` (the flagged tokens' positions), ``content_tokens``, ``unsupported_tokens``;
+        the extras ``truncated`` and ``alignment`` (EMScore's own, contextual similarities)."""
+        kind = "video" if videos is not None else "image"
+        alignments = self.alignments(captions, videos if videos is not None else images, kind, visual_ids)
+        reports = [self.report_for(a) for a in alignments]
+        subs = {"flagged": [list(r.flagged_index) for r in reports],
+                "content_tokens": [float(len(r.tokens)) for r in reports],
+                "unsupported_tokens": [float(sum(r.unsupported)) for r in reports]}
+        extras = {"truncated": list(getattr(alignments, "truncated", [False] * len(reports))),
+                  "alignment": list(getattr(alignments, "contextual", alignments))}
+        return Scores(score=[r.penalty for r in reports], sub_scores=subs, extras=extras,
+                      result=HallucinationResult([r.penalty for r in reports], reports, alignments))
 
     def calibrate(
         self, captions: Sequence[str], visuals: Sequence[Any], kind: str = "video", quantile: float = 0.05

@@ -4,12 +4,34 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..registry import JobFlag, MetricSpec, Option, register
+from ..registry import JobFlag, MetricSpec, Option, RewardPolicy, register
 
 
 def sub_scores(config: Mapping[str, Any]) -> tuple[str, ...]:
-    """``flagged``: the positions of the flagged tokens in the caption's token list (SOS at 0)."""
-    return ("flagged",)
+    """``flagged``: the positions of the flagged tokens in the caption's token list (SOS at 0);
+    ``content_tokens``: how many content tokens the caption has; ``unsupported_tokens``: how many of them
+    no frame supports."""
+    return ("flagged", "content_tokens", "unsupported_tokens")
+
+
+def checked_options(empty_penalty: float, emscore_options: Mapping[str, Any]) -> float:
+    """``empty_penalty`` as a float, validated with the EMScore options (the scorer's and the reward's one check).
+
+    Raises:
+        ValueError: ``idf="batch"`` (a sample's penalty would depend on its batch) or ``empty_penalty``
+            outside [-1, 0].
+    """
+    if emscore_options.get("idf") == "batch":
+        raise ValueError("idf='batch' makes a sample's penalty depend on its batch; pass a corpus or dict")
+    empty_penalty = float(empty_penalty)
+    if not -1.0 <= empty_penalty <= 0.0:
+        raise ValueError(f"empty_penalty must be in [-1, 0], got {empty_penalty!r}")
+    return empty_penalty
+
+
+def reward_check(options: Mapping[str, Any]) -> None:
+    """The scorer's own check, before anything is built (:func:`checked_options`)."""
+    checked_options(options.get("empty_penalty", -0.5), options)
 
 
 SPEC = register(MetricSpec(
@@ -38,11 +60,9 @@ SPEC = register(MetricSpec(
         Option("frames", 10, "frames sampled per video (None: all)"),
     ),
     deviations=(),
-    reward="capreward.rewards.hallucination:HallucinationPenalty",
-    reward_hooks="capreward.rewards.hallucination:HallucinationHooks",
-    metric_hooks="capreward.torchmetrics.metrics:HallucinationHooks",
     position=40,
-    job_runner="capreward.scorers.job_runners:hallucination_runner",
+    sub_score_kinds={"flagged": "data", "content_tokens": "number", "unsupported_tokens": "number"},
+    reward_policy=RewardPolicy(check=reward_check),
     job_flags=(JobFlag("hallucination_threshold", ("--hallucination-threshold",),
                        "token->frame similarity below which a content word is flagged (an uncalibrated starting "
                        "point; set it from HallucinationPenalty.calibrate on known-good captions)",

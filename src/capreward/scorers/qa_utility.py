@@ -38,6 +38,7 @@ from ..media.keys import hash_bytes
 from .claims import _Cache
 from .claims_prompts import CLAIMS_PROMPT_VERSION, LETTERS, QA_GENERATION_PROMPT, qa_prompt
 from .fleur import judge_visuals
+from .contract import Scores, floats
 from .validation import caption_list
 
 log = logging.getLogger(__name__)
@@ -272,6 +273,15 @@ class QAUtility:
             # no listed letter: no option was chosen, which is worth what a wrong answer is (0)
             out.append((per[q.answer] / total if total > 0 else 0.0, None))
         return out
+
+    def scores(self, captions: Sequence[str], *, images=None, videos=None, references=None, visual_ids=None,
+               questions: Sequence[Sequence[Any] | None] | None = None) -> Scores:
+        """The contract (:class:`~capreward.scorers.contract.Scores`; references are not read): the
+        expected accuracy, ``n_questions`` and ``answers`` (P(correct option) per question)."""
+        res = self.score(list(captions), questions=questions, images=images, videos=videos)
+        n = len(res.error)
+        subs = {"n_questions": [int(c) for c in res.n_questions], "answers": [list(map(float, a)) for a in res.answers]}
+        return Scores(score=floats(res.score, n), sub_scores=subs, errors=list(res.error), result=res)
 
     def score(
         self,

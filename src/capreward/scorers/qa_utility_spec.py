@@ -36,8 +36,6 @@ SPEC = register(MetricSpec(
     backbone=None,
     judge_backend=True,  # its text judge may be the judge server
     text_judge=True,
-    reward="capreward.rewards.qa_utility:QAUtilityReward",
-    reward_hooks="capreward.rewards.qa_utility:QAUtilityHooks",
     needs_visual=scores_questions_alone,
     options=(
         Option("normalise", True, "P(correct letter) over the option letters' total (False: over the vocabulary)"),
@@ -49,7 +47,7 @@ SPEC = register(MetricSpec(
                   None),
     ),
     position=90,
-    job_runner="capreward.scorers.job_runners:qa_utility_runner",
+    sub_score_kinds={"n_questions": "number", "answers": "data"},
     job_flags=(JobFlag("qa_model", ("--qa-model",), "qa_utility's text-only judge: a causal LM name or directory "
                        "(default: the judge server); questions come from each row's 'questions', else the chat "
                        "judge writes them",

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -41,7 +42,8 @@ from ..judges.vlm_prompts import VISCE2_CONTEXT_PROMPT, VISCE2_PROMPT_VERSION, V
 from ..media import MediaError, load_image, media_key
 from ..media.keys import hash_bytes
 from ..metrics.gveval import expected_score
-from ..metrics.visce2 import ANSWER_REGEX, parse_visce2_answer
+from ..metrics.visce2 import ANSWER_REGEX, first_integer, parse_visce2_answer
+from .contract import Scores, floats
 from .remote_numbers import DEFAULT_TOLERANCE, TREE_TOP_LOGPROBS, check_tolerance
 from .vlm_common import score_distributions
 
@@ -293,6 +295,25 @@ class VisCE2:
                 contexts[i] = found[key]
         row_images = [pil[k] if k is not None else None for k in keys]
         return contexts, errors, row_images
+
+    def scores(self, captions: Sequence[str], *, images=None, videos=None, references=None, visual_ids=None) -> Scores:
+        """The contract (:class:`~capreward.scorers.contract.Scores`; images only, no references): the
+        score in [0, 100] (a first integer above 100, which :meth:`score` keeps as the release does, has no
+        score here: NaN with the scorer's reason), ``raw``, ``context``, ``parsed`` (the integer the answer
+        wrote, NaN when none) and, with ``expected=True``, ``expected`` (its reasons where it is NaN)."""
+        if videos is not None or images is None:
+            raise ValueError("VisCE² scores images only")
+        ids = list(visual_ids) if visual_ids is not None and all(visual_ids) else None
+        res = self.score(list(captions), images, image_ids=ids)
+        n = len(res.raw)
+        score = [v if 0 <= v <= 100 else math.nan for v in floats(res.score, n)]
+        parsed = [float(found[0]) if r and (found := first_integer(r)) is not None else math.nan for r in res.raw]
+        subs: dict[str, list] = {"raw": list(res.raw), "context": list(res.context), "parsed": parsed}
+        reasons: dict[str, list] = {}
+        if res.expected is not None:
+            subs["expected"] = floats(res.expected, n)
+            reasons["expected"] = [e or r for e, r in zip(res.expected_error or [None] * n, res.error)]
+        return Scores(score=score, sub_scores=subs, errors=list(res.error), reasons=reasons, result=res)
 
     def score(self, candidates: Sequence[str], images: Sequence[Any], *, image_ids: Sequence[str] | None = None) -> VisCE2Result:
         """Score each ``candidates[n]`` against ``images[n]``.

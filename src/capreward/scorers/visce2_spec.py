@@ -4,12 +4,23 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..registry import Deviation, MetricSpec, Option, register
+from ..registry import Deviation, MetricSpec, Option, RewardPolicy, register
 
 
 def sub_scores(config: Mapping[str, Any]) -> tuple[str, ...]:
-    """``raw`` (the rating answer) and ``context`` (the visual context); ``expected`` with ``expected=True``."""
-    return ("raw", "context") + (("expected",) if config.get("expected") else ())
+    """``raw`` (the rating answer), ``context`` (the visual context), ``parsed`` (the integer the answer
+    wrote, NaN when it wrote none: the score is then 0, as in the paper); ``expected`` with ``expected=True``."""
+    return ("raw", "context", "parsed") + (("expected",) if config.get("expected") else ())
+
+
+def value(config: Mapping[str, Any]) -> str:
+    """A reward's value: the written score, or with ``use_expected=True`` the expected one."""
+    return "expected" if config.get("use_expected") else "score"
+
+
+def implies(options: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``use_expected=True`` needs the scorer's expected scores."""
+    return {"expected": True} if options.get("use_expected") else {}
 
 
 SPEC = register(MetricSpec(
@@ -44,12 +55,14 @@ SPEC = register(MetricSpec(
         Deviation("greedy decoding (temperature 0), so a reward is deterministic; the release samples at 0.2",
                   "temperature=0.2 (VisCE2.released())"),
     ),
-    reward="capreward.rewards.judges:VisCE2Reward",
-    torchmetric="capreward.torchmetrics.judges:VisCE2Metric",
-    reward_hooks="capreward.rewards.judges:VisCE2Hooks",
-    metric_hooks="capreward.torchmetrics.judges:VisCE2Hooks",
     unscored_kind="judge_unreadable",
-    tiny_judge="capreward.testing.tiny_vlm_judges:tiny_vlm_judge",
     position=50,
-    job_runner="capreward.scorers.job_runners:visce2_runner",
+    sub_score_kinds={"raw": "data", "context": "data", "parsed": "number"},
+    value=value,
+    reward_policy=RewardPolicy(
+        options=(Option("scale", 0.01, "the reward is the 0..100 score times this (0.01: rewards in [0, 1])"),
+                 Option("use_expected", False, "the reward is the expected score (needs expected=True, set by default)")),
+        scale="scale",
+        implies=implies,
+    ),
 ))

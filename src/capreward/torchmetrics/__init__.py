@@ -32,9 +32,9 @@ __all__ = sorted([*(n for n in _LAZY if n != "CaptionScores"), "metric_for"])
 
 
 def metric_for(name: str, *args, **options):
-    """The torchmetrics Metric of metric ``name`` (any spelling or alias) built with ``options``: the class
-    its spec names (:attr:`~capreward.registry.MetricSpec.torchmetric`), else
-    :class:`RegisteredMetric` reading its spec (PAC-S).
+    """The torchmetrics Metric of metric ``name`` (any spelling or alias) built with ``options``: its named
+    class (``EMScoreMetric``), else :class:`RegisteredMetric` reading its spec (PAC-S, the claims, a metric
+    added by a plugin): the same Metric either way.
 
     Args:
         name: a metric name or alias (:func:`capreward.registry.names`).
@@ -48,10 +48,9 @@ def metric_for(name: str, *args, **options):
         capreward.registry.UnknownMetric: no metric is called ``name``.
         capreward.registry.UnknownOption: an option the Metric does not take.
     """
-    from .. import registry
+    from . import judges, metrics  # noqa: F401  (the named classes)
 
-    spec = registry.get(name)
-    return spec.load_torchmetric()(*args, **options)
+    return metrics.RegisteredMetric.class_for(name)(*args, **options)
 
 
 def __getattr__(name: str):

@@ -1,4 +1,7 @@
-"""torchmetrics ``Metric`` classes wrapping the scorers: EMScore, CLIP-S / RefCLIP-S and FLEUR.
+"""torchmetrics ``Metric`` classes wrapping the scorers: :class:`CaptionMetric` (per-caption rows, DDP-synced),
+:class:`RegisteredMetric` (any registered metric, read from its spec and its scorer's
+:class:`~capreward.scorers.contract.Scores`) and the named classes fixed to one metric (EMScore, CLIP-S /
+RefCLIP-S, FLEUR here; VisCE² and G-VEval in :mod:`capreward.torchmetrics.judges`).
 
 Each metric keeps, per caption, one row of values (the main score and its sub-scores, see
 ``columns``) and optionally a sample id, in list states with ``dist_reduce_fx="cat"``, so syncing
@@ -43,18 +46,15 @@ from torchmetrics.utilities.data import dim_zero_cat
 
 from ..errors import failures
 from ..judges.caller_text import is_blank
-from ..names import sub_score
 from ..caption_reading import as_read
 from .distributed import is_distributed
 from .sources import as_captions, as_references, per_visual
 from .sources import per_sample as split_per_sample
 from .summary import NO_ID, CaptionScores, check_ids, nanmean, summarize
 from ..explicit_options import ClassSignature
-from .hooks import MetricHooks
 
 logger = logging.getLogger(__name__)
 
-_MATCH_FIELDS = ("coarse", "fine_p", "fine_r", "fine_f", "full_p", "full_r", "full_f")
 _VISUAL_KINDS = ("video", "image")
 #: File suffixes read as images, refused by a metric set for videos.
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
@@ -128,6 +128,8 @@ class CaptionMetric(Metric):
     #: the scorer is an LLM judge: a caption blank once special-token strings ("<s></s>") are removed is
     #: empty too (:func:`~capreward.judges.caller_text.is_blank`)
     judge_text = False
+    #: the other inputs ``update`` takes besides captions, visuals and references (QA utility's ``questions``)
+    row_inputs: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -179,6 +181,7 @@ class CaptionMetric(Metric):
         *,
         ids: Sequence[int] | torch.Tensor | None = None,
         visual_ids: Sequence[str | None] | None = None,
+        **inputs: Sequence[Any],
     ) -> None:
         """Score a batch and keep its per-caption rows.
 
@@ -188,7 +191,8 @@ class CaptionMetric(Metric):
         (H, W, 3) of integers 0..255 (uint8, int64 …) or floats in [0, 1], uint8 arrays (H, W, 3); videos
         as paths or uint8 (T, H, W, 3) frames. ``references``: one caption or list of captions per
         candidate. ``ids``: one int sample id per caption (dataset index), needed for exact results under
-        a DistributedSampler. ``visual_ids``: optional cache keys for the visuals.
+        a DistributedSampler. ``visual_ids``: optional cache keys for the visuals. ``inputs``: the metric's
+        other inputs (its spec's ``row_inputs``: QA utility's ``questions``), one entry per caption.
 
         The captions come first (torchmetrics' CLIPScore takes images first): visuals given as the first
         argument are refused with a TypeError saying so.
@@ -207,16 +211,20 @@ class CaptionMetric(Metric):
         if visual_ids is not None:
             visual_ids = split_per_sample(visual_ids, n, "visual_ids")
         id_tensor = torch.full((n,), NO_ID) if ids is None else check_ids(ids, n)
-        self._check_mode(visuals is not None, refs is not None)
+        unknown = sorted(set(inputs) - set(self.row_inputs))
+        if unknown:
+            raise TypeError(f"{self.name}: update() got unexpected inputs {unknown}; its inputs: {list(self.row_inputs) or 'none'}")
+        inputs = {k: split_per_sample(v, n, k) for k, v in inputs.items() if v is not None}
+        self._check_mode(visuals is not None, refs is not None, bool(inputs))
         if self.visual == "image" and visuals is not None and any(isinstance(v, (list, tuple)) for v in visuals):
-            rows = self._multi_image_rows(candidates, visuals, refs, visual_ids)
+            rows = self._multi_image_rows(candidates, visuals, refs, visual_ids, inputs)
         else:
-            rows = self._rows(candidates, visuals, refs, visual_ids)
+            rows = self._rows(candidates, visuals, refs, visual_ids, inputs)
         self.ids.append(id_tensor.to(self.device))
         self.values.append(rows.reshape(-1).to(self.device))
         self._mode = (visuals is not None, refs is not None)
 
-    def _rows(self, candidates: list[str], visuals, refs, visual_ids) -> torch.Tensor:
+    def _rows(self, candidates: list[str], visuals, refs, visual_ids, inputs: dict | None = None) -> torch.Tensor:
         """Rows [n, len(columns)] of one visual per caption: scored rows, ``empty_score`` rows for empty
         captions, the ``empty`` column filled."""
         n = len(candidates)
@@ -225,7 +233,8 @@ class CaptionMetric(Metric):
         keep = [i for i in range(n) if not empty[i]]
         if keep:
             pick = lambda xs: None if xs is None else [xs[i] for i in keep]  # noqa: E731
-            scored = self._score_rows([candidates[i] for i in keep], pick(visuals), pick(refs), pick(visual_ids))
+            scored = self._score_rows([candidates[i] for i in keep], pick(visuals), pick(refs), pick(visual_ids),
+                                      **{k: pick(v) for k, v in (inputs or {}).items()})
             rows[keep] = scored.to(torch.float32).cpu()
         if len(keep) < n:
             drop = [i for i in range(n) if empty[i]]
@@ -233,7 +242,7 @@ class CaptionMetric(Metric):
         rows[:, 1] = torch.tensor(empty, dtype=torch.float32)
         return rows
 
-    def _multi_image_rows(self, candidates: list[str], visuals, refs, visual_ids) -> torch.Tensor:
+    def _multi_image_rows(self, candidates: list[str], visuals, refs, visual_ids, inputs: dict | None = None) -> torch.Tensor:
         """Rows of samples some of which have several images: every (caption, image) pair scored as a
         row of its own in one batch, then each sample's rows aggregated (``image_aggregation`` for the
         score, the mean for the other columns; NaN when an image has no score)."""
@@ -249,7 +258,7 @@ class CaptionMetric(Metric):
         ids = pick(visual_ids)
         if ids is not None:  # a sample's cache key names its first image only
             ids = [ids[j] if j == 0 or owner[j - 1] != owner[j] else None for j in range(len(owner))]
-        flat_rows = self._rows(pick(candidates), flat, pick(refs), ids)
+        flat_rows = self._rows(pick(candidates), flat, pick(refs), ids, {k: pick(v) for k, v in (inputs or {}).items()})
         reduce = {"mean": torch.mean, "min": torch.amin, "max": torch.amax}[self.image_aggregation]
         rows = torch.empty((len(candidates), len(self.columns)), dtype=torch.float32)
         members = torch.tensor(owner)
@@ -391,7 +400,7 @@ class CaptionMetric(Metric):
         rank_zero_warn(message, UserWarning)
 
     # ------------------------------------------------------------------------------ for subclasses
-    def _score_rows(self, candidates: list[str], visuals, references, visual_ids) -> torch.Tensor:
+    def _score_rows(self, candidates: list[str], visuals, references, visual_ids, **inputs: list[Any]) -> torch.Tensor:
         """Rows [n, len(columns)] for non-empty captions (column 1, ``empty``, is filled by update)."""
         raise NotImplementedError
 
@@ -407,8 +416,8 @@ class CaptionMetric(Metric):
             row[self.columns.index("truncated")] = 0.0
         return row
 
-    def _check_mode(self, has_visuals: bool, has_refs: bool) -> None:
-        if not has_visuals and not has_refs:
+    def _check_mode(self, has_visuals: bool, has_refs: bool, has_inputs: bool = False) -> None:
+        if not has_visuals and not has_refs and not has_inputs:
             raise ValueError(f"{self.name}: update needs visuals and/or references")
         if has_visuals and self.visual is None:
             raise ValueError(f"{self.name}: got visuals but the metric was built with visual=None")
@@ -423,7 +432,7 @@ class CaptionMetric(Metric):
     def _log_unscored(self, candidates: Sequence[str], score: Any, errors: Sequence[Any] | None) -> None:
         """Log the captions the scorer gave no score (:func:`capreward.errors.failures`, the rule rewards,
         jobs and the server share; a NaN score is the scorer's "no score", ``errors`` its reasons): they
-        stay NaN in the rows, so the mean leaves them out and the ``scored``/``parsed`` column counts them.
+        stay NaN in the rows, so the mean leaves them out and the ``scored`` column counts them.
         One INFO line per batch naming the first."""
         values = [None if math.isnan(float(s)) else float(s) for s in score]
         failed = failures(values, list(errors) if errors is not None else [None] * len(values), kind="judge_unreadable")
@@ -495,6 +504,22 @@ _CAPTION_OPTIONS = tuple(
 _METRIC_OPTION_NAMES = frozenset([p.name for p in _CAPTION_OPTIONS] + [n for n, _ in TORCHMETRICS_OPTIONS])
 
 
+def fixed_visual(spec: Any) -> str | None:
+    """The one visual kind a metric that scores only one takes (VisCE²: images), else None."""
+    return spec.visuals[0] if len(spec.visuals) == 1 else None
+
+
+def metric_columns(spec: Any, config: Mapping[str, Any] | None = None) -> tuple[str, ...]:
+    """The per-caption columns of ``spec``'s Metric with ``config``: ``score`` (the value, see
+    :meth:`~capreward.registry.MetricSpec.value_of`), ``empty``, ``truncated`` (a metric on a CLIP),
+    ``scored`` (a metric a language model reads: 1 where the caption has a score), the headline under the
+    metric's name where the value may be another sub-score (CLIP-S's ``clip_s``), and every numeric
+    sub-score its spec declares."""
+    return ("score", "empty", *(("truncated",) if spec.backbone == "clip" else ()),
+            *(("scored",) if spec.judged_by_llm else ()), *((spec.name,) if spec.headline_differs(config) else ()),
+            *spec.all_sub_scores(config, ("score", "number")))
+
+
 def metric_parameters(metric: str) -> tuple[inspect.Signature, frozenset[str] | None]:
     """The constructor signature of ``metric``'s torchmetrics Metric (its scorer's first option
     positional, the scorer's other options, ``scorer``, ``visual``, the options of
@@ -503,14 +528,13 @@ def metric_parameters(metric: str) -> tuple[inspect.Signature, frozenset[str] | 
     from ..explicit_options import constructor_parameters, keyword_only, merged_signature
 
     spec = registry.get(metric)
-    hooks = spec.load_metric_hooks()()
     scorer_params, open_kwargs = constructor_parameters(spec.load())
     first = [scorer_params[0].replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD)] if scorer_params else []
     if first and first[0].default is inspect.Parameter.empty:  # optional: scorer= may come instead
         first = [first[0].replace(default=None)]
     kw = inspect.Parameter.KEYWORD_ONLY
     own = [inspect.Parameter("scorer", kw, default=None)]
-    if hooks.fixed_visual is None:
+    if fixed_visual(spec) is None:
         own.append(inspect.Parameter("visual", kw, default=spec.default_visual, annotation="str | None"))
     own.append(inspect.Parameter("scorer_kwargs", kw, default=None, annotation="dict[str, Any] | None"))
     tm = [inspect.Parameter(n, kw, default=d) for n, d in TORCHMETRICS_OPTIONS]
@@ -537,15 +561,31 @@ def _spec_of_scorer(scorer: Any) -> Any:
     return next((s for s in registry.specs() if s.scorer == path), None)
 
 
+class _OfTheMetric:
+    """A class attribute read from the metric a class is fixed to (its default ``columns``, its
+    ``default_name``); an instance's own value, set at construction, comes first."""
+
+    def __init__(self, read: Any, fallback: Any):
+        self.read, self.fallback = read, fallback
+
+    def __get__(self, obj: Any, cls: type) -> Any:
+        if cls.metric is None:
+            return self.fallback
+        from .. import registry
+
+        return self.read(registry.get(cls.metric))
+
+
 class RegisteredMetric(CaptionMetric):
     """Any registered metric with a torchmetrics Metric, read from its spec: ``RegisteredMetric("emscore",
     clip, visual="image")`` is :class:`EMScoreMetric` (the per-metric classes are subclasses that fix
     ``metric``).
 
     The scorer is built from the scorer's own options (the first one may be given positionally: ``model``
-    or ``backend``), or pass a configured ``scorer``. The columns, and how the scorer's result fills them,
-    are the metric's :class:`~capreward.torchmetrics.hooks.MetricHooks`; the name, range (plot bounds),
-    default ``visual`` and whether a language model reads the caption come from its spec.
+    or ``backend``), or pass a configured ``scorer``. Its :meth:`~capreward.scorers.contract.Scorer.scores`
+    fill the columns (:func:`metric_columns`: ``score``, ``empty`` and every numeric sub-score its spec
+    declares); the name, range (plot bounds), default ``visual``, the inputs every update needs and
+    whether a language model reads the caption come from its spec.
 
     Args:
         *args: the metric's name or alias (for ``RegisteredMetric`` itself; the per-metric classes fix
@@ -557,7 +597,8 @@ class RegisteredMetric(CaptionMetric):
     Raises:
         capreward.registry.UnknownMetric: no metric has that name.
         capreward.registry.UnknownOption: an option it does not take (naming the nearest valid one).
-        ValueError: the metric has no torchmetrics Metric, or the options conflict.
+        ValueError: the options conflict (a scorer option beside ``scorer=``), or the visual kind is one
+            the metric does not score.
 
     Examples:
         >>> from capreward.testing import colour_image, trained_clip_path
@@ -578,11 +619,20 @@ class RegisteredMetric(CaptionMetric):
 
     #: the metric this class is fixed to (the per-metric subclasses), None for the generic class
     metric: str | None = None
+    #: the class fixed to each metric that has one (filled as the classes are defined)
+    named: dict[str, type] = {}
     __signature__ = ClassSignature(_metric_signature)
+    columns = _OfTheMetric(metric_columns, CaptionMetric.columns)  # type: ignore[assignment]
+    default_name = _OfTheMetric(lambda spec: spec.name, CaptionMetric.default_name)  # type: ignore[assignment]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.metric is not None:
+            RegisteredMetric.named.setdefault(cls.metric, cls)
 
     def __init__(self, *args: Any, **options: Any):
         from .. import registry
-        from ..explicit_options import check_options
+        from ..explicit_options import check_options, constructor_parameters
 
         fixed = type(self).metric
         args_ = list(args)
@@ -593,7 +643,6 @@ class RegisteredMetric(CaptionMetric):
         else:
             name = fixed
         spec = registry.get(name)
-        hooks = spec.load_metric_hooks()()
         owner = type(self).__name__ if fixed is not None else f"RegisteredMetric({spec.name!r})"
         signature, names = metric_parameters(spec.name)
         first = next(iter(signature.parameters))
@@ -606,28 +655,33 @@ class RegisteredMetric(CaptionMetric):
         if names is not None:
             check_options(owner, options, names)
         scorer = options.pop("scorer", None)
-        visual = hooks.fixed_visual or options.pop("visual", spec.default_visual)
+        visual = fixed_visual(spec) or options.pop("visual", spec.default_visual)
         metric_kw = {k: options.pop(k) for k in _METRIC_OPTION_NAMES if k in options}
-        scorer_options = {**(options.pop("scorer_kwargs", None) or {}), **options}
-        required = hooks.required
-        if required is not None and (scorer is None) == (scorer_options.get(required) is None):
-            raise ValueError(f"give either {required}= or scorer=")
+        scorer_options = {k: v for k, v in {**(options.pop("scorer_kwargs", None) or {}), **options}.items()}
+        params = constructor_parameters(spec.load())[0]
+        required = params[0].name if params and params[0].default is inspect.Parameter.empty else None
         if scorer is None:
+            if required is not None and scorer_options.get(required) is None:
+                raise ValueError(f"give either {required}= or scorer=")
             scorer = spec.load()(**scorer_options)
         else:
-            for option in hooks.exclusive:
-                if scorer_options.get(option) is not None:
-                    raise ValueError(f"give either scorer= or {option}=, not both")
-        config = {o.name: getattr(scorer, o.name) for o in spec.options if hasattr(scorer, o.name)}
+            both = next((k for k, v in scorer_options.items() if v is not None), None)
+            if both is not None:
+                raise ValueError(f"give either scorer= or {both}=, not both")
+        config = spec.config_of(scorer)
         if visual is None and spec.visual_required(config):
             raise ValueError(f"{spec.title} needs visuals: visual must be 'image' or 'video'")
+        kinds = spec.visual_kinds(config)
+        if visual in _VISUAL_KINDS and visual not in kinds:  # another value: CaptionMetric names the choices
+            raise ValueError(f"{spec.title} scores {' and '.join(k + 's' for k in kinds)} only{spec.with_config(config)}: "
+                             f"use visual={kinds[0]!r}")
         self.metric = spec.name
-        self.hooks = hooks
-        hooks.check(self, scorer, visual)
-        self.columns = hooks.columns(self, scorer)
+        self.columns = metric_columns(spec, config)
         self.judge_text = spec.judged_by_llm
+        self.row_inputs = spec.row_inputs
         if metric_kw.get("name") is None:
-            metric_kw["name"] = hooks.name(self, scorer)
+            own = _spec_of_scorer(scorer)  # PAC-S's scorer in CLIP-S's Metric: named pac_s
+            metric_kw["name"] = own.name if own is not None else spec.name
         super().__init__(scorer, visual=visual, **metric_kw)
 
     @property
@@ -637,6 +691,21 @@ class RegisteredMetric(CaptionMetric):
 
         return registry.get(self.metric)
 
+    @classmethod
+    def class_for(cls, metric: str) -> Any:
+        """``metric``'s Metric class (``EMScoreMetric``), else this class fixed to it
+        (:func:`~capreward.explicit_options.class_for`).
+
+        Args:
+            metric: a metric name or alias.
+
+        Returns:
+            The class, or a callable building the generic Metric.
+        """
+        from ..explicit_options import class_for
+
+        return class_for(RegisteredMetric.named, RegisteredMetric, metric)
+
     @staticmethod
     def signature_of(metric: str) -> inspect.Signature:
         """The options ``RegisteredMetric(metric, ...)`` takes (the signature of its per-metric class).
@@ -645,150 +714,70 @@ class RegisteredMetric(CaptionMetric):
             metric: a metric name or alias.
 
         Returns:
-            The options' signature.
-
-        Examples:
-            >>> from capreward.torchmetrics import RegisteredMetric
-            >>> "idf" in RegisteredMetric.signature_of("emscore").parameters
-            True
+            The options' signature (``RegisteredMetric.signature_of("emscore")`` lists ``idf``).
         """
         return metric_parameters(metric)[0]
+
+    def _config(self) -> dict[str, Any]:
+        return self.spec.config_of(self.scorer)
 
     @property
     def plot_lower_bound(self) -> float:  # type: ignore[override]
         """The bottom of the metric's range."""
-        return float(self.hooks.plot_bounds(self)[0])
+        return self.spec.range_of(self._config())[0]
 
     @property
     def plot_upper_bound(self) -> float:  # type: ignore[override]
         """The top of the metric's range (CLIP-S: its ``w``)."""
-        return float(self.hooks.plot_bounds(self)[1])
+        return self.spec.range_of(self._config())[1]
 
-    def _check_mode(self, has_visuals, has_refs):
-        self.hooks.check_mode(self, has_visuals, has_refs)
-        super()._check_mode(has_visuals, has_refs)
+    def _mode_config(self, has_visuals: bool, has_refs: bool) -> dict[str, Any]:
+        config = self._config()
+        with_refs = has_refs and self.spec.references_for(config) != "none"
+        return {**config, "visual": self.visual if has_visuals else None, "references": with_refs}
 
-    def _score_rows(self, candidates, visuals, references, visual_ids):
-        return self.hooks.score_rows(self, candidates, visuals, references, visual_ids)
+    def _check_mode(self, has_visuals: bool, has_refs: bool, has_inputs: bool = False) -> None:
+        spec, config = self.spec, self._config()
+        where = spec.with_config(config)
+        if not has_visuals and spec.visual_required(config):
+            raise ValueError(f"{self.name}: {spec.title}{where} needs visuals (images or videos) in every update")
+        mode = spec.references_for(config)
+        if has_refs and mode == "none":
+            raise ValueError(f"{self.name}: {spec.title}{where} takes no references")
+        if not has_refs and mode == "required":
+            raise ValueError(f"{self.name}: {spec.title}{where} needs references for every caption")
+        super()._check_mode(has_visuals, has_refs, has_inputs)
 
-    def _parts(self, has_visuals, has_refs):
-        return self.hooks.parts(self, has_visuals, has_refs)
-
-
-# ------------------------------------------------------------------------------------------ EMScore
-class EMScoreHooks(MetricHooks):
-    """EMScore's columns: ``score``, ``empty``, ``truncated`` and ``<part>/<component>`` for part in
-    video/reference/combined and every component."""
-
-    exclusive = ("backbone",)
-
-    def columns(self, metric, scorer) -> tuple[str, ...]:
-        return ("score", "empty", "truncated") + tuple(
-            sub_score(part, f) for part in ("video", "reference", "combined") for f in _MATCH_FIELDS)
-
-    def score_rows(self, metric, candidates, visuals, references, visual_ids):
-        kw = {}
+    def _score_rows(self, candidates, visuals, references, visual_ids, **inputs):
+        spec = self.spec
+        mode = self._mode_config(visuals is not None, references is not None)
+        kwargs: dict[str, Any] = dict(inputs)
         if visuals is not None:
-            kw["videos" if metric.visual == "video" else "images"] = visuals
-            kw["video_ids"] = visual_ids
-        res = metric.scorer.score(candidates, references=references, **kw)
-        cols = {"score": res.score, "truncated": torch.tensor(res.truncated, dtype=torch.float32)}
-        for part in ("video", "reference", "combined"):
-            scores = getattr(res, part)
-            if scores is not None:
-                cols.update({sub_score(part, k): v for k, v in scores.as_dict().items()})
-        return metric._row_tensor(cols, len(candidates))
+            kwargs[f"{self.visual}s"] = visuals
+        if mode["references"]:
+            kwargs["references"] = references
+        if visual_ids is not None:
+            kwargs["visual_ids"] = visual_ids
+        out = self.scorer.scores(candidates, **kwargs)
+        out.check(spec.sub_scores_for(mode), spec.name)
+        n = len(candidates)
+        cols = {"score": out.value(spec.value_of(mode))}
+        if "scored" in self.columns:
+            cols["scored"] = [0.0 if math.isnan(v) else 1.0 for v in cols["score"]]
+            self._log_unscored(candidates, cols["score"], out.errors)
+        if spec.name in self.columns:
+            cols[spec.name] = list(out.score)
+        if "truncated" in self.columns:
+            cols["truncated"] = [float(t) for t in out.extras.get("truncated", [False] * n)]
+        for sub in spec.sub_scores_for(mode):
+            if sub in self.columns:
+                cols[sub] = out.value(sub)
+        return self._row_tensor({k: torch.tensor(v, dtype=torch.float32) for k, v in cols.items()}, n)
 
-    def parts(self, metric, has_visuals, has_refs):
-        parts = ["score"]
-        present = [p for p, on in (("video", has_visuals), ("reference", has_refs)) if on]
-        if has_visuals and has_refs:
-            present.append("combined")
-        return parts + [sub_score(p, f) for p in present for f in _MATCH_FIELDS]
-
-
-class HallucinationHooks(MetricHooks):
-    """The hallucination penalty's columns: ``score`` (the penalty in [-1, 0]), ``empty``,
-    ``truncated``, ``flagged`` (how many content tokens were flagged) and ``content`` (how many content
-    tokens the caption has). Build it with ``model=`` (or ``backbone=`` / ``emscore=``) as keywords."""
-
-    exclusive = ("backbone", "emscore")
-
-    def columns(self, metric, scorer) -> tuple[str, ...]:
-        return ("score", "empty", "truncated", "flagged", "content")
-
-    def score_rows(self, metric, candidates, visuals, references, visual_ids):
-        key = "videos" if metric.visual == "video" else "images"
-        res = metric.scorer.score(candidates, video_ids=visual_ids, **{key: visuals})
-        cols = {"score": torch.tensor(res.penalty, dtype=torch.float32),
-                "truncated": torch.tensor(res.truncated, dtype=torch.float32),
-                "flagged": torch.tensor([float(len(r.flagged)) for r in res.reports]),
-                "content": torch.tensor([float(len(r.tokens)) for r in res.reports])}
-        return metric._row_tensor(cols, len(candidates))
-
-    def check_mode(self, metric, has_visuals, has_refs) -> None:
-        if not has_visuals:
-            raise ValueError(f"{metric.name}: the hallucination penalty needs visuals (images or videos) in every update")
-
-    def parts(self, metric, has_visuals, has_refs):
-        return ["score"]
-
-
-class CLIPScoreHooks(MetricHooks):
-    """CLIP-S's (and PAC-S's) columns: ``score`` (RefCLIP-S with references, else CLIP-S), ``empty``,
-    ``truncated``, ``clip_s``, ``ref_clip_s`` and ``ref_similarity``; the top of the range is ``w``."""
-
-    exclusive = ("backbone",)
-
-    def columns(self, metric, scorer) -> tuple[str, ...]:
-        return ("score", "empty", "truncated", "clip_s", "ref_clip_s", "ref_similarity")
-
-    def name(self, metric, scorer) -> str:
-        own = _spec_of_scorer(scorer)  # PAC-S has its own one name
-        return own.name if own is not None else metric.spec.name
-
-    def plot_bounds(self, metric) -> tuple[float, float]:
-        return (0.0, float(metric.scorer.w))
-
-    def check_mode(self, metric, has_visuals, has_refs) -> None:
-        if not has_visuals:
-            raise ValueError(f"{metric.name}: CLIP-S needs visuals (images or videos) in every update")
-
-    def score_rows(self, metric, candidates, visuals, references, visual_ids):
-        key = "videos" if metric.visual == "video" else "images"
-        res = metric.scorer.score(candidates, references=references, image_ids=visual_ids, **{key: visuals})
-        cols = {"score": res.score, "clip_s": res.clip_s, "truncated": torch.tensor(res.truncated, dtype=torch.float32)}
-        if res.ref_clip_s is not None:
-            cols["ref_clip_s"] = res.ref_clip_s
-            cols["ref_similarity"] = res.ref_similarity
-        return metric._row_tensor(cols, len(candidates))
-
-    def parts(self, metric, has_visuals, has_refs):
-        return ["score", "clip_s"] + (["ref_clip_s", "ref_similarity"] if has_refs else [])
-
-
-class FLEURHooks(MetricHooks):
-    """FLEUR's columns: ``score`` (NaN where the answer did not parse), ``empty`` and ``parsed``."""
-
-    exclusive = ("model",)
-
-    def columns(self, metric, scorer) -> tuple[str, ...]:
-        return ("score", "empty", "parsed")
-
-    def check_mode(self, metric, has_visuals, has_refs) -> None:
-        if not has_visuals:
-            raise ValueError(f"{metric.name}: FLEUR needs an image (or video) for every caption")
-
-    def score_rows(self, metric, candidates, visuals, references, visual_ids):
-        key = "videos" if metric.visual == "video" else "images"
-        res = metric.scorer.score(candidates, references=references, **{key: visuals})
-        score = torch.as_tensor(res.score, dtype=torch.float32)
-        parsed = (~torch.isnan(score)).float()
-        metric._log_unscored(candidates, score.tolist(), getattr(res, "error", None))
-        return metric._row_tensor({"score": score, "parsed": parsed}, len(candidates))
-
-    def parts(self, metric, has_visuals, has_refs):
-        return ["score"]
+    def _parts(self, has_visuals: bool, has_refs: bool) -> list[str]:
+        spec = self.spec
+        present = [s for s in spec.sub_scores_for(self._mode_config(has_visuals, has_refs)) if spec.kind_of(s) == "score"]
+        return ["score", *([spec.name] if spec.name in self.columns else []), *(c for c in present if c in self.columns)]
 
 
 class EMScoreMetric(RegisteredMetric):
@@ -819,16 +808,15 @@ class EMScoreMetric(RegisteredMetric):
     """
 
     metric = "emscore"
-    default_name = "emscore"
-    columns = EMScoreHooks().columns(None, None)  # as before, readable on the class
 
 
 class CLIPScoreMetric(RegisteredMetric):
     """CLIP-S (or RefCLIP-S when ``update`` gets references) as a torchmetrics Metric; in [0, w]
     (w = 2.5; PAC-S: pass ``scorer=PACScore(...)``, then named ``pac_s`` and in [0, 2]), higher is better.
 
-    Columns: ``score`` (RefCLIP-S with references, else CLIP-S), ``empty``, ``truncated``, ``clip_s``,
-    ``ref_clip_s`` and ``ref_similarity`` (max cosine to the references, in [-1, 1]).
+    Columns: ``score`` (RefCLIP-S with references, else CLIP-S), ``empty``, ``truncated``, ``clip_s`` (the
+    reference-free CLIP-S), ``ref`` (RefCLIP-S) and ``ref_similarity`` (max cosine to the references, in
+    [-1, 1]).
 
     Args: ``model``/``backbone``/``scorer`` as for `EMScoreMetric`; ``w``; ``frames`` (for
     videos, scored through their mean frame embedding); ``visual``: ``"image"`` (default) or ``"video"``.
@@ -845,25 +833,23 @@ class CLIPScoreMetric(RegisteredMetric):
     """
 
     metric = "clip_s"
-    default_name = "clip_s"
-    columns = CLIPScoreHooks().columns(None, None)  # as before, readable on the class
 
 
 class FLEURMetric(RegisteredMetric):
     """FLEUR (or RefFLEUR when ``update`` gets references) as a torchmetrics Metric; in [0, 1],
     higher is better.
 
-    Columns: ``score`` (NaN where the judge's answer did not parse, so left out of the mean), ``empty``
-    and ``parsed`` (1 when the answer parsed; its mean is the parse rate).
+    Columns: ``score`` (NaN where the judge's answer did not parse, so left out of the mean), ``empty``,
+    ``scored`` (1 when the answer gave a score; its mean is the parse rate) and ``parsed`` (the greedy
+    answer read as a number).
 
     Args: ``model`` (a LLaVA name or directory, a ``(model, processor)`` pair or a LocalJudge) or
     ``scorer`` (a configured `FLEUR`); ``device``, ``dtype``; ``visual``:
     ``"image"`` (default) or ``"video"`` (scored on FLEUR's three-frame composite).
 
     Examples:
-        >>> import random
         >>> from capreward.testing import fleur_task_image
-        >>> red = fleur_task_image("red", random.Random(0))
+        >>> red = fleur_task_image("red")                # a fixed synthetic image
         >>> from capreward.torchmetrics import FLEURMetric
         >>> from capreward.testing import tiny_judge_dir
         >>> metric = FLEURMetric(model=str(tiny_judge_dir()))
@@ -873,9 +859,7 @@ class FLEURMetric(RegisteredMetric):
     """
 
     metric = "fleur"
-    default_name = "fleur"
-    columns = FLEURHooks().columns(None, None)  # as before, readable on the class
 
 
 __all__ = ["CaptionMetric", "CaptionScores", "CLIPScoreMetric", "EMScoreMetric", "FLEURMetric", "RegisteredMetric",
-           "named_metrics", "nanmean"]
+           "metric_columns", "named_metrics", "nanmean"]
