@@ -54,8 +54,9 @@ from ..errors import SampleError, kind_of
 from ..judges.caller_text import is_blank
 from ..judges.injection import injection_reasons
 from ..judges.local_chat import LocalChatJudge
-from ..judges.protocol import ChatRequest, ChatResponse, JudgeBackend, user_turn
+from ..judges.protocol import ChatRequest, ChatResponse, JudgeBackend, answer_problem, user_turn
 from ..media import MediaError, media_key
+from ..metrics.logprobs import MalformedAnswer, listed_probabilities
 from ..media.keys import hash_bytes
 from .claims_prompts import CLAIMS_PROMPT_VERSION, INVENTORY_PROMPT, coverage_prompt, split_prompt, verify_prompt
 from .claims_split import Claim, claim_key, claims_of_references, lexical_coverage, split_claims
@@ -112,22 +113,30 @@ def _word(text: str) -> str:
 
 def read_alternatives(response: ChatResponse) -> YesNo:
     """Yes/no probabilities from a server's first answer token: the summed probabilities of the listed
-    alternatives that read as "yes" and as "no"."""
+    alternatives that read as "yes" and as "no". A malformed answer
+    (:func:`~capreward.judges.protocol.answer_problem`) has no reading, and the reason."""
     if not response.ok:
         return YesNo(error=SampleError.of(response.error, kind=kind_of(response.error, "judge_unavailable")))
     if not response.tokens:
         return YesNo(error=SampleError(None, "judge_unreadable", "", "the backend returned no token log-probabilities"))
     first = response.tokens[0]
     listed = first.ranked or tuple(first.top.items()) or ((first.token, first.logprob),)
+    problem = answer_problem(response)
+    try:
+        if problem is not None:
+            raise MalformedAnswer(problem)
+        listed = listed_probabilities(listed, "the first answer token's alternatives")
+    except MalformedAnswer as exc:
+        return YesNo(error=SampleError(None, "judge_unreadable", "", f"malformed answer: {exc}"))
     seen: set[str] = set()
     p = {"yes": 0.0, "no": 0.0}
-    for text, lp in listed:
+    for text, prob in listed:
         if text in seen:  # one token listed twice: count it once
             continue
         seen.add(text)
         w = _word(text)
         if w in p:
-            p[w] += math.exp(lp)
+            p[w] += prob
     if p["yes"] == 0.0 and p["no"] == 0.0:
         return YesNo(error=SampleError(None, "judge_unreadable", "",
                                        "neither yes nor no is among the listed alternatives of the first answer token"))

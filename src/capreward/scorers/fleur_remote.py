@@ -58,7 +58,7 @@ from ..judges.images import mean_background, pad_to_square
 from ..errors import SampleError, kind_of
 from ..judges.injection import injection_reasons
 from ..judges.prompts import FLEUR_EXPLAIN_PROMPT, LLAVA_V1_CHAT_TEMPLATE, fleur_prompt
-from ..judges.protocol import ChatRequest, ChatResponse, JudgeBackend, TokenLogprob, assistant_turn, user_turn
+from ..judges.protocol import ChatRequest, ChatResponse, JudgeBackend, TokenLogprob, answer_problem, assistant_turn, user_turn
 from ..metrics.fleur import (
     DIGIT_SEARCHES,
     ONE,
@@ -71,6 +71,7 @@ from ..metrics.fleur import (
     raw_scores,
     release_token_search,
 )
+from ..metrics.logprobs import listed_probabilities
 from .fleur import FLEURResult, judge_visuals
 from .remote_numbers import check_tolerance
 from .validation import caption_list, check_references
@@ -133,9 +134,12 @@ class StepRead:
 def read_step(token: TokenLogprob, weights: torch.Tensor) -> StepRead:
     """The digit probabilities at a read step from the token's top alternatives (see the module
     docstring for the exact and renormalised cases and the bound). ``weights`` (10,) are the rule's
-    weights at this step. Raises ValueError when no digit is listed at all."""
+    weights at this step. Raises ValueError when no digit is listed at all, and
+    :class:`~capreward.metrics.logprobs.MalformedAnswer` (a ValueError) when the alternatives are no
+    distribution's (:func:`~capreward.metrics.logprobs.listed_probabilities`)."""
     lead = token.token[:-1]  # the whitespace written before the digit
-    listed = {d: math.exp(token.top[lead + s]) for d, s in enumerate(DIGITS) if lead + s in token.top}
+    top = dict(listed_probabilities(token.top.items(), f"the alternatives of the token {token.token!r}"))
+    listed = {d: top[lead + s] for d, s in enumerate(DIGITS) if lead + s in top}
     if not listed:
         raise ValueError(f"no digit among the {len(token.top)} alternatives of the token {token.token!r}")
     probs = torch.full((10,), float("nan"), dtype=torch.float64)
@@ -146,7 +150,7 @@ def read_step(token: TokenLogprob, weights: torch.Tensor) -> StepRead:
         return StepRead(probs, True, 0.0, len(listed))
     mass = sum(listed.values())
     weighted = sum(float(weights[d]) * p for d, p in listed.items())
-    all_listed = [math.exp(v) for v in token.top.values()]
+    all_listed = list(top.values())
     unlisted = min(max(0.0, 1.0 - sum(all_listed)), len(missing) * min(all_listed))
     added = weighted * (1.0 / mass - 1.0)
     removed = max(float(weights[d]) for d in missing) * unlisted
@@ -406,6 +410,8 @@ class RemoteFLEUR:
         elif response.finish_reason == "length":
             error = SampleError(None, "judge_unreadable", "",
                                 f"the answer did not end within max_tokens={self.max_tokens} tokens: {response.text!r}")
+        elif (problem := answer_problem(response, self.max_tokens)) is not None:
+            error = SampleError(None, "judge_unreadable", "", f"malformed answer: {problem}")
         else:
             reading = read_answer(response.tokens)
             if self.digit_search == "release":

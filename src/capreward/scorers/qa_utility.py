@@ -34,8 +34,9 @@ from ..caption_reading import read_caption
 from ..judges.caller_text import Data, control_token_ids, encode_parts, fill_parts, is_blank, render
 from ..judges.injection import injection_reasons
 from ..judges.prompts import LLAVA_V1_SYSTEM, render_chat_template
-from ..judges.protocol import ChatRequest, JudgeBackend, SyncBackendMixin, user_turn
+from ..judges.protocol import ChatRequest, JudgeBackend, SyncBackendMixin, answer_problem, user_turn
 from ..media import media_key
+from ..metrics.logprobs import MalformedAnswer, listed_probabilities
 from ..media.keys import hash_bytes
 from .claims import _Cache
 from .claims_prompts import CLAIMS_PROMPT_VERSION, LETTERS, QA_GENERATION_PROMPT, qa_prompt
@@ -340,12 +341,20 @@ class QAUtility:
             first = response.tokens[0]
             per = [0.0] * len(q.options)
             seen = set()
-            for text, lp in first.ranked or tuple(first.top.items()):
+            try:
+                problem = answer_problem(response)
+                if problem is not None:
+                    raise MalformedAnswer(problem)
+                listed = listed_probabilities(first.ranked or tuple(first.top.items()), "the answer token's alternatives")
+            except MalformedAnswer as exc:
+                out.append((math.nan, SampleError(None, "judge_unreadable", "", f"malformed answer: {exc}")))
+                continue
+            for text, prob in listed:
                 bare = text.strip().rstrip(".):")
                 if text in seen or len(bare) != 1 or bare not in LETTERS[: len(q.options)]:
                     continue
                 seen.add(text)
-                per[LETTERS.index(bare)] += math.exp(lp)
+                per[LETTERS.index(bare)] += prob
             total = sum(per) if self.normalise else 1.0
             # no listed letter: no option was chosen, which is worth what a wrong answer is (0)
             out.append((per[q.answer] / total if total > 0 else 0.0, None))

@@ -48,8 +48,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..judges.protocol import ChatRequest, ChatResponse, TokenLogprob, assistant_turn
+from ..judges.protocol import ChatRequest, ChatResponse, TokenLogprob, answer_problem, assistant_turn
 from ..metrics.gveval import NUM_SCORES, alternatives_after_marker, alternatives_distribution, digit_tree_distribution
+from ..metrics.logprobs import MalformedAnswer, checked_logprob, listed_probabilities
 
 DIGITS = tuple(str(d) for d in range(10))
 #: Default largest bound (score points on 0..100) an expected score read from a digit tree may carry.
@@ -195,12 +196,16 @@ def read_node(alternatives: Sequence[tuple[str, float]], lead: str = "") -> Node
     """The digit probabilities at one node from its listed alternatives (text, log-probability), digits
     looked up as ``lead + d``. A listed alternative that continues the number with more than one digit,
     or with digits and text together, means the tokenizer does not write numbers one digit per token:
-    an error."""
+    an error; so are alternatives that are no distribution's
+    (:func:`~capreward.metrics.logprobs.listed_probabilities`)."""
     probs = np.zeros(10, dtype=np.float64)
     seen: set[int] = set()
     listed = []
-    for text, logprob in alternatives:
-        p = math.exp(logprob) if logprob is not None and not math.isnan(logprob) else 0.0
+    try:
+        checked = listed_probabilities(alternatives, "the alternatives")
+    except MalformedAnswer as exc:
+        return NodeRead(probs, 0.0, f"malformed answer: {exc}")
+    for text, p in checked:
         listed.append(p)
         if not text.startswith(lead):
             continue
@@ -309,6 +314,11 @@ def digit_trees(
                 continue
             last = answer.prompt_logprobs[-1] if answer.ok and answer.prompt_logprobs else None
             logprob = next((lp for text, lp in last or () if text == piece), None)
+            try:
+                logprob = None if logprob is None else checked_logprob(logprob, f"the prompt log-probability of {piece!r}")
+            except MalformedAnswer as exc:
+                errors[i] = f"malformed answer: {exc}"
+                continue
             if logprob is None:
                 where = "at the number's first digit" if digits is None else f"after {sites[i].lead + digits!r}"
                 errors[i] = (f"{where}: " + (f"a prompt-logprobs request failed: {answer.error}" if not answer.ok else
@@ -398,6 +408,10 @@ def remote_distributions(
         if not response.ok:
             reads[i] = NumberRead(None, None, response.error)
             continue
+        problem = answer_problem(response)
+        if problem is not None:
+            reads[i] = NumberRead(None, None, f"malformed answer: {problem}")
+            continue
         site = locate_number(response.tokens, marker, response.text)
         if site.kind is None and marker is not None and site.index < 0:
             reads[i] = _release_fallback(response, marker, site.error)
@@ -408,8 +422,11 @@ def remote_distributions(
             if marker is not None:
                 p, why = alternatives_after_marker([t.token for t in response.tokens], tops, marker)
             else:
-                p = alternatives_distribution(tops[site.index], strip=True) if tops[site.index] else None
-                why = None if p is not None else "no alternative of the score token is an integer 0..100"
+                try:
+                    p = alternatives_distribution(tops[site.index], strip=True) if tops[site.index] else None
+                    why = None if p is not None else "no alternative of the score token is an integer 0..100"
+                except MalformedAnswer as exc:
+                    p, why = None, f"malformed answer: {exc}"
             reads[i] = NumberRead(p, "alternatives" if p is not None else None, why)
         else:
             token = response.tokens[site.index]

@@ -21,6 +21,10 @@ judge directory (the tiny trained judge in tests), one request at a time; ``echo
 Faults (``POST /control`` with a JSON object, or the same keys as ``--fault`` JSON on the command line,
 so that a restarted server can start faulty): ``{"status": 429, "count": k}`` answers the next k chat
 requests with that HTTP status (with a ``Retry-After`` header when ``"retry_after": s`` is given); ``{"malformed": k}`` answers them 200 with a truncated JSON body;
+``{"body": <any JSON>, "count": k}`` answers them 200 with that JSON as it is (a lying server: NaN,
+``1000.0`` or ``+5`` log-probabilities, wrong shapes); ``{"oversize": n, "count": k}`` answers them with a
+well-formed completion whose text is ``n`` characters, far past any ``max_tokens`` (``"chunked": true``:
+sent without Content-Length);
 ``{"delay": s, "count": k}`` sleeps s seconds before answering them; ``{"latency": s}`` delays every
 answer by s seconds; ``{"jitter": s}`` adds a random delay in [0, s] to every answer (so answers finish
 out of order); ``{"reset": true}`` clears all faults and the counters of ``GET /stats``. Faults queue up and are used in order.
@@ -67,8 +71,9 @@ class BadRequest(CaprewardError, ValueError):
 # ------------------------------------------------------------------------------------- backends
 class EchoBackend:
     """A model-free backend: answers ``"echo: <last user text>"``; token i (a word, with its leading
-    space after the first) has log-probability ``-0.01 * (i + 1)`` and alternatives ``"alt0".."altk"``
-    below it. Deterministic, so a client can check every answer belongs to its request."""
+    space after the first) has log-probability ``-0.2 - 0.01 * i`` and alternatives ``"alt0".."altk"``
+    at ``2 + j`` below it, so the listed probabilities of a position sum below 1, as a model's do.
+    Deterministic, so a client can check every answer belongs to its request."""
 
     name = "echo"
 
@@ -88,8 +93,8 @@ class EchoBackend:
                 text, finish = text[: text.index(s)], "stop"
         tokens = []
         for i, piece in enumerate(pieces):
-            lp = -0.01 * (i + 1)
-            top = {piece: lp, **{f"alt{j}": lp - 1.0 - j for j in range(max(0, top_logprobs - 1))}}
+            lp = -0.2 - 0.01 * i
+            top = {piece: lp, **{f"alt{j}": lp - 2.0 - j for j in range(max(0, top_logprobs - 1))}}
             tokens.append((piece, lp, dict(list(top.items())[:top_logprobs])))
         return {"text": text, "tokens": tokens, "finish_reason": finish}
 
@@ -362,6 +367,11 @@ class Faults:
                 self.queue.extend(dict(fault) for _ in range(int(spec.get("count", 1))))
             if "malformed" in spec:
                 self.queue.extend({"malformed": True} for _ in range(int(spec["malformed"])))
+            if "body" in spec:
+                self.queue.extend({"body": spec["body"]} for _ in range(int(spec.get("count", 1))))
+            if "oversize" in spec:
+                fault = {"oversize": int(spec["oversize"]), "chunked": bool(spec.get("chunked", False))}
+                self.queue.extend(dict(fault) for _ in range(int(spec.get("count", 1))))
             if "delay" in spec:
                 self.queue.extend({"delay": float(spec["delay"])} for _ in range(int(spec.get("count", 1))))
 
@@ -402,6 +412,47 @@ def make_handler(backend: Any, model: str, faults: Faults, api_key: str | None =
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+
+        def _send_chunked(self, status: int, body: bytes, chunk: int = 1 << 16) -> None:
+            """Answer with ``Transfer-Encoding: chunked`` (no Content-Length: a client learns the size only
+            by reading)."""
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            try:
+                for at in range(0, len(body), chunk):
+                    piece = body[at : at + chunk]
+                    self.wfile.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+                self.wfile.write(b"0\r\n\r\n")
+            except (BrokenPipeError, ConnectionResetError):  # the client stopped reading: what a cap does
+                self.close_connection = True
+
+        def _fault(self, fault: dict) -> bool:
+            """Answer with an injected fault; False when ``fault`` only delays the answer."""
+            if "status" in fault:
+                status = fault["status"]
+                wait = fault.get("retry_after")
+                headers = {"Retry-After": f"{float(wait):g}"} if wait is not None else None
+                self._error(status, f"injected fault: HTTP {status}", "InjectedFault", headers)
+                return True
+            if "malformed" in fault:
+                self._send(200, raw=b'{"id": "chatcmpl-broken", "choices": [{"index": 0, "mess')
+                return True
+            if "body" in fault:  # a lie: whatever JSON the test chose, as a 200 answer
+                self._send(200, raw=json.dumps(fault["body"]).encode())
+                return True
+            if "oversize" in fault:  # a well-formed completion far past any max_tokens
+                text = "9" * fault["oversize"]
+                body = json.dumps(completion_body(model, {"text": text, "tokens": [], "finish_reason": "stop"}, False)).encode()
+                if fault["chunked"]:
+                    self._send_chunked(200, body)
+                else:
+                    self._send(200, raw=body)
+                return True
+            if "delay" in fault:
+                time.sleep(fault["delay"])
+            return False
 
         def _error(self, status: int, message: str, kind: str, headers: dict | None = None) -> None:
             self._send(status, {"error": {"message": message, "type": kind, "code": status}}, headers=headers)
@@ -456,16 +507,8 @@ def make_handler(backend: Any, model: str, faults: Faults, api_key: str | None =
             fault, delay = faults.next()
             if delay:
                 time.sleep(delay)
-            if fault is not None:
-                if "status" in fault:
-                    status = fault["status"]
-                    wait = fault.get("retry_after")
-                    headers = {"Retry-After": f"{float(wait):g}"} if wait is not None else None
-                    return self._error(status, f"injected fault: HTTP {status}", "InjectedFault", headers)
-                if "malformed" in fault:
-                    return self._send(200, raw=b'{"id": "chatcmpl-broken", "choices": [{"index": 0, "mess')
-                if "delay" in fault:
-                    time.sleep(fault["delay"])
+            if fault is not None and self._fault(fault):
+                return None
             request_model = body.get("model")
             if request_model != model:
                 return self._error(404, f"the model {request_model!r} does not exist", "NotFoundError")
