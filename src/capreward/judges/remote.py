@@ -42,7 +42,17 @@ from PIL import Image
 
 from ..errors import CaprewardError
 from .caller_text import escape_special_tokens
-from .protocol import ChatRequest, ChatResponse, ChatTurn, MalformedAnswer, TokenLogprob, answer_problem, visual_key
+from .protocol import (
+    ChatRequest,
+    ChatResponse,
+    ChatTurn,
+    MalformedAnswer,
+    NextTokenAnswer,
+    NextTokenQuery,
+    TokenLogprob,
+    answer_problem,
+    visual_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +66,9 @@ CLIENT_MAX_RETRY_AFTER = 120.0
 MAX_RESPONSE_BYTES = 64 << 20
 #: The most bytes of answers a response cache keeps (beside its count of entries).
 CACHE_BYTES = 64 << 20
+#: The most prompts one next-token request carries by default (a digit tree needs 102, G-VEval's four
+#: ACCR trees 408).
+NEXT_TOKEN_BATCH = 512
 
 
 class MalformedResponse(CaprewardError):
@@ -426,6 +439,93 @@ class OpenAIJudge:
         AsyncOpenAI = require("remote", "openai", used_by=type(self).__name__).AsyncOpenAI
         return AsyncOpenAI(base_url=self.base_url, api_key=key, max_retries=self.max_retries, timeout=self.timeout,
                            http_client=capped_http_client(self.max_response_bytes))
+
+    # ------------------------------------------------------------------------- exact next-token scoring
+    def _next_tokens(self, queries: Sequence[NextTokenQuery]) -> list[NextTokenAnswer]:
+        """:meth:`_anext_tokens`, from synchronous code (inside a running event loop, on a fresh loop in a
+        worker thread)."""
+        queries = list(queries)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self._anext_tokens(queries))
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+            return pool.submit(asyncio.run, self._anext_tokens(queries)).result()
+
+    def next_token_chunks(self, queries: Sequence[NextTokenQuery]) -> list[list[int]]:
+        """The requests ``queries`` go out in, as lists of query indices: one per group
+        (:attr:`~capreward.judges.protocol.NextTokenQuery.group`, first seen first), split where the
+        server needs one request's prompts to agree (:meth:`_batch_key`) and at ``max_batch`` prompts
+        (default :data:`NEXT_TOKEN_BATCH`)."""
+        size = int(getattr(self, "max_batch", NEXT_TOKEN_BATCH))
+        groups: dict[Any, list[int]] = {}
+        for i, query in enumerate(queries):
+            groups.setdefault((query.group, self._batch_key(query)), []).append(i)
+        return [rows[s : s + size] for rows in groups.values() for s in range(0, len(rows), size)]
+
+    def _batch_key(self, query: NextTokenQuery) -> Any:
+        """What the prompts of one next-token request must share (none here)."""
+        return None
+
+    def _next_token_body(self, chunk: Sequence[NextTokenQuery], encode: Any) -> tuple[str, dict]:
+        """``(path, JSON body)`` of the request that scores ``chunk`` (a subclass's protocol)."""
+        raise NotImplementedError(f"{type(self).__name__} does not score next tokens")
+
+    def _next_token_maps(self, reply: Any, chunk: Sequence[NextTokenQuery]) -> list[dict]:
+        """Per query of ``chunk``, ``{token id: log-probability}`` read from the server's ``reply``."""
+        raise NotImplementedError(f"{type(self).__name__} does not score next tokens")
+
+    async def _anext_tokens(self, queries: Sequence[NextTokenQuery]) -> list[NextTokenAnswer]:
+        """Every query answered, each chunk (:meth:`next_token_chunks`) in one request, at most
+        ``max_concurrency`` in flight, with this backend's retries; a malformed reply
+        (:func:`~capreward.judges.protocol.answer_next_tokens` refuses it) is asked again. A failed
+        chunk's queries get ``error`` set; the call does not raise for it."""
+        from .._extras import require
+        from .protocol import answer_next_tokens
+
+        require("remote", "openai", used_by=type(self).__name__)
+        queries = list(queries)
+        results: list[NextTokenAnswer | None] = [None] * len(queries)
+        if not queries:
+            return []
+        chunks = self.next_token_chunks(queries)
+        key = self._api_key()
+        semaphore = asyncio.Semaphore(self.max_concurrency)
+        uris: dict[Any, str] = {}
+
+        def encode(image: Image.Image) -> str:
+            k = visual_key(image)
+            if k not in uris:
+                uris[k] = image_data_uri(image)
+            return uris[k]
+
+        async with self._client(key) as client:
+
+            async def run(rows: list[int]) -> None:
+                chunk = [queries[i] for i in rows]
+                try:
+                    path, body = self._next_token_body(chunk, encode)
+                except ValueError as exc:
+                    for i in rows:
+                        results[i] = NextTokenAnswer(None, f"invalid request: {exc}")
+                    return
+
+                async def ask() -> list[NextTokenAnswer]:
+                    reply = await client.post(path, cast_to=object, body=body)
+                    try:
+                        maps = self._next_token_maps(reply, chunk)
+                    except (KeyError, IndexError, TypeError, AttributeError) as exc:
+                        raise MalformedResponse(f"the reply is not the server's schema ({type(exc).__name__}: {exc})") from exc
+                    return answer_next_tokens(chunk, maps, "the server")
+
+                async with semaphore:
+                    got = await self._attempts(rows[0], ask, key)
+                for n, i in enumerate(rows):
+                    results[i] = NextTokenAnswer(None, got.error) if isinstance(got, ChatResponse) else got[n]
+
+            await asyncio.gather(*(run(rows) for rows in chunks))
+        log.info("%s: scored %d next-token queries in %d requests", self.model, len(queries), len(chunks))
+        return [r if r is not None else NextTokenAnswer(None, "internal error: no result") for r in results]
 
     # ------------------------------------------------------------------------------------ response cache
     @staticmethod

@@ -54,7 +54,7 @@ from ..errors import SampleError, kind_of
 from ..judges.caller_text import is_blank
 from ..judges.injection import injection_reasons
 from ..judges.local_chat import LocalChatJudge
-from ..judges.protocol import ChatRequest, ChatResponse, JudgeBackend, answer_problem, user_turn
+from ..judges.protocol import ChatRequest, ChatResponse, JudgeBackend, NextTokenQuery, answer_problem, scores_next_tokens, user_turn
 from ..media import MediaError, media_key
 from ..metrics.logprobs import MalformedAnswer, listed_probabilities
 from ..media.keys import hash_bytes
@@ -165,21 +165,48 @@ class YesNoReader:
     def exact(self) -> bool:
         return isinstance(self.backend, LocalChatJudge)
 
+    @property
+    def scores_next_tokens(self) -> bool:
+        """A remote backend that scores chosen next tokens (:class:`~capreward.judges.protocol.NextTokenScorer`):
+        P(yes)/P(no) read exactly, one request per group."""
+        return not self.exact and scores_next_tokens(self.backend)
+
     def request(self, text: str, image: Any) -> ChatRequest:
         return ChatRequest(turns=(user_turn(text, [image]),), max_tokens=1, temperature=0.0,
                            top_logprobs=0 if self.exact else self.top_logprobs)
 
-    def read(self, requests: Sequence[ChatRequest]) -> list[YesNo]:
-        """One :class:`YesNo` per request, in order."""
+    def read(self, requests: Sequence[ChatRequest], groups: Sequence[Any] | None = None) -> list[YesNo]:
+        """One :class:`YesNo` per request, in order. ``groups[i]``: the request group of request i on a
+        backend that scores next tokens (the requests of one group go to the server together)."""
         requests = list(requests)
         if not requests:
             return []
+        if self.scores_next_tokens:
+            return self._read_next_tokens(requests, groups)
         if not self.exact:
             responses = self.backend.generate(requests)
             if len(responses) != len(requests):
                 raise RuntimeError(f"the backend answered {len(responses)} of {len(requests)} requests")
             return [read_alternatives(r) for r in responses]
         return self._read_local(requests)
+
+    def _read_next_tokens(self, requests: list[ChatRequest], groups: Sequence[Any] | None) -> list[YesNo]:
+        """P(yes), P(no) of the first answer token from the backend's exact next-token scores: the summed
+        probabilities of the tokens that read as "yes" and as "no" (the ids the local reading sums)."""
+        if self._ids is None:
+            self._ids = (answer_token_ids(self.backend.tokenizer, "yes"), answer_token_ids(self.backend.tokenizer, "no"))
+        yes, no = self._ids
+        ids = tuple(yes) + tuple(no)
+        groups = list(groups) if groups is not None else [None] * len(requests)
+        answers = self.backend.next_token_logprobs([NextTokenQuery(r, "", ids, g) for r, g in zip(requests, groups)])
+        out = []
+        for answer in answers:
+            if not answer.ok:
+                out.append(YesNo(error=SampleError(None, kind_of(answer.error, "judge_unavailable"), "", answer.error)))
+                continue
+            p = answer.probabilities()
+            out.append(YesNo(sum(p[: len(yes)]), sum(p[len(yes):])))
+        return out
 
     @torch.inference_mode()
     def _read_local(self, requests: list[ChatRequest]) -> list[YesNo]:
@@ -466,7 +493,8 @@ class ClaimScorer:
                 for v, cap, c in (todo[k] for k in keys)
             ]
             self.judge_calls += len(requests)
-            for key, reading in zip(keys, self.reader.read(requests)):
+            groups = [id(todo[k][0]) for k in keys]  # one request per visual on a backend that scores next tokens
+            for key, reading in zip(keys, self.reader.read(requests, groups)):
                 value = reading.probability(self.normalise, self.min_mass)
                 found[key] = value
                 if reading.error is None and isinstance(key, str):

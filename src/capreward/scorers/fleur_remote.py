@@ -58,7 +58,17 @@ from ..judges.images import mean_background, pad_to_square
 from ..errors import SampleError, kind_of
 from ..judges.injection import injection_reasons
 from ..judges.prompts import FLEUR_EXPLAIN_PROMPT, LLAVA_V1_CHAT_TEMPLATE, fleur_prompt
-from ..judges.protocol import ChatRequest, ChatResponse, JudgeBackend, TokenLogprob, answer_problem, assistant_turn, user_turn
+from ..judges.protocol import (
+    ChatRequest,
+    ChatResponse,
+    JudgeBackend,
+    NextTokenQuery,
+    TokenLogprob,
+    answer_problem,
+    assistant_turn,
+    scores_next_tokens,
+    user_turn,
+)
 from ..metrics.fleur import (
     DIGIT_SEARCHES,
     ONE,
@@ -277,7 +287,7 @@ class RemoteFLEUR:
             TypeError: an input of the wrong type, naming the item.
         """
         n, sent, requests = self._score_requests(candidates, images, references, videos)
-        result = self.read(_placed(n, sent, self.backend.generate(requests)))
+        result = self.read(_placed(n, sent, self.backend.generate(requests)), _placed(n, sent, requests))
         result.injection = injection_reasons(caption_list(candidates))
         return result
 
@@ -288,12 +298,25 @@ class RemoteFLEUR:
         requests = self.requests([candidates[n] for n in sent], [visuals[n] for n in sent], [refs[n] for n in sent] if refs else None)
         return len(candidates), sent, requests
 
-    def read(self, responses: Sequence[ChatResponse | None]) -> RemoteFLEURResult:
-        """The result for the backend's answers (None: an empty caption, not sent)."""
+    def read(self, responses: Sequence[ChatResponse | None],
+             requests: Sequence[ChatRequest | None] | None = None) -> RemoteFLEURResult:
+        """The result for the backend's answers (None: an empty caption, not sent).
+
+        Args:
+            responses: per candidate, the backend's answer (None: not sent).
+            requests: per candidate, the request answered; with them, on a backend that scores next
+                tokens (:class:`~capreward.judges.protocol.NextTokenScorer`), every read step whose
+                alternatives miss a weighted digit is read exactly: the ten digits' log-probabilities at
+                that step, one request per candidate (:meth:`exact_steps`).
+
+        Returns:
+            The `RemoteFLEURResult`.
+        """
         n = len(responses)
         probs = torch.full((n, 2, 10), float("nan"), dtype=torch.float64)
         bound = torch.full((n,), float("nan"), dtype=torch.float64)
         readings, errors, raw, exact = [], [], [], []
+        pending: list[tuple[int, int, int]] = []  # (sample, read step j, token index) to read exactly
         for i, response in enumerate(responses):
             reading, err = self._reading(response)
             if reading.ok:
@@ -305,11 +328,20 @@ class RemoteFLEUR:
                 else:
                     for j, step in enumerate(steps):
                         probs[i, j] = step.probs
+                        if not step.exact:
+                            pending.append((i, j, reading.steps[j]))
                     bound[i] = sum(step.bound for step in steps)
             readings.append(reading)
             errors.append(SampleError.of(err, i, kind="judge_unreadable"))
             raw.append(response.text if response is not None else "")
             exact.append(bool(reading.ok and bound[i] == 0))
+        if pending and requests is not None and scores_next_tokens(self.backend):
+            for i, why in self.exact_steps(responses, requests, pending, probs).items():
+                if why is None:
+                    bound[i], exact[i] = 0.0, True
+                else:
+                    readings[i] = FleurReading(value=readings[i].value, rule=None, error=why)
+                    errors[i] = SampleError(i, kind_of(why, "judge_unreadable"), "", why)
         rules = [r.rule for r in readings]
         score = fleur_from_digit_probs(torch.nan_to_num(probs), rules).float()
         if self.tolerance is not None:
@@ -352,7 +384,7 @@ class RemoteFLEUR:
             The `RemoteFLEURResult`.
         """
         n, sent, requests = self._score_requests(candidates, images, references, videos)
-        result = self.read(_placed(n, sent, await self.backend.agenerate(requests)))
+        result = self.read(_placed(n, sent, await self.backend.agenerate(requests)), _placed(n, sent, requests))
         result.injection = injection_reasons(caption_list(candidates))
         return result
 
@@ -400,6 +432,43 @@ class RemoteFLEUR:
             for n, c in enumerate(candidates)
         ]
         return self.backend.generate(requests)
+
+    def exact_steps(self, responses: Sequence[ChatResponse | None], requests: Sequence[ChatRequest | None],
+                    steps: Sequence[tuple[int, int, int]], probs: torch.Tensor) -> dict[int, str | None]:
+        """Read read steps exactly on a backend that scores next tokens: for each ``(sample, j, token
+        index)``, the log-probabilities of the ten digit tokens (after the whitespace the step's token starts
+        with) once the answer before that token is written; ``probs[sample, j]`` gets them. A sample's
+        steps go to the server in one request.
+
+        Args:
+            responses: the greedy answers.
+            requests: the requests they answer.
+            steps: what to read.
+            probs: (N, 2, 10) filled in place.
+
+        Returns:
+            Per sample asked, None when every step was read, else why not.
+        """
+        from .remote_numbers import lead_digit_ids
+
+        queries, where, out = [], [], {}
+        for i, j, s in steps:
+            tokens = responses[i].tokens  # type: ignore[union-attr]
+            try:
+                ids = lead_digit_ids(self.backend.tokenizer, tokens[s].token[:-1])
+            except ValueError as exc:
+                out[i] = f"the served tokenizer: {exc}"
+                continue
+            queries.append(NextTokenQuery(requests[i], "".join(t.token for t in tokens[:s]), tuple(ids), group=i))
+            where.append((i, j))
+        answers = self.backend.next_token_logprobs(queries) if queries else []
+        for (i, j), answer in zip(where, answers):
+            if not answer.ok:
+                out[i] = out.get(i) or f"judge request failed: {answer.error}"
+                continue
+            probs[i, j] = torch.tensor(answer.probabilities(), dtype=torch.float64)
+            out.setdefault(i, None)
+        return out
 
     # ---------------------------------------------------------------------------------- plumbing
     def _reading(self, response: ChatResponse | None) -> tuple[FleurReading, str | None]:

@@ -107,13 +107,16 @@ def score_distributions(
     *,
     tolerance: float = DEFAULT_TOLERANCE,
     tree_top_logprobs: int = TREE_TOP_LOGPROBS,
+    groups: Sequence[Any] | None = None,
 ) -> tuple[list[np.ndarray | None], list[str | None]]:
     """Exact distributions on a local backend; on any other backend the distribution the response's
     tokenisation allows (:func:`~capreward.scorers.remote_numbers.remote_distributions`: the released rule
-    for whole-number tokens, a digit tree within ``tolerance`` score points for numbers written digit by
-    digit, never an expectation over part of a number), or None and the reason."""
+    for whole-number tokens, a digit tree for numbers written digit by digit - exact in one request per
+    group on a backend that scores next tokens, else within ``tolerance`` score points - never an
+    expectation over part of a number), or None and the reason. ``groups[i]``: the request group of
+    response i (its caption: one request per caption)."""
     if is_exact_backend(backend):
         return exact_distributions(backend, requests, responses, markers)
     reads = remote_distributions(backend, requests, responses, markers, top_logprobs=tree_top_logprobs,
-                                 tolerance=tolerance)
+                                 tolerance=tolerance, groups=groups)
     return [r.probs for r in reads], [None if r.probs is not None else r.error for r in reads]
