@@ -202,6 +202,23 @@ def test_scorers_give_none_with_the_reason_for_a_1000_logprob():
     assert YesNoReader(Scripted([yes])).read([ChatRequest((user_turn("?", [IMAGE]),))])[0].error is not None
 
 
+def test_rewards_on_a_lying_judge_give_none_not_an_exception():
+    """The issue's GVEvalReward and ClaimsReward on a remote judge: one lying answer is one None."""
+    from capreward.rewards import GVEvalReward
+    from capreward.rewards.claims import ClaimsReward
+
+    lie = ChatResponse("The score is $9$.", (
+        TokenLogprob("The score is ", -0.1, {"The score is ": -0.1}),
+        TokenLogprob("$", -0.1, {"$": -0.1}),
+        TokenLogprob("9", 1000.0, {"9": 1000.0}, (("9", 1000.0),)),
+        TokenLogprob("$", -0.1, {"$": -0.1}),
+    ), finish_reason="stop")
+    values = GVEvalReward(backend=Scripted([lie]), requery=0, max_tokens=64)(None, ["a red car"], image=[IMAGE])
+    assert values == [None]
+    yes = ChatResponse("Yes", (TokenLogprob("Yes", 1000.0, {"Yes": 1000.0}, (("Yes", 1000.0),)),))
+    assert ClaimsReward(scorer=ClaimScorer(Scripted([yes]), cache_size=0))(None, ["a red car."], image=[IMAGE]) == [None]
+
+
 # ----------------------------------------------------------------- through a lying HTTP server
 @pytest.fixture(scope="module")
 def liar(tmp_path_factory):

@@ -445,7 +445,9 @@ def answer_problem(response: "ChatResponse", max_tokens: int | None = None) -> s
     try:
         for n, token in enumerate(response.tokens):
             name = f"token {n} ({str(token.token)[:20]!r})"
-            listed_probabilities([(token.token, token.logprob)], name)
+            if not isinstance(token.token, str) or len(token.token) > MAX_TOKEN_CHARS:
+                return f"{name} is not a text of at most {MAX_TOKEN_CHARS} characters"
+            checked_logprob(token.logprob, name)
             listed_probabilities(token.ranked or tuple(token.top.items()), f"the alternatives of {name}")
         positions = response.prompt_logprobs
         if positions is not None:
@@ -509,10 +511,18 @@ class NextTokenAnswer:
 
     @property
     def ok(self) -> bool:
+        """Whether there is an answer."""
         return self.error is None and self.logprobs is not None
 
     def probabilities(self) -> list[float]:
-        """The probabilities of the asked tokens (exp of ``logprobs``). Raises ValueError without an answer."""
+        """The probabilities of the asked tokens.
+
+        Returns:
+            ``exp`` of each of ``logprobs``, in order.
+
+        Raises:
+            ValueError: there is no answer (``error`` set).
+        """
         if not self.ok:
             raise ValueError(f"no answer: {self.error}")
         return [math.exp(lp) for lp in self.logprobs]  # type: ignore[union-attr]

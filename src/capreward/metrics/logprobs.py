@@ -102,12 +102,12 @@ def listed_probabilities(pairs: Iterable[Any], where: str = "the alternatives") 
         try:
             text, logprob = pair
         except (TypeError, ValueError):
-            raise MalformedAnswer(f"{where}[{n}] is not a (text, log-probability) pair") from None
+            raise MalformedAnswer(f"{where}: entry {n} is not a (text, log-probability) pair") from None
         if not isinstance(text, str):
-            raise MalformedAnswer(f"{where}[{n}] has a {type(text).__name__} for its text")
+            raise MalformedAnswer(f"{where}: entry {n} has a {type(text).__name__} for its text")
         if len(text) > MAX_TOKEN_CHARS:
-            raise MalformedAnswer(f"{where}[{n}] is a token of {len(text)} characters (at most {MAX_TOKEN_CHARS})")
-        p = math.exp(checked_logprob(logprob, f"{where}[{n}] ({text[:20]!r})"))
+            raise MalformedAnswer(f"{where}: entry {n} is a token of {len(text)} characters (at most {MAX_TOKEN_CHARS})")
+        p = math.exp(checked_logprob(logprob, f"{where}: entry {n} ({text[:20]!r})"))
         total += p
         out.append((text, p))
     if total > 1.0 + MASS_SLACK:
