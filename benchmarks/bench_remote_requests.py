@@ -121,7 +121,12 @@ def qa_rows(n):
     from capreward.testing.tiny_qa_judge import colour_questions, qa_backend, tiny_qa_judge_dir
 
     captions = [f"a {COLOURS[i % 4]} ball on the grass." for i in range(n)]
-    questions = [colour_questions(COLOURS[(i + i // 4) % 4]) for i in range(n)]
+    questions = []  # three questions per caption: the colour question with its options in three orders
+    for i in range(n):
+        (question,) = colour_questions(COLOURS[i % 4])
+        options = question["options"]
+        questions.append([{"question": question["question"], "options": options[r:] + options[:r],
+                           "answer": (question["answer"] - r) % len(options)} for r in range(3)])
     want = QAUtility(qa_backend(), cache_size=0).score(captions, questions=questions).score
     judge_dir = tiny_qa_judge_dir()
     rows = []
@@ -142,7 +147,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     logging.getLogger("capreward").setLevel(logging.WARNING)
-    rows = vlm_rows(args.metrics, args.captions)
+    rows = vlm_rows(args.metrics, args.captions) if {"gveval", "visce2"} & set(args.metrics) else []
     if "claims" in args.metrics:
         rows += claim_rows(args.captions)
     if "qa" in args.metrics:
