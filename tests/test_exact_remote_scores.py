@@ -226,3 +226,30 @@ def test_the_fallback_logs_its_request_count(vlm_server, vlm_judge, caplog):  # 
     assert sent > 20 and logged == [f"exact digit trees by one-token requests on tiny-vlm: {sent - 1} requests for 1 numbers "
                                     f"({sent - 1:.1f} each); a backend that scores next tokens (SGLangJudge, VLLMJudge) "
                                     "needs one request per caption"]
+
+
+def test_sglang_replies_are_read_with_the_served_tokenizer(tiny_judge_path):  # noqa: F811
+    """SGLang decodes each listed token alone (a SentencePiece "▁The" reads "The"); the backend rebuilds
+    the token texts from their ids, drops the end-of-sequence token SGLang lists, and reads an aborted
+    request as an error and a reply of another shape as malformed."""
+    from capreward.judges.remote import MalformedResponse
+
+    judge = SGLangJudge("http://127.0.0.1:9", tiny_judge_path, chat_template=LLAVA_V1_CHAT_TEMPLATE)
+    tok = judge.tokenizer
+    ids = tok.encode("ASSISTANT: The score is 7", add_special_tokens=False)
+    anchor, answer = ids[:3], ids[3:] + [tok.eos_token_id]
+    reply = {"text": "The score is 7", "output_ids": answer,
+             "meta_info": {"finish_reason": {"type": "stop", "matched": tok.eos_token_id},
+                           "output_token_logprobs": [[-0.25, i, tok.decode([i])] for i in answer],
+                           "output_top_logprobs": [[[-0.25, i, None], [-2.0, ids[0], None]] for i in answer]}}
+    response = judge.parse_reply(reply, anchor)
+    assert response.ok and response.finish_reason == "stop" and len(response.tokens) == len(answer) - 1
+    assert "".join(t.token for t in response.tokens) == tok.decode(ids, skip_special_tokens=True)[len(tok.decode(anchor)):]
+    assert response.tokens[0].token.startswith(" ") and response.tokens[0].logprob == -0.25
+    assert [p for p, _ in response.tokens[0].ranked][0] == response.tokens[0].token
+    aborted = judge.parse_reply({"text": "", "meta_info": {"finish_reason": {"type": "abort", "message": "too long"}}})
+    assert not aborted.ok and "aborted" in aborted.error and "too long" in aborted.error
+    with pytest.raises(MalformedResponse):
+        judge.parse_reply({"text": None, "meta_info": {"finish_reason": {"type": "stop"}}})
+    with pytest.raises(MalformedResponse):
+        judge.parse_reply(["not", "a", "reply"])

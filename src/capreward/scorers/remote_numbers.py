@@ -469,8 +469,11 @@ def exact_trees(
     answers = backend.next_token_logprobs(queries) if queries else []
     if len(answers) != len(queries):
         raise RuntimeError(f"the backend answered {len(answers)} of {len(queries)} queries")
-    sent = {g: len(backend.next_token_chunks([q for q in queries if q.group == g])) for g in dict.fromkeys(q.group for q in queries)} \
-        if callable(getattr(backend, "next_token_chunks", None)) else {}
+    sent: dict[Hashable, int] = {}  # requests per group, as the backend splits them
+    if callable(getattr(backend, "next_token_chunks", None)):
+        for chunk in backend.next_token_chunks(queries):
+            group = queries[chunk[0]].group
+            sent[group] = sent.get(group, 0) + 1
     out = []
     for i in range(n):
         if spans[i] is None:
