@@ -14,15 +14,18 @@ contract between them, kept stable:
 - chat backends for VisCE² and G-VEval: :class:`LocalChatJudge` (local LLaVA, exact score distributions),
   :class:`OpenAIJudge` (any OpenAI-compatible server), :class:`SGLangJudge` (SGLang's ``/generate``) and
   :class:`VLLMJudge` (vLLM), all speaking :class:`JudgeBackend`; the last two also score chosen next
-  tokens exactly (:class:`NextTokenScorer`), one request per caption;
+  tokens exactly (:class:`NextTokenScorer`), one request per caption; :class:`LocalTextJudge`, a
+  text-only causal LM (the QA-utility reward's answerer);
 - ``teacher_forcing_inputs(...)`` + ``logits_at(inputs, features, image_index, text_embeds=None)``: one
   differentiable pass returning the logits at chosen answer steps.
 """
 
 from .images import mean_background, pad_to_square
-from .loading import DEFAULT_LLAVA, JudgeLoadError, load_llava, resolve_device, resolve_dtype
+from ..default_models import DEFAULT_LLAVA
+from .loading import JudgeLoadError, load_llava, resolve_device, resolve_dtype
 from .local import DecodeState, GreedyOutput, LocalJudge, TeacherForcing, common_prefix_length
 from .local_chat import LocalChatJudge
+from .local_text import LocalTextJudge
 from .protocol import (
     ChatRequest,
     ChatResponse,
@@ -54,5 +57,5 @@ from .prompts import (
 #: Documented in the API reference (docs/api/judges.md). The engine's parts (``DecodeState``,
 #: ``GreedyOutput``, ``TeacherForcing``, the prompts, ``load_llava``...) still import from here.
 __all__ = ["ChatRequest", "ChatResponse", "ChatTurn", "JudgeBackend", "JudgeLoadError", "LocalChatJudge", "LocalJudge",
-           "MalformedAnswer", "NextTokenAnswer", "NextTokenQuery", "NextTokenScorer", "OpenAIJudge", "SGLangJudge",
-           "TokenLogprob", "VLLMJudge", "answer_problem", "assistant_turn", "system_turn", "user_turn"]
+           "LocalTextJudge", "MalformedAnswer", "NextTokenAnswer", "NextTokenQuery", "NextTokenScorer", "OpenAIJudge",
+           "SGLangJudge", "TokenLogprob", "VLLMJudge", "answer_problem", "assistant_turn", "system_turn", "user_turn"]

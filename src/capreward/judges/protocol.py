@@ -25,7 +25,7 @@ import asyncio
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Iterable, Iterator, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Hashable, Iterator, Mapping, Protocol, Sequence, runtime_checkable
 
 from PIL import Image
 

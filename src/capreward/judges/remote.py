@@ -84,7 +84,7 @@ def _http_module() -> Any:
     releases): its transports and streams are that library's."""
     import openai._base_client as base
 
-    return getattr(base, "httpx2", None) or getattr(base, "httpx")
+    return getattr(base, "httpx2", None) or base.httpx
 
 
 def capped_http_client(max_bytes: int) -> Any:
@@ -406,8 +406,6 @@ class OpenAIJudge:
 
     async def _send(self, requests: list[ChatRequest], send: list[int], results: list) -> None:
         """Send ``requests[i]`` for each i in ``send`` concurrently, answers into ``results[i]``."""
-        from .._extras import require
-
         key = self._api_key()
         semaphore = asyncio.Semaphore(self.max_concurrency)
         uris: dict[Any, str] = {}  # one PNG encoding per distinct image (by its pixels) in this call

@@ -21,7 +21,7 @@ control one from a test with :class:`ChatServer`. It listens on 127.0.0.1 and se
 
 Backends: ``local`` answers with :class:`~capreward.judges.local_chat.LocalChatJudge` over a saved LLaVA
 judge directory (the tiny trained judge in tests), one request at a time; ``text`` with
-:class:`~capreward.scorers.qa_utility.LocalTextJudge` over a saved text-only judge directory (the tiny QA
+:class:`~capreward.judges.local_text.LocalTextJudge` over a saved text-only judge directory (the tiny QA
 judge); ``echo`` answers ``"echo: <last user text>"`` word by word with fixed log-probabilities and needs
 no model (fault tests).
 
@@ -169,7 +169,7 @@ class LocalBackend:
 
 
 class TextBackend:
-    """:class:`~capreward.scorers.qa_utility.LocalTextJudge` over a saved text-only judge directory (the
+    """:class:`~capreward.judges.local_text.LocalTextJudge` over a saved text-only judge directory (the
     tiny QA judge in tests): one user message (and a continued assistant prefill) per conversation, no
     images; message text parsed for special tokens, as vLLM does."""
 
@@ -177,7 +177,7 @@ class TextBackend:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from capreward.scorers.qa_utility import LocalTextJudge
+        from capreward.judges.local_text import LocalTextJudge
         from capreward.testing.chat_server_native import TextRows
 
         torch.set_num_threads(threads)

@@ -123,7 +123,7 @@ class LlavaRows:
 
 
 class TextRows:
-    """The same from a local text-only judge (:class:`~capreward.scorers.qa_utility.LocalTextJudge`)."""
+    """The same from a local text-only judge (:class:`~capreward.judges.local_text.LocalTextJudge`)."""
 
     def __init__(self, text_judge: Any, error: type = BadRequest):
         self.text = text_judge
