@@ -129,7 +129,7 @@ def test_unreadable_tokenisations_give_a_reason():
     assert "shares the token" in locate_number(merged, "$").error
     assert "no '$'" in locate_number((TokenLogprob("85", 0.0),), "$").error
     assert locate_number((TokenLogprob("a", 0.0), TokenLogprob(" 7", 0.0)), None).lead == " "
-    bad = read_node((("8", -0.1), ("85", -1.0)))
+    bad = read_node((("8", -0.5), ("85", -2.0)))
     assert bad.error and "more than one digit" in bad.error
 
 

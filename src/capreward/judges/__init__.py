@@ -11,9 +11,11 @@ contract between them, kept stable:
 - ``step(state, tokens)`` (in place), ``select(state, rows)`` (branch), ``greedy(state, budget)`` ->
   :class:`GreedyOutput` with the logits of every step (or of the steps writing chosen tokens), ended
   rows dropped from the batch as it goes;
-- chat backends for VisCE² and G-VEval: :class:`LocalChatJudge` (local LLaVA, exact score distributions)
-  and :class:`OpenAIJudge` (any OpenAI-compatible server), both speaking :class:`JudgeBackend`;
-  :class:`LocalTextJudge`, a text-only causal LM (the QA-utility reward's answerer);
+- chat backends for VisCE² and G-VEval: :class:`LocalChatJudge` (local LLaVA, exact score distributions),
+  :class:`OpenAIJudge` (any OpenAI-compatible server), :class:`SGLangJudge` (SGLang's ``/generate``) and
+  :class:`VLLMJudge` (vLLM), all speaking :class:`JudgeBackend`; the last two also score chosen next
+  tokens exactly (:class:`NextTokenScorer`), one request per caption; :class:`LocalTextJudge`, a
+  text-only causal LM (the QA-utility reward's answerer);
 - ``teacher_forcing_inputs(...)`` + ``logits_at(inputs, features, image_index, text_embeds=None)``: one
   differentiable pass returning the logits at chosen answer steps.
 """
@@ -29,12 +31,19 @@ from .protocol import (
     ChatResponse,
     ChatTurn,
     JudgeBackend,
+    MalformedAnswer,
+    NextTokenAnswer,
+    NextTokenQuery,
+    NextTokenScorer,
     TokenLogprob,
+    answer_problem,
     assistant_turn,
     system_turn,
     user_turn,
 )
 from .remote import OpenAIJudge
+from .sglang import SGLangJudge
+from .vllm import VLLMJudge
 from .prompts import (
     FLEUR_EXPLAIN_PROMPT,
     FLEUR_PROMPT,
@@ -48,4 +57,5 @@ from .prompts import (
 #: Documented in the API reference (docs/api/judges.md). The engine's parts (``DecodeState``,
 #: ``GreedyOutput``, ``TeacherForcing``, the prompts, ``load_llava``...) still import from here.
 __all__ = ["ChatRequest", "ChatResponse", "ChatTurn", "JudgeBackend", "JudgeLoadError", "LocalChatJudge", "LocalJudge",
-           "LocalTextJudge", "OpenAIJudge", "TokenLogprob", "assistant_turn", "system_turn", "user_turn"]
+           "LocalTextJudge", "MalformedAnswer", "NextTokenAnswer", "NextTokenQuery", "NextTokenScorer", "OpenAIJudge",
+           "SGLangJudge", "TokenLogprob", "VLLMJudge", "answer_problem", "assistant_turn", "system_turn", "user_turn"]

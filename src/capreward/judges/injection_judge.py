@@ -20,9 +20,9 @@ reason is logged): the patterns still apply.
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any, Sequence
 
+from ..metrics.logprobs import MalformedAnswer, listed_probabilities
 from .protocol import ChatRequest, JudgeBackend, user_turn
 
 logger = logging.getLogger(__name__)
@@ -41,9 +41,15 @@ def _label(token: str) -> str:
 
 def yes_probability(top: dict[str, float]) -> float | None:
     """``p_yes / (p_yes + p_no)`` from one token's alternatives (text -> log-probability), summing every
-    alternative whose text reads "yes" (or "no"); None when neither is among them."""
-    yes = sum(math.exp(lp) for t, lp in top.items() if _label(t) == "yes")
-    no = sum(math.exp(lp) for t, lp in top.items() if _label(t) == "no")
+    alternative whose text reads "yes" (or "no"); None when neither is among them, or when the
+    alternatives are no distribution's (:func:`~capreward.metrics.logprobs.listed_probabilities`)."""
+    try:
+        listed = listed_probabilities(top.items(), "the answer token's alternatives")
+    except MalformedAnswer as exc:
+        logger.info("injection judge: malformed answer (%s)", exc)
+        return None
+    yes = sum(p for t, p in listed if _label(t) == "yes")
+    no = sum(p for t, p in listed if _label(t) == "no")
     return yes / (yes + no) if yes + no > 0 else None
 
 

@@ -40,6 +40,7 @@ from ..default_models import DEFAULT_LLAVA
 from .loading import load_llava, resolve_device, resolve_dtype
 from .caller_text import Data, PromptParts, control_token_ids, control_token_strings, encode_parts_many, render
 from .prompts import IMAGE_PLACEHOLDER, LLAVA_V1_SYSTEM, llava_v1_parts
+from .vocab import digit_token_ids
 
 
 @dataclass
@@ -245,24 +246,10 @@ class LocalJudge:
             )
 
     def digit_token_ids(self) -> list[int]:
-        """Token ids of the digits 0-9, from the tokenizer: ``encode(str(d))[-1]`` as FLEUR's code does.
-
-        Each is checked to decode to exactly its digit, i.e. digits are single tokens. Returns 10 ids.
-        """
+        """Token ids of the digits 0-9 (:func:`~capreward.judges.vocab.digit_token_ids` of this judge's
+        tokenizer, computed once). Returns 10 ids."""
         if self._digit_ids is None:
-            ids = []
-            for d in range(10):
-                tid = self.tokenizer.encode(str(d))[-1]
-                text = self.tokenizer.decode([tid]).strip()
-                if text != str(d):
-                    raise ValueError(
-                        f"the tokenizer has no single token for the digit {d} (encode({str(d)!r})[-1] = {tid} "
-                        f"decodes to {text!r}); digit-distribution metrics need a tokenizer that splits digits"
-                    )
-                ids.append(int(tid))
-            if len(set(ids)) != 10:
-                raise ValueError(f"digit token ids are not distinct: {ids}")
-            self._digit_ids = ids
+            self._digit_ids = digit_token_ids(self.tokenizer)
         return list(self._digit_ids)
 
     # ------------------------------------------------------------------------------------- text side

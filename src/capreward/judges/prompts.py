@@ -9,6 +9,8 @@ closed by ``</s>``.
 
 from __future__ import annotations
 
+import functools
+
 from typing import Sequence
 
 from .caller_text import Data, render
@@ -67,12 +69,17 @@ def render_chat_template(
     """``template`` rendered for OpenAI-style ``messages`` with a generation prompt, as
     ``transformers``' ``apply_chat_template`` and vLLM render chat templates (sandboxed Jinja,
     ``trim_blocks`` and ``lstrip_blocks``). Returns the prompt text (special tokens as text)."""
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    return env.from_string(template).render(
+    return _compiled(template).render(
         messages=list(messages), add_generation_prompt=True, bos_token=bos_token, eos_token=eos_token
     )
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled(template: str):
+    """``template`` compiled once (a sandboxed Jinja environment; compiling costs far more than rendering)."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    return ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(template)
 
 
 def fleur_prompt(caption: str, references: Sequence[str] | None = None) -> str:

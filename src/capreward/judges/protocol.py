@@ -7,16 +7,29 @@ log-probabilities (what OpenAI-compatible servers return as ``logprobs.content[i
 
 A backend never drops or reorders requests: ``generate(requests)[i]`` answers ``requests[i]``, and a
 request that failed after the backend's retries gets a response with ``error`` set and no text.
+
+What a backend answers is read in one way by every reader (digit trees, yes/no, option letters, listed
+alternatives, prompt log-probabilities): :func:`checked_logprob` and :func:`listed_probabilities` turn
+log-probabilities into probabilities and refuse what no model writes (a value that is not a finite
+number at most 0, alternatives at one position whose probabilities sum above 1), and
+:func:`answer_problem` refuses an answer larger than was asked. A remote backend treats such an answer as
+a failed attempt (asked again, never cached); a reader given one directly gives that sample no score and
+the reason, never an exception. A backend that can score chosen next tokens exactly
+(:class:`NextTokenQuery`, :class:`NextTokenScorer`) lets the readers reach exact remote scores in at most
+two requests per caption.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Hashable, Iterator, Mapping, Protocol, Sequence, runtime_checkable
 
 from PIL import Image
+
+from ..metrics.logprobs import MAX_TOKEN_CHARS, MalformedAnswer, checked_logprob, listed_probabilities
 
 
 class FrozenMapping(Mapping):
@@ -378,3 +391,189 @@ class SyncBackendMixin:
 
     async def agenerate(self, requests: Sequence[ChatRequest]) -> list[ChatResponse]:
         return await asyncio.to_thread(self.generate, list(requests))
+
+
+# ------------------------------------------------------------------------------ reading answers safely
+#: The most characters an answer may hold whatever was asked (a request with ``max_tokens`` allows
+#: at most ``MAX_TOKEN_CHARS`` per token asked, below this).
+MAX_ANSWER_CHARS = 1 << 20
+#: The most tokens an answer may hold when no ``max_tokens`` was asked.
+MAX_ANSWER_TOKENS = 1 << 16
+#: The most prompt positions a response's ``prompt_logprobs`` may hold.
+MAX_PROMPT_POSITIONS = 1 << 18
+
+
+def answer_limit(max_tokens: int | None) -> tuple[int, int]:
+    """``(most tokens, most characters)`` an answer to a request with this ``max_tokens`` may hold."""
+    if max_tokens is None:
+        return MAX_ANSWER_TOKENS, MAX_ANSWER_CHARS
+    tokens = max(1, int(max_tokens))
+    return tokens, min(MAX_ANSWER_CHARS, MAX_TOKEN_CHARS * tokens)
+
+
+def answer_problem(response: "ChatResponse", max_tokens: int | None = None) -> str | None:
+    """Why ``response`` is malformed, or None: its text or token count larger than ``max_tokens`` allows
+    (:func:`answer_limit`), or a token, alternative or prompt log-probability that
+    :func:`listed_probabilities` refuses. An answer with ``error`` set is not malformed (it has nothing
+    to read).
+
+    Args:
+        response: the backend's answer.
+        max_tokens: the budget the request asked (None: the global bounds).
+
+    Returns:
+        None, or the reason (a sentence naming the first problem).
+
+    Examples:
+        >>> from capreward.judges.protocol import ChatResponse, TokenLogprob, answer_problem
+        >>> answer_problem(ChatResponse("Yes", (TokenLogprob("Yes", 5.0, {"Yes": 5.0}),)))
+        "token 0 ('Yes') is 5.0: a log-probability is a finite number at most 0"
+        >>> answer_problem(ChatResponse("8" * 5000), max_tokens=2)
+        'the answer holds 5000 characters; max_tokens=2 allows at most 2048'
+    """
+    if response.error is not None:
+        return None
+    text = response.text
+    if not isinstance(text, str):
+        return f"the answer is a {type(text).__name__}, not text"
+    most_tokens, most_chars = answer_limit(max_tokens)
+    budget = "no max_tokens" if max_tokens is None else f"max_tokens={max_tokens}"
+    if len(text) > most_chars:
+        return f"the answer holds {len(text)} characters; {budget} allows at most {most_chars}"
+    if len(response.tokens) > most_tokens:
+        return f"the answer holds {len(response.tokens)} tokens; {budget} allows at most {most_tokens}"
+    try:
+        for n, token in enumerate(response.tokens):
+            name = f"token {n} ({str(token.token)[:20]!r})"
+            if not isinstance(token.token, str) or len(token.token) > MAX_TOKEN_CHARS:
+                return f"{name} is not a text of at most {MAX_TOKEN_CHARS} characters"
+            checked_logprob(token.logprob, name)
+            listed_probabilities(token.ranked or tuple(token.top.items()), f"the alternatives of {name}")
+        positions = response.prompt_logprobs
+        if positions is not None:
+            if len(positions) > MAX_PROMPT_POSITIONS:
+                return f"prompt_logprobs hold {len(positions)} positions (at most {MAX_PROMPT_POSITIONS})"
+            for n, entries in enumerate(positions):
+                if entries is not None:
+                    listed_probabilities(entries, f"the prompt log-probabilities at position {n}")
+    except MalformedAnswer as exc:
+        return str(exc)
+    return None
+
+
+# ------------------------------------------------------------------------- exact next-token scoring
+@dataclass(frozen=True)
+class NextTokenQuery:
+    """Ask a backend for the exact log-probability of chosen tokens as the next token of an answer.
+
+    Args:
+        request: the conversation (its last turn a user turn; its images, template and text as for
+            :meth:`JudgeBackend.generate`).
+        prefix: the assistant's answer written so far, continued as a prefill ("": the answer's first
+            token).
+        token_ids: the vocabulary ids (of the backend's :attr:`NextTokenScorer.tokenizer`) whose
+            log-probability is asked.
+        group: queries with equal ``group`` go to the server together, in one request (a reader puts
+            one caption's queries, or one image's, in one group).
+
+    Examples:
+        >>> from capreward.judges import NextTokenQuery, ChatRequest, user_turn
+        >>> q = NextTokenQuery(ChatRequest((user_turn("Rate it."),)), "The score is $8", (15, 16), group=0)
+        >>> q.prefix, q.token_ids
+        ('The score is $8', (15, 16))
+    """
+
+    request: ChatRequest
+    prefix: str = ""
+    token_ids: tuple[int, ...] = ()
+    group: Hashable = None
+
+
+@dataclass(frozen=True)
+class NextTokenAnswer:
+    """The answer to one :class:`NextTokenQuery`.
+
+    Args:
+        logprobs: per asked token id, in order, its log-probability as the next token (checked: finite,
+            at most 0; -9999 where a server floors a vanishing one), or None when ``error`` is set.
+        error: None, or why there is no answer (after the backend's retries).
+
+    Examples:
+        >>> import math
+        >>> from capreward.judges import NextTokenAnswer
+        >>> a = NextTokenAnswer((math.log(0.25), math.log(0.5)))
+        >>> a.ok, [round(p, 2) for p in a.probabilities()]
+        (True, [0.25, 0.5])
+    """
+
+    logprobs: tuple[float, ...] | None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether there is an answer."""
+        return self.error is None and self.logprobs is not None
+
+    def probabilities(self) -> list[float]:
+        """The probabilities of the asked tokens.
+
+        Returns:
+            ``exp`` of each of ``logprobs``, in order.
+
+        Raises:
+            ValueError: there is no answer (``error`` set).
+        """
+        if not self.ok:
+            raise ValueError(f"no answer: {self.error}")
+        return [math.exp(lp) for lp in self.logprobs]  # type: ignore[union-attr]
+
+
+@runtime_checkable
+class NextTokenScorer(Protocol):
+    """A backend that scores chosen next tokens exactly (:class:`~capreward.judges.sglang.SGLangJudge`,
+    :class:`~capreward.judges.vllm.VLLMJudge`): ``tokenizer`` is the served model's tokenizer (the ids
+    of :attr:`NextTokenQuery.token_ids`), and :meth:`next_token_logprobs` answers every query, each
+    group of queries in one request.
+
+    Examples:
+        >>> from capreward.judges import NextTokenScorer, OpenAIJudge
+        >>> isinstance(OpenAIJudge("http://127.0.0.1:1/v1", "m", api_key_env=None), NextTokenScorer)
+        False
+    """
+
+    name: str
+    tokenizer: Any
+
+    def next_token_logprobs(self, queries: Sequence[NextTokenQuery]) -> list[NextTokenAnswer]:
+        """Answer every query.
+
+        Args:
+            queries: what to score.
+
+        Returns:
+            One :class:`NextTokenAnswer` per query, in order (a failed one has ``error`` set).
+        """
+
+
+def scores_next_tokens(backend: Any) -> bool:
+    """Whether ``backend`` scores chosen next tokens exactly (a :class:`NextTokenScorer` with a tokenizer)."""
+    return callable(getattr(backend, "next_token_logprobs", None)) and getattr(backend, "tokenizer", None) is not None
+
+
+def answer_next_tokens(queries: Sequence[NextTokenQuery], logprobs: Sequence[Any], where: str = "the server") -> list[NextTokenAnswer]:
+    """:class:`NextTokenAnswer` s from a server's per-query ``{token id: log-probability}`` maps (None: no
+    answer for that query): each asked id must be listed, each value pass :func:`checked_logprob`, and
+    the asked ids' probabilities sum to at most 1. Raises :class:`MalformedAnswer` for the first query
+    that does not (a backend asks the whole request again)."""
+    out = []
+    for n, (query, got) in enumerate(zip(queries, logprobs)):
+        if not isinstance(got, Mapping):
+            raise MalformedAnswer(f"{where} gave no log-probabilities for query {n}")
+        values = []
+        for token_id in query.token_ids:
+            if token_id not in got:
+                raise MalformedAnswer(f"{where} did not list the asked token {token_id} for query {n}")
+            values.append(got[token_id])
+        listed_probabilities([(str(t), v) for t, v in zip(query.token_ids, values)], f"the asked tokens of query {n}")
+        out.append(NextTokenAnswer(tuple(checked_logprob(v) for v in values)))
+    return out

@@ -13,8 +13,12 @@ Robustness, because a reward batch must never lose or shift a sample:
   exponential backoff and jitter, honouring a server's ``Retry-After``; other 4xx answers (a bad
   request) are not retried;
 - what the client does not do, done here: a 2xx body that is not a chat completion (not JSON, no
-  choices), which the client hands back as it is, is asked again, up to ``max_retries`` times; and the
-  whole request, every attempt and wait included, is bounded (:meth:`OpenAIJudge.request_deadline`);
+  choices), which the client hands back as it is, is asked again, up to ``max_retries`` times, and so is
+  a malformed answer (:func:`~capreward.judges.protocol.answer_problem`: a log-probability that is not a
+  finite number at most 0, alternatives summing above 1, more text or tokens than ``max_tokens`` allows);
+  the whole request, every attempt and wait included, is bounded (:meth:`OpenAIJudge.request_deadline`);
+- a body is never read past ``max_response_bytes`` (:func:`capped_http_client`): a server that answers
+  40 MB is a failed attempt, not 40 MB in memory;
 - ``result[i]`` always answers ``requests[i]``: results are stored by index, never by completion order,
   and a request that still fails gets a :class:`ChatResponse` with ``error`` naming the failure.
 
@@ -38,7 +42,17 @@ from PIL import Image
 
 from ..errors import CaprewardError
 from .caller_text import escape_special_tokens
-from .protocol import ChatRequest, ChatResponse, ChatTurn, TokenLogprob, visual_key
+from .protocol import (
+    ChatRequest,
+    ChatResponse,
+    ChatTurn,
+    MalformedAnswer,
+    NextTokenAnswer,
+    NextTokenQuery,
+    TokenLogprob,
+    answer_problem,
+    visual_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +62,84 @@ TOP_LOGPROBS_CAP = 20
 RETRY_STATUSES = frozenset({408, 409, 429})
 #: The longest ``Retry-After`` the openai client waits for before a retry (its ``MAX_RETRY_AFTER_DELAY``).
 CLIENT_MAX_RETRY_AFTER = 120.0
+#: The most bytes of one response body read (a larger body is a failed attempt).
+MAX_RESPONSE_BYTES = 64 << 20
+#: The most bytes of answers a response cache keeps (beside its count of entries).
+CACHE_BYTES = 64 << 20
+#: The most prompts one next-token request carries by default (a digit tree needs 102, G-VEval's four
+#: ACCR trees 408).
+NEXT_TOKEN_BATCH = 512
 
 
 class MalformedResponse(CaprewardError):
     """The server answered 2xx with a body that is not a usable chat completion."""
+
+
+class ResponseTooLarge(MalformedResponse):
+    """A response body longer than the client's ``max_response_bytes`` (not read past it)."""
+
+
+def _http_module() -> Any:
+    """The HTTP library the installed ``openai`` client runs on (``httpx``, or ``httpx2`` in its newest
+    releases): its transports and streams are that library's."""
+    import openai._base_client as base
+
+    return getattr(base, "httpx2", None) or base.httpx
+
+
+def capped_http_client(max_bytes: int) -> Any:
+    """An async HTTP client for the ``openai`` client (its defaults: timeouts, connection limits,
+    redirects) that reads no response body past ``max_bytes``: a ``Content-Length`` above it is refused
+    before the body is read, and a body streamed past it stops there; both raise
+    :class:`ResponseTooLarge`, which the ``openai`` client retries like a broken connection.
+
+    Args:
+        max_bytes: the most bytes of one body.
+
+    Returns:
+        An ``openai.DefaultAsyncHttpxClient``.
+    """
+    import openai
+
+    hx = _http_module()
+    limit = int(max_bytes)
+
+    class CappedStream(hx.AsyncByteStream):
+        def __init__(self, inner: Any):
+            self.inner = inner
+
+        async def __aiter__(self):
+            seen = 0
+            async for chunk in self.inner:
+                seen += len(chunk)
+                if seen > limit:
+                    raise ResponseTooLarge(f"the response body is longer than {limit} bytes")
+                yield chunk
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+    async def cap(response: Any) -> None:
+        length = response.headers.get("content-length", "")
+        if length.isdigit() and int(length) > limit:
+            raise ResponseTooLarge(f"the response body has {int(length)} bytes (at most {limit} are read)")
+        response.stream = CappedStream(response.stream)
+
+    return openai.DefaultAsyncHttpxClient(event_hooks={"response": [cap]})
+
+
+def response_bytes(response: ChatResponse) -> int:
+    """About how many bytes ``response`` holds in memory (its text, tokens and listed alternatives): what a
+    response cache counts against its byte bound."""
+    size = 200 + 2 * len(response.text)
+    for token in response.tokens:
+        size += 120 + 2 * len(token.token)
+        for text, _ in token.ranked or tuple(token.top.items()):
+            size += 2 * (80 + 2 * len(text))  # in ranked and in top
+    for entries in response.prompt_logprobs or ():
+        for text, _ in entries or ():
+            size += 80 + 2 * len(text)
+    return size
 
 
 def image_data_uri(image: Image.Image) -> str:
@@ -175,6 +263,10 @@ class OpenAIJudge:
             token): the exact digit trees then read a digit missing from a node's ``top_logprobs`` as the
             last prompt token of a request prefilled with it (`capreward.scorers.remote_numbers`), so a
             server with a small ``--max-logprobs`` still gives exact expected scores.
+        cache_size: greedy answers kept in memory (0: none), least recently used first out.
+        cache_bytes: the most bytes those answers may hold (:func:`response_bytes`); an answer larger
+            than this is not kept.
+        max_response_bytes: the most bytes of one response body read (:func:`capped_http_client`).
 
     A request whose last turn is an assistant message is sent as a prefill (vLLM's
     ``continue_final_message=true, add_generation_prompt=false``); a request's ``structured_outputs`` goes
@@ -205,6 +297,8 @@ class OpenAIJudge:
         token_limit_param: str = "max_tokens",
         prompt_logprobs: bool = False,
         cache_size: int = 0,
+        cache_bytes: int = CACHE_BYTES,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
     ):
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be at least 1, got {max_concurrency}")
@@ -228,8 +322,15 @@ class OpenAIJudge:
         self.token_limit_param = token_limit_param
         if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 0:
             raise ValueError(f"cache_size must be a non-negative int, got {cache_size!r}")
+        for what, value in (("cache_bytes", cache_bytes), ("max_response_bytes", max_response_bytes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{what} must be a positive int, got {value!r}")
         self.cache_size = cache_size
-        self._cache: OrderedDict[tuple, ChatResponse] = OrderedDict()
+        self.cache_bytes = cache_bytes
+        self.max_response_bytes = max_response_bytes
+        self._cache: OrderedDict[tuple, tuple[ChatResponse, int]] = OrderedDict()
+        self._cache_total = 0
+        self.requests_sent = 0  # requests sent (each counted once, however often the client retried it)
 
     def __repr__(self) -> str:
         return (
@@ -305,10 +406,6 @@ class OpenAIJudge:
 
     async def _send(self, requests: list[ChatRequest], send: list[int], results: list) -> None:
         """Send ``requests[i]`` for each i in ``send`` concurrently, answers into ``results[i]``."""
-        from .._extras import require
-
-        AsyncOpenAI = require("remote", "openai", used_by="OpenAIJudge").AsyncOpenAI
-
         key = self._api_key()
         semaphore = asyncio.Semaphore(self.max_concurrency)
         uris: dict[Any, str] = {}  # one PNG encoding per distinct image (by its pixels) in this call
@@ -319,8 +416,7 @@ class OpenAIJudge:
                 uris[k] = image_data_uri(image)
             return uris[k]
 
-        async with AsyncOpenAI(base_url=self.base_url, api_key=key, max_retries=self.max_retries,
-                               timeout=self.timeout) as client:
+        async with self._client(key) as client:
 
             async def run(index: int, request: ChatRequest) -> None:
                 try:
@@ -329,9 +425,105 @@ class OpenAIJudge:
                     results[index] = ChatResponse(text="", error=f"invalid request: {exc}")
                     return
                 async with semaphore:
-                    results[index] = await self._complete(client, index, body, key)
+                    results[index] = await self._complete(client, index, body, key, request.max_tokens)
 
             await asyncio.gather(*(run(i, requests[i]) for i in send))
+
+    def _client(self, key: str) -> Any:
+        """The ``openai`` async client for this server: its retries and timeouts, bodies capped at
+        ``max_response_bytes``."""
+        from .._extras import require
+
+        AsyncOpenAI = require("remote", "openai", used_by=type(self).__name__).AsyncOpenAI
+        return AsyncOpenAI(base_url=self.base_url, api_key=key, max_retries=self.max_retries, timeout=self.timeout,
+                           http_client=capped_http_client(self.max_response_bytes))
+
+    # ------------------------------------------------------------------------- exact next-token scoring
+    def _next_tokens(self, queries: Sequence[NextTokenQuery]) -> list[NextTokenAnswer]:
+        """:meth:`_anext_tokens`, from synchronous code (inside a running event loop, on a fresh loop in a
+        worker thread)."""
+        queries = list(queries)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self._anext_tokens(queries))
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+            return pool.submit(asyncio.run, self._anext_tokens(queries)).result()
+
+    def next_token_chunks(self, queries: Sequence[NextTokenQuery]) -> list[list[int]]:
+        """The requests ``queries`` go out in, as lists of query indices: one per group
+        (:attr:`~capreward.judges.protocol.NextTokenQuery.group`, first seen first), split where the
+        server needs one request's prompts to agree (:meth:`_batch_key`) and at ``max_batch`` prompts
+        (default :data:`NEXT_TOKEN_BATCH`)."""
+        size = int(getattr(self, "max_batch", NEXT_TOKEN_BATCH))
+        groups: dict[Any, list[int]] = {}
+        for i, query in enumerate(queries):
+            groups.setdefault((query.group, self._batch_key(query)), []).append(i)
+        return [rows[s : s + size] for rows in groups.values() for s in range(0, len(rows), size)]
+
+    def _batch_key(self, query: NextTokenQuery) -> Any:
+        """What the prompts of one next-token request must share (none here)."""
+        return None
+
+    def _next_token_body(self, chunk: Sequence[NextTokenQuery], encode: Any) -> tuple[str, dict]:
+        """``(path, JSON body)`` of the request that scores ``chunk`` (a subclass's protocol)."""
+        raise NotImplementedError(f"{type(self).__name__} does not score next tokens")
+
+    def _next_token_maps(self, reply: Any, chunk: Sequence[NextTokenQuery]) -> list[dict]:
+        """Per query of ``chunk``, ``{token id: log-probability}`` read from the server's ``reply``."""
+        raise NotImplementedError(f"{type(self).__name__} does not score next tokens")
+
+    async def _anext_tokens(self, queries: Sequence[NextTokenQuery]) -> list[NextTokenAnswer]:
+        """Every query answered, each chunk (:meth:`next_token_chunks`) in one request, at most
+        ``max_concurrency`` in flight, with this backend's retries; a malformed reply
+        (:func:`~capreward.judges.protocol.answer_next_tokens` refuses it) is asked again. A failed
+        chunk's queries get ``error`` set; the call does not raise for it."""
+        from .._extras import require
+        from .protocol import answer_next_tokens
+
+        require("remote", "openai", used_by=type(self).__name__)
+        queries = list(queries)
+        results: list[NextTokenAnswer | None] = [None] * len(queries)
+        if not queries:
+            return []
+        chunks = self.next_token_chunks(queries)
+        key = self._api_key()
+        semaphore = asyncio.Semaphore(self.max_concurrency)
+        uris: dict[Any, str] = {}
+
+        def encode(image: Image.Image) -> str:
+            k = visual_key(image)
+            if k not in uris:
+                uris[k] = image_data_uri(image)
+            return uris[k]
+
+        async with self._client(key) as client:
+
+            async def run(rows: list[int]) -> None:
+                chunk = [queries[i] for i in rows]
+                try:
+                    path, body = self._next_token_body(chunk, encode)
+                except ValueError as exc:
+                    for i in rows:
+                        results[i] = NextTokenAnswer(None, f"invalid request: {exc}")
+                    return
+
+                async def ask() -> list[NextTokenAnswer]:
+                    reply = await client.post(path, cast_to=object, body=body)
+                    try:
+                        maps = self._next_token_maps(reply, chunk)
+                    except (KeyError, IndexError, TypeError, AttributeError) as exc:
+                        raise MalformedResponse(f"the reply is not the server's schema ({type(exc).__name__}: {exc})") from exc
+                    return answer_next_tokens(chunk, maps, "the server")
+
+                async with semaphore:
+                    got = await self._attempts(rows[0], ask, key)
+                for n, i in enumerate(rows):
+                    results[i] = NextTokenAnswer(None, got.error) if isinstance(got, ChatResponse) else got[n]
+
+            await asyncio.gather(*(run(rows) for rows in chunks))
+        log.info("%s: scored %d next-token queries in %d requests", self.model, len(queries), len(chunks))
+        return [r if r is not None else NextTokenAnswer(None, "internal error: no result") for r in results]
 
     # ------------------------------------------------------------------------------------ response cache
     @staticmethod
@@ -345,16 +537,25 @@ class OpenAIJudge:
         if key is None or key not in self._cache:
             return None
         self._cache.move_to_end(key)
-        return self._cache[key]
+        return self._cache[key][0]
 
     def _cache_put(self, request: ChatRequest, response: ChatResponse) -> None:
+        """Keep a well-formed answer (never an error, never one :func:`answer_problem` refuses), within
+        ``cache_size`` entries and ``cache_bytes`` bytes, least recently used first out."""
         key = request.content_key if self.cache_size else None
-        if key is None:  # no cache, or a visual without a content key: never cached
+        if key is None or not response.ok:  # no cache, or a visual without a content key: never cached
             return
-        self._cache[key] = response
-        self._cache.move_to_end(key)
-        while len(self._cache) > self.cache_size:
-            self._cache.popitem(last=False)
+        if answer_problem(response, request.max_tokens) is not None:
+            return
+        size = response_bytes(response)
+        if size > self.cache_bytes:
+            return
+        if key in self._cache:
+            self._cache_total -= self._cache.pop(key)[1]
+        self._cache[key] = (response, size)
+        self._cache_total += size
+        while len(self._cache) > self.cache_size or self._cache_total > self.cache_bytes:
+            self._cache_total -= self._cache.popitem(last=False)[1][1]
 
     # ------------------------------------------------------------------------------------ internals
     def request_deadline(self) -> float:
@@ -396,19 +597,36 @@ class OpenAIJudge:
             body["extra_body"] = extra
         return body
 
-    async def _complete(self, client: Any, index: int, body: dict, key: str) -> ChatResponse:
+    async def _complete(self, client: Any, index: int, body: dict, key: str, max_tokens: int | None = None) -> ChatResponse:
         """One request; never raises for server or network failures. The client retries what HTTP says is
-        worth retrying; here only a 2xx body that is not a chat completion is asked again."""
+        worth retrying; here a 2xx body that is not a chat completion, or a malformed answer
+        (:func:`~capreward.judges.protocol.answer_problem` against ``max_tokens``), is asked again."""
+
+        async def ask() -> ChatResponse:
+            completion = await client.chat.completions.create(**body)
+            response = parse_completion(completion)
+            problem = answer_problem(response, max_tokens)
+            if problem is not None:
+                raise MalformedResponse(problem)
+            return response
+
+        return await self._attempts(index, ask, key)
+
+    async def _attempts(self, index: int, ask: Any, key: str) -> Any:
+        """``await ask()`` with this backend's failure handling (one request; never raises for server or
+        network failures): the ``openai`` client retries what HTTP says is worth retrying; a malformed
+        2xx body (``ask`` raises :class:`MalformedResponse`, a ValueError or :class:`MalformedAnswer`) is
+        asked again here, up to ``max_retries`` times. Returns what ``ask`` returns, or a
+        :class:`ChatResponse` with ``error`` set."""
         import openai
 
         attempts = f"after {self.max_retries + 1} attempts"
         last = "no attempt made"
         for attempt in range(self.max_retries + 1):
             try:
-                completion = await asyncio.wait_for(client.chat.completions.create(**body),
-                                                    timeout=self.request_deadline())
-                return parse_completion(completion)
-            except (MalformedResponse, openai.APIResponseValidationError, ValueError) as exc:
+                self.requests_sent += 1
+                return await asyncio.wait_for(ask(), timeout=self.request_deadline())
+            except (MalformedResponse, MalformedAnswer, openai.APIResponseValidationError, ValueError) as exc:
                 # json.JSONDecodeError is a ValueError: a 2xx body that is not JSON
                 last = f"malformed response ({_short(str(exc))})"
                 if attempt < self.max_retries:
@@ -420,7 +638,11 @@ class OpenAIJudge:
             except openai.APITimeoutError:
                 last = f"timed out after {self.timeout:g} s, {attempts}"
             except openai.APIConnectionError as exc:
-                last = f"connection error ({exc}), {attempts}"
+                cause = exc.__cause__
+                if isinstance(cause, ResponseTooLarge):
+                    last = f"malformed response ({cause}), {attempts}"
+                else:
+                    last = f"connection error ({exc}), {attempts}"
             except openai.APIStatusError as exc:
                 retried = exc.status_code in RETRY_STATUSES or exc.status_code >= 500
                 status = f"HTTP {exc.status_code} ({_short(exc.message)})"

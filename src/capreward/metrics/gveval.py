@@ -18,6 +18,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from .logprobs import MalformedAnswer, listed_probabilities
+
 #: Scores are the integers 0..100.
 NUM_SCORES = 101
 SCORE_STRINGS = tuple(str(n) for n in range(NUM_SCORES))
@@ -67,19 +69,21 @@ def alternatives_distribution(
     later entry wins, as in the released ``normalize_responses`` (a dict assignment per alternative).
     With ``strip``, texts are compared after removing surrounding whitespace and alternatives that map to
     the same number add up. Returns None when no alternative is a score or their probabilities sum to
-    0. Entries sum to 1.
+    0. Entries sum to 1. Raises :class:`~capreward.judges.protocol.MalformedAnswer` when the listed
+    log-probabilities are not a distribution's (:func:`~capreward.judges.protocol.listed_probabilities`:
+    one above 0, NaN, infinite, or a total above 1).
     """
     pairs = top.items() if isinstance(top, Mapping) else top
     latest: dict[str, float] = {}
-    for text, logprob in pairs:
+    for text, p in listed_probabilities(pairs, "the score token's alternatives"):
         latest.pop(text, None)  # re-insert: the later duplicate wins
-        latest[text] = logprob
+        latest[text] = p
     probs = np.zeros(NUM_SCORES, dtype=np.float64)
-    for text, logprob in latest.items():
+    for text, p in latest.items():
         key = text.strip() if strip else text
         n = _SCORE_INDEX.get(key)
-        if n is not None and logprob is not None and not math.isnan(logprob):
-            probs[n] += math.exp(logprob)
+        if n is not None:
+            probs[n] += p
     total = probs.sum()
     if not total > 0:
         return None
@@ -97,7 +101,8 @@ def alternatives_after_marker(
     """The renormalised score distribution at the token after the first token containing ``marker``.
 
     Returns ``(probs (101,) or None, reason or None)``; the reason says why there is no distribution
-    (no marker, nothing after it, no score among the alternatives).
+    (no marker, nothing after it, no score among the alternatives, alternatives that are no
+    distribution's).
     """
     i = marker_token_index(token_texts, marker)
     if i is None:
@@ -106,7 +111,10 @@ def alternatives_after_marker(
         return None, f"the answer ends at {marker!r}"
     if not tops[i + 1]:
         return None, "the backend reported no alternatives (top_logprobs) for the score token"
-    probs = alternatives_distribution(tops[i + 1])
+    try:
+        probs = alternatives_distribution(tops[i + 1])
+    except MalformedAnswer as exc:
+        return None, f"malformed answer: {exc}"
     if probs is None:
         listed = tops[i + 1].keys() if isinstance(tops[i + 1], Mapping) else [t for t, _ in tops[i + 1]]
         shown = ", ".join(repr(t) for t in list(listed)[:5])

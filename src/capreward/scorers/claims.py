@@ -54,8 +54,9 @@ from ..errors import SampleError, kind_of
 from ..judges.caller_text import is_blank
 from ..judges.injection import injection_reasons
 from ..judges.local_chat import LocalChatJudge
-from ..judges.protocol import ChatRequest, ChatResponse, JudgeBackend, user_turn
+from ..judges.protocol import ChatRequest, ChatResponse, JudgeBackend, NextTokenQuery, answer_problem, scores_next_tokens, user_turn
 from ..media import MediaError, media_key
+from ..metrics.logprobs import MalformedAnswer, listed_probabilities
 from ..media.keys import hash_bytes
 from .claims_prompts import CLAIMS_PROMPT_VERSION, INVENTORY_PROMPT, coverage_prompt, split_prompt, verify_prompt
 from .claims_split import Claim, claim_key, claims_of_references, lexical_coverage, split_claims
@@ -113,22 +114,30 @@ def _word(text: str) -> str:
 
 def read_alternatives(response: ChatResponse) -> YesNo:
     """Yes/no probabilities from a server's first answer token: the summed probabilities of the listed
-    alternatives that read as "yes" and as "no"."""
+    alternatives that read as "yes" and as "no". A malformed answer
+    (:func:`~capreward.judges.protocol.answer_problem`) has no reading, and the reason."""
     if not response.ok:
         return YesNo(error=SampleError.of(response.error, kind=kind_of(response.error, "judge_unavailable")))
     if not response.tokens:
         return YesNo(error=SampleError(None, "judge_unreadable", "", "the backend returned no token log-probabilities"))
     first = response.tokens[0]
     listed = first.ranked or tuple(first.top.items()) or ((first.token, first.logprob),)
+    problem = answer_problem(response)
+    try:
+        if problem is not None:
+            raise MalformedAnswer(problem)
+        listed = listed_probabilities(listed, "the first answer token's alternatives")
+    except MalformedAnswer as exc:
+        return YesNo(error=SampleError(None, "judge_unreadable", "", f"malformed answer: {exc}"))
     seen: set[str] = set()
     p = {"yes": 0.0, "no": 0.0}
-    for text, lp in listed:
+    for text, prob in listed:
         if text in seen:  # one token listed twice: count it once
             continue
         seen.add(text)
         w = _word(text)
         if w in p:
-            p[w] += math.exp(lp)
+            p[w] += prob
     if p["yes"] == 0.0 and p["no"] == 0.0:
         return YesNo(error=SampleError(None, "judge_unreadable", "",
                                        "neither yes nor no is among the listed alternatives of the first answer token"))
@@ -157,21 +166,48 @@ class YesNoReader:
     def exact(self) -> bool:
         return isinstance(self.backend, LocalChatJudge)
 
+    @property
+    def scores_next_tokens(self) -> bool:
+        """A remote backend that scores chosen next tokens (:class:`~capreward.judges.protocol.NextTokenScorer`):
+        P(yes)/P(no) read exactly, one request per group."""
+        return not self.exact and scores_next_tokens(self.backend)
+
     def request(self, text: str, image: Any) -> ChatRequest:
         return ChatRequest(turns=(user_turn(text, [image]),), max_tokens=1, temperature=0.0,
                            top_logprobs=0 if self.exact else self.top_logprobs)
 
-    def read(self, requests: Sequence[ChatRequest]) -> list[YesNo]:
-        """One :class:`YesNo` per request, in order."""
+    def read(self, requests: Sequence[ChatRequest], groups: Sequence[Any] | None = None) -> list[YesNo]:
+        """One :class:`YesNo` per request, in order. ``groups[i]``: the request group of request i on a
+        backend that scores next tokens (the requests of one group go to the server together)."""
         requests = list(requests)
         if not requests:
             return []
+        if self.scores_next_tokens:
+            return self._read_next_tokens(requests, groups)
         if not self.exact:
             responses = self.backend.generate(requests)
             if len(responses) != len(requests):
                 raise RuntimeError(f"the backend answered {len(responses)} of {len(requests)} requests")
             return [read_alternatives(r) for r in responses]
         return self._read_local(requests)
+
+    def _read_next_tokens(self, requests: list[ChatRequest], groups: Sequence[Any] | None) -> list[YesNo]:
+        """P(yes), P(no) of the first answer token from the backend's exact next-token scores: the summed
+        probabilities of the tokens that read as "yes" and as "no" (the ids the local reading sums)."""
+        if self._ids is None:
+            self._ids = (answer_token_ids(self.backend.tokenizer, "yes"), answer_token_ids(self.backend.tokenizer, "no"))
+        yes, no = self._ids
+        ids = tuple(yes) + tuple(no)
+        groups = list(groups) if groups is not None else [None] * len(requests)
+        answers = self.backend.next_token_logprobs([NextTokenQuery(r, "", ids, g) for r, g in zip(requests, groups)])
+        out = []
+        for answer in answers:
+            if not answer.ok:
+                out.append(YesNo(error=SampleError(None, kind_of(answer.error, "judge_unavailable"), "", answer.error)))
+                continue
+            p = answer.probabilities()
+            out.append(YesNo(sum(p[: len(yes)]), sum(p[len(yes):])))
+        return out
 
     @torch.inference_mode()
     def _read_local(self, requests: list[ChatRequest]) -> list[YesNo]:
@@ -459,7 +495,8 @@ class ClaimScorer:
                 for v, cap, c in (todo[k] for k in keys)
             ]
             self.judge_calls += len(requests)
-            for key, reading in zip(keys, self.reader.read(requests)):
+            groups = [id(todo[k][0]) for k in keys]  # one request per visual on a backend that scores next tokens
+            for key, reading in zip(keys, self.reader.read(requests, groups)):
                 value = reading.probability(self.normalise, self.min_mass)
                 found[key] = value
                 if reading.error is None and isinstance(key, str):

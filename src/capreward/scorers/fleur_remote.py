@@ -58,7 +58,17 @@ from ..judges.images import mean_background, pad_to_square
 from ..errors import SampleError, kind_of
 from ..judges.injection import injection_reasons
 from ..judges.prompts import FLEUR_EXPLAIN_PROMPT, LLAVA_V1_CHAT_TEMPLATE, fleur_prompt
-from ..judges.protocol import ChatRequest, ChatResponse, JudgeBackend, TokenLogprob, assistant_turn, user_turn
+from ..judges.protocol import (
+    ChatRequest,
+    ChatResponse,
+    JudgeBackend,
+    NextTokenQuery,
+    TokenLogprob,
+    answer_problem,
+    assistant_turn,
+    scores_next_tokens,
+    user_turn,
+)
 from ..metrics.fleur import (
     DIGIT_SEARCHES,
     ONE,
@@ -71,6 +81,7 @@ from ..metrics.fleur import (
     raw_scores,
     release_token_search,
 )
+from ..metrics.logprobs import listed_probabilities
 from .fleur import FLEURResult, FLEURScores, judge_visuals
 from .remote_numbers import check_tolerance
 from .validation import caption_list, check_references
@@ -133,9 +144,12 @@ class StepRead:
 def read_step(token: TokenLogprob, weights: torch.Tensor) -> StepRead:
     """The digit probabilities at a read step from the token's top alternatives (see the module
     docstring for the exact and renormalised cases and the bound). ``weights`` (10,) are the rule's
-    weights at this step. Raises ValueError when no digit is listed at all."""
+    weights at this step. Raises ValueError when no digit is listed at all, and
+    :class:`~capreward.metrics.logprobs.MalformedAnswer` (a ValueError) when the alternatives are no
+    distribution's (:func:`~capreward.metrics.logprobs.listed_probabilities`)."""
     lead = token.token[:-1]  # the whitespace written before the digit
-    listed = {d: math.exp(token.top[lead + s]) for d, s in enumerate(DIGITS) if lead + s in token.top}
+    top = dict(listed_probabilities(token.top.items(), f"the alternatives of the token {token.token!r}"))
+    listed = {d: top[lead + s] for d, s in enumerate(DIGITS) if lead + s in top}
     if not listed:
         raise ValueError(f"no digit among the {len(token.top)} alternatives of the token {token.token!r}")
     probs = torch.full((10,), float("nan"), dtype=torch.float64)
@@ -146,7 +160,7 @@ def read_step(token: TokenLogprob, weights: torch.Tensor) -> StepRead:
         return StepRead(probs, True, 0.0, len(listed))
     mass = sum(listed.values())
     weighted = sum(float(weights[d]) * p for d, p in listed.items())
-    all_listed = [math.exp(v) for v in token.top.values()]
+    all_listed = list(top.values())
     unlisted = min(max(0.0, 1.0 - sum(all_listed)), len(missing) * min(all_listed))
     added = weighted * (1.0 / mass - 1.0)
     removed = max(float(weights[d]) for d in missing) * unlisted
@@ -273,7 +287,7 @@ class RemoteFLEUR(FLEURScores):
             TypeError: an input of the wrong type, naming the item.
         """
         n, sent, requests = self._score_requests(candidates, images, references, videos)
-        result = self.read(_placed(n, sent, self.backend.generate(requests)))
+        result = self.read(_placed(n, sent, self.backend.generate(requests)), _placed(n, sent, requests))
         result.injection = injection_reasons(caption_list(candidates))
         return result
 
@@ -284,12 +298,25 @@ class RemoteFLEUR(FLEURScores):
         requests = self.requests([candidates[n] for n in sent], [visuals[n] for n in sent], [refs[n] for n in sent] if refs else None)
         return len(candidates), sent, requests
 
-    def read(self, responses: Sequence[ChatResponse | None]) -> RemoteFLEURResult:
-        """The result for the backend's answers (None: an empty caption, not sent)."""
+    def read(self, responses: Sequence[ChatResponse | None],
+             requests: Sequence[ChatRequest | None] | None = None) -> RemoteFLEURResult:
+        """The result for the backend's answers (None: an empty caption, not sent).
+
+        Args:
+            responses: per candidate, the backend's answer (None: not sent).
+            requests: per candidate, the request answered; with them, on a backend that scores next
+                tokens (:class:`~capreward.judges.protocol.NextTokenScorer`), every read step whose
+                alternatives miss a weighted digit is read exactly: the ten digits' log-probabilities at
+                that step, one request per candidate (:meth:`exact_steps`).
+
+        Returns:
+            The `RemoteFLEURResult`.
+        """
         n = len(responses)
         probs = torch.full((n, 2, 10), float("nan"), dtype=torch.float64)
         bound = torch.full((n,), float("nan"), dtype=torch.float64)
         readings, errors, raw, exact = [], [], [], []
+        pending: list[tuple[int, int, int]] = []  # (sample, read step j, token index) to read exactly
         for i, response in enumerate(responses):
             reading, err = self._reading(response)
             if reading.ok:
@@ -301,11 +328,20 @@ class RemoteFLEUR(FLEURScores):
                 else:
                     for j, step in enumerate(steps):
                         probs[i, j] = step.probs
+                        if not step.exact:
+                            pending.append((i, j, reading.steps[j]))
                     bound[i] = sum(step.bound for step in steps)
             readings.append(reading)
             errors.append(SampleError.of(err, i, kind="judge_unreadable"))
             raw.append(response.text if response is not None else "")
             exact.append(bool(reading.ok and bound[i] == 0))
+        if pending and requests is not None and scores_next_tokens(self.backend):
+            for i, why in self.exact_steps(responses, requests, pending, probs).items():
+                if why is None:
+                    bound[i], exact[i] = 0.0, True
+                else:
+                    readings[i] = FleurReading(value=readings[i].value, rule=None, error=why)
+                    errors[i] = SampleError(i, kind_of(why, "judge_unreadable"), "", why)
         rules = [r.rule for r in readings]
         score = fleur_from_digit_probs(torch.nan_to_num(probs), rules).float()
         if self.tolerance is not None:
@@ -348,7 +384,7 @@ class RemoteFLEUR(FLEURScores):
             The `RemoteFLEURResult`.
         """
         n, sent, requests = self._score_requests(candidates, images, references, videos)
-        result = self.read(_placed(n, sent, await self.backend.agenerate(requests)))
+        result = self.read(_placed(n, sent, await self.backend.agenerate(requests)), _placed(n, sent, requests))
         result.injection = injection_reasons(caption_list(candidates))
         return result
 
@@ -397,6 +433,43 @@ class RemoteFLEUR(FLEURScores):
         ]
         return self.backend.generate(requests)
 
+    def exact_steps(self, responses: Sequence[ChatResponse | None], requests: Sequence[ChatRequest | None],
+                    steps: Sequence[tuple[int, int, int]], probs: torch.Tensor) -> dict[int, str | None]:
+        """Read read steps exactly on a backend that scores next tokens: for each ``(sample, j, token
+        index)``, the log-probabilities of the ten digit tokens (after the whitespace the step's token starts
+        with) once the answer before that token is written; ``probs[sample, j]`` gets them. A sample's
+        steps go to the server in one request.
+
+        Args:
+            responses: the greedy answers.
+            requests: the requests they answer.
+            steps: what to read.
+            probs: (N, 2, 10) filled in place.
+
+        Returns:
+            Per sample asked, None when every step was read, else why not.
+        """
+        from .remote_numbers import lead_digit_ids
+
+        queries, where, out = [], [], {}
+        for i, j, s in steps:
+            tokens = responses[i].tokens  # type: ignore[union-attr]
+            try:
+                ids = lead_digit_ids(self.backend.tokenizer, tokens[s].token[:-1])
+            except ValueError as exc:
+                out[i] = f"the served tokenizer: {exc}"
+                continue
+            queries.append(NextTokenQuery(requests[i], "".join(t.token for t in tokens[:s]), tuple(ids), group=i))
+            where.append((i, j))
+        answers = self.backend.next_token_logprobs(queries) if queries else []
+        for (i, j), answer in zip(where, answers):
+            if not answer.ok:
+                out[i] = out.get(i) or f"judge request failed: {answer.error}"
+                continue
+            probs[i, j] = torch.tensor(answer.probabilities(), dtype=torch.float64)
+            out.setdefault(i, None)
+        return out
+
     # ---------------------------------------------------------------------------------- plumbing
     def _reading(self, response: ChatResponse | None) -> tuple[FleurReading, str | None]:
         if response is None:
@@ -406,6 +479,8 @@ class RemoteFLEUR(FLEURScores):
         elif response.finish_reason == "length":
             error = SampleError(None, "judge_unreadable", "",
                                 f"the answer did not end within max_tokens={self.max_tokens} tokens: {response.text!r}")
+        elif (problem := answer_problem(response, self.max_tokens)) is not None:
+            error = SampleError(None, "judge_unreadable", "", f"malformed answer: {problem}")
         else:
             reading = read_answer(response.tokens)
             if self.digit_search == "release":

@@ -425,7 +425,13 @@ class GVEval:
             ok_requests.append(requests[i])
             ok_responses.append(response)
         unreadable: set[int] = set()
-        for name, marker in self.markers.items():
+        every: tuple[list, list] = ([], [])
+        if self.expected and ok_rows:  # every marker of every answer at once: a caption's numbers in one group
+            marks = list(self.markers.values())
+            every = score_distributions(self.backend, ok_requests * len(marks), ok_responses * len(marks),
+                                        [m for m in marks for _ in ok_rows], tolerance=self.tolerance,
+                                        tree_top_logprobs=self.tree_top_logprobs, groups=ok_rows * len(marks))
+        for k, (name, marker) in enumerate(self.markers.items()):
             for i in ok_rows:
                 value = parse_marked_score(raw[i], marker)
                 if value is not None:
@@ -433,9 +439,8 @@ class GVEval:
             probs: list = [None] * len(ok_rows)
             reasons: list = ["expected score not requested"] * len(ok_rows)
             if self.expected and ok_rows:
-                probs, reasons = score_distributions(self.backend, ok_requests, ok_responses, [marker] * len(ok_rows),
-                                                     tolerance=self.tolerance,
-                                                     tree_top_logprobs=self.tree_top_logprobs)
+                span = slice(k * len(ok_rows), (k + 1) * len(ok_rows))
+                probs, reasons = every[0][span], every[1][span]
             label = name if name == "score" else name + " score"
             for i, p, why in zip(ok_rows, probs, reasons):
                 if p is not None:

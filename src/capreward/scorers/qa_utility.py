@@ -32,8 +32,9 @@ from ..caption_reading import read_caption
 from ..judges.caller_text import is_blank, render
 from ..judges.injection import injection_reasons
 from ..judges.local_text import LocalTextJudge
-from ..judges.protocol import ChatRequest, JudgeBackend, user_turn
+from ..judges.protocol import ChatRequest, JudgeBackend, NextTokenQuery, answer_problem, scores_next_tokens, user_turn
 from ..media import media_key
+from ..metrics.logprobs import MalformedAnswer, listed_probabilities
 from ..media.keys import hash_bytes
 from .claims import _Cache
 from .claims_prompts import CLAIMS_PROMPT_VERSION, LETTERS, QA_GENERATION_PROMPT, qa_prompt
@@ -230,7 +231,7 @@ class QAUtility:
         order = list(todo)
         messages = [qa_prompt(items[todo[k][0]][0], items[todo[k][0]][1].question, items[todo[k][0]][1].options) for k in order]
         self.judge_calls += len(messages)
-        results = self._ask(messages, [items[todo[k][0]][1] for k in order])
+        results = self._ask(messages, [items[todo[k][0]][1] for k in order], [items[todo[k][0]][0] for k in order])
         for key, value in zip(order, results):
             if value[1] is None:
                 self.cache.put(key, value)
@@ -238,9 +239,14 @@ class QAUtility:
                 out[i] = value
         return out  # type: ignore[return-value]
 
-    def _ask(self, messages: list[str], questions: list[Question]) -> list[tuple[float, str | None]]:
+    def _ask(self, messages: list[str], questions: list[Question], groups: Sequence[Any] | None = None) -> list[tuple[float, str | None]]:
+        """P(correct option) per message: exact on a local text judge and on a backend that scores next
+        tokens (the option letters' token ids, one request per group: ``groups[i]``, the caption), else from
+        the listed alternatives of a one-token answer."""
         if not messages:
             return []
+        if not self.exact and scores_next_tokens(self.backend):
+            return self._ask_next_tokens(messages, questions, groups)
         if self.exact:
             probs = self.backend.next_token_probs(messages)
             n_max = max(len(q.options) for q in questions)
@@ -263,15 +269,45 @@ class QAUtility:
             first = response.tokens[0]
             per = [0.0] * len(q.options)
             seen = set()
-            for text, lp in first.ranked or tuple(first.top.items()):
+            try:
+                problem = answer_problem(response)
+                if problem is not None:
+                    raise MalformedAnswer(problem)
+                listed = listed_probabilities(first.ranked or tuple(first.top.items()), "the answer token's alternatives")
+            except MalformedAnswer as exc:
+                out.append((math.nan, SampleError(None, "judge_unreadable", "", f"malformed answer: {exc}")))
+                continue
+            for text, prob in listed:
                 bare = text.strip().rstrip(".):")
                 if text in seen or len(bare) != 1 or bare not in LETTERS[: len(q.options)]:
                     continue
                 seen.add(text)
-                per[LETTERS.index(bare)] += math.exp(lp)
+                per[LETTERS.index(bare)] += prob
             total = sum(per) if self.normalise else 1.0
             # no listed letter: no option was chosen, which is worth what a wrong answer is (0)
             out.append((per[q.answer] / total if total > 0 else 0.0, None))
+        return out
+
+    def _ask_next_tokens(self, messages: list[str], questions: list[Question], groups: Sequence[Any] | None) -> list[tuple[float, str | None]]:
+        n_max = max(len(q.options) for q in questions)
+        letters = letter_token_ids(self.backend.tokenizer, n_max)
+        groups = list(groups) if groups is not None else [None] * len(messages)
+        queries = []
+        for m, q, g in zip(messages, questions, groups):
+            ids = tuple(t for k in range(len(q.options)) for t in letters[k])
+            queries.append(NextTokenQuery(ChatRequest(turns=(user_turn(m),), max_tokens=1), "", ids, g))
+        out: list[tuple[float, str | None]] = []
+        for answer, q in zip(self.backend.next_token_logprobs(queries), questions):
+            if not answer.ok:
+                out.append((math.nan, SampleError(None, kind_of(answer.error, "judge_unavailable"), "", answer.error)))
+                continue
+            p, at, per = answer.probabilities(), 0, []
+            for k in range(len(q.options)):
+                per.append(sum(p[at : at + len(letters[k])]))
+                at += len(letters[k])
+            total = sum(per) if self.normalise else 1.0
+            out.append((per[q.answer] / total, None) if total > 0 else
+                       (0.0, SampleError(None, "judge_unreadable", "", "no probability on any option letter")))
         return out
 
     def scores(self, captions: Sequence[str], *, images=None, videos=None, references=None, visual_ids=None,

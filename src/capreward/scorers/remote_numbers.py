@@ -41,15 +41,28 @@ tree does (checked in the tests against the local judge's exact scores, through 
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any, Hashable, Sequence
 
 import numpy as np
 
-from ..judges.protocol import ChatRequest, ChatResponse, TokenLogprob, assistant_turn
+from ..judges.protocol import (
+    ChatRequest,
+    ChatResponse,
+    NextTokenQuery,
+    TokenLogprob,
+    answer_problem,
+    assistant_turn,
+    scores_next_tokens,
+)
+from ..judges.vocab import digit_token_ids
 from ..metrics.gveval import NUM_SCORES, alternatives_after_marker, alternatives_distribution, digit_tree_distribution
+from ..metrics.logprobs import MalformedAnswer, checked_logprob, listed_probabilities
+
+log = logging.getLogger(__name__)
 
 DIGITS = tuple(str(d) for d in range(10))
 #: Default largest bound (score points on 0..100) an expected score read from a digit tree may carry.
@@ -195,12 +208,16 @@ def read_node(alternatives: Sequence[tuple[str, float]], lead: str = "") -> Node
     """The digit probabilities at one node from its listed alternatives (text, log-probability), digits
     looked up as ``lead + d``. A listed alternative that continues the number with more than one digit,
     or with digits and text together, means the tokenizer does not write numbers one digit per token:
-    an error."""
+    an error; so are alternatives that are no distribution's
+    (:func:`~capreward.metrics.logprobs.listed_probabilities`)."""
     probs = np.zeros(10, dtype=np.float64)
     seen: set[int] = set()
     listed = []
-    for text, logprob in alternatives:
-        p = math.exp(logprob) if logprob is not None and not math.isnan(logprob) else 0.0
+    try:
+        checked = listed_probabilities(alternatives, "the alternatives")
+    except MalformedAnswer as exc:
+        return NodeRead(probs, 0.0, f"malformed answer: {exc}")
+    for text, p in checked:
         listed.append(p)
         if not text.startswith(lead):
             continue
@@ -309,6 +326,11 @@ def digit_trees(
                 continue
             last = answer.prompt_logprobs[-1] if answer.ok and answer.prompt_logprobs else None
             logprob = next((lp for text, lp in last or () if text == piece), None)
+            try:
+                logprob = None if logprob is None else checked_logprob(logprob, f"the prompt log-probability of {piece!r}")
+            except MalformedAnswer as exc:
+                errors[i] = f"malformed answer: {exc}"
+                continue
             if logprob is None:
                 where = "at the number's first digit" if digits is None else f"after {sites[i].lead + digits!r}"
                 errors[i] = (f"{where}: " + (f"a prompt-logprobs request failed: {answer.error}" if not answer.ok else
@@ -358,6 +380,9 @@ def digit_trees(
         if node is not None:
             end3[i] = max(0.0, 1.0 - node.probs.sum())
             uncertain[i] += first[i, 1] * second[i, 1, 0] * third_zero[i] * node.unlisted
+    log.info("exact digit trees by one-token requests on %s: %d requests for %d numbers (%.1f each); a backend "
+             "that scores next tokens (SGLangJudge, VLLMJudge) needs one request per caption",
+             getattr(backend, "name", type(backend).__name__), sum(asked), n, sum(asked) / max(1, n))
     out = []
     for i in range(n):
         if errors[i] is not None:
@@ -380,6 +405,106 @@ def digit_trees(
     return out
 
 
+def lead_digit_ids(tokenizer: Any, lead: str = "") -> list[int]:
+    """The ids of the ten digit tokens as a number's first token writes them: the digits themselves
+    (:func:`~capreward.judges.vocab.digit_token_ids`) or, after the whitespace ``lead`` that token starts
+    with (a tokenizer with " 7" tokens), the tokens ``lead + d``. Raises ValueError when one is not a
+    single token."""
+    if not lead:
+        return digit_token_ids(tokenizer)
+    ids = []
+    for d in DIGITS:
+        got = tokenizer.encode(lead + d, add_special_tokens=False)
+        if len(got) != 1:
+            raise ValueError(f"the tokenizer writes {lead + d!r} as {len(got)} tokens, not one")
+        ids.append(int(got[0]))
+    return ids
+
+
+#: The contexts of a number's exact digit tree after its prefix: the root (None), each first digit, each
+#: two-digit number (no leading zero) and "100" (what p(100) needs).
+TREE_NODES: tuple[str | None, ...] = (None, *DIGITS, *(f"{a}{b}" for a in range(1, 10) for b in range(10)), "100")
+
+
+def exact_trees(
+    backend: Any, requests: Sequence[ChatRequest], sites: Sequence[NumberSite], groups: Sequence[Hashable] | None = None
+) -> list[NumberRead]:
+    """The exact distribution of each split number from a backend that scores next tokens
+    (:class:`~capreward.judges.protocol.NextTokenScorer`): every node of the number's digit tree
+    (:data:`TREE_NODES`: the prefix, then each first digit, each two-digit number and "100", 102 contexts)
+    asks the ten digit tokens' log-probabilities, and all of them go to the server together: one request
+    per group (``groups[i]``; default one per number), the first request's answer already read. No top-k
+    cap, no bound: ``bound`` 0 wherever the backend answered.
+
+    Args:
+        backend: the :class:`~capreward.judges.protocol.NextTokenScorer`.
+        requests: per number, the conversation its answer continues.
+        sites: per number, where it starts (:func:`locate_number`, kind ``"split"``).
+        groups: per number, its request group (a caption's numbers in one group: one request each).
+
+    Returns:
+        One :class:`NumberRead` per number (``requests`` the count of requests its group took).
+    """
+    n = len(requests)
+    groups = list(groups) if groups is not None else list(range(n))
+    try:
+        digits = digit_token_ids(backend.tokenizer)
+    except ValueError as exc:
+        return [NumberRead(None, None, f"the served tokenizer: {exc}") for _ in range(n)]
+    queries: list[NextTokenQuery] = []
+    spans: list[tuple[int, int] | None] = []
+    errors: list[str | None] = [None] * n
+    for i, (request, site) in enumerate(zip(requests, sites)):
+        try:
+            root = lead_digit_ids(backend.tokenizer, site.lead)
+        except ValueError as exc:
+            errors[i] = f"at the number's first digit: {exc}"
+            spans.append(None)
+            continue
+        start = len(queries)
+        for node in TREE_NODES:
+            text = site.prefix + ("" if node is None else site.lead + node)
+            queries.append(NextTokenQuery(request, text, tuple(root if node is None else digits), group=groups[i]))
+        spans.append((start, len(queries)))
+    answers = backend.next_token_logprobs(queries) if queries else []
+    if len(answers) != len(queries):
+        raise RuntimeError(f"the backend answered {len(answers)} of {len(queries)} queries")
+    sent: dict[Hashable, int] = {}  # requests per group, as the backend splits them
+    if callable(getattr(backend, "next_token_chunks", None)):
+        for chunk in backend.next_token_chunks(queries):
+            group = queries[chunk[0]].group
+            sent[group] = sent.get(group, 0) + 1
+    out = []
+    for i in range(n):
+        if spans[i] is None:
+            out.append(NumberRead(None, None, errors[i]))
+            continue
+        nodes = dict(zip(TREE_NODES, answers[spans[i][0] : spans[i][1]]))
+        failed = next((a.error for a in nodes.values() if not a.ok), None)
+        asked = sent.get(groups[i], 1)
+        if failed is not None:
+            out.append(NumberRead(None, None, f"a next-token request failed: {failed}", requests=asked))
+            continue
+        p = {node: np.array(answer.probabilities(), dtype=np.float64) for node, answer in nodes.items()}
+        end = {node: max(0.0, 1.0 - float(v.sum())) for node, v in p.items()}
+        first = p[None]
+        second = np.zeros((10, 10))
+        end2 = np.zeros((10, 10))
+        for a in range(10):
+            second[a] = p[str(a)]
+            if a:
+                for b in range(10):
+                    end2[a, b] = end[f"{a}{b}"]
+        end1 = np.array([end[str(a)] for a in range(10)])
+        probs = digit_tree_distribution(first, end1, second, end2, p["10"][0], end["100"])
+        if not float(probs.sum()) > 0:
+            out.append(NumberRead(None, None, "the judge puts no probability on any integer 0..100 at the score position",
+                                  requests=asked))
+        else:
+            out.append(NumberRead(probs, "tree", bound=0.0, requests=asked))
+    return out
+
+
 def remote_distributions(
     backend: Any,
     requests: Sequence[ChatRequest],
@@ -388,15 +513,23 @@ def remote_distributions(
     *,
     top_logprobs: int = TREE_TOP_LOGPROBS,
     tolerance: float = DEFAULT_TOLERANCE,
+    groups: Sequence[Hashable] | None = None,
 ) -> list[NumberRead]:
     """For each (request, response, marker) of a non-local backend: the distribution of the number after
     ``marker`` (None: the answer's first number) - the released rule for whole-number tokens, a digit tree
-    of prefilled requests for numbers written digit by digit, or None with the reason."""
+    for numbers written digit by digit, or None with the reason. The tree is read exactly in one request
+    per group (``groups[i]``, default one per response: give a caption's responses one group) on a backend
+    that scores next tokens (:func:`exact_trees`), else from prefilled one-token requests
+    (:func:`digit_trees`, within ``tolerance``; its request count is logged)."""
     reads: list[NumberRead | None] = [None] * len(requests)
     tree_rows, sites, roots = [], [], []
     for i, (response, marker) in enumerate(zip(responses, markers)):
         if not response.ok:
             reads[i] = NumberRead(None, None, response.error)
+            continue
+        problem = answer_problem(response)
+        if problem is not None:
+            reads[i] = NumberRead(None, None, f"malformed answer: {problem}")
             continue
         site = locate_number(response.tokens, marker, response.text)
         if site.kind is None and marker is not None and site.index < 0:
@@ -408,19 +541,25 @@ def remote_distributions(
             if marker is not None:
                 p, why = alternatives_after_marker([t.token for t in response.tokens], tops, marker)
             else:
-                p = alternatives_distribution(tops[site.index], strip=True) if tops[site.index] else None
-                why = None if p is not None else "no alternative of the score token is an integer 0..100"
+                try:
+                    p = alternatives_distribution(tops[site.index], strip=True) if tops[site.index] else None
+                    why = None if p is not None else "no alternative of the score token is an integer 0..100"
+                except MalformedAnswer as exc:
+                    p, why = None, f"malformed answer: {exc}"
             reads[i] = NumberRead(p, "alternatives" if p is not None else None, why)
         else:
             token = response.tokens[site.index]
             tree_rows.append(i)
             sites.append(site)
             roots.append(token.ranked or tuple(token.top.items()))
-    if tree_rows:
+    if tree_rows and scores_next_tokens(backend):
+        trees = exact_trees(backend, [requests[i] for i in tree_rows], sites,
+                            [groups[i] if groups is not None else i for i in tree_rows])
+    elif tree_rows:
         trees = digit_trees(backend, [requests[i] for i in tree_rows], sites, roots,
                             top_logprobs=top_logprobs, tolerance=tolerance)
-        for i, read in zip(tree_rows, trees):
-            reads[i] = read
+    for i, read in zip(tree_rows, trees if tree_rows else ()):
+        reads[i] = read
     return [r if r is not None else NumberRead(None, None, "no distribution") for r in reads]
 
 
@@ -455,8 +594,11 @@ __all__ = [
     "NodeRead",
     "NumberRead",
     "NumberSite",
+    "TREE_NODES",
     "check_tolerance",
     "digit_trees",
+    "exact_trees",
+    "lead_digit_ids",
     "locate_number",
     "read_node",
     "remote_distributions",

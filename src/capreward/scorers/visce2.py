@@ -373,8 +373,8 @@ class VisCE2:
             expected = np.full(n, np.nan)
             expected_error = [e if contexts[i] is None else None for i, e in enumerate(errors)]
             probs, reasons = score_distributions(self.backend, requests, responses, [None] * len(rows),
-                                                 tolerance=self.tolerance,
-                                                     tree_top_logprobs=self.tree_top_logprobs)
+                                                 tolerance=self.tolerance, tree_top_logprobs=self.tree_top_logprobs,
+                                                 groups=list(rows))
             for i, response, p, why in zip(rows, responses, probs, reasons):
                 if p is None:
                     kind = kind_of(response.error, "judge_unavailable") if not response.ok else "judge_unreadable"

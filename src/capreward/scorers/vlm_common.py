@@ -16,8 +16,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..judges.protocol import ChatRequest, ChatResponse
+from ..judges.protocol import ChatRequest, ChatResponse, answer_problem
 from ..metrics.gveval import alternatives_after_marker, alternatives_distribution
+from ..metrics.logprobs import MalformedAnswer
 from .remote_numbers import DEFAULT_TOLERANCE, TREE_TOP_LOGPROBS, remote_distributions
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,11 @@ def alternative_distributions(
             probs.append(None)
             reasons.append(response.error)
             continue
+        problem = answer_problem(response)
+        if problem is not None:
+            probs.append(None)
+            reasons.append(f"malformed answer: {problem}")
+            continue
         texts = [t.token for t in response.tokens]
         tops = [t.ranked or t.top for t in response.tokens]  # listed order: a later duplicate wins, as released
         if not texts:
@@ -83,8 +89,11 @@ def alternative_distributions(
             if at is None:
                 p, why = None, "no number in the answer"
             else:
-                p = alternatives_distribution(tops[at], strip=True) if tops[at] else None
-                why = None if p is not None else "no alternative of the score token is an integer 0..100"
+                try:
+                    p = alternatives_distribution(tops[at], strip=True) if tops[at] else None
+                    why = None if p is not None else "no alternative of the score token is an integer 0..100"
+                except MalformedAnswer as exc:
+                    p, why = None, f"malformed answer: {exc}"
         probs.append(p)
         reasons.append(why)
     return probs, reasons
@@ -98,13 +107,16 @@ def score_distributions(
     *,
     tolerance: float = DEFAULT_TOLERANCE,
     tree_top_logprobs: int = TREE_TOP_LOGPROBS,
+    groups: Sequence[Any] | None = None,
 ) -> tuple[list[np.ndarray | None], list[str | None]]:
     """Exact distributions on a local backend; on any other backend the distribution the response's
     tokenisation allows (:func:`~capreward.scorers.remote_numbers.remote_distributions`: the released rule
-    for whole-number tokens, a digit tree within ``tolerance`` score points for numbers written digit by
-    digit, never an expectation over part of a number), or None and the reason."""
+    for whole-number tokens, a digit tree for numbers written digit by digit - exact in one request per
+    group on a backend that scores next tokens, else within ``tolerance`` score points - never an
+    expectation over part of a number), or None and the reason. ``groups[i]``: the request group of
+    response i (its caption: one request per caption)."""
     if is_exact_backend(backend):
         return exact_distributions(backend, requests, responses, markers)
     reads = remote_distributions(backend, requests, responses, markers, top_logprobs=tree_top_logprobs,
-                                 tolerance=tolerance)
+                                 tolerance=tolerance, groups=groups)
     return [r.probs for r in reads], [None if r.probs is not None else r.error for r in reads]

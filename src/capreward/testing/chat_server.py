@@ -11,16 +11,28 @@ control one from a test with :class:`ChatServer`. It listens on 127.0.0.1 and se
   ``continue_final_message=true``, ``add_generation_prompt=false``: the model continues that message, its
   log-probabilities computed by the model for the prefilled text, as vLLM does); the answer has ``choices[0].message.content``, ``finish_reason`` and
   ``logprobs.content[i] = {token, logprob, bytes, top_logprobs: [{token, logprob, bytes}, ...]}``;
-- ``POST /control`` (fault injection), ``GET /stats`` (requests seen, faults served) and ``GET /requests``
-  (the JSON bodies of the last 64 chat requests, as received: tests check what a client sends).
+- SGLang's native ``POST /generate`` and vLLM's ``POST /v1/chat/completions/batch`` (with
+  ``logprob_token_ids``), the two engines' ways of scoring chosen tokens exactly, following their request
+  and response schemas (:mod:`capreward.testing.chat_server_native`);
+- ``POST /control`` (fault injection), ``GET /stats`` (requests seen per route: ``chat_requests``,
+  ``batch_requests``, ``generate_requests`` and of those ``generate_batches``, the ones carrying a batch of
+  prompts; faults served) and ``GET /requests`` (the JSON bodies of the
+  last 64 requests to a model route, as received: tests check what a client sends).
 
 Backends: ``local`` answers with :class:`~capreward.judges.local_chat.LocalChatJudge` over a saved LLaVA
-judge directory (the tiny trained judge in tests), one request at a time; ``echo`` answers
-``"echo: <last user text>"`` word by word with fixed log-probabilities and needs no model (fault tests).
+judge directory (the tiny trained judge in tests), one request at a time; ``text`` with
+:class:`~capreward.judges.local_text.LocalTextJudge` over a saved text-only judge directory (the tiny QA
+judge); ``echo`` answers ``"echo: <last user text>"`` word by word with fixed log-probabilities and needs
+no model (fault tests).
 
 Faults (``POST /control`` with a JSON object, or the same keys as ``--fault`` JSON on the command line,
-so that a restarted server can start faulty): ``{"status": 429, "count": k}`` answers the next k chat
+so that a restarted server can start faulty; they apply to the next requests of any model route):
+``{"status": 429, "count": k}`` answers the next k
 requests with that HTTP status (with a ``Retry-After`` header when ``"retry_after": s`` is given); ``{"malformed": k}`` answers them 200 with a truncated JSON body;
+``{"body": <any JSON>, "count": k}`` answers them 200 with that JSON as it is (a lying server: NaN,
+``1000.0`` or ``+5`` log-probabilities, wrong shapes); ``{"oversize": n, "count": k}`` answers them with a
+well-formed completion whose text is ``n`` characters, far past any ``max_tokens`` (``"chunked": true``:
+sent without Content-Length);
 ``{"delay": s, "count": k}`` sleeps s seconds before answering them; ``{"latency": s}`` delays every
 answer by s seconds; ``{"jitter": s}`` adds a random delay in [0, s] to every answer (so answers finish
 out of order); ``{"reset": true}`` clears all faults and the counters of ``GET /stats``. Faults queue up and are used in order.
@@ -67,8 +79,9 @@ class BadRequest(CaprewardError, ValueError):
 # ------------------------------------------------------------------------------------- backends
 class EchoBackend:
     """A model-free backend: answers ``"echo: <last user text>"``; token i (a word, with its leading
-    space after the first) has log-probability ``-0.01 * (i + 1)`` and alternatives ``"alt0".."altk"``
-    below it. Deterministic, so a client can check every answer belongs to its request."""
+    space after the first) has log-probability ``-0.2 - 0.01 * i`` and alternatives ``"alt0".."altk"``
+    at ``2 + j`` below it, so the listed probabilities of a position sum below 1, as a model's do.
+    Deterministic, so a client can check every answer belongs to its request."""
 
     name = "echo"
 
@@ -88,8 +101,8 @@ class EchoBackend:
                 text, finish = text[: text.index(s)], "stop"
         tokens = []
         for i, piece in enumerate(pieces):
-            lp = -0.01 * (i + 1)
-            top = {piece: lp, **{f"alt{j}": lp - 1.0 - j for j in range(max(0, top_logprobs - 1))}}
+            lp = -0.2 - 0.01 * i
+            top = {piece: lp, **{f"alt{j}": lp - 2.0 - j for j in range(max(0, top_logprobs - 1))}}
             tokens.append((piece, lp, dict(list(top.items())[:top_logprobs])))
         return {"text": text, "tokens": tokens, "finish_reason": finish}
 
@@ -111,6 +124,9 @@ class LocalBackend:
         self.judge = _prefill_judge(LocalChatJudge)((model, processor), batch_size=1, parse_special_tokens=True)
         self.name = self.judge.name
         self.lock = threading.Lock()  # the model is not thread-safe; requests run one at a time
+        from capreward.testing.chat_server_native import LlavaRows
+
+        self.rows = LlavaRows(self.judge, BadRequest)  # SGLang's /generate and vLLM's batched chat
 
     def answer(self, turns: list[dict], max_tokens: int | None, top_logprobs: int, stop: Sequence[str], chat_template=None,
                continue_final: bool = False, prompt_logprobs: int | None = None) -> dict:
@@ -150,6 +166,57 @@ class LocalBackend:
             raise BadRequest(response.error)
         tokens = [(t.token, t.logprob, t.top) for t in response.tokens]
         return {"text": response.text, "tokens": tokens, "finish_reason": response.finish_reason}
+
+
+class TextBackend:
+    """:class:`~capreward.judges.local_text.LocalTextJudge` over a saved text-only judge directory (the
+    tiny QA judge in tests): one user message (and a continued assistant prefill) per conversation, no
+    images; message text parsed for special tokens, as vLLM does."""
+
+    def __init__(self, judge_dir: str, threads: int = 1):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from capreward.judges.local_text import LocalTextJudge
+        from capreward.testing.chat_server_native import TextRows
+
+        torch.set_num_threads(threads)
+        tokenizer = AutoTokenizer.from_pretrained(judge_dir, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(judge_dir, local_files_only=True, dtype=torch.float32)
+        self.judge = LocalTextJudge((model, tokenizer))
+        self.name = self.judge.name
+        self.lock = threading.Lock()
+        self.rows = TextRows(self.judge, BadRequest)
+
+    def answer(self, turns: list[dict], max_tokens: int | None, top_logprobs: int, stop: Sequence[str], chat_template=None,
+               continue_final: bool = False, prompt_logprobs: int | None = None) -> dict:
+        from capreward.judges.protocol import ChatRequest, ChatTurn
+
+        if chat_template is not None or prompt_logprobs is not None:
+            raise BadRequest("this test server's text judge takes neither chat_template nor prompt_logprobs")
+        request = ChatRequest(turns=tuple(ChatTurn(t["role"], t["text"], tuple(t["images"])) for t in turns))
+        tok = self.rows.tokenizer
+        with self.lock:
+            [ids], _, _ = self.rows.from_chat([request])
+            steps = max_tokens if max_tokens is not None else 256
+            chosen, rows = self.rows.greedy(ids, None, -1, steps, lambda c: any(x and x in tok.decode(c, skip_special_tokens=True) for x in stop))
+        ended = bool(chosen) and chosen[-1] in self.rows.eos
+        kept = chosen[:-1] if ended else chosen
+        tokens, before = [], list(ids[-3:])
+        from capreward.judges.vocab import token_piece
+
+        for j, (t, row) in enumerate(zip(kept, rows)):
+            context = (before + kept[:j])[-3:]
+            values, alt = row.topk(min(top_logprobs, len(tok))) if top_logprobs else (row[:0], row[:0].long())
+            top: dict[str, float] = {}
+            for v, a in zip(values.tolist(), alt.tolist()):
+                top.setdefault(token_piece(tok, context, a), v)
+            tokens.append((token_piece(tok, context, t), float(row[t]), top))
+        text = tok.decode(kept, skip_special_tokens=True)
+        for x in stop:
+            if x and x in text:
+                text = text[: text.index(x)]
+        return {"text": text, "tokens": tokens, "finish_reason": "stop" if ended or len(kept) < steps else "length"}
 
 
 # ------------------------------------------------------------------------------ request parsing
@@ -343,7 +410,8 @@ class Faults:
         self.jitter = 0.0
         self.rng = random.Random(0)
         self.in_flight = 0
-        self.stats = {"chat_requests": 0, "answered": 0, "faults": 0, "max_in_flight": 0}
+        self.stats = {"chat_requests": 0, "batch_requests": 0, "generate_requests": 0, "generate_batches": 0,
+                      "answered": 0, "faults": 0, "max_in_flight": 0}
         self.bodies: deque[Any] = deque(maxlen=64)  # the last chat request bodies, for GET /requests
 
     def add(self, spec: dict) -> None:
@@ -362,13 +430,20 @@ class Faults:
                 self.queue.extend(dict(fault) for _ in range(int(spec.get("count", 1))))
             if "malformed" in spec:
                 self.queue.extend({"malformed": True} for _ in range(int(spec["malformed"])))
+            if "body" in spec:
+                self.queue.extend({"body": spec["body"]} for _ in range(int(spec.get("count", 1))))
+            if "oversize" in spec:
+                fault = {"oversize": int(spec["oversize"]), "chunked": bool(spec.get("chunked", False))}
+                self.queue.extend(dict(fault) for _ in range(int(spec.get("count", 1))))
             if "delay" in spec:
                 self.queue.extend({"delay": float(spec["delay"])} for _ in range(int(spec.get("count", 1))))
 
-    def next(self) -> tuple[dict | None, float]:
-        """The fault for the request that just arrived (None: answer normally) and its delay."""
+    def next(self, route: str = "chat") -> tuple[dict | None, float]:
+        """The fault for the request that just arrived on ``route`` (``"chat"``, ``"batch"``: vLLM's
+        batched chat, ``"generate"``: SGLang's) and its delay (None: answer normally); counted in
+        ``stats[route + "_requests"]``."""
         with self.lock:
-            self.stats["chat_requests"] += 1
+            self.stats[f"{route}_requests"] += 1
             fault = self.queue.popleft() if self.queue else None
             if fault is not None:
                 self.stats["faults"] += 1
@@ -403,6 +478,47 @@ def make_handler(backend: Any, model: str, faults: Faults, api_key: str | None =
             self.end_headers()
             self.wfile.write(body)
 
+        def _send_chunked(self, status: int, body: bytes, chunk: int = 1 << 16) -> None:
+            """Answer with ``Transfer-Encoding: chunked`` (no Content-Length: a client learns the size only
+            by reading)."""
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            try:
+                for at in range(0, len(body), chunk):
+                    piece = body[at : at + chunk]
+                    self.wfile.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+                self.wfile.write(b"0\r\n\r\n")
+            except (BrokenPipeError, ConnectionResetError):  # the client stopped reading: what a cap does
+                self.close_connection = True
+
+        def _fault(self, fault: dict) -> bool:
+            """Answer with an injected fault; False when ``fault`` only delays the answer."""
+            if "status" in fault:
+                status = fault["status"]
+                wait = fault.get("retry_after")
+                headers = {"Retry-After": f"{float(wait):g}"} if wait is not None else None
+                self._error(status, f"injected fault: HTTP {status}", "InjectedFault", headers)
+                return True
+            if "malformed" in fault:
+                self._send(200, raw=b'{"id": "chatcmpl-broken", "choices": [{"index": 0, "mess')
+                return True
+            if "body" in fault:  # a lie: whatever JSON the test chose, as a 200 answer
+                self._send(200, raw=json.dumps(fault["body"]).encode())
+                return True
+            if "oversize" in fault:  # a well-formed completion far past any max_tokens
+                text = "9" * fault["oversize"]
+                body = json.dumps(completion_body(model, {"text": text, "tokens": [], "finish_reason": "stop"}, False)).encode()
+                if fault["chunked"]:
+                    self._send_chunked(200, body)
+                else:
+                    self._send(200, raw=body)
+                return True
+            if "delay" in fault:
+                time.sleep(fault["delay"])
+            return False
+
         def _error(self, status: int, message: str, kind: str, headers: dict | None = None) -> None:
             self._send(status, {"error": {"message": message, "type": kind, "code": status}}, headers=headers)
 
@@ -433,12 +549,12 @@ def make_handler(backend: Any, model: str, faults: Faults, api_key: str | None =
                 if self.path == "/control":
                     faults.add(body)
                     self._send(200, {"ok": True})
-                elif self.path == "/v1/chat/completions":
+                elif self.path in ROUTES:
                     with faults.lock:
                         faults.bodies.append(body)
                     faults.enter()
                     try:
-                        self._chat(body)
+                        getattr(self, "_" + ROUTES[self.path])(body)
                     finally:
                         faults.leave()
                 else:
@@ -448,24 +564,70 @@ def make_handler(backend: Any, model: str, faults: Faults, api_key: str | None =
             except Exception as exc:  # noqa: BLE001 - a backend failure is the server's (HTTP 500)
                 self._error(500, f"{type(exc).__name__}: {exc}", "InternalServerError")
 
-        def _chat(self, body: dict) -> None:
+        def _admitted(self, route: str) -> bool:
+            """The API key checked and the route's injected fault served; False when the request is
+            answered already."""
             if api_key is not None:
                 given = self.headers.get("Authorization", "")
                 if given != f"Bearer {api_key}":
-                    return self._error(401, f"invalid API key: {given.removeprefix('Bearer ')}", "AuthenticationError")
-            fault, delay = faults.next()
+                    self._error(401, f"invalid API key: {given.removeprefix('Bearer ')}", "AuthenticationError")
+                    return False
+            fault, delay = faults.next(route)
             if delay:
                 time.sleep(delay)
-            if fault is not None:
-                if "status" in fault:
-                    status = fault["status"]
-                    wait = fault.get("retry_after")
-                    headers = {"Retry-After": f"{float(wait):g}"} if wait is not None else None
-                    return self._error(status, f"injected fault: HTTP {status}", "InjectedFault", headers)
-                if "malformed" in fault:
-                    return self._send(200, raw=b'{"id": "chatcmpl-broken", "choices": [{"index": 0, "mess')
-                if "delay" in fault:
-                    time.sleep(fault["delay"])
+            return not (fault is not None and self._fault(fault))
+
+        def _native(self) -> Any:
+            rows = getattr(backend, "rows", None)
+            if rows is None:
+                raise BadRequest(f"the {backend.name} backend does not serve {self.path}")
+            return rows
+
+        def _generate(self, body: dict) -> None:
+            """SGLang's native ``/generate`` (:func:`~capreward.testing.chat_server_native.sglang_generate`)."""
+            from capreward.testing.chat_server_native import sglang_generate
+
+            if not self._admitted("generate"):
+                return None
+            if isinstance(body, dict) and isinstance(body.get("text"), list):
+                with faults.lock:
+                    faults.stats["generate_batches"] += 1  # requests carrying a batch of prompts
+            rows = self._native()
+            with backend.lock:
+                answer = sglang_generate(rows, body, decode_image, BadRequest)
+            with faults.lock:
+                faults.stats["answered"] += 1
+            self._send(200, answer)
+
+        def _batch(self, body: dict) -> None:
+            """vLLM's ``/v1/chat/completions/batch`` (:func:`~capreward.testing.chat_server_native.vllm_batch`)."""
+            from capreward.judges.protocol import ChatRequest, ChatTurn
+            from capreward.testing.chat_server_native import vllm_batch
+
+            if not self._admitted("batch"):
+                return None
+            if body.get("model") != model:
+                return self._error(404, f"the model {body.get('model')!r} does not exist", "NotFoundError")
+            rows = self._native()
+            conversations = body.get("messages")
+            if not isinstance(conversations, list) or not conversations or not all(isinstance(c, list) for c in conversations):
+                raise BadRequest("'messages' must be a non-empty list of conversations")
+            if body.get("chat_template") is not None:
+                raise BadRequest("this test server's batch route renders with its own template only")
+            requests = []
+            for conversation in conversations:
+                turns = parse_messages(conversation, with_images=True)
+                prefill_mode(body, turns)
+                requests.append(ChatRequest(turns=tuple(ChatTurn(t["role"], t["text"], tuple(t["images"])) for t in turns)))
+            with backend.lock:
+                answer = vllm_batch(rows, requests, body, model, max_logprobs, BadRequest)
+            with faults.lock:
+                faults.stats["answered"] += 1
+            self._send(200, answer)
+
+        def _chat(self, body: dict) -> None:
+            if not self._admitted("chat"):
+                return None
             request_model = body.get("model")
             if request_model != model:
                 return self._error(404, f"the model {request_model!r} does not exist", "NotFoundError")
@@ -476,11 +638,11 @@ def make_handler(backend: Any, model: str, faults: Faults, api_key: str | None =
                 raise BadRequest("top_logprobs requires logprobs=true")
             if not 0 <= top <= max_logprobs:
                 raise BadRequest(f"top_logprobs must be in [0, {max_logprobs}], got {top}")
-            if float(body.get("temperature", 1.0)) != 0.0 and isinstance(backend, LocalBackend):
+            if float(body.get("temperature", 1.0)) != 0.0 and not isinstance(backend, EchoBackend):
                 raise BadRequest("this test server only decodes greedily (temperature 0)")
             stop = body.get("stop") or []
             stop = [stop] if isinstance(stop, str) else list(stop)
-            turns = parse_messages(body.get("messages"), with_images=isinstance(backend, LocalBackend))
+            turns = parse_messages(body.get("messages"), with_images=not isinstance(backend, EchoBackend))
             chat_template = body.get("chat_template")  # vLLM's extra field: render the prompt with it
             if chat_template is not None and not isinstance(chat_template, str):
                 raise BadRequest("chat_template must be a string")
@@ -495,6 +657,10 @@ def make_handler(backend: Any, model: str, faults: Faults, api_key: str | None =
             self._send(200, completion_body(model, answer, logprobs))
 
     return Handler
+
+
+#: POST routes answered by a model, and the handler method of each.
+ROUTES = {"/v1/chat/completions": "chat", "/v1/chat/completions/batch": "batch", "/generate": "generate"}
 
 
 class _Server(ThreadingHTTPServer):
@@ -518,18 +684,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="OpenAI-compatible chat-completions test server")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--backend", choices=("echo", "local"), default="echo")
-    parser.add_argument("--judge-dir", help="saved LLaVA judge directory (backend local)")
+    parser.add_argument("--backend", choices=("echo", "local", "text"), default="echo")
+    parser.add_argument("--judge-dir", help="saved LLaVA judge directory (backend local) or text judge directory (backend text)")
     parser.add_argument("--model", default=None, help="served model name (default: the backend's name)")
     parser.add_argument("--api-key", default=None, help="require this bearer token")
     parser.add_argument("--max-logprobs", type=int, default=MAX_TOP_LOGPROBS,
                         help="the most top_logprobs a request may ask (vLLM's --max-logprobs, default 20)")
     parser.add_argument("--fault", action="append", default=[], help="a fault spec as JSON (see POST /control)")
     args = parser.parse_args(argv)
-    if args.backend == "local":
+    if args.backend in ("local", "text"):
         if not args.judge_dir:
-            parser.error("--backend local needs --judge-dir")
-        backend: Any = LocalBackend(args.judge_dir)
+            parser.error(f"--backend {args.backend} needs --judge-dir")
+        backend: Any = LocalBackend(args.judge_dir) if args.backend == "local" else TextBackend(args.judge_dir)
     else:
         backend = EchoBackend()
     faults = Faults()
@@ -660,8 +826,8 @@ class ChatServer:
         return self.get("/stats")
 
     def requests(self) -> list[dict]:
-        """The JSON bodies of the last 64 chat requests the server received, oldest first."""
-        return self.get("/requests")
+        """The JSON bodies of the last 64 requests to a model route, oldest first."""
+        return self.get("/requests", timeout=60.0)
 
     def __enter__(self) -> "ChatServer":
         if self.process is None or self.process.poll() is not None:
