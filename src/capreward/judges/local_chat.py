@@ -2,7 +2,7 @@
 
 :class:`LocalChatJudge` turns :class:`~capreward.judges.protocol.ChatRequest` s into LLaVA v1
 conversations, runs them in batches through :class:`~capreward.judges.local.LocalJudge` (prefill with
-prefix sharing, then one cached step per token) and answers with the text, each token's log-probability
+prefix sharing, then decoding on the device, :meth:`~capreward.judges.local.LocalJudge.generate_from`) and answers with the text, each token's log-probability
 and its top alternatives, as an OpenAI-compatible server would. Its responses also carry the generated
 token ids (:class:`LocalChatResponse`), which :meth:`LocalChatJudge.integer_distributions` uses to read the
 *exact* distribution over the answers "0".."100" at a score position, digit by digit (local tokenizers
@@ -263,42 +263,16 @@ class LocalChatJudge(SyncBackendMixin):
             requests[i].max_tokens if requests[i].max_tokens is not None else judge.context_length - len(prompt_ids[i])
             for i in rows
         ]
-        temps = torch.tensor([requests[i].temperature for i in rows], dtype=torch.float32)
         k = max(requests[i].top_logprobs for i in rows)
-        generator = torch.Generator().manual_seed(self.seed + (offset if isinstance(offset, int) else offset[0]))
-        eos = torch.tensor(sorted(judge.eos_token_ids))
+        generator = torch.Generator(device=judge.device)
+        generator.manual_seed(self.seed + (offset if isinstance(offset, int) else offset[0]))
         state = judge.start([prompt_ids[i] for i in rows], features, [image_index[i] for i in rows])
-        chosen, chosen_logp, top_ids, top_logp = [], [], [], []
-        finished = torch.zeros(len(rows), dtype=torch.bool)
-        for t in range(max(budgets)):
-            logits = state.logits.float().cpu()
-            logp = torch.log_softmax(logits, dim=-1)
-            nxt = logits.argmax(dim=-1)
-            sampled = temps > 0
-            if bool(sampled.any()):
-                scaled = torch.softmax(logits[sampled] / temps[sampled, None], dim=-1)
-                nxt[sampled] = torch.multinomial(scaled, 1, generator=generator).view(-1)
-            nxt = torch.where(finished, torch.full_like(nxt, judge.pad_token_id), nxt)
-            chosen.append(nxt)
-            chosen_logp.append(logp.gather(1, nxt.view(-1, 1)).view(-1))
-            if k > 0:
-                values, ids = logp.topk(k, dim=-1)
-                top_ids.append(ids)
-                top_logp.append(values)
-            finished = finished | torch.isin(nxt, eos) | (torch.tensor(budgets) <= t + 1)
-            if bool(finished.all()):
-                break
-            state = judge.step(state, nxt)
-        steps = torch.stack(chosen, dim=1).tolist()
-        steps_logp = torch.stack(chosen_logp, dim=1).tolist()
-        tops = (torch.stack(top_ids, dim=1).tolist(), torch.stack(top_logp, dim=1).tolist()) if k > 0 else None
-        eos_set = judge.eos_token_ids
+        out = judge.generate_from(state, budgets, temperatures=[requests[i].temperature for i in rows],
+                                  generator=generator, logprobs=True, top_logprobs=k)
         for r, i in enumerate(rows):
             request = requests[i]
-            row = steps[r][: budgets[r]]
-            end = next((j for j, tok in enumerate(row) if tok in eos_set), None)
-            tokens = row if end is None else row[:end]
-            reason = "stop" if end is not None else "length"
+            tokens = out.tokens[r]
+            reason = "stop" if out.finished[r] else "length"
             tokens, text, stopped = self._apply_stop(tokens, request.stop)
             if stopped:
                 reason = "stop"
@@ -307,13 +281,13 @@ class LocalChatJudge(SyncBackendMixin):
             for j, tok in enumerate(tokens):
                 before = context + tokens[max(0, j - 3) : j] if j < 3 else tokens[j - 3 : j]
                 ranked: list[tuple[str, float]] = []
-                if tops is not None and request.top_logprobs > 0:
-                    for alt, lp in zip(tops[0][r][j][: request.top_logprobs], tops[1][r][j][: request.top_logprobs]):
+                if k > 0 and request.top_logprobs > 0:
+                    for alt, lp in zip(out.top_ids[r][j][: request.top_logprobs], out.top_logprobs[r][j][: request.top_logprobs]):
                         ranked.append((self._piece(before, alt), lp))
                 top: dict[str, float] = {}
                 for piece, lp in ranked:
                     top.setdefault(piece, lp)
-                logprobs.append(TokenLogprob(self._piece(before, tok), steps_logp[r][j], top, tuple(ranked)))
+                logprobs.append(TokenLogprob(self._piece(before, tok), out.logprobs[r][j], top, tuple(ranked)))
             responses[i] = LocalChatResponse(
                 text=text, tokens=tuple(logprobs), finish_reason=reason, token_ids=tuple(int(t) for t in tokens)
             )
