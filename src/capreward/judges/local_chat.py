@@ -21,6 +21,7 @@ import torch
 
 from ..errors import SampleError, exception_kind
 from ..metrics.gveval import NUM_SCORES, digit_tree_distribution
+from .decoding import DecodeOutput
 from .local import LocalJudge
 from .caller_text import Data, fill_parts, render
 from .prompts import IMAGE_PLACEHOLDER, render_chat_template
@@ -163,7 +164,22 @@ class LocalChatJudge(SyncBackendMixin):
         which errors name). The requests of one call carry images only or videos only (:meth:`batches`);
         equal visuals (by pixels) are encoded once and share their prefix."""
         judge = self.judge
-        names = [f"request {offset + i}" for i in range(len(requests))] if isinstance(offset, int) else [f"request {i}" for i in offset]
+        prompts, visuals, image_index, errors, video = self._read_requests(requests, offset)
+        features = None
+        if visuals:
+            try:
+                pixels = judge.preprocess_videos(visuals) if video else judge.preprocess(visuals)
+            except ValueError as exc:  # videos of different frame counts or grids: every request of the batch
+                return [None] * len(requests), None, image_index, [e or str(exc) for e in errors]
+            features = judge.image_features(pixels)
+        n_image = int(features.shape[1]) if features is not None else 0
+        prompt_ids = self._encode_requests(requests, offset, prompts, errors, n_image)
+        return prompt_ids, features, image_index, errors
+
+    def _read_requests(self, requests: Sequence[ChatRequest], offset: int | Sequence[int]):
+        """The text side of :meth:`_prepare`: each request's prompt parts (None and an error when it does not
+        fit the format), its distinct visuals (equal pixels once), each request's visual index, and whether
+        the batch holds videos."""
         images, image_keys, image_index, prompts, errors = [], {}, [], [], []
         kinds = {r.visual_kind == "video" for r in requests}
         if len(kinds) > 1:
@@ -189,15 +205,14 @@ class LocalChatJudge(SyncBackendMixin):
                 image_keys[key] = len(images)
                 images.append(visual)
             image_index.append(image_keys[key])
-        video = kinds == {True}
-        features = None
-        if images:
-            try:
-                pixels = judge.preprocess_videos(images) if video else judge.preprocess(images)
-            except ValueError as exc:  # videos of different frame counts or grids: every request of the batch
-                return [None] * len(requests), None, image_index, [e or str(exc) for e in errors]
-            features = judge.image_features(pixels)
-        n_image = int(features.shape[1]) if features is not None else 0
+        return prompts, images, image_index, errors, kinds == {True}
+
+    def _encode_requests(self, requests, offset, prompts, errors, n_image: int) -> list[list[int] | None]:
+        """Prompt ids of the valid requests (the visual placeholder expanded to ``n_image`` tokens), in one
+        tokenizer call; a prompt that cannot be encoded or that leaves no room for its answer in the
+        judge's context gets its error in ``errors`` (changed in place) and None."""
+        judge = self.judge
+        names = [f"request {offset + i}" for i in range(len(requests))] if isinstance(offset, int) else [f"request {i}" for i in offset]
         prompt_ids: list[list[int] | None] = [None] * len(requests)
         valid = [i for i, p in enumerate(prompts) if p is not None]
         encoded = {}
@@ -218,7 +233,7 @@ class LocalChatJudge(SyncBackendMixin):
                 ))
             else:
                 prompt_ids[i] = ids
-        return prompt_ids, features, image_index, errors
+        return prompt_ids
 
     # ---------------------------------------------------------------------------------- generation
     def generate(self, requests: Sequence[ChatRequest]) -> list[ChatResponse]:
@@ -269,6 +284,12 @@ class LocalChatJudge(SyncBackendMixin):
         state = judge.start([prompt_ids[i] for i in rows], features, [image_index[i] for i in rows])
         out = judge.generate_from(state, budgets, temperatures=[requests[i].temperature for i in rows],
                                   generator=generator, logprobs=True, top_logprobs=k)
+        return self._responses(requests, rows, prompt_ids, out, responses)
+
+    def _responses(self, requests, rows, prompt_ids, out: DecodeOutput, responses: list) -> list[ChatResponse]:
+        """``responses`` with those of ``rows`` filled from the decoded ``out`` (row r of ``out`` is request
+        ``rows[r]``): the answer cut at a stop string, each token's text piece, log-probability and top
+        alternatives."""
         for r, i in enumerate(rows):
             request = requests[i]
             tokens = out.tokens[r]
@@ -281,7 +302,7 @@ class LocalChatJudge(SyncBackendMixin):
             for j, tok in enumerate(tokens):
                 before = context + tokens[max(0, j - 3) : j] if j < 3 else tokens[j - 3 : j]
                 ranked: list[tuple[str, float]] = []
-                if k > 0 and request.top_logprobs > 0:
+                if out.top_ids is not None and request.top_logprobs > 0:
                     for alt, lp in zip(out.top_ids[r][j][: request.top_logprobs], out.top_logprobs[r][j][: request.top_logprobs]):
                         ranked.append((self._piece(before, alt), lp))
                 top: dict[str, float] = {}
@@ -341,8 +362,8 @@ class LocalChatJudge(SyncBackendMixin):
         asks for the probability that the model writes the digits of k and then any non-digit token, for
         every k in 0..100 (`digit_tree_distribution()`). The tree needs, per
         row, the state after the prefix, after each first digit (10 branches), after each two-digit number
-        (90 branches) and after "100"; each branch holds a copy of the prompt's key/value cache, so branches
-        run ``max_branch_rows`` rows at a time (lower it for a large model and a long prompt). Rows sum to
+        (90 branches) and after "100"; the branches share the prompt's image prefix (held once per image) and
+        each holds a copy of its row's own tokens only, ``max_branch_rows`` rows at a time. Rows sum to
         at most 1. Raises ValueError naming the request that cannot be run.
         """
         judge = self.judge
@@ -362,7 +383,7 @@ class LocalChatJudge(SyncBackendMixin):
     def _tree(self, state, max_branch_rows: int) -> np.ndarray:
         """The digit tree for every row of ``state``. Level-1 branches (row, first digit) are run
         ``max_branch_rows`` at a time and each chunk's level-2 branches right after it, so at most one
-        chunk of each level holds a copy of the prompt's cache at any time."""
+        chunk of each level holds copies of its rows' own tokens at any time."""
         judge = self.judge
         digits = torch.tensor(judge.digit_token_ids(), device=state.logits.device)
         digit_list = [int(d) for d in digits.tolist()]
