@@ -11,8 +11,9 @@ contract between them, kept stable:
 - ``step(state, tokens)`` (in place), ``select(state, rows)`` (branch), ``greedy(state, budget)`` ->
   :class:`GreedyOutput` with the logits of every step (or of the steps writing chosen tokens), ended
   rows dropped from the batch as it goes;
-- chat backends for VisCE² and G-VEval: :class:`LocalChatJudge` (local LLaVA, exact score distributions)
-  and :class:`OpenAIJudge` (any OpenAI-compatible server), both speaking :class:`JudgeBackend`;
+- chat backends for VisCE² and G-VEval: :class:`LocalChatJudge` (local LLaVA, exact score distributions),
+  :class:`EngineJudge` (the same judge inside vLLM's or SGLang's offline engine, exact too) and
+  :class:`OpenAIJudge` (any OpenAI-compatible server), all speaking :class:`JudgeBackend`;
 - ``teacher_forcing_inputs(...)`` + ``logits_at(inputs, features, image_index, text_embeds=None)``: one
   differentiable pass returning the logits at chosen answer steps.
 """
@@ -21,6 +22,7 @@ from .images import mean_background, pad_to_square
 from .loading import DEFAULT_LLAVA, JudgeLoadError, load_llava, resolve_device, resolve_dtype
 from .local import DecodeState, GreedyOutput, LocalJudge, TeacherForcing, common_prefix_length
 from .local_chat import LocalChatJudge
+from .engines import EngineJudge
 from .protocol import (
     ChatRequest,
     ChatResponse,
@@ -44,5 +46,5 @@ from .prompts import (
 
 #: Documented in the API reference (docs/api/judges.md). The engine's parts (``DecodeState``,
 #: ``GreedyOutput``, ``TeacherForcing``, the prompts, ``load_llava``...) still import from here.
-__all__ = ["ChatRequest", "ChatResponse", "ChatTurn", "JudgeBackend", "JudgeLoadError", "LocalChatJudge", "LocalJudge",
-           "OpenAIJudge", "TokenLogprob", "assistant_turn", "system_turn", "user_turn"]
+__all__ = ["ChatRequest", "ChatResponse", "ChatTurn", "EngineJudge", "JudgeBackend", "JudgeLoadError", "LocalChatJudge",
+           "LocalJudge", "OpenAIJudge", "TokenLogprob", "assistant_turn", "system_turn", "user_turn"]
