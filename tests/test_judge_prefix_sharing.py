@@ -234,15 +234,15 @@ def test_a_graph_step_that_differs_from_the_eager_step_is_refused(judge, images,
         def __init__(self, judge, state):
             self.judge, self.state = judge, state
 
-        @classmethod
-        def capture(cls, judge, state):
-            return cls(judge, state)
-
         def run(self, tokens):
             self.judge._step_in_place(self.state, tokens)
             self.state.logits.add_(1.0)  # a replay that computes something else
 
-    monkeypatch.setattr(decoding, "DecodeGraph", WrongGraph)
+    def capture(judge, state, tokens):  # the step for these tokens eagerly (as on a side stream), then "captured"
+        judge._step_in_place(state, tokens)
+        return WrongGraph(judge, state)
+
+    monkeypatch.setattr(decoding, "warm_and_capture", capture)
     fresh = LocalJudge((judge.model, judge.processor))
     rows = [(c, 0) for c in CAPTIONS[:3]]
     _, _, state = started(fresh, images, rows)

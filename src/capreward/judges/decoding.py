@@ -11,10 +11,10 @@ which logits are to be kept?), and once at the end to read the tokens. Results d
 read.
 
 :class:`DecodeGraph` captures one decode step (its cache has static shapes and a device-side cursor,
-:mod:`capreward.judges.prefix_cache`) in a ``torch.cuda.CUDAGraph`` and replays it: one launch per step
-instead of the model's hundreds. The first graph of a judge is checked against the eager step on a copy
-of the state; any failure (capture refused, a different result) falls back to eager steps with a
-warning, so a graph never changes a score.
+:mod:`capreward.judges.prefix_cache`) in a ``torch.cuda.CUDAGraph`` after one eager step on a side stream
+(the warm-up), and replays it: one launch per step instead of the model's hundreds. The first replay of a
+judge's first graph is checked against the eager step on a copy of the state; any failure (capture
+refused, a different result) falls back to eager steps with a warning, so a graph never changes a score.
 """
 
 from __future__ import annotations
@@ -101,18 +101,24 @@ class DecodeGraph:
         self.state.cache.advance(1, device_side=False)  # the graph moved the cursor on the device
 
 
-def checked_graph(judge: "LocalJudge", state: "DecodeState", tokens: torch.Tensor) -> "tuple[DecodeGraph | None, DecodeState]":
-    """Capture ``state``'s decode step and run it for ``tokens``. The first graph of a judge is checked: the
-    same step runs eagerly on a copy of the state and the logits must agree (to
-    :data:`GRAPH_CHECK_TOLERANCE` of their scale); otherwise graphs are turned off for the judge and the
-    eager copy carries on. Returns (the graph or None, the state after the step)."""
-    graph = DecodeGraph.capture(judge, state)
-    if graph is None:
+def warm_and_capture(judge: "LocalJudge", state: "DecodeState", tokens: torch.Tensor) -> "DecodeGraph | None":
+    """Run the step for ``tokens`` eagerly on a side stream (a real step, and the warm-up torch asks for before
+    a capture: kernels chosen, workspaces allocated), then capture the step for the next tokens. Returns the
+    graph, or None when it cannot be captured (the step has run either way)."""
+    side = torch.cuda.Stream(device=state.logits.device)
+    side.wait_stream(torch.cuda.current_stream(state.logits.device))
+    with torch.cuda.stream(side):
         judge._step_in_place(state, tokens)
-        return None, state
-    if judge._graphs_checked:
-        graph.run(tokens)
-        return graph, state
+    torch.cuda.current_stream(state.logits.device).wait_stream(side)
+    return DecodeGraph.capture(judge, state)
+
+
+def checked_replay(judge: "LocalJudge", graph: DecodeGraph, state: "DecodeState",
+                   tokens: torch.Tensor) -> "tuple[DecodeGraph | None, DecodeState]":
+    """The first replay of a judge's first graph, checked: the same step runs eagerly on a copy of the state
+    and the logits must agree (to :data:`GRAPH_CHECK_TOLERANCE` of their scale); otherwise graphs are
+    turned off for the judge and the eager copy carries on. Returns (the graph or None, the state after
+    the step)."""
     copy = judge.select(state, list(range(state.batch_size)), reserve=state.cache.capacity - state.cache.length)
     judge._step_in_place(copy, tokens)
     graph.run(tokens)
@@ -240,12 +246,14 @@ def decode_loop(
         tokens = torch.where(done, torch.full_like(nxt, pad), nxt)
         if state.cache.reserve(1, spare=min(total - step, RESERVE_STEPS)):
             graph = None
-        if graph is not None:
+        if graph is not None and not judge._graphs_checked:
+            graph, state = checked_replay(judge, graph, state, tokens)
+            graph_steps += graph is not None
+        elif graph is not None:
             graph.run(tokens)
             graph_steps += 1
-        elif graphs and judge._graphs_ok and total - step >= 2:
-            graph, state = checked_graph(judge, state, tokens)
-            graph_steps += graph is not None
+        elif graphs and judge._graphs_ok and total - step >= 3:  # this step eagerly, the later ones replayed
+            graph = warm_and_capture(judge, state, tokens)
         else:
             judge._step_in_place(state, tokens)
     flush(step)
