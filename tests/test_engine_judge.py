@@ -99,6 +99,18 @@ def test_the_digit_tree_and_token_readings_equal_the_local_judges(engine, local,
     np.testing.assert_allclose(got, ref, atol=1e-6, rtol=0)
 
 
+def test_the_claim_reader_through_the_engine_equals_the_local_judge(engine, local, images):
+    from capreward.scorers.claims import YesNoReader
+
+    judge, _ = engine
+    requests = [ChatRequest(turns=(user_turn(f"Is this true of the image: {c}? Answer yes or no.", [im]),), max_tokens=1)
+                for c in ("the square is red", "the square is blue") for im in images]
+    mine, theirs = YesNoReader(judge).read(requests), YesNoReader(local).read(requests)
+    for a, b in zip(mine, theirs):
+        assert a.error is None and b.error is None
+        assert math.isclose(a.p_yes, b.p_yes, abs_tol=1e-6) and math.isclose(a.p_no, b.p_no, abs_tol=1e-6)
+
+
 def test_visce2_through_the_engine_equals_the_local_judge(engine, local, images):
     from capreward import VisCE2
 

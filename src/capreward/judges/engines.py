@@ -247,7 +247,7 @@ class EngineJudge(LocalChatJudge):
         engine: a ``vllm.LLM``, a ``sglang.Engine``, or an adapter (:class:`VLLMEngine`, :class:`SGLangEngine`).
         model: the judge's text side: a model directory or hub name (its config, tokenizer and template;
             no weights), a ``(model, processor)`` pair or a :class:`~capreward.judges.local.LocalJudge`.
-        batch_size: requests per engine call.
+        batch_size: requests per engine call (the digit tree sends 102 a row: about 20 rows a call by default).
         seed: the base seed of sampled answers.
         name: the model identifier used in cache keys (default: ``engine:<engine>:<model>``).
 
@@ -265,7 +265,7 @@ class EngineJudge(LocalChatJudge):
         TypeError: an in-process engine must be a vllm.LLM, a sglang.Engine or an adapter (VLLMEngine, SGLangEngine); got object
     """
 
-    def __init__(self, engine: Any, model: Any, *, batch_size: int = 256, seed: int = 0, name: str | None = None):
+    def __init__(self, engine: Any, model: Any, *, batch_size: int = 2048, seed: int = 0, name: str | None = None):
         self.engine = self.adapter_for(engine)
         judge = text_front_end(model)
         super().__init__(judge, batch_size=batch_size, seed=seed, name=name)
