@@ -105,7 +105,11 @@ def test_the_claim_reader_through_the_engine_equals_the_local_judge(engine, loca
     judge, _ = engine
     requests = [ChatRequest(turns=(user_turn(f"Is this true of the image: {c}? Answer yes or no.", [im]),), max_tokens=1)
                 for c in ("the square is red", "the square is blue") for im in images]
-    mine, theirs = YesNoReader(judge).read(requests), YesNoReader(local).read(requests)
+    readers = YesNoReader(judge), YesNoReader(local)
+    digits = local.judge.digit_token_ids()
+    for reader in readers:  # the tiny judge has no "yes" token: two of its tokens stand in for the answers
+        reader._ids = ([digits[1], digits[2]], [digits[0]])
+    mine, theirs = readers[0].read(requests), readers[1].read(requests)
     for a, b in zip(mine, theirs):
         assert a.error is None and b.error is None
         assert math.isclose(a.p_yes, b.p_yes, abs_tol=1e-6) and math.isclose(a.p_no, b.p_no, abs_tol=1e-6)
