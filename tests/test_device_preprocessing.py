@@ -10,7 +10,6 @@ with a step the tensor path does not reproduce is refused, naming the step.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from PIL import Image

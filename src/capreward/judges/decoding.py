@@ -20,7 +20,7 @@ refused, a different result) falls back to eager steps with a warning, so a grap
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
@@ -62,7 +62,6 @@ class DecodeOutput(GreedyOutput):
     top_logprobs: list[list[list[float]]] | None = None
     graph_steps: int = 0  # steps run as a CUDA graph replay
     syncs: int = 0  # times the host read the device state
-    extra: dict = field(default_factory=dict)
 
 
 class DecodeGraph:

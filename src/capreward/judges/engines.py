@@ -197,7 +197,8 @@ class SGLangEngine:
             return_logprob=True,
             logprob_start_len=-1,
             top_logprobs_num=[int(r.top_logprobs) for r in runs],
-            token_ids_logprob=[list(r.token_ids) if r.token_ids else None for r in runs],
+            token_ids_logprob=[list(r.token_ids) if r.token_ids else None for r in runs]
+            if any(r.token_ids for r in runs) else None,
         )
         if isinstance(results, dict):
             results = [results]

@@ -504,6 +504,7 @@ class LocalJudge:
         rows_image = torch.tensor(list(image_index), dtype=torch.long, device=device)
 
         suffix_len = max(lengths) - shared
+        visual = set(self.visual_token_ids)
         placeholders_in_prefix = 0
         if shared > 0:
             # The shared prefix, once per distinct image; its keys/values stay once per image.
@@ -511,7 +512,7 @@ class LocalJudge:
             slot = {u: k for k, u in enumerate(used)}
             prefix = torch.tensor(list(prompt_ids[0][:shared]), dtype=torch.long, device=device)
             prefix = prefix.unsqueeze(0).expand(len(used), -1)
-            placeholders_in_prefix = sum(1 for t in prompt_ids[0][:shared] if t in set(self.visual_token_ids))
+            placeholders_in_prefix = sum(1 for t in prompt_ids[0][:shared] if t in visual)
             feats = None
             if features is not None and placeholders_in_prefix:
                 feats = features.index_select(0, torch.tensor(used, dtype=torch.long, device=features.device))
@@ -539,7 +540,7 @@ class LocalJudge:
         starts = self._image_starts(prompt_ids)
         positions = self._positions(positions, starts)
         row_features = None
-        if features is not None and any(t in set(self.visual_token_ids) for p in prompt_ids for t in p[shared:]):
+        if features is not None and any(t in visual for p in prompt_ids for t in p[shared:]):
             row_features = features.index_select(0, rows_image.to(features.device))
         embeds = self.embed(ids, row_features, feature_start=placeholders_in_prefix)
         deepstack = self.deepstack_inputs(ids, row_features, feature_start=placeholders_in_prefix)
