@@ -122,7 +122,7 @@ def batching_ceiling(reward_name: str, model: str, media_root: Path, images: lis
     ``repeats`` interleaved rounds on new captions each round (answers are compared between the two
     servers, whose caches are separate, not here)."""
     from capreward.adapters.factory import RewardOptions, build_reward
-    from capreward.adapters.openrlhf import RewardService
+    from capreward.server.http import RewardService
 
     options = RewardOptions(clip_model=model, device=device, precision=None if precision == "fp32" else precision)
     service = RewardService(build_reward(reward_name, options), media_root=str(media_root))

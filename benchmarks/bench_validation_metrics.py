@@ -24,7 +24,7 @@ import torch
 
 from capreward import CLIPScore, EMScore
 from capreward.backbones import CLIPBackbone
-from capreward.callbacks import CLIPScoreMetric, EMScoreMetric
+from capreward.torchmetrics import CLIPScoreMetric, EMScoreMetric
 
 WORDS = "a the red green blue dog cat man woman runs sits on in road kitchen field ball car".split()
 

@@ -8,8 +8,8 @@ tests and ``benchmarks/bench_server.py`` can drive it unchanged:
     CAPREWARD_TEST_SERVE_COMMAND="python experiments/asgi_front.py" .venv/bin/python -m pytest tests/test_serve*.py
     .venv/bin/python benchmarks/bench_server.py --compare-front "python experiments/asgi_front.py"
 
-The app reuses the server's request handling (:class:`~capreward.adapters.openrlhf.RewardService`:
-decode, validate, score, answer) and batching (:class:`~capreward.adapters.batching.DynamicBatcher`,
+The app reuses the server's request handling (:class:`~capreward.server.http.RewardService`:
+decode, validate, score, answer) and batching (:class:`~capreward.server.batching.DynamicBatcher`,
 called from a worker thread) and does in the app every HTTP limit an ASGI app can see: chunked bodies
 411, Content-Length missing 411, invalid or conflicting 400, over ``--max-body-bytes`` 413 (all before
 reading the body, answered with ``Connection: close``), and the body within ``--read-timeout`` of the
@@ -78,8 +78,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from capreward.adapters.batching import Busy, DynamicBatcher  # noqa: E402
-from capreward.adapters.openrlhf import RequestError, RewardService  # noqa: E402
+from capreward.server.batching import Busy, DynamicBatcher  # noqa: E402
+from capreward.server.http import RequestError, RewardService  # noqa: E402
 
 _LENGTH = re.compile(rb"[0-9]{1,18}")
 

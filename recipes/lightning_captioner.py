@@ -42,7 +42,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
 from capreward.backbones import CLIPBackbone
-from capreward.callbacks import CaptionScoreCallback, CLIPScoreMetric, EMScoreMetric
+from capreward.callbacks import CaptionScoreCallback
+from capreward.torchmetrics import CLIPScoreMetric, EMScoreMetric
 
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]

@@ -49,7 +49,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
 from capreward.backbones import CLIPBackbone
-from capreward.callbacks import CaptionScoreCallback, CLIPScoreMetric, EMScoreMetric
+from capreward.callbacks import CaptionScoreCallback
+from capreward.torchmetrics import CLIPScoreMetric, EMScoreMetric
 from capreward.rewards import CLIPScoreReward, CompositeReward, EMScoreReward, Guards, HallucinationPenalty
 from capreward.scorers.clipscore import CLIPScore
 from capreward.scorers.emscore import EMScore

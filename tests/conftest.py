@@ -86,3 +86,41 @@ def import_script(path: Path, name: str):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+# ------------------------------------------------------------------------------ the version matrix, early
+#: The test whose oldest end starts in the background as soon as the session has collected it.
+MATRIX_TEST = "test_version_matrix.py::test_integration_tests_pass_at_the_oldest_and_newest_versions"
+#: end -> (the running ``scripts/version_matrix.sh END`` process, its output file), for that test to read.
+MATRIX_RUNS: dict = {}
+
+
+def pytest_collection_finish(session) -> None:
+    """When the session will run the version matrix, its oldest end (a pip install of every lower bound,
+    the integration tests there and the trained fixtures that environment needs, which no other test
+    shares) starts now in the background, at a lower CPU priority, so that it runs beside the rest of the
+    suite rather than after it; the test waits for it and checks its result as before."""
+    import subprocess
+
+    if session.config.option.collectonly or not (REPO / ".venv" / "bin" / "python").exists():
+        return
+    if not any(item.nodeid.endswith(MATRIX_TEST) for item in session.items):
+        return
+    log = REPO / ".matrix" / "oldest-background.log"
+    log.parent.mkdir(exist_ok=True)
+    with open(log, "wb") as out:
+        process = subprocess.Popen(["nice", "-n", "10", "bash", str(REPO / "scripts" / "version_matrix.sh"), "oldest"],
+                                   cwd=REPO, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   start_new_session=True)
+    MATRIX_RUNS["oldest"] = (process, log)
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """A background end still running when the session ends (the matrix test was not reached) is stopped."""
+    import signal
+
+    for process, _ in MATRIX_RUNS.values():
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=60)
+    MATRIX_RUNS.clear()

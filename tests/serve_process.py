@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 
-from capreward.adapters.openrlhf import post_json
+from capreward.server.http import post_json
 
 
 def read_answer(sock: socket.socket) -> tuple[int, dict[str, str], dict]:

@@ -225,7 +225,7 @@ def test_help_and_docstrings_give_the_frameworks_current_keys():
     import io
     from contextlib import redirect_stdout
 
-    import capreward.adapters.openrlhf as openrlhf
+    import capreward.server.http as server_http
     import capreward.adapters.verl as verl_module
     from capreward.cli.main import build_parser
 
@@ -233,7 +233,7 @@ def test_help_and_docstrings_give_the_frameworks_current_keys():
     with redirect_stdout(buf), pytest.raises(SystemExit):
         build_parser().parse_args(["--help"])
     assert "--reward.remote_url" in buf.getvalue()
-    assert "--reward.remote_url" in openrlhf.__doc__.splitlines()[0]
+    assert "--reward.remote_url" in server_http.__doc__.splitlines()[0]
     doc = verl_module.__doc__
     assert "reward.custom_reward_function.path=pkg://capreward.adapters.verl" in doc
     assert "\n      custom_reward_function.path" not in doc

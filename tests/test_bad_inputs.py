@@ -34,7 +34,7 @@ from PIL import Image
 
 from capreward.media import DEFAULT_MAX_PIXELS, MediaError
 
-from capreward.adapters.openrlhf import post_json
+from capreward.server.http import post_json
 from conftest import random_video, write_mp4
 from media_files import declaring_frames, ffconcat_list, hls_playlist, ts_segment, write_rotated
 from fixtures_llava import one_torch_thread, tiny_judge, tiny_judge_path, vlm_judge  # noqa: F401

@@ -155,7 +155,7 @@ def test_a_file_replaced_by_rename_with_the_same_size_and_mtime_is_a_miss(colour
 
 # ------------------------------------------------------------------------- the server, across clients
 def test_server_clients_reusing_an_id_get_their_own_image(colour_backbone, images, tmp_path):
-    from capreward.adapters.openrlhf import make_server, post_json
+    from capreward.server.http import make_server, post_json
 
     for name, colour in (("a.bmp", "red"), ("b.bmp", "blue")):
         (tmp_path / name).write_bytes(bmp_bytes(images[colour]))

@@ -107,6 +107,22 @@ def test_claims_past_the_bound_count_as_unverified(backend, image):
     assert r.precision[0] == pytest.approx(r.claims[0][0].p / 2)
 
 
+def test_a_claim_in_another_script_is_verified(backend, image):
+    """Round 4: "the background is red. 背景是蓝色的." was one claim (the splitter kept [A-Za-z0-9'] only) and
+    had the right caption's precision; a caption wholly in another script held no claim. Each sentence
+    is now a claim the judge is asked about (the tiny judge, taught English claims, says no to these)."""
+    s = scorer(backend)
+    captions = ["the background is red.", "the background is red. 背景是蓝色的。", "背景是红色的。背景是蓝色的。"]
+    r = s.score(captions, images=[image] * 3)
+    assert [[v.text for v in claims] for claims in r.claims] == [
+        ["the background is red"], ["the background is red", "背景是蓝色的"], ["背景是红色的", "背景是蓝色的"]]
+    assert all(v.p is not None and 0 <= v.p <= 1 for claims in r.claims for v in claims)  # every claim judged
+    # the mixed caption pays for its second claim what the judge says of it: the mean of its verdicts
+    ps = [v.p for v in r.claims[1]]
+    assert r.precision[1].item() == pytest.approx(sum(ps) / 2, abs=1e-6)
+    assert r.precision[1].item() < r.precision[0].item()
+
+
 def test_spans_point_into_the_caption(backend, image):
     caption = "The background is red, and there is a blue patch."
     r = scorer(backend).score([caption], images=[image])
@@ -135,7 +151,7 @@ def test_the_red_team_captions_do_not_lift_the_claim_reward(backend):
     """Every attack of the red-team suite, against the claim scorer and reward on the claim judge: none
     scores above the plain wrong caption unless flagged (and, for the reward, floored); none breaks its
     batch or costs it a second scorer call."""
-    from capreward.testing import red_team
+    import red_team
 
     image = claim_image("red", "green", random.Random("red-team"))
     s = scorer(backend)
@@ -202,7 +218,7 @@ def test_the_red_team_captions_do_not_lift_the_claim_reward_through_a_server(tmp
     """The same attacks through the test chat server (which, like vLLM, parses special tokens in message
     text): the claims reach it escaped, and none lifts, breaks or splits its batch."""
     from capreward.judges import OpenAIJudge
-    from capreward.testing import red_team
+    import red_team
     from capreward.testing.chat_server import ChatServer
 
     image = claim_image("red", "green", random.Random("red-team"))

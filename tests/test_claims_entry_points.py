@@ -23,7 +23,9 @@ from capreward.testing.tiny_claim_judge import claim_image, tiny_claim_judge, ti
 from capreward.testing.tiny_qa_judge import colour_questions, qa_backend, tiny_qa_judge_dir
 from fixtures_llava import one_torch_thread  # noqa: F401
 
-CAPTIONS = ["the background is red. there is a green patch.", "the background is red. a blue ball."]
+#: the third: a claim in another script is a claim (round 4: it was free over HTTP and through veRL)
+CAPTIONS = ["the background is red. there is a green patch.", "the background is red. a blue ball.",
+            "the background is red. 背景是蓝色的。"]
 REFS = ["the background is red and there is a green patch."]
 
 
@@ -37,7 +39,8 @@ def media(tmp_path_factory):
 @pytest.fixture(scope="module")
 def expected(media):
     image = Image.open(media / "im.png").convert("RGB")
-    return ClaimScorer(LocalChatJudge(tiny_claim_judge())).score(CAPTIONS, images=[image] * 2, references=[REFS] * 2)
+    n = len(CAPTIONS)
+    return ClaimScorer(LocalChatJudge(tiny_claim_judge())).score(CAPTIONS, images=[image] * n, references=[REFS] * n)
 
 
 def test_names_are_accepted_where_metric_names_are_read():
@@ -54,14 +57,16 @@ def test_verl_compute_score_gives_the_scorer_numbers(media, expected):
 
     reward = build_reward("claims", RewardOptions(judge_model=str(tiny_claim_judge_dir())))
     verl = make_compute_score(reward, return_dict=True, subscores=["precision", "recall"])
-    out = verl.batch(["toy"] * 2, CAPTIONS, [REFS] * 2, [{"image": str(media / "im.png")}] * 2)
+    n = len(CAPTIONS)
+    out = verl.batch(["toy"] * n, CAPTIONS, [REFS] * n, [{"image": str(media / "im.png")}] * n)
     assert [o["score"] for o in out] == pytest.approx(expected.score.tolist(), abs=1e-6)
+    assert expected.precision[2] < expected.precision[0]  # the claim in Chinese is judged, not free
     assert [o["precision"] for o in out] == pytest.approx(expected.precision.tolist(), abs=1e-6)
     assert [o["recall"] for o in out] == pytest.approx(expected.recall.tolist(), abs=1e-6)
 
 
 def test_the_reward_server_answers_the_scorer_numbers(media, expected):
-    from capreward.adapters.openrlhf import make_server, post_json
+    from capreward.server.http import make_server, post_json
 
     reward = build_reward("claims", RewardOptions(judge_model=str(tiny_claim_judge_dir())))
     server = make_server(reward, media_root=str(media))
@@ -70,8 +75,8 @@ def test_the_reward_server_answers_the_scorer_numbers(media, expected):
     try:
         prompt = "USER: describe ASSISTANT:"
         status, body = post_json(f"{server.url}/get_reward", {
-            "query": [prompt + c for c in CAPTIONS], "prompts": [prompt] * 2,
-            "labels": [{"image": "im.png", "references": REFS}] * 2})
+            "query": [prompt + c for c in CAPTIONS], "prompts": [prompt] * len(CAPTIONS),
+            "labels": [{"image": "im.png", "references": REFS}] * len(CAPTIONS)})
     finally:
         server.shutdown()
         server.server_close()
@@ -123,9 +128,10 @@ def test_the_length_guard_follows_the_target_and_the_parts_split(media):
     assert out.metrics["guard/length"] == [0.0, pytest.approx(-4 / 11)]
     funcs, weights = dense_rewards(LocalChatJudge(tiny_claim_judge()), coverage="lexical")
     image = Image.open(media / "im.png").convert("RGB")
-    values = [f.compute(None, CAPTIONS, image=[image] * 2, references=[REFS] * 2).values for f in funcs[:2]]
+    n = len(CAPTIONS)
+    values = [f.compute(None, CAPTIONS, image=[image] * n, references=[REFS] * n).values for f in funcs[:2]]
     direct = ClaimScorer(LocalChatJudge(tiny_claim_judge()), coverage="lexical").score(
-        CAPTIONS, images=[image] * 2, references=[REFS] * 2)
+        CAPTIONS, images=[image] * n, references=[REFS] * n)
     assert values[0] == pytest.approx(direct.precision.tolist()) and values[1] == pytest.approx(direct.recall.tolist())
     assert funcs[0].scorer is funcs[1].scorer and weights == [1.0, 1.0, 0.5]
     assert aggregation_args() == {"multi_objective_aggregation": "normalize_then_sum"}

@@ -43,9 +43,36 @@ def test_the_bound_keeps_the_first_claims_and_reports_the_total():
 
 
 def test_claims_are_split_from_the_caption_as_read():
-    claims, _ = split_claims("the back\u200bground is red. there is a gr\u0435en patch")  # ZWSP, Cyrillic е
+    claims, _ = split_claims("the background\u200b is red. there is a gr\u0435en patch")  # ZWSP, Cyrillic е
     assert [c.text for c in claims] == ["the background is red", "there is a green patch"]
     assert all(c.read for c in claims)
+    # an invisible separator between letters reads as a space (as the guards and a text encoder see it)
+    assert texts("the back\u200bground is red") == ["the back ground is red"]
+
+
+@pytest.mark.parametrize("caption, claims", [
+    ("the background is red. 背景是蓝色的.", ["the background is red", "背景是蓝色的"]),  # round 4: one claim before
+    ("背景是红色的。背景是蓝色的。", ["背景是红色的", "背景是蓝色的"]),  # no space after "。"
+    ("背景是红色的！背景是蓝色的？对", ["背景是红色的", "背景是蓝色的", "对"]),  # full-width ! ? (read as ! ?)
+    ("背景は赤です。緑の斑点があります。", ["背景は赤です", "緑の斑点があります"]),
+    ("Фон красный. Есть зелёное пятно.", ["Фон красный", "Есть зелёное пятно"]),
+    ("الخلفية حمراء. هل هناك بقعة خضراء؟ نعم", ["الخلفية حمراء", "هل هناك بقعة خضراء", "نعم"]),
+    ("الخلفية حمراء؛ الكرة زرقاء", ["الخلفية حمراء", "الكرة زرقاء"]),  # the Arabic semicolon
+    ("पृष्ठभूमि लाल है। एक हरा धब्बा है॥", ["पृष्ठभूमि लाल है", "एक हरा धब्बा है"]),  # a vowel sign ends a word
+    ("Ein Mädchen läuft; ein Hund bellt.", ["Ein Mädchen läuft", "ein Hund bellt"]),
+    ("Một cô gái. Chiếc xe màu đỏ.", ["Một cô gái", "Chiếc xe màu đỏ"]),
+    ("A 3.5 kg ball.A dog", ["A 3.5 kg ball.A dog"]),  # an ASCII stop before a letter or digit is no end
+])
+def test_every_script_is_split(caption, claims):
+    assert texts(caption) == claims
+
+
+def test_claims_in_every_script_are_deduplicated_on_their_words():
+    claims, total = split_claims("背景是红色的。背景是红色的。 背景 是红色的！")
+    assert total == 1 and [c.text for c in claims] == ["背景是红色的"]
+    assert claim_key("背景是蓝色的") == "背 景 是 蓝 色 的"  # each Han character a word
+    assert claim_key("Фон  КРАСНЫЙ!") == "фон красный" and claim_key("A man's dog") == "a man's dog"
+    assert split_claims("Фон красный. фон красный!")[1] == 1
 
 
 def test_empty_and_punctuation_only_captions_hold_no_claim():

@@ -30,7 +30,7 @@ def test_checked_device():
 def test_scorers_metrics_and_judges_refuse_a_missing_device_before_loading(tiny_clip_path):
     from capreward import CLIPScore, EMScore
     from capreward.backbones import CLIPBackbone
-    from capreward.callbacks import EMScoreMetric
+    from capreward.torchmetrics import EMScoreMetric
     from capreward.judges import LocalJudge
     from capreward.testing import tiny_clip_factory
 

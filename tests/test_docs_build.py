@@ -19,6 +19,10 @@ from conftest import REPO
 pytest.importorskip("mkdocs")
 pytest.importorskip("mkdocstrings")
 
+#: A strict build renders every API page (minutes on a busy 2-core machine: 362 s measured for the site
+#: fixture): out of the fast lane, in every CI run.
+pytestmark = pytest.mark.slow
+
 DOCS = REPO / "docs"
 
 

@@ -9,7 +9,7 @@ from capreward.judges.caller_text import Data, encode_parts, encode_parts_many
 from capreward.judges.protocol import ChatRequest, user_turn
 from capreward.scorers.claims_prompts import verify_prompt
 from capreward.testing import tiny_vlm_judge
-from capreward.testing.red_team import ATTACKS
+from red_team import ATTACKS
 
 
 def test_the_batch_gives_each_prompts_own_ids():

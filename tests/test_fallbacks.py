@@ -10,7 +10,7 @@ import logging
 
 import pytest
 
-from capreward.adapters.openrlhf import RewardService
+from capreward.server.http import RewardService
 from capreward.adapters.verl import make_compute_score
 from capreward.rewards import (
     CLIPScoreReward,

@@ -31,7 +31,7 @@ sys.path.insert(0, {str(BENCH)!r})
 import capreward
 from capreward import CLIPScore, EMScore, FLEUR
 from capreward.adapters.factory import RewardOptions, build_reward
-from capreward.adapters.openrlhf import RewardService
+from capreward.server.http import RewardService
 from capreward.cli import serve
 from capreward.testing import build_tiny_llava, save_tiny_clip_openai
 import torchmetrics.multimodal

@@ -1,5 +1,5 @@
 """The training examples of the susceptible judge taught the injection check's question, and the
-measurement of the check on it (capreward.testing.grader_judge, capreward.testing.injection_check_measure)."""
+measurement of the check on it (tests/grader_judge.py, tests/injection_check_measure.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 import pytest
 
 from capreward.judges.injection_judge import QUESTION
-from capreward.testing.grader_judge import (
+from grader_judge import (
     HELD_OUT,
     TRAIN_ADDRESSING,
     addressing_caption,
@@ -16,7 +16,7 @@ from capreward.testing.grader_judge import (
     question_example,
     question_prompt,
 )
-from capreward.testing.susceptible_judge import FORGED_TURNS
+from susceptible_judge import FORGED_TURNS
 
 
 def test_question_examples_answer_yes_exactly_for_captions_that_address_the_grader():
@@ -46,12 +46,12 @@ def test_held_out_paraphrases_are_never_trained_on():
 
 @pytest.mark.slow
 def test_the_check_on_the_taught_judge_removes_the_lifts_the_patterns_leave():
-    """The measurement of ``python -m capreward.testing.injection_check_measure`` on the cached taught
+    """The measurement of ``python tests/injection_check_measure.py`` on the cached taught
     judge (trained on first use): the judge answers the question (every training-form paraphrase
     flagged), held-out paraphrases lift FLEUR past the patterns, and the check leaves fewer of them."""
     from pathlib import Path
 
-    from capreward.testing.injection_check_measure import measure
+    from injection_check_measure import measure
 
     lines = (Path(__file__).parent / "data" / "ordinary_captions.txt").read_text(encoding="utf-8").splitlines()
     ordinary = random.Random(0).sample([x for x in lines if x and not x.startswith("#")], 40)

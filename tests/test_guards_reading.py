@@ -15,7 +15,8 @@ def test_words_in_every_script():
     assert words("Привет, мир!") == ["привет", "мир"]
     assert words("एक कुत्ता घास पर दौड़ रहा है।") == ["एक", "कुत्ता", "घास", "पर", "दौड़", "रहा", "है"]  # vowel signs kept
     assert words("犬が走るdog") == ["犬", "が", "走", "る", "dog"]
-    assert words("a r e d b1ue ba\u200bll") == ["a", "red", "blue", "ball"]  # as read
+    # as read, spelt letters and leet decoded; an invisible separator is a space (see below)
+    assert words("a r e d b1ue ba\u200bll") == ["a", "red", "blue", "ba", "ll"]
 
 
 def test_length_counts_every_script():
@@ -23,7 +24,11 @@ def test_length_counts_every_script():
     assert length_penalty("红色的图片" * 12, 40) == pytest.approx(-20 / 40)
     assert length_penalty(" ".join(["собака"] * 300), 40) == -1.0
     assert length_penalty("\u3000".join(["dog"] * 50), 40) == pytest.approx(-10 / 40)  # ideographic spaces
-    assert words("\u200b".join(["dog"] * 3)) == ["dogdogdog"]  # what a reader sees: no space
+    # an invisible separator between letters is read as a space: the guards count the words a text
+    # encoder's sub-word tokenizer reads ("dogdogdog" was one unknown word to the guards and three "dog"s
+    # to CLIP)
+    assert words("\u200b".join(["dog"] * 3)) == ["dog", "dog", "dog"]
+    assert repetition_penalty("red\u2060red\u2060red", 2) == repetition_penalty("red red red", 2) < 0
 
 
 def test_repetition_catches_single_words_and_interleaved_keywords():
@@ -40,7 +45,8 @@ def test_repetition_catches_single_words_and_interleaved_keywords():
     assert repetition_penalty(" ".join(["красный"] * 4), 2) == pytest.approx(-3 / 4)
     assert word_repetition_penalty("人人都看看。") == 0.0  # doubled characters are ordinary in Chinese
     # disguised repeats are repeats
-    assert repetition_penalty("red r e d re\u200bd", 2) == repetition_penalty("red red red", 2)
+    assert repetition_penalty("red r e d r3d", 2) == repetition_penalty("red red red", 2)
+    assert repetition_penalty("red r\u200be\u200bd", 2) == repetition_penalty("red red", 2)  # spelt across separators
 
 
 def test_truncation_accepts_every_scripts_full_stop():

@@ -26,7 +26,7 @@ from capreward.judges import LocalChatJudge, LocalJudge
 from capreward.judges.caller_text import render
 from capreward.media.composite import composite_indices
 from capreward.testing import fleur_task_image
-from capreward.testing.red_team import ATTACKS, PLAIN_WRONG
+from red_team import ATTACKS, PLAIN_WRONG
 from capreward.testing.tiny_vlm_families import build_tiny_llava_next, build_tiny_qwen2_vl
 
 CAPTIONS = ["a red ball", "a blue box on the wall", "the kite"]

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from capreward.rewards import HallucinationPenalty
-from capreward.rewards.support import STOP_WORDS, content_mask, quantile_threshold, support_report
+from capreward.metrics.token_support import STOP_WORDS, content_mask, quantile_threshold, support_report
 from capreward.scorers.emscore import TokenAlignment
 
 from fixtures_llava import one_torch_thread  # noqa: F401 (autouse: one torch thread)

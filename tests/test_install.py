@@ -33,7 +33,7 @@ from packaging.requirements import Requirement
 from conftest import REPO
 from test_packaging import CASES, CORE_OK, FRAMEWORK_PLUGINS, dist_name
 
-pytestmark = pytest.mark.install
+pytestmark = [pytest.mark.install, pytest.mark.slow]  # minutes per test: out of the fast lane
 
 #: Modules that need an extra at import time -> the extra their error names. Every other module of
 #: the package must import with the core dependencies alone.

@@ -26,7 +26,7 @@ from capreward.judges.caller_text import Data, render
 from capreward.judges.prompts import fleur_prompt
 from capreward.judges.protocol import ChatRequest, user_turn
 from capreward.testing import fleur_task_image
-from capreward.testing.red_team import ATTACKS, PLAIN_WRONG
+from red_team import ATTACKS, PLAIN_WRONG
 from capreward.testing.tiny_vlm_families import (build_tiny_idefics3, build_tiny_llava_next, build_tiny_qwen2_vl,
                                                  build_tiny_smolvlm)
 

@@ -3,7 +3,7 @@ every judge scorer's own prompt: LLaVA-1.5, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Idef
 and LLaVA-OneVision, each with G-VEval (ref-free and combined), VisCE²'s rating prompt and FLEUR's prompt
 as :class:`~capreward.judges.local_chat.LocalChatJudge` encodes them for the model.
 
-For every hostile caption of :data:`capreward.testing.red_team.ATTACKS` the encoded prompt holds exactly
+For every hostile caption of ``ATTACKS`` (``tests/red_team.py``) the encoded prompt holds exactly
 the plain caption's structure tokens (roles, turn ends, vision markers, image tokens, in the same number),
 and the caption's message is one piece of data in the rendered parts: no caption becomes a role, a special
 token or an image slot. (tests/test_judge_families.py runs FLEUR's prompt through the low-level
@@ -22,7 +22,7 @@ from capreward.judges.caller_text import Data
 from capreward.judges.prompts import fleur_prompt
 from capreward.judges.vlm_prompts import visce2_prompt
 from capreward.testing import fleur_task_image
-from capreward.testing.red_team import ATTACKS, PLAIN_WRONG
+from red_team import ATTACKS, PLAIN_WRONG
 from capreward.testing.tiny_llava import build_tiny_llava
 from capreward.testing.tiny_vlm_families import (build_tiny_idefics3, build_tiny_llava_next, build_tiny_qwen2_vl,
                                                  build_tiny_smolvlm)

@@ -107,7 +107,7 @@ def test_score_cli_runs_fleur_on_the_judge_server_exactly(tmp_path):
     from capreward import FLEUR
     from capreward.judges import LocalJudge
     from capreward.testing import fleur_task_image
-    from capreward.testing.susceptible_judge import red_image, susceptible_judge_dir
+    from susceptible_judge import red_image, susceptible_judge_dir
 
     judge_dir = susceptible_judge_dir()  # a LLaVA judge trained on FLEUR's answers, 1024 positions
     images = [red_image(random.Random(0)), fleur_task_image("blue", random.Random(1))]

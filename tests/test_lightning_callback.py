@@ -34,7 +34,8 @@ from conftest import random_video  # noqa: E402
 
 from capreward import CLIPScore, EMScore  # noqa: E402
 from capreward.backbones import CLIPBackbone  # noqa: E402
-from capreward.callbacks import CaptionScoreCallback, CLIPScoreMetric, EMScoreMetric  # noqa: E402
+from capreward.callbacks import CaptionScoreCallback  # noqa: E402
+from capreward.torchmetrics import CLIPScoreMetric, EMScoreMetric  # noqa: E402
 from capreward.testing import tiny_clip_factory  # noqa: E402
 
 FRAMES = 4

@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from capreward import names
+from capreward import names, terms
 from capreward.cli.main import build_parser
 
 
@@ -89,7 +89,7 @@ def test_reward_classes_are_named_by_their_metric(tiny_clip_path):
 
 def test_metrics_are_named_by_their_metric(tiny_backbone):
     from capreward import PACScore
-    from capreward.callbacks import CLIPScoreMetric, EMScoreMetric, FLEURMetric, GVEvalMetric, VisCE2Metric
+    from capreward.torchmetrics import CLIPScoreMetric, EMScoreMetric, FLEURMetric, GVEvalMetric, VisCE2Metric
 
     assert EMScoreMetric(backbone=tiny_backbone).name == "emscore"
     assert CLIPScoreMetric(backbone=tiny_backbone).name == "clip_s"
@@ -128,3 +128,19 @@ def test_verl_reads_the_reward_name_through_the_table(monkeypatch, tiny_clip_pat
         assert verl.default_scorer().reward.__name__ == "clip_s"
     finally:
         verl.reset_default_scorer()
+
+
+def test_one_weighted_terms_syntax_accepts_both_separators():
+    assert terms.parse_weighted_terms("emscore=1, clipscore:0.5,hallucination") == [
+        ("emscore", 1.0), ("clip_s", 0.5), ("hallucination", 1.0)]
+    assert terms.parse_weighted_terms("emscore=1,clip_s=0.5") == terms.parse_weighted_terms("emscore:1,clip_s:0.5")
+    with pytest.raises(ValueError, match="did you mean 'emscore'"):
+        terms.parse_weighted_terms("emscor=1")
+    with pytest.raises(ValueError, match="bad weight 'x'"):
+        terms.parse_weighted_terms("emscore=x")
+    with pytest.raises(ValueError, match="given twice"):
+        terms.parse_weighted_terms("emscore=1,em=2")
+    assert terms.parse_weighted_terms("emscore=1,em=2", unique=False) == [("emscore", 1.0), ("emscore", 2.0)]
+    from capreward.adapters.factory import parse_terms
+
+    assert parse_terms("emscore:1,composite=2") == [("emscore", 1.0), ("composite", 2.0)]

@@ -114,7 +114,7 @@ def test_the_reward_server_serves_it_with_its_option(toy, tmp_path, monkeypatch)
     import threading
 
     from capreward.adapters.factory import RewardOptions, build_reward
-    from capreward.adapters.openrlhf import make_server, post_json
+    from capreward.server.http import make_server, post_json
     from capreward.cli.main import build_parser
 
     Image.new("RGB", (16, 16)).save(tmp_path / "im.png")

@@ -129,7 +129,7 @@ def test_visce2_and_gveval_on_the_local_judge_warn_nothing(vlm_judge):
 
 def test_clip_scorers_and_a_torchmetrics_metric_warn_nothing(tiny_backbone):
     from capreward import CLIPScore, EMScore
-    from capreward.callbacks import CLIPScoreMetric
+    from capreward.torchmetrics import CLIPScoreMetric
     from capreward.testing import FLEUR_COLOURS, fleur_task_image
 
     from conftest import random_video

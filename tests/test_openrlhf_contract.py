@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from capreward.adapters.openrlhf import make_server
+from capreward.server.http import make_server
 from capreward.rewards import CLIPScoreReward, CompositeReward, EMScoreReward
 from capreward.rewards.guards import Guards
 

@@ -189,8 +189,8 @@ def test_require_returns_the_module_or_one_line_naming_the_extra():
 HIDDEN = ["trl", "peft", "datasets", "lightning", "pytorch_lightning", "torchmetrics", "accelerate", "openai",
           "scipy", "matplotlib", "ray"]
 CASES = {
-    "import capreward.callbacks.tm_metrics": "callbacks",
-    "from capreward.callbacks import EMScoreMetric": "callbacks",
+    "import capreward.torchmetrics.metrics": "callbacks",
+    "from capreward.torchmetrics import EMScoreMetric": "callbacks",
     "import capreward.callbacks.lightning": "callbacks",
     "from capreward.callbacks import CaptionEvalCallback": "callbacks",
     "import capreward.training.lightning": "callbacks",
@@ -199,7 +199,7 @@ CASES = {
     "from capreward.metaeval import kendall; kendall([1, 2, 3], [1, 3, 2])": "metaeval",
     "from capreward.metaeval.plot import plot_result; plot_result(None, 'x.png')": "plot",
     "from capreward.jobs.ray_engine import run_ray; run_ray([], None, 'x.jsonl')": "ray",
-    "from capreward.adapters.ray_serve import reward_app; reward_app(lambda: None)": "serve",
+    "from capreward.server.ray_serve import reward_app; reward_app(lambda: None)": "serve",
     "from capreward.judges import OpenAIJudge; OpenAIJudge(base_url='http://127.0.0.1:9/v1', model='m').generate([])": "remote",
 }
 #: Core modules that import and work with no extra installed.

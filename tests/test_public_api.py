@@ -90,15 +90,15 @@ def test_every_documented_object_is_public():
 def test_old_names_stay_importable():
     """Names that left an ``__all__`` when the surface was trimmed still import from where they did."""
     from capreward import EMScoreResult, MatchScores  # noqa: F401
-    from capreward.adapters import REWARD_NAMES, DynamicBatcher, Label, parse_label  # noqa: F401
+    from capreward.adapters import Label, parse_label, reward_names  # noqa: F401
     from capreward.backbones import LRUCache, split_windows  # noqa: F401
-    from capreward.callbacks import CaptionScores, EMScoreMetric  # noqa: F401
     from capreward.judges import FLEUR_PROMPT, DecodeState, load_llava, resolve_device  # noqa: F401
     from capreward.media import NAN_IMAGE, ConfinedFile, media_key, to_rgb  # noqa: F401
     from capreward.metaeval import BENCHMARKS, ScoreRow, index_scores  # noqa: F401
     from capreward.rewards import GroupScores, collect_inputs, completion_text  # noqa: F401
     from capreward.server import DynamicBatcher as _D, RewardHTTPServer  # noqa: F401
     from capreward.testing import JudgeRecipe, openai_state_dict  # noqa: F401
+    from capreward.torchmetrics import CaptionScores  # noqa: F401
     from capreward.training import gumbel_softmax_st, relaxed_decode  # noqa: F401
 
 

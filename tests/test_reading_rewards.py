@@ -8,20 +8,29 @@ from __future__ import annotations
 
 import pytest
 
+from capreward.caption_reading import read_caption
 from capreward.rewards import CLIPScoreReward, EMScoreReward, HallucinationPenalty
 
 from fixtures_llava import one_torch_thread  # noqa: F401 (autouse: one torch thread)
 
 WRONG = "a blue image."
+#: Disguises of the wrong word: read as it (look-alikes, compatibility forms, overlays), or scored beside
+#: what they may stand for with the lower kept (spelt letters, leet, an invisible separator). An accent
+#: ("blúe") is kept: it is a different word in many languages (docs/design/caption-reading.md gives
+#: its measured lift).
 DISGUISED = {
     "cyrillic e": "a blu\u0435 image.",
     "math bold": "a \U0001d41b\U0001d425\U0001d42e\U0001d41e image.",
-    "combining accent": "a blu\u0301e image.",
     "overlay": "a b\u0336lue image.",
+    "zalgo": "a b\u0300\u0301\u0302\u0303lue image.",
     "spaced": "a b l u e image.",
     "leet": "a b1ue image.",
     "zero-width": "a bl\u200bue image.",
     "full-width": "a ｂｌｕｅ image.",
+    "e with stroke": "a blu\u0247 image.",  # round 4: bluɇ
+    "bracketed": "a b(l)u(e) image.",  # round 4
+    "commas": "a b,l,u,e image.",  # round 4
+    "cherokee": "a \u13f4lue image.",  # Cherokee B (UTS #39)
 }
 
 
@@ -45,8 +54,11 @@ def test_a_disguised_wrong_word_scores_exactly_as_the_wrong_word(reward_class, c
     captions = [WRONG, "a red image.", *DISGUISED.values()]
     values = reward(None, captions, image=[red] * len(captions))
     assert values[1] > values[0] + 0.5  # the CLIP tells red from blue
-    for (name, _), v in zip(DISGUISED.items(), values[2:]):
-        assert v == values[0], name  # exactly: the same text reaches the encoder
+    for (name, caption), v in zip(DISGUISED.items(), values[2:]):
+        if read_caption(caption).suspects:  # scored beside the wrong word: never more than it
+            assert v <= values[0], name
+        else:  # read as the wrong word: exactly its text reaches the encoder
+            assert v == values[0], name
     # the metric on the text as given (released-code parity) is still there, and some disguises lift it
     given = reward_class(model=clip_path, as_given=True)(None, captions, image=[red] * len(captions))
     # ordinary captions: the same either way (up to float noise of another batch's padding)
@@ -89,3 +101,18 @@ def test_hallucination_penalty_on_disguises_generic_words_and_position(clip_path
     assert HallucinationPenalty(model=clip_path, context_free=False)(None, [captions[5]], image=[red]) == [0.0]
     with pytest.raises(ValueError, match="empty_penalty"):
         HallucinationPenalty(empty_penalty=0.5)
+
+
+def test_an_invisible_separator_is_a_space_to_the_guards_and_to_clip(clip_path, red):
+    """ "red\u2060red" was one unknown word to the repetition guard while CLIP's sub-word tokenizer read
+    "red" twice; read as a space, both see "red red"."""
+    from capreward.rewards import Guards, repetition_penalty
+
+    joined = "a red\u2060red\u2060red image."
+    assert repetition_penalty(joined, 2) == repetition_penalty("a red red red image.", 2) < 0
+    assert Guards().terms(joined) == Guards().terms("a red red red image.")
+    values = CLIPScoreReward(model=clip_path)(None, [joined, "a red red red image.", "a redredred image."],
+                                              image=[red] * 3)
+    # the reward scores "a red red red image." and "a redredred image." (what the separators may hide)
+    # and keeps the lower: never more than the repetition the guards see
+    assert values[0] == min(values[1], values[2])

@@ -3,7 +3,7 @@
 Targets: FLEUR, RefFLEUR, VisCE², G-VEval ref-free / ref-only / combined as scorers and as rewards
 (FLEURReward with and without references, VisCE2Reward, GVEvalReward per mode), each on the local
 susceptible judge and on the same judge behind the test chat server (which, like vLLM, parses special
-tokens in message text). The judge (:mod:`capreward.testing.susceptible_judge`) follows text injected
+tokens in message text). The judge (``tests/susceptible_judge.py``) follows text injected
 into its caption slot and rewards master keys, so on unprotected code the attacks succeed (the README's
 "Reward hacking" section records the counts measured on the code before the defences); here, after
 them, no hostile caption scores above its plain wrong counterpart by more than 0.02 unless it is
@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import pytest
 
-from capreward.testing.red_team import ATTACKS, PLAIN_RIGHT, PLAIN_WRONG, TOLERANCE, run_red_team, summary
+from red_team import ATTACKS, PLAIN_RIGHT, PLAIN_WRONG, TOLERANCE, run_red_team, summary
 
 FAMILIES = {
     "forged turn (special tokens)", "forged turn (plain text)", "judge prompt phrase", "template placeholder",
     "score-like ending", "master key", "image placeholder", "special tokens only", "invisible characters",
     "look-alike marker", "other-language marker", "paraphrased instruction",  # round 3
-    "unmapped look-alike letters",  # flagged as a word that still mixes scripts once read
+    "unmapped look-alike letters",  # letters the old tables lacked: read by UTS #39, the marker found
 }
 TARGETS = 12  # per path: 6 scorers (FLEUR, RefFLEUR, VisCE², G-VEval x 3 modes) and their 6 rewards
 

@@ -106,7 +106,7 @@ def test_judge_rewards_refuse_invalid_references_before_the_judge(reward, image)
 def test_server_gives_the_fallback_with_the_reason(tiny_backbone, image, tmp_path):
     from PIL import Image
 
-    from capreward.adapters.openrlhf import RequestError, RewardService
+    from capreward.server.http import RequestError, RewardService
 
     Image.fromarray(image).save(tmp_path / "i.png")
     reward = CLIPScoreReward(backbone=tiny_backbone)

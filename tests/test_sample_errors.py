@@ -142,7 +142,7 @@ def ask_server(server, captions, images) -> list:
 def test_an_unreadable_image_is_the_same_media_error_in_the_reward_metric_job_and_server(tiny_clip_path, pictures):
     from serve_process import Server
 
-    from capreward.callbacks import CLIPScoreMetric
+    from capreward.torchmetrics import CLIPScoreMetric
     from capreward.jobs.manifest import ManifestRow
     from capreward.jobs.runners import ManifestScorer, ScoreOptions
     from capreward.rewards import CLIPScoreReward
@@ -190,7 +190,7 @@ def test_an_unreadable_judge_answer_is_the_same_error_in_the_reward_metric_job_a
     G-VEval scorer's own reason, kind ``judge_unreadable``."""
     from serve_process import Server
 
-    from capreward.callbacks import GVEvalMetric
+    from capreward.torchmetrics import GVEvalMetric
     from capreward.jobs.manifest import ManifestRow
     from capreward.jobs.runners import ManifestScorer, ScoreOptions
     from capreward.judges.remote import DEFAULT_API_MODEL, OpenAIJudge
@@ -208,7 +208,7 @@ def test_an_unreadable_judge_answer_is_the_same_error_in_the_reward_metric_job_a
         assert out.values == [None] and from_reward.item == "completions[0]"
 
         metric = GVEvalMetric(scorer=reward.scorer, visual="image")
-        with caplog.at_level(logging.INFO, logger="capreward.callbacks.tm_metrics"):
+        with caplog.at_level(logging.INFO, logger="capreward.torchmetrics.metrics"):
             metric.update([caption], [good])
         logged = [r for r in caplog.records if "judge answers gave no score" in r.getMessage()]
         assert len(logged) == 1 and math.isnan(float(metric.compute()))

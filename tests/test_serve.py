@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from capreward.adapters.openrlhf import END_MARKERS, ServerLimits, completion_of, make_server, post_json
+from capreward.server.http import END_MARKERS, ServerLimits, completion_of, make_server, post_json
 from capreward.adapters.paths import REFUSED
 from capreward.rewards import CLIPScoreReward, EMScoreReward
 
@@ -262,7 +262,8 @@ def test_a_request_without_prompts_scores_each_query_as_the_response(clip_server
 
 def test_composite_service_equals_the_composite_called_directly(tiny_clip_path, media):
     """The composite built by the factory (shared CLIP, default guards) through the service."""
-    from capreward.adapters import RewardOptions, RewardService, build_reward
+    from capreward.adapters import RewardOptions, build_reward
+    from capreward.server import RewardService
     from capreward.rewards import CompositeReward, HallucinationPenalty
 
     composite = build_reward("composite", RewardOptions(clip_model=str(tiny_clip_path),

@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from PIL import Image
 
-from capreward.adapters.batching import Busy, DynamicBatcher
-from capreward.adapters.openrlhf import RewardService, ServerLimits, make_server, post_json
+from capreward.server.batching import Busy, DynamicBatcher
+from capreward.server.http import RewardService, ServerLimits, make_server, post_json
 from capreward.adapters.scoring import ScoredBatch
 from capreward.rewards import CLIPScoreReward
 
@@ -248,7 +248,7 @@ def test_scoring_workers_default_to_one_with_batching_and_four_without(reward, m
 
 
 def test_scored_batch_slices_keep_metrics_aligned():
-    from capreward.adapters.batching import slice_batch
+    from capreward.server.batching import slice_batch
 
     batch = ScoredBatch([1.0, None, 3.0], [None, "x", None], {"m": [0.1, float("nan"), 0.3]})
     part = slice_batch(batch, 1, 3)

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from capreward.adapters import RewardService, make_compute_score
+from capreward.adapters import make_compute_score
+from capreward.server import RewardService
 from capreward.adapters.paths import NO_ROOT, NOT_LOCAL, REFUSED
 from capreward.rewards import CLIPScoreReward
 

@@ -11,9 +11,9 @@ import re
 import pytest
 from PIL import Image
 
-from capreward.adapters import RewardService
+from capreward.server import RewardService
 from capreward.adapters.json_limits import JSONLimitError, JSONLimits, check, loads, path_past_depth
-from capreward.adapters.openrlhf import RequestError, ServerLimits
+from capreward.server.http import RequestError, ServerLimits
 from capreward.rewards import CLIPScoreReward
 
 from conftest import random_video

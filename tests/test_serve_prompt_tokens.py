@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from capreward.adapters.openrlhf import RequestError, completion_of, make_server, post_json
+from capreward.server.http import RequestError, completion_of, make_server, post_json
 from capreward.adapters.prompt_tokens import PromptTokens
 from capreward.rewards import EMScoreReward
 from capreward.testing import build_tiny_tokenizer

@@ -15,8 +15,9 @@ from PIL import Image
 
 pytest.importorskip("ray.serve", reason="ray[serve] is not installed (pip install capreward[serve])")
 
-from capreward.adapters import RewardOptions, RewardService, ServerLimits, build_reward  # noqa: E402
-from capreward.adapters.openrlhf import post_json  # noqa: E402
+from capreward.adapters import RewardOptions, build_reward  # noqa: E402
+from capreward.server import RewardService, ServerLimits  # noqa: E402
+from capreward.server.http import post_json  # noqa: E402
 from capreward.adapters.paths import REFUSED  # noqa: E402
 
 from conftest import random_video  # noqa: E402
@@ -40,7 +41,7 @@ def test_ray_serve_replica_answers_like_the_plain_server(tiny_clip_path, media):
     import ray
     from ray import serve
 
-    from capreward.adapters.ray_serve import reward_app
+    from capreward.server.ray_serve import reward_app
 
     factory = functools.partial(build_reward, "clip_s", RewardOptions(clip_model=str(tiny_clip_path)))
     limits = ServerLimits(max_batch_size=16, max_wait=0.05)

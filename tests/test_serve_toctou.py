@@ -18,7 +18,8 @@ import pytest
 from PIL import Image
 
 import capreward.adapters.verl as verl
-from capreward.adapters import RewardService, make_compute_score, parse_label
+from capreward.adapters import make_compute_score, parse_label
+from capreward.server import RewardService
 from capreward.adapters.paths import REFUSED, MediaPaths
 from capreward.media import ConfinedFile, FileRefused, load_image, media_key
 from capreward.rewards import CLIPScoreReward, EMScoreReward

@@ -33,7 +33,7 @@ import pytest
 import torch
 
 from capreward import CLIPScore
-from capreward.callbacks import CLIPScoreMetric
+from capreward.torchmetrics import CLIPScoreMetric
 from capreward.testing.trained_clip import TrainedClipFactory, colour_image, trained_clip_path
 
 COLOURS = ["red", "green", "blue", "yellow"]

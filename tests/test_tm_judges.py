@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from capreward import GVEval, VisCE2
-from capreward.callbacks.tm_judges import GVEvalMetric, VisCE2Metric
+from capreward.torchmetrics.judges import GVEvalMetric, VisCE2Metric
 from capreward.testing.tiny_vlm_judges import ACCR_ANSWERS, VISCE2_ANSWERS, probe_image, synthetic_video
 from fixtures_llava import one_torch_thread, vlm_judge  # noqa: F401 (pytest fixtures)
 

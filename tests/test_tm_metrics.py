@@ -19,7 +19,7 @@ from fixtures_llava import colour_images, fleur, tiny_judge, tiny_judge_path  # 
 
 from capreward import CLIPScore, EMScore, PACScore
 from capreward.backbones import CLIPBackbone
-from capreward.callbacks import CaptionScores, CLIPScoreMetric, EMScoreMetric, FLEURMetric
+from capreward.torchmetrics import CaptionScores, CLIPScoreMetric, EMScoreMetric, FLEURMetric
 from capreward.testing import tiny_clip_factory
 
 pytestmark = pytest.mark.integration  # run by scripts/version_matrix.sh at both ends
@@ -378,7 +378,7 @@ def test_fleur_metric_on_videos_uses_the_composite_and_logs_unscored_answers(fle
     direct = fleur.score(captions, videos=clips)
     assert [e is None for e in direct.error] == [True, True, False]
     metric = FLEURMetric(scorer=fleur, visual="video", per_sample=True)
-    with caplog.at_level("INFO", logger="capreward.callbacks.tm_metrics"):
+    with caplog.at_level("INFO", logger="capreward.torchmetrics.metrics"):
         metric.update(captions, clips, ids=[0, 1, 2])
     torch.testing.assert_close(metric.compute()["per_sample/score"], direct.score, atol=1e-5, rtol=0, equal_nan=True)
     assert float(metric.compute()["score"]) == pytest.approx(float(direct.score[:2].double().mean()), abs=1e-5)

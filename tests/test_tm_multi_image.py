@@ -14,7 +14,7 @@ from conftest import random_video
 
 from capreward import EMScore
 from capreward.backbones import CLIPBackbone
-from capreward.callbacks import EMScoreMetric
+from capreward.torchmetrics import EMScoreMetric
 from capreward.testing import tiny_clip_factory
 
 CAPTIONS = ["a red car on a road", "two dogs", "a bowl of fruit"]

@@ -28,7 +28,8 @@ from conftest import random_video
 
 from capreward import EMScore
 from capreward.backbones import CLIPBackbone
-from capreward.callbacks import CaptionEvalCallback, CLIPScoreMetric, EMScoreMetric
+from capreward.callbacks import CaptionEvalCallback
+from capreward.torchmetrics import CLIPScoreMetric, EMScoreMetric
 from capreward.testing import tiny_clip_factory
 
 FRAMES = 4

@@ -8,10 +8,6 @@ from __future__ import annotations
 
 import importlib
 
-from . import _moved
-
-_moved.install()  # old import paths of moved modules (capreward.adapters.openrlhf, ...) keep working
-
 __version__ = "0.1.0"
 
 _LAZY = {
@@ -30,6 +26,8 @@ _LAZY = {
     "GVEval": "capreward.scorers.gveval",
     "GVEvalResult": "capreward.scorers.gveval",
     "Hallucination": "capreward.scorers.hallucination",
+    "ClaimScorer": "capreward.scorers.claims",
+    "QAUtility": "capreward.scorers.qa_utility",
     "HallucinationResult": "capreward.scorers.hallucination",
     "MediaError": "capreward.media.errors",
     "CaprewardError": "capreward.errors",
@@ -39,8 +37,8 @@ _LAZY = {
 #: The public names, each documented in the API reference (docs/api/). The scorers' result classes
 #: (``EMScoreResult``, ...) and ``MatchScores`` still import from here; they are documented as what the
 #: scorers return.
-__all__ = sorted(["CLIPBackbone", "CLIPScore", "CaprewardError", "EMScore", "FLEUR", "GVEval", "Hallucination",
-                  "MediaError", "PACScore", "RemoteFLEUR", "SampleError", "VisCE2"])
+__all__ = sorted(["CLIPBackbone", "CLIPScore", "CaprewardError", "ClaimScorer", "EMScore", "FLEUR", "GVEval", "Hallucination",
+                  "MediaError", "PACScore", "QAUtility", "RemoteFLEUR", "SampleError", "VisCE2"])
 
 
 def __getattr__(name: str):

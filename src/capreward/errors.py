@@ -53,6 +53,12 @@ class CaprewardError(Exception):
         MediaError True
     """
 
+    #: The :class:`SampleError` kind of a sample whose scoring raised this error, set by an error about one
+    #: item of one sample, which then names its ``item`` and its ``problem`` (a
+    #: :class:`~capreward.media.MediaError` is ``"media"``); None for the others, whose kind follows their
+    #: builtin class (:func:`exception_kind`).
+    sample_kind: str | None = None
+
 
 #: Why a sample has no score, as the code finds it:
 #:
@@ -236,22 +242,27 @@ class SampleError(str):
             For a media error, kind ``"media"`` (``"refused"`` for a file outside the media root) with its
             item and problem; for anything else kind ``kind`` and the text ``"<type>: <message>"``.
         """
-        from .media.errors import MediaError
-
-        if isinstance(exc, MediaError):
-            return cls(index, exception_kind(exc), item or exc.item, exc.problem)
+        sample_kind = getattr(exc, "sample_kind", None)
+        if isinstance(exc, CaprewardError) and sample_kind is not None:
+            return cls(index, sample_kind, item or getattr(exc, "item", ""), getattr(exc, "problem", str(exc)))
         return cls(index, exception_kind(exc, kind), item, f"{type(exc).__name__}: {exc}")
 
 
 def exception_kind(exc: BaseException, default: str | None = None) -> str:
-    """The kind of a sample's failure that raised ``exc``, from its type: ``"refused"`` for a
-    :class:`~capreward.media.MediaRefused`, ``"media"`` for another
-    :class:`~capreward.media.MediaError`; else ``default`` when given, ``"input"`` for a ValueError or
-    TypeError and ``"scorer"`` for anything else."""
-    from .media.errors import MediaError, MediaRefused
+    """The kind of a sample's failure that raised ``exc``: the :attr:`CaprewardError.sample_kind` the error
+    declares (``"refused"`` for a :class:`~capreward.media.MediaRefused`, ``"media"`` for another
+    :class:`~capreward.media.MediaError`); else ``default`` when given, ``"input"`` for a ValueError or
+    TypeError and ``"scorer"`` for anything else.
 
-    if isinstance(exc, MediaError):
-        return "refused" if isinstance(exc, MediaRefused) else "media"
+    Examples:
+        >>> from capreward.media import MediaError, MediaRefused
+        >>> exception_kind(MediaRefused("image 0", "x")), exception_kind(MediaError("image 0", "x"))
+        ('refused', 'media')
+        >>> exception_kind(ValueError("x")), exception_kind(RuntimeError("x")), exception_kind(KeyError(), "input")
+        ('input', 'scorer', 'input')
+    """
+    if isinstance(exc, CaprewardError) and exc.sample_kind is not None:
+        return exc.sample_kind
     if default is not None:
         return default
     return "input" if isinstance(exc, (ValueError, TypeError)) else "scorer"

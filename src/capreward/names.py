@@ -69,4 +69,4 @@ def aliases_of(name: str) -> list[str]:
     return [alias for alias, target in registry.aliases().items() if target == name]
 
 
-__all__ = ["ALIASES", "METRICS", "SEP", "aliases_of", "canonical", "normalize", "spelling", "sub_score"]
+__all__ = ["SEP", "aliases_of", "canonical", "normalize", "spelling", "sub_score"]

@@ -1,37 +1,47 @@
 """Adapters of capreward's rewards to other RL stacks.
 
-- :mod:`capreward.adapters.verl`: veRL custom reward functions (``compute_score``, batch variant).
-- :mod:`capreward.server`: the OpenRLHF-compatible HTTP reward server (``capreward serve``; it was
-  ``capreward.adapters.openrlhf``, ``.batching`` and ``.connections``, which still import).
-- :mod:`capreward.adapters.labels`: the per-sample label format both use to name visuals and references.
+- :mod:`capreward.adapters.factory`: a reward built by name with its options (:func:`build_reward`).
+- :mod:`capreward.adapters.verl`: veRL custom reward functions (``compute_score``, batch variant) and
+  :mod:`capreward.adapters.verl_manager`, a veRL reward-loop manager.
+- :mod:`capreward.adapters.labels`: the per-sample label format both veRL and the reward server
+  (:mod:`capreward.server`) use to name visuals and references.
 - :mod:`capreward.adapters.paths`: which files a label may name (confinement to a media root).
 - :mod:`capreward.adapters.json_limits`: bounds on a request's JSON, each refusal naming the field.
-- :mod:`capreward.adapters.ray_serve`: the server as Ray Serve replicas (``capreward[serve]``).
+- :mod:`capreward.adapters.scoring`: a labelled batch scored by a reward (what veRL and the server share).
+
+
+Names are imported on first use, so that reading a reward's name (the command line's help) imports no
+model code.
 """
 
-from .factory import RewardOptions, build_reward, reward_names
-from .labels import Label, LabelError, parse_label
-from .paths import MediaPaths
-from .scoring import ScoredBatch, score_labelled
-from .verl import VerlScorer, make_compute_score
+from __future__ import annotations
 
+import importlib
 
-#: The server's names, exported here before it had its own package (imported on first use).
-_SERVER = {"DynamicBatcher": "capreward.server.batching", "RewardHTTPServer": "capreward.server.http",
-           "RewardService": "capreward.server.http", "ServerLimits": "capreward.server.http",
-           "make_server": "capreward.server.http"}
+_LAZY = {
+    "RewardOptions": "capreward.adapters.factory",
+    "build_reward": "capreward.adapters.factory",
+    "reward_names": "capreward.adapters.factory",
+    "Label": "capreward.adapters.labels",
+    "LabelError": "capreward.adapters.labels",
+    "parse_label": "capreward.adapters.labels",
+    "MediaPaths": "capreward.adapters.paths",
+    "ScoredBatch": "capreward.adapters.scoring",
+    "score_labelled": "capreward.adapters.scoring",
+    "VerlScorer": "capreward.adapters.verl",
+    "make_compute_score": "capreward.adapters.verl",
+}
+
+#: Documented in the API reference (docs/api/server.md). The rest imports from here too: the label format,
+#: the batch scorer and :func:`reward_names`.
+__all__ = ["MediaPaths", "RewardOptions", "build_reward", "make_compute_score"]
 
 
 def __getattr__(name: str):
-    if name == "REWARD_NAMES":  # read from the registry (capreward.adapters.factory.reward_names)
-        return reward_names()
-    if name in _SERVER:
-        import importlib
-
-        return getattr(importlib.import_module(_SERVER[name]), name)
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-#: Documented in the API reference (docs/api/server.md). The rest still imports from here: the server's
-#: classes (now in :mod:`capreward.server`), ``REWARD_NAMES``, the label format and the batch scorer.
-__all__ = ["MediaPaths", "RewardOptions", "build_reward", "make_compute_score"]
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import registry
-from ..backbones.clip_loading import DEFAULT_CLIP
+from ..default_models import DEFAULT_CLIP
 from ..metric_options import FlagFields, typed
 from ..names import canonical
 from ..terms import parse_weighted_terms
@@ -238,12 +238,12 @@ def judge_backend(opts: RewardOptions) -> Any:
 
 def qa_backend(opts: RewardOptions) -> Any:
     """The text-only judge of ``qa_utility``: the server at ``judge_url``, or a local
-    :class:`~capreward.scorers.qa_utility.LocalTextJudge` on ``qa_model``."""
+    :class:`~capreward.judges.LocalTextJudge` on ``qa_model``."""
     if opts.judge_url:
         return judge_backend(opts)
     if not opts.qa_model:
         raise ValueError("qa_utility needs a text judge: qa_model (a causal LM name or directory) or judge_url")
-    from ..scorers.qa_utility import LocalTextJudge
+    from ..judges.local_text import LocalTextJudge
 
     return LocalTextJudge(opts.qa_model)
 

@@ -3,7 +3,8 @@ transformers CLIPModel / SiglipModel / Siglip2Model) for the matching metrics.""
 
 from .cache import LRUCache
 from .clip import CLIPBackbone, TextEmbeddings, TokenBatch
-from .clip_loading import DEFAULT_CLIP, ModelLoadError, load_clip
+from ..default_models import DEFAULT_CLIP
+from .clip_loading import ModelLoadError, load_clip
 from .hf_clip import TransformersBackbone
 from .open_clip_text import CustomTextBackbone
 from .windows import split_windows

@@ -15,7 +15,8 @@ import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, ClassVar
+from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
 import torch
@@ -25,7 +26,8 @@ from ..devices import checked_device, host_to_device, strict_fp32_method
 from ..media import MediaError, describe, frames_to_pil, get_media_limits, load_image, open_video, to_rgb
 from ..media.keys import content_key, with_id
 from .cache import LRUCache
-from .clip_loading import DEFAULT_CLIP, load_clip
+from ..default_models import DEFAULT_CLIP
+from .clip_loading import load_clip
 from .windows import check_long_captions, combine_windows, split_windows
 
 
@@ -91,14 +93,53 @@ class CLIPBackbone:
         (2, 1, 1.0)
     """
 
+    #: The backbone classes of other model families, each registered when its module is imported (the
+    #: package imports them all, so this module names none of them): a class whose :meth:`takes_spec` is
+    #: true of the model specification is built instead of this one (transformers models), one whose
+    #: :meth:`takes_model` is true of the model open_clip loaded takes it over (SigLIP, EVA-CLIP).
+    families: ClassVar[list[type[CLIPBackbone]]] = []
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "takes_spec" in vars(cls) or "takes_model" in vars(cls):
+            CLIPBackbone.families.append(cls)
+
+    @staticmethod
+    def takes_spec(spec: Any) -> bool:
+        """Whether this family's class loads the model specification ``spec`` itself.
+
+        Args:
+            spec: what ``CLIPBackbone(model=...)`` was given.
+
+        Returns:
+            False here (open_clip loads it); True in a family that loads it (transformers).
+        """
+        return False
+
+    @staticmethod
+    def takes_model(model: Any) -> bool:
+        """Whether this family's class encodes with the open_clip ``model`` once loaded (its ``_adopt``
+        then finishes the construction).
+
+        Args:
+            model: the model open_clip loaded.
+
+        Returns:
+            False here; True in a family with its own text tower (open_clip ``CustomTextCLIP``).
+        """
+        return False
+
+    def _adopt(self, **options: Any) -> None:
+        """Finish the construction of a family's backbone that took over the loaded model
+        (:meth:`takes_model`), with the constructor's cache and batching options."""
+        raise NotImplementedError(f"{type(self).__name__} takes over no loaded model")
+
     def __new__(cls, *args: Any, **kwargs: Any):
         # A transformers model (a "transformers:" name, a transformers directory, a (model, processor)
         # pair) gets its own backbone class; everything open_clip loads stays here.
         if cls is CLIPBackbone:
-            from .hf_clip import TransformersBackbone, is_transformers_spec
-
-            if is_transformers_spec(args[0] if args else kwargs.get("model", DEFAULT_CLIP)):
-                cls = TransformersBackbone
+            spec = args[0] if args else kwargs.get("model", DEFAULT_CLIP)
+            cls = next((f for f in CLIPBackbone.families if f.takes_spec(spec)), cls)
         return super().__new__(cls)
 
     def __init__(
@@ -116,10 +157,9 @@ class CLIPBackbone:
     ):
         self.device = checked_device(device)  # a missing GPU is one clear error, not torch's from deep in .to()
         self.model, self.preprocess, self.tokenizer = load_clip(model, self.device, precision)
-        from .open_clip_text import CustomTextBackbone, is_custom_text_clip
-
-        if type(self) is CLIPBackbone and is_custom_text_clip(self.model):  # SigLIP, EVA-CLIP...: own text tower
-            self.__class__ = CustomTextBackbone
+        family = next((f for f in CLIPBackbone.families if f.takes_model(self.model)), None)
+        if type(self) is CLIPBackbone and family is not None:  # SigLIP, EVA-CLIP...: own text tower
+            self.__class__ = family
             self._adopt(cache_size=cache_size, image_batch_size=image_batch_size, trim_text=trim_text,
                         text_cache_size=text_cache_size, text_cache_bytes=text_cache_bytes,
                         text_tokens_per_pass=text_tokens_per_pass)

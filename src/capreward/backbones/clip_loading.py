@@ -29,7 +29,6 @@ import torch
 
 from ..errors import CaprewardError
 
-DEFAULT_CLIP = "ViT-B-32/openai"
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors")
 
 OFFLINE_HINT = (

@@ -26,7 +26,8 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -160,6 +161,8 @@ class TransformersBackbone(TowerBackbone):
         >>> backbone.context_length, backbone.causal
         (64, False)
     """
+
+    takes_spec = staticmethod(is_transformers_spec)
 
     def __init__(
         self,

@@ -13,7 +13,8 @@ non-causal tower (SigLIP) see :mod:`capreward.backbones.towers` for what the tok
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +39,8 @@ class CustomTextBackbone(TowerBackbone):
         >>> type(backbone).__name__, backbone.context_length, backbone.causal
         ('CustomTextBackbone', 64, False)
     """
+
+    takes_model = staticmethod(is_custom_text_clip)
 
     def _adopt(self, **kwargs: Any) -> None:
         """Finish construction once ``model``, ``preprocess``, ``tokenizer`` and ``device`` are set."""

@@ -20,7 +20,8 @@ its tokens and EOS), as CLIP's are ``ln_final`` then the projection.
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import torch
 

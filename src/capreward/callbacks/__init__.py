@@ -1,9 +1,6 @@
-"""Validation scoring during training: torchmetrics metrics, a Lightning callback and a transformers
-``TrainerCallback``.
+"""Validation scoring during training: a Lightning callback and a transformers ``TrainerCallback`` over the
+torchmetrics Metrics of :mod:`capreward.torchmetrics`, and the Goodhart monitor.
 
-- :class:`EMScoreMetric`, :class:`CLIPScoreMetric`, :class:`FLEURMetric`, :class:`VisCE2Metric`,
-  :class:`GVEvalMetric`: torchmetrics Metrics over the scorers, per-sample states synced with
-  ``dist_reduce_fx="cat"``; they live in :mod:`capreward.torchmetrics` and are re-exported here.
 - :class:`CaptionScoreCallback` (``lightning``): scores the captions returned by ``validation_step``
   and logs ``val/<metric>`` through ``pl_module.log`` (monitorable by ModelCheckpoint/EarlyStopping).
 - :func:`sample_ids` (``sampler_ids``): the dataset indices of a Lightning evaluation batch, read from its
@@ -15,7 +12,8 @@
   judges (a second reward model, ground truth) beside the training reward, and warn when the training
   reward rises while a held-out judge falls.
 
-Imports are lazy so that using one integration never imports the other framework.
+The Metrics themselves (``EMScoreMetric``, ...) import from :mod:`capreward.torchmetrics`. Imports are lazy
+so that using one integration never imports the other framework.
 """
 
 from __future__ import annotations
@@ -23,13 +21,6 @@ from __future__ import annotations
 import importlib
 
 _LAZY = {
-    "CaptionMetric": "capreward.torchmetrics.metrics",
-    "EMScoreMetric": "capreward.torchmetrics.metrics",
-    "CLIPScoreMetric": "capreward.torchmetrics.metrics",
-    "FLEURMetric": "capreward.torchmetrics.metrics",
-    "VisCE2Metric": "capreward.torchmetrics.judges",
-    "GVEvalMetric": "capreward.torchmetrics.judges",
-    "CaptionScores": "capreward.callbacks.summary",
     "CaptionScoreCallback": "capreward.callbacks.lightning",
     "CaptionEvalCallback": "capreward.callbacks.transformers",
     "sample_ids": "capreward.callbacks.sampler_ids",
@@ -39,8 +30,7 @@ _LAZY = {
     "GoodhartLightningCallback": "capreward.callbacks.goodhart_lightning",
 }
 
-#: Documented in the API reference (docs/api/metrics.md). The torchmetrics metrics still import from here
-#: (their home is :mod:`capreward.torchmetrics`), as does ``CaptionScores``.
+#: Documented in the API reference (docs/api/metrics.md).
 __all__ = ["CaptionEvalCallback", "CaptionScoreCallback", "GoodhartCallback", "GoodhartLightningCallback",
            "GoodhartMonitor", "GoodhartWarning", "sample_ids"]
 

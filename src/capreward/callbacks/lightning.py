@@ -40,11 +40,12 @@ from typing import Any
 
 from .._extras import require
 from ..names import sub_score
-from .distributed import gather_objects
+from ..torchmetrics.distributed import gather_objects
+from ..torchmetrics.metrics import CaptionMetric, named_metrics
+from ..torchmetrics.sources import Source, as_captions, as_ids, as_references, per_sample, per_visual, read
+from ..torchmetrics.summary import CaptionScores
 from .loggers import file_store_refusal, is_file_store
 from .sampler_ids import eval_loaders, sample_ids
-from .sources import Source, as_captions, as_ids, as_references, per_sample, per_visual, read
-from .summary import CaptionScores
 from .tables import (
     TABLE_FORMATS,
     best_and_worst,
@@ -54,7 +55,6 @@ from .tables import (
     score_table,
     write_table,
 )
-from ..torchmetrics.metrics import CaptionMetric, named_metrics
 
 Callback = require("callbacks", "lightning.pytorch", "pytorch_lightning", used_by="CaptionScoreCallback").Callback
 
@@ -102,7 +102,8 @@ class CaptionScoreCallback(Callback):
     ``callback.history`` and the last epoch's per-sample table in ``callback.last_table``.
 
     Examples:
-        >>> from capreward.callbacks import CLIPScoreMetric, CaptionScoreCallback, EMScoreMetric
+        >>> from capreward.callbacks import CaptionScoreCallback
+        >>> from capreward.torchmetrics import CLIPScoreMetric, EMScoreMetric
         >>> from capreward.testing import trained_clip_path
         >>> clip = str(trained_clip_path())
         >>> callback = CaptionScoreCallback([EMScoreMetric(model=clip), CLIPScoreMetric(model=clip, visual="video")])

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..names import SEP, sub_score
-from .summary import CaptionScores
+from ..torchmetrics.summary import CaptionScores
 
 logger = logging.getLogger(__name__)
 

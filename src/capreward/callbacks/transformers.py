@@ -30,12 +30,12 @@ from transformers import TrainerCallback
 
 from .._extras import require
 from ..names import sub_score
+from ..torchmetrics.metrics import CaptionMetric, named_metrics
+from ..torchmetrics.sources import Source, as_captions, as_references, read
+from ..torchmetrics.summary import CaptionScores
 from .generation import CaptionGenerator, has_image_blocks, is_image_processor
 from .loggers import file_store_refusal, is_file_store
-from .sources import Source, as_captions, as_references, read
-from .summary import CaptionScores
 from .tables import TABLE_FORMATS, best_and_worst, examples_markdown, merge_records, score_table, write_table
-from ..torchmetrics.metrics import CaptionMetric, named_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +133,8 @@ class CaptionEvalCallback(TrainerCallback):
         >>> red = colour_image("red")
         >>> import tempfile
         >>> from transformers import Trainer, TrainingArguments
-        >>> from capreward.callbacks import CaptionEvalCallback, CLIPScoreMetric
+        >>> from capreward.callbacks import CaptionEvalCallback
+        >>> from capreward.torchmetrics import CLIPScoreMetric
         >>> from capreward.testing.tiny_captioner import build_tiny_captioner
         >>> model, processor, tokenizer = build_tiny_captioner(seed=0)   # a tiny ViT-GPT2 captioner
         >>> held_out = [{"pixel_values": processor(red, return_tensors="pt").pixel_values[0], "image": red}] * 2

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import registry
-from ..jobs.settings_file import SEPARATOR_FLAG
+from ..default_models import DEFAULT_LLAVA
 from ..names import SEP
 from .common import add_device_option, add_media_limit_options, add_resume_options, metric_name
 
@@ -43,7 +43,8 @@ refused unless --accept-unrecorded-settings. Resumes repair only a torn last lin
 not a result row stops the run with the file as it is (--quarantine-bad-lines moves such lines to
 <out>.quarantine); a disk error and Ctrl-C end with one line saying how many rows are safe."""
 
-#: How each setting in explain's settings record is set on the command line (for the refusal message).
+#: How each setting in explain's settings record is set on the command line (for the refusal message; the
+#: sub-score separator's text is :data:`capreward.jobs.settings_file.SEPARATOR_FLAG`).
 EXPLAIN_FLAGS = {
     "metric": "--metric",
     "references": "--references",
@@ -52,7 +53,6 @@ EXPLAIN_FLAGS = {
     "max_new_tokens": "--max-new-tokens",
     "max_pixels": "--max-pixels",
     "max_video_pixels": "--max-video-pixels",
-    "sub_score_separator": SEPARATOR_FLAG,
 }
 
 Explainer = Callable[[list], list[dict]]  # manifest rows -> one result dict per row
@@ -117,12 +117,12 @@ def explain_manifest(args: argparse.Namespace) -> dict:
     from ..jobs.manifest import read_manifest
     from ..jobs.output_lock import exclusive_output
     from ..jobs.results_file import disk_errors
-    from ..jobs.settings_file import JobKind, check_settings
+    from ..jobs.settings_file import SEPARATOR_FLAG, JobKind, check_settings
 
     with disk_errors(args.out), exclusive_output(args.out):
         rows = read_manifest(args.manifest)
         has_results = Path(args.out).is_file() and Path(args.out).stat().st_size > 0
-        check_settings(args.out, explanation_settings(args), JobKind("explain", "explained", EXPLAIN_FLAGS),
+        check_settings(args.out, explanation_settings(args), JobKind("explain", "explained", {**EXPLAIN_FLAGS, "sub_score_separator": SEPARATOR_FLAG}),
                        has_results=has_results, accept_unrecorded=args.accept_unrecorded_settings)
         return _explain_rows(args, rows)
 
@@ -188,7 +188,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--metric", default=names[0] if names else None, choices=sorted(names), type=metric_name,
                    help="the judge metric to explain")
     p.add_argument("--references", action="store_true", help="use the rows' references (RefFLEUR / G-VEval combined)")
-    p.add_argument("--judge-model", default="llava-hf/llava-1.5-13b-hf", help="LLaVA hub name or local directory")
+    p.add_argument("--judge-model", default=DEFAULT_LLAVA, help="LLaVA hub name or local directory")
     add_device_option(p)
     add_media_limit_options(p)
     p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"], help="default: float16 on GPU, float32 on CPU")

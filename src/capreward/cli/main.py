@@ -34,12 +34,6 @@ def description() -> str:
     return f"Caption-quality metrics ({', '.join(s.title for s in registry.specs())}) as scores and rewards."
 
 
-def __getattr__(name: str):
-    if name == "DESCRIPTION":  # the constant this module held before the registry named the metrics
-        return description()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def package_version() -> str:
     """The installed distribution's version, else the package's ``__version__``."""
     from importlib import metadata
@@ -114,9 +108,15 @@ def progress_settings(show: bool):
             transformers_logging.enable_progress_bar()
 
 
+def command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    """The sub-command ``command``'s own parser."""
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return commands.choices[command]
+
+
 def flag_of(parser: argparse.ArgumentParser, args: argparse.Namespace, value, candidates: tuple[str, ...]) -> str:
     """The option among ``candidates`` (dest names) whose value is ``value``, as its first long flag."""
-    sub = parser._subparsers._group_actions[0].choices[args.command]
+    sub = command_parser(parser, args.command)
     flags = {a.dest: a.option_strings[0] for a in sub._actions if a.option_strings}
     present = [d for d in candidates if d in flags]
     for dest in present:
@@ -157,7 +157,7 @@ def user_error_message(exc: BaseException, parser: argparse.ArgumentParser, args
 def argument_naming(parser: argparse.ArgumentParser, args: argparse.Namespace, value) -> str | None:
     """The option (or positional argument) of the command whose value is ``value``, if any: a missing
     file that the user named is a user error, any other is a bug."""
-    sub = parser._subparsers._group_actions[0].choices[args.command]
+    sub = command_parser(parser, args.command)
     for action in sub._actions:
         given = getattr(args, action.dest, None)
         if isinstance(given, (str, os.PathLike)) and os.fspath(given) == os.fspath(value):

@@ -34,10 +34,10 @@ import argparse
 import json
 import sys
 
-from ..backbones.clip_loading import DEFAULT_CLIP
+from ..default_models import DEFAULT_CLIP, DEFAULT_LLAVA
 from .. import registry
-from .common import (add_device_option, add_media_limit_options, add_metric_flags, add_resume_options, metric_flag_values,
-                     metric_list, spelled_aliases)
+from ..metric_flags import add_metric_flags, metric_flag_values
+from .common import add_device_option, add_media_limit_options, add_resume_options, metric_list, spelled_aliases
 
 
 def metric_lines() -> str:
@@ -109,7 +109,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--clip-model", default=DEFAULT_CLIP,
                    help=f"CLIP for {'/'.join(registry.sharing('clip'))} (one shared copy): name/tag, .pt path, ...")
     judges = "/".join(registry.on_backbone("chat_judge"))
-    p.add_argument("--judge-model", "--fleur-model", dest="judge_model", default="llava-hf/llava-1.5-13b-hf",
+    p.add_argument("--judge-model", "--fleur-model", dest="judge_model", default=DEFAULT_LLAVA,
                    help=f"local LLaVA name or dir for {judges} unless a server is given (one shared copy)")
     p.add_argument("--judge-base-url",
                    help=f"OpenAI-compatible server for {judges}, e.g. http://localhost:8000/v1 (vLLM); "

@@ -11,10 +11,10 @@ import threading
 
 from .. import registry
 from ..adapters.factory import reward_names
-from ..backbones.clip_loading import DEFAULT_CLIP
+from ..default_models import DEFAULT_CLIP, DEFAULT_LLAVA
 from ..metrics.harmonic import HARMONIC_MEANS
-from .common import (CLIError, adapter_flags, add_device_option, add_media_limit_options, add_metric_flags, metric_flag_values,
-                     metric_name, spelled_aliases)
+from ..metric_flags import adapter_flags, add_metric_flags, metric_flag_values
+from .common import CLIError, add_device_option, add_media_limit_options, metric_name, spelled_aliases
 
 
 def run(args: argparse.Namespace) -> int:
@@ -120,7 +120,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--clip-model", default=DEFAULT_CLIP, help=f"CLIP for {'/'.join(registry.on_backbone('clip'))}: name/tag, .pt path, ...")
     p.add_argument("--judge-model", "--fleur-model", dest="fleur_model", metavar="MODEL",
                    help=f"the judge of {judges}: a local LLaVA judge (hub name or directory; default: "
-                        "llava-hf/llava-1.5-13b-hf), or with --judge-url the served model name")
+                        f"{DEFAULT_LLAVA}), or with --judge-url the served model name")
     p.add_argument("--judge-url", help=f"an OpenAI-compatible server for {judges} (vLLM: http://HOST:8000/v1)")
     p.add_argument("--judge-api-key-env", default="OPENAI_API_KEY",
                    help="environment variable holding the judge server's API key (unset: none sent)")

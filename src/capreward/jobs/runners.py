@@ -40,7 +40,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from ..backbones.clip_loading import DEFAULT_CLIP
+from ..default_models import DEFAULT_CLIP
 from .. import registry
 from ..errors import SampleError
 from ..metric_options import FlagFields

@@ -14,15 +14,18 @@ contract between them, kept stable:
 - chat backends for VisCE² and G-VEval: :class:`LocalChatJudge` (local LLaVA, exact score distributions),
   :class:`EngineJudge` (the same judge inside vLLM's or SGLang's offline engine, exact too) and
   :class:`OpenAIJudge` (any OpenAI-compatible server), all speaking :class:`JudgeBackend`;
+  :class:`LocalTextJudge`, a text-only causal LM (the QA-utility reward's answerer);
 - ``teacher_forcing_inputs(...)`` + ``logits_at(inputs, features, image_index, text_embeds=None)``: one
   differentiable pass returning the logits at chosen answer steps.
 """
 
 from .images import mean_background, pad_to_square
-from .loading import DEFAULT_LLAVA, JudgeLoadError, load_llava, resolve_device, resolve_dtype
+from ..default_models import DEFAULT_LLAVA
+from .loading import JudgeLoadError, load_llava, resolve_device, resolve_dtype
 from .local import DecodeState, GreedyOutput, LocalJudge, TeacherForcing, common_prefix_length
 from .local_chat import LocalChatJudge
 from .engines import EngineJudge
+from .local_text import LocalTextJudge
 from .protocol import (
     ChatRequest,
     ChatResponse,
@@ -47,4 +50,4 @@ from .prompts import (
 #: Documented in the API reference (docs/api/judges.md). The engine's parts (``DecodeState``,
 #: ``GreedyOutput``, ``TeacherForcing``, the prompts, ``load_llava``...) still import from here.
 __all__ = ["ChatRequest", "ChatResponse", "ChatTurn", "EngineJudge", "JudgeBackend", "JudgeLoadError", "LocalChatJudge",
-           "LocalJudge", "OpenAIJudge", "TokenLogprob", "assistant_turn", "system_turn", "user_turn"]
+           "LocalJudge", "LocalTextJudge", "OpenAIJudge", "TokenLogprob", "assistant_turn", "system_turn", "user_turn"]

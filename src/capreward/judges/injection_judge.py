@@ -10,9 +10,9 @@ spaces and punctuation ignored). A caption is flagged when ``P(yes) >= threshold
 It costs one judge request per caption (one token generated), so it is off unless asked for
 (``CaptionReward(injection_judge=JudgeInjectionCheck(backend))``). Its value depends entirely on the
 judge: a capable instruction-tuned judge answers the question; the tiny judges of
-:mod:`capreward.testing` were never taught it, so their answers carry no information, except
-:mod:`capreward.testing.grader_judge`, the susceptible judge taught the question on purpose, on which
-``python -m capreward.testing.injection_check_measure`` measures the lifts the check leaves and its false
+:mod:`capreward.testing` were never taught it, so their answers carry no information, except the
+susceptible judge taught the question on purpose (``tests/grader_judge.py`` in the repository), on which
+``python tests/injection_check_measure.py`` measures the lifts the check leaves and its false
 positives (measure it on your judge and your own ordinary captions before relying on it). An answer without "yes" or "no" among the alternatives, or a failed request, flags nothing (the
 reason is logged): the patterns still apply.
 """

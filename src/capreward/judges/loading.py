@@ -15,8 +15,6 @@ import torch
 
 from ..errors import CaprewardError
 
-DEFAULT_LLAVA = "llava-hf/llava-1.5-13b-hf"
-
 _DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,

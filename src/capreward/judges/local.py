@@ -42,7 +42,8 @@ from .prefix_cache import SharedPrefixCache, shared_attention
 from .families import JudgeFamily, judge_family
 from .images import mean_background, pad_to_square
 from ..devices import checked_device
-from .loading import DEFAULT_LLAVA, load_llava, resolve_device, resolve_dtype
+from ..default_models import DEFAULT_LLAVA
+from .loading import load_llava, resolve_device, resolve_dtype
 from .caller_text import Data, PromptParts, control_token_ids, control_token_strings, encode_parts_many, render
 from .prompts import IMAGE_PLACEHOLDER, LLAVA_V1_SYSTEM, llava_v1_parts
 

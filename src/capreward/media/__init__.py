@@ -1,15 +1,60 @@
-"""Media: load and validate images, decode and sample videos, and key them for caching."""
+"""Media: load and validate images, decode and sample videos, and key them for caching.
 
-from .backends import BACKENDS, decord_available, get_video_backend, resolve_backend, set_video_backend, video_backend
-from .containers import CONTAINERS, NOT_A_CONTAINER
-from .errors import MediaError, MediaRefused
-from .files import ConfinedFile, FileRefused
-from .images import NAN_IMAGE, ImageLike, describe, load_image, to_rgb, viewable
-from .limits import (DEFAULT_MAX_MODEL_PIXELS, DEFAULT_MAX_PIXELS, DEFAULT_MAX_VIDEO_FRAMES, DEFAULT_MAX_VIDEO_PIXELS,
-                     MediaLimits, get_media_limits, media_limits, set_media_limits)
-from .keys import media_key
-from .videos import DEFAULT_FRAMES, VideoFrames, VideoLike, frames_to_pil, load_video, open_video, sample_indices
+Names are imported on first use, so that reading the media limits (the command line's help) imports no
+decoder and no torch.
+"""
 
-#: Documented in the API reference (docs/api/media.md); the other names above still import from here.
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {
+    "BACKENDS": "capreward.media.backends",
+    "decord_available": "capreward.media.backends",
+    "get_video_backend": "capreward.media.backends",
+    "resolve_backend": "capreward.media.backends",
+    "set_video_backend": "capreward.media.backends",
+    "video_backend": "capreward.media.backends",
+    "CONTAINERS": "capreward.media.containers",
+    "NOT_A_CONTAINER": "capreward.media.containers",
+    "MediaError": "capreward.media.errors",
+    "MediaRefused": "capreward.media.errors",
+    "ConfinedFile": "capreward.media.files",
+    "FileRefused": "capreward.media.files",
+    "NAN_IMAGE": "capreward.media.images",
+    "ImageLike": "capreward.media.images",
+    "describe": "capreward.media.images",
+    "load_image": "capreward.media.images",
+    "to_rgb": "capreward.media.images",
+    "viewable": "capreward.media.images",
+    "DEFAULT_MAX_MODEL_PIXELS": "capreward.media.limits",
+    "DEFAULT_MAX_PIXELS": "capreward.media.limits",
+    "DEFAULT_MAX_VIDEO_FRAMES": "capreward.media.limits",
+    "DEFAULT_MAX_VIDEO_PIXELS": "capreward.media.limits",
+    "MediaLimits": "capreward.media.limits",
+    "get_media_limits": "capreward.media.limits",
+    "media_limits": "capreward.media.limits",
+    "set_media_limits": "capreward.media.limits",
+    "media_key": "capreward.media.keys",
+    "DEFAULT_FRAMES": "capreward.media.videos",
+    "VideoFrames": "capreward.media.videos",
+    "VideoLike": "capreward.media.videos",
+    "frames_to_pil": "capreward.media.videos",
+    "load_video": "capreward.media.videos",
+    "open_video": "capreward.media.videos",
+    "sample_indices": "capreward.media.videos",
+}
+
+#: Documented in the API reference (docs/api/media.md); the other names of the table import from here too.
 __all__ = ["MediaError", "MediaLimits", "MediaRefused", "get_media_limits", "get_video_backend", "load_image",
            "load_video", "media_limits", "set_media_limits", "set_video_backend", "video_backend"]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))

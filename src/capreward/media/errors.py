@@ -19,6 +19,8 @@ class MediaError(CaprewardError, ValueError):
         file does not exist | True
     """
 
+    sample_kind = "media"
+
     def __init__(self, item: str, problem: str):
         self.item = item
         self.problem = problem
@@ -37,3 +39,5 @@ class MediaRefused(MediaError):
         >>> isinstance(exc, MediaError), str(exc)
         (True, "image 0: not a file under the server's media root")
     """
+
+    sample_kind = "refused"

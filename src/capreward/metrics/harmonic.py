@@ -11,9 +11,10 @@ released code's formula.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import torch
+if TYPE_CHECKING:  # the command line reads HARMONIC_MEANS for its help before torch is imported
+    import torch
 
 #: Names of the harmonic means a reward can use (``harmonic_mean=`` of the EMScore and CLIP-S rewards).
 HARMONIC_MEANS = ("sign-safe", "released")
@@ -23,6 +24,8 @@ def released_harmonic_mean(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``2ab / (a + b)`` elementwise, 0 where ``a + b == 0``: the formula of the EMScore and CLIPScore
     papers and their released code. In [min(a, b), max(a, b)] when a, b >= 0; with opposite signs it
     leaves that interval and is unbounded near ``a = -b``."""
+    import torch
+
     denom = a + b
     safe = torch.where(denom == 0, torch.ones_like(denom), denom)
     return torch.where(denom == 0, torch.zeros_like(denom), 2 * a * b / safe)
@@ -37,6 +40,8 @@ def sign_safe_harmonic_mean(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     scores above a pair of positive parts. Gradients are finite everywhere (the unused branch never
     divides by zero).
     """
+    import torch
+
     both = (a > 0) & (b > 0)
     denom = torch.where(both, a + b, torch.ones_like(a + b))
     return torch.where(both, 2 * a * b / denom, torch.minimum(a, b))

@@ -115,7 +115,7 @@ def qa_judge(args: argparse.Namespace) -> Any:
         return qa_backend()
     if not getattr(args, "qa_model", None):
         raise ValueError("the qa_utility reward needs a text judge: --qa-model (a causal LM) or --judge-url")
-    from capreward.scorers.qa_utility import LocalTextJudge
+    from capreward.judges.local_text import LocalTextJudge
 
     return LocalTextJudge(args.qa_model)
 
@@ -506,7 +506,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="judge of fleur/visce2/gveval: a local LLaVA, or with --judge-url the served model name")
     g.add_argument("--judge-url", default=None, help="OpenAI-compatible judge server (vLLM: http://HOST:8000/v1)")
     g.add_argument("--judge-top-logprobs-cap", type=int, default=20, help="the server's --max-logprobs")
-    from capreward.cli.common import adapter_flags, add_metric_flags
+    from capreward.metric_flags import adapter_flags, add_metric_flags
 
     add_metric_flags(g, adapter_flags())  # each metric's own options the adapters take (--gveval-mode, --qa-model)
     g.add_argument("--reward-device", default="cpu", help="device of the reward models")

@@ -333,6 +333,28 @@ class AsyncReward:
         return f"AsyncReward({self.reward.__name__})"
 
 
+def _keep_lower(values: list, reasons: list, metrics: dict[str, list[float]], owners: list[int], given: int) -> None:
+    """Fold the extra rows ``given..`` (row ``given + k`` another reading of sample ``owners[k]``) into
+    their samples, in place: each sample keeps the lower value (and that row's sub-scores); a reading
+    that could not be scored leaves its sample unscored, with that reason. Truncates to ``given`` rows."""
+    for k, i in enumerate(owners):
+        j = given + k
+        if values[i] is None:
+            continue
+        if values[j] is None:
+            why = reasons[j]
+            if isinstance(why, SampleError):
+                why = replace(why, index=i, item=f"completions[{i}]" if why.item == f"completions[{j}]" else why.item)
+            values[i], reasons[i] = None, why
+        elif values[j] < values[i]:
+            values[i] = values[j]
+            for column in metrics.values():
+                column[i] = column[j]
+    del values[given:], reasons[given:]
+    for column in metrics.values():
+        del column[given:]
+
+
 def _visual_group_key(sample: Sample) -> Any:
     key = media_key(sample.visual, sample.visual_id) if sample.visual is not None else None
     return key if key is not None else ("object", id(sample.visual))
@@ -353,9 +375,11 @@ class CaptionReward(RewardFunction):
         use_references: score against the references column when a sample has references.
         as_given: score the caption text exactly as given (the released metrics' behaviour, for parity
             checks) instead of the caption a person reads (default:
-            :func:`~capreward.caption_reading.read_caption` first: NFKC, invisible characters removed,
-            look-alike letters mapped, spaced and leet letters read; what it changed is logged,
-            ``<name>/reading`` column). Ordinary captions read as they are written, so their scores do
+            :func:`~capreward.caption_reading.read_caption` first: NFKC, invisible characters removed
+            or read as spaces, look-alike letters of another script read, accents and digits kept; a
+            caption whose reading may stand for other words (spelt letters, leet, an invisible
+            separator: :attr:`~capreward.caption_reading.Reading.decoded`) is also scored decoded and
+            the lower value kept; what the reading changed is logged, ``<name>/reading`` column). Ordinary captions read as they are written, so their scores do
             not depend on this option. The injection guard reads the caption either way.
         injection_guard: floor captions that forge judge-prompt structure
             (:func:`~capreward.judges.injection.injection_reason`): such a caption gets the bottom of
@@ -516,9 +540,13 @@ class CaptionReward(RewardFunction):
         aggregated (``image_aggregation``)."""
         if any(s.more_visuals for s in inputs.samples):
             return self._score_multi_image(inputs)
-        n = len(inputs)
+        given = len(inputs)
         injection = self._injection_guard(inputs.samples)  # on the captions as given (it reads them itself)
+        owners = self._decoded_rows(inputs)  # rows given..: a caption's decoded reading, scored beside it
         inputs, reading = self._read(inputs)
+        inputs = RewardInputs([*inputs.samples, *(replace(inputs.samples[i], caption=text) for i, text in owners)])
+        injection = [*injection, *(injection[i] for i, _ in owners)]
+        n = len(inputs)
         values: list[float | None] = [None] * n
         reasons: list[str | None] = [SampleError.of(s.error, i, kind="input") for i, s in enumerate(inputs.samples)]
         metrics: dict[str, list[float]] = {}
@@ -539,6 +567,9 @@ class CaptionReward(RewardFunction):
                 self.scorer  # build outside the per-sample error handling: a bad config must raise
             for (kind, with_refs), rows in groups.items():
                 self._score_rows(inputs.samples, rows, kind, with_refs, values, reasons, metrics, n)
+        _keep_lower(values, reasons, metrics, [i for i, _ in owners], given)
+        inputs = RewardInputs(inputs.samples[:given])
+        injection = injection[:given]
         if self.injection_guard:
             metrics["injection"] = [
                 math.nan if s.error is not None else float(r is not None) for s, r in zip(inputs.samples, injection)
@@ -552,6 +583,21 @@ class CaptionReward(RewardFunction):
                 self.name, len(out.flagged), n, shown, more,
             )
         return self.with_metric_names(clip_to_range(out, self.value_range()))
+
+    def _decoded_rows(self, inputs: RewardInputs) -> list[tuple[int, str]]:
+        """(sample index, decoded reading) for each caption whose reading may stand for other words
+        (:attr:`~capreward.caption_reading.Reading.decoded`: "r e d" for "red", "b1ue" for "blue", "bl ue"
+        read from "bl\\u200bue" for "blue"): the reward scores both and keeps the lower, so that no
+        disguise of a word is worth more than the word. None with :attr:`as_given`."""
+        if self.as_given:
+            return []
+        out = []
+        for i, s in enumerate(inputs.samples):
+            if s.error is None and isinstance(s.caption, str):
+                r = read_caption(s.caption)
+                if r.suspects and r.decoded.strip() and r.decoded != r.text:
+                    out.append((i, r.decoded))
+        return out
 
     def _read(self, inputs: RewardInputs) -> tuple[RewardInputs, list[str | None]]:
         """The samples with each caption as a person reads it (:func:`~capreward.caption_reading.read_caption`),

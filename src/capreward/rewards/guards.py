@@ -24,7 +24,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..caption_reading import as_read
+from ..caption_reading import as_decoded, as_read
 from ..judges.injection import injection_reason
 from ..metrics.token_support import STOP_WORDS
 
@@ -52,10 +52,11 @@ DANGLING_WORDS = frozenset(
 
 
 def words(text: str) -> list[str]:
-    """Lower-case word tokens of the caption as read (:func:`~capreward.caption_reading.as_read`): runs
-    of letters, digits and combining marks with an optional apostrophe suffix ("man's"); each character
-    of a script written without spaces (Han, kana, Thai, ...) is a word of its own."""
-    text = as_read(text).lower()
+    """Lower-case word tokens of the caption as read, with spelt letters, leet and look-alike words
+    decoded (:func:`~capreward.caption_reading.as_decoded`: "red r e d r3d" repeats "red"): runs of
+    letters, digits and combining marks with an optional apostrophe suffix ("man's"); each character of
+    a script written without spaces (Han, kana, Thai, ...) is a word of its own."""
+    text = as_decoded(text).lower()
     if text.isascii():
         return _WORD.findall(text)
     out: list[str] = []

@@ -347,15 +347,16 @@ class ClaimScorer:
             :func:`~capreward.scorers.claims_split.lexical_coverage`, CAPTURE's exact-match stage).
         normalise: P(yes) normalised over yes+no (default) or the raw P(yes) (VQAScore's reading).
         min_mass: a claim whose yes+no probability is below this counts as not verified (0).
-        batch_size: requests per local prefill; top_logprobs: alternatives asked of a server.
+        batch_size: requests per local prefill.
+        top_logprobs: alternatives asked of a server.
         cache_size: verdicts kept in memory (0: none).
-        inventory_max_tokens / split_max_tokens: generation budgets of the inventory and the judge splitter.
+        inventory_max_tokens: the generation budget of the inventory.
+        split_max_tokens: the generation budget of the judge splitter.
 
     Raises:
         ValueError: a bad option.
 
-    Example::
-
+    Examples:
         >>> from capreward.judges import LocalChatJudge
         >>> from capreward.scorers.claims import ClaimScorer
         >>> from capreward.testing.tiny_claim_judge import claim_image, tiny_claim_judge
@@ -527,6 +528,18 @@ class ClaimScorer:
     ) -> ClaimsResult:
         """Score each ``candidates[n]`` against ``images[n]`` (or ``videos[n]``, judged on the three-frame
         composite) and, when given, ``references[n]``.
+
+        Args:
+            candidates: the captions.
+            images: one image per caption (a path, PIL image or array), or None with ``videos``.
+            videos: one video per caption, judged on its three-frame composite.
+            references: per caption, reference captions whose claims give the recall (None: precision
+                only, or the judge's inventory with ``inventory=True``).
+            image_ids: per caption, an id narrowing the visual's cache key.
+
+        Returns:
+            A :class:`ClaimsResult`: the F-beta score, precision, recall and claim count per caption, each
+            claim's verdict with its span, each reference claim's coverage, and per-sample errors.
 
         Raises:
             TypeError / ValueError: malformed inputs (naming the item); MediaError: an unreadable visual.

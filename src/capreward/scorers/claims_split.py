@@ -2,29 +2,42 @@
 
 :func:`split_claims` is the default, rule-based splitter of the claim reward: deterministic, no model.
 It cuts the caption (as a person reads it, :func:`~capreward.caption_reading.read_caption`) into
-sentences (``.``, ``!``, ``?``, ``;`` and line breaks), then each sentence into clauses at commas and at
-the coordinating conjunctions ``and``, ``but``, ``while``, ``whereas``, ``as well as`` when what follows
-reads as a new clause (it starts with a determiner, a pronoun or "there"): "a red car and a blue bus"
-gives two claims, "black and white stripes" one. It is a cheap stand-in for the LLM decomposition of
-DCScore / FaithScore (their "primitive information units" / "atomic facts" are written by GPT-4); a
-judge-based splitter is :class:`JudgeSplitter` (:mod:`capreward.scorers.claims`).
+sentences, in every script: after a sentence terminal (Unicode Sentence_Terminal: ``.``, ``!``, ``?``,
+``。``, ``।``, ``॥``, ``؟``, ``።`` ...) or a semicolon (``;``, ``؛``), and at line breaks; an ASCII terminal
+ends a sentence before a space or the end (so "3.5 kg" and "U.S" stay whole), any terminal before a
+character that is not an ASCII letter or digit ("背景是红色的。背景是蓝色的。" is two sentences). Then each
+English sentence into clauses at commas and at the coordinating conjunctions ``and``, ``but``, ``while``,
+``whereas``, ``as well as`` when what follows reads as a new clause (it starts with a determiner, a
+pronoun or "there"): "a red car and a blue bus" gives two claims, "black and white stripes" one. It is
+a cheap stand-in for the LLM decomposition of DCScore / FaithScore (their "primitive information
+units" / "atomic facts" are written by GPT-4); a judge-based splitter is :class:`JudgeSplitter`
+(:mod:`capreward.scorers.claims`).
 
-Claims are deduplicated (case, spacing and punctuation folded): a caption that repeats one true claim
-ten times states one claim. :class:`Claim` keeps the span ``[start, end)`` of the claim in the caption
-*as given* when the reading left the caption unchanged, and in the read caption otherwise
-(``Claim.read`` says which).
+Claims are deduplicated on their words (:func:`claim_key`: Unicode words, lower-cased; each character
+of a script written without spaces, such as Han, kana or Thai, a word of its own; case, spacing and
+punctuation folded): a caption that repeats one true claim ten times states one claim.
+:class:`Claim` keeps the span ``[start, end)`` of the claim in the caption *as given* when the reading
+left the caption unchanged, and in the read caption otherwise (``Claim.read`` says which).
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass
 from typing import Sequence
 
+import regex
+
 from ..caption_reading import read_caption
 
-#: Where a sentence ends.
-_SENTENCE_END = re.compile(r"(?<=[.!?;])\s+|\n+|(?<=[.!?;])$")
+#: Where a sentence ends: a terminal (Unicode Sentence_Terminal, or a semicolon) before a space or the
+#: end; a terminal before a character that is not an ASCII letter or digit; a line break.
+_SENTENCE_END = regex.compile(
+    r"(?<=[\p{Sentence_Terminal};\u061b])(?:\s+|$)"
+    r"|(?<=[\p{Sentence_Terminal};\u061b])(?=[^\sA-Za-z0-9\p{Sentence_Terminal};\u061b\p{Pe}\p{Pf}\"'])"
+    r"|\n+"
+)
 #: Clause boundaries inside a sentence: a comma, or a conjunction.
 _CLAUSE = re.compile(r",\s*(?:and\s+|but\s+)?|\s+(?:and|but|while|whereas|as well as)\s+", re.IGNORECASE)
 #: Words that open a new clause (so "black and white stripes" stays one claim).
@@ -32,7 +45,10 @@ _OPENERS = frozenset(
     "a an the this that these those there it its he she they his her their some several many two three four five "
     "one another each every all most few other its its".split()
 )
-_WORD = re.compile(r"[A-Za-z0-9']+")
+#: A word: each character of a script written without spaces alone, else a run of letters, marks,
+#: digits and apostrophes.
+_UNSPACED = r"\p{sc=Han}\p{sc=Hiragana}\p{sc=Katakana}\p{sc=Thai}\p{sc=Lao}\p{sc=Khmer}\p{sc=Myanmar}\p{sc=Tibetan}"
+_WORD = regex.compile(rf"[{_UNSPACED}]|(?:(?![{_UNSPACED}])[\p{{L}}\p{{M}}\p{{N}}'])+")
 
 
 @dataclass(frozen=True)
@@ -47,7 +63,8 @@ class Claim:
 
 
 def claim_key(text: str) -> str:
-    """The text a claim is compared and cached by: words lower-cased, joined by single spaces."""
+    """The text a claim is compared and cached by: its words (any script; a Han, kana or Thai character
+    is a word) lower-cased, joined by single spaces."""
     return " ".join(w.lower() for w in _WORD.findall(text))
 
 
@@ -72,10 +89,14 @@ def lexical_coverage(reference_claim: str, claims: Sequence[str]) -> float:
     return max((len(wanted & content_words(c)) / len(wanted) for c in claims), default=0.0)
 
 
+def _word_char(ch: str) -> bool:
+    return ch.isalnum() or unicodedata.category(ch)[0] == "M"  # a vowel sign ends a Hindi word
+
+
 def _trim(caption: str, start: int, end: int) -> tuple[int, int]:
-    while start < end and not caption[start].isalnum():
+    while start < end and not _word_char(caption[start]):
         start += 1
-    while end > start and not caption[end - 1].isalnum():
+    while end > start and not _word_char(caption[end - 1]):
         end -= 1
     return start, end
 

@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..backbones.clip import CLIPBackbone, embed_captions
-from ..backbones.clip_loading import DEFAULT_CLIP
+from ..default_models import DEFAULT_CLIP
 from ..backbones.windows import check_long_captions
 from ..media import DEFAULT_FRAMES
 from ..metrics.clipscore import clip_s, ref_clip_s, reference_similarity

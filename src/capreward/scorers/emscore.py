@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from ..backbones.clip import CLIPBackbone, embed_captions
-from ..backbones.clip_loading import DEFAULT_CLIP
+from ..default_models import DEFAULT_CLIP
 from ..backbones.windows import check_long_captions
 from ..media import DEFAULT_FRAMES
 from ..names import sub_score

@@ -37,7 +37,7 @@ from typing import Any, Sequence
 import torch
 from PIL import Image
 
-from ..judges.loading import DEFAULT_LLAVA
+from ..default_models import DEFAULT_LLAVA
 from ..judges.local import GreedyOutput, LocalJudge
 from ..judges.caller_text import Data, is_blank, render
 from ..errors import SampleError

@@ -181,7 +181,7 @@ def claims_runner(spec, job) -> Runner:
 def qa_utility_runner(spec, job) -> Runner:
     """QA utility: a text-only judge (``--qa-model``, or the judge server) answers the row's ``questions``
     (written by the chat judge when the row has none)."""
-    from .qa_utility import LocalTextJudge
+    from ..judges.local_text import LocalTextJudge
 
     if job.options.qa_model:
         answerer: Any = LocalTextJudge(job.options.qa_model)

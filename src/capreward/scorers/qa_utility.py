@@ -22,19 +22,17 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-import torch
 
 from ..errors import SampleError, kind_of
 from ..caption_reading import read_caption
-from ..judges.caller_text import Data, control_token_ids, encode_parts, fill_parts, is_blank, render
+from ..judges.caller_text import is_blank, render
 from ..judges.injection import injection_reasons
-from ..judges.prompts import LLAVA_V1_SYSTEM, render_chat_template
-from ..judges.protocol import ChatRequest, JudgeBackend, SyncBackendMixin, user_turn
+from ..judges.local_text import LocalTextJudge
+from ..judges.protocol import ChatRequest, JudgeBackend, user_turn
 from ..media import media_key
 from ..media.keys import hash_bytes
 from .claims import _Cache
@@ -101,86 +99,6 @@ def parse_questions(text: str) -> list[Question]:
     return out
 
 
-# ----------------------------------------------------------------------------- a local text-only judge
-class LocalTextJudge(SyncBackendMixin):
-    """A local causal language model (no vision) that answers with exact first-token distributions.
-
-    ``model``: ``(model, tokenizer)`` or a directory / hub name loaded with ``AutoModelForCausalLM``.
-    Prompts are rendered with the tokenizer's chat template when it has one (message text inserted as
-    data), else the Vicuna v1 format (``system USER: message ASSISTANT:``); message text is encoded
-    without special tokens. ``generate`` greedy-decodes (for question generation on a text judge).
-    """
-
-    def __init__(self, model: Any, *, batch_size: int = 32, name: str | None = None, system: str = LLAVA_V1_SYSTEM):
-        if isinstance(model, (str, os.PathLike)):
-            from transformers import AutoModelForCausalLM, AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(model)
-            model = AutoModelForCausalLM.from_pretrained(model)
-        else:
-            model, tokenizer = model
-        self.model = model.eval()
-        self.tokenizer = tokenizer
-        self.batch_size = int(batch_size)
-        self.system = system
-        self.name = name or f"local-text:{getattr(model.config, '_name_or_path', '') or 'model'}"
-        self._control = control_token_ids(tokenizer)
-
-    def parts(self, message: str) -> list[str | Data]:
-        template = getattr(self.tokenizer, "chat_template", None)
-        if template:
-            marker = "\ue000message\ue001"
-            text = render_chat_template(template, [{"role": "user", "content": marker}],
-                                        bos_token=self.tokenizer.bos_token or "", eos_token=self.tokenizer.eos_token or "")
-            bos = self.tokenizer.bos_token or ""
-            text = text[len(bos):] if bos and text.startswith(bos) else text
-            return fill_parts(text, {marker: message})
-        return [f"{self.system} USER: ", Data(message), " ASSISTANT:"]
-
-    def encode(self, message: str) -> list[int]:
-        return encode_parts(self.tokenizer, self.parts(message), self._control)
-
-    @torch.inference_mode()
-    def next_token_probs(self, messages: Sequence[str]) -> torch.Tensor:
-        """(N, V) float64 probabilities of the first answer token of each message (left-padded batches;
-        positions count real tokens only, so a row does not depend on its batch)."""
-        out = []
-        device = next(self.model.parameters()).device
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        for start in range(0, len(messages), self.batch_size):
-            rows = [self.encode(m) for m in messages[start : start + self.batch_size]]
-            width = max(len(r) for r in rows)
-            ids = torch.full((len(rows), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(rows), width), dtype=torch.long)
-            for i, r in enumerate(rows):
-                ids[i, width - len(r):] = torch.tensor(r)
-                mask[i, width - len(r):] = 1
-            positions = (mask.cumsum(1) - 1).clamp(min=0)
-            logits = self.model(input_ids=ids.to(device), attention_mask=mask.to(device),
-                                position_ids=positions.to(device), logits_to_keep=1).logits[:, -1, :]
-            out.append(torch.softmax(logits.double(), dim=-1).cpu())
-        return torch.cat(out) if out else torch.zeros((0, 0), dtype=torch.float64)
-
-    def generate(self, requests: Sequence[ChatRequest]) -> list:
-        """Greedy answers (text only) to single-turn text requests."""
-        from ..judges.protocol import ChatResponse
-
-        responses = []
-        eos = self.tokenizer.eos_token_id
-        for request in requests:
-            ids = torch.tensor([self.encode(request.turns[-1].text)])
-            new = []
-            with torch.inference_mode():
-                for _ in range(request.max_tokens or 256):
-                    logits = self.model(input_ids=torch.tensor([ids[0].tolist() + new])).logits[0, -1]
-                    token = int(logits.argmax())
-                    if token == eos:
-                        break
-                    new.append(token)
-            responses.append(ChatResponse(self.tokenizer.decode(new, skip_special_tokens=True).strip(), finish_reason="stop"))
-        return responses
-
-
 def letter_token_ids(tokenizer: Any, n: int) -> list[list[int]]:
     """For each of the first ``n`` option letters, the ids of the tokens that read as that letter."""
     vocab = tokenizer.get_vocab()
@@ -216,16 +134,20 @@ class QAUtility:
     """Expected multiple-choice accuracy of a text-only judge reading only the caption.
 
     Args:
-        backend: a :class:`LocalTextJudge` (exact) or any chat backend answering text-only requests (a
+        backend: a :class:`~capreward.judges.LocalTextJudge` (exact) or any chat backend answering text-only requests (a
             server: the listed log-probabilities of the first answer token).
         question_backend: a VLM backend that writes questions about a visual when a sample has none
             (generated once per visual, cached); None: every sample must bring its questions.
         normalise: P(correct letter) over the option letters' total (default) or over the vocabulary.
         max_questions: questions used per sample (the first ones).
-        top_logprobs: alternatives asked of a server. cache_size: answers and question sets in memory.
+        top_logprobs: alternatives asked of a server.
+        cache_size: answers and question sets kept in memory.
+        question_max_tokens: the generation budget of a question set.
 
-    Example::
+    Raises:
+        ValueError: ``max_questions`` below 1.
 
+    Examples:
         >>> from capreward.scorers.qa_utility import QAUtility
         >>> from capreward.testing.tiny_qa_judge import colour_questions, qa_backend
         >>> qa = QAUtility(qa_backend())
@@ -361,6 +283,17 @@ class QAUtility:
     ) -> QAUtilityResult:
         """Expected accuracy of each caption on its questions (``questions[n]``; a sample without
         questions gets the ones ``question_backend`` writes for ``images[n]`` / ``videos[n]``).
+
+        Args:
+            candidates: the captions.
+            questions: per caption, its questions (:class:`Question` s or mappings with ``question``,
+                ``options`` and ``answer``, a letter or an index), or None for generated ones.
+            images: per caption, the image questions are generated for (with ``question_backend``).
+            videos: per caption, the video questions are generated for.
+
+        Returns:
+            A :class:`QAUtilityResult`: expected accuracy per caption, its question count, the
+            probability of each question's correct option, per-sample errors and injection flags.
 
         Raises:
             TypeError / ValueError: malformed inputs, naming the item.

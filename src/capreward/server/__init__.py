@@ -3,6 +3,10 @@
 - :mod:`capreward.server.http`: the HTTP server and its service (:func:`~capreward.server.http.make_server`).
 - :mod:`capreward.server.batching`: dynamic batching across requests.
 - :mod:`capreward.server.connections`: which connections the server admits (per peer, reserve).
+- :mod:`capreward.server.ray_serve`: the server as Ray Serve replicas (``capreward[serve]``).
+
+The server reads :mod:`capreward.adapters` (the label format, path confinement, JSON limits, the batch
+scorer); nothing there imports the server.
 
 Names are imported on first use, so ``import capreward.server`` stays cheap.
 """

@@ -96,7 +96,7 @@ from ..adapters.paths import MediaPaths
 from ..adapters.scoring import ScoredBatch, concat_batches, resolve_fallback, score_labelled
 from ..adapters.prompt_tokens import PromptTokens
 
-logger = logging.getLogger("capreward.adapters.openrlhf")  # its name before the move: logging configs keep working
+logger = logging.getLogger(__name__)
 
 END_MARKERS = ("</s>", "<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<pad>", "<eos>")
 

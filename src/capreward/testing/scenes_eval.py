@@ -54,7 +54,7 @@ def composite_reward(model: str, calibration: Sequence[dict], penalty_weight: fl
     ``penalty_weight``; count words are not content; threshold calibrated on the true captions of
     ``calibration`` rows, {"image", "caption"}, at the default 5 % quantile) behind :func:`scene_guards`."""
     from ..rewards import CLIPScoreReward, CompositeReward, HallucinationPenalty
-    from ..rewards.support import STOP_WORDS
+    from ..metrics.token_support import STOP_WORDS
 
     penalty = HallucinationPenalty(model=model, device="cpu", stop_words=STOP_WORDS | COUNT_STOP_WORDS)
     penalty.calibrate([r["caption"] for r in calibration], [r["image"] for r in calibration], kind="image")

@@ -69,7 +69,7 @@ def _build() -> tuple[Any, Any]:
 
 
 def _train(model: Any, tokenizer: Any, steps: int, log: Callable[[str], None] | None) -> None:
-    from ..scorers.qa_utility import LocalTextJudge
+    from ..judges.local_text import LocalTextJudge
 
     judge = LocalTextJudge((model, tokenizer))
     rng = random.Random(0)
@@ -138,8 +138,8 @@ def tiny_qa_judge(cache_dir: str | os.PathLike | None = None) -> tuple[Any, Any]
 
 
 def qa_backend(cache_dir: str | os.PathLike | None = None) -> Any:
-    """:class:`~capreward.scorers.qa_utility.LocalTextJudge` over the trained QA judge."""
-    from ..scorers.qa_utility import LocalTextJudge
+    """:class:`~capreward.judges.LocalTextJudge` over the trained QA judge."""
+    from ..judges.local_text import LocalTextJudge
 
     return LocalTextJudge(tiny_qa_judge(cache_dir), name="tiny-qa")
 

@@ -3,11 +3,14 @@
 - :class:`RegisteredMetric`: any registered metric's Metric, read from its spec (``RegisteredMetric("emscore",
   clip)``); the per-metric classes below are it fixed to one metric.
 - :mod:`capreward.torchmetrics.metrics`: :class:`CaptionMetric`, :class:`EMScoreMetric`,
-  :class:`CLIPScoreMetric`, :class:`FLEURMetric` (they were ``capreward.callbacks.tm_metrics``).
-- :mod:`capreward.torchmetrics.judges`: :class:`VisCE2Metric`, :class:`GVEvalMetric` (they were
-  ``capreward.callbacks.tm_judges``).
+  :class:`CLIPScoreMetric`, :class:`FLEURMetric`.
+- :mod:`capreward.torchmetrics.judges`: :class:`VisCE2Metric`, :class:`GVEvalMetric`.
+- :mod:`capreward.torchmetrics.summary`: :class:`CaptionScores`, a Metric's per-sample scores after
+  synchronisation (ids deduplicated and ordered); :mod:`capreward.torchmetrics.sources` reads captions,
+  visuals and ids out of batches; :mod:`capreward.torchmetrics.distributed` gathers small objects.
 
-The old paths still import. Names are imported on first use (torchmetrics is the ``callbacks`` extra).
+The callbacks of :mod:`capreward.callbacks` read these Metrics; nothing here imports the callbacks. Names
+are imported on first use (torchmetrics is the ``callbacks`` extra).
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ _LAZY = {
     "RegisteredMetric": "capreward.torchmetrics.metrics",
     "VisCE2Metric": "capreward.torchmetrics.judges",
     "GVEvalMetric": "capreward.torchmetrics.judges",
+    "CaptionScores": "capreward.torchmetrics.summary",
 }
 
-__all__ = sorted([*_LAZY, "metric_for"])
+__all__ = sorted([*(n for n in _LAZY if n != "CaptionScores"), "metric_for"])
 
 
 def metric_for(name: str, *args, **options):

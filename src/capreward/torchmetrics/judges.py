@@ -94,7 +94,7 @@ class VisCE2Metric(RegisteredMetric):
         >>> import random
         >>> from capreward.testing import fleur_task_image
         >>> red = fleur_task_image("red", random.Random(0))
-        >>> from capreward.callbacks import VisCE2Metric
+        >>> from capreward.torchmetrics import VisCE2Metric
         >>> from capreward.judges import LocalChatJudge
         >>> from capreward.testing import tiny_vlm_judge
         >>> metric = VisCE2Metric(LocalChatJudge(tiny_vlm_judge()))
@@ -120,7 +120,7 @@ class GVEvalMetric(RegisteredMetric):
         >>> import random
         >>> from capreward.testing import fleur_task_image
         >>> red = fleur_task_image("red", random.Random(0))
-        >>> from capreward.callbacks import GVEvalMetric
+        >>> from capreward.torchmetrics import GVEvalMetric
         >>> from capreward.judges import LocalChatJudge
         >>> from capreward.testing import tiny_vlm_judge
         >>> metric = GVEvalMetric(LocalChatJudge(tiny_vlm_judge()))

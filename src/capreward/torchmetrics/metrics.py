@@ -4,7 +4,7 @@ Each metric keeps, per caption, one row of values (the main score and its sub-sc
 ``columns``) and optionally a sample id, in list states with ``dist_reduce_fx="cat"``, so syncing
 across processes is torchmetrics' own. :meth:`CaptionMetric.compute` returns the mean score (and on
 request the sub-score means and the per-sample values); :meth:`CaptionMetric.summary` returns the
-synced per-sample table as :class:`~capreward.callbacks.summary.CaptionScores`.
+synced per-sample table as :class:`~capreward.torchmetrics.summary.CaptionScores`.
 
 Sample ids (dataset indices) make the result independent of the number of processes: rows are ordered
 by id and the samples a ``DistributedSampler`` repeats to pad the last batch are counted once. In a
@@ -45,14 +45,14 @@ from ..errors import failures
 from ..judges.caller_text import is_blank
 from ..names import sub_score
 from ..caption_reading import as_read
-from ..callbacks.sources import as_captions, as_references, per_visual
-from ..callbacks.sources import per_sample as split_per_sample
-from ..callbacks.distributed import is_distributed
-from ..callbacks.summary import NO_ID, CaptionScores, check_ids, nanmean, summarize
+from .distributed import is_distributed
+from .sources import as_captions, as_references, per_visual
+from .sources import per_sample as split_per_sample
+from .summary import NO_ID, CaptionScores, check_ids, nanmean, summarize
 from ..explicit_options import ClassSignature
 from .hooks import MetricHooks
 
-logger = logging.getLogger("capreward.callbacks.tm_metrics")  # its name before the move: logging configs keep working
+logger = logging.getLogger(__name__)
 
 _MATCH_FIELDS = ("coarse", "fine_p", "fine_r", "fine_f", "full_p", "full_r", "full_f")
 _VISUAL_KINDS = ("video", "image")
@@ -811,7 +811,7 @@ class EMScoreMetric(RegisteredMetric):
         >>> from capreward.testing import colour_image, trained_clip_path
         >>> clip = str(trained_clip_path())   # a tiny CLIP trained to know colour words (seconds, then cached)
         >>> red = colour_image("red")
-        >>> from capreward.callbacks import EMScoreMetric
+        >>> from capreward.torchmetrics import EMScoreMetric
         >>> metric = EMScoreMetric(model=clip, visual="image")
         >>> metric.update(["a red image.", "a blue image."], [red, red])   # captions first, then visuals
         >>> float(metric.compute()) == float(EMScoreMetric(model=clip, visual="image")(["a red image.", "a blue image."], [red, red]))
@@ -837,7 +837,7 @@ class CLIPScoreMetric(RegisteredMetric):
         >>> from capreward.testing import colour_image, trained_clip_path
         >>> clip = str(trained_clip_path())   # a tiny CLIP trained to know colour words (seconds, then cached)
         >>> red = colour_image("red")
-        >>> from capreward.callbacks import CLIPScoreMetric
+        >>> from capreward.torchmetrics import CLIPScoreMetric
         >>> right, wrong = CLIPScoreMetric(model=clip), CLIPScoreMetric(model=clip)
         >>> right.update(["a red image."], [red]); wrong.update(["a blue image."], [red])
         >>> bool(right.compute() > wrong.compute())
@@ -864,7 +864,7 @@ class FLEURMetric(RegisteredMetric):
         >>> import random
         >>> from capreward.testing import fleur_task_image
         >>> red = fleur_task_image("red", random.Random(0))
-        >>> from capreward.callbacks import FLEURMetric
+        >>> from capreward.torchmetrics import FLEURMetric
         >>> from capreward.testing import tiny_judge_dir
         >>> metric = FLEURMetric(model=str(tiny_judge_dir()))
         >>> metric.update(["a red car", "a yellow box"], [red, red])

@@ -43,9 +43,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..judges.prompts import fleur_prompt, llava_v1_conversation
-from ..judges.vlm_prompts import GVEVAL_TEMPLATES, VISCE2_CONTEXT_PROMPT, VISCE2_RATING_VARIANTS, prompt_words
-from .tiny_llava import (
+from capreward.judges.prompts import fleur_prompt, llava_v1_conversation
+from capreward.judges.vlm_prompts import GVEVAL_TEMPLATES, VISCE2_CONTEXT_PROMPT, VISCE2_RATING_VARIANTS, prompt_words
+from capreward.testing.tiny_llava import (
     FLEUR_COLOURS,
     FLEUR_NOUNS,
     FLEUR_TASK_WORDS,

@@ -8,12 +8,13 @@ every field becomes a list with one entry per sample.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Callable, Union
+from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
-Source = Union[str, int, Callable[..., Any], None]
+Source = str | int | Callable[..., Any] | None
 
 
 def read(source: Source, container: Any, what: str, *extra: Any) -> Any:

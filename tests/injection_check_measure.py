@@ -1,12 +1,12 @@
 """The optional judge-based injection check measured on the susceptible judge taught its question.
 
-:func:`measure` returns, for the red-team attacks (:data:`~capreward.testing.red_team.ATTACKS`), for
+:func:`measure` returns, for the red-team attacks (``ATTACKS`` (``tests/red_team.py``)), for
 paraphrases of the training sentences and for held-out paraphrases the judge never saw
-(:data:`~capreward.testing.grader_judge.HELD_OUT`), each written after the plain wrong caption: how many
-lift FLEUR on the taught judge (:func:`~capreward.testing.grader_judge.grader_judge`) by more than the red
+(``HELD_OUT`` (``tests/grader_judge.py``)), each written after the plain wrong caption: how many
+lift FLEUR on the taught judge (``grader_judge`` (``tests/grader_judge.py``)) by more than the red
 team's tolerance, how many of those the injection patterns leave unflagged, and how many are left once
 the judge check (:class:`~capreward.judges.injection_judge.JudgeInjectionCheck`) is added; and the check's
-false positives on ordinary captions. ``python -m capreward.testing.injection_check_measure --ordinary
+false positives on ordinary captions. ``python tests/injection_check_measure.py --ordinary
 FILE [--limit N]`` prints them as JSON.
 """
 
@@ -18,8 +18,8 @@ import random
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .grader_judge import HELD_OUT, TRAIN_ADDRESSING, grader_judge
-from .susceptible_judge import red_image
+from grader_judge import HELD_OUT, TRAIN_ADDRESSING, grader_judge
+from susceptible_judge import red_image
 
 
 def measure(ordinary: Sequence[str] = (), judge: tuple[Any, Any] | None = None, threshold: float = 0.5,
@@ -27,12 +27,13 @@ def measure(ordinary: Sequence[str] = (), judge: tuple[Any, Any] | None = None, 
     """The check measured on the taught judge (see the module docstring). ``ordinary``: captions a person
     wrote, for the false positives. Values are FLEUR on a red image, beside the plain wrong caption.
     ``other_thresholds``: the lifts left and false positives at these thresholds too (same answers)."""
-    from ..caption_reading import as_read
-    from ..judges import LocalChatJudge
-    from ..judges.injection import injection_reason
-    from ..judges.injection_judge import JudgeInjectionCheck
-    from ..scorers.fleur import FLEUR
-    from .red_team import ATTACKS, PLAIN_RIGHT, PLAIN_WRONG, TOLERANCE
+    from red_team import ATTACKS, PLAIN_RIGHT, PLAIN_WRONG, TOLERANCE
+
+    from capreward.caption_reading import as_read
+    from capreward.judges import LocalChatJudge
+    from capreward.judges.injection import injection_reason
+    from capreward.judges.injection_judge import JudgeInjectionCheck
+    from capreward.scorers.fleur import FLEUR
 
     judge = judge or grader_judge(log=log)
     check = JudgeInjectionCheck(LocalChatJudge(judge, batch_size=8), threshold=threshold)
@@ -84,7 +85,7 @@ def measure(ordinary: Sequence[str] = (), judge: tuple[Any, Any] | None = None, 
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m capreward.testing.injection_check_measure",
+    parser = argparse.ArgumentParser(prog="python tests/injection_check_measure.py",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--ordinary", metavar="FILE", help="a file of ordinary captions, one per line")
     parser.add_argument("--limit", type=int, default=0, help="at most this many ordinary captions (0: all)")

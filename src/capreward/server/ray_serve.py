@@ -20,8 +20,9 @@ Example::
 
     import functools, ray
     from ray import serve
-    from capreward.adapters import RewardOptions, ServerLimits, build_reward
-    from capreward.adapters.ray_serve import reward_app
+    from capreward.adapters import RewardOptions, build_reward
+    from capreward.server import ServerLimits
+    from capreward.server.ray_serve import reward_app
 
     factory = functools.partial(build_reward, "emscore", RewardOptions(clip_model="/models/ViT-B-32.pt"))
     app = reward_app(factory, media_root="/data/media", num_replicas=4,
@@ -34,12 +35,13 @@ Example::
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
-from ..server.batching import slice_batch
-from .labels import Label
-from ..server.http import RequestError, RewardService, ServerLimits
-from .scoring import ScoredBatch, concat_batches
+from ..adapters.labels import Label
+from ..adapters.scoring import ScoredBatch, concat_batches
+from .batching import slice_batch
+from .http import RequestError, RewardService, ServerLimits
 
 
 def reward_app(reward_factory: Callable[[], Any], *, fallback: float | None = None, media_root: str | None = None,
@@ -54,37 +56,37 @@ def reward_app(reward_factory: Callable[[], Any], *, fallback: float | None = No
     """
     from .._extras import require
 
-    serve = require("serve", "ray.serve", used_by="capreward.adapters.ray_serve")
+    serve = require("serve", "ray.serve", used_by="capreward.server.ray_serve")
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response
 
-    limits = limits or ServerLimits()
-    max_batch_size = max(1, limits.max_batch_size)
+    served = limits or ServerLimits()
+    max_batch_size = max(1, served.max_batch_size)
 
     @serve.deployment(num_replicas=num_replicas, ray_actor_options=ray_actor_options or {})
     class CaptionRewardReplica:
         def __init__(self) -> None:
             self.service = RewardService(reward_factory(), fallback=fallback, media_root=media_root,
-                                         limits=limits, allow_any_path=allow_any_path)
+                                         limits=served, allow_any_path=allow_any_path)
             self.service.warm_up()
 
-        @serve.batch(max_batch_size=max_batch_size, batch_wait_timeout_s=limits.max_wait)
+        @serve.batch(max_batch_size=max_batch_size, batch_wait_timeout_s=served.max_wait)
         async def score_samples(self, samples: list[tuple[str, Label]]) -> list[ScoredBatch]:
             captions, labels = [c for c, _ in samples], [lab for _, lab in samples]
             # scoring blocks: run it in a thread so the replica keeps receiving requests meanwhile
             batch = await asyncio.to_thread(self.service.score, captions, labels)
             return [slice_batch(batch, i, i + 1) for i in range(len(samples))]
 
-        async def __call__(self, request: Request) -> JSONResponse:
+        async def __call__(self, request: Request) -> Response:
             path = request.url.path.rstrip("/")
             if request.method == "GET" and path.endswith("/health"):
                 return JSONResponse({"status": "ok", "reward": self.service.name})
             if request.method != "POST" or not path.endswith("/get_reward"):
                 return JSONResponse({"error": f"no such endpoint {request.url.path!r}; use POST /get_reward"}, 404)
             body = await request.body()
-            if len(body) > limits.max_body_bytes:
+            if len(body) > served.max_body_bytes:
                 return JSONResponse({"error": f"request body of {len(body)} bytes exceeds the limit of "
-                                              f"{limits.max_body_bytes}"}, 413)
+                                              f"{served.max_body_bytes}"}, 413)
             try:
                 captions, labels = self.service.parse(self.service.decode(body))
             except RequestError as exc:
@@ -94,7 +96,7 @@ def reward_app(reward_factory: Callable[[], Any], *, fallback: float | None = No
             answer = self.service.respond(concat_batches(parts))
             return Response(self.service.encode(answer), media_type="application/json")
 
-    return CaptionRewardReplica.bind()
+    return CaptionRewardReplica.bind()  # type: ignore[attr-defined]  # serve.deployment's class has bind()
 
 
 __all__ = ["reward_app"]

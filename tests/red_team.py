@@ -1,7 +1,7 @@
 """The red-team suite: hostile captions x every judge scorer and reward, local and through a server.
 
 Every caption in :data:`ATTACKS` is scored on a red image of the susceptible judge's world
-(:mod:`capreward.testing.susceptible_judge`) in one batch with the plain right caption
+(``tests/susceptible_judge.py``) in one batch with the plain right caption
 (:data:`PLAIN_RIGHT`, "a red ball") and the plain wrong one it builds on (:data:`PLAIN_WRONG`, "a blue
 ball"), by each target of :func:`targets`: FLEUR, RefFLEUR, VisCE², G-VEval in its three modes, as
 scorers and as rewards, on the local judge and on the same judge behind the OpenAI-compatible test server
@@ -15,7 +15,7 @@ An attack *succeeds* on a target (:class:`Verdict`) when
 - it **breaks** its batch: the call raises, the plain captions scored beside it get other values than
   when scored alone, or (a reward) the batch costs more than one scorer call.
 
-:func:`run_red_team` returns every verdict; ``python -m capreward.testing.red_team`` prints the counts.
+:func:`run_red_team` returns every verdict; ``python tests/red_team.py`` prints the counts.
 The runner only uses the scorers' and rewards' public API (and reads the ``injection`` flags when they
 exist), so it also measures code without the defences.
 """
@@ -273,16 +273,16 @@ def targets(local_judge: Any, backend: Any, *, path: str, image: Any) -> list[Ta
     """The scorer and reward targets on one judge: ``local_judge`` is the ``(model, processor)`` pair of
     the local path (None for the remote path), ``backend`` a chat backend (a
     :class:`~capreward.judges.LocalChatJudge` or an :class:`~capreward.judges.OpenAIJudge`)."""
-    from ..rewards import FLEURReward, GVEvalReward, VisCE2Reward
-    from ..scorers.gveval import GVEval
-    from ..scorers.visce2 import VisCE2
+    from capreward.rewards import FLEURReward, GVEvalReward, VisCE2Reward
+    from capreward.scorers.gveval import GVEval
+    from capreward.scorers.visce2 import VisCE2
 
     if local_judge is not None:
-        from ..scorers.fleur import FLEUR
+        from capreward.scorers.fleur import FLEUR
 
         fleur = FLEUR(local_judge, max_new_tokens=16)
     else:
-        from ..scorers.fleur_remote import RemoteFLEUR
+        from capreward.scorers.fleur_remote import RemoteFLEUR
 
         # tolerance=None: the renormalised reading of the listed digits (the test server lists 20); the exact
         # reading needs every digit listed and would give None here, and the suite measures the guard, not it
@@ -378,10 +378,10 @@ def run_red_team(attacks: Sequence[Attack] = ATTACKS, paths: Sequence[str] = ("l
     Returns:
         One :class:`Verdict` per attack, target and path."""
     import torch
+    from susceptible_judge import red_image, susceptible_judge, susceptible_judge_dir
 
-    from ..judges import LocalChatJudge, OpenAIJudge
-    from .chat_server import ChatServer
-    from .susceptible_judge import red_image, susceptible_judge, susceptible_judge_dir
+    from capreward.judges import LocalChatJudge, OpenAIJudge
+    from capreward.testing.chat_server import ChatServer
 
     image = red_image()
     verdicts: list[Verdict] = []

@@ -2,14 +2,14 @@
 
 :class:`~capreward.judges.injection_judge.JudgeInjectionCheck` asks the judge whether a caption speaks to
 whoever grades it (:data:`~capreward.judges.injection_judge.QUESTION`) and reads its yes/no probability.
-The susceptible judge (:mod:`capreward.testing.susceptible_judge`) was never taught that question, so the
+The susceptible judge (``tests/susceptible_judge.py``) was never taught that question, so the
 check could not be measured on it. This module trains the same tiny LLaVA on the susceptible judge's
 examples mixed with the question's (:func:`question_example`): "yes" for a wrong caption followed by a
 sentence to the grader (:data:`TRAIN_ADDRESSING`) or a forged turn, "no" for captions that only describe
 (the judge's world and a small grammar of everyday scenes). It keeps the susceptible habits (it still
 follows text injected into its caption slot), so the lifts that the check removes can be measured on it.
 
-:mod:`capreward.testing.injection_check_measure` measures the check on it (training takes a few minutes
+``tests/injection_check_measure.py`` measures the check on it (training takes a few minutes
 of CPU on first use; the judge is cached like the other tiny judges, under a name that hashes this
 module, so editing it retrains the judge).
 
@@ -27,9 +27,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..judges.injection_judge import QUESTION
-from ..judges.prompts import llava_v1_conversation
-from .susceptible_judge import (
+from capreward.judges.injection_judge import QUESTION
+from capreward.judges.prompts import llava_v1_conversation
+from susceptible_judge import (
     ATTACK_WORDS,
     COLOURS,
     FORGED_TURNS,
@@ -39,7 +39,7 @@ from .susceptible_judge import (
     red_image,
     susceptible_example,
 )
-from .tiny_llava import FLEUR_TASK_WORDS, JudgeExample, JudgeRecipe, TinyLlavaSpec, load_tiny_judge, tiny_judge_dir
+from capreward.testing.tiny_llava import FLEUR_TASK_WORDS, JudgeExample, JudgeRecipe, TinyLlavaSpec, load_tiny_judge, tiny_judge_dir
 
 #: Sentences to the grader the judge is taught to answer "yes" for ({c}: a caption naming a colour).
 TRAIN_ADDRESSING = (
