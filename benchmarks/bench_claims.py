@@ -2,7 +2,8 @@
 
 One image, 16 captions of 8-12 distinct claims each (about 160 claims), verified on the same local
 LLaVA-architecture judge with random weights (nothing is downloaded; ``--arch tiny`` is the 16-image-token
-toy, ``small`` a ~100M-parameter judge with 576 image tokens as in the FLEUR benchmark):
+toy, ``small`` a ~100M-parameter judge with 576 image tokens as in the FLEUR benchmark, ``llava-7b``
+LLaVA-1.5-7B's shapes for a GPU: ``--device cuda --dtype float16``):
 
 - **batched**: :class:`~capreward.scorers.claims.ClaimScorer` as a reward calls it: every claim of the
   group in prefills of ``--batch-size`` rows, the shared prefix (system text, image, question up to the
@@ -27,7 +28,13 @@ import random
 import statistics
 import time
 
+import os
+import sys
+
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_common import synchronize, write_json  # noqa: E402
 
 from capreward.judges import LocalChatJudge
 from capreward.scorers.claims import ClaimScorer, YesNoReader
@@ -39,7 +46,12 @@ ARCHS = {
     "small": dict(text_hidden=768, text_layers=8, text_heads=12, text_kv_heads=12, text_intermediate=2048,
                   vision_hidden=256, vision_layers=4, vision_heads=4, vision_intermediate=1024, image_size=336,
                   patch_size=14, max_positions=4096),
+    # LLaVA-1.5-7B's shapes (CLIP ViT-L/14-336 + LLaMA-7B, 576 image tokens), random weights: a GPU in fp16
+    "llava-7b": dict(text_hidden=4096, text_layers=32, text_heads=32, text_kv_heads=32, text_intermediate=11008,
+                     vision_hidden=1024, vision_layers=24, vision_heads=16, vision_intermediate=4096, image_size=336,
+                     patch_size=14, max_positions=4096, vocab_size=32064),
 }
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 NOUNS = "man woman child dog cat bicycle street park beach ball shirt hat car bus train table tree sky grass water".split()
 ADJECTIVES = "red blue green white black small large young old wooden bright dark tall short striped".split()
 VERBS = "sits stands runs holds wears walks lies rides leans waits".split()
@@ -69,7 +81,9 @@ def run(args: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
     words = tuple(dict.fromkeys(NOUNS + ADJECTIVES + VERBS + ["yes", "no", "near", "the"]))
-    model, processor = build_tiny_llava(TinyLlavaSpec(words=words, **ARCHS[args.arch]))
+    device = getattr(args, "device", "cpu")
+    dtype = DTYPES[getattr(args, "dtype", "float32")]
+    model, processor = build_tiny_llava(TinyLlavaSpec(words=words, **ARCHS[args.arch]), dtype=dtype, device=device)
     judge = LocalChatJudge((model, processor))
     image = claim_image("red", "green", random.Random(0))
     captions = make_captions(random.Random(1), args.captions)
@@ -84,8 +98,10 @@ def run(args: argparse.Namespace) -> dict:
     results = {}
     for _ in range(args.repeats):  # interleaved: a load change hits both paths alike
         for name, scorer in (("batched", batched), ("per_claim", per_claim)):
+            synchronize(device)
             start = time.perf_counter()
             results[name] = scorer.score(captions, images=images)
+            synchronize(device)
             rounds[name].append(time.perf_counter() - start)
     timings = {name: min(values) for name, values in rounds.items()}
     ratios = sorted(p / b for p, b in zip(rounds["per_claim"], rounds["batched"]))
@@ -93,7 +109,7 @@ def run(args: argparse.Namespace) -> dict:
     diff = max(abs(a.p - b.p) for ca, cb in zip(results["batched"].claims, results["per_claim"].claims)
                for a, b in zip(ca, cb))
     return {
-        "arch": args.arch, "captions": len(captions), "claims": n_claims, "batch_size": args.batch_size,
+        "arch": args.arch, "device": str(device), "dtype": str(dtype).removeprefix("torch."), "captions": len(captions), "claims": n_claims, "batch_size": args.batch_size,
         "threads": args.threads, "batched_s": round(timings["batched"], 3), "per_claim_s": round(timings["per_claim"], 3),
         "batched_median_s": round(statistics.median(rounds["batched"]), 3),
         "per_claim_median_s": round(statistics.median(rounds["per_claim"]), 3),
@@ -114,9 +130,13 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--json-out", help="also write the results to this JSON file")
     args = parser.parse_args()
     out = run(args)
+    write_json(args.json_out, out)
     if args.json:
         print(json.dumps(out))
     else:

@@ -324,13 +324,74 @@ def differences(a: MatchScores, b: MatchScores) -> dict[str, float]:
             "score": float((a.full_f - b.full_f).abs().max())}
 
 
+#: Stopwatches of the host-side parts of a capreward call (preprocessing, pixel hashing), enabled in the
+#: instrumented round only: where a cold call's time goes besides the encoders.
+PARTS: dict[str, Stopwatch] = {}
+
+
 def timed(fn, watch: Stopwatch):
-    """(wall s, wall s inside the encoders, output, process CPU s: all threads, robust to a busy machine)."""
+    """(wall s, wall s inside the encoders, output, process CPU s: all threads, robust to a busy machine,
+    {part: s} of the :data:`PARTS` stopwatches)."""
     synchronize(watch.device)
     enc0, start, cpu = watch.seconds, time.perf_counter(), time.process_time()
+    parts0 = {k: w.seconds for k, w in PARTS.items()}
     out = fn()
     synchronize(watch.device)
-    return time.perf_counter() - start, watch.seconds - enc0, out, time.process_time() - cpu
+    parts = {k: w.seconds - parts0[k] for k, w in PARTS.items()}
+    return time.perf_counter() - start, watch.seconds - enc0, out, time.process_time() - cpu, parts
+
+
+def instrument_parts(bb: CLIPBackbone, device: str) -> None:
+    """Wrap the backbone's preprocessing and the pixel hashing of its visual cache keys in stopwatches
+    (:data:`PARTS`), disabled until the instrumented round."""
+    import capreward.backbones.clip as clip_module
+
+    PARTS["preprocess"] = Stopwatch(device)
+    PARTS["hash"] = Stopwatch(device)
+    bb.pixels_of = PARTS["preprocess"].wrap(bb.pixels_of)
+    bb.image_pixels = PARTS["preprocess"].wrap(bb.image_pixels)
+    clip_module.content_key = PARTS["hash"].wrap(clip_module.content_key)
+    for part in PARTS.values():
+        part.enabled = False
+
+
+def preprocessing_deviation(em: EMScore, w: Workload) -> dict:
+    """The device-side image path against the PIL path on the same captions and videos (caches cleared):
+    the largest pixel difference (8-bit levels) over the workload's frames and the largest difference of
+    every EMScore component."""
+    bb = em.backbone
+    mode = bb.preprocessing
+    caps = w.captions()
+    scores, pixels = {}, {}
+    for name in ("pil", "device"):
+        bb.set_preprocessing(name)
+        clear(em)
+        scores[name] = ours_call(em, w, caps)
+        pixels[name] = torch.cat([bb.pixels_of(v).float().cpu() for v in w.videos])
+    bb.set_preprocessing(mode)
+    clear(em)
+    std = torch.tensor(bb._tensor_preprocess.std)[:, None, None]
+    levels = ((pixels["pil"] - pixels["device"]) * std * 255).abs()
+    a, b = scores["pil"].as_dict(), scores["device"].as_dict()
+    return {"max_pixel_levels": float(levels.max()), "fraction_of_values_off": float((levels > 0.5).float().mean()),
+            "max_component_difference": {k: float((a[k] - b[k]).abs().max()) for k in a},
+            "max_score_difference": float((a["full_f"] - b["full_f"]).abs().max())}
+
+
+def pooled_only(result: MatchScores) -> dict:
+    """What a server of pooled embeddings only (vLLM's /score, /embeddings: one vector per text and per
+    image) leaves of EMScore: its coarse component. Against the full EMScore (whose fine-grained half needs
+    every token's embedding) on the same captions: largest and mean difference, Spearman rank correlation."""
+    full, coarse = result.full_f.double().cpu(), result.coarse.double().cpu()
+    diff = (full - coarse).abs()
+
+    def ranks(x):
+        return torch.argsort(torch.argsort(x)).double()
+
+    rf, rc = ranks(full), ranks(coarse)
+    rho = float(((rf - rf.mean()) * (rc - rc.mean())).sum() / ((rf - rf.mean()).norm() * (rc - rc.mean()).norm()))
+    return {"max_difference": float(diff.max()), "mean_difference": float(diff.mean()), "spearman": rho,
+            "captions": int(full.numel())}
 
 
 def run_scenarios(em: EMScore, base: ReleasedPathEMScore | None, w: Workload, watch: Stopwatch, fixed_idf):
@@ -412,10 +473,10 @@ def precision_comparison(model_parts, w: Workload, args, fp32: EMScore | None, o
     res = {}
     for name, em in (("fp32", fp32), ("bf16", em16)):
         clear(em)
-        cold, _, scores, _ = timed(lambda: ours_call(em, w, caps), Stopwatch(args.device))
+        cold, _, scores, *_ = timed(lambda: ours_call(em, w, caps), Stopwatch(args.device))
         clear(em)
         ours_call(em, w, other_caps)
-        warm, _, _, _ = timed(lambda: ours_call(em, w, caps), Stopwatch(args.device))
+        warm, *_ = timed(lambda: ours_call(em, w, caps), Stopwatch(args.device))
         res[name] = {"cold_s": cold, "warm_s": warm, "scores": scores.full_f}
     return {
         "precision": other_precision,
@@ -452,6 +513,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
     parser.add_argument("--json-out", help="also write the results to this JSON file")
     parser.add_argument("--profile", action="store_true", help="also print a torch.profiler table of a warm call")
+    parser.add_argument("--preprocessing", choices=("pil", "device"), default="pil",
+                        help="capreward's image path: the released PIL transform, or the same steps as tensors on the "
+                             "device (its deviation from the PIL path is measured and printed)")
     args = parser.parse_args(argv)
     if args.quick:
         args.videos, args.repeats, args.no_bf16, args.no_fp64 = 2, 1, True, True
@@ -484,6 +548,11 @@ def main(argv=None) -> dict:
     bb.encode_pixels = watch.wrap(bb.encode_pixels)
     bb._text_tower = watch.wrap(bb._text_tower)
     bb._text_tower_packed = watch.wrap(bb._text_tower_packed)
+    deviation = None
+    if args.preprocessing == "device":
+        bb.set_preprocessing("device")
+        deviation = preprocessing_deviation(em, w)
+    instrument_parts(bb, args.device)
 
     flops = count_scenario_flops(em, base, w)
     # explicit warm-up of every path (first-call allocations, cuDNN/cuBLAS heuristics, lazy state)
@@ -497,7 +566,11 @@ def main(argv=None) -> dict:
         scored.append(caps)
     # one instrumented round: the encoders' own seconds (synchronised around every encoder call)
     watch.enabled = base.encoders.enabled = True
+    for part in PARTS.values():
+        part.enabled = True
     instrumented, _ = run_scenarios(em, base, w, watch, fixed_idf)
+    for part in PARTS.values():
+        part.enabled = False
     peak = max(peaks)
     preprocess_floor = preprocessing_floor(bb, w)
     exact = None
@@ -540,6 +613,12 @@ def main(argv=None) -> dict:
         # process CPU time means nothing for GPU work (a waiting thread spins or sleeps): CPU runs only
         "cpu_time_ratios": None if on_gpu else cpu_ratios,
         "instrumented_seconds": {k: v[0] for k, v in instrumented.items()},
+        # where each capreward scenario's time went in the instrumented round (synchronised around each part)
+        "breakdown": {k: {"wall_s": v[0], "encoders_s": v[1], **{f"{p}_s": t for p, t in v[4].items()},
+                          "other_s": v[0] - v[1] - sum(v[4].values())}
+                      for k, v in instrumented.items() if k.startswith("capreward")},
+        "preprocessing": args.preprocessing,
+        "pooled_only": pooled_only(rounds[0]["capreward one call, cold"][2]),
         "efficiency": efficiency,
         "max_score_difference": diffs,
         # a cold call must at least run every frame through the image tower: at 100 % of the fp32 peak
@@ -553,6 +632,8 @@ def main(argv=None) -> dict:
     }
     if exact is not None:
         result["error_vs_fp64"] = exact
+    if deviation is not None:
+        result["device_preprocessing"] = deviation
     if not args.no_bf16:
         if args.precision == "fp32":
             result["bf16"] = precision_comparison(fp32_parts, w, args, em, "bf16")
@@ -614,6 +695,19 @@ def print_table(result: dict) -> None:
               f"{e[ours]['score_median']:.1e} ({ours}); largest of P, R, coarse: released "
               f"{e['released one call']['components']:.1e}, capreward "
               f"{max(v['components'] for k, v in e.items() if k.startswith('capreward')):.1e}")
+    for k, b in result["breakdown"].items():
+        print(f"{k}: {b['wall_s']:.3f} s = encoders {b['encoders_s']:.3f} + preprocessing {b.get('preprocess_s', 0):.3f} "
+              f"+ pixel hashing {b.get('hash_s', 0):.3f} + other {b['other_s']:.3f} (instrumented round, "
+              f"{result['preprocessing']} image path)")
+    if "device_preprocessing" in result:
+        d = result["device_preprocessing"]
+        print(f"device-side image path against PIL: pixels within {d['max_pixel_levels']:.0f} 8-bit level(s) "
+              f"({100 * d['fraction_of_values_off']:.3f} % of values off), EMScore components within "
+              f"{max(d['max_component_difference'].values()):.1e}")
+    po = result["pooled_only"]
+    print(f"pooled embeddings only (a /score or /embeddings server): EMScore's coarse part differs from EMScore by up to "
+          f"{po['max_difference']:.3f} (mean {po['mean_difference']:.3f}), Spearman {po['spearman']:.3f} over "
+          f"{po['captions']} captions")
     if "bf16" in result:
         b = result["bf16"]
         print(f"{b['precision']} vs fp32 (capreward, one call): cold {b['fp32_cold_s']:.2f} -> {b['bf16_cold_s']:.2f} s "

@@ -164,12 +164,18 @@ def workload(args) -> tuple[FLEUR, list[str], list[Image.Image], float]:
     model, processor = build_tiny_llava(spec, dtype=dtype, device=device)
     built = time.perf_counter() - t0
     scorer = FLEUR((model, processor), batch_size=args.batch_size, max_new_tokens=args.max_new_tokens)
+    scorer.judge.decode_graphs = {"auto": None, "on": True, "off": False}[args.decode_graphs]
     return scorer, captions, group_images, built
 
 
 def run_one_path(args) -> dict:
-    """Build the judge and time one path (``args.path``) in this process."""
-    return time_path(args, args.path, *workload(args))
+    """Build the judge and time one path (``args.path``) in this process (the batched one also reads its
+    cache sizes)."""
+    built = workload(args)
+    out = time_path(args, args.path, *built)
+    if args.path == "batched":
+        out["cache"] = cache_figures(built[0], built[1], built[2], args.max_new_tokens)
+    return out
 
 
 def time_path(args, path: str, scorer: FLEUR, captions, images, built: float) -> dict:
@@ -211,6 +217,36 @@ def time_path(args, path: str, scorer: FLEUR, captions, images, built: float) ->
     }
 
 
+def cache_figures(scorer: FLEUR, captions, images, max_new_tokens: int) -> dict:
+    """Bytes of the batched path's key/value cache for the workload (one prefill of every caption, room for
+    the answer), read off its tensors, beside what the copying design held (the image prefix copied into
+    every row) and what per-sample ``generate`` holds (one row: its prompt and answer)."""
+    judge = scorer.judge
+    distinct, index = [], []
+    for image in images:
+        k = next((j for j, seen in enumerate(distinct) if seen is image), None)
+        if k is None:
+            distinct.append(image)
+            k = len(distinct) - 1
+        index.append(k)
+    with torch.inference_mode():
+        features = judge.image_features(judge.preprocess(distinct))
+        ids = judge.encode_prompts(scorer.prompt_parts(captions), int(features.shape[1]))
+        state = judge.start(ids, features, index, reserve=max_new_tokens)
+    sizes = judge.cache_bytes(state)
+    text = judge.model.config.get_text_config()
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    per_position = text.num_hidden_layers * 2 * text.num_key_value_heads * head_dim * judge.dtype.itemsize
+    prefix, capacity, n = state.cache.prefix_length, state.cache.capacity, len(captions)
+    copying = n * (prefix + capacity) * per_position
+    generate = (max(len(p) for p in ids) + max_new_tokens) * per_position
+    del state
+    return {"bytes_per_position": per_position, "images": len(distinct), "rows": n, "prefix_positions": prefix,
+            "row_positions": capacity, "batched_bytes": sizes["total"], "prefix_bytes": sizes["prefix"],
+            "row_bytes": sizes["rows"], "copying_design_bytes": copying, "generate_bytes": generate,
+            "overhead_over_generate_bytes": sizes["total"] - generate, "saved_bytes": copying - sizes["total"]}
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", choices=sorted(ARCHS), default="small")
@@ -224,6 +260,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--skip-generate", action="store_true", help="time only the batched path")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--decode-graphs", choices=["auto", "on", "off"], default="auto",
+                        help="the batched path's decode steps as CUDA graphs (auto: on a GPU)")
     parser.add_argument("--path", choices=["both", "batched", "generate"], default="both",
                         help="internal: time one path in this process and print its JSON")
     parser.add_argument("--one-process", action=argparse.BooleanOptionalAction, default=None,
@@ -242,11 +280,13 @@ def main(argv: list[str] | None = None) -> dict:
     results = {}
     one_process = args.one_process if args.one_process is not None else torch.device(args.device).type == "cuda"
     flops = peak = None
+    cache = None
     if one_process:  # the judge (7B: 13 GiB in float16) is built once, directly on the device in its dtype
         built = workload(args)
         for path in paths:
             results[path] = time_path(args, path, *built)
         flops, peak = prefill_flops(args, *built[:3])
+        cache = cache_figures(built[0], built[1], built[2], args.max_new_tokens)
     else:
         # Each path runs in its own process, so that neither inherits the other's allocator state and
         # the peak memory of each is its own.
@@ -258,6 +298,7 @@ def main(argv: list[str] | None = None) -> dict:
                 sys.stderr.write(out.stdout[-4000:] + out.stderr[-8000:])
                 raise SystemExit(f"the {path} path failed (exit code {out.returncode}); its output is above")
             results[path] = json.loads(out.stdout.strip().splitlines()[-1])
+        cache = results["batched"].get("cache")
     fast = results["batched"]
     n = fast["captions"]
     print(
@@ -275,6 +316,13 @@ def main(argv: list[str] | None = None) -> dict:
               "built_s": fast["built_s"], "image_tokens": fast["image_tokens"], "prompt_tokens": fast["prompt_tokens"],
               "captions": n, "batched_seconds": fast["seconds"], "batched_s_per_caption": fast["seconds"] / n,
               "batched_captions_per_s": fast["captions_per_s"], "batched_peak_bytes": fast["peak_bytes"]}
+    judge = None
+    if one_process:
+        judge = built[0].judge
+        report["decode_graphs"] = judge.uses_graphs
+        report["sync_every"] = judge.sync_every
+    if cache is not None:
+        report["cache"] = cache
     if flops is not None:
         report.update({"batched_gflop": flops / 1e9, "matmul_peak_gflop_per_s": peak / 1e9,
                        # the whole batched call (prefill of the shared image prefix and of every caption,
@@ -304,6 +352,14 @@ def main(argv: list[str] | None = None) -> dict:
             same += ours == theirs[:end]
         print(f"greedy tokens identical in {same}/{n} captions")
         report["identical"] = same
+    if cache is not None:
+        mib = 2**20
+        print(f"key/value cache of the batched call ({cache['rows']} rows, {cache['images']} images): "
+              f"{cache['batched_bytes'] / mib:.1f} MiB = {cache['images']} prefixes of {cache['prefix_positions']} positions "
+              f"({cache['prefix_bytes'] / mib:.1f} MiB) + {cache['rows']} rows of {cache['row_positions']} positions "
+              f"({cache['row_bytes'] / mib:.1f} MiB); the prefix copied into every row would hold "
+              f"{cache['copying_design_bytes'] / mib:.1f} MiB; per-sample generate holds {cache['generate_bytes'] / mib:.1f} MiB "
+              f"(overhead of the batch over generate: {cache['overhead_over_generate_bytes'] / mib:.1f} MiB)")
     if "prefill_peak_fraction" in report:
         print(f"batched call: {report['batched_gflop']:.0f} GFLOP at {100 * report['prefill_peak_fraction']:.1f}% of the "
               f"measured {args.dtype} matmul peak ({report['matmul_peak_gflop_per_s'] / 1e3:.0f} TFLOP/s)")
@@ -322,8 +378,13 @@ def prefill_flops(args, scorer: FLEUR, captions, images) -> tuple[float, float]:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench_emscore import counted_flops
 
-    with counted_flops() as box:
-        scorer.plan(captions, images)
+    wanted = scorer.judge.decode_graphs
+    scorer.judge.decode_graphs = False  # a graph's replays bypass the counting mode: count eager steps
+    try:
+        with counted_flops() as box:
+            scorer.plan(captions, images)
+    finally:
+        scorer.judge.decode_graphs = wanted
     dtype = next(scorer.judge.model.parameters()).dtype
     return box["flops"], matmul_peak(args.device, dtype, seconds=0.5)
 

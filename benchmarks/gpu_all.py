@@ -10,6 +10,9 @@ Run it through ``benchmarks/gpu_all.sh`` (which installs the carried wheels firs
 - ``CAPREWARD_BENCH_BUDGET_S``: the global deadline in seconds (default 420 on a GPU, 900 on the CPU); a step
   that would start with less than 15 s left is skipped, a running step is stopped at the deadline.
 - ``CAPREWARD_BENCH_STEPS``: comma-separated step names to run (default: all, in order).
+- ``CAPREWARD_BENCH_SET``: a named set of steps (:data:`SETS`; ``issue44``: every measurement of issue #44's
+  item 5 in under 10 minutes on an H200), used when ``CAPREWARD_BENCH_STEPS`` is not given; its default
+  deadline is :data:`SET_BUDGETS`' own.
 - ``CAPREWARD_BENCH_LIMIT_SCALE``: a factor on every step's own limit (default 1; a busy CPU needs more).
 - ``CAPREWARD_BENCH_PYTEST_ARGS``: extra arguments of the parity-test step (e.g. ``-k clip`` to narrow it).
 
@@ -127,11 +130,26 @@ def emscore_cmd(arch: str, gpu_sized: bool):
     return cmd
 
 
+def emscore_device_cmd(arch: str, gpu_sized: bool):
+    """bench_emscore with the device-side image path (no fp32 comparison: the fp16/fp32 figures are the
+    other EMScore steps'); the deviation from the PIL path is measured in the step."""
+    def cmd(ctx, out):
+        argv = emscore_cmd(arch, gpu_sized)(ctx, out)
+        argv = [a for a in argv if a != "--compare-fp32"]
+        return argv[:-2] + ["--preprocessing", "device", "--no-fp64", *argv[-2:]]
+    return cmd
+
+
 def emscore_head(f):
     r = f.get("ratios", {})
     eff = f.get("efficiency", {}).get("capreward one call, cold", {})
-    return (f"warm {r.get('one call, warm', 0):.1f}x cold {r.get('one call, cold', 0):.1f}x per-group warm "
-            f"{r.get('per group, warm', 0):.1f}x; cold encoders {100 * (eff.get('encoder_peak_fraction') or 0):.0f}% of peak")
+    head = (f"warm {r.get('one call, warm', 0):.1f}x cold {r.get('one call, cold', 0):.1f}x per-group warm "
+            f"{r.get('per group, warm', 0):.1f}x cold {r.get('per group, cold', 0):.1f}x; cold encoders "
+            f"{100 * (eff.get('encoder_peak_fraction') or 0):.0f}% of peak")
+    dev = f.get("device_preprocessing")
+    if dev:
+        head += f"; device path within {max(dev['max_component_difference'].values()):.1e} of PIL"
+    return head
 
 
 def clipscore_cmd(arch: str):
@@ -157,9 +175,55 @@ def fleur_cmd(ctx, out):
 
 
 def fleur_head(f):
+    cache = f.get("cache") or {}
     return (f"batched {f.get('batched_captions_per_s', 0):.2f} capt/s vs generate {f.get('generate_captions_per_s', 0):.2f}: "
-            f"{f.get('speedup', 0):.1f}x; identical {f.get('identical')}/{f.get('captions')}; prefill "
-            f"{100 * (f.get('prefill_peak_fraction') or 0):.0f}% of peak")
+            f"{f.get('speedup', 0):.1f}x; identical {f.get('identical')}/{f.get('captions')}; whole call "
+            f"{100 * (f.get('prefill_peak_fraction') or 0):.1f}% of peak; graphs {f.get('decode_graphs')}; cache "
+            f"{(cache.get('batched_bytes') or 0) / 2**30:.2f} GiB (copying design {(cache.get('copying_design_bytes') or 0) / 2**30:.2f})")
+
+
+def judge_checks_cmd(ctx, out):
+    return py(ctx, "gpu_judge_checks.py", "--device", ctx.device, "--json-out", out)
+
+
+def judge_checks_head(f):
+    parts = []
+    for name in ("eager", "graphs"):
+        r = f.get(name)
+        if isinstance(r, dict) and "error" in r:
+            parts.append(f"{name} FAILED")
+        elif isinstance(r, dict):
+            parts.append(f"{name} {r['tokens_identical']}/{r['rows']} identical, diff {r['max_logit_difference']:.1e}, "
+                         f"graph steps {r['graph_steps']}, syncs in steps {len(r['sync_in_step_errors'])}")
+        else:
+            parts.append(f"{name}: {r}")
+    return "; ".join(parts)
+
+
+def claims_cmd(ctx, out):
+    if ctx.gpu:
+        size = ["--arch", "llava-7b", "--dtype", "float16", "--captions", "16", "--batch-size", "64", "--repeats", "2"]
+    else:
+        size = ["--arch", "tiny", "--captions", "2", "--batch-size", "16", "--repeats", "1"]
+    return py(ctx, "bench_claims.py", "--device", ctx.device, "--threads", ctx.threads, *size, "--json-out", out)
+
+
+def claims_head(f):
+    return (f"{f.get('claims')} claims: batched {f.get('batched_s', 0):.3f} s vs one request per claim "
+            f"{f.get('per_claim_s', 0):.3f} s: {f.get('speedup', 0):.1f}x (median of rounds {f.get('speedup_median_of_rounds', 0):.1f}x); "
+            f"P(yes) diff {f.get('max_abs_p_yes_difference', 0):.1e}")
+
+
+def engines_cmd(ctx, out):
+    return py(ctx, "bench_engine.py", "--device", ctx.device, "--json-out", out)
+
+
+def engines_head(f):
+    e = f.get("engines", {})
+    have = [k for k, v in e.get("importable", {}).items() if v]
+    if f.get("skipped"):
+        return f"engines: {', '.join(have) or 'none'} ({f['skipped']}); pip: {'; '.join(e.get('pip_list', [])) or 'none'}"
+    return "; ".join(f"{k}: {f[k]}" for k in have if k in f)
 
 
 def server_cmd(ctx, out):
@@ -202,7 +266,27 @@ STEPS = [
     Step("fleur_7b", "FLEUR at LLaVA-1.5-7B shape: batched vs per-sample generate", 110, 180, fleur_cmd, fleur_head),
     Step("server", "reward server 8/16/32 clients, batching on/off", 120, 180, server_cmd, server_head),
     Step("grpo", "GRPO step of the tiny policy with each reward", 120, 240, grpo_cmd, grpo_head),
+    # issue #44 item 5
+    Step("judge_checks", "local judge on the device: graphs vs eager vs generate, no sync inside a step", 60, 300,
+         judge_checks_cmd, judge_checks_head),
+    Step("claims_7b", "claims batched vs one request per claim at LLaVA-1.5-7B shape", 120, 240, claims_cmd, claims_head),
+    Step("emscore_l14_device", "EMScore ViT-L/14, today's sizes, device-side image path", 75, 120,
+         emscore_device_cmd("ViT-L-14", False), emscore_head),
+    Step("emscore_b32_gpu_device", "EMScore ViT-B/32, GPU-sized, device-side image path", 110, 120,
+         emscore_device_cmd("ViT-B-32", True), emscore_head),
+    Step("emscore_l14_gpu_device", "EMScore ViT-L/14, GPU-sized, device-side image path", 120, 120,
+         emscore_device_cmd("ViT-L-14", True), emscore_head),
+    Step("engines", "the in-process engines the image carries against capreward's batched judge", 60, 120,
+         engines_cmd, engines_head),
 ]
+
+#: Named sets of steps (``CAPREWARD_BENCH_SET``), in run order.
+SETS = {
+    "issue44": ["env", "judge_checks", "fleur_7b", "claims_7b", "emscore_l14_device", "emscore_b32_gpu_device",
+                "emscore_l14_gpu_device", "engines"],
+}
+#: A set's default global deadline on a GPU (seconds).
+SET_BUDGETS = {"issue44": 540}
 
 
 # ------------------------------------------------------------------------------------------ runner
@@ -270,8 +354,12 @@ def main() -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     device = os.environ.get("CAPREWARD_BENCH_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
     gpu = torch.device(device).type == "cuda"
-    budget = float(os.environ.get("CAPREWARD_BENCH_BUDGET_S") or (420 if gpu else 900))
-    wanted = [s for s in os.environ.get("CAPREWARD_BENCH_STEPS", "").split(",") if s]
+    named = os.environ.get("CAPREWARD_BENCH_SET") or ""
+    if named and named not in SETS:
+        print(f"unknown set {named!r}; known: {sorted(SETS)}", file=sys.stderr)
+        return 2
+    budget = float(os.environ.get("CAPREWARD_BENCH_BUDGET_S") or (SET_BUDGETS.get(named, 420) if gpu else 900))
+    wanted = [s for s in os.environ.get("CAPREWARD_BENCH_STEPS", "").split(",") if s] or list(SETS.get(named, []))
     scale = float(os.environ.get("CAPREWARD_BENCH_LIMIT_SCALE") or 1)
     unknown = set(wanted) - {s.name for s in STEPS}
     if unknown:
@@ -283,9 +371,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="capreward-bench-") as tmp, open(out_dir / "steps.log", "a") as log:
         ctx = Context(device=device, gpu=gpu, work=Path(tmp))
         print(f"capreward GPU benchmarks: device {device}, budget {budget:.0f} s, results -> {results}", flush=True)
-        for step in STEPS:
-            if wanted and step.name not in wanted:
-                continue
+        order = [s for s in STEPS if not wanted or s.name in wanted]
+        if wanted:  # a set's or the caller's order
+            order.sort(key=lambda s: wanted.index(s.name))
+        for step in order:
             left = budget - (time.perf_counter() - t0)
             limit = min((step.gpu_limit_s if gpu else step.cpu_limit_s) * scale, left)
             if limit < 15:

@@ -23,7 +23,9 @@ from gpu_common import DTYPES, copy_bandwidth, matmul_peak, tf32_settings, write
 
 PACKAGES = ("torch", "transformers", "torchmetrics", "open_clip_torch", "ftfy", "trl", "datasets", "peft",
             "accelerate", "lightning", "numpy", "pillow", "av", "decord", "timm", "pyarrow", "fsspec",
-            "huggingface_hub", "pytest", "hypothesis", "capreward")
+            "huggingface_hub", "pytest", "hypothesis", "capreward",
+            # the inference engines and attention kernels a device image may carry (issue #44)
+            "vllm", "sglang", "flash_attn", "flash-attn", "flashinfer-python", "xformers")
 
 
 def versions() -> dict[str, str | None]:

@@ -36,7 +36,7 @@ from capreward.cli import serve
 from capreward.testing import build_tiny_llava, save_tiny_clip_openai
 import torchmetrics.multimodal
 import gpu_common, gpu_env, gpu_precision, gpu_parity_tests, bench_emscore, bench_clipscore, bench_fleur, bench_server
-import bench_grpo_step
+import bench_grpo_step, bench_claims, bench_engine, gpu_judge_checks
 loaded = sorted(n for n in {ABSENT_ON_DEVICE!r} if sys.modules.get(n) is not None)
 assert not loaded, loaded
 print("ok")
@@ -114,6 +114,26 @@ def test_runner_skips_what_the_global_deadline_leaves_no_time_for(runner, monkey
     assert rows[2]["status"] == "skipped" and "deadline" in rows[2]["error"]
 
 
+def test_a_named_set_runs_its_steps_in_its_order_under_its_deadline(runner, monkeypatch):
+    gpu_all, out = runner
+    monkeypatch.setattr(gpu_all, "SETS", {"pair": ["fails", "writes"]})
+    monkeypatch.setattr(gpu_all, "SET_BUDGETS", {"pair": 5})
+    monkeypatch.setenv("CAPREWARD_BENCH_SET", "pair")
+    assert gpu_all.main() == 1
+    rows = read_rows(out)
+    assert [(r["step"], r["status"]) for r in rows] == [("fails", "failed"), ("writes", "ok")]
+    monkeypatch.setenv("CAPREWARD_BENCH_SET", "nope")
+    assert gpu_all.main() == 2
+
+
+def test_the_issue44_set_names_real_steps_and_fits_its_deadline():
+    gpu_all = import_script(BENCH / "gpu_all.py", "gpu_all_sets")
+    names = {s.name for s in gpu_all.STEPS}
+    for name, steps in gpu_all.SETS.items():
+        assert set(steps) <= names, name
+    assert gpu_all.SET_BUDGETS["issue44"] <= 570  # one device call of at most 10 minutes, with the start
+
+
 @pytest.mark.slow
 def test_cpu_dry_run_of_the_gpu_command_writes_every_steps_figures_and_the_summary(tmp_path):
     """The one command, CAPREWARD_BENCH_DEVICE=cpu: every step at small sizes (the parity step narrowed to one
@@ -140,5 +160,10 @@ def test_cpu_dry_run_of_the_gpu_command_writes_every_steps_figures_and_the_summa
     assert {r["clients"] for r in figures["server"]["runs"]} == {2, 4}
     assert set(figures["grpo"]["rewards"]) == {"emscore", "clip_s", "hallucination", "fleur"}
     assert all("step_s" in r for r in figures["grpo"]["rewards"].values())
+    assert figures["judge_checks"]["eager"]["tokens_identical"] == figures["judge_checks"]["eager"]["rows"]
+    assert figures["claims_7b"]["max_abs_p_yes_difference"] == 0.0
+    for step in ("emscore_l14_device", "emscore_b32_gpu_device", "emscore_l14_gpu_device"):
+        assert figures[step]["device_preprocessing"]["max_pixel_levels"] <= 1.0 + 1e-4
+    assert "importable" in figures["engines"]["engines"]
     summary = (out / "summary.txt").read_text()
     assert all(s.name in summary for s in gpu_all.STEPS)

@@ -67,9 +67,14 @@ class CLIPBackbone:
         text_cache_size: entries of the caption-embedding cache (0 disables it).
         text_cache_bytes: bytes of the caption-embedding cache.
         text_tokens_per_pass: tokens of one packed text-tower pass (memory).
+        preprocessing: ``"pil"`` (default: the released transform on PIL images, on the CPU) or ``"device"``
+            (the same resize, centre crop and normalisation as tensors where the model runs,
+            :class:`~capreward.media.device_pixels.TensorPreprocess`: no CPU preprocessing of frames on a
+            GPU machine; its score deviation from the PIL path is in docs/design/parity.md).
 
     Raises:
         ModelLoadError: the model cannot be loaded (the message says how to point at a local file).
+        ValueError: ``preprocessing="device"`` with a transform other than resize, crop and normalise.
 
     The attribute
     ``preprocess_workers`` (default: half the CPU cores, at most 4) is how many threads run the CLIP preprocessing of
@@ -148,6 +153,7 @@ class CLIPBackbone:
         text_cache_size: int = 8192,
         text_cache_bytes: int = 256 * 2**20,
         text_tokens_per_pass: int = 8192,
+        preprocessing: str = "pil",
     ):
         self.device = checked_device(device)  # a missing GPU is one clear error, not torch's from deep in .to()
         self.model, self.preprocess, self.tokenizer = load_clip(model, self.device, precision)
@@ -157,6 +163,7 @@ class CLIPBackbone:
             self._adopt(cache_size=cache_size, image_batch_size=image_batch_size, trim_text=trim_text,
                         text_cache_size=text_cache_size, text_cache_bytes=text_cache_bytes,
                         text_tokens_per_pass=text_tokens_per_pass)
+            self.set_preprocessing(preprocessing)
             return
         for attr in ("token_embedding", "positional_embedding", "transformer", "ln_final", "text_projection"):
             if not hasattr(self.model, attr):
@@ -182,6 +189,30 @@ class CLIPBackbone:
         self._packable_cache: bool | None = None
         self.text_tokens_per_pass = text_tokens_per_pass
         self.preprocess_workers = max(1, min(4, (os.cpu_count() or 1) // 2))  # 1 on a 2-core machine
+        self.set_preprocessing(preprocessing)
+
+    #: ``"pil"`` or ``"device"`` (:meth:`set_preprocessing`).
+    preprocessing = "pil"
+    _tensor_preprocess = None
+
+    def set_preprocessing(self, preprocessing: str) -> None:
+        """Preprocess frames and RGB images with the released PIL transform (``"pil"``) or as tensors on the
+        backbone's device (``"device"``: :class:`~capreward.media.device_pixels.TensorPreprocess`, read off
+        the transform; other image modes keep the PIL path, which converts them after resizing as released).
+
+        Args:
+            preprocessing: ``"pil"`` or ``"device"``.
+
+        Raises:
+            ValueError: another value, or a transform the device path does not reproduce.
+        """
+        if preprocessing not in ("pil", "device"):
+            raise ValueError(f"preprocessing must be 'pil' or 'device', got {preprocessing!r}")
+        if preprocessing == "device":
+            from ..media.device_pixels import TensorPreprocess
+
+            self._tensor_preprocess = TensorPreprocess.from_transform(self.preprocess)
+        self.preprocessing = preprocessing
 
     # ------------------------------------------------------------------ text
     def full_ids(self, caption: str) -> list[int]:
@@ -410,7 +441,10 @@ class CLIPBackbone:
 
     def pixels_of(self, frames: np.ndarray) -> torch.Tensor:
         """CLIP preprocessing (resize, centre crop, normalise) of uint8 frames (k, H, W, 3); the frames are
-        shared among ``preprocess_workers`` threads (same pixels as one by one)."""
+        shared among ``preprocess_workers`` threads (same pixels as one by one). With
+        ``preprocessing="device"``: as tensors on the backbone's device."""
+        if self.preprocessing == "device":
+            return self._tensor_preprocess(frames, self.device)
         images = frames_to_pil(frames)
         if self.preprocess_workers > 1 and len(images) > 1 and not _in_preprocess_pool():
             return torch.stack(list(preprocess_pool(self.preprocess_workers).map(self.preprocess, images)))
@@ -423,6 +457,8 @@ class CLIPBackbone:
         PIL converts wrongly (16-bit, float) are fixed first (:func:`capreward.media.viewable`)."""
         image = load_image(item, index=index, keep_mode=True)
         if image.mode == "RGB":
+            if self.preprocessing == "device":
+                return self._tensor_preprocess(np.asarray(image)[None], self.device)
             return self.preprocess(image)[None]
         try:
             pixels = self.preprocess(image)
@@ -483,7 +519,8 @@ class CLIPBackbone:
         # with several preprocess_workers, images are loaded and preprocessed, and video frames preprocessed, in
         # the pool while this thread decodes the next ones and the encoder runs (the queue waits for each in
         # order when it encodes, so the first unusable item is still the one reported)
-        pool = preprocess_pool(self.preprocess_workers) if self.preprocess_workers > 1 and not _in_preprocess_pool() else None
+        threads = self.preprocess_workers > 1 and self.preprocessing == "pil" and not _in_preprocess_pool()
+        pool = preprocess_pool(self.preprocess_workers) if threads else None
         # A GRPO group repeats the same object many times; hash its pixels once per call, not per sample.
         key_of_object: dict[int, str | None] = {}
         for i, item in enumerate(items):
@@ -571,7 +608,7 @@ class _EncodeQueue:
         ready = [p.result() if isinstance(p, Future) else torch.stack([f.result() for f in p]) if isinstance(p, list)
                  else p for _, p in self.waiting]
         counts = [p.shape[0] for p in ready]
-        if self.pin and all(p.shape[1:] == ready[0].shape[1:] for p in ready):
+        if self.pin and all(p.shape[1:] == ready[0].shape[1:] and p.device.type == "cpu" for p in ready):
             out = torch.empty((sum(counts), *ready[0].shape[1:]), dtype=ready[0].dtype, pin_memory=True)
             pixels = torch.cat(ready, out=out)
         else:

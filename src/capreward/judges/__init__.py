@@ -12,6 +12,7 @@ contract between them, kept stable:
   :class:`GreedyOutput` with the logits of every step (or of the steps writing chosen tokens), ended
   rows dropped from the batch as it goes;
 - chat backends for VisCE² and G-VEval: :class:`LocalChatJudge` (local LLaVA, exact score distributions),
+  :class:`EngineJudge` (the same judge inside vLLM's or SGLang's offline engine, exact too),
   :class:`OpenAIJudge` (any OpenAI-compatible server), :class:`SGLangJudge` (SGLang's ``/generate``) and
   :class:`VLLMJudge` (vLLM), all speaking :class:`JudgeBackend`; the last two also score chosen next
   tokens exactly (:class:`NextTokenScorer`), one request per caption; :class:`LocalTextJudge`, a
@@ -25,6 +26,7 @@ from ..default_models import DEFAULT_LLAVA
 from .loading import JudgeLoadError, load_llava, resolve_device, resolve_dtype
 from .local import DecodeState, GreedyOutput, LocalJudge, TeacherForcing, common_prefix_length
 from .local_chat import LocalChatJudge
+from .engines import EngineJudge
 from .local_text import LocalTextJudge
 from .protocol import (
     ChatRequest,
@@ -56,6 +58,7 @@ from .prompts import (
 
 #: Documented in the API reference (docs/api/judges.md). The engine's parts (``DecodeState``,
 #: ``GreedyOutput``, ``TeacherForcing``, the prompts, ``load_llava``...) still import from here.
-__all__ = ["ChatRequest", "ChatResponse", "ChatTurn", "JudgeBackend", "JudgeLoadError", "LocalChatJudge", "LocalJudge",
-           "LocalTextJudge", "MalformedAnswer", "NextTokenAnswer", "NextTokenQuery", "NextTokenScorer", "OpenAIJudge",
-           "SGLangJudge", "TokenLogprob", "VLLMJudge", "answer_problem", "assistant_turn", "system_turn", "user_turn"]
+__all__ = ["ChatRequest", "ChatResponse", "ChatTurn", "EngineJudge", "JudgeBackend", "JudgeLoadError", "LocalChatJudge",
+           "LocalJudge", "LocalTextJudge", "MalformedAnswer", "NextTokenAnswer", "NextTokenQuery", "NextTokenScorer",
+           "OpenAIJudge", "SGLangJudge", "TokenLogprob", "VLLMJudge", "answer_problem", "assistant_turn", "system_turn",
+           "user_turn"]

@@ -8,11 +8,15 @@ embedding) and its processor. It offers the building blocks the
 LLM-judged metrics need:
 
 - :meth:`LocalJudge.start`: one batched prefill. Captions that share an image (a GRPO group) share the
-  image and the prompt text before the caption: that prefix is run once per image and its key/value
-  cache is expanded to every row; only each row's remaining tokens are run on top of it.
+  image and the prompt text before the caption: that prefix is run once per image (the model's own
+  attention, SDPA by default) and its keys/values are held once per image for all its rows, never
+  copied into them (:mod:`~capreward.judges.prefix_cache`); only each row's remaining tokens are run on
+  top of it.
 - :meth:`LocalJudge.step` / :meth:`LocalJudge.select`: cheap continuation from the cached state, one
-  token per row, and forking rows (for trees of decode steps).
-- :meth:`LocalJudge.greedy`: greedy decoding with the full logits of every step.
+  token per row, and forking rows (for trees of decode steps; a fork copies the row's own tokens only).
+- :meth:`LocalJudge.greedy` / :meth:`LocalJudge.generate_from`: decoding on the device with the full logits of
+  every step (or of chosen steps), the host looking at the state every few steps only, and the decode
+  step replayed as a CUDA graph on a GPU (:mod:`~capreward.judges.decoding`).
 - :meth:`LocalJudge.logits_at`: one differentiable teacher-forced pass that returns the logits at chosen
   steps, with gradients to ``inputs_embeds`` and ``pixel_values``.
 
@@ -33,6 +37,8 @@ from PIL import Image
 
 from ..text import well_formed
 from .cache import cache_keyword, growing_cache, output_cache
+from .decoding import DecodeOutput, GreedyOutput, decode_loop
+from .prefix_cache import SharedPrefixCache, shared_attention
 from .families import JudgeFamily, judge_family
 from .images import mean_background, pad_to_square
 from ..devices import checked_device
@@ -47,36 +53,20 @@ from .vocab import digit_token_ids
 class DecodeState:
     """A batch of N sequences in the middle of decoding.
 
-    ``cache`` holds the keys/values of every position so far (``DynamicCache``, N rows);
-    ``attention_mask`` (N, K) marks real positions with 1 and padding with 0; ``next_position`` (N,) is
-    each row's position id for its next token; ``logits`` (N, V) float32 are the next-token logits.
-    :meth:`LocalJudge.step` extends the cache in place: keep using the returned state, or
-    :meth:`LocalJudge.select` rows first to branch.
+    ``cache`` (:class:`~capreward.judges.prefix_cache.SharedPrefixCache`) holds the shared prefix once per
+    image and each row's own keys/values (the rest of its prompt, its answer so far), with the mask of its
+    real columns; ``next_position`` (N,) is each row's position id for its next token; ``logits`` (N, V)
+    float32 are the next-token logits. :meth:`LocalJudge.step` extends the cache in place: keep using the
+    returned state, or :meth:`LocalJudge.select` rows first to branch.
     """
 
     cache: Any
-    attention_mask: torch.Tensor
     next_position: torch.Tensor
     logits: torch.Tensor
 
     @property
     def batch_size(self) -> int:
-        return int(self.attention_mask.shape[0])
-
-
-@dataclass
-class GreedyOutput:
-    """Result of :meth:`LocalJudge.greedy` for N rows.
-
-    ``tokens[n]`` are row n's generated ids up to, not including, the end-of-sequence token;
-    ``finished[n]`` says whether it produced one within the step budget; ``logits[n]`` maps a step t of
-    row n to the raw next-token logits (V,) float32 that chose its t-th token (every step, or the steps
-    whose token is one of ``keep_tokens``; None if logits were not kept).
-    """
-
-    tokens: list[list[int]]
-    finished: list[bool]
-    logits: list[dict[int, torch.Tensor]] | None
+        return int(self.logits.shape[0])
 
 
 def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
@@ -90,17 +80,6 @@ def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
         if any(r[i] != t for r in rows):
             return i
     return n
-
-
-def select_cache_rows(cache: Any, rows: torch.Tensor, reserve: int = 16) -> Any:
-    """A new cache (:func:`~capreward.judges.cache.growing_cache`) holding the given batch rows of
-    ``cache`` (rows may repeat), with room for ``reserve`` more positions."""
-    data = []
-    for layer in cache.layers:
-        keys, values = layer.keys, layer.values
-        index = rows.to(keys.device)
-        data.append((keys.index_select(0, index), values.index_select(0, index)))
-    return growing_cache(data, len(data), reserve)
 
 
 class LocalJudge:
@@ -119,6 +98,9 @@ class LocalJudge:
         local_files_only: load from the local cache only (None: transformers' default).
         attn_implementation: transformers' ``attn_implementation`` (None: its default).
         image_size: (width, height) other families' images are resized to (None: the family's default).
+        decode_graphs: run decode steps as CUDA graphs (None: on CUDA; never on the CPU); a step that cannot
+            be captured, or whose first replay differs from the eager step, falls back to eager steps.
+        sync_every: decode steps between the host's looks at the device state (whether every row is done).
 
     Raises:
         JudgeLoadError: the model or its processor cannot be loaded.
@@ -150,6 +132,8 @@ class LocalJudge:
         local_files_only: bool | None = None,
         attn_implementation: str | None = None,
         image_size: tuple[int, int] | int | None = None,
+        decode_graphs: bool | None = None,
+        sync_every: int = 4,
     ):
         if isinstance(model, (tuple, list)):
             if len(model) != 2 or processor is not None:
@@ -180,6 +164,12 @@ class LocalJudge:
         self._digit_ids: list[int] | None = None
         self._control_ids: set[int] | None = None
         self._cache_keyword = cache_keyword(model)  # "cache" or "past_key_values": what this forward takes
+        if sync_every < 1:
+            raise ValueError(f"sync_every must be at least 1, got {sync_every}")
+        self.decode_graphs = decode_graphs
+        self.sync_every = int(sync_every)
+        self._graphs_ok = True  # False once a capture or its self-check failed
+        self._graphs_checked = False  # the first graph's replay was checked against the eager step
         self.family: JudgeFamily | None = judge_family(model, processor, image_size)
         self._check_image_token()
 
@@ -438,9 +428,17 @@ class LocalJudge:
         return self.family.position_ids(positions, image_start)
 
     def _forward(self, embeds, attention_mask, position_ids, cache, logits_to_keep=1, deepstack=None):
+        """The model's forward with ``cache``; a :class:`SharedPrefixCache` is read by the shared-prefix
+        attention (``attention_mask`` is then its query mask, 4-D, which transformers takes as it is)."""
+        if isinstance(cache, SharedPrefixCache):
+            with shared_attention(self.model, cache) as extra:
+                return self._model_forward(embeds, attention_mask, position_ids, cache, logits_to_keep, deepstack, extra)
+        return self._model_forward(embeds, attention_mask, position_ids, cache, logits_to_keep, deepstack, {})
+
+    def _model_forward(self, embeds, attention_mask, position_ids, cache, logits_to_keep, deepstack, extra):
         if deepstack is not None:  # Qwen3-VL: the language model with its deepstack inputs, then the head
-            out = self.family.language_forward(embeds, attention_mask, position_ids, {self._cache_keyword: cache},
-                                               deepstack[0], deepstack[1])
+            out = self.family.language_forward(embeds, attention_mask, position_ids,
+                                               {self._cache_keyword: cache, **extra}, deepstack[0], deepstack[1])
             hidden = out.last_hidden_state[:, -logits_to_keep:]
             logits = self.model.get_output_embeddings()(hidden)
             return SimpleNamespace(logits=logits, **{self._cache_keyword: output_cache(out, self._cache_keyword)})
@@ -451,11 +449,16 @@ class LocalJudge:
             use_cache=True,
             logits_to_keep=logits_to_keep,
             **{self._cache_keyword: cache},
+            **extra,
         )
 
     def _cache_of(self, output: Any) -> Any:
         """The updated key/value cache of a forward's ``output``."""
         return output_cache(output, self._cache_keyword)
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.model.config.get_text_config().num_hidden_layers)
 
     @torch.inference_mode()
     def start(
@@ -470,9 +473,11 @@ class LocalJudge:
 
         ``prompt_ids[n]`` (from `encode_prompts()`) uses image ``image_index[n]`` of ``features``
         (U, n_image_tokens, hidden). With ``share_prefix`` the longest common token prefix of the prompts
-        (system text, image, prompt text before the caption) is run once per distinct image and its cache
-        expanded to the rows; then every row's remaining tokens run on top, left padded. The cache keeps
-        room for ``reserve`` more tokens per row (it grows in place, and doubles when that runs out).
+        (system text, image, prompt text before the caption) is run once per distinct image, and its
+        keys/values are held once per image for all the rows of that image (never copied into the rows:
+        :mod:`~capreward.judges.prefix_cache`); then every row's remaining tokens run on top, left padded.
+        Each row's own cache keeps room for ``reserve`` more tokens (it grows, doubling, when that runs
+        out).
         """
         n_rows = len(prompt_ids)
         if n_rows == 0:
@@ -487,48 +492,51 @@ class LocalJudge:
         rows_image = torch.tensor(list(image_index), dtype=torch.long, device=device)
 
         suffix_len = max(lengths) - shared
-        n_layers = int(self.model.config.get_text_config().num_hidden_layers)
+        visual = set(self.visual_token_ids)
         placeholders_in_prefix = 0
         if shared > 0:
-            # The shared prefix, once per distinct image, then its cache copied to every row of that image.
-            used, inverse = torch.unique(rows_image, sorted=True, return_inverse=True)
+            # The shared prefix, once per distinct image; its keys/values stay once per image.
+            used = sorted({int(i) for i in image_index})
+            slot = {u: k for k, u in enumerate(used)}
             prefix = torch.tensor(list(prompt_ids[0][:shared]), dtype=torch.long, device=device)
             prefix = prefix.unsqueeze(0).expand(len(used), -1)
-            placeholders_in_prefix = int(self._is_visual(prefix[0]).sum())
-            feats = features.index_select(0, used) if features is not None else None
-            embeds = self.embed(prefix, feats if placeholders_in_prefix else None)
+            placeholders_in_prefix = sum(1 for t in prompt_ids[0][:shared] if t in visual)
+            feats = None
+            if features is not None and placeholders_in_prefix:
+                feats = features.index_select(0, torch.tensor(used, dtype=torch.long, device=features.device))
+            embeds = self.embed(prefix, feats)
             positions = torch.arange(shared, device=device).unsqueeze(0).expand(len(used), -1)
             positions = self._positions(positions, self._image_starts([prompt_ids[0]]).expand(len(used)))
-            prefix_cache = growing_cache(None, n_layers, reserve=1)
-            deepstack = self.deepstack_inputs(prefix, feats if placeholders_in_prefix else None)
+            prefix_cache = growing_cache(None, self.num_layers, reserve=1)
+            deepstack = self.deepstack_inputs(prefix, feats)
             self._forward(embeds, torch.ones_like(prefix), positions, prefix_cache, deepstack=deepstack)
             prefix_kv = [(layer.keys, layer.values) for layer in prefix_cache.layers]
-            cache = growing_cache(prefix_kv, n_layers, suffix_len + reserve, rows=inverse.tolist())
-            del prefix_cache, prefix_kv
+            cache = SharedPrefixCache(prefix_kv, [slot[int(i)] for i in image_index], suffix_len + reserve, device)
+            del prefix_cache
         else:
-            cache = growing_cache(None, n_layers, suffix_len + reserve)
+            cache = SharedPrefixCache(None, [0] * n_rows, suffix_len + reserve, device, num_layers=self.num_layers)
 
         ids = torch.full((n_rows, suffix_len), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((n_rows, shared + suffix_len), dtype=torch.long)
-        mask[:, :shared] = 1
+        real = torch.zeros((n_rows, suffix_len), dtype=torch.bool)
         positions = torch.ones((n_rows, suffix_len), dtype=torch.long)
         for n, p in enumerate(prompt_ids):
             tail = list(p[shared:])
             ids[n, suffix_len - len(tail) :] = torch.tensor(tail, dtype=torch.long)
-            mask[n, shared + suffix_len - len(tail) :] = 1
+            real[n, suffix_len - len(tail) :] = True
             positions[n, suffix_len - len(tail) :] = torch.arange(shared, len(p))
-        ids, mask, positions = ids.to(device), mask.to(device), positions.to(device)
+        ids, positions = ids.to(device), positions.to(device)
         starts = self._image_starts(prompt_ids)
         positions = self._positions(positions, starts)
         row_features = None
-        if features is not None and bool(self._is_visual(ids).any()):
-            row_features = features.index_select(0, rows_image)
+        if features is not None and any(t in visual for p in prompt_ids for t in p[shared:]):
+            row_features = features.index_select(0, rows_image.to(features.device))
         embeds = self.embed(ids, row_features, feature_start=placeholders_in_prefix)
         deepstack = self.deepstack_inputs(ids, row_features, feature_start=placeholders_in_prefix)
+        mask = cache.open_rows(real)
         out = self._forward(embeds, mask, positions, cache, deepstack=deepstack)
+        cache.advance(suffix_len)
         return DecodeState(
-            cache=self._cache_of(out),
-            attention_mask=mask,
+            cache=cache,
             # after the prompt every token is text: its position is its index plus the family's offset
             next_position=torch.tensor(lengths, dtype=torch.long, device=device) + self._offset(starts),
             logits=out.logits[:, -1, :].float(),
@@ -540,30 +548,52 @@ class LocalJudge:
             return torch.zeros_like(image_start)
         return torch.where(image_start >= 0, self.family.position_offset(), 0)
 
+    def _step_in_place(self, state: DecodeState, tokens: torch.Tensor, device_cursor: bool = False) -> None:
+        """One token per row: the cache, ``next_position`` and ``logits`` of ``state`` are updated in place,
+        with device operations only (no host value read: a CUDA graph can capture it). ``device_cursor``:
+        move only the device cursor (a captured graph; the host length is moved after each replay)."""
+        cache = state.cache
+        mask = cache.open_step()
+        embeds = self.model.get_input_embeddings()(tokens.view(-1, 1))
+        out = self._forward(embeds, mask, state.next_position.view(-1, 1), cache)
+        state.logits.copy_(out.logits[:, -1, :])
+        state.next_position.add_(1)
+        if device_cursor:
+            cache.cursor.add_(1)
+        else:
+            cache.advance(1)
+
     @torch.inference_mode()
     def step(self, state: DecodeState, tokens: torch.Tensor) -> DecodeState:
         """Feed one token per row (``tokens`` (N,)) and return the state with the next logits.
 
         The cache is extended in place (the old state must not be stepped again).
         """
-        tokens = tokens.to(self.device).view(-1, 1)
+        tokens = tokens.to(self.device).view(-1)
         if tokens.shape[0] != state.batch_size:
             raise ValueError(f"{tokens.shape[0]} tokens for {state.batch_size} rows")
-        mask = torch.cat([state.attention_mask, torch.ones_like(tokens)], dim=1)
-        out = self._forward(self.embed(tokens), mask, state.next_position.view(-1, 1), state.cache)
-        return DecodeState(self._cache_of(out), mask, state.next_position + 1, out.logits[:, -1, :].float())
+        state.cache.reserve(1)
+        new = DecodeState(state.cache, state.next_position.clone(), state.logits.clone())
+        self._step_in_place(new, tokens)
+        return new
 
     @torch.inference_mode()
     def select(self, state: DecodeState, rows: Sequence[int] | torch.Tensor, reserve: int = 16) -> DecodeState:
-        """A new state made of ``rows`` of ``state`` (repeats allowed): branch decoding cheaply. The new
-        cache is a copy with room for ``reserve`` more tokens; ``state`` stays usable."""
-        index = torch.as_tensor(rows, dtype=torch.long, device=state.attention_mask.device)
+        """A new state made of ``rows`` of ``state`` (repeats allowed): branch decoding cheaply. Each new
+        row's own keys/values are copied (with room for ``reserve`` more tokens), the shared prefix is not;
+        ``state`` stays usable."""
+        rows = [int(r) for r in (rows.tolist() if isinstance(rows, torch.Tensor) else rows)]
+        index = torch.tensor(rows, dtype=torch.long, device=state.logits.device)
         return DecodeState(
-            cache=select_cache_rows(state.cache, index, reserve),
-            attention_mask=state.attention_mask.index_select(0, index),
+            cache=state.cache.select_rows(rows, reserve),
             next_position=state.next_position.index_select(0, index),
             logits=state.logits.index_select(0, index),
         )
+
+    def cache_bytes(self, state: DecodeState) -> dict[str, int]:
+        """Bytes of ``state``'s key/value cache: ``prefix`` (the shared prefixes, once per image), ``rows``
+        (the rows' own buffers at their capacity) and ``total``."""
+        return state.cache.nbytes()
 
     @torch.inference_mode()
     def greedy(
@@ -581,51 +611,48 @@ class LocalJudge:
         every step, or with ``keep_tokens`` only of the steps whose chosen token is one of them (FLEUR
         keeps the digit steps, so a long answer does not hold (T, V) logits). ``compact``: once the rows
         still decoding are at most this fraction of the batch, the finished rows are dropped from the
-        cache (a copy of the live rows), so a few long answers do not keep the whole batch stepping.
-        Results do not depend on compaction.
+        cache (a copy of the live rows' own keys/values; the prefix is shared), so a few long answers do
+        not keep the whole batch stepping. Results do not depend on compaction. The decoding runs on the
+        device (:mod:`~capreward.judges.decoding`).
         """
+        out = self.generate_from(state, max_new_tokens, keep_logits=keep_logits, keep_tokens=keep_tokens, compact=compact)
+        return GreedyOutput(tokens=out.tokens, finished=out.finished, logits=out.logits)
+
+    @torch.inference_mode()
+    def generate_from(
+        self,
+        state: DecodeState,
+        max_new_tokens: int | Sequence[int],
+        *,
+        keep_logits: bool = False,
+        keep_tokens: Sequence[int] | None = None,
+        temperatures: Sequence[float] | None = None,
+        generator: torch.Generator | None = None,
+        logprobs: bool = False,
+        top_logprobs: int = 0,
+        compact: float = 0.5,
+        sync_every: int | None = None,
+    ) -> DecodeOutput:
+        """Decode from ``state`` on the device (:mod:`~capreward.judges.decoding`): greedy, or sampled for
+        the rows whose ``temperatures`` are above 0 (drawn with ``generator``, a generator on the judge's
+        device). ``logprobs``: each written token's log-probability; ``top_logprobs``: the k most likely
+        tokens of each step. ``sync_every``: steps between the host's looks at the state (default
+        :attr:`sync_every`). Other arguments as :meth:`greedy`. Returns a :class:`DecodeOutput`."""
         n_rows = state.batch_size
         budgets = [int(max_new_tokens)] * n_rows if isinstance(max_new_tokens, int) else [int(b) for b in max_new_tokens]
-        if len(budgets) != n_rows:
-            raise ValueError(f"{len(budgets)} token budgets for {n_rows} rows")
-        if min(budgets) < 1:
-            raise ValueError(f"max_new_tokens must be at least 1, got {min(budgets)}")
-        eos_set = self.eos_token_ids
-        keep = None if keep_tokens is None else {int(t) for t in keep_tokens}
-        tokens: list[list[int]] = [[] for _ in range(n_rows)]
-        finished = [False] * n_rows
-        kept: list[dict[int, torch.Tensor]] | None = [{} for _ in range(n_rows)] if keep_logits else None
-        owner = list(range(n_rows))  # state row -> output row, -1 once that row is done
-        step = 0
-        while True:
-            chosen = state.logits.argmax(dim=-1)
-            chosen_list = chosen.tolist()
-            for k, row in enumerate(owner):
-                if row < 0:
-                    continue
-                token = chosen_list[k]
-                if kept is not None and (keep is None or token in keep):
-                    kept[row][step] = state.logits[k].float().clone()
-                if token in eos_set:
-                    finished[row] = True
-                    owner[k] = -1
-                    continue
-                tokens[row].append(token)
-                if len(tokens[row]) >= budgets[row]:
-                    owner[k] = -1
-            live = [k for k, row in enumerate(owner) if row >= 0]
-            if not live:
-                break
-            if len(live) <= compact * len(owner):
-                state = self.select(state, live, reserve=16)
-                chosen = chosen.index_select(0, torch.tensor(live, device=chosen.device))
-                owner = [owner[k] for k in live]
-            else:
-                dead = torch.tensor([row < 0 for row in owner], device=chosen.device)
-                chosen = torch.where(dead, torch.full_like(chosen, self.pad_token_id), chosen)
-            state = self.step(state, chosen)
-            step += 1
-        return GreedyOutput(tokens=tokens, finished=finished, logits=kept)
+        return decode_loop(
+            self, state, budgets, keep_logits=keep_logits, keep_tokens=keep_tokens, temperatures=temperatures,
+            generator=generator, logprobs=logprobs, top_logprobs=top_logprobs, compact=compact,
+            sync_every=self.sync_every if sync_every is None else sync_every,
+            graphs=self.uses_graphs,
+        )
+
+    @property
+    def uses_graphs(self) -> bool:
+        """Whether decode steps run as CUDA graphs: ``decode_graphs`` (None: on CUDA) and not turned off by a
+        failed capture or self-check (:mod:`~capreward.judges.decoding`)."""
+        wanted = self.device.type == "cuda" if self.decode_graphs is None else bool(self.decode_graphs)
+        return wanted and self.device.type == "cuda" and self._graphs_ok
 
     # ---------------------------------------------------------------------------- differentiable pass
     def teacher_forcing_inputs(

@@ -2,7 +2,7 @@
 
 :class:`LocalChatJudge` turns :class:`~capreward.judges.protocol.ChatRequest` s into LLaVA v1
 conversations, runs them in batches through :class:`~capreward.judges.local.LocalJudge` (prefill with
-prefix sharing, then one cached step per token) and answers with the text, each token's log-probability
+prefix sharing, then decoding on the device, :meth:`~capreward.judges.local.LocalJudge.generate_from`) and answers with the text, each token's log-probability
 and its top alternatives, as an OpenAI-compatible server would. Its responses also carry the generated
 token ids (:class:`LocalChatResponse`), which :meth:`LocalChatJudge.integer_distributions` uses to read the
 *exact* distribution over the answers "0".."100" at a score position, digit by digit (local tokenizers
@@ -21,6 +21,7 @@ import torch
 
 from ..errors import SampleError, exception_kind
 from ..metrics.gveval import NUM_SCORES, digit_tree_distribution
+from .decoding import DecodeOutput
 from .local import LocalJudge
 from .caller_text import Data, fill_parts, render
 from .prompts import IMAGE_PLACEHOLDER, render_chat_template
@@ -163,7 +164,22 @@ class LocalChatJudge(SyncBackendMixin):
         which errors name). The requests of one call carry images only or videos only (:meth:`batches`);
         equal visuals (by pixels) are encoded once and share their prefix."""
         judge = self.judge
-        names = [f"request {offset + i}" for i in range(len(requests))] if isinstance(offset, int) else [f"request {i}" for i in offset]
+        prompts, visuals, image_index, errors, video = self._read_requests(requests, offset)
+        features = None
+        if visuals:
+            try:
+                pixels = judge.preprocess_videos(visuals) if video else judge.preprocess(visuals)
+            except ValueError as exc:  # videos of different frame counts or grids: every request of the batch
+                return [None] * len(requests), None, image_index, [e or str(exc) for e in errors]
+            features = judge.image_features(pixels)
+        n_image = int(features.shape[1]) if features is not None else 0
+        prompt_ids = self._encode_requests(requests, offset, prompts, errors, n_image)
+        return prompt_ids, features, image_index, errors
+
+    def _read_requests(self, requests: Sequence[ChatRequest], offset: int | Sequence[int]):
+        """The text side of :meth:`_prepare`: each request's prompt parts (None and an error when it does not
+        fit the format), its distinct visuals (equal pixels once), each request's visual index, and whether
+        the batch holds videos."""
         images, image_keys, image_index, prompts, errors = [], {}, [], [], []
         kinds = {r.visual_kind == "video" for r in requests}
         if len(kinds) > 1:
@@ -189,15 +205,14 @@ class LocalChatJudge(SyncBackendMixin):
                 image_keys[key] = len(images)
                 images.append(visual)
             image_index.append(image_keys[key])
-        video = kinds == {True}
-        features = None
-        if images:
-            try:
-                pixels = judge.preprocess_videos(images) if video else judge.preprocess(images)
-            except ValueError as exc:  # videos of different frame counts or grids: every request of the batch
-                return [None] * len(requests), None, image_index, [e or str(exc) for e in errors]
-            features = judge.image_features(pixels)
-        n_image = int(features.shape[1]) if features is not None else 0
+        return prompts, images, image_index, errors, kinds == {True}
+
+    def _encode_requests(self, requests, offset, prompts, errors, n_image: int) -> list[list[int] | None]:
+        """Prompt ids of the valid requests (the visual placeholder expanded to ``n_image`` tokens), in one
+        tokenizer call; a prompt that cannot be encoded or that leaves no room for its answer in the
+        judge's context gets its error in ``errors`` (changed in place) and None."""
+        judge = self.judge
+        names = [f"request {offset + i}" for i in range(len(requests))] if isinstance(offset, int) else [f"request {i}" for i in offset]
         prompt_ids: list[list[int] | None] = [None] * len(requests)
         valid = [i for i, p in enumerate(prompts) if p is not None]
         encoded = {}
@@ -218,7 +233,7 @@ class LocalChatJudge(SyncBackendMixin):
                 ))
             else:
                 prompt_ids[i] = ids
-        return prompt_ids, features, image_index, errors
+        return prompt_ids
 
     # ---------------------------------------------------------------------------------- generation
     def generate(self, requests: Sequence[ChatRequest]) -> list[ChatResponse]:
@@ -263,42 +278,22 @@ class LocalChatJudge(SyncBackendMixin):
             requests[i].max_tokens if requests[i].max_tokens is not None else judge.context_length - len(prompt_ids[i])
             for i in rows
         ]
-        temps = torch.tensor([requests[i].temperature for i in rows], dtype=torch.float32)
         k = max(requests[i].top_logprobs for i in rows)
-        generator = torch.Generator().manual_seed(self.seed + (offset if isinstance(offset, int) else offset[0]))
-        eos = torch.tensor(sorted(judge.eos_token_ids))
+        generator = torch.Generator(device=judge.device)
+        generator.manual_seed(self.seed + (offset if isinstance(offset, int) else offset[0]))
         state = judge.start([prompt_ids[i] for i in rows], features, [image_index[i] for i in rows])
-        chosen, chosen_logp, top_ids, top_logp = [], [], [], []
-        finished = torch.zeros(len(rows), dtype=torch.bool)
-        for t in range(max(budgets)):
-            logits = state.logits.float().cpu()
-            logp = torch.log_softmax(logits, dim=-1)
-            nxt = logits.argmax(dim=-1)
-            sampled = temps > 0
-            if bool(sampled.any()):
-                scaled = torch.softmax(logits[sampled] / temps[sampled, None], dim=-1)
-                nxt[sampled] = torch.multinomial(scaled, 1, generator=generator).view(-1)
-            nxt = torch.where(finished, torch.full_like(nxt, judge.pad_token_id), nxt)
-            chosen.append(nxt)
-            chosen_logp.append(logp.gather(1, nxt.view(-1, 1)).view(-1))
-            if k > 0:
-                values, ids = logp.topk(k, dim=-1)
-                top_ids.append(ids)
-                top_logp.append(values)
-            finished = finished | torch.isin(nxt, eos) | (torch.tensor(budgets) <= t + 1)
-            if bool(finished.all()):
-                break
-            state = judge.step(state, nxt)
-        steps = torch.stack(chosen, dim=1).tolist()
-        steps_logp = torch.stack(chosen_logp, dim=1).tolist()
-        tops = (torch.stack(top_ids, dim=1).tolist(), torch.stack(top_logp, dim=1).tolist()) if k > 0 else None
-        eos_set = judge.eos_token_ids
+        out = judge.generate_from(state, budgets, temperatures=[requests[i].temperature for i in rows],
+                                  generator=generator, logprobs=True, top_logprobs=k)
+        return self._responses(requests, rows, prompt_ids, out, responses)
+
+    def _responses(self, requests, rows, prompt_ids, out: DecodeOutput, responses: list) -> list[ChatResponse]:
+        """``responses`` with those of ``rows`` filled from the decoded ``out`` (row r of ``out`` is request
+        ``rows[r]``): the answer cut at a stop string, each token's text piece, log-probability and top
+        alternatives."""
         for r, i in enumerate(rows):
             request = requests[i]
-            row = steps[r][: budgets[r]]
-            end = next((j for j, tok in enumerate(row) if tok in eos_set), None)
-            tokens = row if end is None else row[:end]
-            reason = "stop" if end is not None else "length"
+            tokens = out.tokens[r]
+            reason = "stop" if out.finished[r] else "length"
             tokens, text, stopped = self._apply_stop(tokens, request.stop)
             if stopped:
                 reason = "stop"
@@ -307,13 +302,13 @@ class LocalChatJudge(SyncBackendMixin):
             for j, tok in enumerate(tokens):
                 before = context + tokens[max(0, j - 3) : j] if j < 3 else tokens[j - 3 : j]
                 ranked: list[tuple[str, float]] = []
-                if tops is not None and request.top_logprobs > 0:
-                    for alt, lp in zip(tops[0][r][j][: request.top_logprobs], tops[1][r][j][: request.top_logprobs]):
+                if out.top_ids is not None and request.top_logprobs > 0:
+                    for alt, lp in zip(out.top_ids[r][j][: request.top_logprobs], out.top_logprobs[r][j][: request.top_logprobs]):
                         ranked.append((self._piece(before, alt), lp))
                 top: dict[str, float] = {}
                 for piece, lp in ranked:
                     top.setdefault(piece, lp)
-                logprobs.append(TokenLogprob(self._piece(before, tok), steps_logp[r][j], top, tuple(ranked)))
+                logprobs.append(TokenLogprob(self._piece(before, tok), out.logprobs[r][j], top, tuple(ranked)))
             responses[i] = LocalChatResponse(
                 text=text, tokens=tuple(logprobs), finish_reason=reason, token_ids=tuple(int(t) for t in tokens)
             )
@@ -367,8 +362,8 @@ class LocalChatJudge(SyncBackendMixin):
         asks for the probability that the model writes the digits of k and then any non-digit token, for
         every k in 0..100 (`digit_tree_distribution()`). The tree needs, per
         row, the state after the prefix, after each first digit (10 branches), after each two-digit number
-        (90 branches) and after "100"; each branch holds a copy of the prompt's key/value cache, so branches
-        run ``max_branch_rows`` rows at a time (lower it for a large model and a long prompt). Rows sum to
+        (90 branches) and after "100"; the branches share the prompt's image prefix (held once per image) and
+        each holds a copy of its row's own tokens only, ``max_branch_rows`` rows at a time. Rows sum to
         at most 1. Raises ValueError naming the request that cannot be run.
         """
         judge = self.judge
@@ -388,7 +383,7 @@ class LocalChatJudge(SyncBackendMixin):
     def _tree(self, state, max_branch_rows: int) -> np.ndarray:
         """The digit tree for every row of ``state``. Level-1 branches (row, first digit) are run
         ``max_branch_rows`` at a time and each chunk's level-2 branches right after it, so at most one
-        chunk of each level holds a copy of the prompt's cache at any time."""
+        chunk of each level holds copies of its rows' own tokens at any time."""
         judge = self.judge
         digits = torch.tensor(judge.digit_token_ids(), device=state.logits.device)
         digit_list = [int(d) for d in digits.tolist()]

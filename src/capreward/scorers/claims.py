@@ -212,12 +212,15 @@ class YesNoReader:
     @torch.inference_mode()
     def _read_local(self, requests: list[ChatRequest]) -> list[YesNo]:
         """Every request encoded in one pass and each distinct visual's features computed once; then the
-        valid rows run ``batch_size`` at a time, each chunk's shared prefix once per visual."""
+        valid rows run ``batch_size`` at a time, each chunk's shared prefix once per visual. A judge in an
+        in-process engine (:class:`~capreward.judges.engines.EngineJudge`) reads the same tokens there."""
         backend: LocalChatJudge = self.backend  # type: ignore[assignment]
         judge = backend.judge
         if self._ids is None:
             self._ids = (answer_token_ids(judge.tokenizer, "yes"), answer_token_ids(judge.tokenizer, "no"))
         yes, no = self._ids
+        if callable(getattr(backend, "token_distributions", None)):
+            return self._read_engine(backend, requests, yes, no)
         prompt_ids, features, image_index, errors = backend._prepare(requests)
         out = [YesNo(error=e) for e in errors]
         rows = [i for i, p in enumerate(prompt_ids) if p is not None]
@@ -231,6 +234,25 @@ class YesNoReader:
             for r, i in enumerate(chunk):
                 out[i] = YesNo(p_yes[r], p_no[r])
             del state, probs
+        return out
+
+
+    def _read_engine(self, backend: Any, requests: list[ChatRequest], yes: list[int], no: list[int]) -> list[YesNo]:
+        """P(yes) and P(no) of each request from the engine's log-probabilities of those tokens (all requests
+        in one engine call); a request the engine cannot run is an error reading."""
+        try:
+            table = backend.token_distributions(requests, [[] for _ in requests], yes + no)
+            return [YesNo(float(row[: len(yes)].sum()), float(row[len(yes):].sum())) for row in table]
+        except ValueError:  # one request cannot run: each alone, so that only it gets the error
+            pass
+        out = []
+        for request in requests:
+            try:
+                table = backend.token_distributions([request], [[]], yes + no)
+            except ValueError as exc:
+                out.append(YesNo(error=str(exc)))
+                continue
+            out.append(YesNo(float(table[0, : len(yes)].sum()), float(table[0, len(yes):].sum())))
         return out
 
 
