@@ -290,8 +290,11 @@ def differences(recorded: dict[str, Any], current: dict[str, Any], flags: Mappin
 
 
 def read_record(path: Path) -> dict:
+    from .safe_files import open_job_stream
+
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        with open_job_stream(path, "rb", "the settings record") as f:  # a link, FIFO or device: refused
+            record = json.loads(f.read().decode("utf-8"))
     except (OSError, ValueError) as exc:
         raise JobError(f"{path}: cannot read the settings record ({exc})") from None
     if (not isinstance(record, dict) or record.get("format") != RECORD_FORMAT
