@@ -362,15 +362,22 @@ def render_report(rows: Iterable[dict], out: str | Path, frames: int | None = 10
 
     Args:
         rows: the results rows (``capreward score`` output).
-        out: the HTML file to write.
+        out: the HTML file to write (a new path or a regular file; a symbolic link, a FIFO, a device or a
+            directory is refused with :class:`~capreward.jobs.safe_files.UnsafeOutput`, nothing written).
         frames: frames shown per video (None: every frame).
         title: the page's title.
         progress: a bar on stderr while the samples' frames are decoded.
 
     Returns:
-        The path written."""
+        The path written.
+
+    Raises:
+        UnsafeOutput: ``out`` is a link, a FIFO, a device or a directory."""
     from tqdm import tqdm
 
+    from ..jobs.safe_files import check_job_file
+
+    check_job_file(out, "--out")  # before the visuals are decoded
     rows = list(rows)
     metrics = headline_metrics(rows)
     sims = [s for r in rows if r.get("alignment") for s in r["alignment"]["similarity"]]
@@ -390,5 +397,9 @@ def render_report(rows: Iterable[dict], out: str | Path, frames: int | None = 10
         f"<script>{SCRIPT}</script></body></html>"
     )
     out = Path(out)
-    out.write_bytes(page.encode("utf-8", "backslashreplace"))  # a lone surrogate in a row shows as \udXXX
+    from ..jobs.safe_files import open_job_stream
+
+    # never through a link planted at ``out``, never into a FIFO or a device (UnsafeOutput naming it)
+    with open_job_stream(out, "wb", "--out") as f:
+        f.write(page.encode("utf-8", "backslashreplace"))  # a lone surrogate in a row shows as \udXXX
     return out
