@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import CaprewardError
+from ..text import capped
 from ..media.files import ConfinedFile
 from . import json_limits
 from .paths import MediaPaths, PathRefused
@@ -163,7 +164,7 @@ def _path_value(value: Any, key: str, where: str) -> str | None:
         value = os.fspath(value)
     if not isinstance(value, str) or not value.strip():
         shown = value if isinstance(value, (int, float, bool, str)) else type(value).__name__
-        raise LabelError(f"{where}: {key!r} must be a non-empty path string, got {shown!r}")
+        raise LabelError(f"{where}: {key!r} must be a non-empty path string, got {capped(shown)}")
     return value
 
 
@@ -195,7 +196,8 @@ def parse_label(label: Any, where: str = "label", paths: MediaPaths | str | os.P
         raise LabelError(f"{where} must be an object with image/video/references keys, got {type(label).__name__}")
     unknown = sorted(set(label) - set(LABEL_KEYS))
     if unknown:
-        raise LabelError(f"{where} has unknown keys {unknown}; allowed: {list(LABEL_KEYS)}")
+        shown = ", ".join(capped(k) for k in unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+        raise LabelError(f"{where} has unknown keys [{shown}]; allowed: {list(LABEL_KEYS)}")
     if label.get("image") is not None and label.get("images") is not None:
         raise LabelError(f"{where} gives both 'image' and 'images'; give one (the other would be ignored)")
     image = _path_value(label.get("image"), "image", where)

@@ -9,6 +9,7 @@ import re
 from typing import Iterator
 
 from ..errors import CaprewardError
+from ..text import capped
 
 #: What to try when a model is missing, per flag (the tiny local models in capreward.testing).
 MODEL_HINTS = {
@@ -162,7 +163,7 @@ def metric_list(choices: tuple[str, ...]):
         unknown = [m for m in names if m not in choices]
         if unknown or not names:
             raise argparse.ArgumentTypeError(
-                f"invalid metric {', '.join(map(repr, unknown)) or 'list'} (choose from {', '.join(choices)})")
+                f"invalid metric {', '.join(map(capped, unknown)) or 'list'} (choose from {', '.join(choices)})")
         return names
 
     return parse

@@ -93,9 +93,11 @@ class SharedScoreOptions:
         known = registry.names()
         unknown = [m for m in self.metrics if m not in known]
         if unknown:
-            near = {m: registry.suggest(m) for m in unknown}
+            from ..text import capped  # a 1 MB name is not echoed whole
+
+            near = {m: registry.suggest(m) for m in unknown if len(m) <= 200}
             hint = "".join(f" (did you mean {' or '.join(map(repr, n))} for {m!r}?)" for m, n in near.items() if n)
-            raise ValueError(f"unknown metrics {unknown}{hint}; choose from {list(known)}")
+            raise ValueError(f"unknown metrics [{', '.join(capped(m) for m in unknown)}]{hint}; choose from {list(known)}")
 
     @property
     def remote_judge(self) -> bool:
