@@ -49,6 +49,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
+from .bounded_cache import text_memo
 from .text import well_formed
 
 # ------------------------------------------------------------------------------- invisible characters
@@ -275,7 +276,7 @@ def _codes(chars) -> str:
     return ", ".join(found[:6]) + (f", ... {len(found) - 6} more" if len(found) > 6 else "")
 
 
-@functools.lru_cache(maxsize=16384)
+@text_memo(max_entries=16384, max_chars=1 << 25)  # at most 32 Mi characters of readings kept, not 16,384 of any length
 def read_caption(text: str) -> Reading:
     """The caption a person reads, with what had to change (see the module docstring for the steps).
 

@@ -91,10 +91,48 @@ def pixel_count(text: str) -> int:
     return value
 
 
+def whole_number(minimum: int = 0, maximum: int | None = None):
+    """An argparse ``type``: a whole number in ``[minimum, maximum]`` (``-1``, ``2.5``, ``ten`` are an
+    argument error: one line, exit status 2, not a Python error per row later)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            value = None
+        if value is None or value < minimum or (maximum is not None and value > maximum):
+            bound = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+            raise argparse.ArgumentTypeError(f"invalid value {capped(text)} (a whole number {bound})")
+        return value
+
+    parse.__name__ = "whole number"
+    return parse
+
+
+def real_number(minimum: float | None = None, above: float | None = None):
+    """An argparse ``type``: a finite number, at least ``minimum`` or greater than ``above`` when given
+    (``nan``, ``inf`` and out-of-range values are an argument error)."""
+    import math
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text.strip())
+        except ValueError:
+            value = math.nan
+        ok = math.isfinite(value) and (minimum is None or value >= minimum) and (above is None or value > above)
+        if not ok:
+            bound = f" >= {minimum}" if minimum is not None else f" > {above}" if above is not None else ""
+            raise argparse.ArgumentTypeError(f"invalid value {capped(text)} (a finite number{bound})")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
 def add_media_limit_options(parser: argparse.ArgumentParser) -> None:
     """``--max-pixels`` and ``--max-video-pixels`` of every sub-command that reads images or videos;
     defaults: the limits in force (``CAPREWARD_MAX_PIXELS`` / ``CAPREWARD_MAX_VIDEO_PIXELS``, else the
-    library's). Applied for the command's duration by :func:`media_limit_settings`."""
+    library's). Applied for the command's duration by :func:`input_limit_settings`."""
     from ..media.limits import get_media_limits
 
     limits = get_media_limits()
@@ -110,6 +148,21 @@ def add_media_limit_options(parser: argparse.ArgumentParser) -> None:
                              "(e.g. 224x224); checked before decoding, whatever --frames asks")
 
 
+def add_caption_budget_options(parser: argparse.ArgumentParser) -> None:
+    """``--max-caption-chars`` and ``--max-caption-claims`` of every sub-command that scores captions;
+    defaults: the budget in force (``CAPREWARD_MAX_CAPTION_CHARS`` / ``CAPREWARD_MAX_CAPTION_CLAIMS``,
+    else :mod:`capreward.caption_budget`'s). Applied for the command's duration by
+    :func:`input_limit_settings`."""
+    from ..caption_budget import get_caption_budget
+
+    budget = get_caption_budget()
+    parser.add_argument("--max-caption-chars", type=whole_number(1), default=budget.max_chars, metavar="N",
+                        help="characters of one caption; a longer one is not read (its row or sample gets the "
+                             "reason), see capreward.caption_budget")
+    parser.add_argument("--max-caption-claims", type=whole_number(1), default=budget.max_claims, metavar="N",
+                        help="distinct claims one caption may hold (the rule splitter's count); more: not read")
+
+
 def add_resume_options(parser: argparse.ArgumentParser) -> None:
     """``--quarantine-bad-lines`` of the commands that append to a resumable results file."""
     parser.add_argument("--quarantine-bad-lines", action="store_true",
@@ -119,17 +172,21 @@ def add_resume_options(parser: argparse.ArgumentParser) -> None:
 
 
 @contextlib.contextmanager
-def media_limit_settings(args: argparse.Namespace) -> Iterator[None]:
-    """Within the block: the media limits of ``args`` (when the command has the options), process-wide
-    (see :mod:`capreward.media.limits`); the previous limits after it."""
-    names = ("max_pixels", "max_video_pixels", "max_video_frames", "max_model_pixels")
-    values = {n: getattr(args, n, None) for n in names}
-    if all(v is None for v in values.values()):
-        yield
-        return
+def input_limit_settings(args: argparse.Namespace) -> Iterator[None]:
+    """Within the block: the media limits and the caption budget of ``args`` (those the command has
+    options for), process-wide (see :mod:`capreward.media.limits` and :mod:`capreward.caption_budget`);
+    the previous ones after it."""
+    from ..caption_budget import caption_budget
     from ..media.limits import media_limits
 
-    with media_limits(**values):
+    names = ("max_pixels", "max_video_pixels", "max_video_frames", "max_model_pixels")
+    media = {n: getattr(args, n, None) for n in names}
+    budget = {n: getattr(args, f"max_caption_{n.split('_')[1]}", None) for n in ("max_chars", "max_claims")}
+    with contextlib.ExitStack() as stack:
+        if any(v is not None for v in media.values()):
+            stack.enter_context(media_limits(**media))
+        if any(v is not None for v in budget.values()):
+            stack.enter_context(caption_budget(**budget))
         yield
 
 
@@ -173,7 +230,7 @@ def add_metric_flags(parser: argparse.ArgumentParser, flags) -> None:
     """Add each :class:`~capreward.registry.JobFlag` of ``flags`` (``(spec, flag)`` pairs, e.g.
     :func:`capreward.registry.job_flags`) to ``parser``: its spellings, ``dest`` its name, its default
     (:meth:`~capreward.registry.MetricSpec.job_value`), a switch for ``type="flag"``."""
-    types = {"str": str, "int": int, "float": float}
+    types = {"str": str, "int": whole_number(0), "float": real_number()}
     for spec, flag in flags:
         if flag.type == "flag":
             parser.add_argument(*flag.flags, dest=flag.name, action="store_true", help=flag.help)

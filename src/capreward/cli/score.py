@@ -36,8 +36,8 @@ import sys
 
 from ..backbones.clip_loading import DEFAULT_CLIP
 from .. import registry
-from .common import (add_device_option, add_media_limit_options, add_metric_flags, add_resume_options, metric_flag_values,
-                     metric_list, spelled_aliases)
+from .common import (add_caption_budget_options, add_device_option, add_media_limit_options, add_metric_flags, add_resume_options, metric_flag_values,
+                     metric_list, spelled_aliases, whole_number)
 
 
 def metric_lines() -> str:
@@ -116,7 +116,7 @@ def add_parser(subparsers) -> None:
                         "API key from $OPENAI_API_KEY (unset: a placeholder, fine for vLLM)")
     p.add_argument("--judge-api-model",
                    help="model name on that server (alone: OpenAI's API with this model)")
-    p.add_argument("--judge-top-logprobs-cap", type=int, default=20,
+    p.add_argument("--judge-top-logprobs-cap", type=whole_number(1), default=20,
                    help="the most top_logprobs the judge server serves (vLLM --max-logprobs; default 20): the "
                         "exact digit tree of a digit-by-digit judge asks this many alternatives per node")
     add_metric_flags(p, registry.job_flags())  # each metric's own options, from its spec
@@ -124,17 +124,18 @@ def add_parser(subparsers) -> None:
                    help=f"idf of {'/'.join(registry.using_idf())} (default: auto = the manifest's references, none if it has "
                         "none); refs | none | FILE (one caption per line) | OUT.idf.json (a recorded idf). "
                         "Recorded in <out>.idf.json and reused on resume")
-    p.add_argument("--frames", type=int, default=10, help="frames per video (0: all)")
+    p.add_argument("--frames", type=whole_number(0), default=10, help="frames per video (0: all)")
     p.add_argument("--image-aggregation", default="mean", choices=["mean", "min", "max"],
                    help="a row whose 'image' is a list of paths is scored on every image: its value is the mean, "
                         "min or max of theirs (per-image values in <metric>/per_image; default mean)")
     add_device_option(p)
     add_media_limit_options(p)
+    add_caption_budget_options(p)
     p.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"], help="CLIP precision")
-    p.add_argument("--batch-size", type=int, default=64, help="rows scored at once")
+    p.add_argument("--batch-size", type=whole_number(1), default=64, help="rows scored at once")
     p.add_argument("--engine", default="local", choices=["local", "ray"],
                    help="local: this process; ray: Ray Data with --num-actors model copies")
-    p.add_argument("--num-actors", type=int, default=2, help="Ray actors (one model copy each)")
+    p.add_argument("--num-actors", type=whole_number(1), default=2, help="Ray actors (one model copy each)")
     p.add_argument("--alignment", action="store_true",
                    help="store the token -> frame alignment of "
                         f"{'/'.join(s.name for s in registry.specs() if s.writes_alignment)} (for reports)")

@@ -42,6 +42,7 @@ from typing import Any, Callable
 
 from ..backbones.clip_loading import DEFAULT_CLIP
 from .. import registry
+from ..caption_budget import caption_problem
 from ..errors import SampleError
 from ..metric_options import FlagFields
 from ..names import spelling, sub_score
@@ -402,6 +403,8 @@ def row_groups(rows: list[ManifestRow], with_references: bool = True):
 
 def row_problem(row: ManifestRow) -> str | None:
     """Why ``row`` cannot be scored by any metric (an empty caption or reference), or None."""
+    if (over := caption_problem(row.caption)) is not None:  # never read by any metric
+        return f"the caption {over}"
     if not row.caption.strip():
         return "the caption is empty"
     if row.references is not None:
