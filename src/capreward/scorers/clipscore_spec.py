@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..registry import Deviation, JobFlag, MetricSpec, Option, register
+from .emscore_spec import HARMONIC_MEAN_FLAG
 
 
 def sub_scores(config: Mapping[str, Any]) -> tuple[str, ...]:
@@ -58,6 +59,7 @@ CLIP_S = register(MetricSpec(
     metric_hooks="capreward.torchmetrics.metrics:CLIPScoreHooks",
     position=10,
     job_runner="capreward.scorers.job_runners:clip_s_runner",
+    job_flags=(HARMONIC_MEAN_FLAG,),
 ))
 
 PAC_S = register(MetricSpec(
@@ -87,5 +89,6 @@ PAC_S = register(MetricSpec(
     position=20,
     job_runner="capreward.scorers.job_runners:pac_s_runner",
     job_flags=(JobFlag("pac_model", ("--pac-model",), "PAC-S checkpoint path (for pac-s)", record="clip_model",
-                       hint="pass --pac-model PATH (the PAC-S checkpoint, e.g. clip_ViT-B-32.pth)"),),
+                       hint="pass --pac-model PATH (the PAC-S checkpoint, e.g. clip_ViT-B-32.pth)"),
+               HARMONIC_MEAN_FLAG),
 ))

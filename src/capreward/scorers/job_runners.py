@@ -31,11 +31,13 @@ def emscore_runner(spec, job) -> Runner:
     scorer = EMScore(backbone=job.backbone, idf=job.idf, idf_default=job.options.idf_default,
                      frames=job.options.frames, batch_size=job.options.batch_size)
 
+    mean = spec.job_config(job.flag_values())["harmonic_mean"]  # --harmonic-mean (sign-safe by default)
+
     def run(rows: list[ManifestRow]) -> list[dict]:
         out: list[dict] = [{} for _ in rows]
         for kind, refs, idx in row_groups(rows):
             visual = {f"{kind}s": [rows[i].path for i in idx]}
-            res = scorer.score([rows[i].caption for i in idx], references=refs, **visual)
+            res = scorer.score([rows[i].caption for i in idx], references=refs, harmonic_mean=mean, **visual)
             for pos, (j, flat) in enumerate(zip(idx, res.rows())):
                 out[j] = {spec.name: flat.pop("score"), **{sub_score(spec.name, k): v for k, v in flat.items()}}
                 if job.options.alignment and res.alignment is not None:
@@ -45,9 +47,14 @@ def emscore_runner(spec, job) -> Runner:
     return run
 
 
-def clip_like(spec, scorer) -> Runner:
-    """CLIP-S / PAC-S rows: the headline, and its ``ref`` field (``ref_clip_s``) with references."""
+def clip_like(spec, scorer, job=None) -> Runner:
+    """CLIP-S / PAC-S rows: the headline, and its ``ref`` field (``ref_clip_s``) with references, formed
+    by the job's ``--harmonic-mean`` (sign-safe by default; without ``job``: the scorer's released mean)."""
+    from ..metrics.clipscore import ref_clip_s
+    from ..metrics.harmonic import harmonic_mean
+
     ref_field = spec.field_of("ref")
+    mean = harmonic_mean(spec.job_config(job.flag_values())["harmonic_mean"]) if job is not None else None
 
     def run(rows: list[ManifestRow]) -> list[dict]:
         out: list[dict] = [{} for _ in rows]
@@ -57,7 +64,8 @@ def clip_like(spec, scorer) -> Runner:
             for j, k in enumerate(idx):
                 out[k] = {spec.name: float(res.clip_s[j])}
                 if res.ref_clip_s is not None:
-                    out[k][ref_field] = float(res.ref_clip_s[j])
+                    ref = res.ref_clip_s if mean is None else ref_clip_s(res.clip_s, res.ref_similarity, mean)
+                    out[k][ref_field] = float(ref[j])
         return out
 
     return run
@@ -66,7 +74,7 @@ def clip_like(spec, scorer) -> Runner:
 def clip_s_runner(spec, job) -> Runner:
     """CLIP-S on the job's shared CLIP."""
     cls = spec.load()
-    return clip_like(spec, cls(backbone=job.backbone, batch_size=job.options.batch_size, frames=job.options.frames))
+    return clip_like(spec, cls(backbone=job.backbone, batch_size=job.options.batch_size, frames=job.options.frames), job)
 
 
 def pac_s_runner(spec, job) -> Runner:
@@ -76,7 +84,7 @@ def pac_s_runner(spec, job) -> Runner:
         raise ValueError("pac_s needs the PAC-S checkpoint: pass --pac-model /path/to/clip_ViT-B-32.pth")
     scorer = cls(job.options.pac_model, device=job.options.device, precision=job.options.precision,
                  batch_size=job.options.batch_size, frames=job.options.frames)
-    return clip_like(spec, scorer)
+    return clip_like(spec, scorer, job)
 
 
 def hallucination_runner(spec, job) -> Runner:
