@@ -45,8 +45,17 @@ _FIELDS = (("max_chars", "CAPREWARD_MAX_CAPTION_CHARS"), ("max_claims", "CAPREWA
 
 
 class CaptionOverBudget(CaprewardError, ValueError):
-    """A caption over the caption budget, outside a reward (a Metric's ``update``, a job's row); the
-    message names the item, the budget and how to raise it."""
+    """A caption over the caption budget, outside a reward (a Metric's ``update``); the message names the
+    item, the budget and how to raise it.
+
+    Examples:
+        >>> from capreward.caption_budget import CaptionOverBudget, check_captions
+        >>> try:
+        ...     check_captions(["a red ball.", "a red ball. " * 2000], "candidates")
+        ... except CaptionOverBudget as exc:
+        ...     print(str(exc)[:59])
+        candidates[1] has 24000 characters, over the caption budget
+    """
 
 
 @dataclass(frozen=True)
@@ -194,5 +203,6 @@ def check_captions(captions: Sequence[str], what: str = "captions") -> None:
             raise CaptionOverBudget(f"{what}[{i}] {problem}")
 
 
-__all__ = ["CaptionBudget", "CaptionOverBudget", "caption_budget", "caption_problem", "check_captions",
-           "get_caption_budget", "set_caption_budget"]
+#: Documented in the API reference (docs/api/caption_budget.md); ``caption_problem`` and ``check_captions``
+#: are what the doors call.
+__all__ = ["CaptionBudget", "CaptionOverBudget", "caption_budget", "get_caption_budget", "set_caption_budget"]
