@@ -113,3 +113,15 @@ def test_a_settings_record_that_is_a_fifo_is_refused(tmp_path, fifo, tiny_clip_p
     proc = cli("score", manifest, "--out", out, "--metrics", "clip_s", "--clip-model", tiny_clip_path, "--no-progress")
     assert proc.returncode == 2, proc.stderr
     assert "is a FIFO" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_fifo_given_as_a_judgments_file_is_refused(tmp_path, fifo):
+    """Run apart: on the code before, reading the FIFO blocks for good."""
+    code = ("import sys\nfrom capreward.metaeval.readers import JudgmentError, read_flickr8k, read_jsonl_objects\n"
+            "for read in (read_flickr8k, read_jsonl_objects):\n"
+            "    try:\n        read(__import__('pathlib').Path(sys.argv[1]))\n"
+            "    except JudgmentError as exc:\n        print(exc)\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True, text=True, timeout=HANG)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 2 and all(f"{fifo} is a FIFO, not a regular file" in line for line in lines), lines
