@@ -6,6 +6,11 @@ writes per row (each metric's spec in ``capreward.registry``; sub-score fields a
 
 {metrics}
 
+EMScore's F and RefCLIP-S/RefPAC-S are formed sign-safely by default (--harmonic-mean sign-safe: in
+[-1, 1], equal to the rewards' values and ranking captions as they do); --harmonic-mean released writes
+the papers' 2ab/(a+b), which leaves the range when its parts have opposite signs. A caption over the
+caption budget (--max-caption-chars 16384, --max-caption-claims 256) is not read: its row gets the reason.
+
 The judge metrics run on the local LLaVA of ``--judge-model``, or on an OpenAI-compatible server
 (vLLM, OpenAI) when ``--judge-base-url`` or ``--judge-api-model`` is given; the API key is read from
 ``$OPENAI_API_KEY`` and never printed. A score that cannot be computed is null with the reason in
