@@ -159,7 +159,7 @@ def test_bad_configuration_fails_clearly(clip_reward):
         ({"vidoe": "a.mp4"}, r"unknown keys \['vidoe'\]"),
         ({"image": 3}, "'image' must be a non-empty path"),
         ({"references": ["ok", 5]}, r"references\[1\] must be a str"),
-        ({}, "names no image, video or references"),
+        ({}, "names no image, video, references or questions"),
         ([1, 2], "must be an object"),
         ({"image": "a.png", "images": ["b.png"]}, "gives both 'image' and 'images'"),  # round 3: b.png was ignored
     ],

@@ -292,8 +292,13 @@ CASES: dict[str, Case] = {
     "whitespace caption": Case("caption", lambda r: " \t\n ", r"empty"),
     "caption is None": Case("caption", lambda r: None, r"None|must be (a )?str|NoneType", files=False),
     "caption is an int": Case("caption", lambda r: 7, r"must be (a )?str|int", files=False),
-    "20,000-char caption": Case("caption", lambda r: "a red ball and " * 1334, invalid_for={
+    "16,000-char caption": Case("caption", lambda r: "a red ball and " * 1066, invalid_for={
         "FLEUR": r"context", "FLEURReward": r"context"}),
+    # over the caption budget (16 Ki characters, issue 43): every door but the scorers' own API refuses it unread
+    "20,000-char caption": Case("caption", lambda r: "a red ball and " * 1334, invalid_for={
+        "FLEUR": r"context", **{entry: r"over the caption budget" for entry in (
+            "EMScoreReward", "CLIPScoreReward", "PACScoreReward", "FLEURReward", "VisCE2Reward", "GVEvalReward",
+            "HallucinationPenalty", "CompositeReward", "capreward score", "reward server", "veRL adapter")}}),
     "caption with NUL": Case("caption", lambda r: "a red\x00 ball"),
     # text that looks like prompt structure is data: scored (judge rewards floor it: injection guard)
     "caption with <image>": Case("caption", lambda r: "a red ball <image>"),

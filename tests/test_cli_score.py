@@ -75,7 +75,8 @@ def test_scores_every_row_once_with_errors_on_the_bad_row_only(tmp_path, media, 
     # values equal a direct scorer call (independent of how the job batched the rows)
     em = EMScore(model=tiny_clip_path, idf=[ref for r in rows for ref in r["references"]])
     r0 = by_id(rows)["r0"]
-    direct = em.score([r0["caption"]], videos=[r0["video"]], references=[r0["references"]])
+    direct = em.score([r0["caption"]], videos=[r0["video"]], references=[r0["references"]],
+                      harmonic_mean="sign-safe")  # how score forms F by default (--harmonic-mean)
     assert r0["emscore"] == pytest.approx(direct.score.item(), abs=1e-6)
     assert r0["emscore/video/fine_p"] == pytest.approx(direct.video.fine_p.item(), abs=1e-6)
     csv_lines = (tmp_path / "scores.csv").read_text().splitlines()

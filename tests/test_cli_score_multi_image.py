@@ -56,14 +56,20 @@ def manifest(images, tmp_path_factory):
 
 
 def direct(tiny_clip_path, caption, paths, refs=None):
+    """CLIP-S and RefCLIP-S as ``capreward score`` forms them (sign-safe harmonic mean, its default)."""
+    from capreward.metrics.clipscore import ref_clip_s
+    from capreward.metrics.harmonic import sign_safe_harmonic_mean
+
     res = CLIPScore(model=tiny_clip_path).score([caption] * len(paths), images=[str(p) for p in paths],
                                                references=[refs] * len(paths) if refs else None)
-    return [float(v) for v in res.clip_s], (None if refs is None else [float(v) for v in res.ref_clip_s])
+    ref = None if refs is None else ref_clip_s(res.clip_s, res.ref_similarity, sign_safe_harmonic_mean)
+    return [float(v) for v in res.clip_s], (None if refs is None else [float(v) for v in ref])
 
 
 def direct_emscore(tiny_clip_path, caption, paths, refs=None):
     res = EMScore(model=tiny_clip_path, idf=False).score([caption] * len(paths), images=[str(p) for p in paths],
-                                                        references=[refs] * len(paths) if refs else None)
+                                                        references=[refs] * len(paths) if refs else None,
+                                                        harmonic_mean="sign-safe")  # score's default
     return [float(v) for v in res.score]
 
 

@@ -18,7 +18,7 @@ from capreward.errors import CaprewardError
 BUILTIN_BASES = {
     "capreward._extras.MissingExtraError": ModuleNotFoundError,
     "capreward.server.batching.Busy": Exception,
-    "capreward.adapters.json_limits.JSONLimitError": ValueError,
+    "capreward.json_limits.JSONLimitError": ValueError,
     "capreward.adapters.labels.LabelError": ValueError,
     "capreward.server.http.RequestError": Exception,
     "capreward.server.http._HeadersTooLarge": Exception,

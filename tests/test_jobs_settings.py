@@ -112,7 +112,8 @@ def test_only_the_settings_that_change_a_row_are_recorded(tmp_path, tiny_clip_pa
     a = scoring_settings(ScoreOptions(metrics=["hallucination", "clip-s", "emscore"], clip_model=str(tiny_clip_path),
                                       frames=None, batch_size=3, device="cpu"))
     assert a == {"metrics": ["clip_s", "emscore", "hallucination"], "clip_model": clip, "precision": "fp32",
-                 "frames": 0, "hallucination_threshold": DEFAULT_THRESHOLD, "alignment": False, **limits}
+                 "frames": 0, "harmonic_mean": "sign-safe", "hallucination_threshold": DEFAULT_THRESHOLD,
+                 "alignment": False, **limits}
     b = scoring_settings(ScoreOptions(metrics=["emscore", "clip_s", "hallucination"], clip_model=str(tiny_clip_path),
                                       frames=None, batch_size=64, hallucination_threshold=DEFAULT_THRESHOLD))
     assert a == b  # batch size and an explicit default threshold are no change
@@ -145,7 +146,8 @@ def test_only_the_settings_that_change_a_row_are_recorded(tmp_path, tiny_clip_pa
     assert describe(arch).startswith(f"ViT-B-32/{tiny_clip_path} (")
     # PAC-S: its own checkpoint, precision and frames; the CLIP of --clip-model is not used
     pac = scoring_settings(ScoreOptions(metrics=["pac_s"], pac_model=str(tiny_clip_path), precision="bf16", frames=2))
-    assert pac == {"metrics": ["pac_s"], "pac_model": clip, "precision": "bf16", "frames": 2, **limits}
+    assert pac == {"metrics": ["pac_s"], "pac_model": clip, "precision": "bf16", "frames": 2,
+                   "harmonic_mean": "sign-safe", **limits}
     # the media limits in force (a command's --max-pixels) are part of every job's settings
     from capreward.media.limits import media_limits
 

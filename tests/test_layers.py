@@ -33,7 +33,9 @@ PACKAGE = REPO / "src" / "capreward"
 #: The floors, lowest first; a part may import the parts of the floors below its own.
 FLOORS: list[tuple[str, ...]] = [
     # ground: no capreward import (the package's own __init__ holds the version and lazy public names)
-    ("capreward", "errors", "text", "progress", "default_models"),
+    ("capreward", "errors", "text", "progress", "default_models", "bounded_cache"),
+    # inputs that must be regular files; bounds on a JSON text
+    ("input_files", "json_limits"),
     # services and inputs: optional extras, devices, the hub, text files, media, the caption as read, the
     # registry of metric facts
     ("_extras", "devices", "hub", "jsonl", "media", "caption_reading", "registry"),
@@ -43,13 +45,15 @@ FLOORS: list[tuple[str, ...]] = [
     ("judges", "terms", "metric_flags"),
     # the metrics' scorers and specs
     ("scorers",),
+    # the caption budget every door applies (it counts claims as the claim scorer splits them)
+    ("caption_budget",),
     # rewards and training objectives over the scorers
     ("rewards", "training"),
     # consumers of scores: framework adapters, jobs and results, torchmetrics Metrics, meta-evaluation, the
     # HTML report, the tiny models and tasks of tests and the demo
-    ("adapters", "jobs", "torchmetrics", "metaeval", "report", "testing"),
+    ("adapters", "jobs", "torchmetrics", "metaeval", "testing"),
     # integrations on top: the reward server, the training callbacks, the recipes
-    ("server", "callbacks", "recipes"),
+    ("server", "callbacks", "recipes", "report"),
     # the command line
     ("cli",),
 ]

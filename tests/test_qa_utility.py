@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 
 import pytest
 import torch
@@ -77,8 +78,9 @@ def test_caption_text_is_data(backend):
 
 def test_questions_are_validated_and_parsed():
     assert Question.of({"question": "q", "options": ["a", "b"], "answer": "B"}).answer == 1
-    with pytest.raises(ValueError, match=r"questions\[0\]\[1\].*not one of the option letters"):
-        QAUtility(None).score(["x"], questions=[[QS[0], {"question": "q", "options": ["a", "b"], "answer": "C"}]])
+    # a malformed question costs its sample (NaN and the reason, issue 43), never the batch
+    r = QAUtility(None).score(["x"], questions=[[QS[0], {"question": "q", "options": ["a", "b"], "answer": "C"}]])
+    assert math.isnan(r.score[0]) and re.search(r"questions\[0\]\[1\].*not one of the option letters", str(r.error[0]))
     text = "Is it red? | yes | no | A\nnot a question\nWhich? | a | b | c | C"
     assert [(q.question, q.answer) for q in parse_questions(text)] == [("Is it red?", 0), ("Which?", 2)]
 

@@ -113,3 +113,43 @@ def test_the_report_refuses_malformed_verdicts_naming_the_line(tmp_path, value, 
     result = cli("report", scores, "--out", tmp_path / "r.html", "--no-progress")
     assert result.returncode != 0
     assert "s.jsonl:1" in result.stderr and __import__("re").search(message, result.stderr), result.stderr
+
+
+class CountingText(str):
+    """The caption's lowered text, counting the searches made in it."""
+
+    calls = 0
+
+    def find(self, *args):
+        CountingText.calls += 1
+        return super().find(*args)
+
+
+def searches(claims: list[dict], caption: str) -> tuple[int, list]:
+    from capreward.report.claims_view import _Spans
+
+    spans = _Spans(caption)
+    spans.lower = CountingText(spans.lower)
+    CountingText.calls = 0
+    found = [spans.locate(c["text"], c["start"], c["end"]) for c in claims]
+    return CountingText.calls, found
+
+
+@pytest.mark.parametrize("n", [400, 1600])
+def test_the_claims_view_searches_the_caption_a_bounded_number_of_times_per_claim(n):
+    """Issue 43 item 5: 800 claims took 85 s (every claim scanned the whole caption once per earlier
+    claim). Stale spans of one repeated claim, and of distinct claims in caption order, now cost a
+    bounded number of searches per claim, and each span found is its claim's text, none overlapping."""
+    repeated = ". ".join(["A red ball"] * n) + "."
+    rows = [(repeated, [{"text": "a red ball", "start": -1, "end": -1, "p": 0.9}] * n)]
+    parts = [f"object {k} is red" for k in range(n)]
+    rows.append((". ".join(parts) + ".", [{"text": p, "start": 5, "end": 3, "p": 0.2} for p in parts]))
+    for caption, claims in rows:
+        calls, found = searches(claims, caption)
+        assert calls <= 2 * n + 2, calls
+        assert all(caption[s:e].lower() == c["text"].lower() for (s, e), c in zip(found, claims))
+        ends = sorted(found)
+        assert all(a[1] <= b[0] for a, b in zip(ends, ends[1:]))  # no two spans overlap
+    # one more copy than the caption holds: found nowhere free, at the cost of one more search
+    calls, found = searches([{"text": "a red ball", "start": -1, "end": -1, "p": 0.9}] * (n + 1), repeated)
+    assert found[-1] == (-1, -1) and calls <= 2 * n + 4

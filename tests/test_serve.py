@@ -247,11 +247,18 @@ def test_a_response_that_repeats_the_prompt_is_scored_whole_round3_h1(em_server,
 
 def test_a_request_without_prompts_scores_each_query_as_the_response(clip_server, tiny_clip_path, media):
     """The documented rule: no ``prompts`` -> each query is the response alone, and the server says so
-    in its log (once)."""
+    in its answer (issue 43 item 7: it said so only in its log, once, while the client got a score of
+    prompt + response) and in its log (once)."""
+    from capreward.server.http import NO_PROMPTS
+
     status, body = clip_server.post({"query": [CAPTIONS[0]] * 2, "labels": [{"image": "i0.png"}] * 2})
     assert status == 200, body
     direct = CLIPScoreReward(model=str(tiny_clip_path))(None, [CAPTIONS[0]], image=[str(media / "i0.png")])
     assert body["rewards"] == pytest.approx(direct * 2, abs=1e-6)
+    assert body["warnings"] == [NO_PROMPTS] and "scored whole as the response" in NO_PROMPTS
+    status, body = clip_server.post({"query": ["Describe. " + CAPTIONS[0]], "prompts": ["Describe."],
+                                     "labels": [{"image": "i0.png"}]})
+    assert status == 200 and "warnings" not in body and body["rewards"] == pytest.approx(direct, abs=1e-6)
     clip_server.post({"query": [CAPTIONS[1]], "labels": [{"image": "i0.png"}]})
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and not any("without 'prompts'" in line for line in clip_server.lines):

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from capreward.server import RewardService
-from capreward.adapters.json_limits import JSONLimitError, JSONLimits, check, loads, path_past_depth
+from capreward.json_limits import JSONLimitError, JSONLimits, check, loads, path_past_depth
 from capreward.server.http import RequestError, ServerLimits
 from capreward.rewards import CLIPScoreReward
 

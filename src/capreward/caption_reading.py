@@ -63,6 +63,7 @@ from importlib import resources
 
 import regex
 
+from .bounded_cache import text_memo
 from .text import well_formed
 
 # ------------------------------------------------------------------------------------ the Unicode data
@@ -565,11 +566,7 @@ def _codes(chars) -> str:
     return ", ".join(found[:6]) + (f", ... {len(found) - 6} more" if len(found) > 6 else "")
 
 
-#: Captions up to this many characters are cached (the last 2,048 of them): a reward reads a caption
-#: several times (guards, injection, the scorer); a long one is read again rather than kept.
-_CACHED_LENGTH = 2048
-
-
+@text_memo(max_entries=16384, max_chars=1 << 25)  # at most 32 Mi characters of readings kept, not 16,384 of any length
 def read_caption(text: str) -> Reading:
     """The caption a person reads, with what had to change (see the module docstring for the steps).
 
@@ -584,13 +581,6 @@ def read_caption(text: str) -> Reading:
     """
     if not isinstance(text, str):
         raise TypeError(f"a caption must be a str, got {type(text).__name__}")
-    if len(text) <= _CACHED_LENGTH:
-        return _read_cached(text)
-    return _read(text)
-
-
-@functools.lru_cache(maxsize=2048)
-def _read_cached(text: str) -> Reading:
     return _read(text)
 
 

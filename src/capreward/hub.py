@@ -4,11 +4,20 @@ huggingface_hub retries an unreachable hub for about a minute per file before it
 missing model used to cost minutes of silence. :func:`load_cached_first` instead loads from the cache
 with downloads forbidden, and only when that fails and downloads are possible (``HF_HUB_OFFLINE`` unset
 and the hub answering one bounded probe, :func:`hub_reachable`) loads again with downloads allowed.
+
+The hub is blamed only when it was asked: a model named by a folder on this machine (``source``, see
+:func:`load_cached_first`) is loaded from that folder alone, and a folder that is not a model says so
+(:class:`NotAModel`, with what is wrong with it), as does a path that does not exist. A folder whose
+``config.json`` asks for its own code (``auto_map``: transformers' ``trust_remote_code``) is refused
+before anything of it is imported: capreward loads the model classes transformers ships, never code
+a model folder brings (the loaders also pass ``trust_remote_code=False``, so transformers never asks
+on a terminal).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import threading
@@ -121,11 +130,74 @@ def cache_only() -> Iterator[None]:
             constants.HF_HUB_OFFLINE = before
 
 
-def load_cached_first(load: Callable[[bool], T], what: str, failures: tuple[type[BaseException], ...] = (Exception,)) -> T:
+class NotAModel(CaprewardError, OSError):
+    """A model named by a path on this machine that is no model capreward can load (a folder of other
+    files, a folder that asks to run its own code, a path that does not exist); the message says which,
+    and never blames the hub, which was not asked."""
+
+
+#: How a model's source given as a path looks (a hub name is ``org/name``, never starting so).
+_PATH_PREFIXES = ("/", "./", "../", "~", ".\\", "..\\")
+
+
+def local_source(source: str | os.PathLike | None) -> str | None:
+    """The path ``source`` names on this machine (``local-dir:`` stripped), when it is one: an existing
+    file or folder, or a name that can only be a path (absolute, ``./``, ``../``, ``~``); None for a hub
+    name or tag."""
+    if source is None:
+        return None
+    text = os.fspath(source)
+    text = text[len("local-dir:"):] if text.startswith("local-dir:") else text
+    if os.path.exists(os.path.expanduser(text)) or text.startswith(_PATH_PREFIXES):
+        return text
+    return None
+
+
+def remote_code_problem(folder: str | os.PathLike) -> str | None:
+    """Why ``folder``'s ``config.json`` (if any) cannot be loaded without running code it brings: its
+    ``auto_map``; None when it asks for none."""
+    path = os.path.join(os.path.expanduser(os.fspath(folder)), "config.json")
+    try:
+        from .input_files import read_regular_bytes
+
+        config = json.loads(read_regular_bytes(path, "config.json")[: 1 << 22].decode("utf-8", "replace"))
+    except (OSError, ValueError):
+        return None
+    if isinstance(config, dict) and config.get("auto_map"):
+        names = ", ".join(sorted(map(str, config["auto_map"]))[:4]) if isinstance(config["auto_map"], dict) else ""
+        return (f"its config.json asks to run the folder's own code (auto_map{': ' + names if names else ''}); "
+                "capreward loads only the model classes transformers ships and never runs a model folder's code")
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
+
+
+def load_cached_first(load: Callable[[bool], T], what: str, failures: tuple[type[BaseException], ...] = (Exception,),
+                      source: str | os.PathLike | None = None) -> T:
     """``load(local_only=True)``; if that raises one of ``failures`` and a download is possible,
     ``load(local_only=False)``. ``load`` must honour its argument (e.g. ``local_files_only`` or
     :func:`cache_only`). Raises :class:`ModelNotAvailable` naming ``what`` when the model is not cached and
-    cannot be downloaded now; any other failure propagates."""
+    cannot be downloaded now; any other failure propagates.
+
+    ``source``: the model's name as given. When it names a path on this machine (:func:`local_source`)
+    the hub is never asked: a missing path, a folder that asks to run its own code
+    (:func:`remote_code_problem`) or a folder ``load(local_only=True)`` fails on raises
+    :class:`NotAModel` saying so."""
+    local = local_source(source)
+    if local is not None:
+        folder = os.path.expanduser(local)
+        if not os.path.exists(folder):
+            raise NotAModel(f"{what}: {local} does not exist on this machine")
+        if os.path.isdir(folder) and (problem := remote_code_problem(folder)) is not None:
+            raise NotAModel(f"{what}: the folder {local} is refused: {problem}")
+        try:
+            return load(True)
+        except failures as exc:
+            kind = "folder" if os.path.isdir(folder) else "file"
+            raise NotAModel(f"{what}: the {kind} {local} is not a model capreward can load ({_first_line(exc)})") from exc
     try:
         return load(True)
     except failures as exc:

@@ -48,8 +48,16 @@ def json_lines(path: Path, error: type[Exception] = ValueError) -> Iterator[tupl
     """``(lineno, where, value)`` for every non-blank line of ``path`` (an open-able JSONL file), with
     ``lineno`` 1-based and ``where`` = ``"<path>:<lineno>"``. A line that is not JSON (invalid UTF-8,
     invalid JSON, too deeply nested, an integer over Python's digit limit) raises ``error`` with
-    ``"<where>: <what>"`` (see :func:`parse_json_text`); blank lines are skipped."""
-    with path.open("rb") as f:
+    ``"<where>: <what>"`` (see :func:`parse_json_text`); blank lines are skipped. A path that is not a
+    regular file (a FIFO, a device, a directory: :mod:`capreward.input_files`) raises ``error`` naming it,
+    before anything is read."""
+    from .input_files import NotARegularFile, open_regular_stream
+
+    try:
+        f = open_regular_stream(path, "the file")
+    except NotARegularFile as exc:
+        raise error(str(exc)) from None
+    with f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue

@@ -669,9 +669,11 @@ def suggest(name: str, choices: tuple[str, ...] | list[str] | None = None) -> li
 
 def unknown_message(name: Any, choices: tuple[str, ...] | list[str], what: str = "metric") -> str:
     """"unknown <what> 'x' (did you mean 'y'?); choose one of ..."."""
-    near = suggest(name, choices) if isinstance(name, str) else []
+    from .text import capped  # a 1 MB name is not echoed whole
+
+    near = suggest(name, choices) if isinstance(name, str) and len(name) <= 200 else []
     hint = f" (did you mean {' or '.join(repr(n) for n in near)}?)" if near else ""
-    return f"unknown {what} {name!r}{hint}; choose one of {', '.join(choices)}"
+    return f"unknown {what} {capped(name)}{hint}; choose one of {', '.join(choices)}"
 
 
 def get(name: str) -> MetricSpec:

@@ -6,7 +6,6 @@
 - :mod:`capreward.adapters.labels`: the per-sample label format both veRL and the reward server
   (:mod:`capreward.server`) use to name visuals and references.
 - :mod:`capreward.adapters.paths`: which files a label may name (confinement to a media root).
-- :mod:`capreward.adapters.json_limits`: bounds on a request's JSON, each refusal naming the field.
 - :mod:`capreward.adapters.scoring`: a labelled batch scored by a reward (what veRL and the server share).
 
 

@@ -7,7 +7,9 @@ path (or cache id). A label is a dict, or a JSON string encoding one::
     {"image": "/data/coco/123.jpg", "references": "a dog on a sofa"}
     {"references": ["a man cooks"]}          # reference-only scoring (EMScore_ref, RefCLIP-S text side)
 
-Keys: ``video`` or ``image`` (a path; ``images``, a list of paths, is read as its first entry),
+Keys: ``video`` or ``image`` (a path) or ``images`` (a list of paths: the caption is scored on every one
+and the values aggregated by the reward's ``image_aggregation``, as the Python API and ``capreward score``
+score a sample with several images; a one-path list is that image),
 ``references`` (a str or a list of str; optional; ``[]``, ``[""]`` or a blank entry gives the sample
 the fallback with its reason, never a score without references), ``visual_id`` (optional; it narrows the visual's
 cache key, which is always the file's identity or the pixels' hash, so a reused id never serves
@@ -29,8 +31,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import CaprewardError
+from ..text import capped
 from ..media.files import ConfinedFile
-from . import json_limits
+from .. import json_limits
 from .paths import MediaPaths, PathRefused
 
 LABEL_KEYS = ("image", "images", "video", "references", "visual_id", "questions")
@@ -39,10 +42,8 @@ LABEL_KEYS = ("image", "images", "video", "references", "visual_id", "questions"
 #: seconds of tokenising (captioning datasets have 5 to 20 references of a sentence each).
 MAX_REFERENCES = 256
 MAX_REFERENCE_CHARS = 100_000
-#: The most questions one sample may carry, and the most characters of their text together (question and
-#: options): CapRL's datasets have a handful of questions per image.
-MAX_QUESTIONS = 64
-MAX_QUESTION_CHARS = 100_000
+#: The bounds on one sample's questions are :mod:`capreward.scorers.qa_questions`' (every door reads them there):
+#: MAX_QUESTIONS and MAX_QUESTION_CHARS, imported above.
 
 
 class LabelError(CaprewardError, ValueError):
@@ -62,10 +63,15 @@ class Label:
     visual_id: str | None = None
     error: str | None = None
     questions: list[dict] | None = None
+    #: every image of a label naming several (``image`` is the first); None for one image or none
+    images: tuple | None = None
 
     @property
     def has_input(self) -> bool:
-        return self.image is not None or self.video is not None or self.references is not None
+        """Whether the label names something to score against: a visual, references, or questions (the
+        QA-utility reward needs nothing else)."""
+        return (self.image is not None or self.video is not None or self.references is not None
+                or self.questions is not None)
 
 
 def _tolist(value: Any) -> Any:
@@ -117,54 +123,58 @@ def parse_references(value: Any, where: str) -> list[str] | None:
 
 def parse_label_questions(value: Any, where: str) -> list[dict] | None:
     """A sample's ``questions`` (a list of ``{"question", "options", "answer"}``, or JSON text of one) as
-    a list of dicts with the answer as an option index (None for None). Raises :class:`LabelError`
-    naming ``where`` for JSON that does not parse, a question that is not well formed
-    (:meth:`~capreward.scorers.qa_utility.Question.of`), an empty list, more than :data:`MAX_QUESTIONS`
-    questions or more than :data:`MAX_QUESTION_CHARS` characters."""
-    from ..scorers.qa_utility import Question
+    a list of dicts with the answer as an option index (None for None), checked as every door checks
+    them (:func:`~capreward.scorers.qa_questions.questions_of`: the dataset column, ``extra_info`` and
+    the scorer alike). Raises :class:`LabelError` naming ``where`` for JSON that does not parse or nests
+    too deeply, a question that is not well formed (options not a list of 2..10 distinct non-blank
+    strings, a blank question, an answer that is no option), an empty list, more than
+    :data:`MAX_QUESTIONS` questions or more than :data:`MAX_QUESTION_CHARS` characters."""
+    from ..scorers.qa_questions import InvalidQuestions, questions_of
 
-    value = _tolist(value)
-    if value is None:
+    try:
+        questions = questions_of(value, f"{where}: questions")
+    except InvalidQuestions as exc:
+        raise LabelError(str(exc)) from None
+    if questions is None:
         return None
-    if isinstance(value, str):
-        if len(value) > MAX_QUESTION_CHARS:
-            raise LabelError(f"{where}: questions of {len(value)} characters; at most {MAX_QUESTION_CHARS}")
-        try:
-            value = json.loads(value)
-        except (ValueError, RecursionError) as exc:
-            raise LabelError(f"{where}: questions are a str but not a JSON list: {str(exc)[:200]}") from None
-    if not isinstance(value, (list, tuple)):
-        raise LabelError(f"{where}: questions must be a list of question objects, got {type(value).__name__}")
-    if not value:
-        raise LabelError(f"{where}: questions is an empty list (leave the key out to have the judge write them)")
-    if len(value) > MAX_QUESTIONS:
-        raise LabelError(f"{where}: {len(value)} questions; at most {MAX_QUESTIONS}")
-    out, chars = [], 0
-    for j, item in enumerate(value):
-        item = {k: _tolist(v) for k, v in item.items()} if isinstance(item, dict) else item
-        try:
-            q = Question.of(item, f"{where}: questions[{j}]")
-        except (TypeError, ValueError) as exc:
-            raise LabelError(str(exc)) from None
-        chars += len(q.question) + sum(len(o) for o in q.options)
-        if chars > MAX_QUESTION_CHARS:
-            raise LabelError(f"{where}: questions of more than {MAX_QUESTION_CHARS} characters together")
-        out.append({"question": q.question, "options": list(q.options), "answer": q.answer})
-    return out
+    return [{"question": q.question, "options": list(q.options), "answer": q.answer} for q in questions]
 
 
 def _path_value(value: Any, key: str, where: str) -> str | None:
     value = _tolist(value)
-    if key == "images" and isinstance(value, (list, tuple)):
-        value = value[0] if value else None
     if value is None:
         return None
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
     if not isinstance(value, str) or not value.strip():
         shown = value if isinstance(value, (int, float, bool, str)) else type(value).__name__
-        raise LabelError(f"{where}: {key!r} must be a non-empty path string, got {shown!r}")
+        raise LabelError(f"{where}: {key!r} must be a non-empty path string, got {capped(shown)}")
     return value
+
+
+#: The most images one label may name (each is decoded and encoded).
+MAX_IMAGES = 64
+
+
+def _image_list(value: Any, where: str) -> list[str] | None:
+    """The paths of an ``images`` value: a list of 1 to :data:`MAX_IMAGES` non-empty path strings (a
+    single path is a list of one); None for None."""
+    value = _tolist(value)
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)):
+        value = [value]
+    if not value:
+        raise LabelError(f"{where}: 'images' is an empty list; name at least one image, or leave the key out")
+    if len(value) > MAX_IMAGES:
+        raise LabelError(f"{where}: 'images' names {len(value)} images; at most {MAX_IMAGES}")
+    paths = []
+    for k, v in enumerate(value):
+        path = _path_value(v, f"images[{k}]", where)
+        if path is None:
+            raise LabelError(f"{where}: 'images[{k}]' must be a non-empty path string, got None")
+        paths.append(path)
+    return paths
 
 
 def _policy(paths: MediaPaths | str | os.PathLike | None) -> MediaPaths:
@@ -195,27 +205,33 @@ def parse_label(label: Any, where: str = "label", paths: MediaPaths | str | os.P
         raise LabelError(f"{where} must be an object with image/video/references keys, got {type(label).__name__}")
     unknown = sorted(set(label) - set(LABEL_KEYS))
     if unknown:
-        raise LabelError(f"{where} has unknown keys {unknown}; allowed: {list(LABEL_KEYS)}")
+        shown = ", ".join(capped(k) for k in unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+        raise LabelError(f"{where} has unknown keys [{shown}]; allowed: {list(LABEL_KEYS)}")
     if label.get("image") is not None and label.get("images") is not None:
         raise LabelError(f"{where} gives both 'image' and 'images'; give one (the other would be ignored)")
     image = _path_value(label.get("image"), "image", where)
-    if image is None:
-        image = _path_value(label.get("images"), "images", where)
+    images = _image_list(label.get("images"), where)
+    if images:
+        image = images[0]
     video = _path_value(label.get("video"), "video", where)
     if image is not None and video is not None:
         raise LabelError(f"{where} gives both an image and a video; give one")
     policy, error = _policy(paths), None
     try:
-        image = None if image is None else policy.resolve(image)
+        resolved = [policy.resolve(p) for p in images or ([image] if image is not None else [])]
+        image = resolved[0] if resolved else None
+        images = resolved if len(resolved) > 1 else None
         video = None if video is None else policy.resolve(video)
     except PathRefused as exc:
         error = f"{'image' if image is not None else 'video'}: {exc}"
+        images = None
     visual_id = label.get("visual_id")
     if visual_id is not None and not isinstance(visual_id, (str, int)):
         raise LabelError(f"{where}: visual_id must be a str, got {type(visual_id).__name__}")
     parsed = Label(image=image, video=video, references=parse_references(label.get("references"), where),
                    visual_id=None if visual_id is None else str(visual_id), error=error,
-                   questions=parse_label_questions(label.get("questions"), where))
+                   questions=parse_label_questions(label.get("questions"), where),
+                   images=None if images is None else tuple(images))
     if not parsed.has_input:
-        raise LabelError(f"{where} names no image, video or references to score against")
+        raise LabelError(f"{where} names no image, video, references or questions to score against")
     return parsed

@@ -90,6 +90,6 @@ def load_tokenizer(path: str | os.PathLike) -> Any:
     if not os.path.isdir(path):
         raise ValueError(f"prompt tokenizer {os.fspath(path)!r} is not a directory holding a tokenizer")
     try:
-        return AutoTokenizer.from_pretrained(os.fspath(path), local_files_only=True)
+        return AutoTokenizer.from_pretrained(os.fspath(path), local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError) as exc:
         raise ValueError(f"prompt tokenizer {os.fspath(path)!r}: no tokenizer could be loaded ({exc})") from None

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from ..caption_budget import caption_problem
 from ..errors import SampleError, sample_failure, summarize
 from ..rewards.inputs import Columns
 from ..media.files import REFUSED
@@ -74,12 +75,17 @@ def concat_batches(parts: Sequence[ScoredBatch]) -> ScoredBatch:
 
 
 def label_columns(labels: Sequence[Label], columns: Columns) -> dict[str, list[Any]]:
-    """The keyword columns a :class:`~capreward.rewards.CaptionReward` reads, one entry per label."""
+    """The keyword columns a :class:`~capreward.rewards.CaptionReward` reads, one entry per label: a label
+    naming several images gives them in the ``images`` column (scored on each and aggregated, as the
+    Python API and the jobs do), the others in ``image``."""
+    several = [lab.images is not None and len(lab.images) > 1 for lab in labels]
     out: dict[str, list[Any]] = {
-        columns.image: [lab.image for lab in labels],
+        columns.image: [None if many else lab.image for lab, many in zip(labels, several)],
         columns.video: [lab.video for lab in labels],
         columns.references: [lab.references for lab in labels],
     }
+    if any(several):
+        out[columns.images] = [list(lab.images) if many else None for lab, many in zip(labels, several)]
     if columns.visual_id is not None:
         out[columns.visual_id] = [lab.visual_id for lab in labels]
     return out
@@ -97,22 +103,29 @@ def score_labelled(reward: Any, captions: Sequence[str], labels: Sequence[Label]
     callable returning one float or None per completion).
 
     Returns a :class:`ScoredBatch`; samples the reward cannot score get None and a reason, which is
-    also logged. Labels with an ``error`` (a refused path) are not passed to the reward and get None
-    with that error; a file refused when it is opened gets the same text. Raises ValueError when the lengths differ.
+    also logged. Labels with an ``error`` (a refused path) and captions over the caption budget
+    (:mod:`capreward.caption_budget`: the one door of the server and the veRL adapter) are not passed to
+    the reward and get None with that error; a file refused when it is opened gets the same text. Raises
+    ValueError when the lengths differ.
     """
     if len(captions) != len(labels):
         raise ValueError(f"got {len(labels)} labels for {len(captions)} completions")
-    refused = [i for i, lab in enumerate(labels) if lab.error is not None]
-    if refused:
-        keep = [i for i, lab in enumerate(labels) if lab.error is None]
+    blocked: dict[int, SampleError] = {}
+    for i, (caption, lab) in enumerate(zip(captions, labels)):
+        if lab.error is not None:
+            blocked[i] = SampleError.of(lab.error, i, kind="refused")
+        elif (over := caption_problem(caption)) is not None:
+            blocked[i] = SampleError(i, "input", f"completions[{i}]", over, " ")
+    if blocked:
+        keep = [i for i in range(len(labels)) if i not in blocked]
         part = score_labelled(reward, [captions[i] for i in keep], [labels[i] for i in keep])
         values: list[float | None] = [None] * len(labels)
-        reasons: list[str | None] = [SampleError.of(lab.error, i, kind="refused") for i, lab in enumerate(labels)]
+        reasons: list[str | None] = [blocked.get(i) for i in range(len(labels))]
         for j, i in enumerate(keep):
             values[i], reasons[i] = part.values[j], part.reasons[j]
         metrics = {key: _spread(column, keep, len(labels)) for key, column in part.metrics.items()}
-        logger.warning("%d/%d samples refused: %s", len(refused), len(labels),
-                       summarize([reasons[i] for i in refused], more=False))
+        logger.warning("%d/%d samples not scored: %s", len(blocked), len(labels),
+                       summarize(list(blocked.values()), more=False))
         return ScoredBatch(values, reasons, metrics)
     if not captions:
         return ScoredBatch([], [])

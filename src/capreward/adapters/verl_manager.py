@@ -19,8 +19,9 @@ veRL loads it by path (this module imports veRL, which :mod:`capreward.adapters.
     reward.reward_manager.name=CaprewardRewardManager
 
 configured with the same ``CAPREWARD_*`` environment variables as :func:`capreward.adapters.verl.compute_score`.
-A sample whose ``extra_info`` names no visual is scored on the image it carries in veRL's
-``multi_modal_data`` (the first one), or, when it carries no image, on its first video (veRL's frames,
+A sample whose ``extra_info`` names no visual is scored on the images it carries in veRL's
+``multi_modal_data`` (every one, the values aggregated by the reward's ``image_aggregation``, as a label
+naming several images is), or, when it carries no image, on its first video (veRL's frames,
 :func:`multi_modal_video`), so a VLM dataset need not duplicate its visuals as paths.
 """
 
@@ -94,11 +95,12 @@ class CaprewardRewardManager(RewardManagerBase):
         extra_info = item.non_tensor_batch.get("extra_info", None)
         carried = item.non_tensor_batch.get("multi_modal_data", None)
         try:
-            image = multi_modal_image(carried)
-            video = multi_modal_video(carried) if image is None else None
-            if image is not None and not _names_visual(extra_info):
-                # the sample carries its image (veRL's multi_modal_data): score that, no path needed
-                label = image_label(ground_truth, extra_info, image)
+            images = multi_modal_images(carried)
+            video = multi_modal_video(carried) if not images else None
+            if images and not _names_visual(extra_info):
+                # the sample carries its images (veRL's multi_modal_data): score them, no path needed
+                label = image_label(ground_truth, extra_info, images[0])
+                label.images = tuple(images) if len(images) > 1 else None
             elif video is not None and not _names_visual(extra_info):
                 label = image_label(ground_truth, extra_info, None)
                 label.video = video
@@ -157,6 +159,21 @@ def _first(data: Any, keys: tuple[str, ...]) -> Any:
             return items[0] if len(items) else None
         return items
     return None
+
+
+def multi_modal_images(data: Any) -> list:
+    """Every image a veRL sample carries in ``multi_modal_data`` (``"image"``, or the agent loop's
+    ``"images"``), in order; empty when there is none."""
+    if not isinstance(data, dict):
+        return []
+    for key in ("image", "images"):
+        items = data.get(key)
+        if items is None:
+            continue
+        if isinstance(items, (list, tuple)) or (isinstance(items, np.ndarray) and items.dtype == object):
+            return [item for item in items if item is not None]
+        return [items]
+    return []
 
 
 def multi_modal_image(data: Any) -> Any:

@@ -37,6 +37,12 @@ OFFLINE_HINT = (
     "architecture (model='ViT-B-32//models/open_clip_epoch_32.pt'), a local open_clip directory "
     "(model='local-dir:/models/clip'), or a factory returning (model, preprocess, tokenizer)."
 )
+#: What a local CLIP may be, for a path that is none of them (the hub was not asked).
+LOCAL_HINT = (
+    "a local CLIP is an OpenAI-format state dict (model='/models/ViT-B-32.pt'), an open_clip checkpoint with its "
+    "architecture (model='ViT-B-32//models/open_clip_epoch_32.pt'), an open_clip folder holding "
+    "open_clip_config.json (model='local-dir:/models/clip') or a transformers CLIP folder holding config.json"
+)
 
 
 class ModelLoadError(CaprewardError, RuntimeError):
@@ -183,7 +189,7 @@ def load_open_clip(spec: str, device: str | torch.device, precision: str):
     """
     import open_clip
 
-    from ..hub import ModelNotAvailable, cache_only, load_cached_first, quiet_root_logging
+    from ..hub import ModelNotAvailable, NotAModel, cache_only, load_cached_first, quiet_root_logging
 
     name, pretrained = split_name_and_pretrained(spec)
     if pretrained is None and not spec.startswith(("hf-hub:", "local-dir:")):
@@ -204,7 +210,10 @@ def load_open_clip(spec: str, device: str | torch.device, precision: str):
             return model, preprocess, open_clip.get_tokenizer(name)
 
     try:
-        model, preprocess, tokenizer = load_cached_first(create, f"CLIP model {spec!r}")
+        model, preprocess, tokenizer = load_cached_first(
+            create, f"CLIP model {spec!r}", source=spec if spec.startswith("local-dir:") else None)
+    except NotAModel as exc:  # a folder on this machine: the hub was not asked
+        raise ModelLoadError(f"{exc}; {LOCAL_HINT}", spec=spec, summary=str(exc)) from exc
     except ModelNotAvailable as exc:
         raise ModelLoadError(f"{exc}. {OFFLINE_HINT}", spec=spec, summary=str(exc)) from exc
     except Exception as exc:

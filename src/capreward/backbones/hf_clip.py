@@ -73,7 +73,7 @@ def load_transformers_clip(spec: Any, device: str | torch.device, precision: str
         model, processor = spec
         name = type(model).__name__
     else:
-        from ..hub import ModelNotAvailable, cache_only, load_cached_first, quiet_root_logging
+        from ..hub import ModelNotAvailable, NotAModel, cache_only, load_cached_first, quiet_root_logging
 
         name = os.fspath(spec)
         name = name[len(PREFIX):] if name.startswith(PREFIX) else name
@@ -82,11 +82,14 @@ def load_transformers_clip(spec: Any, device: str | torch.device, precision: str
             from transformers import AutoModel, AutoProcessor
 
             with quiet_root_logging("transformers"), cache_only() if local_only else _null():
-                return (AutoModel.from_pretrained(name, local_files_only=local_only),
-                        AutoProcessor.from_pretrained(name, local_files_only=local_only))
+                # trust_remote_code=False: a folder's own code is never run, and transformers never asks
+                return (AutoModel.from_pretrained(name, local_files_only=local_only, trust_remote_code=False),
+                        AutoProcessor.from_pretrained(name, local_files_only=local_only, trust_remote_code=False))
 
         try:
-            model, processor = load_cached_first(create, f"transformers model {name!r}")
+            model, processor = load_cached_first(create, f"transformers model {name!r}", source=name)
+        except NotAModel as exc:  # a path on this machine: the hub was not asked
+            raise ModelLoadError(str(exc), spec=name, summary=str(exc)) from exc
         except ModelNotAvailable as exc:
             raise ModelLoadError(f"{exc}; point model= at a local directory (model='transformers:/path')", spec=name) from exc
         except Exception as exc:

@@ -4,7 +4,6 @@ training loop (SCST and other RL loops written as a ``LightningModule``)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from .._extras import require
 from .goodhart import GoodhartMonitor

@@ -9,6 +9,8 @@ import re
 from collections.abc import Iterator
 
 from ..errors import CaprewardError
+from ..metric_flags import real_number, whole_number  # noqa: F401 (the CLI's number types)
+from ..text import capped
 
 #: What to try when a model is missing, per flag (the tiny local models in capreward.testing).
 MODEL_HINTS = {
@@ -93,7 +95,7 @@ def pixel_count(text: str) -> int:
 def add_media_limit_options(parser: argparse.ArgumentParser) -> None:
     """``--max-pixels`` and ``--max-video-pixels`` of every sub-command that reads images or videos;
     defaults: the limits in force (``CAPREWARD_MAX_PIXELS`` / ``CAPREWARD_MAX_VIDEO_PIXELS``, else the
-    library's). Applied for the command's duration by :func:`media_limit_settings`."""
+    library's). Applied for the command's duration by :func:`input_limit_settings`."""
     from ..media.limits import get_media_limits
 
     limits = get_media_limits()
@@ -109,6 +111,21 @@ def add_media_limit_options(parser: argparse.ArgumentParser) -> None:
                              "(e.g. 224x224); checked before decoding, whatever --frames asks")
 
 
+def add_caption_budget_options(parser: argparse.ArgumentParser) -> None:
+    """``--max-caption-chars`` and ``--max-caption-claims`` of every sub-command that scores captions;
+    defaults: the budget in force (``CAPREWARD_MAX_CAPTION_CHARS`` / ``CAPREWARD_MAX_CAPTION_CLAIMS``,
+    else :mod:`capreward.caption_budget`'s). Applied for the command's duration by
+    :func:`input_limit_settings`."""
+    from ..caption_budget import get_caption_budget
+
+    budget = get_caption_budget()
+    parser.add_argument("--max-caption-chars", type=whole_number(1), default=budget.max_chars, metavar="N",
+                        help="characters of one caption; a longer one is not read (its row or sample gets the "
+                             "reason), see capreward.caption_budget")
+    parser.add_argument("--max-caption-claims", type=whole_number(1), default=budget.max_claims, metavar="N",
+                        help="distinct claims one caption may hold (the rule splitter's count); more: not read")
+
+
 def add_resume_options(parser: argparse.ArgumentParser) -> None:
     """``--quarantine-bad-lines`` of the commands that append to a resumable results file."""
     parser.add_argument("--quarantine-bad-lines", action="store_true",
@@ -118,17 +135,21 @@ def add_resume_options(parser: argparse.ArgumentParser) -> None:
 
 
 @contextlib.contextmanager
-def media_limit_settings(args: argparse.Namespace) -> Iterator[None]:
-    """Within the block: the media limits of ``args`` (when the command has the options), process-wide
-    (see :mod:`capreward.media.limits`); the previous limits after it."""
-    names = ("max_pixels", "max_video_pixels", "max_video_frames", "max_model_pixels")
-    values = {n: getattr(args, n, None) for n in names}
-    if all(v is None for v in values.values()):
-        yield
-        return
+def input_limit_settings(args: argparse.Namespace) -> Iterator[None]:
+    """Within the block: the media limits and the caption budget of ``args`` (those the command has
+    options for), process-wide (see :mod:`capreward.media.limits` and :mod:`capreward.caption_budget`);
+    the previous ones after it."""
+    from ..caption_budget import caption_budget
     from ..media.limits import media_limits
 
-    with media_limits(**values):
+    names = ("max_pixels", "max_video_pixels", "max_video_frames", "max_model_pixels")
+    media = {n: getattr(args, n, None) for n in names}
+    budget = {n: getattr(args, f"max_caption_{n.split('_')[1]}", None) for n in ("max_chars", "max_claims")}
+    with contextlib.ExitStack() as stack:
+        if any(v is not None for v in media.values()):
+            stack.enter_context(media_limits(**media))
+        if any(v is not None for v in budget.values()):
+            stack.enter_context(caption_budget(**budget))
         yield
 
 
@@ -162,7 +183,7 @@ def metric_list(choices: tuple[str, ...]):
         unknown = [m for m in names if m not in choices]
         if unknown or not names:
             raise argparse.ArgumentTypeError(
-                f"invalid metric {', '.join(map(repr, unknown)) or 'list'} (choose from {', '.join(choices)})")
+                f"invalid metric {', '.join(map(capped, unknown)) or 'list'} (choose from {', '.join(choices)})")
         return names
 
     return parse

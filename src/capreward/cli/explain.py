@@ -27,7 +27,7 @@ from typing import Any, Callable
 from .. import registry
 from ..default_models import DEFAULT_LLAVA
 from ..names import SEP
-from .common import add_device_option, add_media_limit_options, add_resume_options, metric_name
+from .common import add_device_option, add_media_limit_options, add_resume_options, metric_name, whole_number
 
 DESCRIPTION = """Writes one JSONL row per manifest row (resumable: rerun to continue, no row twice): id, caption,
 image/video, references (with --references), metric, the score under the metric's name ({names},
@@ -227,8 +227,8 @@ def add_parser(subparsers) -> None:
     add_device_option(p)
     add_media_limit_options(p)
     p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"], help="default: float16 on GPU, float32 on CPU")
-    p.add_argument("--batch-size", type=int, default=8, help="rows judged at once")
-    p.add_argument("--max-new-tokens", type=int, default=512, help="length budget of an explanation")
+    p.add_argument("--batch-size", type=whole_number(1), default=8, help="rows judged at once")
+    p.add_argument("--max-new-tokens", type=whole_number(1), default=512, help="length budget of an explanation")
     p.add_argument("--accept-unrecorded-settings", action="store_true",
                    help="resume an output that has rows but no <out>.settings.json (written before settings were "
                         "recorded), recording this run's settings as theirs: only if they are the same")

@@ -16,7 +16,7 @@ import importlib
 import os
 import sys
 
-from .common import MODEL_HINTS, HelpFormatter, clip_model_flags, model_hint, media_limit_settings, plain_text, resolve_device
+from .common import MODEL_HINTS, HelpFormatter, clip_model_flags, model_hint, input_limit_settings, plain_text, resolve_device
 
 SUBCOMMAND_MODULES = [
     "capreward.cli.demo",
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
 
             args.device = resolve_device(args.device)
             checked_device(args.device)  # a missing GPU: one line now, not a traceback from the first model
-        with progress_settings(show=not getattr(args, "no_progress", False)), media_limit_settings(args):
+        with progress_settings(show=not getattr(args, "no_progress", False)), input_limit_settings(args):
             return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print(interrupted_message(args), file=sys.stderr)

@@ -6,6 +6,11 @@ writes per row (each metric's spec in ``capreward.registry``; sub-score fields a
 
 {metrics}
 
+EMScore's F and RefCLIP-S/RefPAC-S are formed sign-safely by default (--harmonic-mean sign-safe: in
+[-1, 1], equal to the rewards' values and ranking captions as they do); --harmonic-mean released writes
+the papers' 2ab/(a+b), which leaves the range when its parts have opposite signs. A caption over the
+caption budget (--max-caption-chars 16384, --max-caption-claims 256) is not read: its row gets the reason.
+
 The judge metrics run on the local LLaVA of ``--judge-model``, or on an OpenAI-compatible server
 (vLLM, OpenAI) when ``--judge-base-url`` or ``--judge-api-model`` is given; the API key is read from
 ``$OPENAI_API_KEY`` and never printed. A score that cannot be computed is null with the reason in
@@ -37,7 +42,8 @@ import sys
 from ..default_models import DEFAULT_CLIP, DEFAULT_LLAVA
 from .. import registry
 from ..metric_flags import add_metric_flags, metric_flag_values
-from .common import add_device_option, add_media_limit_options, add_resume_options, metric_list, spelled_aliases
+from .common import (add_caption_budget_options, add_device_option, add_media_limit_options, add_resume_options, metric_list,
+                     spelled_aliases, whole_number)
 
 
 def metric_lines() -> str:
@@ -116,7 +122,7 @@ def add_parser(subparsers) -> None:
                         "API key from $OPENAI_API_KEY (unset: a placeholder, fine for vLLM)")
     p.add_argument("--judge-api-model",
                    help="model name on that server (alone: OpenAI's API with this model)")
-    p.add_argument("--judge-top-logprobs-cap", type=int, default=20,
+    p.add_argument("--judge-top-logprobs-cap", type=whole_number(1), default=20,
                    help="the most top_logprobs the judge server serves (vLLM --max-logprobs; default 20): the "
                         "exact digit tree of a digit-by-digit judge asks this many alternatives per node")
     add_metric_flags(p, registry.job_flags())  # each metric's own options, from its spec
@@ -124,17 +130,18 @@ def add_parser(subparsers) -> None:
                    help=f"idf of {'/'.join(registry.using_idf())} (default: auto = the manifest's references, none if it has "
                         "none); refs | none | FILE (one caption per line) | OUT.idf.json (a recorded idf). "
                         "Recorded in <out>.idf.json and reused on resume")
-    p.add_argument("--frames", type=int, default=10, help="frames per video (0: all)")
+    p.add_argument("--frames", type=whole_number(0), default=10, help="frames per video (0: all)")
     p.add_argument("--image-aggregation", default="mean", choices=["mean", "min", "max"],
                    help="a row whose 'image' is a list of paths is scored on every image: its value is the mean, "
                         "min or max of theirs (per-image values in <metric>/per_image; default mean)")
     add_device_option(p)
     add_media_limit_options(p)
+    add_caption_budget_options(p)
     p.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"], help="CLIP precision")
-    p.add_argument("--batch-size", type=int, default=64, help="rows scored at once")
+    p.add_argument("--batch-size", type=whole_number(1), default=64, help="rows scored at once")
     p.add_argument("--engine", default="local", choices=["local", "ray"],
                    help="local: this process; ray: Ray Data with --num-actors model copies")
-    p.add_argument("--num-actors", type=int, default=2, help="Ray actors (one model copy each)")
+    p.add_argument("--num-actors", type=whole_number(1), default=2, help="Ray actors (one model copy each)")
     p.add_argument("--alignment", action="store_true",
                    help="store the token -> frame alignment of "
                         f"{'/'.join(s.name for s in registry.specs() if s.writes_alignment)} (for reports)")

@@ -14,7 +14,8 @@ from ..adapters.factory import reward_names
 from ..default_models import DEFAULT_CLIP, DEFAULT_LLAVA
 from ..metrics.harmonic import HARMONIC_MEANS
 from ..metric_flags import adapter_flags, add_metric_flags, metric_flag_values
-from .common import CLIError, add_device_option, add_media_limit_options, metric_name, spelled_aliases
+from .common import (CLIError, add_caption_budget_options, add_device_option, add_media_limit_options, metric_name, real_number,
+                     spelled_aliases, whole_number)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,7 +116,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--reward", default="emscore", choices=reward_names(), type=reward_name,
                    help=f"the reward served (aliases: {spelled_aliases(reward_names())})")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    p.add_argument("--port", type=int, default=5000, help="0: pick a free port (printed on stderr when ready)")
+    p.add_argument("--port", type=whole_number(0, 65535), default=5000, help="0: pick a free port (printed on stderr when ready)")
     judges = "/".join(registry.on_backbone("chat_judge"))
     p.add_argument("--clip-model", default=DEFAULT_CLIP, help=f"CLIP for {'/'.join(registry.on_backbone('clip'))}: name/tag, .pt path, ...")
     p.add_argument("--judge-model", "--fleur-model", dest="fleur_model", metavar="MODEL",
@@ -124,20 +125,21 @@ def add_parser(subparsers) -> None:
     p.add_argument("--judge-url", help=f"an OpenAI-compatible server for {judges} (vLLM: http://HOST:8000/v1)")
     p.add_argument("--judge-api-key-env", default="OPENAI_API_KEY",
                    help="environment variable holding the judge server's API key (unset: none sent)")
-    p.add_argument("--judge-top-logprobs-cap", type=int, default=20,
+    p.add_argument("--judge-top-logprobs-cap", type=whole_number(1), default=20,
                    help="the most top_logprobs the judge server serves (vLLM --max-logprobs; default 20)")
     add_metric_flags(p, adapter_flags())  # each metric's own options the adapters take, from its spec
     p.add_argument("--composite", default="emscore=1.0,hallucination=1.0",
                    help="terms of --reward composite: name=weight,... (plus repetition/truncation/length guards)")
     p.add_argument("--idf", help="EMScore idf corpus: a text file with one caption per line (default: no idf)")
-    p.add_argument("--frames", type=int, default=10, help="frames per video (0: all)")
-    p.add_argument("--w", type=float, help="CLIP-S scale (default: 2.5)")
+    p.add_argument("--frames", type=whole_number(0), default=10, help="frames per video (0: all)")
+    p.add_argument("--w", type=real_number(above=0), help="CLIP-S scale (default: 2.5)")
     p.add_argument("--harmonic-mean", default="sign-safe", choices=list(HARMONIC_MEANS),
                    help="how emscore's F (from P and R) and clip_s's RefCLIP-S are formed: sign-safe = 2ab/(a+b) "
                         "when both parts are positive, else the smaller part (in range, never rewards opposite "
                         "signs); released = the papers' 2ab/(a+b), clipped to the reward's range")
     add_device_option(p)
     add_media_limit_options(p)
+    add_caption_budget_options(p)
     p.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"], help="CLIP precision")
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"],
                    help="judge dtype for fleur (default: float16 on GPU, float32 on CPU)")
@@ -153,37 +155,37 @@ def add_parser(subparsers) -> None:
                    "end in the query (OpenRLHF decodes prompt + response ids), not after the prompt's first "
                    "occurrence as text; a query that does not begin with them (after special tokens and padding) "
                    "is answered 400")
-    p.add_argument("--fallback", type=float, default=None,
+    p.add_argument("--fallback", type=real_number(), default=None,
                    help="reward of a sample that cannot be scored (empty completion, unreadable or refused file, invalid "
                         "references); default: the bottom of the reward's range (emscore -1; clip_s -1, where RefCLIP-S "
                         "reaches, 0 with --harmonic-mean released; hallucination -1; fleur 0; composite the sum of its "
                         "terms' and guards' bottoms), so an unscorable sample never outranks a scored one")
-    p.add_argument("--max-body-bytes", type=int, default=16 * 1024 * 1024, help="larger requests get 413")
-    p.add_argument("--max-items", type=int, default=4096, help="more queries per request get 413")
-    p.add_argument("--max-concurrent", type=int, default=None,
+    p.add_argument("--max-body-bytes", type=whole_number(1), default=16 * 1024 * 1024, help="larger requests get 413")
+    p.add_argument("--max-items", type=whole_number(1), default=4096, help="more queries per request get 413")
+    p.add_argument("--max-concurrent", type=whole_number(1), default=None,
                    help="batches scored at once, each in its own thread; others wait (default: 1 with batching, as a "
                    "merged batch already uses every core; 4 with --max-batch-size 0). Raise it when requests differ "
                    "much in size, so that one slow batch does not stall the others")
-    p.add_argument("--queue-timeout", type=float, default=120.0, help="seconds a request waits for its batch to start before 503")
-    p.add_argument("--max-json-depth", type=int, default=32, help="deeper JSON nesting in a request gets 400 naming the field")
-    p.add_argument("--max-string-chars", type=int, default=1 << 18,
+    p.add_argument("--queue-timeout", type=real_number(above=0), default=120.0, help="seconds a request waits for its batch to start before 503")
+    p.add_argument("--max-json-depth", type=whole_number(1), default=32, help="deeper JSON nesting in a request gets 400 naming the field")
+    p.add_argument("--max-string-chars", type=whole_number(1), default=1 << 18,
                    help="a longer string anywhere in a request gets 400 naming the field")
-    p.add_argument("--max-header-bytes", type=int, default=64 * 1024, help="a longer request line and headers get 431")
-    p.add_argument("--header-timeout", type=float, default=10.0,
+    p.add_argument("--max-header-bytes", type=whole_number(1), default=64 * 1024, help="a longer request line and headers get 431")
+    p.add_argument("--header-timeout", type=real_number(above=0), default=10.0,
                    help="seconds a request's line and headers may take to arrive (from the connection, or from the "
                    "previous answer: idle keep-alive connections are closed after it); slower clients are disconnected")
-    p.add_argument("--read-timeout", type=float, default=30.0,
+    p.add_argument("--read-timeout", type=real_number(above=0), default=30.0,
                    help="seconds a whole request (headers and body) may take to arrive, from the same start; else 408")
-    p.add_argument("--max-connections", type=int, default=128, help="connections served at once; more get 503")
-    p.add_argument("--max-connections-per-peer", type=int, default=None,
+    p.add_argument("--max-connections", type=whole_number(1), default=128, help="connections served at once; more get 503")
+    p.add_argument("--max-connections-per-peer", type=whole_number(1), default=None,
                    help="connections one client address (an IPv6 /64) may hold at once; more get 503 "
                    "(default: half of --max-connections)")
-    p.add_argument("--reserved-connections", type=int, default=None,
+    p.add_argument("--reserved-connections", type=whole_number(0), default=None,
                    help="of --max-connections, how many only addresses holding no connection may take, so that busy "
                    "clients cannot shut out others (default: an eighth of --max-connections)")
-    p.add_argument("--max-batch-size", type=int, default=64,
+    p.add_argument("--max-batch-size", type=whole_number(0), default=64,
                    help="most samples of concurrent requests merged into one scorer call (0: no merging)")
-    p.add_argument("--max-wait-ms", type=float, default=5.0,
+    p.add_argument("--max-wait-ms", type=real_number(minimum=0), default=5.0,
                    help="milliseconds a batch waits for more requests after its oldest arrived")
     p.add_argument("--verbose", action="store_true", help="log every request")
     p.set_defaults(func=run)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..metrics.idf import IdfTable
+from ..text import capped
 from .errors import JobError
 from .manifest import ManifestRow
 
@@ -63,15 +64,16 @@ def choose_idf(option: str, rows: list[ManifestRow], manifest: str | Path) -> Id
             return IdfChoice(f"auto: {manifest} has no references, so none (every token weight 1)", NO_IDF)
         return IdfChoice(f"{option}: the {len(corpus)} references in {manifest}", corpus_digest(corpus), corpus=corpus)
     path = Path(option)
-    if not path.is_file():
-        raise JobError(f"--idf: no such file {option!r} (give auto, refs, none or an existing file)")
+    if not path.exists():
+        raise JobError(f"--idf: no such file {capped(option, 200)} (give auto, refs, none or an existing file)")
     if path.name.endswith(".idf.json"):
         record = read_record(path)
         return IdfChoice(f"{path} ({record['source']})", record["corpus_sha256"], table=table_of(record))
+    data = _read(path, "--idf")
     try:
-        lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+        lines = [line.strip() for line in data.decode("utf-8").splitlines()]
     except UnicodeDecodeError as exc:
-        line = path.read_bytes()[: exc.start].count(b"\n") + 1
+        line = data[: exc.start].count(b"\n") + 1
         raise JobError(f"--idf {option}: line {line} is not valid UTF-8 (byte 0x{exc.object[exc.start]:02x})") from None
     corpus = [line for line in lines if line]
     if not corpus:
@@ -79,9 +81,20 @@ def choose_idf(option: str, rows: list[ManifestRow], manifest: str | Path) -> Id
     return IdfChoice(f"the {len(corpus)} captions in {path}", corpus_digest(corpus), corpus=corpus)
 
 
-def read_record(path: Path) -> dict:
+def _read(path: Path, what: str) -> bytes:
+    """The bytes of ``path``, a regular file (a FIFO or a device is refused, never read: JobError)."""
+    from ..input_files import NotARegularFile, read_regular_bytes
+
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        return read_regular_bytes(path, what)
+    except NotARegularFile as exc:
+        raise JobError(str(exc)) from None
+
+
+def read_record(path: Path) -> dict:
+    data = _read(path, "the idf record")
+    try:
+        record = json.loads(data.decode("utf-8"))
     except (OSError, ValueError) as exc:
         raise JobError(f"{path}: cannot read the idf record ({exc})") from None
     if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:

@@ -23,6 +23,7 @@ from pathlib import Path
 from .. import registry
 from ..errors import CaprewardError
 from ..jsonl import json_lines
+from ..text import capped
 
 #: The keys a manifest row may have that capreward reads.
 KNOWN_KEYS = ("id", "caption", "image", "video", "references")
@@ -107,11 +108,11 @@ def _carried(obj: dict, where: str) -> dict:
         if key in KNOWN_KEYS:
             continue
         if (known := near_miss(key, obj)) is not None:
-            raise ManifestError(f"{where}: unknown key {key!r}; did you mean {known!r}? (known keys: "
+            raise ManifestError(f"{where}: unknown key {capped(key)}; did you mean {known!r}? (known keys: "
                                 f"{', '.join(KNOWN_KEYS)}; other keys are carried to the results as they are)")
         written = written_fields()
         if key in written or any(key.startswith(f + ".") or key.startswith(f + "/") for f in written):
-            raise ManifestError(f"{where}: key {key!r} is a field the results hold (it would be overwritten); "
+            raise ManifestError(f"{where}: key {capped(key)} is a field the results hold (it would be overwritten); "
                                 "rename it")
         extra[key] = value
     return extra
@@ -174,7 +175,7 @@ def read_manifest(path: str | Path) -> list[ManifestRow]:
         row = parse_row(obj, where, base)
         row.id = str(obj["id"]) if obj.get("id") is not None else f"line-{lineno}"
         if row.id in seen:
-            raise ManifestError(f"{where}: duplicate id {row.id!r} (first on line {seen[row.id]})")
+            raise ManifestError(f"{where}: duplicate id {capped(row.id)} (first on line {seen[row.id]})")
         seen[row.id] = lineno
         rows.append(row)
     if not rows:

@@ -20,7 +20,9 @@ import hashlib
 import os
 from typing import Any
 
+from ..input_files import open_regular_stream
 from ..media.keys import file_identity
+from ..text import capped
 from .errors import JobError
 
 #: The result-row field holding the visual's content hash.
@@ -35,14 +37,15 @@ class ChangedInputs(JobError):
 
 class VisualDigests:
     """BLAKE2b-128 of a file's bytes, cached per file identity (device, inode, size, times) for the
-    process; None when the file cannot be read."""
+    process; None when the file cannot be read or is not a regular file (a FIFO or a device is never
+    opened for reading: :func:`~capreward.input_files.open_regular`; the row's loader refuses it)."""
 
     def __init__(self) -> None:
         self._cache: dict[str, str] = {}
 
     def __call__(self, path: str) -> str | None:
         try:
-            with open(path, "rb") as f:
+            with open_regular_stream(path, "the visual") as f:
                 key = f"{path}|{file_identity(os.fstat(f.fileno()))}"
                 if key not in self._cache:
                     digest = hashlib.blake2b(digest_size=16)
@@ -97,7 +100,7 @@ def check_unchanged(rows: list, stored: dict[str, tuple], out: str, references_u
     changed = [(r.id, what) for r in rows if r.id in stored and (what := changes(stored[r.id], r, references_used))]
     if not changed:
         return
-    shown = "; ".join(f"{rid!r}: {', '.join(what)}" for rid, what in changed[:SHOWN])
+    shown = "; ".join(f"{capped(rid)}: {', '.join(what)}" for rid, what in changed[:SHOWN])
     more = f"; and {len(changed) - SHOWN} more" if len(changed) > SHOWN else ""
     raise ChangedInputs(
         f"{len(changed)} row(s) of {out} were scored on other inputs than the manifest has now ({shown}{more}); "

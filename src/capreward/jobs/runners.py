@@ -42,6 +42,7 @@ from typing import Any, Callable
 
 from ..default_models import DEFAULT_CLIP
 from .. import registry
+from ..caption_budget import caption_problem
 from ..errors import SampleError
 from ..metric_options import FlagFields
 from ..names import spelling, sub_score
@@ -93,9 +94,11 @@ class SharedScoreOptions:
         known = registry.names()
         unknown = [m for m in self.metrics if m not in known]
         if unknown:
-            near = {m: registry.suggest(m) for m in unknown}
+            from ..text import capped  # a 1 MB name is not echoed whole
+
+            near = {m: registry.suggest(m) for m in unknown if len(m) <= 200}
             hint = "".join(f" (did you mean {' or '.join(map(repr, n))} for {m!r}?)" for m, n in near.items() if n)
-            raise ValueError(f"unknown metrics {unknown}{hint}; choose from {list(known)}")
+            raise ValueError(f"unknown metrics [{', '.join(capped(m) for m in unknown)}]{hint}; choose from {list(known)}")
 
     @property
     def remote_judge(self) -> bool:
@@ -202,6 +205,18 @@ class ManifestScorer:
             return self.chat_backend()
         raise ValueError("qa_utility needs a text judge: --qa-model (a causal LM) or a judge server")
 
+    def call_options(self, spec, cls: type | None = None) -> dict[str, Any]:
+        """The options ``spec``'s job flags set that its scorer takes per call of
+        :meth:`~capreward.scorers.contract.Scorer.scores` rather than in its constructor (EMScore's and
+        RefCLIP-S's ``harmonic_mean``: ``--harmonic-mean``)."""
+        import inspect
+
+        from ..explicit_options import constructor_parameters
+
+        cls = cls or spec.load()
+        per_call = set(inspect.signature(cls.scores).parameters) - {p.name for p in constructor_parameters(cls)[0]}
+        return {k: v for k, v in spec.job_config(self.flag_values()).items() if k in per_call}
+
     def scorer_for(self, spec) -> Any:
         """``spec``'s scorer built for this job from what its spec says it takes: the options its job flags
         set; on a shared CLIP the job's ``backbone`` (on its own checkpoint: the job's device and
@@ -212,7 +227,8 @@ class ManifestScorer:
         from ..explicit_options import constructor_parameters
 
         cls = spec.load()
-        kwargs: dict[str, Any] = dict(spec.job_config(self.flag_values()))
+        calls = self.call_options(spec, cls)
+        kwargs: dict[str, Any] = {k: v for k, v in spec.job_config(self.flag_values()).items() if k not in calls}
         if spec.backbone == "clip":
             if spec.shares == "clip":
                 kwargs["backbone"] = self.backbone
@@ -354,7 +370,8 @@ def metric_runner(spec, job: ManifestScorer) -> Callable[[list[ManifestRow]], li
     first in the registry's order writes the row's ``alignment`` with ``alignment=True``.
     """
     scorer = job.scorer_for(spec)
-    config = spec.config_of(scorer)
+    calls = job.call_options(spec, type(scorer))
+    config = {**spec.config_of(scorer), **calls}
     mode = spec.references_for(config)
     writers = [registry.get(m) for m in job.options.metrics if registry.get(m).writes_alignment]
     writer = min(writers, key=lambda w: w.position).name if writers else None  # EMScore's, when chosen
@@ -377,7 +394,7 @@ def metric_runner(spec, job: ManifestScorer) -> Callable[[list[ManifestRow]], li
                 kwargs["references"] = refs
             for key in spec.row_inputs:
                 kwargs[key] = [rows[i].extra.get(key) for i in where]
-            res = scorer.scores([rows[i].caption for i in where], **kwargs)
+            res = scorer.scores([rows[i].caption for i in where], **kwargs, **calls)
             subs = spec.sub_scores_for({**config, "visual": kind, "references": refs is not None and mode != "none"})
             res.check(subs, spec.name)
             alignment = res.extras.get("alignment")
@@ -440,6 +457,8 @@ def row_groups(rows: list[ManifestRow], with_references: bool = True):
 
 def row_problem(row: ManifestRow) -> str | None:
     """Why ``row`` cannot be scored by any metric (an empty caption or reference), or None."""
+    if (over := caption_problem(row.caption)) is not None:  # never read by any metric
+        return f"the caption {over}"
     if not row.caption.strip():
         return "the caption is empty"
     if row.references is not None:

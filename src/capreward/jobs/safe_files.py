@@ -20,21 +20,13 @@ import os
 import stat
 from pathlib import Path
 
+from ..input_files import file_kind
 from ..text import printable
 from .errors import JobError
 
 
 class UnsafeOutput(JobError):
     """A job file that is a link, a device, a FIFO, a socket or a directory."""
-
-
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return name
-    return "not a regular file"
 
 
 def _refusal(path: str | Path, what: str, kind: str) -> UnsafeOutput:
@@ -52,7 +44,7 @@ def check_job_file(path: str | Path, what: str) -> None:
     except FileNotFoundError:
         return
     if not stat.S_ISREG(st.st_mode):
-        raise _refusal(path, what, _kind(st.st_mode))
+        raise _refusal(path, what, file_kind(st.st_mode))
 
 
 def open_job_file(path: str | Path, flags: int, what: str, mode: int = 0o644) -> int:
@@ -65,7 +57,7 @@ def open_job_file(path: str | Path, flags: int, what: str, mode: int = 0o644) ->
             raise _refusal(path, what, "a symbolic link") from None
         if exc.errno in (errno.EISDIR, errno.ENXIO):  # a directory; a FIFO without a reader
             try:
-                kind = _kind(os.lstat(path).st_mode)
+                kind = file_kind(os.lstat(path).st_mode)
             except OSError:
                 kind = "not a regular file"
             raise _refusal(path, what, kind) from None
@@ -73,7 +65,7 @@ def open_job_file(path: str | Path, flags: int, what: str, mode: int = 0o644) ->
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        raise _refusal(path, what, _kind(st.st_mode))
+        raise _refusal(path, what, file_kind(st.st_mode))
     os.set_blocking(fd, True)
     return fd
 

@@ -62,6 +62,8 @@ SHARED_FLAGS = {
     "image_aggregation": "--image-aggregation",
     "max_pixels": "--max-pixels",
     "max_video_pixels": "--max-video-pixels",
+    "max_caption_chars": "--max-caption-chars",
+    "max_caption_claims": "--max-caption-claims",
     "sub_score_separator": SEPARATOR_FLAG,
 }
 
@@ -94,15 +96,20 @@ class SettingsMismatch(JobError):
 @dataclass(frozen=True)
 class JobKind:
     """The command whose settings a record holds, for the record and the refusal messages: ``command``
-    (``"score"``: ``capreward score``), ``verb`` (what it did to the rows: ``"scored"``) and ``flags``
-    (how each setting is set on its command line; a setting without one is named by its key)."""
+    (``"score"``: ``capreward score``), ``verb`` (what it did to the rows: ``"scored"``), ``flags``
+    (how each setting is set on its command line; a setting without one is named by its key) and
+    ``legacy`` (a setting recorded only since a later version -> the value every run had before it: a
+    record without it is read as holding that value)."""
 
     command: str
     verb: str
     flags: Mapping[str, str] = field(default_factory=dict)
+    legacy: Mapping[str, Any] = field(default_factory=dict)
 
 
-SCORE = JobKind("score", "scored", FLAGS)
+#: ``--harmonic-mean`` exists since the score job writes EMScore's F and RefCLIP-S sign-safely by default:
+#: rows of a record without it were formed with the released 2ab/(a+b).
+SCORE = JobKind("score", "scored", FLAGS, legacy={"harmonic_mean": "released"})
 
 
 def record_path(out: str | Path) -> Path:
@@ -128,7 +135,8 @@ def scoring_settings(options: ScoreOptions) -> dict[str, Any]:
     metric that writes one: it changes which fields a row holds, and a report over rows with and without
     alignment would be inconsistent); ``max_pixels`` and ``max_video_pixels``, for every metric (the
     limits in force decide which rows are refused, and a JPEG over ``max_pixels`` is decoded at a reduced
-    scale, which changes its score); ``sub_score_separator`` (how the rows name their sub-score fields,
+    scale, which changes its score); ``max_caption_chars`` and ``max_caption_claims`` when they are not
+    the defaults (the caption budget decides which rows are refused unread: :mod:`capreward.caption_budget`); ``sub_score_separator`` (how the rows name their sub-score fields,
     ``/``: see :mod:`capreward.names`). Models on local disk are recorded with :func:`model_identity`, so
     new weights at the same path count as another model.
 
@@ -178,6 +186,12 @@ def scoring_settings(options: ScoreOptions) -> dict[str, Any]:
     settings["sub_score_separator"] = SEP
     if options.image_aggregation != "mean":  # several-image rows; the default unrecorded, as before it existed
         settings["image_aggregation"] = options.image_aggregation
+    from ..caption_budget import CaptionBudget, get_caption_budget
+
+    budget, default = get_caption_budget(), CaptionBudget()  # which rows are refused unread; the default unrecorded
+    for name in ("max_chars", "max_claims"):
+        if getattr(budget, name) != getattr(default, name):
+            settings[f"max_caption_{name.split('_')[1]}"] = getattr(budget, name)
     return settings
 
 
@@ -290,8 +304,11 @@ def differences(recorded: dict[str, Any], current: dict[str, Any], flags: Mappin
 
 
 def read_record(path: Path) -> dict:
+    from .safe_files import open_job_stream
+
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        with open_job_stream(path, "rb", "the settings record") as f:  # a link, FIFO or device: refused
+            record = json.loads(f.read().decode("utf-8"))
     except (OSError, ValueError) as exc:
         raise JobError(f"{path}: cannot read the settings record ({exc})") from None
     if (not isinstance(record, dict) or record.get("format") != RECORD_FORMAT
@@ -366,7 +383,8 @@ def check_settings(out: str | Path, settings: dict[str, Any], kind: JobKind, has
             f"{out} was written by capreward {recorded_command(record)}, not capreward {kind.command} (recorded in "
             f"{path}); {kind.command} into a new --out"
         )
-    diff = differences(record["settings"], settings, kind.flags)
+    recorded = {**{k: v for k, v in kind.legacy.items() if k in settings}, **record["settings"]}
+    diff = differences(recorded, settings, kind.flags)
     if diff:
         raise SettingsMismatch(
             f"{out} was {kind.verb} with other settings than this run's (recorded in {path}): {'; '.join(diff)}; "

@@ -144,8 +144,15 @@ def load_llava(
         )
     source = str(path) if path.is_dir() else name
 
+    from ..hub import remote_code_problem
+
+    if path.is_dir() and (problem := remote_code_problem(path)) is not None:
+        raise JudgeLoadError(f"judge model directory {str(path)!r} is refused: {problem}", spec=name,
+                             summary=f"judge model directory {str(path)!r} is refused: {problem}")
+
     def load(local_only: bool):
-        kwargs: dict[str, Any] = {"local_files_only": local_only}
+        # trust_remote_code=False: a model folder's own code is never run, and transformers never asks
+        kwargs: dict[str, Any] = {"local_files_only": local_only, "trust_remote_code": False}
         config = AutoConfig.from_pretrained(source, **kwargs)
         processor = AutoProcessor.from_pretrained(source, **kwargs)
         model_kwargs = dict(kwargs, dtype=dtype)

@@ -46,8 +46,8 @@ class LocalTextJudge(SyncBackendMixin):
         if isinstance(model, (str, os.PathLike)):
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(model)
-            model = AutoModelForCausalLM.from_pretrained(model)
+            tokenizer = AutoTokenizer.from_pretrained(model, trust_remote_code=False)  # never a folder's own code
+            model = AutoModelForCausalLM.from_pretrained(model, trust_remote_code=False)
         else:
             model, tokenizer = model
         self.model = model.eval()

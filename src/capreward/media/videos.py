@@ -34,7 +34,6 @@ from .errors import MediaError
 from .files import ConfinedFile, fd_path
 from .images import NAN_IMAGE, array_to_pil, check_size, confined_descriptor, describe, to_rgb
 from .limits import MediaLimits, get_media_limits
-from .orientation import Orientation
 from .probe import ProbeError, count_packets, open_container, probe_video
 
 VideoLike = Any  # str | os.PathLike | ConfinedFile | np.ndarray | torch.Tensor | Sequence[PIL.Image | np.ndarray]

@@ -47,11 +47,15 @@ FLICKR_EXTRA_COLUMNS = ("correctness", "thoroughness")
 
 
 def _load_json(path: Path) -> object:
+    from ..input_files import NotARegularFile, open_regular_stream
+
     try:
-        with path.open(encoding="utf-8") as f:
+        with open_regular_stream(path, "the judgments file", "r", encoding="utf-8") as f:  # a FIFO: refused
             return json.load(f)
     except FileNotFoundError:
         raise JudgmentError(f"{path}: no such judgments file") from None
+    except NotARegularFile as exc:
+        raise JudgmentError(str(exc)) from None
     except json.JSONDecodeError as exc:
         raise JudgmentError(f"{path}: invalid JSON ({exc.msg} at line {exc.lineno})") from None
 
@@ -164,7 +168,13 @@ def read_vatex_eval(path: str | Path) -> Judgments:
             file = path / name
             if not file.exists():
                 raise JudgmentError(f"{path}: missing {name} (the released VATEX-EVAL folder has it)")
-            with file.open("rb") as f:
+            from ..input_files import NotARegularFile, open_regular_stream
+
+            try:
+                f = open_regular_stream(file, name)  # a FIFO or a device: refused, never read
+            except NotARegularFile as exc:
+                raise JudgmentError(str(exc)) from None
+            with f:
                 return pickle.load(f)  # the release's own format; only read files you trust
 
         cands = [str(c) for c in np.asarray(load("candidates_list.pkl")).tolist()]

@@ -12,7 +12,6 @@ Pure functions on strings, dicts and arrays (no model code), shared with VisCE²
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Mapping, Sequence
 

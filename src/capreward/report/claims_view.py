@@ -86,20 +86,59 @@ def verdicts_problem(value: Any) -> str | None:
     return None
 
 
-def _locate(caption: str, text: str, start: int, end: int, taken: list[tuple[int, int]]) -> tuple[int, int]:
-    """The claim's span in ``caption``: as written when it points at the claim's text, else the first
-    free occurrence of the text (case ignored), else (-1, -1)."""
-    if 0 <= start < end <= len(caption) and caption[start:end].lower() == text.lower():
-        return start, end
-    lower, needle, at = caption.lower(), text.lower(), 0
-    while needle:
-        at = lower.find(needle, at)
+class _Spans:
+    """Finds each claim's span in one caption, in time linear in the caption and the claims.
+
+    The caption is lowered once; ``taken`` marks the characters of spans already given (a bytearray, so
+    an overlap test is one C-speed ``find``); each claim text keeps a cursor past the occurrences already
+    found taken (spans are only ever added, so a taken occurrence stays taken), and the search for a
+    claim starts where the previous claim ended (the claims are listed in caption order), going back to
+    the caption's start only when nothing free follows. So listing the same claim 800 times, or 800
+    claims whose spans are stale, costs one pass over the caption per distinct text, not one pass per
+    claim per earlier claim (85 s for 800 claims before)."""
+
+    def __init__(self, caption: str):
+        lower = caption.lower()
+        # a letter whose lower case is longer ("İ") would shift every index after it: compare as given
+        self.caption, self.lower = caption, (lower if len(lower) == len(caption) else caption)
+        self.taken = bytearray(len(caption))
+        self.cursor: dict[str, int] = {}
+        self.after = 0  # where the previous claim's span ended
+
+    def _first_free(self, needle: str, start: int, stop: int | None = None) -> int:
+        """The position of the first free occurrence of ``needle`` starting in [start, stop), or -1."""
+        at, n = start, len(needle)
+        end = len(self.lower) if stop is None else min(len(self.lower), stop + n - 1)
+        while (at := self.lower.find(needle, at, end)) >= 0:
+            if self.taken.find(1, at, at + n) < 0:
+                return at
+            at += 1
+        return -1
+
+    def locate(self, text: str, start: int, end: int) -> tuple[int, int]:
+        """The claim's span: as written when it points at the claim's text, else the first free
+        occurrence of the text (case ignored) from the previous claim's end, else from the start,
+        else (-1, -1)."""
+        caption = self.caption
+        if 0 <= start < end <= len(caption) and caption[start:end].lower() == text.lower():
+            self._take(start, end)
+            return start, end
+        needle = text.lower() if self.lower is not caption else text
+        if not needle:
+            return -1, -1
+        cursor = self.cursor.get(needle, 0)  # every occurrence starting before it is taken
+        at = self._first_free(needle, self.after) if self.after > cursor else -1
+        if at < 0:  # nothing free after the previous claim: from the cursor (up to there)
+            at = self._first_free(needle, cursor, self.after if self.after > cursor else None)
+            self.cursor[needle] = len(caption) + 1 if at < 0 else at + 1
         if at < 0:
-            break
-        if not any(at < e and at + len(needle) > s for s, e in taken):
-            return at, at + len(needle)
-        at += 1
-    return -1, -1
+            return -1, -1
+        self._take(at, at + len(needle))
+        return at, at + len(needle)
+
+    def _take(self, start: int, end: int) -> None:
+        self.taken[start:end] = b"\x01" * (end - start)
+        self.after = end
 
 
 def claim_verdicts(row: dict) -> list[ShownClaim] | None:
@@ -108,12 +147,10 @@ def claim_verdicts(row: dict) -> list[ShownClaim] | None:
     if value is None or verdicts_problem(value) is not None:
         return None
     caption = row.get("caption") if isinstance(row.get("caption"), str) else ""
+    spans = _Spans(caption)
     out: list[ShownClaim] = []
-    taken: list[tuple[int, int]] = []
     for item in value:
-        start, end = _locate(caption, item["text"], item["start"], item["end"], taken)
-        if start >= 0:
-            taken.append((start, end))
+        start, end = spans.locate(item["text"], item["start"], item["end"])
         p = item.get("p")
         out.append(ShownClaim(item["text"], start, end, None if p is None or math.isnan(p) else float(p)))
     return out

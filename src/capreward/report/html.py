@@ -60,6 +60,7 @@ body { font-family: sans-serif; margin: 1.5em; color: #222; }
 table.summary { border-collapse: collapse; margin-bottom: 1em; }
 table.summary th, table.summary td { border: 1px solid #bbb; padding: 3px 8px; text-align: right; font-family: monospace; }
 table.summary th:first-child, table.summary td:first-child { text-align: left; }
+table.settings td { padding: 1px 8px; font-family: monospace; }
 .histograms { display: flex; flex-wrap: wrap; gap: 1.2em; margin-bottom: 1em; }
 .histograms figure { margin: 0; }
 .histograms figcaption { font-size: 0.85em; text-align: center; }
@@ -240,6 +241,39 @@ def controls_section(metrics: list[str], n_rows: int) -> str:
 
 
 
+#: What each way of forming EMScore's F and RefCLIP-S means, for the page.
+HARMONIC_MEANS = {
+    "sign-safe": "sign-safe harmonic mean (2ab/(a+b) when both parts are positive, else the smaller part: "
+                 "EMScore stays in [-1, 1] and ranks captions as the rewards do)",
+    "released": "the papers' harmonic mean 2ab/(a+b) (it leaves [-1, 1] when the parts have opposite signs)",
+}
+
+
+def settings_section(settings: dict | None, metrics: list[str]) -> str:
+    """What the rows were scored with: the settings ``capreward score`` recorded beside the results
+    (``<out>.settings.json``), or a note that none was found; always which harmonic mean formed EMScore's F
+    and RefCLIP-S when those metrics are shown."""
+    from ..jobs.settings_file import FLAGS, SCORE, describe
+
+    if settings is None:
+        body = ("<p class=\"note\">No settings record beside the results (&lt;results&gt;.settings.json): how the "
+                "rows were scored is not known.</p>")
+        return f'<section id="settings"><h2>Scored with</h2>{body}</section>'
+    settings = dict(settings)
+    uses_mean = {"emscore", "clip_s", "pac_s"} & set(settings.get("metrics") or metrics)
+    if uses_mean and "harmonic_mean" not in settings:  # recorded before --harmonic-mean existed
+        settings["harmonic_mean"] = SCORE.legacy["harmonic_mean"]
+    cells = []
+    for key, value in settings.items():
+        text = describe(value)
+        if key == "harmonic_mean":
+            text = f"{text}: {HARMONIC_MEANS.get(value, '')}"
+        cells.append(f'<tr data-setting="{html.escape(key)}"><td>{html.escape(FLAGS.get(key, key))}</td>'
+                     f"<td>{html.escape(text)}</td></tr>")
+    return (f'<section id="settings"><h2>Scored with</h2><table class="settings">{"".join(cells)}</table>'
+            "</section>")
+
+
 def thumbnail_uri(image: Image.Image) -> str:
     """A data URI of a JPEG thumbnail ``THUMB_HEIGHT`` pixels high."""
     scale = THUMB_HEIGHT / max(1, image.height)
@@ -250,12 +284,30 @@ def thumbnail_uri(image: Image.Image) -> str:
 
 
 def visual_frames(row: dict, frames: int | None) -> list[Image.Image]:
-    """The row's image, or its sampled video frames (the same sampling as the scorer's)."""
-    if row.get("image"):
-        return [load_image(row["image"])]
+    """The row's image (each image of a row with several), or its sampled video frames (the same
+    sampling as the scorer's). MediaError for the first that cannot be read."""
+    images, errors = visual_parts(row, frames)
+    if errors:
+        raise errors[0]
+    return images
+
+
+def visual_parts(row: dict, frames: int | None) -> tuple[list[Image.Image], list[MediaError]]:
+    """The row's images or sampled video frames that can be read, and the errors of those that cannot
+    (a row with several images shows the others)."""
     if row.get("video"):
-        return [Image.fromarray(f) for f in load_video(row["video"], frames=frames)]
-    return []
+        try:
+            return [Image.fromarray(f) for f in load_video(row["video"], frames=frames)], []
+        except MediaError as exc:
+            return [], [exc]
+    paths = row.get("image") or []
+    images, errors = [], []
+    for path in [paths] if isinstance(paths, str) else paths:
+        try:
+            images.append(load_image(path))
+        except MediaError as exc:
+            errors.append(exc)
+    return images, errors
 
 
 def similarity_colour(s: float, lo: float, hi: float) -> str:
@@ -277,8 +329,9 @@ def token_spans(alignment: dict, flagged: set[int], lo: float, hi: float) -> str
 
 
 def score_table(row: dict, metrics: list[str]) -> str:
-    """Each headline score, with its sub-scores (``<metric>/<part>`` fields) folded under it in a
-    ``<details>``; numeric fields outside any headline metric are listed after."""
+    """Each headline score, with its sub-scores (``<metric>/<part>`` fields) and, for a row with several
+    images, each image's value (``<metric>/per_image``) folded under it in a ``<details>``; numeric fields
+    outside any headline metric are listed after."""
     parts = []
     claimed: set[str] = set()
     for m in metrics:
@@ -289,10 +342,16 @@ def score_table(row: dict, metrics: list[str]) -> str:
         subs = [(k, v) for k, v in row.items() if k.startswith((m + SEP, m + ".")) and is_score(v)]
         claimed.update(k for k, _ in subs)
         label = f'{html.escape(m)} <span class="value">{shown}</span>'
-        if subs:
-            body = "".join(f"<tr><td>{html.escape(k[len(m) + 1:])}</td><td>{v:.4f}</td></tr>" for k, v in subs)
+        per_image = row.get(sub_score(m, "per_image"))
+        images = [(k, e.get(m)) for k, e in enumerate(per_image) if isinstance(e, dict)] if isinstance(per_image, list) else []
+        if subs or images:
+            body = "".join(f'<tr data-image="{k}"><td>image {k}</td><td>{f"{v:.4f}" if is_score(v) else "n/a"}</td></tr>'
+                           for k, v in images)
+            body += "".join(f"<tr><td>{html.escape(k[len(m) + 1:])}</td><td>{v:.4f}</td></tr>" for k, v in subs)
+            count = f"{len(images)} images" + (", " if subs else "") if images else ""
+            count += f"{len(subs)} sub-scores" if subs else ""
             parts.append(f'<details class="headline" data-metric="{html.escape(m)}"><summary>{label} '
-                         f'({len(subs)} sub-scores)</summary><table class="scores">{body}</table></details>')
+                         f'({count})</summary><table class="scores">{body}</table></details>')
         else:
             parts.append(f'<div class="headline" data-metric="{html.escape(m)}">{label}</div>')
     others = [(k, v) for k, v in row.items() if is_score(v) and k not in claimed and k not in metrics and k != "id"]
@@ -325,10 +384,8 @@ def sample_section(row: dict, order: int, metrics: list[str], frames: int | None
              f'data-error="{int(has_error)}" data-flagged="{int(bool(flagged) or has_unverified(row))}" '
              f"data-scores='{html.escape(json.dumps(scores), quote=True)}'>"]
     parts.append(f'<div class="id">{rid}</div>')
-    try:
-        images = visual_frames(row, frames)
-    except MediaError as exc:
-        images = []
+    images, problems = visual_parts(row, frames)
+    for exc in problems:
         parts.append(f'<div class="error">cannot show the visual: {html.escape(str(exc))}</div>')
     alignment = row.get("alignment")
     best = set(alignment["best_frame"]) if alignment else set()
@@ -356,21 +413,31 @@ def sample_section(row: dict, order: int, metrics: list[str], frames: int | None
 
 
 def render_report(rows: Iterable[dict], out: str | Path, frames: int | None = 10, title: str = "capreward report",
-                  progress: bool = False) -> Path:
+                  progress: bool = False, settings: dict | None = None) -> Path:
     """Write the HTML page of a results file's rows (summary, histograms, sort and filter controls, one
     section per row in the given order).
 
     Args:
         rows: the results rows (``capreward score`` output).
-        out: the HTML file to write.
+        out: the HTML file to write (a new path or a regular file; a symbolic link, a FIFO, a device or a
+            directory is refused with :class:`~capreward.jobs.safe_files.UnsafeOutput`, nothing written).
         frames: frames shown per video (None: every frame).
         title: the page's title.
         progress: a bar on stderr while the samples' frames are decoded.
+        settings: the settings the rows were scored with (``capreward score``'s record beside the results,
+            ``<out>.settings.json``: its ``settings``), shown on the page, which harmonic mean formed
+            EMScore's F and RefCLIP-S among them; None: the page says they are not known.
 
     Returns:
-        The path written."""
+        The path written.
+
+    Raises:
+        UnsafeOutput: ``out`` is a link, a FIFO, a device or a directory."""
     from tqdm import tqdm
 
+    from ..jobs.safe_files import check_job_file
+
+    check_job_file(out, "--out")  # before the visuals are decoded
     rows = list(rows)
     metrics = headline_metrics(rows)
     sims = [s for r in rows if r.get("alignment") for s in r["alignment"]["similarity"]]
@@ -380,7 +447,7 @@ def render_report(rows: Iterable[dict], out: str | Path, frames: int | None = 10
     page = (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{STYLE}{CLAIMS_STYLE}</style></head><body><h1>{html.escape(title)}</h1>"
-        f"{summary_section(rows, metrics)}"
+        f"{summary_section(rows, metrics)}{settings_section(settings, metrics)}"
         f"<h2>Samples</h2><p>{len(rows)} samples. Token colour: best visual similarity (red low, green high); "
         f"superscript: index of the best frame; outlined: flagged by the "
         f"{html.escape(' or '.join(spec.title.lower() for spec in flagging_specs()) or 'metrics')}; claims: green "
@@ -390,5 +457,9 @@ def render_report(rows: Iterable[dict], out: str | Path, frames: int | None = 10
         f"<script>{SCRIPT}</script></body></html>"
     )
     out = Path(out)
-    out.write_bytes(page.encode("utf-8", "backslashreplace"))  # a lone surrogate in a row shows as \udXXX
+    from ..jobs.safe_files import open_job_stream
+
+    # never through a link planted at ``out``, never into a FIFO or a device (UnsafeOutput naming it)
+    with open_job_stream(out, "wb", "--out") as f:
+        f.write(page.encode("utf-8", "backslashreplace"))  # a lone surrogate in a row shows as \udXXX
     return out

@@ -6,6 +6,7 @@ import inspect
 import math
 from typing import Any, Callable, Sequence
 
+from ..caption_budget import caption_problem
 from ..errors import SampleError, common_kind, sample_failure
 from .base import AsyncReward, RewardFunction, RewardOutput, clip_to_range
 from .guards import Guards
@@ -202,6 +203,9 @@ class CompositeReward(RewardFunction):
                     text = completion_text(completion, i)
                 except TypeError:
                     text = ""
+                if (over := caption_problem(text)) is not None:  # never read by a guard: None and the reason
+                    values[i], reasons[i] = None, SampleError(i, "input", f"completions[{i}]", over, " ")
+                    continue
                 try:  # a target-conditioned length guard reads the sample's target from its columns
                     limit = self.guards.max_words_for(kwargs, i)
                 except (ValueError, TypeError, IndexError) as exc:

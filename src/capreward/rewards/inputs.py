@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from ..caption_budget import caption_problem
 from ..errors import SampleError
 from ..scorers.bad_items import references_problem
 
@@ -169,7 +170,8 @@ def collect_inputs(
     Visual precedence per sample: the ``video`` column, then ``image``, then ``images`` (its first entry
     is the sample's visual, the others go in ``more_visuals``: a caption reward scores the caption
     against each and aggregates, see :class:`~capreward.rewards.base.CaptionReward`), then the first
-    image embedded in the conversational prompt. Empty captions, unreadable completions and malformed references mark
+    image embedded in the conversational prompt. Empty captions, captions over the caption budget
+    (:mod:`capreward.caption_budget`), unreadable completions and malformed references mark
     the sample with an ``error`` instead of raising, so one bad sample does not stop a training step.
     Column length mismatches raise ValueError (a caller bug, not a data problem).
     """
@@ -192,6 +194,8 @@ def collect_inputs(
             caption = completion_text(completion, i)
         except TypeError as exc:
             caption, error = "", SampleError.naming(i, "input", f"completions[{i}]", str(exc))
+        if error is None and (over := caption_problem(caption)) is not None:  # never read: None + reason
+            error = SampleError(i, "input", f"completions[{i}]", over, " ")
         if error is None and not caption.strip():
             error = SampleError(i, "input", f"completions[{i}]", "is empty", " ")
         visual, kind, more = None, None, ()

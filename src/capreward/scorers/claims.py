@@ -55,11 +55,11 @@ from ..judges.caller_text import is_blank
 from ..judges.injection import injection_reasons
 from ..judges.local_chat import LocalChatJudge
 from ..judges.protocol import ChatRequest, ChatResponse, JudgeBackend, NextTokenQuery, answer_problem, scores_next_tokens, user_turn
-from ..media import MediaError, media_key
+from ..media import media_key
 from ..metrics.logprobs import MalformedAnswer, listed_probabilities
 from ..media.keys import hash_bytes
 from .claims_prompts import CLAIMS_PROMPT_VERSION, INVENTORY_PROMPT, coverage_prompt, split_prompt, verify_prompt
-from .claims_split import Claim, claim_key, claims_of_references, lexical_coverage, split_claims
+from .claims_split import Claim, claims_of_references, lexical_coverage, split_claims
 from .contract import Scores, floats
 from .fleur import judge_visuals
 from .validation import caption_list, check_references

@@ -7,6 +7,7 @@ import math
 from typing import Any, Mapping
 
 from ..registry import Deviation, JobFlag, MetricSpec, Option, RewardPolicy, register
+from .emscore_spec import HARMONIC_MEAN_FLAG
 
 #: How RefCLIP-S is formed (:mod:`capreward.metrics.harmonic`).
 HARMONIC_MEANS = ("sign-safe", "released")
@@ -103,6 +104,7 @@ CLIP_S = register(MetricSpec(
     value=value,
     range_for=value_range,
     reward_policy=_reward("clip_s"),
+    job_flags=(HARMONIC_MEAN_FLAG,),
 ))
 
 PAC_S = register(MetricSpec(
@@ -130,5 +132,6 @@ PAC_S = register(MetricSpec(
     range_for=value_range,
     reward_policy=_reward("pac_s"),
     job_flags=(JobFlag("pac_model", ("--pac-model",), "PAC-S checkpoint path (for pac-s)", option="model", record="clip_model",
-                       hint="pass --pac-model PATH (the PAC-S checkpoint, e.g. clip_ViT-B-32.pth)"),),
+                       hint="pass --pac-model PATH (the PAC-S checkpoint, e.g. clip_ViT-B-32.pth)"),
+               HARMONIC_MEAN_FLAG),
 ))

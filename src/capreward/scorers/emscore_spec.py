@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..registry import Deviation, MetricSpec, Option, RewardPolicy, register
+from ..registry import Deviation, JobFlag, MetricSpec, Option, RewardPolicy, register
+
+#: ``capreward score --harmonic-mean``: how the job forms EMScore's F and RefCLIP-S / RefPAC-S. Sign-safe by
+#: default, as every reward: the written score stays in the documented range and ranks captions as the
+#: rewards do; the released 2ab/(a+b) explodes and changes sign when its parts have opposite signs (a
+#: wrong caption scored 3.24 against 0.985 for the right one). Recorded per results file.
+HARMONIC_MEAN_FLAG = JobFlag(
+    "harmonic_mean", ("--harmonic-mean",),
+    "how EMScore's F and RefCLIP-S/RefPAC-S are formed: sign-safe (2ab/(a+b) when both parts are positive, else the "
+    "smaller part: inside [-1, 1], as the rewards) or released (the papers' 2ab/(a+b), which leaves the range "
+    "when the parts have opposite signs)", option="harmonic_mean", default="sign-safe", choices=("sign-safe", "released"))
 
 #: The components of each part (video, reference, combined), as :class:`~capreward.scorers.results.MatchScores`.
 MATCH_FIELDS = ("coarse", "fine_p", "fine_r", "fine_f", "full_p", "full_r", "full_f")
@@ -90,6 +100,7 @@ SPEC = register(MetricSpec(
     needs_visual=scores_references_alone,
     default_visual="video",
     position=0,
+    job_flags=(HARMONIC_MEAN_FLAG,),
     writes_alignment=True,
     value=value,
     reward_policy=RewardPolicy(

@@ -10,8 +10,10 @@ sample's value is the **expected accuracy**: the mean over its questions of P(co
 the expectation is that average's limit, exact on a local judge (a softmax over the vocabulary, no
 sampling) and read from the listed log-probabilities on a server.
 
-Questions come per sample (a dataset column: a list of :class:`Question` or dicts with ``question``,
-``options`` and ``answer``, a letter or an index), or are generated once per visual by a VLM
+Questions come per sample (a dataset column: a list of :class:`~capreward.scorers.qa_questions.Question`
+or dicts with ``question``, ``options`` (a list) and ``answer``, a letter or an index, or JSON text of
+such a list; checked by :func:`~capreward.scorers.qa_questions.questions_of`, the one check of every
+door: a sample whose questions fail it gets NaN and the reason), or are generated once per visual by a VLM
 (``question_backend``; :data:`~capreward.scorers.claims_prompts.QA_GENERATION_PROMPT`, one
 ``question | A | B | C | D | letter`` line each) and cached by the visual's content. Caption, question
 and options are data in the prompt: never special tokens on a local judge, escaped for a server.
@@ -19,25 +21,24 @@ and options are data in the prompt: never special tokens on a local judge, escap
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from ..errors import SampleError, kind_of
 from ..caption_reading import read_caption
-from ..judges.caller_text import is_blank, render
+from ..judges.caller_text import is_blank
 from ..judges.injection import injection_reasons
 from ..judges.local_text import LocalTextJudge
 from ..judges.protocol import ChatRequest, JudgeBackend, NextTokenQuery, answer_problem, scores_next_tokens, user_turn
 from ..media import media_key
 from ..metrics.logprobs import MalformedAnswer, listed_probabilities
-from ..media.keys import hash_bytes
 from .claims import _Cache
 from .claims_prompts import CLAIMS_PROMPT_VERSION, LETTERS, QA_GENERATION_PROMPT, qa_prompt
+from .qa_questions import InvalidQuestions, Question, parse_questions, questions_of
 from .fleur import judge_visuals
 from .contract import Scores, floats
 from .validation import caption_list
@@ -45,60 +46,6 @@ from .validation import caption_list
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Question:
-    """A multiple-choice question: ``question``, its ``options`` (2..10) and ``answer``, the index of
-    the correct option."""
-
-    question: str
-    options: tuple[str, ...]
-    answer: int
-
-    def __post_init__(self) -> None:
-        if not 2 <= len(self.options) <= len(LETTERS):
-            raise ValueError(f"a question needs 2..{len(LETTERS)} options, got {len(self.options)}")
-        if not 0 <= self.answer < len(self.options):
-            raise ValueError(f"answer {self.answer} is not an option index of {self.question!r}")
-
-    @classmethod
-    def of(cls, item: Any, where: str = "question") -> "Question":
-        """A :class:`Question` from itself or a mapping ``{"question", "options", "answer"}`` (answer: a
-        letter or an index). Raises ValueError/TypeError naming ``where``."""
-        if isinstance(item, Question):
-            return item
-        if not isinstance(item, Mapping):
-            raise TypeError(f"{where} must be a Question or a mapping, got {type(item).__name__}")
-        try:
-            text, options, answer = item["question"], tuple(item["options"]), item["answer"]
-        except KeyError as exc:
-            raise ValueError(f"{where} has no {exc.args[0]!r}") from None
-        if not isinstance(text, str) or not all(isinstance(o, str) for o in options):
-            raise TypeError(f"{where}: question and options must be strings")
-        if isinstance(answer, str):
-            if len(answer.strip()) != 1 or answer.strip().upper() not in LETTERS[: len(options)]:
-                raise ValueError(f"{where}: answer {answer!r} is not one of the option letters")
-            answer = LETTERS.index(answer.strip().upper())
-        if isinstance(answer, bool) or not isinstance(answer, int):
-            raise TypeError(f"{where}: answer must be a letter or an index")
-        try:
-            return cls(text, options, answer)
-        except ValueError as exc:
-            raise ValueError(f"{where}: {exc}") from None
-
-
-def parse_questions(text: str) -> list[Question]:
-    """Questions from a generator's answer: lines ``question | option ... | letter`` (other lines are
-    skipped)."""
-    out = []
-    for line in text.splitlines():
-        fields = [f.strip() for f in line.split("|")]
-        if len(fields) < 4:
-            continue
-        try:
-            out.append(Question.of({"question": fields[0], "options": fields[1:-1], "answer": fields[-1]}))
-        except (ValueError, TypeError):
-            continue
-    return out
 
 
 def letter_token_ids(tokenizer: Any, n: int) -> list[list[int]]:
@@ -328,7 +275,9 @@ class QAUtility:
         videos: Sequence[Any] | None = None,
     ) -> QAUtilityResult:
         """Expected accuracy of each caption on its questions (``questions[n]``; a sample without
-        questions gets the ones ``question_backend`` writes for ``images[n]`` / ``videos[n]``).
+        questions gets the ones ``question_backend`` writes for ``images[n]`` / ``videos[n]``). A
+        sample whose questions are malformed or over the bounds
+        (:func:`~capreward.scorers.qa_questions.questions_of`) gets NaN and the reason.
 
         Args:
             candidates: the captions.
@@ -342,7 +291,8 @@ class QAUtility:
             probability of each question's correct option, per-sample errors and injection flags.
 
         Raises:
-            TypeError / ValueError: malformed inputs, naming the item.
+            TypeError / ValueError: malformed inputs (lengths that differ, captions that are not text),
+                naming the item.
         """
         candidates = caption_list(candidates)
         n = len(candidates)
@@ -351,11 +301,10 @@ class QAUtility:
         per_sample: list[list[Question] | None] = [None] * n
         errors: list[SampleError | None] = [None] * n
         for i in range(n):
-            given = questions[i] if questions is not None else None
-            if given is not None:
-                if isinstance(given, str):
-                    given = json.loads(given)  # a dataset column may hold them as JSON text
-                per_sample[i] = [Question.of(q, f"questions[{i}][{k}]") for k, q in enumerate(given)]
+            try:  # a list, or JSON text of one (a dataset column): checked as every door checks them
+                per_sample[i] = questions_of(questions[i] if questions is not None else None, f"questions[{i}]")
+            except InvalidQuestions as exc:  # this sample gets no score, with the reason
+                per_sample[i], errors[i] = [], SampleError(i, "input", "", str(exc))
         missing = [i for i in range(n) if per_sample[i] is None]
         if missing:
             if images is None and videos is None:

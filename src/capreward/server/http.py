@@ -12,7 +12,8 @@ sub-score a sample does not have (unscored, no references) is NaN (JSON ``NaN``,
 ``json`` and so OpenRLHF's client read). OpenRLHF sends one query per request and stacks the answers'
 ``extra_logs`` per key (``Experience.concat_experiences``), then splits them per sample: keys that
 varied from answer to answer broke that split. The answer also has ``errors`` (per sample, None or
-why it got the fallback), which OpenRLHF ignores.
+why it got the fallback) and, for a request the server read by a rule the client may not expect,
+``warnings`` (a list of lines: a request without ``prompts``), which OpenRLHF ignores.
 
 The completion is the part of the query after the *first* occurrence of its prompt (whatever precedes
 it, a BOS, left padding, a space, is ignored; a response that repeats the prompt is scored whole, the
@@ -22,8 +23,8 @@ tokens end instead (:class:`~capreward.adapters.prompt_tokens.PromptTokens`): th
 special tokens and padding, with the prompt as its tokens decode (which a normalising tokenizer changes),
 and everything after them is the response. A request without
 ``prompts`` (OpenRLHF always sends them) follows a documented rule: each query is taken as the response
-alone and scored whole, and the server logs a warning once; a client that sends prompt + response
-must send ``prompts`` too. Labels (JSON strings or objects) name the visual and references:
+alone and scored whole; the answer says so in ``warnings`` (:data:`NO_PROMPTS`), and the server logs it
+once; a client that sends prompt + response must send ``prompts`` too. Labels (JSON strings or objects) name the visual and references:
 see :mod:`capreward.adapters.labels`.
 
 Errors: a malformed request (not JSON, missing ``query``/``labels``, lengths that differ, a label that
@@ -46,7 +47,7 @@ refused, unless the operator passes ``allow_any_path``.
 Limits (:class:`ServerLimits`): bodies need a ``Content-Length`` (missing: 411; negative, non-numeric
 or repeated with different values: 400; chunked bodies: 411) and bodies over ``max_body_bytes`` get
 413, all without reading the body; a request line and headers over ``max_header_bytes`` get 431; more
-than ``max_items`` queries get 413. The JSON is bounded too (:mod:`capreward.adapters.json_limits`):
+than ``max_items`` queries get 413. The JSON is bounded too (:mod:`capreward.json_limits`):
 an integer outside 64 bits or a number that overflows, nesting deeper than ``max_json_depth``, a
 string longer than ``max_string_chars`` or an array longer than ``max_items`` get 400 naming the field
 (``labels[2].visual_id is an integer of 5000 digits, out of range (at most 64-bit signed)``).
@@ -88,9 +89,9 @@ from typing import Any, Sequence
 from ..errors import CaprewardError, SampleError, sample_failure
 from .batching import Busy, DynamicBatcher
 from .connections import ConnectionSlots, peer_of
-from ..adapters.json_limits import JSONLimitError, JSONLimits
-from ..adapters.json_limits import check as check_json
-from ..adapters.json_limits import loads as loads_json
+from ..json_limits import JSONLimitError, JSONLimits
+from ..json_limits import check as check_json
+from ..json_limits import loads as loads_json
 from ..adapters.labels import Label, LabelError, parse_label
 from ..adapters.paths import MediaPaths
 from ..adapters.scoring import ScoredBatch, concat_batches, resolve_fallback, score_labelled
@@ -220,16 +221,25 @@ def completion_of(query: str, prompt: str | None, where: str, prompt_tokens: Pro
 
 _NO_PROMPTS_WARNED = threading.Event()
 
+#: What the answer to a request without ``prompts`` says it scored (its ``warnings``).
+NO_PROMPTS = ("the request has no 'prompts': each query was scored whole as the response (OpenRLHF sends "
+              "'prompts'; a client that puts the prompt in 'query' must send 'prompts' too, or the prompt is "
+              "scored as caption text)")
+
 
 def _warn_no_prompts() -> None:
     """Log once per process that requests without ``prompts`` are scored as responses alone."""
     if not _NO_PROMPTS_WARNED.is_set():
         _NO_PROMPTS_WARNED.set()
-        logger.warning(
-            "a request without 'prompts': each query is scored whole as the response (OpenRLHF sends "
-            "'prompts'; a client that puts the prompt in 'query' must send 'prompts' too, or the prompt is "
-            "scored as caption text)"
-        )
+        logger.warning("a request without 'prompts': %s", NO_PROMPTS.split(": ", 1)[1])
+
+
+def request_warnings(payload: Any) -> list[str]:
+    """The lines the answer to ``payload`` (a decoded ``/get_reward`` body) carries in ``warnings``: how
+    the server read a request by a rule the client may not expect (:data:`NO_PROMPTS`)."""
+    if isinstance(payload, dict) and payload.get("prompts") is None and payload.get("query"):
+        return [NO_PROMPTS]
+    return []
 
 
 def _string_list(payload: dict, key: str, n: int | None) -> list[Any] | None:
@@ -344,11 +354,12 @@ class RewardService:
                 return ScoredBatch([None], [SampleError.from_exception(exc, 0, kind="scorer")])
         return concat_batches([self.score([c], [lab]) for c, lab in zip(captions, labels)])
 
-    def respond(self, batch: ScoredBatch) -> dict[str, Any]:
+    def respond(self, batch: ScoredBatch, payload: Any = None) -> dict[str, Any]:
         """The ``/get_reward`` answer for one request's scored samples. ``extra_logs`` has exactly the
         keys :attr:`log_keys` (the reward's sub-scores and ``unscored``), each with one number per
         sample, NaN where the sample has no such sub-score; so the answer depends on the request
-        alone, not on what it was batched with, and every answer has the same keys."""
+        alone, not on what it was batched with, and every answer has the same keys. ``payload``: the
+        request's decoded body, whose :func:`request_warnings` the answer carries in ``warnings``."""
         rewards = batch.filled(self.fallback)
         n = len(batch.values)
         extra: dict[str, list[float]] = {
@@ -358,7 +369,10 @@ class RewardService:
         extra["unscored"] = [float(v is None) for v in batch.values]
         errors = [None if v is not None else self.paths.redact(_local_item(sample_failure(j, None, r), j))
                   for j, (v, r) in enumerate(zip(batch.values, batch.reasons))]
-        return {"rewards": rewards, "scores": list(rewards), "extra_logs": extra, "errors": errors}
+        answer = {"rewards": rewards, "scores": list(rewards), "extra_logs": extra, "errors": errors}
+        if warnings := request_warnings(payload):
+            answer["warnings"] = warnings
+        return answer
 
     @staticmethod
     def encode(answer: dict[str, Any]) -> bytes:
@@ -368,7 +382,7 @@ class RewardService:
     def handle(self, payload: Any) -> dict[str, Any]:
         """The ``/get_reward`` response for a decoded JSON body, scored alone (RequestError for bad
         requests)."""
-        return self.respond(self.score(*self.parse(payload)))
+        return self.respond(self.score(*self.parse(payload)), payload)
 
 
 _BATCH_ITEM = re.compile(r"(completions|candidates|references)\[\d+\]")
@@ -527,9 +541,10 @@ class _Handler(BaseHTTPRequestHandler):
         if body is None:
             return
         try:
-            captions, labels = service.parse(service.decode(body))
+            payload = service.decode(body)
+            captions, labels = service.parse(payload)
             batch = self.server.batcher.submit(captions, labels, timeout=limits.queue_timeout)
-            self._send(200, service.respond(batch))
+            self._send(200, service.respond(batch, payload))
         except RequestError as exc:
             self._send(exc.status, {"error": exc.message})
         except Busy as exc:
@@ -659,6 +674,6 @@ def post_json(url: str, payload: Any, timeout: float = 60.0) -> tuple[int, dict[
 
 
 __all__: Sequence[str] = [
-    "Busy", "END_MARKERS", "RequestError", "RewardHTTPServer", "RewardService", "ServerLimits", "completion_of",
+    "Busy", "END_MARKERS", "NO_PROMPTS", "RequestError", "RewardHTTPServer", "RewardService", "ServerLimits", "completion_of",
     "make_server", "parse_request", "post_json",
 ]

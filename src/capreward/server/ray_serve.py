@@ -88,12 +88,13 @@ def reward_app(reward_factory: Callable[[], Any], *, fallback: float | None = No
                 return JSONResponse({"error": f"request body of {len(body)} bytes exceeds the limit of "
                                               f"{served.max_body_bytes}"}, 413)
             try:
-                captions, labels = self.service.parse(self.service.decode(body))
+                payload = self.service.decode(body)
+                captions, labels = self.service.parse(payload)
             except RequestError as exc:
                 return JSONResponse({"error": exc.message}, exc.status)
             parts = await asyncio.gather(*(self.score_samples((c, lab)) for c, lab in zip(captions, labels)))
             # RewardService.encode: extra_logs carries NaN for undefined sub-scores (JSONResponse refuses NaN)
-            answer = self.service.respond(concat_batches(parts))
+            answer = self.service.respond(concat_batches(parts), payload)
             return Response(self.service.encode(answer), media_type="application/json")
 
     return CaptionRewardReplica.bind()  # type: ignore[attr-defined]  # serve.deployment's class has bind()

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import torch
 
 from ..scorers.claims_prompts import LETTERS, prompt_words, qa_prompt
-from .tiny_claim_judge import COLOURS, NOUNS, background_claim, claim_caption, empty_claim, patch_claim
+from .tiny_claim_judge import COLOURS, NOUNS, background_claim, claim_caption, empty_claim
 from .tiny_llava import _locked, build_tiny_tokenizer, cache_root, install_directory
 
 QUESTION = "What colour is the image?"

@@ -46,6 +46,7 @@ from torchmetrics.utilities.data import dim_zero_cat
 
 from ..errors import failures
 from ..judges.caller_text import is_blank
+from ..caption_budget import check_captions
 from ..caption_reading import as_read
 from .distributed import is_distributed
 from .sources import as_captions, as_references, per_visual
@@ -304,6 +305,7 @@ class CaptionMetric(Metric):
         """The captions as a list (one str is one caption); a TypeError naming the argument order when the
         visuals came first (torchmetrics' CLIPScore order) or a caption is not a str."""
         if isinstance(candidates, str):
+            check_captions([candidates], "candidates")
             return [candidates if self.as_given else as_read(candidates)]
         looks_visual = isinstance(candidates, (torch.Tensor, np.ndarray)) or (
             isinstance(candidates, Sequence) and len(candidates) > 0 and not isinstance(candidates[0], str)
@@ -317,6 +319,7 @@ class CaptionMetric(Metric):
                 "visuals where the captions go"
             )
         captions = as_captions(candidates, what="candidates")
+        check_captions(captions, "candidates")  # over the caption budget: CaptionOverBudget, never read
         return captions if self.as_given else [as_read(c) for c in captions]
 
     def compute(self) -> torch.Tensor | dict[str, torch.Tensor]:

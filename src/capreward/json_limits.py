@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import CaprewardError
+from .errors import CaprewardError
 
 INT64 = 2**63
 
