@@ -333,6 +333,28 @@ class AsyncReward:
         return f"AsyncReward({self.reward.__name__})"
 
 
+def _keep_lower_of_stripped(values: list, reasons: list, metrics: dict[str, list[float]], owners: list[int], given: int,
+                            value_range: tuple[float, float] | None) -> None:
+    """Fold the extra rows ``given..`` (row ``given + k``: sample ``owners[k]``'s caption without its
+    suspect segments) into their samples, in place: each keeps the lower value (and that row's
+    sub-scores); a flagged sample with either row unscored gets the bottom of the range. Truncates to
+    ``given`` rows."""
+    for k, i in enumerate(owners):
+        j = given + k
+        if values[i] is None or values[j] is None:  # a missing judgment is never worth more than a scored one
+            if value_range is not None:
+                values[i], reasons[i] = value_range[0], None
+            else:
+                values[i], reasons[i] = None, reasons[i] or reasons[j]
+        elif values[j] < values[i]:
+            values[i] = values[j]
+            for column in metrics.values():
+                column[i] = column[j]
+    del values[given:], reasons[given:]
+    for column in metrics.values():
+        del column[given:]
+
+
 def _visual_group_key(sample: Sample) -> Any:
     key = media_key(sample.visual, sample.visual_id) if sample.visual is not None else None
     return key if key is not None else ("object", id(sample.visual))
@@ -357,11 +379,14 @@ class CaptionReward(RewardFunction):
             look-alike letters mapped, spaced and leet letters read; what it changed is logged,
             ``<name>/reading`` column). Ordinary captions read as they are written, so their scores do
             not depend on this option. The injection guard reads the caption either way.
-        injection_guard: floor captions that forge judge-prompt structure
-            (:func:`~capreward.judges.injection.injection_reason`): such a caption gets the bottom of
-            :meth:`value_range` without being scored, the reason is logged (``<name>/injection`` column,
-            ``rewards/<name>/injection`` count). None: the class default (:attr:`guard_injection`, on
-            for the LLM-judge rewards).
+        injection_guard: pay a caption that looks like forged judge-prompt structure
+            (:func:`~capreward.judges.injection.injection_spans`) no more than its own reading with every
+            suspect segment removed (:mod:`capreward.rewards.suspects`: both are scored in the same call,
+            the lower value kept), so a false positive costs about nothing and a forged turn or
+            instruction loses what it added; with nothing left (or a flag that names no segment, an
+            injection judge's) the caption gets the bottom of :meth:`value_range`. The reason is logged
+            (``<name>/injection`` column, ``rewards/<name>/injection`` count). None: the class default
+            (:attr:`guard_injection`, on for the LLM-judge rewards).
         injection_judge: with the injection guard on, also ask a judge whether each caption the
             patterns let through addresses the grader
             (:class:`~capreward.judges.injection_judge.JudgeInjectionCheck`; image samples only; one
@@ -513,20 +538,28 @@ class CaptionReward(RewardFunction):
     def score_inputs(self, inputs: RewardInputs) -> RewardOutput:
         """Score collected samples: invalid ones get None, the rest are scored in groups that share a
         visual kind and reference availability; a sample with several images is scored on each and
-        aggregated (``image_aggregation``)."""
+        aggregated (``image_aggregation``). A caption the injection guard flags is also scored without
+        its suspect segments (:func:`~capreward.rewards.suspects.without_suspects`, an extra row of the
+        same call) and gets the lower value; with nothing left, or with either unscored, the bottom of
+        the range."""
         if any(s.more_visuals for s in inputs.samples):
             return self._score_multi_image(inputs)
-        n = len(inputs)
+        given = len(inputs)
         injection = self._injection_guard(inputs.samples)  # on the captions as given (it reads them itself)
+        stripped = self._without_suspects(inputs.samples, injection)
         inputs, reading = self._read(inputs)
+        owners = [i for i, text in enumerate(stripped) if text]  # rows given..: the flagged captions stripped
+        inputs = RewardInputs([*inputs.samples, *(replace(inputs.samples[i], caption=stripped[i]) for i in owners)])
+        n = len(inputs)
         values: list[float | None] = [None] * n
         reasons: list[str | None] = [SampleError.of(s.error, i, kind="input") for i, s in enumerate(inputs.samples)]
         metrics: dict[str, list[float]] = {}
         groups: dict[tuple, list[int]] = {}
+        floored = [i < given and injection[i] is not None and not stripped[i] for i in range(n)]
         for i, s in enumerate(inputs.samples):
             if s.error is not None:
                 continue
-            if injection[i] is not None:
+            if floored[i]:
                 values[i] = self.value_range()[0]  # the guard found a range (see _injection_guard)
                 continue
             refs = s.references if self.use_references else None
@@ -539,6 +572,8 @@ class CaptionReward(RewardFunction):
                 self.scorer  # build outside the per-sample error handling: a bad config must raise
             for (kind, with_refs), rows in groups.items():
                 self._score_rows(inputs.samples, rows, kind, with_refs, values, reasons, metrics, n)
+        _keep_lower_of_stripped(values, reasons, metrics, owners, given, self.value_range())
+        inputs = RewardInputs(inputs.samples[:given])
         if self.injection_guard:
             metrics["injection"] = [
                 math.nan if s.error is not None else float(r is not None) for s, r in zip(inputs.samples, injection)
@@ -548,10 +583,24 @@ class CaptionReward(RewardFunction):
             shown = "; ".join(f"[{i}] {injection[i]}" for i in out.flagged[:8])
             more = f"; ... {len(out.flagged) - 8} more" if len(out.flagged) > 8 else ""
             logger.warning(
-                "%s: %d/%d captions look like forged judge-prompt structure, given the bottom of the range: %s%s",
-                self.name, len(out.flagged), n, shown, more,
+                "%s: %d/%d captions look like forged judge-prompt structure, paid no more than without the "
+                "suspect segments: %s%s", self.name, len(out.flagged), given, shown, more,
             )
         return self.with_metric_names(clip_to_range(out, self.value_range()))
+
+    def _without_suspects(self, samples: Sequence[Sample], injection: list[str | None]) -> list[str | None]:
+        """Per sample, the caption without its suspect segments for a flagged one (``""`` when nothing is
+        left, or when the flag names no segment: an injection judge's), None for the others."""
+        from .suspects import without_suspects
+
+        out: list[str | None] = []
+        for s, why in zip(samples, injection):
+            if why is None or s.error is not None or not isinstance(s.caption, str):
+                out.append(None)
+                continue
+            text = without_suspects(s.caption)
+            out.append(text if text and text.strip() else "")
+        return out
 
     def _read(self, inputs: RewardInputs) -> tuple[RewardInputs, list[str | None]]:
         """The samples with each caption as a person reads it (:func:`~capreward.caption_reading.read_caption`),

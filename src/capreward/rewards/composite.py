@@ -209,8 +209,46 @@ class CompositeReward(RewardFunction):
 
     def compute(self, prompts: Sequence[Any] | None, completions: Sequence[Any], **kwargs: Any) -> RewardOutput:
         """Score every component, combine, add the guards. Returns a `RewardOutput` whose
-        metrics hold each component's raw values and each weighted guard term."""
+        metrics hold each component's raw values and each weighted guard term.
+
+        With the injection guard on (``guards.injection > 0``), a caption the detector flags is also
+        scored, by every component and guard, without its suspect segments
+        (:func:`~capreward.rewards.suspects.without_suspects`; extra rows of the same calls) and keeps
+        the lower total; with nothing left, the bottom of :meth:`value_range`. The ``guard/injection``
+        term is what that took off (0 for an unflagged caption)."""
         kwargs.pop("completion_ids", None)
+        n = len(completions)
+        stripped = self._without_suspects(completions)
+        owners = [i for i, text in enumerate(stripped) if text]
+        if owners:
+            prompts = None if prompts is None else [*prompts, *(prompts[i] for i in owners)]
+            kwargs = {k: _extended(v, n, owners) for k, v in kwargs.items()}
+            completions = [*completions, *(stripped[i] for i in owners)]
+        out = self._combine(prompts, completions, kwargs)
+        if self.guards is not None and self.guards.injection:
+            _keep_lower_of_stripped(out, stripped, owners, n, self.value_range())
+        return self.with_metric_names(clip_to_range(out, self.value_range()))
+
+    def _without_suspects(self, completions: Sequence[Any]) -> list[str | None]:
+        """Per completion, the caption without its suspect segments when the injection guard is on and
+        the detector flags it (``""``: nothing left), else None."""
+        from .suspects import without_suspects
+
+        if self.guards is None or not self.guards.injection:
+            return [None] * len(completions)
+        out: list[str | None] = []
+        for i, completion in enumerate(completions):
+            try:
+                text = completion_text(completion, i)
+            except TypeError:
+                out.append(None)
+                continue
+            left = without_suspects(text)
+            out.append(None if left is None else left.strip())
+        return out
+
+    def _combine(self, prompts: Sequence[Any] | None, completions: Sequence[Any], kwargs: dict) -> RewardOutput:
+        """The weighted sum and the guard terms of every completion (no injection folding, no clipping)."""
         n = len(completions)
         parts = [
             (label, w, _finite_only(self._component_output(f, prompts, completions, kwargs)))
@@ -268,17 +306,54 @@ class CompositeReward(RewardFunction):
                         why = SampleError(i, common_kind([reasons[i], why]), "", f"{reasons[i]}; {why}")
                     values[i], reasons[i] = None, why
                     limit = None
-                for term, value in self.guards.terms(text, max_words=limit).items():
+                for term, value in self.guards.terms(text, max_words=limit, injection=False).items():
                     metrics.setdefault(f"guard/{term}", [math.nan] * n)[i] = value
                     if values[i] is not None:
                         values[i] += value
-        return self.with_metric_names(clip_to_range(RewardOutput(values, reasons, metrics), self.value_range()))
+                if self.guards.injection:
+                    metrics.setdefault("guard/injection", [math.nan] * n)[i] = 0.0
+        return RewardOutput(values, reasons, metrics)
 
     def all_none_hint(self) -> str:
         if self.on_none == "none":
             return ("with on_none='none' one component that cannot answer makes every sample None; "
                     "CompositeReward(..., on_none='floor') (the default) scores the sample from the others")
         return "no component scored these samples: see the reasons"
+
+
+def _extended(column: Any, n: int, owners: list[int]) -> Any:
+    """A dataset column (a list with one entry per completion) with the entries of ``owners`` appended
+    (the extra rows of their stripped captions); anything else unchanged."""
+    if isinstance(column, (list, tuple)) and len(column) == n:
+        return [*column, *(column[i] for i in owners)]
+    return column
+
+
+def _keep_lower_of_stripped(out: RewardOutput, stripped: list[str | None], owners: list[int], n: int,
+                            value_range: tuple[float, float] | None) -> None:
+    """Fold the extra rows ``n..`` (row ``n + k``: completion ``owners[k]`` without its suspect segments)
+    into ``out``, in place: a flagged completion keeps the lower total (the bottom of the range when
+    nothing is left or its stripped row has no value); ``guard/injection`` holds what that took off.
+    Truncates to ``n`` rows."""
+    injection = out.metrics.setdefault("guard/injection", [0.0] * len(out.values))
+    for i in range(n):
+        if stripped[i] is None or out.values[i] is None:
+            continue
+        full = out.values[i]
+        if stripped[i] == "":
+            low = value_range[0] if value_range is not None else None
+        else:
+            j = n + owners.index(i)
+            low = out.values[j] if out.values[j] is not None else (value_range[0] if value_range is not None else None)
+        if low is None:
+            out.values[i], out.reasons[i] = None, SampleError(i, "input", f"completions[{i}]",
+                                                              "flagged as forged prompt structure, and no range to floor it to")
+        elif low < full:
+            out.values[i] = low
+            injection[i] = low - full
+    del out.values[n:], out.reasons[n:]
+    for column in out.metrics.values():
+        del column[n:]
 
 
 def _verdict_metrics(func: Any) -> tuple[str, str] | None:

@@ -361,8 +361,11 @@ class Guards:
     without a target (no references, None in the column) is an error for that sample (the composite
     gives it None with the reason) unless ``length_fallback`` names the words it is then allowed; the
     ramp is ``length_scale`` or the allowed length.
-    ``injection``: the injection guard (`injection_penalty()`): a caption that forges judge-prompt
-    structure gets ``-injection``.
+    ``injection``: the injection guard: a caption the detector flags (`injection_penalty()`) is paid no
+    more than without its suspect segments (:mod:`capreward.rewards.suspects`): a `CompositeReward`
+    scores it both ways through every component and keeps the lower total; the guards alone
+    (`terms()`) take off what the other terms lose on the stripped caption; with nothing left, ``-injection``
+    (any weight > 0 turns the principle on; the weight is the term when nothing is left).
 
     Args:
         repetition: weight of the repetition guard.
@@ -372,7 +375,8 @@ class Guards:
         length: weight of the over-length guard.
         max_words: the over-length guard's fixed limit.
         length_scale: the over-length guard's ramp (None: the allowed length).
-        injection: weight of the injection guard.
+        injection: weight of the injection guard (> 0: on; the term of a caption with nothing left once its
+            suspect segments are removed).
         length_target: None, ``"references"`` or a column of target lengths (see above).
         length_ratio: the allowed multiple of a target length.
         length_fallback: the words allowed to a sample without a target (None: such a sample is an error).
@@ -459,13 +463,14 @@ class Guards:
             target = value
         return max(1, math.ceil(self.length_ratio * target))
 
-    def terms(self, text: str, max_words: int | None = None) -> dict[str, float]:
+    def terms(self, text: str, max_words: int | None = None, injection: bool = True) -> dict[str, float]:
         """The enabled weighted guard terms of one caption, e.g. ``{"repetition": -0.25, ...}``;
         ``max_words`` overrides the length limit (a sample's `max_words_for()`).
 
         Args:
             text: the caption.
             max_words: the length limit (None: :attr:`max_words`).
+            injection: also the injection term (a composite computes it itself, through its components).
 
         Returns:
             Term name -> weighted penalty, for each enabled term.
@@ -477,6 +482,19 @@ class Guards:
             out["truncation"] = self.truncation * truncation_penalty(text, self.require_punctuation)
         if self.length:
             out["length"] = self.length * length_penalty(text, max_words or self.max_words, self.length_scale)
-        if self.injection:
-            out["injection"] = self.injection * injection_penalty(text)
+        if self.injection and injection:
+            out["injection"] = self._injection_term(text, sum(out.values()), max_words)
         return out
+
+    def _injection_term(self, text: str, total: float, max_words: int | None) -> float:
+        """The injection term of a caption whose other terms sum to ``total``: what scoring it without its
+        suspect segments (:func:`~capreward.rewards.suspects.without_suspects`) takes off (``-injection``
+        when nothing is left), so the guards pay a flagged caption no more than without them."""
+        from .suspects import without_suspects
+
+        left = without_suspects(text)
+        if left is None:
+            return 0.0
+        if not left.strip():
+            return -float(self.injection)
+        return min(0.0, sum(self.terms(left, max_words, injection=False).values()) - total)
