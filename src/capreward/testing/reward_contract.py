@@ -14,7 +14,9 @@ hedge) or name none (vague). The contract, per image, on the reward's mean over 
 
 :func:`colour_matrix` scores the candidate captions (:func:`contract_captions`) on held-out images;
 :func:`contract_violations` lists what breaks the contract. ``python -m
-capreward.testing.reward_contract`` prints the demo reward's matrix and its violations.
+capreward.testing.reward_contract`` prints the demo reward's matrix and its violations; ``--world
+scenes`` measures the same classes on the scenes world (:func:`scene_contract`), where a mention without
+its colour is a class of its own (a decision: docs/design/reward-contract.md).
 """
 
 from __future__ import annotations
@@ -109,16 +111,99 @@ def contract_violations(m: ColourMatrix, tolerance: float = 0.05) -> list[str]:
     return out
 
 
+#: The scenes world's contract classes (:func:`scene_cases`).
+SCENE_CLASSES = ("right", "wrong", "hedge", "vague", "omitted")
+
+
+def scene_cases(scene: Any, k: int) -> dict[str, str]:
+    """For one scene of :mod:`capreward.testing.scenes`: its true caption (``right``), the first mention's
+    colour swapped for another colour not in the scene with that shape (``wrong``; the ``k``-th such
+    colour, cycling), that mention naming both colours (``hedge``: "two blue red circles"), nothing said
+    (``vague``: "a picture.") and that mention without its colour (``omitted``)."""
+    from . import scenes as world
+
+    mentions = world.true_mentions(scene)
+    first = mentions[0]
+    taken = {(m.colour, m.shape) for m in mentions}
+    others = [c for c in world.SCENE_COLOURS if c != first.colour and (c, first.shape) not in taken]
+    wrong = others[k % len(others)]
+    noun = first.shape if first.count == 1 else world.SHAPES[first.shape]
+    count = world.COUNT_WORDS.get(first.count, str(first.count))
+
+    def caption(first_text: str) -> str:
+        parts = [first_text, *(m.text() for m in mentions[1:])]
+        return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+    return {
+        "right": world.write_caption(mentions),
+        "wrong": caption(world.Mention(first.count, wrong, first.shape).text()),
+        "hedge": caption(f"{count} {first.colour} {wrong} {noun}"),
+        "vague": "a picture.",
+        "omitted": caption(world.Mention(first.count, None, first.shape).text()),
+    }
+
+
+@dataclass
+class SceneContract:
+    """Per scene (rows) and class (:data:`SCENE_CLASSES`) the reward's value, and what the contract
+    says of them: :meth:`means` and :meth:`violations` (scenes where an order breaks)."""
+
+    values: list[dict[str, float]]
+
+    def means(self) -> dict[str, float]:
+        """Per class the mean value, and ``guess``: the mean of (right + wrong) / 2."""
+        out = {k: statistics.fmean(v[k] for v in self.values) for k in SCENE_CLASSES}
+        out["guess"] = statistics.fmean((v["right"] + v["wrong"]) / 2 for v in self.values)
+        return out
+
+    def violations(self) -> dict[str, int]:
+        """Scenes where the wrong caption earns at least the right one, the hedge at least a guess, the
+        vague caption more than the wrong one; and (reported, decided otherwise: the docs) the omitted
+        colour above the wrong one and at least a guess."""
+        v = self.values
+        return {
+            "wrong >= right": sum(x["wrong"] >= x["right"] for x in v),
+            "hedge >= guess": sum(x["hedge"] >= (x["right"] + x["wrong"]) / 2 for x in v),
+            "vague > wrong": sum(x["vague"] > x["wrong"] + 1e-9 for x in v),
+            "omitted > wrong": sum(x["omitted"] > x["wrong"] + 1e-9 for x in v),
+            "omitted >= guess": sum(x["omitted"] >= (x["right"] + x["wrong"]) / 2 for x in v),
+        }
+
+
+def scene_contract(reward: Callable, rows: Sequence[dict[str, Any]]) -> SceneContract:
+    """Every class of :func:`scene_cases` for every scene of ``rows`` ({"scene", "image"}) scored by
+    ``reward`` in one call (None counts as the value it never is: a ValueError)."""
+    cases = [scene_cases(r["scene"], k) for k, r in enumerate(rows)]
+    flat = reward(None, [c[k] for c in cases for k in SCENE_CLASSES],
+                  image=[r["image"] for r in rows for _ in SCENE_CLASSES])
+    if any(v is None for v in flat):
+        raise ValueError("the reward gave None for a scene caption")
+    m = len(SCENE_CLASSES)
+    return SceneContract([dict(zip(SCENE_CLASSES, flat[i * m:(i + 1) * m])) for i in range(len(rows))])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Print the demo reward's contract matrix on held-out images and its violations."""
+    """Print the demo reward's contract matrix on held-out images and its violations (``--world
+    colours``), or the scenes composite's contract classes on held-out scenes (``--world scenes``)."""
     from ..cli.demo import build_reward
     from .colour_task import colour_rows
     from .trained_clip import trained_clip_path
 
     p = argparse.ArgumentParser(prog="python -m capreward.testing.reward_contract", description=main.__doc__)
+    p.add_argument("--world", choices=("colours", "scenes"), default="colours")
     p.add_argument("--seed", type=int, default=0, help="the demo seed (calibration rows seed + 3000, held-out seed + 5000)")
-    p.add_argument("--images", type=int, default=32, help="held-out images (a multiple of 4)")
+    p.add_argument("--images", type=int, default=32, help="held-out images (a multiple of 4) or scenes")
     args = p.parse_args(argv)
+    if args.world == "scenes":
+        from .scenes_clip import HELD_OUT, MODEL_A, scene_clip_path, scene_stream
+        from .scenes_eval import composite_reward
+
+        composite, penalty = composite_reward(str(scene_clip_path(MODEL_A)), scene_stream(MODEL_A.data, 200))
+        rows = scene_stream(HELD_OUT, args.images)
+        for name, reward in (("composite", composite), ("penalty", penalty)):
+            c = scene_contract(reward, rows)
+            print(name, {k: round(v, 3) for k, v in c.means().items()}, c.violations())
+        return 0
     reward = build_reward(str(trained_clip_path()), colour_rows(16, args.seed + 3000))
     m = colour_matrix(reward, colour_rows(args.images, args.seed + 5000))
     print(m.format())
