@@ -59,8 +59,8 @@ def test_a_hallucinated_claim_lowers_precision_and_the_score(backend, image):
     ps = [[v.p for v in claims] for claims in r.claims]
     assert ps[1][:2] == pytest.approx(ps[0], abs=1e-6)  # the shared claims read the same
     assert ps[1][2] < 0.5 < min(ps[0])  # the judge rejects the hallucinated claim, accepts the true ones
-    # precision: 1 - claim_cost (0.5) per claim not verified, whatever the caption's length
-    assert r.precision.tolist() == [1.0, 0.5] and r.false_claims.tolist() == [0.0, 1.0]
+    # precision: 1 - the doubt (1 - P(yes)) of each claim not verified, whatever the caption's length
+    assert r.precision[0] == 1.0 and r.precision[1] == pytest.approx(ps[1][2]) and r.false_claims.tolist() == [0.0, 1.0]
     assert r.score[1] < r.score[0]  # precision alone (no references): the hallucination costs reward
     average = scorer(backend, claim_cost=None).score([COMPLETE, hallucinated], images=[image, image])
     assert average.precision[0] == pytest.approx(sum(ps[0]) / 2) and average.precision[1] == pytest.approx(sum(ps[1]) / 3)
@@ -107,7 +107,7 @@ def test_scores_do_not_depend_on_the_batch_and_verdicts_are_cached(backend, imag
 def test_claims_past_the_bound_count_as_unverified(backend, image):
     r = scorer(backend, max_claims=1).score([COMPLETE], images=[image])
     assert r.n_claims[0] == 2 and len(r.claims[0]) == 1
-    assert r.false_claims[0] == 1.0 and r.precision[0] == 0.5  # the unverified one is priced as false
+    assert r.false_claims[0] == 1.0 and r.precision[0] == 0.0  # the unverified one is priced as rejected
     average = scorer(backend, max_claims=1, claim_cost=None).score([COMPLETE], images=[image])
     assert average.precision[0] == pytest.approx(average.claims[0][0].p / 2)
 

@@ -94,23 +94,23 @@ def test_claims_reward_prices_a_false_claim_whatever_the_length(claims_setup, pa
     backend, image = claims_setup
     refs = {"references": [["the background is red. there is a green patch."]] * 4} if part == "f" else {}
     out = {}
-    for cost in (0.5, None):
+    for cost in (1.0, None):
         reward = ClaimsReward(scorer=ClaimScorer(backend, max_claims=128, coverage="lexical", claim_cost=cost), part=part)
         captions = [claim_caption(n, f) for n in (4, 80) for f in (False, True)]
         values = reward(None, captions, image=[image] * 4, **refs)
         verdicts = reward.last_result.claims
         assert all(v.p > 0.5 for v in verdicts[0] + verdicts[2]), "the honest claims are verified"
         out[cost] = {4: values[0] - values[1], 80: values[2] - values[3]}
-    assert out[0.5][80] >= 0.8 * out[0.5][4] > 0, out
+    assert out[1.0][80] >= 0.8 * out[1.0][4] > 0, out
     if part == "precision":
         assert out[None][80] < 0.8 * out[None][4], out  # the average dilutes (80 sentences: 10 distinct claims)
-    print(f"claims {part}: cost after 4 / 80 honest sentences: priced {out[0.5][4]:.3f} / {out[0.5][80]:.3f}, "
+    print(f"claims {part}: cost after 4 / 80 honest sentences: priced {out[1.0][4]:.3f} / {out[1.0][80]:.3f}, "
           f"average {out[None][4]:.3f} / {out[None][80]:.3f}")
 
 
 def test_restating_a_true_claim_in_other_words_earns_nothing(claims_setup):
     """A false claim alone, then with 1 to 4 restatements of one true fact in other words: the priced
-    precision does not move (on 5b8107d the average rose 0.05 -> 0.87 with restatements)."""
+    precision does not move from the false claim's (on 5b8107d the average rose 0.05 -> 0.87)."""
     from capreward.rewards.claims import ClaimsReward
     from capreward.scorers.claims import ClaimScorer
 
@@ -119,6 +119,6 @@ def test_restating_a_true_claim_in_other_words_earns_nothing(claims_setup):
     captions = [". ".join(["the background is blue", *restated[:k]]) + "." for k in range(5)]
     priced = ClaimsReward(scorer=ClaimScorer(backend), part="precision")(None, captions, image=[image] * 5)
     average = ClaimsReward(scorer=ClaimScorer(backend, claim_cost=None), part="precision")(None, captions, image=[image] * 5)
-    assert priced == [0.5] * 5, priced
+    assert max(priced) - min(priced) < 1e-9 and priced[0] < 0.05, priced  # the false claim's price, unmoved
     assert average[4] > average[0] + 0.5, average  # what the average paid for restating
     print("precision with 0-4 restatements: priced", priced, "average", [round(v, 3) for v in average])

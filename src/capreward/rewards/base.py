@@ -55,7 +55,7 @@ class RewardOutput:
         reasons: per sample, None or why the value is None.
         metrics: sub-score name -> per-sample floats (NaN where undefined).
         clipped: samples whose value was clipped into the reward's range.
-        injection: per sample, None or why the injection guard floored it (empty when no guard ran).
+        injection: per sample, None or why the injection guard flagged it (empty when no guard ran).
         reading: per sample, None or what reading the caption as a person does changed in it.
 
     Examples:
@@ -69,7 +69,7 @@ class RewardOutput:
     reasons: list[str | None]
     metrics: dict[str, list[float]] = field(default_factory=dict)
     clipped: list[int] = field(default_factory=list)  # samples whose value was clipped into the range
-    #: per sample, None or why the injection guard floored it (empty when no guard ran)
+    #: per sample, None or why the injection guard flagged it (empty when no guard ran)
     injection: list[str | None] = field(default_factory=list)
     #: per sample, None or what reading the caption as a person does changed in it (empty when the
     #: reward scores the text as given)
@@ -77,7 +77,7 @@ class RewardOutput:
 
     @property
     def flagged(self) -> list[int]:
-        """Samples the injection guard floored."""
+        """Samples the injection guard flagged (paid no more than without their suspect segments)."""
         return [i for i, r in enumerate(self.injection) if r is not None]
 
     @property
@@ -665,7 +665,7 @@ class CaptionReward(RewardFunction):
         return self.with_metric_names(clip_to_range(out, self.value_range()))
 
     def _injection_guard(self, samples: Sequence[Sample]) -> list[str | None]:
-        """Per sample, why the guard floors it (:func:`~capreward.judges.injection.injection_reason`), or
+        """Per sample, why the guard flags it (:func:`~capreward.judges.injection.injection_reason`), or
         None: always None with the guard off, for samples already invalid, and for captions that are
         blank once special-token strings are removed (those are empty captions, not injections)."""
         if not self.injection_guard:

@@ -231,8 +231,9 @@ class ClaimsResult:
 
     - ``score``: (N,) F-beta of precision and recall (precision alone without reference claims); NaN
       where the sample has no score (``error``).
-    - ``precision``: (N,) the precision side: with a ``claim_cost`` c (default 0.5),
-      ``1 - min(1, c * false_claims)``, the same for a false claim alone or after many true ones; with
+    - ``precision``: (N,) the precision side: with a ``claim_cost`` c (default 1),
+      ``1 - min(1, c * doubt of the claims not verified)`` (:func:`claim_precision`), the same for a
+      false claim alone or after many true ones; with
       ``claim_cost=None``, the mean verification probability over the caption's claims (an average: a
       long caption dilutes a false claim, and restating true claims raises it).
     - ``false_claims``: (N,) the caption's claims the judge does not verify (P(yes) < 0.5), claims past
@@ -260,16 +261,20 @@ class ClaimsResult:
         return len(self.error)
 
 
-#: The precision side's price of one claim the judge does not verify: two false claims reach 0.
-DEFAULT_CLAIM_COST = 0.5
+#: The precision side's price of a claim the judge rejects outright (P(yes) = 0): the whole side. A
+#: softer price lets a caption of one false claim keep part of its precision, which GRPO turned into a
+#: hack (one run-on claim listing every colour: precision 0.5, full lexical recall; docs/claims.md).
+DEFAULT_CLAIM_COST = 1.0
 
 
 def claim_precision(ps: Sequence[float], total: int, claim_cost: float | None) -> float:
     """The precision side of one caption from its claims' verification probabilities ``ps`` (the first
-    ``len(ps)`` of its ``total`` distinct claims; the others, past the bound, count as unverified).
+    ``len(ps)`` of its ``total`` distinct claims; the others, past the bound, count as unverified, P = 0).
 
-    With ``claim_cost`` c: ``1 - min(1, c * f)`` with f the claims not verified (P(yes) < 0.5), the
-    same whatever the caption's length; None: ``sum(ps) / total`` (an average).
+    With ``claim_cost`` c: ``1 - min(1, c * sum(1 - p for the claims not verified))``, a claim not
+    verified being one with P(yes) < 0.5: each costs c times its doubt, the same whatever the caption's
+    length, and a verified claim costs nothing (a long honest caption is not nibbled by the judge's
+    residual doubt). None: ``sum(ps) / total`` (an average).
 
     Args:
         ps: the verified claims' probabilities.
@@ -282,13 +287,15 @@ def claim_precision(ps: Sequence[float], total: int, claim_cost: float | None) -
     Examples:
         >>> claim_precision([1.0] * 40 + [0.0], 41, None)      # one false claim in 41: an average
         0.975609756097561
-        >>> claim_precision([1.0] * 40 + [0.0], 41, 0.5), claim_precision([0.0], 1, 0.5)
-        (0.5, 0.5)
+        >>> claim_precision([1.0] * 40 + [0.0], 41, 1.0), claim_precision([0.0], 1, 1.0)   # priced: no dilution
+        (0.0, 0.0)
+        >>> claim_precision([0.9, 0.8, 0.4], 3, 0.5)                # one doubtful claim: 0.5 x 0.6
+        0.7
     """
     if claim_cost is None:
         return sum(ps) / total
-    false = sum(p < 0.5 for p in ps) + (total - len(ps))
-    return 1.0 - min(1.0, claim_cost * false)
+    doubt = sum(1.0 - p for p in ps if p < 0.5) + (total - len(ps))
+    return 1.0 - min(1.0, claim_cost * doubt)
 
 
 def f_beta(precision: float, recall: float, beta: float) -> float:
@@ -361,9 +368,10 @@ class ClaimScorer:
             :func:`~capreward.scorers.claims_split.lexical_coverage`, CAPTURE's exact-match stage).
         normalise: P(yes) normalised over yes+no (default) or the raw P(yes) (VQAScore's reading).
         claim_cost: the precision side's price of each claim the judge does not verify (P(yes) < 0.5),
-            in (0, 1]: precision ``1 - min(1, claim_cost * false claims)`` (default 0.5), so a false
-            claim costs the same after any number of true ones and restating a true claim earns nothing.
-            None: the mean P(yes) over the claims (an average).
+            in (0, 1], times its doubt 1 - P(yes): precision ``1 - min(1, claim_cost * doubt)``
+            (:func:`claim_precision`; default 1: a claim rejected outright takes the whole side), so a
+            false claim costs the same after any number of true ones and restating a true claim earns
+            nothing. None: the mean P(yes) over the claims (an average).
         min_mass: a claim whose yes+no probability is below this counts as not verified (0).
         batch_size: requests per local prefill; top_logprobs: alternatives asked of a server.
         cache_size: verdicts kept in memory (0: none).
