@@ -7,7 +7,8 @@ tokens in message text). The judge (``tests/susceptible_judge.py``) follows text
 into its caption slot and rewards master keys, so on unprotected code the attacks succeed (the README's
 "Reward hacking" section records the counts measured on the code before the defences); here, after
 them, no hostile caption scores above its plain wrong counterpart by more than 0.02 unless it is
-flagged (scorers) or flagged and floored (rewards), and none breaks or slows its batch.
+flagged (scorers); a reward pays a flagged caption no more than without its suspect segments (the floor
+when nothing is left), and none breaks or slows its batch.
 
 All captions of a target go in one batch with the plain captions, so the suite costs one scorer call per
 target (plus a chat-server process for the remote path).
@@ -59,14 +60,19 @@ def test_no_attack_succeeds(verdicts):
     assert not wins, [(v.attack, v.target, v.path, v.value, v.plain, v.flagged, v.floored, v.error) for v in wins[:20]]
 
 
-def test_every_visible_attack_is_flagged_and_floored_by_the_rewards(verdicts):
+def test_every_visible_attack_is_flagged_and_paid_no_more_than_without_it(verdicts):
+    """The rewards pay a flagged caption no more than its reading without the suspect segments (the
+    plain wrong caption, for an attack built on it), and the bottom of the range when nothing is left."""
     from capreward.judges.caller_text import is_blank
+    from capreward.rewards.suspects import without_suspects
 
     for v in verdicts:
         caption = next(a.caption for a in ATTACKS if a.name == v.attack)
         if is_blank(caption):  # special tokens / invisible characters only: an empty caption, no value
             assert v.value is None and (v.kind == "scorer" or not v.flagged), v
         elif v.kind == "reward":
-            assert v.flagged and v.floored and v.value == 0.0, v
+            assert v.flagged and v.value is not None and v.value <= v.plain + TOLERANCE, v
+            if not without_suspects(caption):
+                assert v.floored and v.value == 0.0, v
         else:
             assert v.flagged, v

@@ -102,6 +102,9 @@ class RewardPolicy:
             (``use_expected=True`` needs VisCE²'s ``expected=True``), or None.
         check: refuses a configuration (ValueError) before anything is built, given the reward's own and
             scorer options (``idf="batch"`` would make a sample's reward depend on its batch), or None.
+        verdict: ``(claims, false_claims)``: the two sub-scores holding the metric's verdict on a caption's
+            claims (how many it checked, how many it found false), which a
+            :class:`~capreward.rewards.CompositeReward`'s ``verifier`` reads; None when it gives none.
 
     Examples:
         >>> from capreward import registry
@@ -114,6 +117,7 @@ class RewardPolicy:
     scale: str | None = None
     implies: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
     check: Callable[[Mapping[str, Any]], None] | None = None
+    verdict: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)

@@ -345,3 +345,4 @@ def injection_reason(caption: str) -> str | None:
 def injection_reasons(captions: list[str]) -> list[str | None]:
     """:func:`injection_reason` of each caption."""
     return [injection_reason(c) for c in captions]
+

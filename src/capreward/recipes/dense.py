@@ -11,9 +11,9 @@ a TRL without it, which then sums first: the weights still apply).
 - ``claims_precision``: :class:`~capreward.rewards.claims.ClaimsReward` ``part="precision"``;
 - ``claims_recall``: the same scorer, ``part="recall"`` (a second call costs no judge request: the
   verdicts are cached);
-- ``length``: :class:`LengthGuardReward`, ``ceil(length_ratio * L)`` words free with L the longest
-  reference (a dense caption is not penalised for being as long as its references), repetition and
-  truncation guards too.
+- ``length``: :class:`LengthGuardReward`, ``ceil(length_ratio * L)`` words free with L the median
+  reference length (a dense caption is not penalised for being as long as its references; a sample
+  without references is unscored, with the reason), repetition and truncation guards too.
 
 Example::
 

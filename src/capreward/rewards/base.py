@@ -55,7 +55,7 @@ class RewardOutput:
         reasons: per sample, None or why the value is None.
         metrics: sub-score name -> per-sample floats (NaN where undefined).
         clipped: samples whose value was clipped into the reward's range.
-        injection: per sample, None or why the injection guard floored it (empty when no guard ran).
+        injection: per sample, None or why the injection guard flagged it (empty when no guard ran).
         reading: per sample, None or what reading the caption as a person does changed in it.
 
     Examples:
@@ -69,7 +69,7 @@ class RewardOutput:
     reasons: list[str | None]
     metrics: dict[str, list[float]] = field(default_factory=dict)
     clipped: list[int] = field(default_factory=list)  # samples whose value was clipped into the range
-    #: per sample, None or why the injection guard floored it (empty when no guard ran)
+    #: per sample, None or why the injection guard flagged it (empty when no guard ran)
     injection: list[str | None] = field(default_factory=list)
     #: per sample, None or what reading the caption as a person does changed in it (empty when the
     #: reward scores the text as given)
@@ -77,7 +77,7 @@ class RewardOutput:
 
     @property
     def flagged(self) -> list[int]:
-        """Samples the injection guard floored."""
+        """Samples the injection guard flagged (paid no more than without their suspect segments)."""
         return [i for i, r in enumerate(self.injection) if r is not None]
 
     @property
@@ -333,12 +333,22 @@ class AsyncReward:
         return f"AsyncReward({self.reward.__name__})"
 
 
-def _keep_lower(values: list, reasons: list, metrics: dict[str, list[float]], owners: list[int], given: int) -> None:
-    """Fold the extra rows ``given..`` (row ``given + k`` another reading of sample ``owners[k]``) into
-    their samples, in place: each sample keeps the lower value (and that row's sub-scores); a reading
-    that could not be scored leaves its sample unscored, with that reason. Truncates to ``given`` rows."""
-    for k, i in enumerate(owners):
+def _keep_lower(values: list, reasons: list, metrics: dict[str, list[float]], extra: list[tuple[int, bool]], given: int,
+                value_range: tuple[float, float] | None) -> None:
+    """Fold the extra rows ``given..`` into their samples, in place: row ``given + k`` is another reading of
+    sample ``extra[k][0]`` (its decoded reading, or, ``extra[k][1]`` True, the flagged caption without its
+    suspect segments). Each sample keeps the lowest value (and that row's sub-scores). A decoded reading
+    that could not be scored leaves its sample unscored, with that reason; a flagged sample with either
+    row unscored gets the bottom of the range (a missing judgment is never worth more than a scored one).
+    Truncates to ``given`` rows."""
+    for k, (i, stripped) in enumerate(extra):
         j = given + k
+        if stripped and (values[i] is None or values[j] is None):
+            if value_range is not None:
+                values[i], reasons[i] = value_range[0], None
+            else:
+                values[i], reasons[i] = None, reasons[i] or reasons[j]
+            continue
         if values[i] is None:
             continue
         if values[j] is None:
@@ -381,11 +391,14 @@ class CaptionReward(RewardFunction):
             separator: :attr:`~capreward.caption_reading.Reading.decoded`) is also scored decoded and
             the lower value kept; what the reading changed is logged, ``<name>/reading`` column). Ordinary captions read as they are written, so their scores do
             not depend on this option. The injection guard reads the caption either way.
-        injection_guard: floor captions that forge judge-prompt structure
-            (:func:`~capreward.judges.injection.injection_reason`): such a caption gets the bottom of
-            :meth:`value_range` without being scored, the reason is logged (``<name>/injection`` column,
-            ``rewards/<name>/injection`` count). None: the class default (:attr:`guard_injection`, on
-            for the LLM-judge rewards).
+        injection_guard: pay a caption that looks like forged judge-prompt structure
+            (:func:`~capreward.judges.injection.injection_spans`) no more than its own reading with every
+            suspect segment removed (:mod:`capreward.rewards.suspects`: both are scored in the same call,
+            the lower value kept), so a false positive costs about nothing and a forged turn or
+            instruction loses what it added; with nothing left (or a flag that names no segment, an
+            injection judge's) the caption gets the bottom of :meth:`value_range`. The reason is logged
+            (``<name>/injection`` column, ``rewards/<name>/injection`` count). None: the class default
+            (:attr:`guard_injection`, on for the LLM-judge rewards).
         injection_judge: with the injection guard on, also ask a judge whether each caption the
             patterns let through addresses the grader
             (:class:`~capreward.judges.injection_judge.JudgeInjectionCheck`; image samples only; one
@@ -543,15 +556,22 @@ class CaptionReward(RewardFunction):
     def score_inputs(self, inputs: RewardInputs) -> RewardOutput:
         """Score collected samples: invalid ones get None, the rest are scored in groups that share a
         visual kind and reference availability; a sample with several images is scored on each and
-        aggregated (``image_aggregation``)."""
+        aggregated (``image_aggregation``). A caption the injection guard flags is also scored without
+        its suspect segments (:func:`~capreward.rewards.suspects.without_suspects`, an extra row of the
+        same call) and gets the lower value; with nothing left, or with either unscored, the bottom of
+        the range."""
         if any(s.more_visuals for s in inputs.samples):
             return self._score_multi_image(inputs)
         given = len(inputs)
         injection = self._injection_guard(inputs.samples)  # on the captions as given (it reads them itself)
-        owners = self._decoded_rows(inputs)  # rows given..: a caption's decoded reading, scored beside it
+        stripped = self._without_suspects(inputs.samples, injection)
+        floored = [why is not None and not stripped[i] for i, why in enumerate(injection)]  # nothing left to score
+        decoded = [(i, text) for i, text in self._decoded_rows(inputs) if not floored[i]]
         inputs, reading = self._read(inputs)
-        inputs = RewardInputs([*inputs.samples, *(replace(inputs.samples[i], caption=text) for i, text in owners)])
-        injection = [*injection, *(injection[i] for i, _ in owners)]
+        # rows given..: decoded readings, then the flagged captions without their suspect segments
+        extra = [*((i, text, False) for i, text in decoded), *((i, text, True) for i, text in enumerate(stripped) if text)]
+        inputs = RewardInputs([*inputs.samples, *(replace(inputs.samples[i], caption=text) for i, text, _ in extra)])
+        floored = floored + [False] * len(extra)
         n = len(inputs)
         values: list[float | None] = [None] * n
         reasons: list[str | None] = [SampleError.of(s.error, i, kind="input") for i, s in enumerate(inputs.samples)]
@@ -560,7 +580,7 @@ class CaptionReward(RewardFunction):
         for i, s in enumerate(inputs.samples):
             if s.error is not None:
                 continue
-            if injection[i] is not None:
+            if floored[i]:
                 values[i] = self.value_range()[0]  # the guard found a range (see _injection_guard)
                 continue
             refs = s.references if self.use_references else None
@@ -575,9 +595,8 @@ class CaptionReward(RewardFunction):
                 self.scorer  # build outside the per-sample error handling: a bad config must raise
             for (kind, with_refs), rows in groups.items():
                 self._score_rows(inputs.samples, rows, kind, with_refs, values, reasons, metrics, n)
-        _keep_lower(values, reasons, metrics, [i for i, _ in owners], given)
+        _keep_lower(values, reasons, metrics, [(i, flag) for i, _, flag in extra], given, self.value_range())
         inputs = RewardInputs(inputs.samples[:given])
-        injection = injection[:given]
         if self.injection_guard:
             metrics["injection"] = [
                 math.nan if s.error is not None else float(r is not None) for s, r in zip(inputs.samples, injection)
@@ -587,8 +606,8 @@ class CaptionReward(RewardFunction):
             shown = "; ".join(f"[{i}] {injection[i]}" for i in out.flagged[:8])
             more = f"; ... {len(out.flagged) - 8} more" if len(out.flagged) > 8 else ""
             logger.warning(
-                "%s: %d/%d captions look like forged judge-prompt structure, given the bottom of the range: %s%s",
-                self.name, len(out.flagged), n, shown, more,
+                "%s: %d/%d captions look like forged judge-prompt structure, paid no more than without the "
+                "suspect segments: %s%s", self.name, len(out.flagged), given, shown, more,
             )
         return self.with_metric_names(clip_to_range(out, self.value_range()))
 
@@ -605,6 +624,20 @@ class CaptionReward(RewardFunction):
                 r = read_caption(s.caption)
                 if r.suspects and r.decoded.strip() and r.decoded != r.text:
                     out.append((i, r.decoded))
+        return out
+
+    def _without_suspects(self, samples: Sequence[Sample], injection: list[str | None]) -> list[str | None]:
+        """Per sample, the caption without its suspect segments for a flagged one (``""`` when nothing is
+        left, or when the flag names no segment: an injection judge's), None for the others."""
+        from .suspects import without_suspects
+
+        out: list[str | None] = []
+        for s, why in zip(samples, injection):
+            if why is None or s.error is not None or not isinstance(s.caption, str):
+                out.append(None)
+                continue
+            text = without_suspects(s.caption)
+            out.append(text if text and text.strip() else "")
         return out
 
     def _read(self, inputs: RewardInputs) -> tuple[RewardInputs, list[str | None]]:
@@ -670,7 +703,7 @@ class CaptionReward(RewardFunction):
         return self.with_metric_names(clip_to_range(out, self.value_range()))
 
     def _injection_guard(self, samples: Sequence[Sample]) -> list[str | None]:
-        """Per sample, why the guard floors it (:func:`~capreward.judges.injection.injection_reason`), or
+        """Per sample, why the guard flags it (:func:`~capreward.judges.injection.injection_reason`), or
         None: always None with the guard off, for samples already invalid, and for captions that are
         blank once special-token strings are removed (those are empty captions, not injections)."""
         if not self.injection_guard:

@@ -53,6 +53,19 @@ class CompositeReward(RewardFunction):
         log_subscores: log every component's batch mean as ``rewards/<name>/<component>``, each guard
             term as ``rewards/<name>/guard/<term>`` (weighted) and the components' own sub-scores as
             ``rewards/<name>/<component>/<sub>``.
+        verifier: the component whose verdict on a caption's claims gates the others (the reward
+            contract, docs/design/reward-contract.md): a caption that makes no claim the verifier can
+            check, or one it finds false, is paid nothing by the other components (each counts at the
+            bottom of its range, as ``on_none="floor"`` counts a missing one), so a vague caption, a
+            hedge and a wrong guess earn no similarity credit over each other and the verifier's own
+            price ranks them. A missing verdict closes the gate too (never worth more than a scored
+            one). ``"auto"`` (default): the first component that gives a verdict (a reward with
+            ``verdict_metrics``, as `HallucinationPenalty`), when every other component has a known range;
+            a component's label to name it; None: no gate (every component pays independently).
+
+    Raises:
+        ValueError: a bad weight, range or ``on_none``; a ``verifier`` that names no component giving a
+            verdict, or gates a component without a known range.
 
     Returns (per completion) a float or None in `value_range()`: the weighted sum of the
     components' ranges plus [-Σ guard weights, 0] when every component is a capreward reward (each
@@ -69,6 +82,9 @@ class CompositeReward(RewardFunction):
         >>> right, wrong, repeated = reward(None, ["a red image.", "a blue image.", "a red red red red image."], image=[red] * 3)
         >>> right > repeated > wrong                     # the repetition guard costs the repeated caption
         True
+        >>> vague, hedge, wrong = reward(None, ["an image.", "a red blue image.", "a blue image."], image=[red] * 3)
+        >>> right > hedge == wrong > vague               # the contract: no similarity credit without a verified claim
+        True
     """
 
     __name__ = "composite"
@@ -81,6 +97,7 @@ class CompositeReward(RewardFunction):
         name: str | None = None,
         log_subscores: bool = True,
         allow_negative_weights: bool = False,
+        verifier: str | None = "auto",
     ):
         super().__init__(name=name, log_subscores=log_subscores)
         if on_none not in ON_NONE:
@@ -114,6 +131,29 @@ class CompositeReward(RewardFunction):
             self.ranges.append(_component_range(k, base, func, given_range))
         self.guards = guards
         self.on_none = on_none
+        self.verifier = self._find_verifier(verifier)
+
+    def _find_verifier(self, verifier: str | None) -> int | None:
+        """The index of the gating component (see ``verifier``), or None."""
+        if verifier is None:
+            return None
+        if not isinstance(verifier, str):
+            raise ValueError(f"verifier must be 'auto', a component label or None, got {verifier!r}")
+        labels = [label for label, _, _ in self.components]
+        if verifier == "auto":
+            found = [k for k, (_, f, _) in enumerate(self.components) if _verdict_metrics(f) is not None]
+            if not found or any(r is None for k, r in enumerate(self.ranges) if k != found[0]):
+                return None
+            return found[0]
+        if verifier not in labels:
+            raise ValueError(f"verifier {verifier!r} is not a component label; the labels are {labels}")
+        k = labels.index(verifier)
+        if _verdict_metrics(self.components[k][1]) is None:
+            raise ValueError(f"verifier {verifier!r} gives no verdict on claims (no verdict_metrics)")
+        unranged = [labels[j] for j, r in enumerate(self.ranges) if r is None and j != k]
+        if unranged:
+            raise ValueError(f"verifier {verifier!r} cannot gate {unranged}: give their ranges as (func, weight, (lo, hi))")
+        return k
 
     def load_models(self) -> "CompositeReward":
         for _, func, _ in self.components:
@@ -143,9 +183,22 @@ class CompositeReward(RewardFunction):
             names.append(label)
             if isinstance(func, RewardFunction):
                 names.extend(f"{label}/{key}" for key in func.metric_names())
+        if self.verifier is not None:
+            names.append("verified")
         if self.guards is not None:
             names.extend(f"guard/{term}" for term in self.guards.weights())
         return (*names, *super().metric_names())
+
+    def _verified(self, parts: list[tuple[str, float, RewardOutput]], n: int) -> list[bool]:
+        """Per sample, whether the verifier vouches for it: scored, with at least one claim and no false
+        one (all True without a verifier)."""
+        if self.verifier is None:
+            return [True] * n
+        claims_key, false_key = _verdict_metrics(self.components[self.verifier][1])
+        out = parts[self.verifier][2]
+        claims = out.metrics.get(claims_key, [math.nan] * n)
+        false = out.metrics.get(false_key, [math.nan] * n)
+        return [out.values[i] is not None and claims[i] > 0 and false[i] == 0 for i in range(n)]
 
     def _component_output(self, func: Callable, prompts, completions, kwargs) -> RewardOutput:
         if isinstance(func, RewardFunction):
@@ -157,8 +210,46 @@ class CompositeReward(RewardFunction):
 
     def compute(self, prompts: Sequence[Any] | None, completions: Sequence[Any], **kwargs: Any) -> RewardOutput:
         """Score every component, combine, add the guards. Returns a `RewardOutput` whose
-        metrics hold each component's raw values and each weighted guard term."""
+        metrics hold each component's raw values and each weighted guard term.
+
+        With the injection guard on (``guards.injection > 0``), a caption the detector flags is also
+        scored, by every component and guard, without its suspect segments
+        (:func:`~capreward.rewards.suspects.without_suspects`; extra rows of the same calls) and keeps
+        the lower total; with nothing left, the bottom of :meth:`value_range`. The ``guard/injection``
+        term is what that took off (0 for an unflagged caption)."""
         kwargs.pop("completion_ids", None)
+        n = len(completions)
+        stripped = self._without_suspects(completions)
+        owners = [i for i, text in enumerate(stripped) if text]
+        if owners:
+            prompts = None if prompts is None else [*prompts, *(prompts[i] for i in owners)]
+            kwargs = {k: _extended(v, n, owners) for k, v in kwargs.items()}
+            completions = [*completions, *(stripped[i] for i in owners)]
+        out = self._combine(prompts, completions, kwargs)
+        if self.guards is not None and self.guards.injection:
+            _keep_lower_of_stripped(out, stripped, owners, n, self.value_range())
+        return self.with_metric_names(clip_to_range(out, self.value_range()))
+
+    def _without_suspects(self, completions: Sequence[Any]) -> list[str | None]:
+        """Per completion, the caption without its suspect segments when the injection guard is on and
+        the detector flags it (``""``: nothing left), else None."""
+        from .suspects import without_suspects
+
+        if self.guards is None or not self.guards.injection:
+            return [None] * len(completions)
+        out: list[str | None] = []
+        for i, completion in enumerate(completions):
+            try:
+                text = completion_text(completion, i)
+            except TypeError:
+                out.append(None)
+                continue
+            left = without_suspects(text)
+            out.append(None if left is None else left.strip())
+        return out
+
+    def _combine(self, prompts: Sequence[Any] | None, completions: Sequence[Any], kwargs: dict) -> RewardOutput:
+        """The weighted sum and the guard terms of every completion (no injection folding, no clipping)."""
         n = len(completions)
         parts = [
             (label, w, _finite_only(self._component_output(f, prompts, completions, kwargs)))
@@ -173,9 +264,14 @@ class CompositeReward(RewardFunction):
         values: list[float | None] = [None] * n
         reasons: list[str | None] = [None] * n
         total_weight = sum(abs(w) for _, w, _ in parts)
+        verified = self._verified(parts, n)
+        if self.verifier is not None:
+            metrics["verified"] = [float(v) for v in verified]
         for i in range(n):
             missing = [(k, label, out.reasons[i]) for k, (label, _, out) in enumerate(parts) if out.values[i] is None]
-            valid = [(w, out.values[i]) for _, w, out in parts if out.values[i] is not None]
+            # an unverified caption: every component but the verifier counts at the bottom of its range
+            valid = [(w, out.values[i] if verified[i] or k == self.verifier else _bottom(w, self.ranges[k]) / w)
+                     for k, (_, w, out) in enumerate(parts) if out.values[i] is not None]
             if missing and (self.on_none == "none" or not valid):
                 text = "; ".join(f"{label}: {why or 'no score'}" for _, label, why in missing)
                 reasons[i] = SampleError(i, common_kind([why for _, _, why in missing]), "", text)
@@ -214,17 +310,62 @@ class CompositeReward(RewardFunction):
                         why = SampleError(i, common_kind([reasons[i], why]), "", f"{reasons[i]}; {why}")
                     values[i], reasons[i] = None, why
                     limit = None
-                for term, value in self.guards.terms(text, max_words=limit).items():
+                for term, value in self.guards.terms(text, max_words=limit, injection=False).items():
                     metrics.setdefault(f"guard/{term}", [math.nan] * n)[i] = value
                     if values[i] is not None:
                         values[i] += value
-        return self.with_metric_names(clip_to_range(RewardOutput(values, reasons, metrics), self.value_range()))
+                if self.guards.injection:
+                    metrics.setdefault("guard/injection", [math.nan] * n)[i] = 0.0
+        return RewardOutput(values, reasons, metrics)
 
     def all_none_hint(self) -> str:
         if self.on_none == "none":
             return ("with on_none='none' one component that cannot answer makes every sample None; "
                     "CompositeReward(..., on_none='floor') (the default) scores the sample from the others")
         return "no component scored these samples: see the reasons"
+
+
+def _extended(column: Any, n: int, owners: list[int]) -> Any:
+    """A dataset column (a list with one entry per completion) with the entries of ``owners`` appended
+    (the extra rows of their stripped captions); anything else unchanged."""
+    if isinstance(column, (list, tuple)) and len(column) == n:
+        return [*column, *(column[i] for i in owners)]
+    return column
+
+
+def _keep_lower_of_stripped(out: RewardOutput, stripped: list[str | None], owners: list[int], n: int,
+                            value_range: tuple[float, float] | None) -> None:
+    """Fold the extra rows ``n..`` (row ``n + k``: completion ``owners[k]`` without its suspect segments)
+    into ``out``, in place: a flagged completion keeps the lower total (the bottom of the range when
+    nothing is left or its stripped row has no value); ``guard/injection`` holds what that took off.
+    Truncates to ``n`` rows."""
+    injection = out.metrics.setdefault("guard/injection", [0.0] * len(out.values))
+    for i in range(n):
+        if stripped[i] is None or out.values[i] is None:
+            continue
+        full = out.values[i]
+        if stripped[i] == "":
+            low = value_range[0] if value_range is not None else None
+        else:
+            j = n + owners.index(i)
+            low = out.values[j] if out.values[j] is not None else (value_range[0] if value_range is not None else None)
+        if low is None:
+            out.values[i], out.reasons[i] = None, SampleError(i, "input", f"completions[{i}]",
+                                                              "flagged as forged prompt structure, and no range to floor it to")
+        elif low < full:
+            out.values[i] = low
+            injection[i] = low - full
+    del out.values[n:], out.reasons[n:]
+    for column in out.metrics.values():
+        del column[n:]
+
+
+def _verdict_metrics(func: Any) -> tuple[str, str] | None:
+    """A component's ``verdict_metrics`` (``(claims, false_claims)`` sub-score names), or None."""
+    keys = getattr(func, "verdict_metrics", None)
+    if isinstance(keys, tuple) and len(keys) == 2 and all(isinstance(k, str) for k in keys):
+        return keys
+    return None
 
 
 def _check_weight(k: int, name: str, weight: Any, allow_negative: bool) -> float:

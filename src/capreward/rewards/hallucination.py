@@ -2,13 +2,16 @@
 
 For each content token of the caption (see :func:`~capreward.metrics.token_support.content_mask`), EMScore's
 fine-grained matching gives the cosine similarity of its CLIP token embedding to the best-matching
-frame. Tokens below ``threshold`` are "unsupported"; the penalty is minus their (idf-)weighted
-fraction, in [-1, 0]: 0 when every content word finds a matching frame, -1 when none does.
+frame. Tokens below ``threshold`` are "unsupported"; each costs ``claim_cost`` (default 0.5): the penalty
+is ``-min(1, claim_cost * #unsupported)``, in [-1, 0], 0 when every content word finds a matching frame,
+and the same for one false word alone or after many true ones (``claim_cost=None``: minus their
+(idf-)weighted fraction, an average that a long caption dilutes).
 
 Calibration: per-token similarities depend on the CLIP model (and on frame sampling), so the threshold
 should be set from data with :meth:`HallucinationPenalty.calibrate`: it takes captions known to be
-correct for their visuals and sets the threshold to a low quantile (default 5%) of their content
-tokens' similarities, i.e. about 5% of correct content words get flagged. The default threshold
+correct for their visuals and sets the threshold so that at most 5% (``quantile``) of correct captions
+get any word flagged (a conformal order statistic of each caption's lowest content-word similarity;
+``unit="token"``: of correct content words), which needs at least 19 known-good captions at 5%. The default threshold
 (:data:`DEFAULT_THRESHOLD`) is only a starting point for OpenAI ViT-B/32-sized models, not a
 measured value.
 
@@ -25,9 +28,10 @@ What is never content: function words (:data:`~capreward.metrics.token_support.S
 generic words that name the medium or nothing (:data:`~capreward.metrics.token_support.GENERIC_WORDS`:
 "image", "picture", "photo", "something"), which no visual supports or contradicts. A caption with no
 content word at all ("a", "image", "a picture.") says nothing the visual supports: it gets
-``empty_penalty`` (default -0.5), between a caption whose words are all supported (0) and one whose
-words are all wrong (-1), so a wrong attribute costs more than an absent one and a content-free caption
-never earns what a supported one does.
+``empty_penalty`` (default -1, a wrong caption's value), so saying nothing never earns more than an
+honest guess (the reward contract: docs/design/reward-contract.md). Content is decided by idf when an
+idf corpus is given; a caption whose words idf finds all frequent but the word lists call content (a
+small corpus) has its list words judged, never the empty penalty.
 
 A CLIP only knows the words it was trained on: with the random-weight tiny CLIP of the tests the
 similarities carry no meaning; with :mod:`capreward.testing.trained_clip` (a tiny CLIP trained on
@@ -42,8 +46,8 @@ from .metric_reward import MetricReward
 
 
 class HallucinationPenalty(MetricReward):
-    """Reward in [-1, 0]: minus the weighted fraction of content tokens whose best frame similarity is
-    below ``threshold``.
+    """Reward in [-1, 0]: ``-min(1, claim_cost * n)`` with n the number of content tokens whose best frame
+    similarity is below ``threshold`` (the same for a false word alone or after many true ones).
 
     Args:
         threshold: similarity below which a content token is unsupported (see `calibrate()`).
@@ -52,12 +56,16 @@ class HallucinationPenalty(MetricReward):
         stop_words: the function-word list used without idf.
         generic_words: words never counted as content (default
             `GENERIC_WORDS`: "image", "picture", "photo", ...).
-        empty_penalty: the penalty of a caption without a content word, in [-1, 0] (default -0.5).
+        empty_penalty: the penalty of a caption without a content word, in [-1, 0] (default -1: no more
+            than a wrong caption's, so saying nothing never pays more than a guess).
         context_free: also judge each content word encoded alone and keep the lower similarity, so words
             before it cannot carry a wrong word ("a red red red blue image"); costs one more text-encoder
             batch (the visuals' embeddings are cached). False: only the word in its caption.
-        idf_weighting: weigh tokens by their idf weight (only with ``idf``); else every content token
-            counts 1.
+        idf_weighting: in the fraction (``claim_cost=None``), weigh tokens by their idf weight (only
+            with ``idf``); else every content token counts 1.
+        claim_cost: the price of each unsupported content token, in (0, 1] (default 0.5). None: minus the
+            (idf-)weighted fraction of content tokens that are unsupported (an average that a long
+            caption dilutes: one false word after 40 true ones costs 1/41).
 
     The EMScore options (``model``, ``device``, ``idf``, ``frames``, ``backbone``, ...) and the column options
     of `CaptionReward` are keywords too (the signature lists them); references are not used. Its scorer
@@ -65,7 +73,8 @@ class HallucinationPenalty(MetricReward):
     quantile)`` sets ``threshold`` from known-good captions, ``reports(captions, visuals, kind)`` and
     ``report_for(alignment, threshold)`` say which content words are flagged, ``alignments(...)``.
 
-    Logs ``content_tokens`` and ``unsupported_tokens`` (batch means) as sub-scores.
+    Logs ``content_tokens`` and ``unsupported_tokens`` (batch means) as sub-scores; a
+    `CompositeReward` reads them as its verifier's verdict (``verdict_metrics``).
 
     Examples:
         >>> from capreward.testing import colour_image, trained_clip_path
@@ -73,8 +82,8 @@ class HallucinationPenalty(MetricReward):
         >>> red = colour_image("red")
         >>> from capreward.rewards import HallucinationPenalty
         >>> penalty = HallucinationPenalty(model=clip)
-        >>> penalty(None, ["a red image.", "a blue image."], image=[red, red])
-        [0.0, -1.0]
+        >>> penalty(None, ["a red image.", "a blue image.", "a blue green image.", "an image."], image=[red] * 4)
+        [0.0, -0.5, -1.0, -1.0]
     """
 
     __name__ = "hallucination"

@@ -187,6 +187,13 @@ class MetricReward(CaptionReward):
         """
         return class_for(MetricReward.named, MetricReward, metric)
 
+    @property
+    def verdict_metrics(self) -> tuple[str, str] | None:
+        """``(claims, false_claims)``: the two sub-scores holding this reward's verdict on a caption's
+        claims (how many it checked, how many it found false), read by a `CompositeReward`'s
+        ``verifier``; None when the metric gives no such verdict."""
+        return self.spec.reward_policy.verdict
+
     @staticmethod
     def signature_of(metric: str) -> inspect.Signature:
         """The options ``MetricReward(metric, ...)`` takes: the common ones, the metric's reward options

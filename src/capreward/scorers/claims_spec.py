@@ -11,10 +11,11 @@ PARTS = ("f", "precision", "recall")
 
 
 def sub_scores(config: Mapping[str, Any]) -> tuple[str, ...]:
-    """``precision`` (the verified share of the caption's claims), ``n_claims``, ``claims`` (per-claim
-    verdicts with spans); ``recall`` with references or ``inventory=True``."""
+    """``precision`` (1 - claim_cost x the doubt of the claims not verified; with ``claim_cost=None`` the mean
+    verification probability), ``n_claims``, ``false_claims`` (the claims not verified), ``claims``
+    (per-claim verdicts with spans); ``recall`` with references or ``inventory=True``."""
     recall = bool(config.get("references")) or bool(config.get("inventory"))
-    return ("precision",) + (("recall",) if recall else ()) + ("n_claims", "claims")
+    return ("precision",) + (("recall",) if recall else ()) + ("n_claims", "false_claims", "claims")
 
 
 def value(config: Mapping[str, Any]) -> str:
@@ -50,6 +51,8 @@ SPEC = register(MetricSpec(
         Option("coverage", "judge", "'judge' (P(yes) that the caption states a reference claim) or 'lexical' "
                                     "(content words matched, no judge call)"),
         Option("normalise", True, "P(yes) normalised over yes+no (False: raw P(yes), VQAScore's reading)"),
+        Option("claim_cost", 1.0, "precision = 1 - min(1, claim_cost * doubt of the claims not verified), whatever "
+                                  "the length; None: the mean P(yes) over the claims (an average a long caption dilutes)"),
     ),
     deviations=(
         Deviation("claims come from a rule-based splitter, where DCScore and FaithScore have GPT-4 write them",
@@ -59,9 +62,10 @@ SPEC = register(MetricSpec(
                   "unit lists with GPT-4", None),
     ),
     position=80,
-    sub_score_kinds={"n_claims": "number", "claims": "data"},
+    sub_score_kinds={"n_claims": "number", "false_claims": "number", "claims": "data"},
     value=value,
     reward_policy=RewardPolicy(
         options=(Option("part", "f", "the reward: 'f' (the F-score), 'precision' or 'recall' alone", PARTS),),
+        verdict=("n_claims", "false_claims"),
     ),
 ))
