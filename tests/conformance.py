@@ -75,6 +75,10 @@ class _CaseJob:
     def scorer_for(self, spec: Any) -> Any:
         return self._scorer
 
+    def call_options(self, spec: Any, cls: Any = None) -> dict:
+        """No job flags: the case's scorer is scored at its own options."""
+        return {}
+
 
 class MetricConformance:
     """Checks one registered metric against the contract (see the module); each ``check_*`` raises
