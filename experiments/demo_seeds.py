@@ -65,19 +65,41 @@ def evaluation(e: Any) -> dict[str, Any]:
     return None if e is None else dataclasses.asdict(e)
 
 
+def monitor_judges() -> dict[str, Any]:
+    """The held-out judges recorded at every step (for the Goodhart monitor's alarm rates): ground truth
+    (a clean caption of the image's colour) and CLIP-S under a second colour CLIP trained apart (seed 1)."""
+    from capreward.rewards import CLIPScoreReward
+    from capreward.testing.colour_task import TruthReward
+    from capreward.testing.trained_clip import ColourClipRecipe, TrainedClipFactory, trained_clip_path
+
+    held = ColourClipRecipe(seed=1)
+    trained_clip_path(held, log=None)
+    clip_s = CLIPScoreReward(model=TrainedClipFactory(held))
+
+    def held_out_clip_s(prompts, completions, image, **kwargs):
+        return clip_s(prompts, completions, image=image)
+
+    truth = TruthReward()
+    return {"truth": lambda prompts, completions, **kw: truth(prompts, completions, **kw), "held_out_clip_s": held_out_clip_s}
+
+
 def run_one(clip: Any, seed: int, steps: int, settings: Any, sft_steps: int, reward_name: str) -> dict[str, Any]:
+    from capreward.callbacks import GoodhartCallback, GoodhartMonitor
     from capreward.cli import demo
+    from capreward.testing.colour_task import EmptyIsWorst, TruthReward, colour_rows
 
-    reward = None
     if reward_name == "truth":
-        from capreward.testing.colour_task import EmptyIsWorst, TruthReward
-
         reward = EmptyIsWorst(TruthReward())
+    else:
+        reward = demo.build_reward(clip, colour_rows(16, seed + 3000))
+    # every step's training reward beside the held-out judges, kept for replaying the monitor offline
+    monitor = GoodhartMonitor(monitor_judges(), warn=lambda message: None)
     with tempfile.TemporaryDirectory(prefix="demo-seeds-") as out:
-        r = demo.run_grpo(clip, steps, out, seed=seed, sft_steps=sft_steps, settings=settings, levels=False, reward=reward)
+        r = demo.run_grpo(clip, steps, out, seed=seed, sft_steps=sft_steps, settings=settings, levels=False,
+                          reward=monitor.watch(reward), callbacks=[GoodhartCallback(monitor)])
     return {"reward": r.reward, "right": r.right, "words": r.words, "components": r.components, "seconds": r.seconds,
             "before": evaluation(r.before), "after": evaluation(r.after), "control": evaluation(r.control),
-            "verdict": demo.grpo_summary(r)}
+            "verdict": demo.grpo_summary(r), "monitor": monitor.rows}
 
 
 def summary(row: dict[str, Any]) -> dict[str, Any]:

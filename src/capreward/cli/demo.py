@@ -373,7 +373,7 @@ def reference_levels(reward: Any, rows: Sequence[dict[str, Any]], start: Any) ->
 
 def run_grpo(clip_model: Any, steps: int, out: str, seed: int = 0, sft_steps: int = 80,
              eval_images: int = EVAL_IMAGES, control: bool = True, settings: GRPOSettings = DEMO_SETTINGS,
-             levels: bool = True, reward: Any = None) -> GRPOResult:
+             levels: bool = True, reward: Any = None, callbacks: Sequence[Any] = ()) -> GRPOResult:
     """The weakly supervised start, then GRPO, then its control arm, all measured on held-out images.
 
     1. SFT the tiny LLaVA policy for ``sft_steps`` steps on weak labels
@@ -381,7 +381,7 @@ def run_grpo(clip_model: Any, steps: int, out: str, seed: int = 0, sft_steps: in
        its two colours at random): it attends to the image but is right about half the time.
     2. ``steps`` GRPO steps (``settings``, :data:`DEMO_SETTINGS` by default: 16 images x 4 completions
        per step) through :mod:`capreward.recipes.grpo_captioner`, rewarded by :func:`build_reward` (or
-       ``reward``, a TRL reward callable, for experiments).
+       ``reward``, a TRL reward callable, for experiments; ``callbacks`` go to the trainer).
     3. With ``control``, the control arm: the same start given ``steps`` more supervised steps (16 images
        each, the same weak labels): the same number of optimiser steps and images spent on supervision.
 
@@ -405,7 +405,7 @@ def run_grpo(clip_model: Any, steps: int, out: str, seed: int = 0, sft_steps: in
     args = recipe.parse_args(settings.recipe_argv(out, seed, steps))
     result = recipe.train(
         args, reward_funcs=[reward], model_and_processor=(model, processor),
-        dataset=grpo_dataset(colour_rows(32, seed), keep_colour=True), save=False,
+        dataset=grpo_dataset(colour_rows(32, seed), keep_colour=True), save=False, callbacks=callbacks,
     )
     after = caption_colours(result["trainer"].model, processor, held_out, EVAL_SAMPLES, seed,
                             max_new_tokens=settings.max_completion_length)

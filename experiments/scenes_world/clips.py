@@ -1,4 +1,4 @@
-"""Tiny CLIPs *trained* on the scenes world (:mod:`capreward.testing.scenes`), for the scenes experiment
+"""Tiny CLIPs *trained* on the scenes world (:mod:`scenes_world.world`), for the scenes experiment
 and its tests: a reward model A and, trained apart, a held-out model B.
 
 The architecture is the tiny OpenAI-format CLIP of :mod:`capreward.testing.tiny_clip` with a finer image
@@ -7,7 +7,7 @@ covers several patches. Training follows :mod:`capreward.testing.trained_clip` (
 readout and multi-positive contrastive loss), with hard negatives:
 
 - image -> text: each image against the batch's true captions *and hard negatives* of every image
-  (:func:`~capreward.testing.scenes.hard_negative`, ``negatives`` kinds drawn per image of: count,
+  (:func:`~scenes_world.world.hard_negative`, ``negatives`` kinds drawn per image of: count,
   binding, missing, extra, colour and shape swaps); any caption whose content equals the image's scene counts as a positive;
 - text -> image: each true caption against the batch's images;
 - token level: the embedding of each colour and shape word of the true captions *at its position*, and
@@ -21,12 +21,12 @@ experiment's held-out scenes come from a third stream.
 
 Weights are cached as OpenAI-format state dicts under ``$CAPREWARD_CACHE`` (default
 ``~/.cache/capreward``) in ``trained_clip/<name>-<hash>.pt``, the hash covering the recipe, this module's
-and :mod:`~capreward.testing.scenes`' source, the config and the torch version, as the colour CLIP's are.
+and :mod:`~scenes_world.world`' source, the config and the torch version, as the colour CLIP's are.
 :func:`scene_clip_path` trains on the first call (a few CPU minutes on one thread) and returns the path,
 which every CLIP-based scorer accepts as ``model=``.
 
 Examples:
-    >>> from capreward.testing.scenes_clip import MODEL_A, scene_clip_path
+    >>> from scenes_world.clips import MODEL_A, scene_clip_path
     >>> from capreward.rewards import CLIPScoreReward
     >>> reward = CLIPScoreReward(model=str(scene_clip_path(MODEL_A)))  # doctest: +SKIP
 """
@@ -47,9 +47,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import scenes as world
-from .tiny_clip import build_tiny_clip, openai_state_dict
-from .trained_clip import CLIPS_PREFIX, _cache_root, _lr_factor, _multi_positive_ce, text_token_embeddings
+from . import world
+
+from capreward.testing.tiny_clip import build_tiny_clip, openai_state_dict
+from capreward.testing.trained_clip import CLIPS_PREFIX, _cache_root, _lr_factor, _multi_positive_ce, text_token_embeddings
 
 SCENE_CLIP_VERSION = "1"
 
