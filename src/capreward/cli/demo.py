@@ -286,7 +286,8 @@ class GRPOResult:
     right-colour share and mean caption length of the sampled captions; the held-out evaluations of the
     start (``before``), of the GRPO policy (``after``) and of the control arm (``control``: the same start
     given as many more supervised steps as GRPO steps); the reference reward levels; the SFT loss and
-    wall time."""
+    wall time; ``start_state``: the start policy's weights (the arms of the fair-control experiment start
+    from them)."""
 
     reward: list[float]
     components: dict[str, list[float]]
@@ -299,6 +300,7 @@ class GRPOResult:
     control: Any = None
     levels: dict[str, Any] = field(default_factory=dict)
     example: list[str] = field(default_factory=list)
+    start_state: dict[str, Any] | None = field(default=None, repr=False)
 
     def window(self) -> int:
         """Steps averaged at each end when comparing the start and the end of the run."""
@@ -425,7 +427,7 @@ def run_grpo(clip_model: Any, steps: int, out: str, seed: int = 0, sft_steps: in
         words=reward.words,
         sft_loss=sft_loss,
         seconds=time.perf_counter() - start,
-        before=before, after=after, control=control_eval, levels=levels,
+        before=before, after=after, control=control_eval, levels=levels, start_state=start_weights,
     )
 
 
