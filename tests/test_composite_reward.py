@@ -243,7 +243,11 @@ def test_composite_of_real_rewards_through_trl(components, tmp_path):
     inputs = [{"prompt": "Describe.", "video": v} for v in videos]
     rewards, trainer = trl_rewards([comp], inputs, completions)
     em_v = em(None, completions[:3], video=videos[:3])
-    hp_v = hp(None, completions[:3], video=videos[:3])
+    hp_out = hp.compute(None, completions[:3], video=videos[:3])
+    hp_v = hp_out.values
+    # the penalty is the verifier: a caption with an unsupported content word (or none) earns EMScore's floor
+    verified = [c > 0 and u == 0 for c, u in zip(hp_out.metrics["content_tokens"], hp_out.metrics["unsupported_tokens"])]
+    em_v = [e if ok else em.value_range()[0] for e, ok in zip(em_v, verified)]
     texts = [c[0]["content"] for c in completions]
     guards = [sum(Guards(max_words=12).terms(t).values()) for t in texts[:3]]
     expected = [e + 0.5 * h + g for e, h, g in zip(em_v, hp_v, guards)]

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from capreward.rewards import HallucinationPenalty
-from capreward.rewards.support import STOP_WORDS, content_mask, quantile_threshold, support_report
+from capreward.rewards.support import STOP_WORDS, conformal_threshold, content_mask, support_report
 from capreward.scorers.emscore import TokenAlignment
 
 from fixtures_llava import one_torch_thread  # noqa: F401 (autouse: one torch thread)
@@ -44,17 +44,59 @@ def test_support_report_by_hand():
     assert support_report(tokens, sims, 0.15, content).penalty == 0.0  # strictly below the threshold
     # no content token: nothing unsupported
     assert support_report(["<sos>", "the", "<eos>"], [0.0, -1.0, 0.0], 0.5, [False] * 3).penalty == 0.0
+    assert support_report(["<sos>", "the", "<eos>"], [0.0, -1.0, 0.0], 0.5, [False] * 3, empty_penalty=-1.0).penalty == -1.0
     with pytest.raises(ValueError, match="one entry per token"):
         support_report(tokens, sims[:-1], 0.2, content)
+    # count pricing: each unsupported content token costs claim_cost, weights aside
+    assert support_report(tokens, sims, 0.2, content, w, claim_cost=0.5).penalty == -0.5
+    assert support_report(tokens, sims, 0.26, content, claim_cost=0.5).penalty == -1.0  # dog and runs: 2 x 0.5
+    assert support_report(tokens, sims, 0.26, content, claim_cost=0.25).penalty == -0.5
+    for bad in (0.0, 1.5, -0.1, "0.5"):
+        with pytest.raises(ValueError, match="claim_cost"):
+            support_report(tokens, sims, 0.2, content, claim_cost=bad)
 
 
-def test_quantile_threshold():
-    assert quantile_threshold([0.1, 0.2, 0.3, 0.4, 0.5], 0.25) == pytest.approx(0.2)
-    assert quantile_threshold([0.3], 0.05) == pytest.approx(0.3)
+def test_count_pricing_does_not_dilute_a_false_word():
+    """One unsupported word after n supported ones: the fraction's cost falls as 1/(n+1), the count's
+    stays claim_cost (fails on the fraction-only math of 5b8107d: no claim_cost)."""
+    def caption(n):
+        tokens = ["<sos>"] + ["red"] * n + ["blue", "<eos>"]
+        return tokens, [0.9] + [0.5] * n + [0.1, 0.9], content_mask(tokens)
+
+    costs = {n: support_report(*caption(n)[:2], 0.2, caption(n)[2], claim_cost=0.5).penalty for n in (0, 4, 80)}
+    assert costs == {0: -0.5, 4: -0.5, 80: -0.5}
+    assert support_report(*caption(80)[:2], 0.2, caption(80)[2]).penalty == pytest.approx(-1 / 81)  # the average
+
+
+def test_conformal_threshold():
+    # n = 20, rate 0.1: k = floor(2.1) = 2, the second smallest
+    scores = [0.5, 0.1, 0.4, 0.3, 0.2, 0.05, 0.6, 0.7, 0.8, 0.9, 0.15, 0.25, 0.35, 0.45, 0.55, 0.65, 0.75, 0.85, 0.95, 1.0]
+    assert conformal_threshold(scores, 0.1) == 0.1
+    assert conformal_threshold(scores, 0.0) == 0.05  # the minimum: nothing known-good below it
+    assert conformal_threshold(list(range(199)), 0.05) == 9.0  # k = floor(0.05 * 200) = 10
+    with pytest.raises(ValueError, match="at least 19 known-good"):
+        conformal_threshold(scores[:18], 0.05)  # k = floor(0.95) = 0: the rate cannot be held
+    assert conformal_threshold(scores[:19], 0.05) == 0.05
     with pytest.raises(ValueError, match="no content tokens"):
-        quantile_threshold([], 0.05)
-    with pytest.raises(ValueError, match="quantile"):
-        quantile_threshold([0.1], 1.5)
+        conformal_threshold([], 0.05)
+    with pytest.raises(ValueError, match="rate"):
+        conformal_threshold([0.1], 1.5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 300), rate=st.floats(0.01, 0.5), seed=st.integers(0, 2**16))
+def test_conformal_threshold_flags_at_most_the_rate_in_rank(n, rate, seed):
+    """Exchangeability by construction: over every position of a new item among n + 1 distinct scores, the
+    share that falls strictly below the threshold computed from the other n is k / (n + 1) <= rate."""
+    rng = np.random.default_rng(seed)
+    pool = rng.permutation(n + 1).astype(float)
+    k = math.floor(rate * (n + 1))
+    if k < 1:
+        with pytest.raises(ValueError, match="known-good"):
+            conformal_threshold(pool[:n], rate)
+        return
+    below = sum(pool[j] < conformal_threshold(np.delete(pool, j), rate) for j in range(n + 1))
+    assert below == k and below / (n + 1) <= rate + 1e-12
 
 
 @settings(max_examples=60, deadline=None)
@@ -97,24 +139,31 @@ def test_thresholds_order_penalties_and_function_words_never_flagged(penalty):
         # every flagged token is a content word: function words and punctuation never count
         assert strict.tokens and not set(strict.tokens) & STOP_WORDS
         assert all(any(ch.isalpha() for ch in t) for t in strict.tokens)
-    # the penalty is exactly the fraction of content tokens below the threshold, read off the alignment
+    # the penalty is exactly claim_cost per content token below the threshold, read off the alignment
     a = alignments[0]
     threshold = float(np.median(all_sims))
     content = [t for t in a.tokens if t in {"man", "cooking", "kitchen"}]
     sims = {t: s for t, s in zip(a.tokens, a.similarity)}
-    expected = -sum(sims[t] < threshold for t in content) / len(content)
+    expected = -min(1.0, 0.5 * sum(sims[t] < threshold for t in content))
     assert penalty.report_for(a, threshold).penalty == pytest.approx(expected)
 
 
-def test_calibrate_sets_quantile_of_good_caption_similarities(penalty):
+def test_calibrate_sets_a_conformal_order_statistic_of_good_captions(penalty):
     videos = [random_video(i) for i in range(3)]
     p = pickle.loads(pickle.dumps(penalty))
     low = p.calibrate(CAPTIONS, videos, quantile=0.0)
     assert all(r.penalty == 0.0 for r in p.reports(CAPTIONS, videos))  # nothing below the minimum
-    high = p.calibrate(CAPTIONS, videos, quantile=1.0)
-    assert high > low and p.threshold == high
-    sims = [s for r in p.reports(CAPTIONS, videos) for s in r.similarity]
-    assert p.calibrate(CAPTIONS, videos, quantile=0.5) == pytest.approx(float(np.quantile(sims, 0.5)))
+    sims = [r.similarity for r in p.reports(CAPTIONS, videos)]
+    assert low == min(min(s) for s in sims)
+    # per caption (default): each caption's lowest content similarity is one score; 3 captions hold a
+    # rate of 0.5 (k = floor(0.5 * 4) = 2: the second lowest caption minimum)
+    assert p.calibrate(CAPTIONS, videos, quantile=0.5) == sorted(min(s) for s in sims)[1]
+    # per token: every content token is one score (8 of them: k = floor(0.5 * 9) = 4)
+    assert p.calibrate(CAPTIONS, videos, quantile=0.5, unit="token") == sorted(x for s in sims for x in s)[3]
+    with pytest.raises(ValueError, match="known-good"):
+        p.calibrate(CAPTIONS, videos, quantile=0.05)  # three captions cannot hold 5 %
+    with pytest.raises(ValueError, match="unit"):
+        p.calibrate(CAPTIONS, videos, unit="word")
 
 
 def test_trl_contract_values_and_bad_inputs(penalty, tmp_path):
@@ -183,7 +232,7 @@ def test_foil_captions_on_sample_clips_with_a_colour_clip():
         assert caption.split()[1] in r.flagged
     for r, caption in zip(true_reports, truth):
         assert caption.split()[1] not in r.flagged
-    assert true_pen.mean() > -0.1 and foil_pen.mean() < -0.9
+    assert true_pen.mean() > -0.1 and (foil_pen <= -0.5).all()  # one false word costs claim_cost (0.5)
     # the same through the reward call
     values = p(None, foils[:2] + truth[:2], video=videos[:2] * 2)
     assert values == pytest.approx(list(foil_pen[:2]) + list(true_pen[:2]))

@@ -80,10 +80,10 @@ def test_hallucination_penalty_on_disguises_generic_words_and_position(clip_path
     ]
     v = penalty(None, captions, image=[red] * len(captions))
     assert v[0] == 0.0 and v[7] == 0.0  # generic words are never flagged in a right caption
-    assert v[1] == -1.0 and v[6] == -1.0  # the disguise gets the wrong word's penalty
-    assert v[2] == v[3] == v[4] == -0.5  # content-free: between right and wrong
-    assert v[1] < v[2] < v[0]  # a wrong attribute costs more than an absent one; saying nothing earns less
-    assert v[5] == pytest.approx(-1 / 6)  # blue flagged although five reds came before it
+    assert v[1] == -0.5 and v[6] == -0.5  # the disguise gets the wrong word's price (claim_cost)
+    assert v[2] == v[3] == v[4] == -1.0  # content-free: no more than a wrong caption (the reward contract)
+    assert v[2] < v[1] < v[0]  # saying nothing never earns more than a wrong guess
+    assert v[5] == -0.5  # blue flagged although five reds came before it, and priced as if alone
     assert penalty.reports([captions[5]], [red], kind="image")[0].flagged == ["blue"]
     # with the context-free check off, earlier words carry the wrong one (the causal text tower)
     assert HallucinationPenalty(model=clip_path, context_free=False)(None, [captions[5]], image=[red]) == [0.0]

@@ -334,7 +334,10 @@ def build_reward(clip_model: Any, calibration_rows: Sequence[dict[str, Any]]) ->
     # raises EMScore and the policy learns to drop it)
     corpus = [f"a {c} image" for c in TASK_COLOURS]
     penalty = HallucinationPenalty(model=clip_model)
-    penalty.calibrate([f"a {r['colour']} image" for r in calibration_rows], [r["image"] for r in calibration_rows], kind="image")
+    # at most 5 % of true captions flagged, or the lowest rate the rows can hold (1 / 17 for 16 rows)
+    rate = max(0.05, 1.0 / (len(calibration_rows) + 1))
+    penalty.calibrate([f"a {r['colour']} image" for r in calibration_rows], [r["image"] for r in calibration_rows],
+                      kind="image", quantile=rate)
     composite = CompositeReward(
         [(EMScoreReward(model=clip_model, idf=corpus), 1.0), (CLIPScoreReward(model=clip_model), 0.5), (penalty, 0.5)],
         guards=guards_for_the_task(), name="composite",

@@ -1,9 +1,24 @@
-"""Pure math of the hallucination penalty: which caption tokens are content, which are unsupported.
+"""Pure math of the hallucination penalty: which caption tokens are content, which are unsupported,
+what the unsupported ones cost and where the threshold goes.
 
 Input is EMScore's token→frame alignment (:class:`~capreward.scorers.emscore.TokenAlignment`): for each
 CLIP token of a caption, the cosine similarity to its best-matching frame and its idf weight. A
 *content* token is a word-piece with letters that is not a function word; it is *unsupported* when its
 best visual match falls below a similarity threshold.
+
+Pricing (:func:`support_report`): with a ``claim_cost`` c (the penalty's default, 0.5) every unsupported
+content token costs c, whatever else the caption says::
+
+    penalty = -min(1, c * #unsupported)
+
+so a false word after 80 true sentences costs what it costs alone, and restating true words buys nothing
+back. Without a ``claim_cost`` the penalty is the (idf-)weighted *fraction* of content tokens that are
+unsupported, an average that a long caption dilutes (one false word in 40 costs 1/40).
+
+Calibration (:func:`conformal_threshold`): the threshold is an order statistic of known-good
+similarities chosen so that a new known-good caption (or token) is flagged with probability at most the
+nominal rate, by exchangeability, however few calibration items there are; too few to reach the rate is
+an error, not a silently higher rate.
 """
 
 from __future__ import annotations
@@ -80,10 +95,9 @@ def content_mask(
 
 @dataclass
 class SupportReport:
-    """One caption's verdict: ``penalty`` in [-1, 0] (minus the weighted fraction of content tokens
-    that are unsupported; 0 when the caption has no content token), the content ``tokens`` with their
-    ``similarity`` and whether each is ``unsupported``, and ``index``: each content token's position in
-    the full token list it was taken from (the alignment's ``tokens``, SOS at 0)."""
+    """One caption's verdict: ``penalty`` in [-1, 0] (see :func:`support_report`), the content ``tokens``
+    with their ``similarity`` and whether each is ``unsupported``, and ``index``: each content token's
+    position in the full token list it was taken from (the alignment's ``tokens``, SOS at 0)."""
 
     penalty: float
     tokens: list[str]
@@ -109,30 +123,99 @@ def support_report(
     content: Sequence[bool],
     weights: Sequence[float] | None = None,
     empty_penalty: float = 0.0,
+    claim_cost: float | None = None,
 ) -> SupportReport:
-    """Penalty = -Σ_{content, sim < threshold} w / Σ_{content} w, with w the token weights (all 1 when
-    ``weights`` is None; idf weights weigh rare, informative words more); ``empty_penalty`` when the
-    caption has no content token (or none of positive weight). Returns a :class:`SupportReport`."""
+    """One caption's :class:`SupportReport`: its content tokens (``content``), which of them are
+    unsupported (similarity strictly below ``threshold``) and the penalty.
+
+    Args:
+        tokens: the caption's tokens (the alignment's, SOS first).
+        similarity: per token, the similarity to its best-matching frame.
+        threshold: similarity below which a content token is unsupported.
+        content: per token, whether it is content (:func:`content_mask`).
+        weights: per token, its weight in the fraction (idf); None: every token 1. Unused with a
+            ``claim_cost``.
+        empty_penalty: the penalty of a caption with no content token (or none of positive weight).
+        claim_cost: the price of one unsupported content token: penalty ``-min(1, claim_cost *
+            #unsupported)``, whatever the caption's length. None: minus the weighted fraction of content
+            tokens that are unsupported (``-Σ_unsupported w / Σ_content w``, an average).
+
+    Returns:
+        The caption's :class:`SupportReport`.
+
+    Raises:
+        ValueError: the lists differ in length, or ``claim_cost`` is not a number in (0, 1].
+
+    Examples:
+        >>> tokens, sims = ["<sos>", "a", "red", "dog", "<eos>"], [0.9, 0.1, 0.30, 0.15, 0.9]
+        >>> content = content_mask(tokens)
+        >>> support_report(tokens, sims, 0.2, content).penalty             # one of two content tokens
+        -0.5
+        >>> support_report(tokens, sims, 0.2, content, claim_cost=0.5).penalty
+        -0.5
+        >>> long = ["<sos>"] + ["red"] * 40 + ["dog", "<eos>"]
+        >>> long_sims = [0.9] + [0.3] * 40 + [0.15, 0.9]
+        >>> support_report(long, long_sims, 0.2, content_mask(long)).penalty   # diluted by 40 true words
+        -0.024390243902439025
+        >>> support_report(long, long_sims, 0.2, content_mask(long), claim_cost=0.5).penalty
+        -0.5
+    """
     if not (len(tokens) == len(similarity) == len(content)) or (weights is not None and len(weights) != len(tokens)):
         raise ValueError("tokens, similarity, content (and weights) must have one entry per token")
+    if claim_cost is not None and not (isinstance(claim_cost, (int, float)) and 0.0 < float(claim_cost) <= 1.0):
+        raise ValueError(f"claim_cost must be a number in (0, 1] or None, got {claim_cost!r}")
     idx = [j for j, c in enumerate(content) if c]
-    w = [1.0 if weights is None else max(float(weights[j]), 0.0) for j in idx]
+    w = [1.0 if weights is None or claim_cost is not None else max(float(weights[j]), 0.0) for j in idx]
     sims = [float(similarity[j]) for j in idx]
     bad = [s < threshold for s in sims]
     total = sum(w)
-    penalty = -sum(wi for wi, b in zip(w, bad) if b) / total if total > 0 else float(empty_penalty)
+    if total <= 0:
+        penalty = float(empty_penalty)
+    elif claim_cost is not None:
+        penalty = 0.0 - min(1.0, float(claim_cost) * sum(bad))
+    else:
+        penalty = -sum(wi for wi, b in zip(w, bad) if b) / total
     return SupportReport(penalty=penalty, tokens=[tokens[j] for j in idx], similarity=sims, unsupported=bad, index=idx)
 
 
-def quantile_threshold(similarities: Sequence[float], quantile: float) -> float:
-    """The ``quantile`` (in [0, 1]) of the given token similarities (linear interpolation). Raises
-    ValueError for an empty or non-finite list."""
-    if not 0.0 <= quantile <= 1.0:
-        raise ValueError(f"quantile must be in [0, 1], got {quantile}")
-    values = np.asarray([float(s) for s in similarities], dtype=np.float64)
+def conformal_threshold(scores: Sequence[float], rate: float) -> float:
+    """The threshold t such that a new item exchangeable with ``scores`` (the similarities of known-good
+    captions, or of their content tokens) falls strictly below t with probability at most ``rate``: the
+    k-th smallest score with ``k = floor(rate * (n + 1))`` (a new item is below it iff its rank among the
+    n + 1 is at most k: probability k / (n + 1) <= rate; exactly ``rate`` when ``rate * (n + 1)`` is a
+    whole number). ``rate=0`` gives the smallest score (nothing known-good below it).
+
+    Args:
+        scores: the known-good items' scores.
+        rate: the nominal false-flag rate, in [0, 1).
+
+    Returns:
+        The threshold.
+
+    Raises:
+        ValueError: ``rate`` outside [0, 1), no or non-finite scores, or too few scores to reach ``rate``
+            (``k = 0``: at least ``ceil(1 / rate) - 1`` are needed).
+
+    Examples:
+        >>> conformal_threshold([0.5, 0.1, 0.4, 0.3, 0.2] * 4, 0.1)   # n = 20, k = floor(2.1) = 2
+        0.1
+        >>> conformal_threshold(list(range(100)), 0.05)                   # k = floor(5.05) = 5: the 5th smallest
+        4.0
+    """
+    if not 0.0 <= rate < 1.0:
+        raise ValueError(f"rate must be in [0, 1), got {rate}")
+    values = np.sort(np.asarray([float(s) for s in scores], dtype=np.float64))
     if values.size == 0:
         raise ValueError("no content tokens to calibrate on")
     if not np.isfinite(values).all():
         raise ValueError("similarities must be finite")
-    q = float(np.quantile(values, quantile))
-    return q if not math.isnan(q) else float(values.min())
+    if rate == 0.0:
+        return float(values[0])
+    k = math.floor(rate * (values.size + 1))
+    if k < 1:
+        need = math.ceil(1.0 / rate) - 1
+        raise ValueError(
+            f"calibrating at a false-flag rate of {rate:g} needs at least {need} known-good items, got {values.size}: "
+            f"give more known-good captions (or a higher rate)"
+        )
+    return float(values[k - 1])

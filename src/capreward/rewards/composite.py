@@ -52,6 +52,19 @@ class CompositeReward(RewardFunction):
         log_subscores: log every component's batch mean as ``rewards/<name>/<component>``, each guard
             term as ``rewards/<name>/guard/<term>`` (weighted) and the components' own sub-scores as
             ``rewards/<name>/<component>/<sub>``.
+        verifier: the component whose verdict on a caption's claims gates the others (the reward
+            contract, docs/design/reward-contract.md): a caption that makes no claim the verifier can
+            check, or one it finds false, is paid nothing by the other components (each counts at the
+            bottom of its range, as ``on_none="floor"`` counts a missing one), so a vague caption, a
+            hedge and a wrong guess earn no similarity credit over each other and the verifier's own
+            price ranks them. A missing verdict closes the gate too (never worth more than a scored
+            one). ``"auto"`` (default): the first component that gives a verdict (a reward with
+            ``verdict_metrics``, as `HallucinationPenalty`), when every other component has a known range;
+            a component's label to name it; None: no gate (every component pays independently).
+
+    Raises:
+        ValueError: a bad weight, range or ``on_none``; a ``verifier`` that names no component giving a
+            verdict, or gates a component without a known range.
 
     Returns (per completion) a float or None in `value_range()`: the weighted sum of the
     components' ranges plus [-Σ guard weights, 0] when every component is a capreward reward (each
@@ -68,6 +81,9 @@ class CompositeReward(RewardFunction):
         >>> right, wrong, repeated = reward(None, ["a red image.", "a blue image.", "a red red red red image."], image=[red] * 3)
         >>> right > repeated > wrong                     # the repetition guard costs the repeated caption
         True
+        >>> vague, hedge, wrong = reward(None, ["an image.", "a red blue image.", "a blue image."], image=[red] * 3)
+        >>> right > hedge == wrong > vague               # the contract: no similarity credit without a verified claim
+        True
     """
 
     __name__ = "composite"
@@ -80,6 +96,7 @@ class CompositeReward(RewardFunction):
         name: str | None = None,
         log_subscores: bool = True,
         allow_negative_weights: bool = False,
+        verifier: str | None = "auto",
     ):
         super().__init__(name=name, log_subscores=log_subscores)
         if on_none not in ON_NONE:
@@ -113,6 +130,29 @@ class CompositeReward(RewardFunction):
             self.ranges.append(_component_range(k, base, func, given_range))
         self.guards = guards
         self.on_none = on_none
+        self.verifier = self._find_verifier(verifier)
+
+    def _find_verifier(self, verifier: str | None) -> int | None:
+        """The index of the gating component (see ``verifier``), or None."""
+        if verifier is None:
+            return None
+        if not isinstance(verifier, str):
+            raise ValueError(f"verifier must be 'auto', a component label or None, got {verifier!r}")
+        labels = [label for label, _, _ in self.components]
+        if verifier == "auto":
+            found = [k for k, (_, f, _) in enumerate(self.components) if _verdict_metrics(f) is not None]
+            if not found or any(r is None for k, r in enumerate(self.ranges) if k != found[0]):
+                return None
+            return found[0]
+        if verifier not in labels:
+            raise ValueError(f"verifier {verifier!r} is not a component label; the labels are {labels}")
+        k = labels.index(verifier)
+        if _verdict_metrics(self.components[k][1]) is None:
+            raise ValueError(f"verifier {verifier!r} gives no verdict on claims (no verdict_metrics)")
+        unranged = [labels[j] for j, r in enumerate(self.ranges) if r is None and j != k]
+        if unranged:
+            raise ValueError(f"verifier {verifier!r} cannot gate {unranged}: give their ranges as (func, weight, (lo, hi))")
+        return k
 
     def load_models(self) -> "CompositeReward":
         for _, func, _ in self.components:
@@ -142,9 +182,22 @@ class CompositeReward(RewardFunction):
             names.append(label)
             if isinstance(func, RewardFunction):
                 names.extend(f"{label}/{key}" for key in func.metric_names())
+        if self.verifier is not None:
+            names.append("verified")
         if self.guards is not None:
             names.extend(f"guard/{term}" for term in self.guards.weights())
         return (*names, *super().metric_names())
+
+    def _verified(self, parts: list[tuple[str, float, RewardOutput]], n: int) -> list[bool]:
+        """Per sample, whether the verifier vouches for it: scored, with at least one claim and no false
+        one (all True without a verifier)."""
+        if self.verifier is None:
+            return [True] * n
+        claims_key, false_key = _verdict_metrics(self.components[self.verifier][1])
+        out = parts[self.verifier][2]
+        claims = out.metrics.get(claims_key, [math.nan] * n)
+        false = out.metrics.get(false_key, [math.nan] * n)
+        return [out.values[i] is not None and claims[i] > 0 and false[i] == 0 for i in range(n)]
 
     def _component_output(self, func: Callable, prompts, completions, kwargs) -> RewardOutput:
         if isinstance(func, RewardFunction):
@@ -172,9 +225,14 @@ class CompositeReward(RewardFunction):
         values: list[float | None] = [None] * n
         reasons: list[str | None] = [None] * n
         total_weight = sum(abs(w) for _, w, _ in parts)
+        verified = self._verified(parts, n)
+        if self.verifier is not None:
+            metrics["verified"] = [float(v) for v in verified]
         for i in range(n):
             missing = [(k, label, out.reasons[i]) for k, (label, _, out) in enumerate(parts) if out.values[i] is None]
-            valid = [(w, out.values[i]) for _, w, out in parts if out.values[i] is not None]
+            # an unverified caption: every component but the verifier counts at the bottom of its range
+            valid = [(w, out.values[i] if verified[i] or k == self.verifier else _bottom(w, self.ranges[k]) / w)
+                     for k, (_, w, out) in enumerate(parts) if out.values[i] is not None]
             if missing and (self.on_none == "none" or not valid):
                 text = "; ".join(f"{label}: {why or 'no score'}" for _, label, why in missing)
                 reasons[i] = SampleError(i, common_kind([why for _, _, why in missing]), "", text)
@@ -221,6 +279,14 @@ class CompositeReward(RewardFunction):
             return ("with on_none='none' one component that cannot answer makes every sample None; "
                     "CompositeReward(..., on_none='floor') (the default) scores the sample from the others")
         return "no component scored these samples: see the reasons"
+
+
+def _verdict_metrics(func: Any) -> tuple[str, str] | None:
+    """A component's ``verdict_metrics`` (``(claims, false_claims)`` sub-score names), or None."""
+    keys = getattr(func, "verdict_metrics", None)
+    if isinstance(keys, tuple) and len(keys) == 2 and all(isinstance(k, str) for k in keys):
+        return keys
+    return None
 
 
 def _check_weight(k: int, name: str, weight: Any, allow_negative: bool) -> float:

@@ -2,13 +2,16 @@
 
 For each content token of the caption (see :func:`~capreward.metrics.token_support.content_mask`), EMScore's
 fine-grained matching gives the cosine similarity of its CLIP token embedding to the best-matching
-frame. Tokens below ``threshold`` are "unsupported"; the penalty is minus their (idf-)weighted
-fraction, in [-1, 0]: 0 when every content word finds a matching frame, -1 when none does.
+frame. Tokens below ``threshold`` are "unsupported"; each costs ``claim_cost`` (default 0.5): the penalty
+is ``-min(1, claim_cost * #unsupported)``, in [-1, 0], 0 when every content word finds a matching frame,
+and the same for one false word alone or after many true ones (``claim_cost=None``: minus their
+(idf-)weighted fraction, an average that a long caption dilutes).
 
 Calibration: per-token similarities depend on the CLIP model (and on frame sampling), so the threshold
 should be set from data with :meth:`HallucinationPenalty.calibrate`: it takes captions known to be
-correct for their visuals and sets the threshold to a low quantile (default 5%) of their content
-tokens' similarities, i.e. about 5% of correct content words get flagged. The default threshold
+correct for their visuals and sets the threshold so that at most 5% (``quantile``) of correct captions
+get any word flagged (a conformal order statistic of each caption's lowest content-word similarity;
+``unit="token"``: of correct content words), which needs at least 19 known-good captions at 5%. The default threshold
 (:data:`DEFAULT_THRESHOLD`) is only a starting point for OpenAI ViT-B/32-sized models, not a
 measured value.
 
@@ -25,9 +28,10 @@ What is never content: function words (:data:`~capreward.metrics.token_support.S
 generic words that name the medium or nothing (:data:`~capreward.metrics.token_support.GENERIC_WORDS`:
 "image", "picture", "photo", "something"), which no visual supports or contradicts. A caption with no
 content word at all ("a", "image", "a picture.") says nothing the visual supports: it gets
-``empty_penalty`` (default -0.5), between a caption whose words are all supported (0) and one whose
-words are all wrong (-1), so a wrong attribute costs more than an absent one and a content-free caption
-never earns what a supported one does.
+``empty_penalty`` (default -1, a wrong caption's value), so saying nothing never earns more than an
+honest guess (the reward contract: docs/design/reward-contract.md). Content is decided by idf when an
+idf corpus is given; a caption whose words idf finds all frequent but the word lists call content (a
+small corpus) has its list words judged, never the empty penalty.
 
 A CLIP only knows the words it was trained on: with the random-weight tiny CLIP of the tests the
 similarities carry no meaning; with :mod:`capreward.testing.trained_clip` (a tiny CLIP trained on
@@ -41,8 +45,8 @@ from typing import Any, Iterable, Sequence
 
 from ..metrics.token_support import GENERIC_WORDS, STOP_WORDS, SupportReport
 from ..scorers.emscore import TokenAlignment
-from ..scorers.hallucination import (DEFAULT_EMPTY_PENALTY, DEFAULT_IDF_THRESHOLD, DEFAULT_THRESHOLD, Hallucination,  # noqa: F401
-                                    checked_options)
+from ..scorers.hallucination import (DEFAULT_CLAIM_COST, DEFAULT_EMPTY_PENALTY, DEFAULT_IDF_THRESHOLD,  # noqa: F401
+                                    DEFAULT_THRESHOLD, Hallucination, checked_claim_cost, checked_options)
 from ..scorers.hallucination import Adjusted as _Adjusted  # noqa: F401  (its name before the scorer existed)
 from .base import GroupScores
 from .hooks import RewardHooks
@@ -56,6 +60,9 @@ class HallucinationHooks(RewardHooks):
 
     scorer = "capreward.scorers.emscore:EMScore"
     fixed = {"use_references": False}
+    #: the sub-scores a composite reads as this reward's verdict on a caption's claims (how many content
+    #: words, how many unsupported): see CompositeReward's ``verifier``
+    verdict_metrics = ("content_tokens", "unsupported_tokens")
 
     def options(
         self,
@@ -67,13 +74,15 @@ class HallucinationHooks(RewardHooks):
         empty_penalty: float = DEFAULT_EMPTY_PENALTY,
         context_free: bool = True,
         idf_weighting: bool = True,
+        claim_cost: float | None = DEFAULT_CLAIM_COST,
     ) -> dict[str, Any]:
         return {"threshold": float(threshold), "idf_threshold": idf_threshold, "stop_words": frozenset(stop_words),
                 "generic_words": frozenset(w.lower() for w in generic_words), "empty_penalty": empty_penalty,
-                "context_free": bool(context_free), "idf_weighting": idf_weighting}
+                "context_free": bool(context_free), "idf_weighting": idf_weighting, "claim_cost": claim_cost}
 
     def check(self, spec, options, scorer_options) -> None:
         options["empty_penalty"] = checked_options(options["empty_penalty"], scorer_options)
+        options["claim_cost"] = checked_claim_cost(options["claim_cost"])
 
     def analysis(self, reward) -> Hallucination:
         """The :class:`~capreward.scorers.hallucination.Hallucination` scorer on the reward's EMScore, with
@@ -81,7 +90,7 @@ class HallucinationHooks(RewardHooks):
         return Hallucination(
             reward.scorer, threshold=reward.threshold, idf_threshold=reward.idf_threshold,
             stop_words=reward.stop_words, generic_words=reward.generic_words, empty_penalty=reward.empty_penalty,
-            context_free=reward.context_free, idf_weighting=reward.idf_weighting,
+            context_free=reward.context_free, idf_weighting=reward.idf_weighting, claim_cost=reward.claim_cost,
         )
 
     def metric_names(self, reward) -> tuple[str, ...]:
@@ -103,8 +112,8 @@ class HallucinationHooks(RewardHooks):
 
 
 class HallucinationPenalty(MetricReward):
-    """Reward in [-1, 0]: minus the weighted fraction of content tokens whose best frame similarity is
-    below ``threshold``.
+    """Reward in [-1, 0]: ``-min(1, claim_cost * n)`` with n the number of content tokens whose best frame
+    similarity is below ``threshold`` (the same for a false word alone or after many true ones).
 
     Args:
         threshold: similarity below which a content token is unsupported (see `calibrate()`).
@@ -113,17 +122,22 @@ class HallucinationPenalty(MetricReward):
         stop_words: the function-word list used without idf.
         generic_words: words never counted as content (default
             `GENERIC_WORDS`: "image", "picture", "photo", ...).
-        empty_penalty: the penalty of a caption without a content word, in [-1, 0] (default -0.5).
+        empty_penalty: the penalty of a caption without a content word, in [-1, 0] (default -1: no more
+            than a wrong caption's, so saying nothing never pays more than a guess).
         context_free: also judge each content word encoded alone and keep the lower similarity, so words
             before it cannot carry a wrong word ("a red red red blue image"); costs one more text-encoder
             batch (the visuals' embeddings are cached). False: only the word in its caption.
-        idf_weighting: weigh tokens by their idf weight (only with ``idf``); else every content token
-            counts 1.
+        idf_weighting: in the fraction (``claim_cost=None``), weigh tokens by their idf weight (only
+            with ``idf``); else every content token counts 1.
+        claim_cost: the price of each unsupported content token, in (0, 1] (default 0.5). None: minus the
+            (idf-)weighted fraction of content tokens that are unsupported (an average that a long
+            caption dilutes: one false word after 40 true ones costs 1/41).
 
     The EMScore options (``model``, ``device``, ``idf``, ``frames``, ``backbone``, ...) and the column options
     of `CaptionReward` are keywords too (the signature lists them); references are not used.
 
-    Logs ``content_tokens`` and ``unsupported_tokens`` (batch means) as sub-scores.
+    Logs ``content_tokens`` and ``unsupported_tokens`` (batch means) as sub-scores; a
+    `CompositeReward` reads them as its verifier's verdict (``verdict_metrics``).
 
     Examples:
         >>> from capreward.testing import colour_image, trained_clip_path
@@ -131,8 +145,8 @@ class HallucinationPenalty(MetricReward):
         >>> red = colour_image("red")
         >>> from capreward.rewards import HallucinationPenalty
         >>> penalty = HallucinationPenalty(model=clip)
-        >>> penalty(None, ["a red image.", "a blue image."], image=[red, red])
-        [0.0, -1.0]
+        >>> penalty(None, ["a red image.", "a blue image.", "a blue green image.", "an image."], image=[red] * 4)
+        [0.0, -0.5, -1.0, -1.0]
     """
 
     __name__ = "hallucination"
@@ -176,20 +190,25 @@ class HallucinationPenalty(MetricReward):
         return [self.report_for(a) for a in self.alignments(captions, visuals, kind, ids)]
 
     def calibrate(
-        self, captions: Sequence[str], visuals: Sequence[Any], kind: str = "video", quantile: float = 0.05
+        self, captions: Sequence[str], visuals: Sequence[Any], kind: str = "video", quantile: float = 0.05,
+        unit: str = "caption",
     ) -> float:
-        """Set ``threshold`` to the ``quantile`` of the content-token similarities of ``captions``, which
-        must be known-good descriptions of their ``visuals`` (so about that fraction of correct content
-        words will be flagged). Returns the new threshold.
+        """Set ``threshold`` so that at most ``quantile`` of known-good captions (``unit="caption"``) or of
+        their content words (``unit="token"``) are flagged
+        (`Hallucination.calibrate`).
 
         Args:
-            captions: known-good captions.
+            captions: known-good captions (at least ``ceil(1 / quantile) - 1`` with a content word).
             visuals: their visuals (one per caption).
             kind: ``"video"`` or ``"image"``.
-            quantile: the fraction of correct content words to flag.
+            quantile: the nominal false-flag rate.
+            unit: ``"caption"`` or ``"token"``.
 
         Returns:
             The new threshold.
+
+        Raises:
+            ValueError: too few known-good items for ``quantile``, or an unknown ``unit``.
         """
-        self.threshold = self.analysis().calibrate(captions, visuals, kind, quantile)
+        self.threshold = self.analysis().calibrate(captions, visuals, kind, quantile, unit)
         return self.threshold

@@ -129,6 +129,13 @@ class MetricReward(CaptionReward):
         """The metric's spec."""
         return registry.get(self.metric)
 
+    @property
+    def verdict_metrics(self) -> tuple[str, str] | None:
+        """``(claims, false_claims)``: the two sub-scores holding this reward's verdict on a caption's
+        claims (how many it checked, how many it found false), read by a `CompositeReward`'s
+        ``verifier``; None when the metric gives no such verdict."""
+        return getattr(self.hooks, "verdict_metrics", None)
+
     @staticmethod
     def signature_of(metric: str) -> inspect.Signature:
         """The options ``MetricReward(metric, ...)`` takes: the common ones, the metric's reward options

@@ -3,9 +3,11 @@ token→frame matching.
 
 For each content token of the caption (see :func:`~capreward.metrics.token_support.content_mask`),
 EMScore's fine-grained matching gives the cosine similarity of its CLIP token embedding to the
-best-matching frame. Tokens below ``threshold`` are "unsupported"; the penalty is minus their
-(idf-)weighted fraction, in [-1, 0]: 0 when every content word finds a matching frame, -1 when none does.
-The design (calibration, foils, context-free reading, generic words, the empty caption's penalty) is
+best-matching frame. Tokens below ``threshold`` are "unsupported"; each costs ``claim_cost`` (default
+0.5): the penalty is ``-min(1, claim_cost * #unsupported)``, in [-1, 0], the same for a false word alone
+or after many true ones (``claim_cost=None``: minus their (idf-)weighted fraction, an average that a long
+caption dilutes). A caption with no content word gets ``empty_penalty`` (default -1: saying nothing is
+worth no more than saying something false; see docs/design/reward-contract.md). The design (calibration, foils, context-free reading, generic words, the empty caption's penalty) is
 described in :mod:`capreward.rewards.hallucination`, whose reward wraps this scorer.
 """
 
@@ -16,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from ..metrics.token_support import (GENERIC_WORDS, STOP_WORDS, SupportReport, content_mask, quantile_threshold,
+from ..metrics.token_support import (GENERIC_WORDS, STOP_WORDS, SupportReport, conformal_threshold, content_mask,
                                      support_report)
 from .emscore import EMScore, TokenAlignment
 
@@ -24,8 +26,14 @@ from .emscore import EMScore, TokenAlignment
 DEFAULT_THRESHOLD = 0.2
 #: With an idf corpus, tokens with idf <= ln 2 (in more than about half the captions) are function words.
 DEFAULT_IDF_THRESHOLD = math.log(2.0)
-#: The penalty of a caption without a content word: half of the all-wrong caption's.
-DEFAULT_EMPTY_PENALTY = -0.5
+#: The penalty of a caption without a content word: a wrong caption's (-1), so saying nothing never
+#: earns more than a guess (the reward contract, docs/design/reward-contract.md).
+DEFAULT_EMPTY_PENALTY = -1.0
+#: The price of one unsupported content word: two false words reach the bottom of the range.
+DEFAULT_CLAIM_COST = 0.5
+#: What :meth:`Hallucination.calibrate` holds at the nominal false-flag rate: known-good captions
+#: (a caption is flagged when any of its content words is) or their content words.
+CALIBRATION_UNITS = ("caption", "token")
 
 
 class Adjusted(list):
@@ -34,6 +42,19 @@ class Adjusted(list):
 
     truncated: list[bool]
     contextual: list
+
+
+def checked_claim_cost(claim_cost: Any) -> float | None:
+    """``claim_cost`` as a float in (0, 1], or None (the weighted fraction).
+
+    Raises:
+        ValueError: anything else.
+    """
+    if claim_cost is None:
+        return None
+    if isinstance(claim_cost, bool) or not isinstance(claim_cost, (int, float)) or not 0.0 < float(claim_cost) <= 1.0:
+        raise ValueError(f"claim_cost must be a number in (0, 1] or None, got {claim_cost!r}")
+    return float(claim_cost)
 
 
 def checked_options(empty_penalty: float, emscore_options: dict[str, Any]) -> float:
@@ -79,9 +100,15 @@ class Hallucination:
             without idf, :data:`~capreward.metrics.token_support.STOP_WORDS` decides.
         stop_words: the function-word list used without idf.
         generic_words: words never counted as content ("image", "picture", "photo", ...).
-        empty_penalty: the penalty of a caption without a content word, in [-1, 0] (default -0.5).
+        empty_penalty: the penalty of a caption without a content word, in [-1, 0] (default -1: no more
+            than a wrong caption's).
         context_free: also judge each content word encoded alone and keep the lower similarity.
-        idf_weighting: weigh tokens by their idf weight (only with idf); else every content token counts 1.
+        idf_weighting: in the fraction (``claim_cost=None``), weigh tokens by their idf weight (only with
+            idf); else every content token counts 1.
+        claim_cost: the price of each unsupported content token (default 0.5): the penalty is
+            ``-min(1, claim_cost * #unsupported)``, whatever the caption's length. None: minus the
+            (idf-)weighted fraction of content tokens that are unsupported (an average: diluted by a long
+            caption's true words).
 
     Examples:
         >>> from capreward.backbones import CLIPBackbone
@@ -104,9 +131,11 @@ class Hallucination:
         empty_penalty: float = DEFAULT_EMPTY_PENALTY,
         context_free: bool = True,
         idf_weighting: bool = True,
+        claim_cost: float | None = DEFAULT_CLAIM_COST,
         **emscore_options: Any,
     ):
         empty_penalty = checked_options(empty_penalty, emscore_options)
+        self.claim_cost = checked_claim_cost(claim_cost)
         self.emscore = emscore if emscore is not None else EMScore(**emscore_options)
         self.threshold = float(threshold)
         self.idf_threshold = idf_threshold
@@ -120,17 +149,25 @@ class Hallucination:
         return self.emscore.idf_table is not None
 
     def content(self, alignment: TokenAlignment) -> list[bool]:
-        """Which tokens of ``alignment`` are content words."""
-        use_idf = self.uses_idf()
-        idf_threshold = (self.idf_threshold if self.idf_threshold is not None else DEFAULT_IDF_THRESHOLD) if use_idf else None
-        return content_mask(alignment.tokens, alignment.weight, idf_threshold, self.stop_words, self.generic_words)
+        """Which tokens of ``alignment`` are content words: with idf, those of idf above the idf threshold;
+        when idf leaves none (a small corpus where every word is frequent) but the word lists find
+        some, the word lists' (a caption that says something is never judged as one that says nothing)."""
+        lists = content_mask(alignment.tokens, None, None, self.stop_words, self.generic_words)
+        if not self.uses_idf():
+            return lists
+        idf_threshold = self.idf_threshold if self.idf_threshold is not None else DEFAULT_IDF_THRESHOLD
+        by_idf = content_mask(alignment.tokens, alignment.weight, idf_threshold, self.stop_words, self.generic_words)
+        return by_idf if any(by_idf) else lists
 
     def report_for(self, alignment: TokenAlignment, threshold: float | None = None) -> SupportReport:
         """The :class:`SupportReport` of one caption's alignment at ``threshold`` (default: the current one)."""
+        content = self.content(alignment)
         weights = alignment.weight if (self.uses_idf() and self.idf_weighting) else None
+        if weights is not None and not any(float(weights[j]) > 0 for j, c in enumerate(content) if c):
+            weights = None  # the word lists' content (idf found none): every word counts 1
         return support_report(
             alignment.tokens, alignment.similarity, self.threshold if threshold is None else threshold,
-            self.content(alignment), weights, empty_penalty=self.empty_penalty,
+            content, weights, empty_penalty=self.empty_penalty, claim_cost=self.claim_cost,
         )
 
     def alignments(
@@ -213,13 +250,38 @@ class Hallucination:
         return HallucinationResult([r.penalty for r in reports], reports, alignments)
 
     def calibrate(
-        self, captions: Sequence[str], visuals: Sequence[Any], kind: str = "video", quantile: float = 0.05
+        self, captions: Sequence[str], visuals: Sequence[Any], kind: str = "video", quantile: float = 0.05,
+        unit: str = "caption",
     ) -> float:
-        """Set ``threshold`` to the ``quantile`` of the content-token similarities of ``captions``, which
-        must be known-good descriptions of their ``visuals`` (so about that fraction of correct content
-        words will be flagged). Returns the new threshold."""
-        sims: list[float] = []
+        """Set ``threshold`` so that a new known-good caption is flagged with probability at most
+        ``quantile`` (:func:`~capreward.metrics.token_support.conformal_threshold` of the known-good
+        scores; ``quantile=0``: their minimum, nothing known-good flagged).
+
+        Args:
+            captions: known-good descriptions of their ``visuals``.
+            visuals: one visual per caption.
+            kind: ``"video"`` or ``"image"``.
+            quantile: the nominal false-flag rate.
+            unit: ``"caption"`` (default): each caption's lowest content-word similarity is one score, so
+                at most ``quantile`` of known-good captions get any penalty (what a per-word price needs);
+                ``"token"``: every content word is one score (at most ``quantile`` of known-good words
+                flagged; a caption of many words is then flagged more often).
+
+        Returns:
+            The new threshold.
+
+        Raises:
+            ValueError: an unknown ``unit``; no content word to calibrate on; too few known-good items for
+                ``quantile`` (at least ``ceil(1 / quantile) - 1``).
+        """
+        if unit not in CALIBRATION_UNITS:
+            raise ValueError(f"unit must be one of {CALIBRATION_UNITS}, got {unit!r}")
+        scores: list[float] = []
         for alignment in self.alignments(captions, visuals, kind):
-            sims.extend(self.report_for(alignment).similarity)
-        self.threshold = quantile_threshold(sims, quantile)
+            sims = self.report_for(alignment).similarity
+            if unit == "token":
+                scores.extend(sims)
+            elif sims:
+                scores.append(min(sims))
+        self.threshold = conformal_threshold(scores, quantile)
         return self.threshold

@@ -16,8 +16,8 @@ SPEC = register(MetricSpec(
     name="hallucination",
     aliases=("hallucination_penalty",),
     title="Hallucination penalty",
-    summary="Minus the weighted fraction of the caption's content words whose best frame similarity is below "
-            "a threshold (0: every content word is supported by a frame; -1: none is).",
+    summary="Minus a price per content word whose best frame similarity is below a threshold, "
+            "-min(1, claim_cost * n) (0: every content word is supported by a frame).",
     paper="capreward (on EMScore's token-to-frame alignment, Shi et al., CVPR 2022, Figure 7)",
     released_code=None,
     scorer="capreward.scorers.hallucination:Hallucination",
@@ -33,7 +33,9 @@ SPEC = register(MetricSpec(
         Option("threshold", 0.2, "similarity below which a content token is unsupported"),
         Option("idf", False, "a corpus or a dict token id -> weight ('batch' is refused)"),
         Option("idf_threshold", None, "with idf, tokens of idf at most this are function words (default ln 2)"),
-        Option("empty_penalty", -0.5, "the penalty of a caption without a content word"),
+        Option("empty_penalty", -1.0, "the penalty of a caption without a content word (a wrong caption's)"),
+        Option("claim_cost", 0.5, "the price of each unsupported content word: -min(1, claim_cost * n); None: "
+               "the weighted fraction of content words (an average a long caption dilutes)"),
         Option("context_free", True, "also judge each content word encoded alone and keep the lower similarity"),
         Option("frames", 10, "frames sampled per video (None: all)"),
     ),
