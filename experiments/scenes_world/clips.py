@@ -200,6 +200,9 @@ def train_scene_clip(recipe: SceneClipRecipe = MODEL_A, log: Callable[[str], Non
             preprocess, tokenizer = _preprocess(), _tokenizer()
             pool = scene_stream(recipe.data, recipe.pool_size)
             pixels = torch.stack([preprocess(r["image"]) for r in pool])
+            # which attribute word each pool scene has ([pool, words]), for the token-level loss
+            column = {w: j for j, w in enumerate(words)}
+            has_word = torch.tensor([[_has(r["scene"], w) for w in words] for r in pool], dtype=torch.float32)
             word_ids, word_len, word_where = encode_scene_captions(tokenizer, words)
             opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=recipe.lr, weight_decay=recipe.weight_decay)
             sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_factor(recipe.steps))
@@ -243,7 +246,7 @@ def train_scene_clip(recipe: SceneClipRecipe = MODEL_A, log: Callable[[str], Non
                 for w, found in enumerate(word_where):
                     rows.append(alone[w, found[0][0]])
                     row_words.append(found[0][1])
-                has = torch.tensor([[_has(s, w) for s in scenes] for w in row_words], dtype=torch.float32)
+                has = has_word[idx][:, [column[w] for w in row_words]].T
                 # a binary loss, not a contrastive one: the penalty thresholds the similarity itself, so a
                 # word must be above 0 on every image that has it and below on every image that has not
                 token_logits = scale * torch.stack(rows) @ images.T

@@ -34,11 +34,54 @@ MAX_TOKENS = 24
 SFT_STREAM, GRPO_STREAM = "policy-sft", "policy-grpo"
 
 
-def build_policy(seed: int) -> tuple[Any, Any]:
-    """``(model, processor)``: the seeded tiny LLaVA captioner of the world (eval mode)."""
+def build_policy(seed: int, vision: str | None = None) -> tuple[Any, Any]:
+    """``(model, processor)``: the seeded tiny LLaVA captioner of the world (eval mode). Its vision tower
+    has the scenes CLIPs' architecture (32 px images in 4 px patches, width 64, 2 layers); with ``vision``
+    (the path of a trained scenes CLIP, OpenAI format) it starts from that CLIP's image tower, as a VLM
+    starts from a pretrained CLIP, and reads its last layer's patch features."""
     from capreward.testing import TinyLlavaSpec, build_tiny_llava
 
-    return build_tiny_llava(TinyLlavaSpec(words=WORDS, seed=seed, image_size=32, patch_size=4))
+    model, processor = build_tiny_llava(TinyLlavaSpec(words=WORDS, seed=seed, image_size=32, patch_size=4, vision_hidden=64,
+                                                      vision_heads=1, vision_intermediate=256, vision_layers=2))
+    model.config.vision_feature_layer = -1
+    if vision is not None:
+        import torch
+
+        load_clip_vision(model, torch.load(vision, map_location="cpu", weights_only=True))
+    return model, processor
+
+
+def load_clip_vision(model: Any, state: dict[str, Any]) -> None:
+    """Copy an OpenAI-format CLIP's image tower (``visual.*`` of ``state``) into the LLaVA's vision tower
+    (transformers' ``CLIPVisionModel`` layout: the fused attention input projection split into q, k, v)."""
+    import torch
+
+    tower = model.model.vision_tower  # transformers 5 flattens CLIPVisionModel (no .vision_model)
+    tower = getattr(tower, "vision_model", tower)
+    v = {k[len("visual."):]: t.float() for k, t in state.items() if k.startswith("visual.")}
+    target = {
+        "embeddings.class_embedding": v["class_embedding"],
+        "embeddings.patch_embedding.weight": v["conv1.weight"],
+        "embeddings.position_embedding.weight": v["positional_embedding"],
+        "pre_layrnorm.weight": v["ln_pre.weight"], "pre_layrnorm.bias": v["ln_pre.bias"],
+        "post_layernorm.weight": v["ln_post.weight"], "post_layernorm.bias": v["ln_post.bias"],
+    }
+    for i in range(len(tower.encoder.layers)):
+        src, dst = f"transformer.resblocks.{i}.", f"encoder.layers.{i}."
+        for part, name in zip(v[src + "attn.in_proj_weight"].chunk(3), ("q", "k", "v")):
+            target[f"{dst}self_attn.{name}_proj.weight"] = part
+        for part, name in zip(v[src + "attn.in_proj_bias"].chunk(3), ("q", "k", "v")):
+            target[f"{dst}self_attn.{name}_proj.bias"] = part
+        for a, b in (("attn.out_proj", "self_attn.out_proj"), ("ln_1", "layer_norm1"), ("ln_2", "layer_norm2"),
+                     ("mlp.c_fc", "mlp.fc1"), ("mlp.c_proj", "mlp.fc2")):
+            target[f"{dst}{b}.weight"], target[f"{dst}{b}.bias"] = v[f"{src}{a}.weight"], v[f"{src}{a}.bias"]
+    own = tower.state_dict()
+    missing = set(own) - set(target)
+    if missing:
+        raise ValueError(f"no CLIP weights for {sorted(missing)}")
+    with torch.no_grad():
+        for k, t in target.items():
+            own[k].copy_(t.reshape(own[k].shape))
 
 
 def stream(name: str, n: int) -> list[dict[str, Any]]:

@@ -123,6 +123,7 @@ class GoodhartMonitor:
     warn: Callable[[str], Any] | None = None
     rows: list[dict[str, float]] = field(default_factory=list)
     failures: dict[str, int] = field(default_factory=dict)
+    alarms: list[tuple[int, str]] = field(default_factory=list)
     _pending: list[dict[str, float]] = field(default_factory=list, repr=False)
     _warned: bool = field(default=False, repr=False)
 
@@ -242,16 +243,38 @@ class GoodhartMonitor:
         for key in ["train", *self.judges]:
             pairs = [(r[key], r["n"]) for r in pending if math.isfinite(r[key])]
             row[key] = sum(v * n for v, n in pairs) / sum(n for _, n in pairs) if pairs else math.nan
-        self.rows.append(row)
-        message = self.verdict()
-        if message and not self._warned:
-            (self.warn or _default_warn)(message)
-        self._warned = message is not None
+        self.record(row)
         logs = {"goodhart/train": row["train"]}
         for name in self.judges:
             logs[f"goodhart/{name}"] = row[name]
             logs[f"goodhart/gap/{name}"] = row["train"] - row[name]
         return logs
+
+    def record(self, row: Mapping[str, float]) -> str | None:
+        """Append one closed step (``step``, ``train`` and each judge's mean, as :meth:`flush` makes it, or
+        as :attr:`rows` kept it: a run can be replayed under other settings) and evaluate the verdict:
+        a verdict that turns bad is warned and added to :attr:`alarms`.
+
+        Args:
+            row: the step's means.
+
+        Returns:
+            The verdict (:meth:`verdict`).
+        """
+        self.rows.append({"step": float(row.get("step", len(self.rows) + 1)), "train": float(row["train"]),
+                          **{name: float(row.get(name, math.nan)) for name in self.judges}})
+        message = self.verdict()
+        if message and not self._warned:
+            self.alarms.append((int(self.rows[-1]["step"]), message))
+            (self.warn or _default_warn)(message)
+        self._warned = message is not None
+        return message
+
+    @property
+    def fired(self) -> bool:
+        """Whether the monitor raised an alarm at any step of the run so far (a run's end state: a collapse
+        that the verdict caught mid-run stays caught)."""
+        return bool(self.alarms)
 
     # ------------------------------------------------------------------------ verdict
     def changes(self) -> dict[str, tuple[float, float]] | None:
