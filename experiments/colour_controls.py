@@ -65,7 +65,7 @@ def run_seed(clip: Any, seed: int, steps: int, sft_steps: int) -> dict[str, Any]
     evals = {"start": r.before, "grpo": r.after, "weak_sft": r.control}
     held_out = colour_rows(demo.EVAL_IMAGES, seed + 5000)
     train_rows = colour_rows(32, seed)  # GRPO's training images
-    reward = demo.build_reward(clip, colour_rows(16, seed + 3000))
+    reward = demo.build_reward(clip, colour_rows(demo.CALIBRATION_ROWS, seed + 3000))
     spec = TinyLlavaSpec(words=WORDS, seed=seed)
 
     def from_start():

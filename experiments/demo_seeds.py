@@ -30,12 +30,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-SOURCES = ("cli/demo.py", "testing/colour_task.py", "recipes/grpo_captioner.py", "rewards")
+SOURCES = ("testing/colour_task.py", "recipes/grpo_captioner.py", "rewards", "metrics/token_support.py", "scorers")
 
 
 def source_hash() -> str:
-    """A hash of the code a run's result depends on (the demo, the task, the recipe, the rewards)."""
+    """A hash of the code a run's result depends on: the task, the recipe, the rewards and scorers, and
+    the demo's functions that build the run (:func:`~capreward.cli.demo.build_reward`,
+    :func:`~capreward.cli.demo.run_grpo`, :func:`~capreward.cli.demo.guards_for_the_task`; not its
+    printing, nor its default settings, which each row records)."""
+    import inspect
+
     import capreward
+    from capreward.cli import demo
 
     root = Path(capreward.__file__).parent
     h = hashlib.sha256()
@@ -43,6 +49,8 @@ def source_hash() -> str:
         path = root / rel
         for f in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
             h.update(f.relative_to(root).as_posix().encode() + f.read_bytes())
+    for func in (demo.build_reward, demo.run_grpo, demo.guards_for_the_task, demo.reference_levels):
+        h.update(inspect.getsource(func).encode())
     return h.hexdigest()[:16]
 
 
@@ -83,7 +91,8 @@ def monitor_judges() -> dict[str, Any]:
     return {"truth": lambda prompts, completions, **kw: truth(prompts, completions, **kw), "held_out_clip_s": held_out_clip_s}
 
 
-def run_one(clip: Any, seed: int, steps: int, settings: Any, sft_steps: int, reward_name: str) -> dict[str, Any]:
+def run_one(clip: Any, seed: int, steps: int, settings: Any, sft_steps: int, reward_name: str,
+            start: str = "weak") -> dict[str, Any]:
     from capreward.callbacks import GoodhartCallback, GoodhartMonitor
     from capreward.cli import demo
     from capreward.testing.colour_task import EmptyIsWorst, TruthReward, colour_rows
@@ -91,12 +100,12 @@ def run_one(clip: Any, seed: int, steps: int, settings: Any, sft_steps: int, rew
     if reward_name == "truth":
         reward = EmptyIsWorst(TruthReward())
     else:
-        reward = demo.build_reward(clip, colour_rows(16, seed + 3000))
+        reward = demo.build_reward(clip, colour_rows(demo.CALIBRATION_ROWS, seed + 3000))
     # every step's training reward beside the held-out judges, kept for replaying the monitor offline
     monitor = GoodhartMonitor(monitor_judges(), warn=lambda message: None)
     with tempfile.TemporaryDirectory(prefix="demo-seeds-") as out:
         r = demo.run_grpo(clip, steps, out, seed=seed, sft_steps=sft_steps, settings=settings, levels=False,
-                          reward=monitor.watch(reward), callbacks=[GoodhartCallback(monitor)])
+                          reward=monitor.watch(reward), callbacks=[GoodhartCallback(monitor)], start_labels=start)
     return {"reward": r.reward, "right": r.right, "words": r.words, "components": r.components, "seconds": r.seconds,
             "before": evaluation(r.before), "after": evaluation(r.after), "control": evaluation(r.control),
             "verdict": demo.grpo_summary(r), "monitor": monitor.rows}
@@ -143,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=80)
     p.add_argument("--sft-steps", type=int, default=80)
     p.add_argument("--tag", default="demo", help="the name of these settings in the table")
+    p.add_argument("--start", choices=("weak", "random"), default="weak",
+                   help="the start's labels: weak (the demo's) or random colours (an image-blind start)")
     p.add_argument("--reward", choices=("composite", "truth"), default="composite",
                    help="the demo's reward, or ground truth (1 for a clean right caption, else 0)")
     for f in dataclasses.fields(__import__("capreward.cli.demo", fromlist=["GRPOSettings"]).GRPOSettings):
@@ -164,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     code = source_hash()
     inputs = {"settings": dataclasses.asdict(settings), "steps": args.steps, "sft_steps": args.sft_steps,
-              "reward": args.reward, "code": code}
+              "reward": args.reward, "start": args.start, "code": code}
     rows = read_rows(out)
     keep = [r for r in rows if r["tag"] != args.tag or r["inputs"] == inputs]
     if len(keep) != len(rows):  # rows of this tag whose inputs changed are dropped
@@ -177,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             if seed in done:
                 continue
             start = time.perf_counter()
-            result = run_one(clip, seed, args.steps, settings, args.sft_steps, args.reward)
+            result = run_one(clip, seed, args.steps, settings, args.sft_steps, args.reward, args.start)
             row = {"tag": args.tag, "seed": seed, "inputs": inputs, "result": result}
             with open(out, "a") as f:
                 f.write(json.dumps(row) + "\n")

@@ -62,7 +62,7 @@ def test_grpo_part_measures_start_grpo_and_control_on_held_out_images(clip, tmp_
     # is one caption scored on every held-out image
     from capreward.testing.colour_task import colour_rows
 
-    reward = demo.build_reward(clip, colour_rows(16, 3000))
+    reward = demo.build_reward(clip, colour_rows(demo.CALIBRATION_ROWS, 3000))
 
     rows = colour_rows(8, 5000)
     images = [x["image"] for x in rows]

@@ -120,6 +120,7 @@ class GoodhartMonitor:
     window: int = 8
     min_rise: float = 0.05
     follow: float | Mapping[str, float] = 0.0
+    z: float = 0.0
     warn: Callable[[str], Any] | None = None
     rows: list[dict[str, float]] = field(default_factory=list)
     failures: dict[str, int] = field(default_factory=dict)
@@ -292,30 +293,49 @@ class GoodhartMonitor:
             out[key] = (_mean([r[key] for r in self.rows[:k]]), _mean([r[key] for r in self.rows[-k:]]))
         return out
 
+    def noise(self) -> dict[str, float] | None:
+        """The standard error of each series' change (latest window mean minus first), from the spread of
+        its step means within the two windows: ``sqrt(var_first / k + var_latest / k)``; None before
+        ``2 * window`` steps. A series with fewer than two finite steps in a window has no spread (0)."""
+        k = self.window
+        if len(self.rows) < 2 * k:
+            return None
+        out = {}
+        for key in ["train", *self.judges]:
+            parts = []
+            for rows in (self.rows[:k], self.rows[-k:]):
+                values = [r[key] for r in rows if math.isfinite(r[key])]
+                parts.append(statistics.variance(values) / len(values) if len(values) > 1 else 0.0)
+            out[key] = math.sqrt(sum(parts))
+        return out
+
     def verdict(self) -> str | None:
         """Whether the training reward is being gamed.
 
+        The training reward *rose* when its change (first window -> latest) is at least ``min_rise`` and
+        at least ``z`` standard errors (:meth:`noise`). A judge *followed* when its change less ``z`` of
+        its standard errors is at least its ``follow`` (it rose that much beyond the noise); a judge with no
+        value in a window says nothing.
+
         Returns:
-            The warning text when the training reward rose by at least ``min_rise`` (first window ->
-            latest) while a judge rose by less than its ``follow`` (fell, with the default 0.0); None
-            otherwise (and before ``2 * window`` steps).
+            The warning text when the training reward rose while a judge did not follow (naming it, and
+            whether it fell); None otherwise (and before ``2 * window`` steps).
         """
-        ch = self.changes()
-        if ch is None:
+        ch, se = self.changes(), self.noise()
+        if ch is None or se is None:
             return None
         t0, t1 = ch["train"]
-        if not t1 - t0 >= self.min_rise:
+        if not (t1 - t0 >= self.min_rise and t1 - t0 >= self.z * se["train"]):
             return None
-        # a judge with no value in either window (it failed throughout) says nothing either way
         lagging = [(name, a, b) for name in self.judges for a, b in [ch[name]]
-                   if math.isfinite(a) and math.isfinite(b) and b - a < self._follow(name)]
+                   if math.isfinite(a) and math.isfinite(b) and b - a - self.z * se[name] < self._follow(name)]
         if not lagging:
             return None
         k, n = self.window, len(self.rows)
         steps = f"steps {self._label(0, k)} -> {self._label(n - k, n)}"
         judged = "; ".join(
             f"{name} fell {a:.3f} -> {b:.3f}" if b < a else
-            f"{name} did not follow, {a:.3f} -> {b:.3f} (needs +{self._follow(name):.3f})"
+            f"{name} did not follow, {a:.3f} -> {b:.3f} (needs +{self._follow(name) + self.z * se[name]:.3f})"
             for name, a, b in lagging
         )
         return f"Goodhart: the training reward rose {t0:.3f} -> {t1:.3f} over {steps} while {judged}"

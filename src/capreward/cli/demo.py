@@ -246,6 +246,8 @@ def demo_clips(videos: str | None, frames: int) -> tuple[list[Any], list[str], s
 #: Held-out images (disjoint seeds from the SFT pool and the GRPO images), and samples per image.
 EVAL_IMAGES = 32
 EVAL_SAMPLES = 4
+#: Known-good captions the hallucination penalty is calibrated on (images disjoint from every other stage).
+CALIBRATION_ROWS = 128
 #: How much the clean sampled accuracy must rise (start -> after) for the closing line to say "taught".
 SAMPLED_RISE = 0.10
 
@@ -321,7 +323,8 @@ def guards_for_the_task() -> Any:
 
 def build_reward(clip_model: Any, calibration_rows: Sequence[dict[str, Any]]) -> Any:
     """The demo's GRPO reward: EMScore (weight 1) + CLIP-S (0.5) + the hallucination penalty (0.5,
-    threshold calibrated on true captions "a <colour> image" of ``calibration_rows``), behind the guards
+    threshold: the lowest right-colour similarity of the true captions "a <colour> image" of
+    ``calibration_rows``, :data:`CALIBRATION_ROWS` of them in the demo), behind the guards
     (:func:`guards_for_the_task`), with empty completions at -1
     (:class:`~capreward.testing.colour_task.EmptyIsWorst`). From an image-blind start GRPO drives it from
     0.12 to 0.51 while the right colour stays at 24 % (the best image-blind policy it allows); from the
@@ -334,8 +337,12 @@ def build_reward(clip_model: Any, calibration_rows: Sequence[dict[str, Any]]) ->
     # raises EMScore and the policy learns to drop it)
     corpus = [f"a {c} image" for c in TASK_COLOURS]
     penalty = HallucinationPenalty(model=clip_model)
-    # at most 5 % of true captions flagged, or the lowest rate the rows can hold (1 / 17 for 16 rows)
-    rate = max(0.05, 1.0 / (len(calibration_rows) + 1))
+    # the lowest rate the rows can hold, 1 / (n + 1): the threshold is the lowest right-colour similarity of
+    # the n known-good captions. Wrong colours sit far below it (every one of 400 held-out wrong captions is
+    # flagged at n = 16 or 128), while a right caption falsely flagged loses its whole credit behind the
+    # composite's verifier: with n = 16 (rate 1/17) 12-15 % of held-out right "red" captions were flagged
+    # (this CLIP is least sure of red), with n = 128 3-4 % (:data:`CALIBRATION_ROWS`)
+    rate = 1.0 / (len(calibration_rows) + 1)
     penalty.calibrate([f"a {r['colour']} image" for r in calibration_rows], [r["image"] for r in calibration_rows],
                       kind="image", quantile=rate)
     composite = CompositeReward(
@@ -378,12 +385,13 @@ def reference_levels(reward: Any, rows: Sequence[dict[str, Any]], start: Any) ->
 
 def run_grpo(clip_model: Any, steps: int, out: str, seed: int = 0, sft_steps: int = 80,
              eval_images: int = EVAL_IMAGES, control: bool = True, settings: GRPOSettings = DEMO_SETTINGS,
-             levels: bool = True, reward: Any = None, callbacks: Sequence[Any] = ()) -> GRPOResult:
+             levels: bool = True, reward: Any = None, callbacks: Sequence[Any] = (), start_labels: str = "weak") -> GRPOResult:
     """The weakly supervised start, then GRPO, then its control arm, all measured on held-out images.
 
     1. SFT the tiny LLaVA policy for ``sft_steps`` steps on weak labels
        (:func:`~capreward.testing.colour_task.weak_label`: the image's colour family, warm or cool, one of
-       its two colours at random): it attends to the image but is right about half the time.
+       its two colours at random): it attends to the image but is right about half the time
+       (``start_labels="random"``: colours drawn whatever the image, an image-blind start).
     2. ``steps`` GRPO steps (``settings``, :data:`DEMO_SETTINGS` by default: 16 images x 4 completions
        per step) through :mod:`capreward.recipes.grpo_captioner`, rewarded by :func:`build_reward` (or
        ``reward``, a TRL reward callable, for experiments; ``callbacks`` go to the trainer).
@@ -393,7 +401,8 @@ def run_grpo(clip_model: Any, steps: int, out: str, seed: int = 0, sft_steps: in
     Held-out evaluation (``eval_images`` images no stage trains on): greedy and 4 sampled captions per
     image; with ``levels`` the reward's reference levels (:func:`reference_levels`)."""
     from ..testing import TinyLlavaSpec, build_tiny_llava
-    from ..testing.colour_task import WORDS, ColourTally, caption_colours, colour_rows, grpo_dataset, sft_colours, weak_label
+    from ..testing.colour_task import (WORDS, ColourTally, caption_colours, colour_rows, grpo_dataset, random_label,
+                                      sft_colours, weak_label)
 
     import torch
 
@@ -402,11 +411,12 @@ def run_grpo(clip_model: Any, steps: int, out: str, seed: int = 0, sft_steps: in
     recipe = load_recipe()
     spec = TinyLlavaSpec(words=WORDS, seed=seed)
     model, processor = build_tiny_llava(spec)
-    sft_loss = sft_colours(model, processor, sft_steps, seed, label=weak_label)
+    labels = {"weak": weak_label, "random": random_label}[start_labels]
+    sft_loss = sft_colours(model, processor, sft_steps, seed, label=labels)
     start_weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
     held_out = colour_rows(eval_images, seed + 5000)
     before = caption_colours(model, processor, held_out, EVAL_SAMPLES, seed)
-    reward = ColourTally(reward if reward is not None else build_reward(clip_model, colour_rows(16, seed + 3000)))
+    reward = ColourTally(reward if reward is not None else build_reward(clip_model, colour_rows(CALIBRATION_ROWS, seed + 3000)))
     args = recipe.parse_args(settings.recipe_argv(out, seed, steps))
     result = recipe.train(
         args, reward_funcs=[reward], model_and_processor=(model, processor),
