@@ -72,7 +72,8 @@ class Setup:
         self.held_out = clips.scene_stream(clips.HELD_OUT, args.scenes)
         self.train_rows = policy.grpo_rows(args.train_scenes)
         self.seed, self.args = seed, args
-        model, processor = policy.build_policy(seed)
+        self.vision = str(clips.scene_clip_path(clips.MODEL_POLICY, log=log))
+        model, processor = policy.build_policy(seed, self.vision)
         self.sft_loss = policy.supervised_start(model, processor, args.sft_steps, seed)[-1]
         self.start_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         self.start_model, self.processor = model, processor
@@ -80,7 +81,7 @@ class Setup:
     def start(self):
         from scenes_world import policy
 
-        model, processor = policy.build_policy(self.seed)
+        model, processor = policy.build_policy(self.seed, self.vision)
         model.load_state_dict(self.start_state)
         return model, processor
 

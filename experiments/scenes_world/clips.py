@@ -105,6 +105,9 @@ MODEL_A_PLAIN = SceneClipRecipe(name="scenes-a-plain", negatives=0)
 #: A second negative control: no hard negatives and half the training captions partial (naming some of
 #: the scene's groups), as CLIPs trained on web alt-text see them.
 MODEL_A_PARTIAL = SceneClipRecipe(name="scenes-a-partial", negatives=0, partial=0.5)
+#: The image tower the scenes captioner starts from (:func:`scenes_world.policy.build_policy`), as a VLM starts
+#: from a pretrained CLIP: another seed, its own stream of scenes (neither A's, B's nor the held-out ones).
+MODEL_POLICY = SceneClipRecipe(name="scenes-policy", seed=2, data="train-p")
 #: The stream of held-out scenes neither model trained on.
 HELD_OUT = "held-out"
 

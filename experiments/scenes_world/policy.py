@@ -38,12 +38,16 @@ def build_policy(seed: int, vision: str | None = None) -> tuple[Any, Any]:
     """``(model, processor)``: the seeded tiny LLaVA captioner of the world (eval mode). Its vision tower
     has the scenes CLIPs' architecture (32 px images in 4 px patches, width 64, 2 layers); with ``vision``
     (the path of a trained scenes CLIP, OpenAI format) it starts from that CLIP's image tower, as a VLM
-    starts from a pretrained CLIP, and reads its last layer's patch features."""
+    starts from a pretrained CLIP, and reads its last layer's tokens (class token and patches)."""
     from capreward.testing import TinyLlavaSpec, build_tiny_llava
 
     model, processor = build_tiny_llava(TinyLlavaSpec(words=WORDS, seed=seed, image_size=32, patch_size=4, vision_hidden=64,
                                                       vision_heads=1, vision_intermediate=256, vision_layers=2))
+    # the last layer's tokens, the class token included: a trained CLIP's class token carries what its
+    # contrastive training taught it about the whole scene (the patch tokens alone left the start image-blind)
     model.config.vision_feature_layer = -1
+    model.config.vision_feature_select_strategy = "full"
+    processor.vision_feature_select_strategy = "full"
     if vision is not None:
         import torch
 

@@ -96,11 +96,13 @@ def quiet_third_parties():
     levels = {name: logging.getLogger(name).level for name in loggers}
     tf_verbosity = transformers.logging.get_verbosity()
     bars = datasets is not None and datasets.is_progress_bar_enabled()
+    tf_bars = transformers.utils.logging.is_progress_bar_enabled()  # loading/saving weights (the KL reference)
     status_lines = progress.is_enabled()
     progress.enable(False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         transformers.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
         for name in levels:
             logging.getLogger(name).setLevel(logging.ERROR)
         if datasets is not None:
@@ -109,6 +111,8 @@ def quiet_third_parties():
             yield
         finally:
             transformers.logging.set_verbosity(tf_verbosity)
+            if tf_bars:
+                transformers.utils.logging.enable_progress_bar()
             for name, level in levels.items():
                 logging.getLogger(name).setLevel(level)
             if bars:
