@@ -59,8 +59,11 @@ def test_a_hallucinated_claim_lowers_precision_and_the_score(backend, image):
     ps = [[v.p for v in claims] for claims in r.claims]
     assert ps[1][:2] == pytest.approx(ps[0], abs=1e-6)  # the shared claims read the same
     assert ps[1][2] < 0.5 < min(ps[0])  # the judge rejects the hallucinated claim, accepts the true ones
-    assert r.precision[0] == pytest.approx(sum(ps[0]) / 2) and r.precision[1] == pytest.approx(sum(ps[1]) / 3)
+    # precision: 1 - claim_cost (0.5) per claim not verified, whatever the caption's length
+    assert r.precision.tolist() == [1.0, 0.5] and r.false_claims.tolist() == [0.0, 1.0]
     assert r.score[1] < r.score[0]  # precision alone (no references): the hallucination costs reward
+    average = scorer(backend, claim_cost=None).score([COMPLETE, hallucinated], images=[image, image])
+    assert average.precision[0] == pytest.approx(sum(ps[0]) / 2) and average.precision[1] == pytest.approx(sum(ps[1]) / 3)
     print("precision complete / hallucinated:", r.precision.tolist())
 
 
@@ -75,7 +78,7 @@ def test_a_missing_reference_claim_lowers_recall_and_the_score(backend, image):
     for i in range(2):  # F1 by hand
         p, q = r.precision[i], r.recall[i]
         assert r.score[i] == pytest.approx(2 * p * q / (p + q))
-    assert r.precision[1] == pytest.approx(r.claims[0][0].p)  # the same first claim, the same verdict
+    assert r.precision[1] == r.precision[0] == 1.0  # both claims of each caption verified
     assert r.score[1] < r.score[0]
     print("precision", r.precision.tolist(), "recall", r.recall.tolist(), "F1", r.score.tolist())
 
@@ -104,7 +107,9 @@ def test_scores_do_not_depend_on_the_batch_and_verdicts_are_cached(backend, imag
 def test_claims_past_the_bound_count_as_unverified(backend, image):
     r = scorer(backend, max_claims=1).score([COMPLETE], images=[image])
     assert r.n_claims[0] == 2 and len(r.claims[0]) == 1
-    assert r.precision[0] == pytest.approx(r.claims[0][0].p / 2)
+    assert r.false_claims[0] == 1.0 and r.precision[0] == 0.5  # the unverified one is priced as false
+    average = scorer(backend, max_claims=1, claim_cost=None).score([COMPLETE], images=[image])
+    assert average.precision[0] == pytest.approx(average.claims[0][0].p / 2)
 
 
 def test_spans_point_into_the_caption(backend, image):

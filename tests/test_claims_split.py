@@ -145,7 +145,10 @@ def test_precision_recall_and_f1_by_hand_on_a_scripted_judge():
     captions = ["the background is red. there is a green patch.", "the background is red.",
                 "the background is red. there is a green patch. a blue ball."]
     r = ClaimScorer(Oracle()).score(captions, images=[image] * 3, references=refs)
-    assert r.precision.tolist() == pytest.approx([0.9, 0.9, (0.9 + 0.9 + 0.2) / 3])
+    # priced: 1 - 0.5 per claim below 0.5 (the ball's 0.2)
+    assert r.precision.tolist() == [1.0, 1.0, 0.5] and r.false_claims.tolist() == [0.0, 0.0, 1.0]
+    average = ClaimScorer(Oracle(), claim_cost=None).score(captions, images=[image] * 3, references=refs)
+    assert average.precision.tolist() == pytest.approx([0.9, 0.9, (0.9 + 0.9 + 0.2) / 3])
     assert r.recall.tolist() == pytest.approx([0.8, (0.8 + 0.1) / 2, 0.8])
     for i in range(3):
         p, q = r.precision[i], r.recall[i]
@@ -194,7 +197,7 @@ def test_inventory_and_judge_splitter_on_the_scripted_judge():
     caption = "The thing is red, and it is big"
     j = ClaimScorer(Oracle(), splitter="judge").score([caption], images=[image])
     assert [(v.text, v.start, v.end) for v in j.claims[0]] == [("the thing is red", 0, 16), ("it is big", 22, 31)]
-    assert j.precision[0] == pytest.approx((0.9 + 0.2) / 2)
+    assert j.precision[0] == 0.5  # one of the two facts below 0.5: priced 0.5
 
 
 def test_failed_requests_leave_the_sample_unscored_with_the_reason():

@@ -30,7 +30,10 @@ PARTS = ("f", "precision", "recall")
 class ClaimsHooks(RewardHooks):
     """The claims reward: the ``part`` (F-score, precision or recall) of the
     :class:`~capreward.scorers.claims.ClaimScorer` result; sub-scores ``precision``, ``recall`` and
-    ``n_claims``; the last result is kept on the reward's ``last_result``."""
+    ``n_claims``, ``false_claims`` (the claims the judge does not verify: with ``n_claims`` the verdict a
+    composite's verifier reads); the last result is kept on the reward's ``last_result``."""
+
+    verdict_metrics = ("n_claims", "false_claims")
 
     def options(self, *, part: str = "f") -> dict[str, Any]:
         if part not in PARTS:
@@ -41,8 +44,8 @@ class ClaimsHooks(RewardHooks):
         reward.last_result = None
 
     def metric_names(self, reward) -> tuple[str, ...]:
-        """``precision``, ``recall`` (NaN without reference claims) and ``n_claims``."""
-        return ("precision", "recall", "n_claims")
+        """``precision``, ``recall`` (NaN without reference claims), ``n_claims`` and ``false_claims``."""
+        return ("precision", "recall", "n_claims", "false_claims")
 
     def score_group(self, reward, captions, visuals, kind, references, visual_ids) -> GroupScores:
         if kind not in ("image", "video"):
@@ -63,6 +66,8 @@ class ClaimsHooks(RewardHooks):
             "precision": [float(v) for v in result.precision],
             "recall": [float(v) for v in result.recall],
             "n_claims": [float(v) for v in result.n_claims],
+            "false_claims": [float(v) for v in result.false_claims] if result.false_claims is not None
+            else [math.nan] * len(captions),
         }
         reasons = [None if s is not None else e for s, e in zip(scores, result.error)]
         return GroupScores(scores=scores, reasons=reasons, metrics=metrics)

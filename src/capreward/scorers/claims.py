@@ -231,8 +231,12 @@ class ClaimsResult:
 
     - ``score``: (N,) F-beta of precision and recall (precision alone without reference claims); NaN
       where the sample has no score (``error``).
-    - ``precision``: (N,) mean verification probability over the caption's claims (claims past
-      ``max_claims`` count 0).
+    - ``precision``: (N,) the precision side: with a ``claim_cost`` c (default 0.5),
+      ``1 - min(1, c * false_claims)``, the same for a false claim alone or after many true ones; with
+      ``claim_cost=None``, the mean verification probability over the caption's claims (an average: a
+      long caption dilutes a false claim, and restating true claims raises it).
+    - ``false_claims``: (N,) the caption's claims the judge does not verify (P(yes) < 0.5), claims past
+      ``max_claims`` included (they count as unverified); NaN where the sample has no score.
     - ``recall``: (N,) mean coverage probability over the reference claims; NaN without any.
     - ``n_claims``: (N,) distinct claims in the caption (before the bound).
     - ``claims`` / ``coverage``: per sample, the :class:`ClaimVerdict` s (spans for a flag view) and the
@@ -250,9 +254,41 @@ class ClaimsResult:
     coverage: list[list[CoverageVerdict]]
     error: list[SampleError | None]
     injection: list[str | None] = field(default_factory=list)
+    false_claims: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.error)
+
+
+#: The precision side's price of one claim the judge does not verify: two false claims reach 0.
+DEFAULT_CLAIM_COST = 0.5
+
+
+def claim_precision(ps: Sequence[float], total: int, claim_cost: float | None) -> float:
+    """The precision side of one caption from its claims' verification probabilities ``ps`` (the first
+    ``len(ps)`` of its ``total`` distinct claims; the others, past the bound, count as unverified).
+
+    With ``claim_cost`` c: ``1 - min(1, c * f)`` with f the claims not verified (P(yes) < 0.5), the
+    same whatever the caption's length; None: ``sum(ps) / total`` (an average).
+
+    Args:
+        ps: the verified claims' probabilities.
+        total: the caption's distinct claims (>= len(ps), > 0).
+        claim_cost: the price of a false claim, or None.
+
+    Returns:
+        The precision side, in [0, 1].
+
+    Examples:
+        >>> claim_precision([1.0] * 40 + [0.0], 41, None)      # one false claim in 41: an average
+        0.975609756097561
+        >>> claim_precision([1.0] * 40 + [0.0], 41, 0.5), claim_precision([0.0], 1, 0.5)
+        (0.5, 0.5)
+    """
+    if claim_cost is None:
+        return sum(ps) / total
+    false = sum(p < 0.5 for p in ps) + (total - len(ps))
+    return 1.0 - min(1.0, claim_cost * false)
 
 
 def f_beta(precision: float, recall: float, beta: float) -> float:
@@ -324,6 +360,10 @@ class ClaimScorer:
             the share of its content words stated by the best-matching claim of the caption,
             :func:`~capreward.scorers.claims_split.lexical_coverage`, CAPTURE's exact-match stage).
         normalise: P(yes) normalised over yes+no (default) or the raw P(yes) (VQAScore's reading).
+        claim_cost: the precision side's price of each claim the judge does not verify (P(yes) < 0.5),
+            in (0, 1]: precision ``1 - min(1, claim_cost * false claims)`` (default 0.5), so a false
+            claim costs the same after any number of true ones and restating a true claim earns nothing.
+            None: the mean P(yes) over the claims (an average).
         min_mass: a claim whose yes+no probability is below this counts as not verified (0).
         batch_size: requests per local prefill; top_logprobs: alternatives asked of a server.
         cache_size: verdicts kept in memory (0: none).
@@ -363,6 +403,7 @@ class ClaimScorer:
         cache_size: int = DEFAULT_CACHE_SIZE,
         inventory_max_tokens: int = 256,
         split_max_tokens: int = 256,
+        claim_cost: float | None = DEFAULT_CLAIM_COST,
     ):
         if not beta > 0:
             raise ValueError(f"beta must be positive, got {beta}")
@@ -375,6 +416,10 @@ class ClaimScorer:
             raise ValueError(f"coverage must be one of {COVERAGES}, got {coverage!r}")
         if not 0 <= min_mass < 1:
             raise ValueError(f"min_mass must be in [0, 1), got {min_mass}")
+        if claim_cost is not None and (isinstance(claim_cost, bool) or not isinstance(claim_cost, (int, float))
+                                       or not 0.0 < float(claim_cost) <= 1.0):
+            raise ValueError(f"claim_cost must be a number in (0, 1] or None, got {claim_cost!r}")
+        self.claim_cost = None if claim_cost is None else float(claim_cost)
         self.backend = backend
         self.beta = float(beta)
         self.max_claims = max_claims
@@ -581,6 +626,7 @@ class ClaimScorer:
                         covered[vkey("cover", index[i], read_captions[i], r)] = (lexical_coverage(r, texts), None)
 
         score, precision, recall = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
+        false_claims = np.full(n, np.nan)
         n_claims = np.zeros(n, dtype=np.int64)
         claim_out: list[list[ClaimVerdict]] = [[] for _ in range(n)]
         cover_out: list[list[CoverageVerdict]] = [[] for _ in range(n)]
@@ -599,7 +645,8 @@ class ClaimScorer:
             if failed is not None:
                 errors[i] = SampleError(i, kind_of(failed, "judge_unreadable"), "", f"claim not verified: {failed}")
                 continue
-            precision[i] = sum(ps) / total  # claims past max_claims count 0
+            false_claims[i] = sum(p < 0.5 for p in ps) + (total - len(ps))  # claims past max_claims: unverified
+            precision[i] = claim_precision(ps, total, self.claim_cost)
             if ref_claims[i]:
                 cs = []
                 for r in ref_claims[i]:
@@ -619,4 +666,5 @@ class ClaimScorer:
         for i, e in enumerate(errors):
             if e is not None:
                 log.info("claims sample %d: %s", i, e)
-        return ClaimsResult(score, precision, recall, n_claims, claim_out, cover_out, errors, injection_reasons(candidates))
+        return ClaimsResult(score, precision, recall, n_claims, claim_out, cover_out, errors, injection_reasons(candidates),
+                            false_claims)

@@ -8,10 +8,11 @@ from ..registry import Deviation, MetricSpec, Option, register
 
 
 def sub_scores(config: Mapping[str, Any]) -> tuple[str, ...]:
-    """``precision`` (the verified share of the caption's claims), ``n_claims``, ``claims`` (per-claim
-    verdicts with spans); ``recall`` with references or ``inventory=True``."""
+    """``precision`` (1 - claim_cost x the claims not verified; with ``claim_cost=None`` the mean
+    verification probability), ``n_claims``, ``false_claims`` (the claims not verified), ``claims``
+    (per-claim verdicts with spans); ``recall`` with references or ``inventory=True``."""
     recall = bool(config.get("references")) or bool(config.get("inventory"))
-    return ("precision",) + (("recall",) if recall else ()) + ("n_claims", "claims")
+    return ("precision",) + (("recall",) if recall else ()) + ("n_claims", "false_claims", "claims")
 
 
 SPEC = register(MetricSpec(
@@ -44,6 +45,8 @@ SPEC = register(MetricSpec(
         Option("coverage", "judge", "'judge' (P(yes) that the caption states a reference claim) or 'lexical' "
                                     "(content words matched, no judge call)"),
         Option("normalise", True, "P(yes) normalised over yes+no (False: raw P(yes), VQAScore's reading)"),
+        Option("claim_cost", 0.5, "precision = 1 - min(1, claim_cost * claims not verified), whatever the length; "
+                                  "None: the mean P(yes) over the claims (an average a long caption dilutes)"),
     ),
     deviations=(
         Deviation("claims come from a rule-based splitter, where DCScore and FaithScore have GPT-4 write them",

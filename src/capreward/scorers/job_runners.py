@@ -169,6 +169,7 @@ def claims_runner(spec, job) -> Runner:
                 if refs is not None:
                     out[k][sub_score(name, "recall")] = finite_or_none(float(res.recall[j]))
                 out[k][sub_score(name, "n_claims")] = int(res.n_claims[j])
+                out[k][sub_score(name, "false_claims")] = finite_or_none(float(res.false_claims[j]))
                 out[k][sub_score(name, "claims")] = [
                     {"text": v.text, "start": v.start, "end": v.end, "p": finite_or_none(float(v.p))} for v in res.claims[j]]
                 if res.error[j]:
