@@ -187,8 +187,9 @@ def main(argv: list[str] | None = None) -> int:
         for seed in parse_seeds(args.seeds):
             if seed in done:
                 continue
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             result = run_one(clip, seed, args.steps, settings, args.sft_steps, args.reward, args.start)
+            result["cpu_seconds"] = time.process_time() - cpu
             row = {"tag": args.tag, "seed": seed, "inputs": inputs, "result": result}
             with open(out, "a") as f:
                 f.write(json.dumps(row) + "\n")

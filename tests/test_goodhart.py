@@ -342,11 +342,9 @@ def _grpo_with_monitor(tmp_path, start: str, steps: int):
         sft_random_colours(model, processor, 80, 0)
     else:
         sft_colours(model, processor, 80, 0, label=weak_label)
-    reward = demo.build_reward(clip, colour_rows(16, 3000))  # the same reward and settings for both starts
+    reward = demo.build_reward(clip, colour_rows(demo.CALIBRATION_ROWS, 3000))  # the same reward and settings for both starts
     recipe = demo.load_recipe()
-    args = recipe.parse_args(["--tiny", "--quiet", "--out", str(tmp_path), "--seed", "0", "--steps", str(steps),
-                              "--lr", demo.LR, "--lr-scheduler", "cosine", "--batch-size", "64", "--num-generations", "4",
-                              "--max-completion-length", "6", "--lora-r", "0"])
+    args = recipe.parse_args(demo.DEMO_SETTINGS.recipe_argv(str(tmp_path), 0, steps))
     callback = GoodhartCallback(monitor)
     with demo.quiet_third_parties():
         result = recipe.train(args, reward_funcs=[monitor.watch(reward)], model_and_processor=(model, processor),

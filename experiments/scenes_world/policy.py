@@ -4,10 +4,8 @@ held-out CLIP B.
 
 - :func:`build_policy`: the seeded tiny LLaVA (the grammar's words in its vocabulary; 32 px images in
   4 px patches, so a shape in a cell of the 2x2 grid covers several patches);
-- :func:`supervised_start`: supervised steps on captions of a *noisy annotator*
-  (:func:`~scenes_world.world.sample_caption`: counts, bindings, colours and shapes wrong, objects missing
-  or added at the sampler's rates, 22 % exact), so the start attends to the image but writes the
-  annotator's errors: a start RL can improve and supervision on the same labels cannot;
+- :func:`supervised_start`: a short supervised start on the scenes' captions: the policy attends to the
+  image (colours mostly right) but gets counts, shapes and bindings wrong: a start RL can improve;
 - :func:`grpo_rows` / :func:`grpo_dataset`: GRPO's training scenes in TRL's conversational format, with
   ``scene_id`` (which :class:`WrongImage` reads);
 - :class:`WrongImage`: a reward scored against *another* scene's image of the batch: the control arm
@@ -95,15 +93,21 @@ def stream(name: str, n: int) -> list[dict[str, Any]]:
     return scene_stream(name, n)
 
 
-def supervised_start(model: Any, processor: Any, steps: int, seed: int, lr: float = 3e-3, batch: int = 16,
+def supervised_start(model: Any, processor: Any, steps: int, seed: int, lr: float = 1e-3, batch: int = 16,
                      pool: int = 512, errors: dict[str, float] | None = None) -> list[float]:
-    """``steps`` supervised steps on scenes of :data:`SFT_STREAM`, each captioned afresh by the noisy
-    annotator (:func:`~scenes_world.world.sample_caption`, its default error rates unless ``errors``);
-    returns the losses. Deterministic for ``seed``."""
+    """``steps`` supervised steps on scenes of :data:`SFT_STREAM`, each captioned afresh by
+    :func:`~scenes_world.world.sample_caption` with ``errors`` (default none: the true caption, its groups
+    in a random order; the sampler's rates make a noisy annotator); returns the losses. A short start
+    attends to the image but gets counts, shapes and bindings wrong. Deterministic for ``seed``.
+
+    (Measured on seed 0: with the noisy annotator at lr 3e-3, or with the policy's own random image tower,
+    300 steps left the policy image-blind, the same caption for every image; true captions at lr 1e-3
+    give the colour slot 66 % and exact 6 % after 150 steps.)"""
     from policy_arms import supervise
 
     rows = stream(SFT_STREAM, pool)
     annotator = random.Random(f"annotator-{seed}")
+    errors = {} if errors is None else errors
 
     def draw(rng: random.Random) -> tuple[list[Any], list[str]]:
         batch_rows = [rng.choice(rows) for _ in range(batch)]

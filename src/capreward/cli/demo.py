@@ -264,8 +264,8 @@ class GRPOSettings:
 
     lr: float = 1e-3
     scheduler: str = "cosine"
-    warmup: float = 0.0
-    beta: float = 0.0
+    warmup: float = 0.1
+    beta: float = 0.04
     lora_r: int = 0
     lora_alpha: int = 16
     max_completion_length: int = 6
@@ -283,7 +283,6 @@ class GRPOSettings:
 
 #: The demo's settings.
 DEMO_SETTINGS = GRPOSettings()
-LR = repr(DEMO_SETTINGS.lr)
 
 
 @dataclass
