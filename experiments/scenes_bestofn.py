@@ -79,9 +79,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from capreward import progress
     from scenes_world import world
     from scenes_world.clips import (
-        HELD_OUT, MODEL_A, MODEL_A_PARTIAL, MODEL_A_PLAIN, MODEL_B, scene_clip_path, scene_stream,
+        HELD_OUT, MODEL_A, MODEL_A_PARTIAL, MODEL_A_PLAIN, MODEL_B, scene_stream,
     )
-    from scenes_world.evaluation import NS, best_of_n, ranking_accuracy, sample_candidates, scene_rewards, score_candidates
+    from scenes_world.evaluation import (NS, best_of_n, ranking_accuracy, sample_candidates, scene_rewards, score_candidates,
+                                         shared_clip_path)
 
     progress.enable(False)
     threads = torch.get_num_threads()
@@ -89,13 +90,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     start = time.perf_counter()
     try:
         log = lambda m: print(f"[train] {m}", flush=True)  # noqa: E731
-        path_a, path_b = str(scene_clip_path(MODEL_A, log=log)), str(scene_clip_path(MODEL_B, log=log))
+        path_a, path_b = shared_clip_path(MODEL_A, log=log), shared_clip_path(MODEL_B, log=log)
         rows = scene_stream(HELD_OUT, args.scenes)
         ranking = {"A": ranking_accuracy(path_a, rows), "B": ranking_accuracy(path_b, rows)}
         print("ranking accuracy on held-out scenes (true caption above the negative; chance 50%):")
         for name, acc in ranking.items():
             print(f"  model {name}: " + ", ".join(f"{k} {v:.0%}" for k, v in acc.items()))
-        controls = {name: str(scene_clip_path(recipe, log=log))
+        controls = {name: shared_clip_path(recipe, log=log)
                     for name, recipe in (("plain", MODEL_A_PLAIN), ("partial", MODEL_A_PARTIAL)) if args.controls}
         for name, path in controls.items():
             ranking[f"A-{name}"] = ranking_accuracy(path, rows)

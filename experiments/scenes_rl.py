@@ -64,7 +64,7 @@ class Setup:
         from capreward.rewards import CLIPScoreReward
 
         log = lambda m: print(f"[clip] {m}", flush=True)  # noqa: E731
-        self.paths = {name: str(clips.scene_clip_path(recipe, log=log))
+        self.paths = {name: evaluation.shared_clip_path(recipe, log=log)
                       for name, recipe in (("A", clips.MODEL_A), ("B", clips.MODEL_B), ("A-partial", clips.MODEL_A_PARTIAL))}
         calibration = clips.scene_stream(clips.MODEL_A.data, args.calibration)
         self.composite = {name: evaluation.composite_reward(self.paths[name], calibration)[0] for name in ("A", "A-partial")}
@@ -72,7 +72,7 @@ class Setup:
         self.held_out = clips.scene_stream(clips.HELD_OUT, args.scenes)
         self.train_rows = policy.grpo_rows(args.train_scenes)
         self.seed, self.args = seed, args
-        self.vision = str(clips.scene_clip_path(clips.MODEL_POLICY, log=log))
+        self.vision = evaluation.shared_clip_path(clips.MODEL_POLICY, log=log)
         model, processor = policy.build_policy(seed, self.vision)
         self.sft_loss = policy.supervised_start(model, processor, args.sft_steps, seed)[-1]
         self.start_state = {k: v.detach().clone() for k, v in model.state_dict().items()}

@@ -10,13 +10,14 @@ import pytest
 import torch
 
 from scenes_world import world
-from scenes_world.clips import HELD_OUT, MODEL_A, MODEL_B, scene_clip_path, scene_stream
-from scenes_world.evaluation import best_of_n, ranking_accuracy, sample_candidates, scene_rewards, score_candidates
+from scenes_world.clips import HELD_OUT, MODEL_A, MODEL_B, scene_stream
+from scenes_world.evaluation import (best_of_n, ranking_accuracy, sample_candidates, scene_rewards, score_candidates,
+                                     shared_clip_path)
 
 
 @pytest.fixture(scope="module")
 def paths():
-    return str(scene_clip_path(MODEL_A)), str(scene_clip_path(MODEL_B))
+    return shared_clip_path(MODEL_A), shared_clip_path(MODEL_B)
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,24 @@ COUNT_STOP_WORDS = frozenset(w for w in world.COUNT_WORDS.values()) | {"one", "f
 NS: tuple[int, ...] = (1, 2, 4, 8, 16)
 
 
+def shared_clip_path(recipe: Any, log: Any = None) -> str:
+    """:func:`scenes_world.clips.scene_clip_path` under an exclusive lock beside the cached file: the
+    scenes CLIPs are built once and shared, so a second process (a test, another experiment) asking for a
+    model being trained waits for it instead of training it again. (The lock lives here, not in
+    ``clips.py``, whose source is part of every model's cache key.)"""
+    from pathlib import Path
+
+    from capreward.testing.tiny_llava import _locked
+
+    from .clips import scene_clip_path
+    from capreward.testing.trained_clip import _cache_root
+
+    folder = Path(_cache_root()) / "trained_clip"
+    folder.mkdir(parents=True, exist_ok=True)
+    with _locked(folder / f".{recipe.name}-{recipe.key()}.pt.lock"):
+        return str(scene_clip_path(recipe, log=log))
+
+
 def scene_guards() -> Any:
     """The guards for scene captions: repetition (bigrams and single words), truncation without a final
     period required, and over-length beyond 14 words (the longest true caption, four groups, has 13)
