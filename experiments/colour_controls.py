@@ -18,6 +18,10 @@ it ends (a rerun skips the seeds already there with unchanged inputs)::
 
     python experiments/colour_controls.py --seeds 0-9 --out runs/colour_controls.jsonl
     python experiments/colour_controls.py --table runs/colour_controls.jsonl
+
+With ``--grpo-runs runs/demo_final.jsonl`` the GRPO and weak-label arms are read from the demo's 10-seed
+runs (``experiments/demo_seeds.py``, same seeds, steps, settings and code) instead of being run again; the
+start is rebuilt here and must caption the held-out images exactly as the recorded start did.
 """
 
 from __future__ import annotations
@@ -52,39 +56,56 @@ def label_by_reward(reward: Any, rows: list[dict[str, Any]]) -> list[str]:
     return [TASK_COLOURS[max(range(k), key=lambda j: (values[i * k + j], -j))] for i in range(len(rows))]
 
 
-def run_seed(clip: Any, seed: int, steps: int, sft_steps: int) -> dict[str, Any]:
+def start_policy(seed: int, sft_steps: int) -> tuple[Any, Any]:
+    """The demo's weakly supervised start for ``seed``, built as :func:`capreward.cli.demo.run_grpo` builds it."""
+    import torch
+
+    from capreward.testing import TinyLlavaSpec, build_tiny_llava
+    from capreward.testing.colour_task import WORDS, sft_colours, weak_label
+
+    torch.manual_seed(seed)
+    model, processor = build_tiny_llava(TinyLlavaSpec(words=WORDS, seed=seed))
+    sft_colours(model, processor, sft_steps, seed, label=weak_label)
+    return model, processor
+
+
+def run_seed(clip: Any, seed: int, steps: int, sft_steps: int, grpo_row: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The four arms of ``seed``; the GRPO and weak-label arms are read from ``grpo_row`` (a row of
+    ``experiments/demo_seeds.py`` for the same seed and settings) when given, after checking that the start
+    built here captions the held-out images exactly as that run's start did."""
     from policy_arms import best_of_n_distillation, supervise
 
     from capreward.cli import demo
-    from capreward.testing import TinyLlavaSpec, build_tiny_llava
-    from capreward.testing.colour_task import PROMPT, WORDS, caption_colours, colour_rows
+    from capreward.testing.colour_task import PROMPT, ColourEval, caption_colours, colour_rows
 
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="colour-controls-") as out:
-        r = demo.run_grpo(clip, steps, out, seed=seed, sft_steps=sft_steps, levels=False)
-    evals = {"start": r.before, "grpo": r.after, "weak_sft": r.control}
     held_out = colour_rows(demo.EVAL_IMAGES, seed + 5000)
+    if grpo_row is None:
+        with tempfile.TemporaryDirectory(prefix="colour-controls-") as out:
+            r = demo.run_grpo(clip, steps, out, seed=seed, sft_steps=sft_steps, levels=False)
+        evals = {"start": r.before, "grpo": r.after, "weak_sft": r.control}
+    else:
+        evals = {"start": ColourEval(**grpo_row["before"]), "grpo": ColourEval(**grpo_row["after"]),
+                 "weak_sft": ColourEval(**grpo_row["control"])}
+        model, processor = start_policy(seed, sft_steps)
+        if caption_colours(model, processor, held_out, demo.EVAL_SAMPLES, seed) != evals["start"]:
+            raise RuntimeError(f"seed {seed}: the start built here is not the recorded run's start")
     train_rows = colour_rows(32, seed)  # GRPO's training images
     reward = demo.build_reward(clip, colour_rows(demo.CALIBRATION_ROWS, seed + 3000))
-    spec = TinyLlavaSpec(words=WORDS, seed=seed)
-
-    def from_start():
-        model, processor = build_tiny_llava(spec)
-        model.load_state_dict(r.start_state)
-        return model, processor
 
     labels = label_by_reward(reward, train_rows)
-    model, processor = from_start()
+    model, processor = start_policy(seed, sft_steps)
     supervise(model, processor, PROMPT, lambda rng: _batch(rng, train_rows, labels), steps, seed)
     evals["labeller_sft"] = caption_colours(model, processor, held_out, demo.EVAL_SAMPLES, seed)
 
-    model, processor = from_start()
+    model, processor = start_policy(seed, sft_steps)
     log = best_of_n_distillation(model, processor, PROMPT, train_rows, reward, steps, seed, k=4, images_per_step=16,
                                  max_new_tokens=demo.DEMO_SETTINGS.max_completion_length, columns=("colour",))
     evals["best_of_n"] = caption_colours(model, processor, held_out, demo.EVAL_SAMPLES, seed)
     return {"evals": {k: dataclasses.asdict(v) for k, v in evals.items()},
             "labels_right": sum(lab == row["colour"] for lab, row in zip(labels, train_rows)) / len(train_rows),
-            "grpo_reward": r.reward, "best_of_n_reward": log["reward"], "seconds": time.perf_counter() - start}
+            "best_of_n_reward": log["reward"], "seconds": time.perf_counter() - start,
+            "grpo_from": "recorded" if grpo_row is not None else "run"}
 
 
 def _batch(rng, rows, labels, size: int = 16):
@@ -123,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=80)
     p.add_argument("--sft-steps", type=int, default=80)
     p.add_argument("--out", default="runs/colour_controls.jsonl")
+    p.add_argument("--grpo-runs", default=None,
+                   help="a JSONL file of experiments/demo_seeds.py (tag --grpo-tag) to take the GRPO and weak-label arms "
+                        "from (the same seeds, steps and settings); without it they are run here")
+    p.add_argument("--grpo-tag", default="demo")
     p.add_argument("--table", default=None, help="print the table of this file and stop")
     args = p.parse_args(argv)
     if args.table:
@@ -142,13 +167,25 @@ def main(argv: list[str] | None = None) -> int:
     if len(keep) != len(rows):
         out.write_text("".join(json.dumps(r) + "\n" for r in keep))
     done = {r["seed"] for r in keep}
+    grpo = {}
+    if args.grpo_runs:
+        for r in read_rows(Path(args.grpo_runs)):
+            ok = (r["tag"] == args.grpo_tag and r["inputs"]["steps"] == args.steps and r["inputs"]["sft_steps"] == args.sft_steps
+                  and r["inputs"]["settings"] == dataclasses.asdict(demo.DEMO_SETTINGS) and r["inputs"]["start"] == "weak"
+                  and r["inputs"]["reward"] == "composite" and r["inputs"]["code"] == source_hash())
+            if ok:
+                grpo[r["seed"]] = r["result"]
     trained_clip_path(log=None)
     clip = TrainedClipFactory()
     with demo.quiet_third_parties(), demo.one_thread():
         for seed in parse_seeds(args.seeds):
             if seed in done:
                 continue
-            row = {"seed": seed, "inputs": inputs, "result": run_seed(clip, seed, args.steps, args.sft_steps)}
+            recorded = grpo.get(seed)
+            if args.grpo_runs and recorded is None:
+                print(f"seed {seed}: no recorded GRPO run in {args.grpo_runs}; skipped", flush=True)
+                continue
+            row = {"seed": seed, "inputs": inputs, "result": run_seed(clip, seed, args.steps, args.sft_steps, recorded)}
             with open(out, "a") as f:
                 f.write(json.dumps(row) + "\n")
                 f.flush()
