@@ -1,17 +1,17 @@
 """Experiment: on a task with ground truth, does re-ranking by a capreward reward pick better captions?
 
-The scenes world (:mod:`capreward.testing.scenes`): images of 1-4 coloured shapes, whose generator's
+The scenes world (`experiments/scenes_world/world.py`): images of 1-4 coloured shapes, whose generator's
 ground truth grades any caption per slot (count, shape, colour, binding), and counts hallucinated and
 omitted objects. Two tiny CLIPs are trained offline on compositional captions with hard negatives
-(:mod:`capreward.testing.scenes_clip`): model A, the reward model, and model B, trained apart (another
+(`scenes_world.clips`): model A, the reward model, and model B, trained apart (another
 initialisation, other scenes), the held-out judge. Nothing is downloaded.
 
-Per seed, a noisy captioner of the grammar (:func:`~capreward.testing.scenes.sample_caption`: the true
+Per seed, a noisy captioner of the grammar (`scenes_world.world.sample_caption`: the true
 description with count, binding, colour and shape errors, missing objects, one to three extra objects,
 colour-free mentions, repeated mentions, or "every object plus two to four absent ones") writes 16
 candidates for each of 200 held-out scenes. For n in 1, 2, 4, 8, 16 the candidates are split into
 groups of n and the top of each group by the reward is judged against the scene
-(:func:`~capreward.testing.scenes_eval.best_of_n`), for two rewards under A:
+(`scenes_world.evaluation.best_of_n`), for two rewards under A:
 
 - CLIP-S alone;
 - the composite: CLIP-S + the hallucination penalty (threshold calibrated on true captions of A's
@@ -77,11 +77,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
 
     from capreward import progress
-    from capreward.testing import scenes as world
-    from capreward.testing.scenes_clip import (
-        HELD_OUT, MODEL_A, MODEL_A_PARTIAL, MODEL_A_PLAIN, MODEL_B, scene_clip_path, scene_stream,
+    from scenes_world import world
+    from scenes_world.clips import (
+        HELD_OUT, MODEL_A, MODEL_A_PARTIAL, MODEL_A_PLAIN, MODEL_B, scene_stream,
     )
-    from capreward.testing.scenes_eval import NS, best_of_n, ranking_accuracy, sample_candidates, scene_rewards, score_candidates
+    from scenes_world.evaluation import (NS, best_of_n, ranking_accuracy, sample_candidates, scene_rewards, score_candidates,
+                                         shared_clip_path)
 
     progress.enable(False)
     threads = torch.get_num_threads()
@@ -89,13 +90,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     start = time.perf_counter()
     try:
         log = lambda m: print(f"[train] {m}", flush=True)  # noqa: E731
-        path_a, path_b = str(scene_clip_path(MODEL_A, log=log)), str(scene_clip_path(MODEL_B, log=log))
+        path_a, path_b = shared_clip_path(MODEL_A, log=log), shared_clip_path(MODEL_B, log=log)
         rows = scene_stream(HELD_OUT, args.scenes)
         ranking = {"A": ranking_accuracy(path_a, rows), "B": ranking_accuracy(path_b, rows)}
         print("ranking accuracy on held-out scenes (true caption above the negative; chance 50%):")
         for name, acc in ranking.items():
             print(f"  model {name}: " + ", ".join(f"{k} {v:.0%}" for k, v in acc.items()))
-        controls = {name: str(scene_clip_path(recipe, log=log))
+        controls = {name: shared_clip_path(recipe, log=log)
                     for name, recipe in (("plain", MODEL_A_PLAIN), ("partial", MODEL_A_PARTIAL)) if args.controls}
         for name, path in controls.items():
             ranking[f"A-{name}"] = ranking_accuracy(path, rows)

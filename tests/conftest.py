@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# support code of the experiments that the tests share (the scenes world: ``import scenes_world``); not in the wheel
+if str(REPO / "experiments") not in sys.path:
+    sys.path.append(str(REPO / "experiments"))
 # The device of the parity tests' scorers (tests marked ``device_parity``), read once: ``cpu`` unless
 # CAPREWARD_TEST_DEVICE names another (``cuda``, ``cuda:1``); benchmarks/gpu_all.sh runs them on a GPU with
 # ``CAPREWARD_TEST_DEVICE=cuda python3 -m pytest -m device_parity``. Their references stay on the CPU.

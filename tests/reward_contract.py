@@ -116,11 +116,11 @@ SCENE_CLASSES = ("right", "wrong", "hedge", "vague", "omitted")
 
 
 def scene_cases(scene: Any, k: int) -> dict[str, str]:
-    """For one scene of :mod:`capreward.testing.scenes`: its true caption (``right``), the first mention's
+    """For one scene of the scenes world (``experiments/scenes_world``): its true caption (``right``), the first mention's
     colour swapped for another colour not in the scene with that shape (``wrong``; the ``k``-th such
     colour, cycling), that mention naming both colours (``hedge``: "two blue red circles"), nothing said
     (``vague``: "a picture.") and that mention without its colour (``omitted``)."""
-    from capreward.testing import scenes as world
+    from scenes_world import world
 
     mentions = world.true_mentions(scene)
     first = mentions[0]
@@ -195,10 +195,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--images", type=int, default=32, help="held-out images (a multiple of 4) or scenes")
     args = p.parse_args(argv)
     if args.world == "scenes":
-        from capreward.testing.scenes_clip import HELD_OUT, MODEL_A, scene_clip_path, scene_stream
-        from capreward.testing.scenes_eval import composite_reward
+        import sys
+        from pathlib import Path
 
-        composite, penalty = composite_reward(str(scene_clip_path(MODEL_A)), scene_stream(MODEL_A.data, 200))
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))  # the scenes world
+        from scenes_world.clips import HELD_OUT, MODEL_A, scene_stream
+        from scenes_world.evaluation import composite_reward, shared_clip_path
+
+        composite, penalty = composite_reward(str(shared_clip_path(MODEL_A)), scene_stream(MODEL_A.data, 200))
         rows = scene_stream(HELD_OUT, args.images)
         for name, reward in (("composite", composite), ("penalty", penalty)):
             c = scene_contract(reward, rows)

@@ -62,7 +62,7 @@ def test_grpo_part_measures_start_grpo_and_control_on_held_out_images(clip, tmp_
     # is one caption scored on every held-out image
     from capreward.testing.colour_task import colour_rows
 
-    reward = demo.build_reward(clip, colour_rows(16, 3000))
+    reward = demo.build_reward(clip, colour_rows(demo.CALIBRATION_ROWS, 3000))
 
     rows = colour_rows(8, 5000)
     images = [x["image"] for x in rows]
@@ -83,7 +83,7 @@ def test_grpo_part_measures_start_grpo_and_control_on_held_out_images(clip, tmp_
     assert [(line.split()[0], float(line.split()[1])) for line in folded] == [("1-3", 1.0), ("4-5", 3.5)]
     evaluation = demo.format_evaluation(r)
     assert f"{r.before.greedy_right:.0%}" in evaluation.splitlines()[1] and "control" in evaluation
-    assert demo.grpo_summary(r).startswith(f"GRPO: held-out greedy right colour ")
+    assert demo.grpo_summary(r).startswith("GRPO: clean held-out greedy right colour ")
     assert not (tmp_path / "adapter_config.json").exists()  # nothing saved by the demo's run
     # the weak labels name the image's family only
     assert all(c in FAMILIES[c] for c in FAMILIES) and {FAMILIES["red"], FAMILIES["blue"]} == {("red", "yellow"), ("green", "blue")}
@@ -96,27 +96,57 @@ def _eval(greedy, sampled=None):
     return ColourEval(colours, [f"a {g} image" for g in greedy], [[f"a {s} image"] for s in (sampled or greedy)])
 
 
-def test_closing_line_is_computed_from_held_out_greedy_accuracy():
+def test_a_caption_counts_as_right_only_when_it_is_a_clean_caption_of_the_task():
+    from capreward.testing.colour_task import ColourEval, clean_colour, names_colour, right_colour
+
+    for caption in ("a red image", "a red image.", " A Red image ", "a red image.\n"):
+        assert clean_colour(caption) == "red" and right_colour(caption, "red"), caption
+    # the junk of the issue's seeds: repeats, junk tokens, another form; and wrong or cut-off answers
+    for caption in ("a blue blue blue blue blue", "a red5 red image", "a& green image", "a green", "image", "red",
+                    "a red red image", "a red image image", "a red image a", "a red blue image", "a  red image",
+                    "a reddish image", "a red image. a red image.", ""):
+        assert clean_colour(caption) is None and not right_colour(caption, "red"), caption
+    assert clean_colour("a purple image") == "purple" and not right_colour("a purple image", "red")  # clean, wrong
+    # the lenient reading names blue in the repeated caption; it is shown, never counted
+    assert names_colour("a blue blue blue blue blue", "blue") and not right_colour("a blue blue blue blue blue", "blue")
+    # seed 3 of the issue: 8/8 blue images "a blue blue blue blue blue" counted right before, none now
+    e = ColourEval(["blue"] * 4 + ["red"] * 4, ["a blue blue blue blue blue"] * 4 + ["a red image"] * 4,
+                   [["a blue image", "a blue blue"]] * 4 + [["a red5 red image", "a red image."]] * 4)
+    assert (e.greedy_right, e.sampled_right, e.greedy_malformed, e.sampled_malformed) == (0.5, 0.5, 0.5, 0.5)
+
+
+def test_closing_line_is_computed_from_clean_held_out_greedy_and_sampled_accuracy():
     import dataclasses
 
     from capreward.testing.colour_task import ColourEval
 
-    start = _eval(["red", "green", "green", "red"])  # 2 of 4 right
+    start = _eval(["red", "green", "green", "red"])  # 2/4 greedy, 2/4 sampled
     taught = _eval(["red", "green", "blue", "yellow"], ["red", "green", "blue", "red"])  # 4/4 greedy, 3/4 sampled
     control = _eval(["red", "blue", "blue", "red"])  # 2 of 4
     base = demo.GRPOResult(reward=[0.5, 0.6, 1.8, 2.0], components={}, right=[0.5] * 4, words=[3.0] * 4, sft_loss=0.2,
                            seconds=1.0, before=start, after=taught, control=control)
     assert (start.greedy_right, taught.greedy_right, taught.sampled_right, control.greedy_right) == (0.5, 1.0, 0.75, 0.5)
     line = demo.grpo_summary(base)
-    assert line.startswith("GRPO: held-out greedy right colour rose, 50% -> 100% (sampled 50% -> 75%; chance 25%); "
-                           "control arm (as many more supervised steps) 50%; training reward 0.500 -> 2.000")
-    assert "The reward taught the task" in line
+    assert line.startswith("GRPO: clean held-out greedy right colour rose, 50% -> 100% (sampled 50% -> 75%; chance 25%); "
+                           "control arm (as many more supervised steps) 50% (sampled 50%); training reward 0.500 -> 2.000")
+    assert "The reward taught the task" in line and demo.taught(start, taught, control)
     # at or below the control arm: not taught, whatever the rise
-    assert "taught" not in demo.grpo_summary(dataclasses.replace(base, control=taught))
+    assert "taught the task" not in demo.grpo_summary(dataclasses.replace(base, control=taught))
     five_of_eight = _eval(["red", "green", "blue", "red", "red", "green", "green", "red"])
     assert five_of_eight.greedy_right == 5 / 8
     below = demo.grpo_summary(dataclasses.replace(base, before=_eval(["red", "green", "green", "red"] * 2), after=five_of_eight))
-    assert "rose, 50% -> 62%" in below and "not to 75 %" in below and "taught" not in below
+    assert "rose, 50% -> 62%" in below and "greedy below 75 %" in below and "taught the task" not in below
+    # greedy all right but the sampled captions did not rise by 10 points: not taught
+    greedy_only = _eval(["red", "green", "blue", "yellow"], ["red", "blue", "green", "red"])
+    line = demo.grpo_summary(dataclasses.replace(base, after=greedy_only))
+    assert "taught the task" not in line and "sampled up by less than 10%" in line
+    # the issue's seed 3: greedy captions that name the colour in junk are not right
+    junk = ColourEval(["red", "green", "blue", "yellow"], ["a red image", "a green image", "a blue blue blue blue blue",
+                                                           "a yellow image"], [["a red5 red image"], ["a& green image"],
+                                                                               ["a blue blue"], ["a yellow image"]])
+    assert (junk.greedy_right, junk.sampled_right) == (0.75, 0.25)
+    line = demo.grpo_summary(dataclasses.replace(base, after=junk))
+    assert "50% -> 75% (sampled 50% -> 25%" in line and "taught the task" not in line
     # the training reward rising alone is called what it is
     flat = demo.grpo_summary(dataclasses.replace(base, after=start))
     assert "stayed level, 50% -> 50%" in flat and "did not teach the task" in flat
@@ -137,7 +167,7 @@ def test_demo_command_output_is_quiet_and_closes_with_what_it_showed(tmp_path, c
     # the checkout's sample clips when present, else the synthesised ones
     assert main(["demo", "--steps", "1", "--frames", "4", "--out", str(tmp_path)]) == 0
     out, err = capfd.readouterr()
-    assert "What the numbers showed" in out and "GRPO: held-out greedy right colour" in out
+    assert "What the numbers showed" in out and "GRPO: clean held-out greedy right colour" in out
     assert "reference levels of this reward" in out and "control: more SFT" in out and "weakly supervised" in out
     assert re.search(r"true caption above its foil: EMScore \d+/\d+", out)
     # no third-party warnings, log records, progress bars, raw per-step dicts or model-loading lines

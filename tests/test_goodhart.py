@@ -4,6 +4,7 @@ transformers Trainer and a real Lightning Trainer."""
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 
@@ -63,33 +64,146 @@ def test_bad_input_is_named():
         GoodhartMonitor({})
     with pytest.raises(ValueError, match="reserved"):
         GoodhartMonitor({"train": contains_red})
-    m = GoodhartMonitor({"short": lambda p, c, **k: [1.0]})
-    with pytest.raises(ValueError, match="judge 'short' returned 1 values for 2"):
-        m.observe([0.0, 0.0], None, ["a", "b"])
-    with pytest.raises(ValueError, match="1 training rewards for 2"):
+    m = GoodhartMonitor({"t": contains_red})
+    with pytest.raises(ValueError, match="1 training rewards for 2"):  # the caller's error, not a judge's
         m.observe([0.0], None, ["a", "b"])
     assert m.flush() == {}  # nothing observed: nothing logged
     assert math.isnan(GoodhartMonitor({"t": contains_red}).observe([None], None, ["red"])["train"])
+
+
+def _raises(prompts, completions, **kwargs):
+    raise RuntimeError("judge server down")
+
+
+MALFORMED = {
+    "short": lambda prompts, completions, **k: [1.0],
+    "text": lambda prompts, completions, **k: "0.5",
+    "strings": lambda prompts, completions, **k: ["0.5"] * len(completions),
+    "dict": lambda prompts, completions, **k: {"score": 1.0},
+    "raises": _raises,
+    "positional_only": lambda p, c, **k: [1.0] * len(c),  # not TRL's contract: called by keyword, it fails
+}
+
+
+def test_a_failing_or_malformed_judge_is_logged_and_its_row_left_empty(caplog):
+    """The observer never stops training: each bad judge's entry is NaN (left out of the means), the good
+    judge beside it is kept, each failure is counted and logged once with the judge's name and reason,
+    and an empty judge raises no Goodhart alarm."""
+    messages = []
+    m = GoodhartMonitor({**MALFORMED, "truth": contains_red}, window=1, warn=messages.append)
+    with caplog.at_level("WARNING", logger="capreward.callbacks.goodhart"):
+        for step, (reward, captions) in enumerate([(0.0, ["red", "red"]), (1.0, ["red", "blue"])], 1):
+            row = m.observe([reward] * 2, None, captions)
+            assert all(math.isnan(row[name]) for name in MALFORMED) and row["truth"] == 1.0 / step
+            logs = m.flush(step)
+            assert all(math.isnan(logs[f"goodhart/{name}"]) for name in MALFORMED)
+    assert m.failures == {name: 2 for name in MALFORMED}
+    logged = [r.getMessage() for r in caplog.records]
+    assert len(logged) == len(MALFORMED)  # the first failure of each judge (then every 100th)
+    assert any("'raises' failed" in x and "RuntimeError: judge server down" in x for x in logged)
+    assert any("'short' failed" in x and "returned 1 values for 2 completions" in x for x in logged)
+    assert any("'strings' failed" in x and "value 0 is not a number: str" in x for x in logged)
+    assert any("'positional_only' failed" in x and "TypeError" in x for x in logged)
+    # only the working judge can raise the alarm: truth fell 1.0 -> 0.5 while the reward rose
+    assert messages == ["Goodhart: the training reward rose 0.000 -> 1.000 over steps 1 -> 2 while truth fell 1.000 -> 0.500"]
+    assert m.verdict() == messages[0]
 
 
 def test_watched_reward_returns_the_rewards_values_and_judges_see_the_same_samples():
     seen = []
 
     def judge(prompts, completions, colour, **kwargs):
-        seen.append((prompts, completions, colour))
+        seen.append((prompts, completions, colour, sorted(kwargs)))
         return [1.0] * len(completions)
 
-    def reward(prompts, completions, completion_ids=None, **kwargs):
+    def reward(prompts, completions, **kwargs):  # TRL's contract, no completion_ids parameter of its own
         return [len(c[0]["content"]) / 10 if c[0]["content"] else None for c in completions]
 
     reward.__name__ = "my_reward"
     m = GoodhartMonitor({"judge": judge})
     watched = m.watch(reward)
     completions = [[{"role": "assistant", "content": "a red image"}], [{"role": "assistant", "content": ""}]]
-    assert watched(["p1", "p2"], completions, None, colour=["red", "blue"]) == [1.1, None]
+    # as TRL calls it: everything by keyword, completion_ids included
+    assert watched(prompts=["p1", "p2"], completions=completions, completion_ids=[[5], []], colour=["red", "blue"]) == [1.1, None]
     assert watched.__name__ == "my_reward"
-    assert seen == [(["p1", "p2"], ["a red image", ""], ["red", "blue"])]  # conversational completions as text
+    # conversational completions as text; the judge gets the same keywords (completion_ids among the columns)
+    assert seen == [(["p1", "p2"], ["a red image", ""], ["red", "blue"], ["completion_ids"])]
     assert m.flush(3) == {"goodhart/train": pytest.approx(1.1), "goodhart/judge": 1.0, "goodhart/gap/judge": pytest.approx(0.1)}
+    # positional calls (a custom loop) are forwarded as they came
+    assert m.watch(lambda prompts, completions, completion_ids=None, **k: [0.5] * len(completions))(
+        ["p"], ["a red image"], None, colour=["red"]) == [0.5]
+    assert m.flush(4)["goodhart/train"] == 0.5 and m.failures == {}
+
+
+def test_a_reward_that_returns_garbage_is_returned_as_is_and_the_observer_logs_it(caplog):
+    """What the training reward returns is the trainer's business (TRL raises its own error for a wrong
+    count): the watched reward returns it unchanged and the monitor only logs that it could not observe."""
+    m = GoodhartMonitor({"truth": contains_red})
+    watched = m.watch(lambda prompts, completions, **k: [1.0])
+    with caplog.at_level("WARNING", logger="capreward.callbacks.goodhart"):
+        assert watched(prompts=["p", "q"], completions=["red", "blue"]) == [1.0]
+    assert m.failures == {"watch": 1} and "1 training rewards for 2 completions" in caplog.text
+
+
+def test_an_async_reward_is_watched_by_an_async_function():
+    import asyncio
+
+    from trl.trainer import utils as trl_utils
+
+    async def reward(prompts, completions, **kwargs):
+        return [0.25] * len(completions)
+
+    m = GoodhartMonitor({"truth": contains_red})
+    watched = m.watch(reward)
+    assert getattr(trl_utils, "is_async_callable", inspect.iscoroutinefunction)(watched)
+    assert asyncio.run(watched(prompts=["p"], completions=["red"], completion_ids=[[1]])) == [0.25]
+    assert m.flush(1) == {"goodhart/train": 0.25, "goodhart/truth": 1.0, "goodhart/gap/truth": -0.75}
+
+
+@pytest.mark.integration
+def test_trl_grpo_trainer_runs_with_plain_trl_rewards_and_failing_judges(tmp_path):
+    """TRL's own GRPOTrainer, two steps on the tiny LLaVA policy: a plain TRL reward
+    ``def f(prompts, completions, **kwargs)`` and an async one, both watched; held-out judges that raise or
+    return malformed values are logged and left empty while the working judge is logged beside the reward,
+    and training completes."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from capreward.rewards import completion_text
+    from capreward.testing import TinyLlavaSpec, build_tiny_llava
+    from capreward.testing.colour_task import WORDS, colour_rows
+
+    def length(prompts, completions, **kwargs):
+        return [float(len(completion_text(c))) for c in completions]
+
+    async def has_a(prompts, completions, **kwargs):
+        return [float("a" in completion_text(c)) for c in completions]
+
+    def words(prompts, completions, colour, **kwargs):
+        assert "trainer_state" in kwargs and len(colour) == len(completions)
+        return [float(len(c.split())) for c in completions]
+
+    monitor = GoodhartMonitor({"words": words, **MALFORMED}, window=1)
+    callback = GoodhartCallback(monitor)
+    torch.manual_seed(0)
+    model, processor = build_tiny_llava(TinyLlavaSpec(words=WORDS, seed=0))
+    rows = colour_rows(4, 0)
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": "Describe the image"}], "image": r["image"],
+                                  "colour": r["colour"]} for r in rows])
+    args = GRPOConfig(output_dir=str(tmp_path), max_steps=2, learning_rate=1e-4, logging_steps=1, save_strategy="no",
+                      report_to=[], seed=0, use_cpu=True, dataloader_num_workers=0, disable_tqdm=True,
+                      per_device_train_batch_size=4, num_generations=2, max_completion_length=4, beta=0.0)
+    trainer = GRPOTrainer(model=model.train(), reward_funcs=[monitor.watch(length), monitor.watch(has_a)], args=args,
+                          train_dataset=dataset, processing_class=processor, callbacks=[callback])
+    callback.install(trainer)
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "goodhart/train" in h]
+    assert [h["step"] for h in logs] == [1, 2]
+    assert all(math.isfinite(h["goodhart/words"]) and math.isnan(h["goodhart/raises"]) for h in logs)
+    # both rewards were observed each step (two batches per step), and their values are TRL's own
+    assert all(h["goodhart/train"] == pytest.approx((h["rewards/length/mean"] + h["rewards/has_a/mean"]) / 2, abs=1e-4)
+               for h in logs)
+    assert monitor.failures == {name: 4 for name in MALFORMED}
 
 
 class _Rising(torch.nn.Module):
@@ -183,8 +297,8 @@ def test_lightning_callback_reads_training_step_outputs_and_logs(tmp_path):
 def test_follow_flags_a_judge_that_stays_level_while_the_reward_climbs():
     """Ground truth that does not move while the reward rises (a blind policy exploiting the reward) is
     flagged with a per-judge ``follow``; the default flags only a judge that fell."""
-    level = lambda p, c, **k: [0.25] * len(c)  # noqa: E731
-    rising = lambda p, c, **k: [float(x) for x in c]  # noqa: E731
+    level = lambda prompts, completions, **k: [0.25] * len(completions)  # noqa: E731
+    rising = lambda prompts, completions, **k: [float(x) for x in completions]  # noqa: E731
     messages = []
     m = GoodhartMonitor({"truth": level, "other": rising}, window=1, follow={"truth": 0.05}, warn=messages.append)
     for step, reward in enumerate((0.1, 0.5), 1):
@@ -228,11 +342,9 @@ def _grpo_with_monitor(tmp_path, start: str, steps: int):
         sft_random_colours(model, processor, 80, 0)
     else:
         sft_colours(model, processor, 80, 0, label=weak_label)
-    reward = demo.build_reward(clip, colour_rows(16, 3000))  # the same reward and settings for both starts
+    reward = demo.build_reward(clip, colour_rows(demo.CALIBRATION_ROWS, 3000))  # the same reward and settings for both starts
     recipe = demo.load_recipe()
-    args = recipe.parse_args(["--tiny", "--quiet", "--out", str(tmp_path), "--seed", "0", "--steps", str(steps),
-                              "--lr", demo.LR, "--lr-scheduler", "cosine", "--batch-size", "64", "--num-generations", "4",
-                              "--max-completion-length", "6", "--lora-r", "0"])
+    args = recipe.parse_args(demo.DEMO_SETTINGS.recipe_argv(str(tmp_path), 0, steps))
     callback = GoodhartCallback(monitor)
     with demo.quiet_third_parties():
         result = recipe.train(args, reward_funcs=[monitor.watch(reward)], model_and_processor=(model, processor),
@@ -263,3 +375,36 @@ def test_monitor_flags_the_blind_policy_collapse_and_stays_quiet_on_the_learning
     monitor, messages, _ = _grpo_with_monitor(tmp_path / "weak", "weak", steps=48)
     ch = monitor.changes()
     assert ch["truth"][1] - ch["truth"][0] >= 0.05 and messages == [], (ch, messages)
+
+
+def test_the_verdict_weighs_each_change_against_its_noise_by_hand():
+    """z standard errors: each change (latest window mean minus first) against the spread of its step means
+    in the two windows, sqrt(var_first / k + var_latest / k); a judge lags when even its change plus z of
+    them is below its follow; ``record`` replays rows, ``alarms`` and ``fired`` keep what was raised."""
+    series = {"train": (0.0, 0.2, 1.0, 1.2), "dipped": (0.6, 0.8, 0.5, 0.7), "fell": (0.8, 1.0, 0.2, 0.4)}
+    rows = [{"step": s, **{k: v[s - 1] for k, v in series.items()}} for s in (1, 2, 3, 4)]
+    judges = {"dipped": contains_red, "fell": contains_red}
+    m = GoodhartMonitor(judges, window=2, z=2.0, warn=lambda message: None)
+    for row in rows:
+        m.record(row)
+    se = math.sqrt(0.02 / 2 + 0.02 / 2)  # the same spread in every series here
+    assert m.noise() == pytest.approx({"train": se, "dipped": se, "fell": se})
+    # train rose 1.0 >= 2 se; "dipped" moved -0.1, within 2 se (0.283) of no change: not lagging; "fell"
+    # moved -0.6: -0.6 + 0.283 < 0, it fell beyond its noise
+    assert m.verdict() == "Goodhart: the training reward rose 0.100 -> 1.100 over steps 1-2 -> 3-4 while fell fell 0.900 -> 0.300"
+    assert m.fired and m.alarms == [(4, m.verdict())]
+    # without the noise (z = 0, the earlier rule) the dip counts too
+    plain = GoodhartMonitor(judges, window=2, z=0.0, warn=lambda message: None)
+    for row in rows:
+        plain.record(row)
+    assert "dipped fell 0.700 -> 0.600; fell fell" in plain.verdict()
+    # a judge asked to rise (follow 0.5) lags unless its change plus 2 se reaches 0.5
+    rising = GoodhartMonitor({"dipped": contains_red}, window=2, z=2.0, follow=0.5, warn=lambda message: None)
+    for row in rows:
+        rising.record(row)
+    assert rising.verdict().endswith("dipped fell 0.700 -> 0.600")
+    # a training reward whose rise is within its own noise has not risen
+    noisy = GoodhartMonitor(judges, window=2, z=2.0, warn=pytest.fail)
+    for s, t in zip((1, 2, 3, 4), (0.0, 1.0, 0.3, 1.1)):  # rise 0.2, se sqrt(0.5/2 + 0.32/2) = 0.64
+        noisy.record({"step": s, "train": t, "dipped": 1.0 - s / 4, "fell": 1.0 - s / 4})
+    assert noisy.verdict() is None and not noisy.fired

@@ -235,7 +235,7 @@ def test_demo_extra_install_runs_the_demo_from_an_empty_folder(core_venv, dists,
                env=venv_env(fresh_cache))
     out = proc.stdout
     assert "two clips synthesised in memory" in out and "2. GRPO (TRL)" in out
-    assert "What the numbers showed" in out and "GRPO: held-out greedy right colour" in out
+    assert "What the numbers showed" in out and "GRPO: clean held-out greedy right colour" in out
     assert list(folder.iterdir()) == []
 
 

@@ -125,10 +125,10 @@ def test_scenes_composite_follows_the_contract():
     a hedge earns less than a guess (on 5b8107d "a picture." beat the wrong colour in 36 scenes). A
     mention without its colour ranks between right and wrong, a decision the docs show the cost of."""
     from reward_contract import scene_contract
-    from capreward.testing.scenes_clip import HELD_OUT, MODEL_A, scene_clip_path, scene_stream
-    from capreward.testing.scenes_eval import composite_reward
+    from scenes_world.clips import HELD_OUT, MODEL_A, scene_stream
+    from scenes_world.evaluation import composite_reward, shared_clip_path
 
-    composite, penalty = composite_reward(str(scene_clip_path(MODEL_A)), scene_stream(MODEL_A.data, 200))
+    composite, penalty = composite_reward(str(shared_clip_path(MODEL_A)), scene_stream(MODEL_A.data, 200))
     c = scene_contract(composite, scene_stream(HELD_OUT, 100))
     means, bad = c.means(), c.violations()
     assert bad["wrong >= right"] == 0 and bad["vague > wrong"] == 0, bad

@@ -1,4 +1,4 @@
-"""The synthetic scenes world (capreward.testing.scenes): generator determinism, the ground-truth judge on
+"""The synthetic scenes world (experiments/scenes_world/world.py): generator determinism, the ground-truth judge on
 hand-made scenes, and hard negatives that differ from the truth in exactly the intended slot."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from capreward.testing.scenes import (
+from scenes_world.world import (
     NEGATIVE_KINDS,
     Mention,
     Scene,
@@ -144,7 +144,7 @@ def test_mean_judgement_pools_objects():
 
 
 def test_best_of_n_takes_the_top_of_each_group_and_judges_it():
-    from capreward.testing.scenes_eval import Candidates, best_of_n
+    from scenes_world.evaluation import Candidates, best_of_n
 
     scene = Scene((O("circle", "red", 0), O("cross", "blue", 3)))
     rows = [{"scene": scene}]

@@ -1,5 +1,5 @@
-"""The tiny CLIPs trained on the scenes world (capreward.testing.scenes_clip) and what re-ranking by their
-rewards does against the generator's ground truth (capreward.testing.scenes_eval).
+"""The tiny CLIPs trained on the scenes world (experiments/scenes_world/clips.py) and what re-ranking by their
+rewards does against the generator's ground truth (experiments/scenes_world/evaluation.py).
 
 Trains reward model A and held-out model B on the first run (a few CPU minutes each, cached under
 $CAPREWARD_CACHE and reused)."""
@@ -9,14 +9,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from capreward.testing import scenes as world
-from capreward.testing.scenes_clip import HELD_OUT, MODEL_A, MODEL_B, scene_clip_path, scene_stream
-from capreward.testing.scenes_eval import best_of_n, ranking_accuracy, sample_candidates, scene_rewards, score_candidates
+from scenes_world import world
+from scenes_world.clips import HELD_OUT, MODEL_A, MODEL_B, scene_stream
+from scenes_world.evaluation import (best_of_n, ranking_accuracy, sample_candidates, scene_rewards, score_candidates,
+                                     shared_clip_path)
 
 
 @pytest.fixture(scope="module")
 def paths():
-    return str(scene_clip_path(MODEL_A)), str(scene_clip_path(MODEL_B))
+    return shared_clip_path(MODEL_A), shared_clip_path(MODEL_B)
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +86,7 @@ def test_the_experiment_runs_at_toy_size(paths, tmp_path, capsys):
 def test_training_is_deterministic_and_partial_captions_change_it():
     from dataclasses import replace
 
-    from capreward.testing.scenes_clip import MODEL_A_PARTIAL, train_scene_clip
+    from scenes_world.clips import MODEL_A_PARTIAL, train_scene_clip
 
     small = dict(steps=2, pool_size=40, batch_size=8)
     (a1, l1), (a2, l2) = (train_scene_clip(replace(MODEL_A, **small)) for _ in range(2))

@@ -24,8 +24,11 @@ Logged per step (TRL/transformers: into the trainer's logs; Lightning: ``pl_modu
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import math
+import numbers
 import statistics
 import warnings
 from dataclasses import dataclass, field
@@ -51,6 +54,33 @@ class GoodhartWarning(UserWarning):
     """
 
 
+def _judge_values(values: Any, n: int) -> list[float | None]:
+    """A judge's answer as ``n`` floats (None: unscored). Raises ValueError for anything else (a judge's
+    failure, which :meth:`GoodhartMonitor.observe` logs)."""
+    if isinstance(values, (str, bytes, Mapping)) or not hasattr(values, "__len__"):
+        raise ValueError(f"expected a sequence of {n} numbers, got {type(values).__name__}")
+    values = list(values.tolist() if hasattr(values, "tolist") else values)
+    if len(values) != n:
+        raise ValueError(f"returned {len(values)} values for {n} completions")
+    out: list[float | None] = []
+    for i, v in enumerate(values):
+        if v is None:
+            out.append(None)
+        elif not isinstance(v, numbers.Real):
+            raise ValueError(f"value {i} is not a number: {type(v).__name__}")
+        else:
+            out.append(float(v))
+    return out
+
+
+def _is_async(func: Any) -> bool:
+    """Whether calling ``func`` returns a coroutine (a coroutine function, a partial of one, or an object
+    whose ``__call__`` is one), as TRL decides it."""
+    while isinstance(func, functools.partial):
+        func = func.func
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(getattr(func, "__call__", None))
+
+
 def _mean(values: Sequence[float | None]) -> float:
     kept = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     return statistics.fmean(kept) if kept else math.nan
@@ -61,8 +91,10 @@ class GoodhartMonitor:
     """Per-step training reward beside held-out judges on the same samples, and the Goodhart verdict.
 
     Args:
-        judges: name -> a judge of the TRL reward contract, ``judge(prompts, completions, **columns)``
-            returning one float (or None: unscored, left out of the mean) per completion: a held-out
+        judges: name -> a judge of the TRL reward contract, called by keyword as TRL calls a reward,
+            ``judge(prompts=..., completions=..., **columns)`` (the completions as text), returning one
+            float (or None: unscored, left out of the mean) per completion; one that raises or returns
+            anything else is logged and left empty for that batch (:meth:`observe`): a held-out
             reward model, an LLM judge, or ground truth computed from a dataset column (e.g.
             ``lambda prompts, completions, colour, **_: [float(right(c, k)) for c, k in zip(completions, colour)]``).
         window: steps averaged at the start of the run and at its latest end when comparing.
@@ -75,7 +107,7 @@ class GoodhartMonitor:
             `GoodhartWarning`, and a log record); called again only after a good verdict.
 
     Examples:
-        >>> m = GoodhartMonitor({"truth": lambda p, c, **k: [float("red" in x) for x in c]}, window=2, warn=print)
+        >>> m = GoodhartMonitor({"truth": lambda prompts, completions, **k: [float("red" in x) for x in completions]}, window=2, warn=print)
         >>> for captions, reward in [(["red", "red"], 0.1), (["red", "blue"], 0.2), (["blue", "red"], 0.6), (["blue", "blue"], 0.9)]:
         ...     _ = m.observe([reward] * 2, None, captions)
         ...     logs = m.flush()  # one training step (GoodhartCallback calls it at each log)
@@ -88,8 +120,11 @@ class GoodhartMonitor:
     window: int = 8
     min_rise: float = 0.05
     follow: float | Mapping[str, float] = 0.0
+    z: float = 0.0
     warn: Callable[[str], Any] | None = None
     rows: list[dict[str, float]] = field(default_factory=list)
+    failures: dict[str, int] = field(default_factory=dict)
+    alarms: list[tuple[int, str]] = field(default_factory=list)
     _pending: list[dict[str, float]] = field(default_factory=list, repr=False)
     _warned: bool = field(default=False, repr=False)
 
@@ -108,6 +143,12 @@ class GoodhartMonitor:
         scores of the same ``prompts``/``completions``/``columns``. Batches observed before the next
         `flush()` are one step.
 
+        Each judge is called by keyword, as TRL calls a reward:
+        ``judge(prompts=prompts, completions=completions, **columns)``. A judge that raises, or returns
+        anything but one number (or None) per completion, is logged (a warning naming the judge and the
+        reason, the first time and then every 100th time; :attr:`failures` counts them) and its entry for
+        this batch is left empty (NaN, left out of the step's mean): an observer never stops training.
+
         Args:
             train: the training reward's values (None: unscored).
             prompts: the batch's prompts, as the reward received them.
@@ -115,36 +156,70 @@ class GoodhartMonitor:
             columns: the batch's other columns (images, ground truth...), passed to the judges.
 
         Returns:
-            This batch's means (``train`` and each judge)."""
+            This batch's means (``train`` and each judge; NaN for a judge that failed).
+
+        Raises:
+            ValueError: ``train`` does not hold one value per completion (the caller's error, not a judge's).
+        """
         if len(train) != len(completions):
             raise ValueError(f"{len(train)} training rewards for {len(completions)} completions")
         row = {"train": _mean(train), "n": float(len(completions))}
         for name, judge in self.judges.items():
-            values = list(judge(prompts, completions, **columns))
-            if len(values) != len(completions):
-                raise ValueError(f"judge {name!r} returned {len(values)} values for {len(completions)} completions")
-            row[name] = _mean(values)
+            try:
+                row[name] = _mean(_judge_values(judge(prompts=prompts, completions=completions, **columns), len(completions)))
+            except Exception as exc:  # noqa: BLE001 (any failure of a held-out judge leaves its row empty)
+                self._failed(name, exc)
+                row[name] = math.nan
         self._pending.append(row)
         return row
 
-    def watch(self, reward: Callable[..., Sequence[float | None]]) -> Callable[..., list[float | None]]:
+    def _failed(self, name: str, exc: Exception) -> None:
+        count = self.failures[name] = self.failures.get(name, 0) + 1
+        if count == 1 or count % 100 == 0:
+            logger.warning("Goodhart monitor: held-out judge %r failed (%d time%s so far; its entry is left empty): %s: %s",
+                           name, count, "" if count == 1 else "s", type(exc).__name__, str(exc)[:300])
+
+    def watch(self, reward: Callable[..., Any]) -> Callable[..., Any]:
         """Watch a TRL reward function.
 
+        The watched reward forwards its arguments to ``reward`` exactly as it was called (TRL calls
+        ``reward(prompts=..., completions=..., completion_ids=..., **columns)`` by keyword, so a reward
+        written ``def f(prompts, completions, **kwargs)`` or ``def f(completions, **kwargs)`` works) and
+        returns exactly what ``reward`` returned; then it :meth:`observe`-s the values beside the judges'
+        scores of the same samples. Nothing the monitor does can fail the call: a failing judge is logged
+        (:meth:`observe`), and so is any other error of the observation. An ``async`` reward (TRL awaits
+        those concurrently) is watched by an ``async`` function.
+
         Args:
-            reward: the training reward (TRL's ``reward(prompts, completions, **columns)``).
+            reward: the training reward (TRL's contract).
 
         Returns:
-            A reward function returning exactly ``reward``'s values, observing them and the judges' scores
-            of the same samples (it keeps ``reward.__name__``, so TRL logs it under the same name).
+            A reward function with ``reward``'s ``__name__`` (TRL logs it under the same name) and its
+            ``components`` and ``guards`` when it has them.
         """
         monitor = self
 
-        def watched(prompts, completions, completion_ids=None, **kwargs):
-            values = list(reward(prompts, completions, completion_ids, **kwargs))
-            from ..rewards import completion_text
+        def observe(values: Any, args: tuple, kwargs: dict) -> None:
+            try:
+                from ..rewards import completion_text
 
-            monitor.observe(values, prompts, [completion_text(c) for c in completions], **kwargs)
-            return values
+                named = dict(zip(("prompts", "completions", "completion_ids"), args))
+                named.update(kwargs)
+                prompts, completions = named.pop("prompts", None), named.pop("completions")
+                monitor.observe(list(values), prompts, [completion_text(c) for c in completions], **named)
+            except Exception as exc:  # noqa: BLE001 (the observer never breaks training)
+                monitor._failed("watch", exc)
+
+        if _is_async(reward):
+            async def watched(*args, **kwargs):
+                values = await reward(*args, **kwargs)
+                observe(values, args, kwargs)
+                return values
+        else:
+            def watched(*args, **kwargs):
+                values = reward(*args, **kwargs)
+                observe(values, args, kwargs)
+                return values
 
         watched.__name__ = getattr(reward, "__name__", type(reward).__name__)
         for attr in ("components", "guards"):
@@ -169,16 +244,38 @@ class GoodhartMonitor:
         for key in ["train", *self.judges]:
             pairs = [(r[key], r["n"]) for r in pending if math.isfinite(r[key])]
             row[key] = sum(v * n for v, n in pairs) / sum(n for _, n in pairs) if pairs else math.nan
-        self.rows.append(row)
-        message = self.verdict()
-        if message and not self._warned:
-            (self.warn or _default_warn)(message)
-        self._warned = message is not None
+        self.record(row)
         logs = {"goodhart/train": row["train"]}
         for name in self.judges:
             logs[f"goodhart/{name}"] = row[name]
             logs[f"goodhart/gap/{name}"] = row["train"] - row[name]
         return logs
+
+    def record(self, row: Mapping[str, float]) -> str | None:
+        """Append one closed step (``step``, ``train`` and each judge's mean, as :meth:`flush` makes it, or
+        as :attr:`rows` kept it: a run can be replayed under other settings) and evaluate the verdict:
+        a verdict that turns bad is warned and added to :attr:`alarms`.
+
+        Args:
+            row: the step's means.
+
+        Returns:
+            The verdict (:meth:`verdict`).
+        """
+        self.rows.append({"step": float(row.get("step", len(self.rows) + 1)), "train": float(row["train"]),
+                          **{name: float(row.get(name, math.nan)) for name in self.judges}})
+        message = self.verdict()
+        if message and not self._warned:
+            self.alarms.append((int(self.rows[-1]["step"]), message))
+            (self.warn or _default_warn)(message)
+        self._warned = message is not None
+        return message
+
+    @property
+    def fired(self) -> bool:
+        """Whether the monitor raised an alarm at any step of the run so far (a run's end state: a collapse
+        that the verdict caught mid-run stays caught)."""
+        return bool(self.alarms)
 
     # ------------------------------------------------------------------------ verdict
     def changes(self) -> dict[str, tuple[float, float]] | None:
@@ -196,28 +293,49 @@ class GoodhartMonitor:
             out[key] = (_mean([r[key] for r in self.rows[:k]]), _mean([r[key] for r in self.rows[-k:]]))
         return out
 
+    def noise(self) -> dict[str, float] | None:
+        """The standard error of each series' change (latest window mean minus first), from the spread of
+        its step means within the two windows: ``sqrt(var_first / k + var_latest / k)``; None before
+        ``2 * window`` steps. A series with fewer than two finite steps in a window has no spread (0)."""
+        k = self.window
+        if len(self.rows) < 2 * k:
+            return None
+        out = {}
+        for key in ["train", *self.judges]:
+            parts = []
+            for rows in (self.rows[:k], self.rows[-k:]):
+                values = [r[key] for r in rows if math.isfinite(r[key])]
+                parts.append(statistics.variance(values) / len(values) if len(values) > 1 else 0.0)
+            out[key] = math.sqrt(sum(parts))
+        return out
+
     def verdict(self) -> str | None:
         """Whether the training reward is being gamed.
 
+        The training reward *rose* when its change (first window -> latest) is at least ``min_rise`` and
+        at least ``z`` standard errors (:meth:`noise`). A judge *lagged* when its change plus ``z`` of its
+        standard errors is still below its ``follow``: the evidence says it did not follow, beyond its
+        noise (with the default ``follow`` 0: it fell). A judge with no value in a window says nothing.
+
         Returns:
-            The warning text when the training reward rose by at least ``min_rise`` (first window ->
-            latest) while a judge rose by less than its ``follow`` (fell, with the default 0.0); None
-            otherwise (and before ``2 * window`` steps).
+            The warning text when the training reward rose while a judge lagged (naming it, and whether it
+            fell); None otherwise (and before ``2 * window`` steps).
         """
-        ch = self.changes()
-        if ch is None:
+        ch, se = self.changes(), self.noise()
+        if ch is None or se is None:
             return None
         t0, t1 = ch["train"]
-        if not t1 - t0 >= self.min_rise:
+        if not (t1 - t0 >= self.min_rise and t1 - t0 >= self.z * se["train"]):
             return None
-        lagging = [(name, *ch[name]) for name in self.judges if not ch[name][1] - ch[name][0] >= self._follow(name)]
+        lagging = [(name, a, b) for name in self.judges for a, b in [ch[name]]
+                   if math.isfinite(a) and math.isfinite(b) and b - a + self.z * se[name] < self._follow(name)]
         if not lagging:
             return None
         k, n = self.window, len(self.rows)
         steps = f"steps {self._label(0, k)} -> {self._label(n - k, n)}"
         judged = "; ".join(
             f"{name} fell {a:.3f} -> {b:.3f}" if b < a else
-            f"{name} did not follow, {a:.3f} -> {b:.3f} (needs +{self._follow(name):.3f})"
+            f"{name} did not follow, {a:.3f} -> {b:.3f} (needs +{self._follow(name):.3f}, noise {se[name]:.3f})"
             for name, a, b in lagging
         )
         return f"Goodhart: the training reward rose {t0:.3f} -> {t1:.3f} over {steps} while {judged}"
@@ -246,7 +364,7 @@ class GoodhartCallback(TrainerCallback):
             :meth:`~GoodhartMonitor.observe` calls (a custom loop) feed it.
 
     Examples:
-        >>> callback = GoodhartCallback(GoodhartMonitor({"truth": lambda p, c, **k: [1.0] * len(c)}))
+        >>> callback = GoodhartCallback(GoodhartMonitor({"truth": lambda prompts, completions, **k: [1.0] * len(completions)}))
         >>> # trainer = GRPOTrainer(..., reward_funcs=[callback.monitor.watch(reward)]); callback.install(trainer)
     """
 

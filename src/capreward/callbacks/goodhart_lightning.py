@@ -29,7 +29,7 @@ class GoodhartLightningCallback(Callback):
 
     Examples:
         >>> from capreward.callbacks.goodhart import GoodhartMonitor
-        >>> cb = GoodhartLightningCallback(GoodhartMonitor({"truth": lambda p, c, **k: [1.0] * len(c)}), columns=("colour",))
+        >>> cb = GoodhartLightningCallback(GoodhartMonitor({"truth": lambda prompts, completions, **k: [1.0] * len(completions)}), columns=("colour",))
         >>> # lightning.Trainer(callbacks=[cb]); training_step returns {"loss": ..., "captions": [...], "rewards": [...]}
     """
 

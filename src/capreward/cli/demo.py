@@ -20,7 +20,9 @@ toy task (:mod:`capreward.testing.colour_task`):
    greedy and sampled before and after, beside a control arm (the same start given as many more
    supervised steps on the same labels); what the policy says per image colour; a few sampled captions.
 
-A closing line says what the numbers showed, computed from held-out greedy accuracy (whichever way it went).
+A closing line says what the numbers showed, computed from clean held-out greedy and sampled accuracy
+(whichever way they went): a caption counts as right only when it is a clean caption of the task
+("a red image": no repeats, no junk tokens; :func:`~capreward.testing.colour_task.right_colour`).
 
 Needs the ``demo`` extra (TRL, PEFT, datasets; ``scripts/bootstrap.sh`` installs it); without it the
 command stops at once with one line naming it.
@@ -94,11 +96,13 @@ def quiet_third_parties():
     levels = {name: logging.getLogger(name).level for name in loggers}
     tf_verbosity = transformers.logging.get_verbosity()
     bars = datasets is not None and datasets.is_progress_bar_enabled()
+    tf_bars = transformers.utils.logging.is_progress_bar_enabled()  # loading/saving weights (the KL reference)
     status_lines = progress.is_enabled()
     progress.enable(False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         transformers.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
         for name in levels:
             logging.getLogger(name).setLevel(logging.ERROR)
         if datasets is not None:
@@ -107,6 +111,8 @@ def quiet_third_parties():
             yield
         finally:
             transformers.logging.set_verbosity(tf_verbosity)
+            if tf_bars:
+                transformers.utils.logging.enable_progress_bar()
             for name, level in levels.items():
                 logging.getLogger(name).setLevel(level)
             if bars:
@@ -241,10 +247,42 @@ def demo_clips(videos: str | None, frames: int) -> tuple[list[Any], list[str], s
 
 
 # ------------------------------------------------------------------------------------------ part 2
-LR = "1e-3"
 #: Held-out images (disjoint seeds from the SFT pool and the GRPO images), and samples per image.
 EVAL_IMAGES = 32
 EVAL_SAMPLES = 4
+#: Known-good captions the hallucination penalty is calibrated on (images disjoint from every other stage).
+CALIBRATION_ROWS = 128
+#: How much the clean sampled accuracy must rise (start -> after) for the closing line to say "taught".
+SAMPLED_RISE = 0.10
+
+
+@dataclass(frozen=True)
+class GRPOSettings:
+    """The optimiser side of the demo's GRPO run (the recipe's flags): learning rate and schedule,
+    warm-up share, the KL coefficient ``beta`` to the start policy, LoRA rank (0: full fine-tuning),
+    completion length, images x completions per step."""
+
+    lr: float = 1e-3
+    scheduler: str = "cosine"
+    warmup: float = 0.1
+    beta: float = 0.04
+    lora_r: int = 0
+    lora_alpha: int = 16
+    max_completion_length: int = 6
+    batch_size: int = 64
+    num_generations: int = 4
+
+    def recipe_argv(self, out: str, seed: int, steps: int) -> list[str]:
+        """The GRPO recipe's command line for these settings."""
+        return ["--tiny", "--quiet", "--out", out, "--seed", str(seed), "--steps", str(steps), "--lr", repr(self.lr),
+                "--lr-scheduler", self.scheduler, "--warmup-ratio", repr(self.warmup), "--beta", repr(self.beta),
+                "--batch-size", str(self.batch_size), "--num-generations", str(self.num_generations),
+                "--max-completion-length", str(self.max_completion_length), "--lora-r", str(self.lora_r),
+                "--lora-alpha", str(self.lora_alpha)]
+
+
+#: The demo's settings.
+DEMO_SETTINGS = GRPOSettings()
 
 
 @dataclass
@@ -253,7 +291,8 @@ class GRPOResult:
     right-colour share and mean caption length of the sampled captions; the held-out evaluations of the
     start (``before``), of the GRPO policy (``after``) and of the control arm (``control``: the same start
     given as many more supervised steps as GRPO steps); the reference reward levels; the SFT loss and
-    wall time."""
+    wall time; ``start_state``: the start policy's weights (the arms of the fair-control experiment start
+    from them)."""
 
     reward: list[float]
     components: dict[str, list[float]]
@@ -266,6 +305,7 @@ class GRPOResult:
     control: Any = None
     levels: dict[str, Any] = field(default_factory=dict)
     example: list[str] = field(default_factory=list)
+    start_state: dict[str, Any] | None = field(default=None, repr=False)
 
     def window(self) -> int:
         """Steps averaged at each end when comparing the start and the end of the run."""
@@ -286,7 +326,8 @@ def guards_for_the_task() -> Any:
 
 def build_reward(clip_model: Any, calibration_rows: Sequence[dict[str, Any]]) -> Any:
     """The demo's GRPO reward: EMScore (weight 1) + CLIP-S (0.5) + the hallucination penalty (0.5,
-    threshold calibrated on true captions "a <colour> image" of ``calibration_rows``), behind the guards
+    threshold: the lowest right-colour similarity of the true captions "a <colour> image" of
+    ``calibration_rows``, :data:`CALIBRATION_ROWS` of them in the demo), behind the guards
     (:func:`guards_for_the_task`), with empty completions at -1
     (:class:`~capreward.testing.colour_task.EmptyIsWorst`). From an image-blind start GRPO drives it from
     0.12 to 0.51 while the right colour stays at 24 % (the best image-blind policy it allows); from the
@@ -299,8 +340,12 @@ def build_reward(clip_model: Any, calibration_rows: Sequence[dict[str, Any]]) ->
     # raises EMScore and the policy learns to drop it)
     corpus = [f"a {c} image" for c in TASK_COLOURS]
     penalty = HallucinationPenalty(model=clip_model)
-    # at most 5 % of true captions flagged, or the lowest rate the rows can hold (1 / 17 for 16 rows)
-    rate = max(0.05, 1.0 / (len(calibration_rows) + 1))
+    # the lowest rate the rows can hold, 1 / (n + 1): the threshold is the lowest right-colour similarity of
+    # the n known-good captions. Wrong colours sit far below it (every one of 400 held-out wrong captions is
+    # flagged at n = 16 or 128), while a right caption falsely flagged loses its whole credit behind the
+    # composite's verifier: with n = 16 (rate 1/17) 12-15 % of held-out right "red" captions were flagged
+    # (this CLIP is least sure of red), with n = 128 3-4 % (:data:`CALIBRATION_ROWS`)
+    rate = 1.0 / (len(calibration_rows) + 1)
     penalty.calibrate([f"a {r['colour']} image" for r in calibration_rows], [r["image"] for r in calibration_rows],
                       kind="image", quantile=rate)
     composite = CompositeReward(
@@ -342,20 +387,25 @@ def reference_levels(reward: Any, rows: Sequence[dict[str, Any]], start: Any) ->
 
 
 def run_grpo(clip_model: Any, steps: int, out: str, seed: int = 0, sft_steps: int = 80,
-             eval_images: int = EVAL_IMAGES, control: bool = True) -> GRPOResult:
+             eval_images: int = EVAL_IMAGES, control: bool = True, settings: GRPOSettings = DEMO_SETTINGS,
+             levels: bool = True, reward: Any = None, callbacks: Sequence[Any] = (), start_labels: str = "weak") -> GRPOResult:
     """The weakly supervised start, then GRPO, then its control arm, all measured on held-out images.
 
     1. SFT the tiny LLaVA policy for ``sft_steps`` steps on weak labels
        (:func:`~capreward.testing.colour_task.weak_label`: the image's colour family, warm or cool, one of
-       its two colours at random): it attends to the image but is right about half the time.
-    2. ``steps`` GRPO steps (full fine-tuning, 16 images x 4 completions per step, lr :data:`LR` cosine)
-       through :mod:`capreward.recipes.grpo_captioner`, rewarded by :func:`build_reward`.
+       its two colours at random): it attends to the image but is right about half the time
+       (``start_labels="random"``: colours drawn whatever the image, an image-blind start).
+    2. ``steps`` GRPO steps (``settings``, :data:`DEMO_SETTINGS` by default: 16 images x 4 completions
+       per step) through :mod:`capreward.recipes.grpo_captioner`, rewarded by :func:`build_reward` (or
+       ``reward``, a TRL reward callable, for experiments; ``callbacks`` go to the trainer).
     3. With ``control``, the control arm: the same start given ``steps`` more supervised steps (16 images
        each, the same weak labels): the same number of optimiser steps and images spent on supervision.
 
-    Held-out evaluation (``eval_images`` images no stage trains on): greedy and 4 sampled captions per image."""
+    Held-out evaluation (``eval_images`` images no stage trains on): greedy and 4 sampled captions per
+    image; with ``levels`` the reward's reference levels (:func:`reference_levels`)."""
     from ..testing import TinyLlavaSpec, build_tiny_llava
-    from ..testing.colour_task import WORDS, ColourTally, caption_colours, colour_rows, grpo_dataset, sft_colours, weak_label
+    from ..testing.colour_task import (WORDS, ColourTally, caption_colours, colour_rows, grpo_dataset, random_label,
+                                      sft_colours, weak_label)
 
     import torch
 
@@ -364,28 +414,26 @@ def run_grpo(clip_model: Any, steps: int, out: str, seed: int = 0, sft_steps: in
     recipe = load_recipe()
     spec = TinyLlavaSpec(words=WORDS, seed=seed)
     model, processor = build_tiny_llava(spec)
-    sft_loss = sft_colours(model, processor, sft_steps, seed, label=weak_label)
+    labels = {"weak": weak_label, "random": random_label}[start_labels]
+    sft_loss = sft_colours(model, processor, sft_steps, seed, label=labels)
     start_weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
     held_out = colour_rows(eval_images, seed + 5000)
     before = caption_colours(model, processor, held_out, EVAL_SAMPLES, seed)
-    reward = ColourTally(build_reward(clip_model, colour_rows(16, seed + 3000)))
-    args = recipe.parse_args(
-        ["--tiny", "--quiet", "--out", out, "--seed", str(seed), "--steps", str(steps), "--lr", LR,
-         "--lr-scheduler", "cosine", "--batch-size", "64", "--num-generations", "4",
-         "--max-completion-length", "6", "--lora-r", "0"]
-    )
+    reward = ColourTally(reward if reward is not None else build_reward(clip_model, colour_rows(CALIBRATION_ROWS, seed + 3000)))
+    args = recipe.parse_args(settings.recipe_argv(out, seed, steps))
     result = recipe.train(
         args, reward_funcs=[reward], model_and_processor=(model, processor),
-        dataset=grpo_dataset(colour_rows(32, seed), keep_colour=True), save=False,
+        dataset=grpo_dataset(colour_rows(32, seed), keep_colour=True), save=False, callbacks=callbacks,
     )
-    after = caption_colours(result["trainer"].model, processor, held_out, EVAL_SAMPLES, seed)
+    after = caption_colours(result["trainer"].model, processor, held_out, EVAL_SAMPLES, seed,
+                            max_new_tokens=settings.max_completion_length)
     control_eval = None
     if control:
         twin, _ = build_tiny_llava(spec)
         twin.load_state_dict(start_weights)
         sft_colours(twin, processor, steps, seed + 1, label=weak_label)
         control_eval = caption_colours(twin, processor, held_out, EVAL_SAMPLES, seed)
-    levels = reference_levels(reward.reward, held_out, before)
+    levels = reference_levels(reward.reward, held_out, before) if levels else {}
     rows = result["trajectory"]
     names = [k for k in rows[0] if k not in ("step", "total")] if rows else []
     return GRPOResult(
@@ -395,7 +443,7 @@ def run_grpo(clip_model: Any, steps: int, out: str, seed: int = 0, sft_steps: in
         words=reward.words,
         sft_loss=sft_loss,
         seconds=time.perf_counter() - start,
-        before=before, after=after, control=control_eval, levels=levels,
+        before=before, after=after, control=control_eval, levels=levels, start_state=start_weights,
     )
 
 
@@ -437,13 +485,16 @@ def format_levels(levels: dict[str, Any], after: float | None = None) -> str:
 
 
 def format_evaluation(r: GRPOResult, samples: int = 2) -> str:
-    """Held-out accuracy greedy and sampled for the start, GRPO and the control arm; per image colour the
+    """Clean held-out accuracy greedy and sampled (and the malformed share of the sampled captions) for the
+    start, GRPO and the control arm; per image colour the
     most frequent greedy caption of each and its share right; and a few sampled captions before and after."""
     arms = [("start (weak SFT)", r.before), ("after GRPO", r.after)]
     if r.control is not None:
         arms.append(("control: more SFT", r.control))
-    lines = [f"{'held-out images':<18}{'greedy right':>13}{'sampled right':>15}"]
-    lines += [f"{name:<18}{e.greedy_right:>13.0%}{e.sampled_right:>15.0%}" for name, e in arms]
+    lines = [f"{'held-out images':<18}{'greedy right':>13}{'sampled right':>15}{'malformed':>11}"]
+    lines += [f"{name:<18}{e.greedy_right:>13.0%}{e.sampled_right:>15.0%}{e.sampled_malformed:>11.0%}" for name, e in arms]
+    lines.append("(right: a clean caption of the image's colour, \"a red image\"; malformed: sampled captions"
+                 " that are not a clean caption of the task: repeats, junk tokens, cut off)")
     lines.append("per image colour, the most frequent greedy caption (share right):")
     per = [(name, e.per_colour()) for name, e in arms]
     for colour in r.before.per_colour():
@@ -459,29 +510,49 @@ def format_evaluation(r: GRPOResult, samples: int = 2) -> str:
     return "\n".join(lines)
 
 
+def taught(before: Any, after: Any, control: Any = None) -> bool:
+    """The closing line's rule: GRPO taught the task when the clean held-out greedy accuracy after it is
+    at least 75 % and above the start's, the clean sampled accuracy rose by at least
+    :data:`SAMPLED_RISE`, and (given a control arm) both are above the control arm's. Accuracy counts
+    clean captions of the task only (:func:`~capreward.testing.colour_task.right_colour`)."""
+    greedy = after.greedy_right >= 0.75 and after.greedy_right > before.greedy_right
+    sampled = after.sampled_right >= before.sampled_right + SAMPLED_RISE
+    if control is not None:
+        greedy = greedy and after.greedy_right > control.greedy_right
+        sampled = sampled and after.sampled_right > control.sampled_right
+    return greedy and sampled
+
+
 def grpo_summary(r: GRPOResult) -> str:
-    """The closing line, computed from held-out greedy accuracy: did GRPO raise it to at least 75 % and
-    above its control arm; with the training reward's start and end beside it."""
+    """The closing line, computed from clean held-out greedy *and* sampled accuracy (:func:`taught`),
+    with the control arm's and the training reward's start and end beside them."""
     if not r.reward or r.before is None or r.after is None:
         return "GRPO logged no reward"
     r0, r1 = r.start_end(r.reward)
     b, a = r.before.greedy_right, r.after.greedy_right
-    line = (f"GRPO: held-out greedy right colour {trend(b, a, '.0%')}, {b:.0%} -> {a:.0%} "
-            f"(sampled {r.before.sampled_right:.0%} -> {r.after.sampled_right:.0%}; chance 25%)")
-    c = r.control.greedy_right if r.control is not None else None
+    bs, as_ = r.before.sampled_right, r.after.sampled_right
+    line = (f"GRPO: clean held-out greedy right colour {trend(b, a, '.0%')}, {b:.0%} -> {a:.0%} "
+            f"(sampled {bs:.0%} -> {as_:.0%}; chance 25%)")
+    c = r.control
     if c is not None:
-        line += f"; control arm (as many more supervised steps) {c:.0%}"
+        line += f"; control arm (as many more supervised steps) {c.greedy_right:.0%} (sampled {c.sampled_right:.0%})"
     line += f"; training reward {r0:.3f} -> {r1:.3f}"
-    taught = a >= 0.75 and a > b and (c is None or a > c)
-    if taught:
-        line += (". The reward taught the task: the policy names the image's colour where its supervision"
-                 " could not" + (" (the control arm stayed below)" if c is not None else ""))
-    elif a > b:
-        line += ". Correctness rose, but not to 75 %" + ("" if c is None or a > c else " or above the control arm")
+    if taught(r.before, r.after, c):
+        line += (". The reward taught the task: the policy writes the image's colour in clean captions where its"
+                 " supervision could not" + (" (the control arm stayed below)" if c is not None else ""))
+    elif a > b or as_ > bs:
+        short = []
+        if a < 0.75:
+            short.append("greedy below 75 %")
+        if as_ < bs + SAMPLED_RISE:
+            short.append(f"sampled up by less than {SAMPLED_RISE:.0%}")
+        if c is not None and not (a > c.greedy_right and as_ > c.sampled_right):
+            short.append("not above the control arm")
+        line += ". Clean correctness rose, but not enough to call it taught (" + "; ".join(short) + ")"
     elif r1 > r0:
-        line += ". The reward rose but held-out correctness did not: this run did not teach the task"
+        line += ". The reward rose but clean held-out correctness did not: this run did not teach the task"
     else:
-        line += ". Neither the reward nor held-out correctness rose"
+        line += ". Neither the reward nor clean held-out correctness rose"
     return line
 
 

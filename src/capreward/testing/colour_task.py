@@ -10,13 +10,15 @@ colour scores high and one naming another colour scores low. This module provide
   :data:`PROMPT` in TRL's conversational format (:func:`grpo_dataset`), and a short SFT
   (:func:`sft_random_colours`) that teaches the answer format "a <colour> image" with colours drawn
   independently of the image, so GRPO groups start with reward variance and chance-level correctness;
-- :func:`right_colour` to check a caption against the truth, and :class:`EmptyIsWorst` to give
-  unscorable completions a floor instead of None.
+- :func:`clean_colour` and :func:`right_colour` to check a caption against the truth (a caption counts
+  as right only when it is a clean caption of the task: exactly "a <colour> image", no repeats, no junk
+  tokens), and :class:`EmptyIsWorst` to give unscorable completions a floor instead of None.
 """
 
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -94,8 +96,38 @@ def colour_foils(clips: Sequence[np.ndarray], names: Sequence[str] | None = None
     return out
 
 
+#: The task's one caption form, as the policy's SFT writes it: "a <colour> image" (a final period allowed).
+CLEAN_FORM = re.compile(r"a ([a-z]+) image\.?")
+
+
+def clean_colour(caption: str) -> str | None:
+    """The colour word of a *clean* caption of the task, else None.
+
+    Clean means exactly the task's form :data:`CLEAN_FORM`, "a <colour> image" with one colour of
+    :data:`~capreward.testing.trained_clip.COLOURS` (case ignored, a final period and surrounding
+    white space allowed): no repeated words ("a blue blue blue blue blue"), no junk tokens ("a red5 red
+    image", "a& green image"), nothing cut off ("a red"), nothing added. A caption that names the right
+    colour in a malformed sentence is not an answer a reader would accept, so it is not counted right.
+
+    Args:
+        caption: the caption as decoded.
+
+    Returns:
+        The colour, or None when the caption is not a clean caption of the task.
+    """
+    match = CLEAN_FORM.fullmatch(caption.strip().lower())
+    return match.group(1) if match and match.group(1) in COLOURS else None
+
+
 def right_colour(caption: str, colour: str) -> bool:
-    """True when ``caption`` names ``colour`` and no other colour of :data:`COLOURS`."""
+    """True when ``caption`` is a clean caption of the task (:func:`clean_colour`) naming ``colour``."""
+    return clean_colour(caption) == colour
+
+
+def names_colour(caption: str, colour: str) -> bool:
+    """The lenient reading: ``caption`` names ``colour`` and no other colour of :data:`COLOURS`, however
+    malformed the rest ("a blue blue blue blue blue" names blue). Shown beside :func:`right_colour` to
+    tell junk from wrong answers, never counted as right."""
     named = {w.strip(".,!?") for w in caption.lower().split()} & set(COLOURS)
     return named == {colour}
 
@@ -227,8 +259,9 @@ class EmptyIsWorst(WrappedReward):
 
 
 class ColourTally(WrappedReward):
-    """A TRL reward wrapper that records, per call (one per GRPO step), the share of completions naming
-    the row's colour (dataset column ``colour``) and their mean length in words."""
+    """A TRL reward wrapper that records, per call (one per GRPO step), the share of completions that are
+    clean captions naming the row's colour (dataset column ``colour``; :func:`right_colour`) and their
+    mean length in words."""
 
     def __init__(self, reward: Any):
         super().__init__(reward)
@@ -244,6 +277,18 @@ class ColourTally(WrappedReward):
         return self.reward(prompts, completions, completion_ids, **kwargs)
 
 
+class TruthReward:
+    """Ground truth as a TRL reward, for experiments that compare a reward with the truth it stands for:
+    1.0 for a clean caption of the row's colour (dataset column ``colour``; :func:`right_colour`), else 0.0."""
+
+    __name__ = "truth"
+
+    def __call__(self, prompts, completions, completion_ids=None, colour=(), **kwargs):
+        from ..rewards import completion_text
+
+        return [float(right_colour(completion_text(c), k)) for c, k in zip(completions, colour)]
+
+
 # ------------------------------------------------------------------------------------- evaluation
 @dataclass
 class ColourEval:
@@ -256,14 +301,27 @@ class ColourEval:
 
     @property
     def greedy_right(self) -> float:
-        """Share of greedy captions naming the image's colour and no other (:func:`right_colour`)."""
+        """Share of greedy captions that are clean captions of the image's colour (:func:`right_colour`)."""
         return sum(map(right_colour, self.greedy, self.colours)) / len(self.colours)
 
     @property
     def sampled_right(self) -> float:
-        """Share of sampled captions naming the image's colour and no other."""
-        pairs = [(c, colour) for caps, colour in zip(self.sampled, self.colours) for c in caps]
-        return sum(right_colour(c, colour) for c, colour in pairs) / len(pairs)
+        """Share of sampled captions that are clean captions of the image's colour."""
+        return sum(right_colour(c, colour) for c, colour in self._sampled_pairs()) / max(1, len(self._sampled_pairs()))
+
+    @property
+    def greedy_malformed(self) -> float:
+        """Share of greedy captions that are not clean captions of the task (:func:`clean_colour` None)."""
+        return sum(clean_colour(g) is None for g in self.greedy) / len(self.greedy)
+
+    @property
+    def sampled_malformed(self) -> float:
+        """Share of sampled captions that are not clean captions of the task."""
+        pairs = self._sampled_pairs()
+        return sum(clean_colour(c) is None for c, _ in pairs) / max(1, len(pairs))
+
+    def _sampled_pairs(self) -> list[tuple[str, str]]:
+        return [(c, colour) for caps, colour in zip(self.sampled, self.colours) for c in caps]
 
     def per_colour(self) -> dict[str, tuple[str, float]]:
         """Image colour -> (its most frequent greedy caption, the share of its greedy captions naming it right)."""

@@ -1,4 +1,4 @@
-"""Tiny CLIPs *trained* on the scenes world (:mod:`capreward.testing.scenes`), for the scenes experiment
+"""Tiny CLIPs *trained* on the scenes world (:mod:`scenes_world.world`), for the scenes experiment
 and its tests: a reward model A and, trained apart, a held-out model B.
 
 The architecture is the tiny OpenAI-format CLIP of :mod:`capreward.testing.tiny_clip` with a finer image
@@ -7,7 +7,7 @@ covers several patches. Training follows :mod:`capreward.testing.trained_clip` (
 readout and multi-positive contrastive loss), with hard negatives:
 
 - image -> text: each image against the batch's true captions *and hard negatives* of every image
-  (:func:`~capreward.testing.scenes.hard_negative`, ``negatives`` kinds drawn per image of: count,
+  (:func:`~scenes_world.world.hard_negative`, ``negatives`` kinds drawn per image of: count,
   binding, missing, extra, colour and shape swaps); any caption whose content equals the image's scene counts as a positive;
 - text -> image: each true caption against the batch's images;
 - token level: the embedding of each colour and shape word of the true captions *at its position*, and
@@ -21,12 +21,12 @@ experiment's held-out scenes come from a third stream.
 
 Weights are cached as OpenAI-format state dicts under ``$CAPREWARD_CACHE`` (default
 ``~/.cache/capreward``) in ``trained_clip/<name>-<hash>.pt``, the hash covering the recipe, this module's
-and :mod:`~capreward.testing.scenes`' source, the config and the torch version, as the colour CLIP's are.
+and :mod:`~scenes_world.world`' source, the config and the torch version, as the colour CLIP's are.
 :func:`scene_clip_path` trains on the first call (a few CPU minutes on one thread) and returns the path,
 which every CLIP-based scorer accepts as ``model=``.
 
 Examples:
-    >>> from capreward.testing.scenes_clip import MODEL_A, scene_clip_path
+    >>> from scenes_world.clips import MODEL_A, scene_clip_path
     >>> from capreward.rewards import CLIPScoreReward
     >>> reward = CLIPScoreReward(model=str(scene_clip_path(MODEL_A)))  # doctest: +SKIP
 """
@@ -47,9 +47,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import scenes as world
-from .tiny_clip import build_tiny_clip, openai_state_dict
-from .trained_clip import CLIPS_PREFIX, _cache_root, _lr_factor, _multi_positive_ce, text_token_embeddings
+from . import world
+
+from capreward.testing.tiny_clip import build_tiny_clip, openai_state_dict
+from capreward.testing.trained_clip import CLIPS_PREFIX, _cache_root, _lr_factor, _multi_positive_ce, text_token_embeddings
 
 SCENE_CLIP_VERSION = "1"
 
@@ -104,6 +105,9 @@ MODEL_A_PLAIN = SceneClipRecipe(name="scenes-a-plain", negatives=0)
 #: A second negative control: no hard negatives and half the training captions partial (naming some of
 #: the scene's groups), as CLIPs trained on web alt-text see them.
 MODEL_A_PARTIAL = SceneClipRecipe(name="scenes-a-partial", negatives=0, partial=0.5)
+#: The image tower the scenes captioner starts from (:func:`scenes_world.policy.build_policy`), as a VLM starts
+#: from a pretrained CLIP: another seed, its own stream of scenes (neither A's, B's nor the held-out ones).
+MODEL_POLICY = SceneClipRecipe(name="scenes-policy", seed=2, data="train-p")
 #: The stream of held-out scenes neither model trained on.
 HELD_OUT = "held-out"
 
@@ -199,6 +203,9 @@ def train_scene_clip(recipe: SceneClipRecipe = MODEL_A, log: Callable[[str], Non
             preprocess, tokenizer = _preprocess(), _tokenizer()
             pool = scene_stream(recipe.data, recipe.pool_size)
             pixels = torch.stack([preprocess(r["image"]) for r in pool])
+            # which attribute word each pool scene has ([pool, words]), for the token-level loss
+            column = {w: j for j, w in enumerate(words)}
+            has_word = torch.tensor([[_has(r["scene"], w) for w in words] for r in pool], dtype=torch.float32)
             word_ids, word_len, word_where = encode_scene_captions(tokenizer, words)
             opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=recipe.lr, weight_decay=recipe.weight_decay)
             sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_factor(recipe.steps))
@@ -242,7 +249,7 @@ def train_scene_clip(recipe: SceneClipRecipe = MODEL_A, log: Callable[[str], Non
                 for w, found in enumerate(word_where):
                     rows.append(alone[w, found[0][0]])
                     row_words.append(found[0][1])
-                has = torch.tensor([[_has(s, w) for s in scenes] for w in row_words], dtype=torch.float32)
+                has = has_word[idx][:, [column[w] for w in row_words]].T
                 # a binary loss, not a contrastive one: the penalty thresholds the similarity itself, so a
                 # word must be above 0 on every image that has it and below on every image that has not
                 token_logits = scale * torch.stack(rows) @ images.T

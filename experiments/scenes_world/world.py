@@ -1,7 +1,7 @@
 """A synthetic scenes world with ground truth: images of 1-4 coloured shapes, a caption grammar for
 true captions and hard negatives, and a judge that grades any caption against the scene.
 
-A harder offline task than :mod:`~capreward.testing.colour_task` (one colour per image): here a caption
+A harder offline task than :mod:`capreward.testing.colour_task` (one colour per image): here a caption
 must get the *count*, the *shapes*, the *colours* and which colour goes with which shape (the *binding*)
 right, as in "two red circles and a blue cross". What this module holds (pure Python, numpy and PIL; no
 model):
@@ -23,7 +23,7 @@ Every function is deterministic for a given ``random.Random`` state.
 
 Examples:
     >>> import random
-    >>> from capreward.testing.scenes import Scene, SceneObject, judge, hard_negative, true_caption
+    >>> from scenes_world.world import Scene, SceneObject, judge, hard_negative, true_caption
     >>> scene = Scene((SceneObject("circle", "red", 0), SceneObject("circle", "red", 1), SceneObject("cross", "blue", 3)))
     >>> true_caption(scene)
     'two red circles and a blue cross'

@@ -6,7 +6,7 @@ scenes CLIPs, how well a CLIP ranks true captions above hard negatives, and best
   CLIP-S under the held-out model B.
 - :func:`ranking_accuracy`: per hard-negative kind, how often a CLIP scores the true caption above it.
 - :func:`best_of_n`: re-rank ``n`` sampled candidate captions per held-out scene by a reward and judge the
-  top one with the generator's ground truth (:func:`~capreward.testing.scenes.judge`), for several ``n``.
+  top one with the generator's ground truth (:func:`~scenes_world.world.judge`), for several ``n``.
 
 Used by ``experiments/scenes_bestofn.py`` and ``tests/test_scenes_clip.py``.
 """
@@ -18,7 +18,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from . import scenes as world
+from . import world
 
 #: Words never counted as content by the scenes' hallucination penalty besides the usual function words:
 #: the count words (a count is not an object; the count slot is graded by the judge, not the penalty).
@@ -27,11 +27,29 @@ COUNT_STOP_WORDS = frozenset(w for w in world.COUNT_WORDS.values()) | {"one", "f
 NS: tuple[int, ...] = (1, 2, 4, 8, 16)
 
 
+def shared_clip_path(recipe: Any, log: Any = None) -> str:
+    """:func:`scenes_world.clips.scene_clip_path` under an exclusive lock beside the cached file: the
+    scenes CLIPs are built once and shared, so a second process (a test, another experiment) asking for a
+    model being trained waits for it instead of training it again. (The lock lives here, not in
+    ``clips.py``, whose source is part of every model's cache key.)"""
+    from pathlib import Path
+
+    from capreward.testing.tiny_llava import _locked
+
+    from .clips import scene_clip_path
+    from capreward.testing.trained_clip import _cache_root
+
+    folder = Path(_cache_root()) / "trained_clip"
+    folder.mkdir(parents=True, exist_ok=True)
+    with _locked(folder / f".{recipe.name}-{recipe.key()}.pt.lock"):
+        return str(scene_clip_path(recipe, log=log))
+
+
 def scene_guards() -> Any:
     """The guards for scene captions: repetition (bigrams and single words), truncation without a final
     period required, and over-length beyond 14 words (the longest true caption, four groups, has 13)
     ramping to -1 at 28."""
-    from ..rewards import Guards
+    from capreward.rewards import Guards
 
     return Guards(require_punctuation=False, max_words=14)
 
@@ -53,8 +71,8 @@ def composite_reward(model: str, calibration: Sequence[dict], penalty_weight: fl
     """``(composite, penalty)`` under ``model``: CLIP-S (weight 1) + the hallucination penalty (weight
     ``penalty_weight``; count words are not content; threshold calibrated on the true captions of
     ``calibration`` rows, {"image", "caption"}, at the default 5 % quantile) behind :func:`scene_guards`."""
-    from ..rewards import CLIPScoreReward, CompositeReward, HallucinationPenalty
-    from ..metrics.token_support import STOP_WORDS
+    from capreward.rewards import CLIPScoreReward, CompositeReward, HallucinationPenalty
+    from capreward.metrics.token_support import STOP_WORDS
 
     penalty = HallucinationPenalty(model=model, device="cpu", stop_words=STOP_WORDS | COUNT_STOP_WORDS)
     penalty.calibrate([r["caption"] for r in calibration], [r["image"] for r in calibration], kind="image")
@@ -68,7 +86,7 @@ def scene_rewards(model_a: str, model_b: str, calibration: Sequence[dict], contr
     reward models (e.g. ``{"plain": ..., "partial": ...}``: trained without hard negatives, or on partial
     captions) as rerankers ``clip_s_<name>`` and ``composite_<name>``. Calibrate on A's training stream,
     never on the held-out scenes."""
-    from ..rewards import CLIPScoreReward
+    from capreward.rewards import CLIPScoreReward
 
     composite, penalty = composite_reward(model_a, calibration)
     rerankers = {"clip_s": CLIPScoreReward(model=model_a, device="cpu"), "composite": composite}
@@ -80,11 +98,11 @@ def scene_rewards(model_a: str, model_b: str, calibration: Sequence[dict], contr
 
 
 def ranking_accuracy(model: str, rows: Sequence[dict], seed: int = 0) -> dict[str, float]:
-    """Per hard-negative kind (:data:`~capreward.testing.scenes.NEGATIVE_KINDS`), the share of ``rows``
+    """Per hard-negative kind (:data:`~scenes_world.world.NEGATIVE_KINDS`), the share of ``rows``
     ({"scene", "image"}) whose true caption gets a strictly higher CLIP-S than the negative of that kind
     under ``model`` (a path), read through :class:`~capreward.scorers.CLIPScore` as the rewards read it.
     Scenes where a kind cannot apply are left out of its share; chance is 0.5 (ties count as misses)."""
-    from ..scorers.clipscore import CLIPScore
+    from capreward.scorers.clipscore import CLIPScore
 
     rng = random.Random(f"ranking-{seed}")
     scorer = CLIPScore(model=str(model), device="cpu")
@@ -109,7 +127,7 @@ class Candidates:
 
 
 def sample_candidates(rows: Sequence[dict], k: int, seed: int) -> list[list[str]]:
-    """``k`` captions per row from :func:`~capreward.testing.scenes.sample_caption`; deterministic for ``seed``."""
+    """``k`` captions per row from :func:`~scenes_world.world.sample_caption`; deterministic for ``seed``."""
     rng = random.Random(f"candidates-{seed}")
     return [[world.sample_caption(r["scene"], rng) for _ in range(k)] for r in rows]
 
@@ -135,7 +153,7 @@ def score_candidates(rewards: SceneRewards, rows: Sequence[dict], captions: list
 def best_of_n(rows: Sequence[dict], cands: Candidates, reward: str, ns: Sequence[int] = NS) -> dict[int, dict[str, float]]:
     """For each n of ``ns``: the k candidates of every row split into k // n disjoint groups of n, the top
     of each group by ``reward`` (first on ties) judged against the row's scene; returns per n the
-    :func:`~capreward.testing.scenes.mean_judgement` rates over all tops plus ``held_out`` (B's mean
+    :func:`~scenes_world.world.mean_judgement` rates over all tops plus ``held_out`` (B's mean
     CLIP-S of the tops) and ``reward`` (their mean reward). n=1 is the sampler itself."""
     k = len(cands.captions[0])
     out: dict[int, dict[str, float]] = {}
