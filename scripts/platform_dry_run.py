@@ -1,5 +1,5 @@
-"""What `pip install` would install on other platforms: a dry run of pip's own resolver for macOS arm64 and
-Linux aarch64 (or any target below), from this machine.
+"""What `pip install` would install on other platforms: a dry run of pip's own resolver for macOS arm64,
+Linux aarch64 and Windows x86-64 (or any target below), from this machine.
 
     python scripts/platform_dry_run.py dist/capreward-0.1.0-py3-none-any.whl [--target macos-arm64 ...]
         [--report-dir DIR] [--host-markers]
@@ -27,6 +27,7 @@ from pathlib import Path
 #: target -> (pip --platform tags, PEP 508 marker values on that platform)
 MACOS = {"sys_platform": "darwin", "platform_system": "Darwin", "platform_machine": "arm64", "os_name": "posix"}
 LINUX_ARM = {"sys_platform": "linux", "platform_system": "Linux", "platform_machine": "aarch64", "os_name": "posix"}
+WINDOWS = {"sys_platform": "win32", "platform_system": "Windows", "platform_machine": "AMD64", "os_name": "nt"}
 TARGETS: dict[str, tuple[list[str], dict[str, str]]] = {
     # macOS 11 (pip also accepts wheels for older macOS versions)
     "macos-arm64": (["macosx_11_0_arm64"], MACOS),
@@ -37,6 +38,8 @@ TARGETS: dict[str, tuple[list[str], dict[str, str]]] = {
     "linux-aarch64": (["manylinux2014_aarch64"] + [f"manylinux_2_{v}_aarch64" for v in range(17, 29)], LINUX_ARM),
     # glibc 2.17 to 2.39 (a current distribution, e.g. Ubuntu 24.04)
     "linux-aarch64-glibc2.39": (["manylinux2014_aarch64"] + [f"manylinux_2_{v}_aarch64" for v in range(17, 40)], LINUX_ARM),
+    # Windows 10/11 x86-64 (decord's marker names it: its win_amd64 wheel is installed there)
+    "windows-amd64": (["win_amd64"], WINDOWS),
 }
 
 #: Run pip in a child process with the marker environment replaced (argv: markers JSON, pip arguments).

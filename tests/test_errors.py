@@ -31,6 +31,7 @@ BUILTIN_BASES = {
     "capreward.jobs.idf_file.IdfMismatch": Exception,
     "capreward.jobs.manifest.ManifestError": ValueError,
     "capreward.jobs.output_lock.OutputLocked": Exception,
+    "capreward.locks.LockBusy": TimeoutError,  # new: a lock not free within its timeout, naming the holder
     "capreward.jobs.results_file.DiskError": Exception,
     "capreward.jobs.results_file.ResultsCorrupt": Exception,
     "capreward.jobs.row_inputs.ChangedInputs": Exception,

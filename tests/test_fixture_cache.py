@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from capreward.testing import tiny_llava
+from capreward.testing import cache, tiny_llava
 from capreward.testing.tiny_llava import FLEUR_RECIPE, tiny_judge_dir, with_spec
 
 #: A judge that trains in a second: one step on one example.
@@ -36,14 +36,14 @@ def test_a_judge_of_another_key_is_kept_when_recently_used(tmp_path):
 def test_only_long_unused_keys_that_nobody_builds_are_pruned(tmp_path):
     root = tmp_path / "tiny_llava"
     root.mkdir()
-    old_time = time.time() - (tiny_llava.STALE_AFTER_DAYS + 1) * 86400
+    old_time = time.time() - (cache.STALE_AFTER_DAYS + 1) * 86400
 
     def fake(key: str, last_used: float) -> Path:
         d = root / f"quick-{key}"
         d.mkdir()
         (d / "config.json").write_text("{}")
-        (d / tiny_llava.USED_MARKER).touch()
-        os.utime(d / tiny_llava.USED_MARKER, (last_used, last_used))
+        (d / cache.USED_MARKER).touch()
+        os.utime(d / cache.USED_MARKER, (last_used, last_used))
         return d
 
     recent = fake("1" * 16, time.time() - 3600)
@@ -51,7 +51,7 @@ def test_only_long_unused_keys_that_nobody_builds_are_pruned(tmp_path):
     busy = fake("3" * 16, old_time)
     unrelated = root / ("fleur-" + "4" * 16)
     shutil.copytree(stale, unrelated)
-    with tiny_llava._locked(root / f".{busy.name}.lock"):  # being built or rebuilt right now
+    with cache.locked(root / f".{busy.name}.lock"):  # being built or rebuilt right now
         target = tiny_judge_dir(QUICK, cache_dir=tmp_path)
     assert target.exists() and recent.exists() and busy.exists() and unrelated.exists()
     assert not stale.exists()
@@ -81,22 +81,22 @@ def test_a_rebuild_swaps_the_directory_in_without_a_moment_without_it(tmp_path, 
 
 def test_install_directory_without_an_atomic_swap(tmp_path, monkeypatch):
     """Where the file system has no RENAME_EXCHANGE the old directory is renamed aside first."""
-    monkeypatch.setattr(tiny_llava, "_exchange", lambda a, b: False)
+    monkeypatch.setattr(cache, "_exchange", lambda a, b: False)
     target, new = tmp_path / "judge", tmp_path / "new"
     target.mkdir()
     (target / "w").write_text("old")
     new.mkdir()
     (new / "w").write_text("new")
-    tiny_llava.install_directory(new, target)
+    cache.install_directory(new, target)
     assert (target / "w").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["judge"]
 
 
 @pytest.mark.parametrize("swap", [True, False])
 def test_install_directory_into_an_empty_place(tmp_path, monkeypatch, swap):
     if not swap:
-        monkeypatch.setattr(tiny_llava, "_exchange", lambda a, b: False)
+        monkeypatch.setattr(cache, "_exchange", lambda a, b: False)
     new = tmp_path / "new"
     new.mkdir()
     (new / "w").write_text("x")
-    tiny_llava.install_directory(new, tmp_path / "judge")
+    cache.install_directory(new, tmp_path / "judge")
     assert (tmp_path / "judge" / "w").read_text() == "x" and not new.exists()

@@ -276,11 +276,11 @@ def decord_is_unconditional() -> bool:
     return any(Requirement(r).name == "decord" and Requirement(r).marker is None for r in CORE)
 
 
-@pytest.mark.parametrize("target", ["macos-arm64", "linux-aarch64"])
+@pytest.mark.parametrize("target", ["macos-arm64", "linux-aarch64", "windows-amd64"])
 @pytest.mark.xfail(decord_is_unconditional(), strict=True,
                    reason="decord has no ARM wheel: the video backend change (PyAV, decord only where it has wheels) fixes it")
-def test_every_dependency_has_a_wheel_for_arm(target):
-    """`pip install capreward[all]` on macOS arm64 and Linux aarch64: every requirement that applies there
+def test_every_dependency_has_a_wheel_for_each_target(target):
+    """`pip install capreward[all]` on macOS arm64, Linux aarch64 and Windows x86-64: every requirement that applies there
     (markers evaluated for the target, not this machine) has a release within its bounds with a wheel for
     the target's tags (pip needs no compiler). The full resolution of both targets, with pip itself, is
     scripts/platform_dry_run.py (minutes, and large downloads: not a test)."""
@@ -296,6 +296,8 @@ def test_every_dependency_has_a_wheel_for_arm(target):
                "python_full_version": "3.11.0"}
     if target == "macos-arm64":
         platforms = list(tags.mac_platforms((14, 0), "arm64"))
+    elif target == "windows-amd64":
+        platforms = ["win_amd64"]
     else:
         platforms = ["manylinux2014_aarch64"] + [f"manylinux_2_{v}_aarch64" for v in range(17, 40)]
     supported = set(tags.cpython_tags((3, 11), platforms=platforms)) | set(tags.compatible_tags((3, 11), platforms=platforms))

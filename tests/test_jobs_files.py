@@ -19,6 +19,7 @@ from capreward import EMScore
 from capreward.cli.main import build_parser, main
 from capreward.jobs.idf_file import corpus_digest, record_path
 from capreward.jobs.output_lock import lock_path
+from capreward.locks import holder_path, read_holder, try_holding
 from capreward.jobs.results_file import read_results
 
 from conftest import write_job_media
@@ -138,13 +139,13 @@ def test_a_second_writer_is_refused_and_a_killed_holder_does_not_block(tmp_path,
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
-    assert lock_path(out).read_text().strip() == str(holder.pid)  # left behind by the killed holder
+    assert read_holder(lock_path(out))["pid"] == holder.pid  # its holder file, left behind by the killed holder
     rerun = subprocess.Popen([sys.executable, "-m", "capreward.cli.main", *score(manifest, out, tiny_clip_path)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _, err = rerun.communicate(timeout=600)
     assert rerun.returncode == 0, err[-2000:]
     assert [r["id"] for r in read_results(out)] == ["cat-0", "cat-1"]
-    assert lock_path(out).read_text().strip() == str(rerun.pid)
+    assert not holder_path(lock_path(out)).exists()  # the rerun replaced it, and removed it when it finished
 
 
 def test_explain_takes_the_same_writer_lock(tmp_path, media):
@@ -166,8 +167,6 @@ def test_explain_takes_the_same_writer_lock(tmp_path, media):
 
 def test_the_lock_is_held_while_scoring(tmp_path, media, tiny_clip_path, monkeypatch):
     """While a job writes, its lock is taken (checked from inside the job), and released after it."""
-    import fcntl
-
     from capreward.jobs import score_job
 
     manifest = write_manifest(tmp_path / "m.jsonl", manifest_rows(media, 2))
@@ -176,19 +175,15 @@ def test_the_lock_is_held_while_scoring(tmp_path, media, tiny_clip_path, monkeyp
     original = score_job.run_local
 
     def probing(*args, **kwargs):
-        with open(lock_path(out), "rb") as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                seen.append("free")
-            except BlockingIOError:
-                seen.append(f.read().decode().strip())
+        with try_holding(lock_path(out)) as free:
+            seen.append("free" if free else read_holder(lock_path(out))["pid"])
         return original(*args, **kwargs)
 
     monkeypatch.setattr(score_job, "run_local", probing)
     assert main(score(manifest, out, tiny_clip_path)) == 0
-    assert seen == [str(os.getpid())]
-    with open(lock_path(out), "rb") as f:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released: does not raise
+    assert seen == [os.getpid()]
+    with try_holding(lock_path(out)) as free:
+        assert free  # released
 
 
 # ------------------------------------------------------------------------------ CSV and row errors

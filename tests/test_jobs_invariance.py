@@ -24,6 +24,7 @@ from PIL import Image
 from capreward.cli.main import main
 from capreward.jobs.idf_file import record_path
 from capreward.jobs.output_lock import lock_path
+from capreward.locks import read_holder
 from capreward.jobs.results_file import KILL_AFTER_BATCH_ENV, read_results
 
 from conftest import random_video, sample_clips, write_mp4
@@ -171,8 +172,8 @@ def test_every_row_survives_kill_and_resume(reference, tmp_path, tiny_clip_path)
     assert first.returncode == -9, first.stderr[-2000:]
     assert complete_lines(out) == 3 and out.read_bytes().endswith(b"\n")
     idf_record = record_path(out).read_bytes()
-    # the killed run's lock file is still there, naming it; it must not block the resume
-    assert lock_path(out).read_text().strip().isdigit()
+    # the killed run's holder file is still there, naming it; it must not block the resume
+    assert isinstance(read_holder(lock_path(out)).get("pid"), int)
 
     second = run_cli(score_args(manifest, out, tiny_clip_path, 2), kill_after="2+torn")
     assert second.returncode == -9, second.stderr[-2000:]

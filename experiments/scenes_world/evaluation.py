@@ -34,14 +34,14 @@ def shared_clip_path(recipe: Any, log: Any = None) -> str:
     ``clips.py``, whose source is part of every model's cache key.)"""
     from pathlib import Path
 
-    from capreward.testing.tiny_llava import _locked
+    from capreward.testing.cache import locked
 
     from .clips import scene_clip_path
     from capreward.testing.trained_clip import _cache_root
 
     folder = Path(_cache_root()) / "trained_clip"
     folder.mkdir(parents=True, exist_ok=True)
-    with _locked(folder / f".{recipe.name}-{recipe.key()}.pt.lock"):
+    with locked(folder / f".{recipe.name}-{recipe.key()}.pt.lock", what=f"training the scenes CLIP {recipe.name}"):
         return str(scene_clip_path(recipe, log=log))
 
 

@@ -6,8 +6,11 @@ Accepted specifications (``model=`` of every CLIP-based scorer):
   the local cache by open_clip). ``"ViT-B-32//abs/path/epoch_10.pt"`` or ``"ViT-B-32/ckpt.pt"``: the
   architecture with a local open_clip checkpoint.
 - ``"hf-hub:org/repo"`` and ``"local-dir:/path"``: passed to open_clip as they are.
-- a path to an OpenAI-format ``.pt`` file (a JIT archive or a plain state dict such as OpenAI's
-  ``ViT-B-32.pt`` or PAC-S's ``clip_ViT-B-32.pth``): the architecture is inferred from the weights.
+- a path to an OpenAI-format ``.pt`` file (a plain state dict such as PAC-S's ``clip_ViT-B-32.pth``, or
+  a TorchScript archive such as OpenAI's ``ViT-B-32.pt``): the architecture is inferred from the
+  weights. The file is read as a state dict first (no TorchScript); an archive falls back to
+  ``torch.jit.load``, which torch deprecates, with a :class:`TorchScriptCheckpointWarning` saying how to
+  convert it once.
   Long-CLIP checkpoints in their released layout (``longclip-B.pt``: 248 positions, with
   ``positional_embedding_res`` and, in some files, ``mask1``/``mask2``) load the same way
   (:func:`merge_long_clip_positions`), with a 248-token context.
@@ -120,28 +123,73 @@ def merge_long_clip_positions(state: dict[str, torch.Tensor]) -> dict[str, torch
     return state
 
 
+class TorchScriptCheckpointWarning(FutureWarning):
+    """A CLIP checkpoint was read as a TorchScript archive (``torch.jit.load``, which torch deprecates):
+    the warning says how to convert the file once into a state dict that loads without TorchScript."""
+
+
+def _is_torchscript_archive(path: str) -> bool:
+    """Whether ``path`` is a TorchScript archive: a zip file with a ``constants.pkl`` record (torch's
+    own test), which a plain ``torch.save`` file never has."""
+    import zipfile
+
+    try:
+        if not zipfile.is_zipfile(path):
+            return False
+        with zipfile.ZipFile(path) as archive:
+            return any(name.rsplit("/", 1)[-1] == "constants.pkl" for name in archive.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
+def read_openai_state_dict(path: str | os.PathLike) -> dict:
+    """The weights of an OpenAI-format CLIP file: a plain state dict is read with ``torch.load`` and
+    ``weights_only=True`` (no code runs, no TorchScript); only a TorchScript archive (OpenAI's released
+    ``ViT-B-32.pt`` files are traced archives) is read with ``torch.jit.load``, whose deprecation stays
+    visible, with a :class:`TorchScriptCheckpointWarning` saying how to convert the file once.
+
+    Args:
+        path: the ``.pt``/``.pth`` file.
+
+    Returns:
+        Its state dict (possibly still wrapped, see :func:`_unwrap_state_dict`).
+
+    Raises:
+        ModelLoadError: the file is neither.
+    """
+    path = os.fspath(path)
+    if not _is_torchscript_archive(path):
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - not a checkpoint at all
+            raise ModelLoadError(f"cannot read CLIP checkpoint {path!r}: {exc}", spec=path) from exc
+    try:
+        state = torch.jit.load(path, map_location="cpu").state_dict()
+    except Exception as exc:  # noqa: BLE001
+        raise ModelLoadError(f"cannot read CLIP checkpoint {path!r} (a TorchScript archive): {exc}", spec=path) from exc
+    warnings.warn(
+        f"{path} is a TorchScript archive, read with torch.jit.load, which torch deprecates; convert it once "
+        f"to a state dict that loads without TorchScript: torch.save(torch.jit.load({path!r}).state_dict(), "
+        "'clip_state_dict.pt')", TorchScriptCheckpointWarning, stacklevel=3)
+    return state
+
+
 def load_openai_format(path: str | os.PathLike, device: str | torch.device, precision: str):
-    """Load an OpenAI-format CLIP file (JIT archive or state dict); architecture inferred from weights."""
+    """Load an OpenAI-format CLIP file (state dict, or TorchScript archive: :func:`read_openai_state_dict`);
+    architecture inferred from weights."""
     import open_clip
     from open_clip.model import build_model_from_openai_state_dict, convert_weights_to_lp, get_cast_dtype
 
     path = os.fspath(path)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # torch.jit.load's deprecation notice
-            state = torch.jit.load(path, map_location="cpu").state_dict()
-    except Exception:
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:
-            raise ModelLoadError(f"cannot read CLIP checkpoint {path!r}: {exc}", spec=path) from exc
-    state = merge_long_clip_positions(_unwrap_state_dict(state))
+    state = merge_long_clip_positions(_unwrap_state_dict(read_openai_state_dict(path)))
     if "text_projection" not in state or "token_embedding.weight" not in state:
         raise ModelLoadError(
             f"{path!r} is not an OpenAI-format CLIP state dict (no text_projection/token_embedding); "
             "for an open_clip checkpoint pass model='ARCH//path/to/checkpoint.pt'", spec=path
         )
-    state = {k: v for k, v in state.items() if k not in ("input_resolution", "context_length", "vocab_size")}
+    # not weights: OpenAI's archive constants, and the causal mask open_clip keeps as a buffer (a traced open_clip
+    # model's archive holds it)
+    state = {k: v for k, v in state.items() if k not in ("input_resolution", "context_length", "vocab_size", "attn_mask")}
     model = build_model_from_openai_state_dict(dict(state), cast_dtype=get_cast_dtype(precision))
     model = model.to(device)
     model.float()

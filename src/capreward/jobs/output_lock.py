@@ -1,21 +1,21 @@
-"""One writer per results file: an exclusive ``flock`` on ``<out>.lock`` for the whole job.
+"""One writer per results file: an exclusive lock on ``<out>.lock`` for the whole job.
 
-The lock file holds the PID of the run that holds the lock, so a second run can name it. The kernel
-releases a ``flock`` when its holder dies (even by SIGKILL), so a lock file left behind by a killed
-run never blocks a rerun; the file itself is left in place (removing it would let two runs lock two
-different files of the same name).
+The lock is :func:`capreward.locks.holding` (``filelock``: ``flock`` on Linux and macOS, ``msvcrt`` on
+Windows), taken without waiting: a second run on the same ``--out`` is refused at once, its message
+naming the holder (PID, host, since when) from ``<out>.lock.holder``. The operating system releases the
+lock when its holder dies (even by SIGKILL), so a lock file or holder file left behind by a killed run
+never blocks a rerun.
 """
 
 from __future__ import annotations
 
-import fcntl
-import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
+from ..locks import LockBusy, describe_holder, holding
 from .errors import JobError
-from .safe_files import open_job_file
+from .safe_files import check_job_file
 
 
 class OutputLocked(JobError):
@@ -30,21 +30,17 @@ def lock_path(out: str | Path) -> Path:
 @contextmanager
 def exclusive_output(out: str | Path) -> Iterator[Path]:
     """Hold the exclusive lock of results file ``out`` for the ``with`` block (yields the lock file's
-    path); raises :class:`OutputLocked` naming ``out`` and the holder's PID when another run holds it."""
+    path); raises :class:`OutputLocked` naming ``out`` and the holder (PID, host, since when) when
+    another run holds it."""
     path = lock_path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = open_job_file(path, os.O_RDWR | os.O_CREAT, "the lock file")  # never through a planted link
+    check_job_file(path, "the lock file")  # a planted link is refused (filelock opens it without following)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
-            raise OutputLocked(
-                f"{out} is being written by another run (PID {holder}, lock {path}); "
-                "wait for it to finish or choose another --out"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
-        yield path
-    finally:
-        os.close(fd)  # releases the flock
+        with holding(path, timeout=0, what=f"writing {Path(out).name}") as held:
+            yield held
+    except LockBusy as busy:
+        if busy.path != path:  # pragma: no cover - a lock taken inside the block is not ours to explain
+            raise
+        raise OutputLocked(
+            f"{out} is being written by another run ({describe_holder(busy.holder)}; lock {path}); "
+            "wait for it to finish or choose another --out"
+        ) from None

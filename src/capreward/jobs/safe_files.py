@@ -25,6 +25,10 @@ from ..text import printable
 from .errors import JobError
 
 
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # absent on Windows
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+
+
 class UnsafeOutput(JobError):
     """A job file that is a link, a device, a FIFO, a socket or a directory."""
 
@@ -50,8 +54,10 @@ def check_job_file(path: str | Path, what: str) -> None:
 def open_job_file(path: str | Path, flags: int, what: str, mode: int = 0o644) -> int:
     """``os.open(path, flags | O_NOFOLLOW)``, refused (:class:`UnsafeOutput`) unless the file opened is a
     regular file. Returns the descriptor (blocking mode restored)."""
+    if not _O_NOFOLLOW:  # Windows: no O_NOFOLLOW, so the link is looked for first
+        check_job_file(path, what)
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), mode)
+        fd = os.open(path, flags | _O_NOFOLLOW | _O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), mode)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise _refusal(path, what, "a symbolic link") from None
@@ -66,7 +72,8 @@ def open_job_file(path: str | Path, flags: int, what: str, mode: int = 0o644) ->
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise _refusal(path, what, file_kind(st.st_mode))
-    os.set_blocking(fd, True)
+    if _O_NONBLOCK:
+        os.set_blocking(fd, True)
     return fd
 
 

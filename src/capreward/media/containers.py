@@ -57,7 +57,14 @@ def identify_container(head: bytes) -> str | None:
 def read_head(fd: int) -> bytes:
     """The first :data:`HEAD_BYTES` bytes of the file open at ``fd`` (read in place: the offset of the
     descriptor is not moved)."""
-    return os.pread(fd, HEAD_BYTES, 0)
+    if hasattr(os, "pread"):
+        return os.pread(fd, HEAD_BYTES, 0)
+    here = os.lseek(fd, 0, os.SEEK_CUR)  # Windows has no pread: read at 0, then put the offset back
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        return os.read(fd, HEAD_BYTES)
+    finally:
+        os.lseek(fd, here, os.SEEK_SET)
 
 
 __all__ = ["CONTAINERS", "HEAD_BYTES", "NOT_A_CONTAINER", "identify_container", "read_head"]

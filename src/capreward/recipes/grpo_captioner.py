@@ -300,14 +300,16 @@ def write_tiny_manifest(folder: str | os.PathLike, images: int = 8, videos: int 
 
 
 def _write_mp4(path: Path, frames: np.ndarray, fps: int = 8) -> None:
-    import imageio_ffmpeg
+    """uint8 frames (T, H, W, 3), H and W even, as an H.264 MP4 written with PyAV (a core dependency)."""
+    import av
 
     _, h, w, _ = frames.shape
-    writer = imageio_ffmpeg.write_frames(str(path), (w, h), fps=fps, macro_block_size=1, output_params=["-loglevel", "error"])
-    writer.send(None)
-    for frame in frames:
-        writer.send(np.ascontiguousarray(frame))
-    writer.close()
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
+        for frame in frames:
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")))
+        container.mux(stream.encode(None))  # flush the encoder
 
 
 # ----------------------------------------------------------------------------------------- policy

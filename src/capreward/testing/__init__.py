@@ -10,6 +10,7 @@ Every builder the "Try it without weights" table of docs/quickstart.md names is 
 package.
 """
 
+from .cache import cache_root
 from .tiny_clip import (
     TINY_CLIP_CONFIG,
     build_tiny_clip,
@@ -30,7 +31,6 @@ from .tiny_llava import (
     build_tiny_llava,
     build_tiny_processor,
     build_tiny_tokenizer,
-    cache_root,
     fleur_explain_example,
     fleur_score_example,
     fleur_task_answer,

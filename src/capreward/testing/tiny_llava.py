@@ -28,7 +28,6 @@ on one CPU thread, so a recipe trains to the same weights every time on a given 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import inspect
 import json
@@ -47,6 +46,7 @@ import torch
 from PIL import Image
 
 from ..media import composite as composite_module
+from .cache import cache_root, install_directory, locked, mark_used, remove_stale_versions
 from ..judges.prompts import (
     FLEUR_EXPLAIN_PROMPT,
     FLEUR_PROMPT,
@@ -655,11 +655,6 @@ FLEUR_RECIPE = JudgeRecipe(
 )
 
 
-def cache_root() -> Path:
-    """Where trained fixtures live: ``$CAPREWARD_CACHE`` or ``~/.cache/capreward``."""
-    return Path(os.environ.get("CAPREWARD_CACHE") or Path.home() / ".cache" / "capreward")
-
-
 def tiny_judge_dir(
     recipe: JudgeRecipe = FLEUR_RECIPE,
     cache_dir: str | os.PathLike | None = None,
@@ -685,58 +680,19 @@ def tiny_judge_dir(
 
     Each key has its own directory, so environments with other torch/transformers versions (other keys)
     keep their own judges side by side: other keys of the recipe are deleted only when unused for
-    :data:`STALE_AFTER_DAYS` days and not being built (see :func:`_remove_stale_versions`)."""
+    :data:`~capreward.testing.cache.STALE_AFTER_DAYS` days and not being built (see :func:`~capreward.testing.cache.remove_stale_versions`)."""
     root = Path(cache_dir) if cache_dir is not None else cache_root()
     target = root / "tiny_llava" / f"{recipe.name}-{recipe.key()}"
     if target.is_dir() and not rebuild and (target / "config.json").exists():
-        _mark_used(target)
+        mark_used(target)
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(target.parent / f".{target.name}.lock"):
+    with locked(target.parent / f".{target.name}.lock", what=f"training the tiny {recipe.name} judge"):
         if not (target.is_dir() and not rebuild and (target / "config.json").exists()):
             _train_into(recipe, target, log)
-        _mark_used(target)  # (else trained by another process while we waited)
-    _remove_stale_versions(target, recipe.name)
+        mark_used(target)  # (else trained by another process while we waited)
+    remove_stale_versions(target, recipe.name)
     return target
-
-
-#: A cached judge of another key is deleted once unused for this many days (another environment, with
-#: other torch/transformers versions, may still use it: two venvs on one machine must not keep deleting
-#: and retraining each other's judges).
-STALE_AFTER_DAYS = 30
-USED_MARKER = ".last_used"
-
-
-def _mark_used(target: Path) -> None:
-    """Record that ``target`` was just used (the modification time of its :data:`USED_MARKER`)."""
-    try:
-        (target / USED_MARKER).touch()
-    except OSError:
-        pass  # a read-only cache is still usable; it is then never pruned as unused either way
-
-
-def _last_used(path: Path) -> float:
-    marker = path / USED_MARKER
-    try:
-        return (marker if marker.exists() else path).stat().st_mtime
-    except OSError:
-        return 0.0
-
-
-@contextlib.contextmanager
-def _locked(path: Path):
-    """An exclusive advisory lock on ``path`` (no-op where ``fcntl`` is unavailable)."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows
-        yield
-        return
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _train_into(recipe: JudgeRecipe, target: Path, log: Callable[[str], None] | None) -> None:
@@ -762,76 +718,6 @@ def _train_into(recipe: JudgeRecipe, target: Path, log: Callable[[str], None] | 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Swap two directory entries atomically (Linux ``renameat2(RENAME_EXCHANGE)``); False where the
-    call or the file system does not offer it."""
-    import ctypes
-
-    try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
-
-
-def install_directory(new: Path, target: Path) -> None:
-    """Put the finished directory ``new`` at ``target`` (same parent): a rename when ``target`` does not
-    exist; else an atomic swap, the old contents then deleted, so a reader never finds ``target`` missing
-    or half written (without the swap, where the file system lacks it: the old directory is renamed aside
-    first, a window of two renames)."""
-    if not target.exists():
-        os.replace(new, target)
-        return
-    if not _exchange(new, target):
-        aside = Path(tempfile.mkdtemp(prefix=f".{target.name}-old-", dir=target.parent))
-        os.replace(target, aside / "old")
-        os.replace(new, target)
-        new = aside
-    shutil.rmtree(new, ignore_errors=True)  # now the old contents
-
-
-def _remove_stale_versions(target: Path, name: str) -> None:
-    """Delete trainings of the recipe called ``name`` under other keys (an edit of a recipe or of this
-    module, other library versions) that have not been used for :data:`STALE_AFTER_DAYS` days and are
-    not being built (their lock is free), so the cache does not grow forever while a judge another
-    environment still uses stays."""
-    import time
-
-    pattern = re.compile(rf"{re.escape(name)}-[0-9a-f]{{16}}")
-    cutoff = time.time() - STALE_AFTER_DAYS * 86400
-    for sibling in target.parent.iterdir():
-        if sibling.name == target.name or not pattern.fullmatch(sibling.name) or not sibling.is_dir():
-            continue
-        if _last_used(sibling) > cutoff:
-            continue
-        lock = target.parent / f".{sibling.name}.lock"
-        with _try_locked(lock) as held:
-            if held and _last_used(sibling) <= cutoff:
-                shutil.rmtree(sibling, ignore_errors=True)
-                lock.unlink(missing_ok=True)
-
-
-@contextlib.contextmanager
-def _try_locked(path: Path):
-    """Yields whether the exclusive lock on ``path`` was free (and is now held for the block)."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows
-        yield False
-        return
-    with open(path, "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def load_tiny_judge(

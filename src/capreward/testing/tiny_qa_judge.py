@@ -22,7 +22,8 @@ import torch
 
 from ..scorers.claims_prompts import LETTERS, prompt_words, qa_prompt
 from .tiny_claim_judge import COLOURS, NOUNS, background_claim, claim_caption, empty_claim
-from .tiny_llava import _locked, build_tiny_tokenizer, cache_root, install_directory
+from .cache import cache_root, install_directory, locked
+from .tiny_llava import build_tiny_tokenizer
 
 QUESTION = "What colour is the image?"
 
@@ -116,7 +117,7 @@ def tiny_qa_judge_dir(cache_dir: str | os.PathLike | None = None, log: Callable[
     if (target / "config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(target.parent / f".{target.name}.lock"):
+    with locked(target.parent / f".{target.name}.lock", what="training the tiny QA judge"):
         if not (target / "config.json").exists():
             import tempfile
 
