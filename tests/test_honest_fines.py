@@ -18,7 +18,7 @@ from capreward.metaeval.readers import read_flickr8k, read_msvd_eval, read_pasca
 from capreward.rewards import CompositeReward, Guards, HallucinationPenalty, repetition_penalty, truncation_penalty
 from capreward.rewards.guards import TERMINAL_PUNCTUATION, words
 from capreward.metrics.token_support import conformal_threshold
-from capreward.testing import scenes as world
+from scenes_world import world
 
 REPO = Path(__file__).resolve().parents[1]
 HUMAN_JUDGMENTS = next(
