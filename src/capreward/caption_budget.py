@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass, replace
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from .errors import CaprewardError
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import functools
 import threading
 from contextlib import contextmanager
-from typing import Callable, Iterator, TypeVar
+from typing import TypeVar
+from collections.abc import Callable, Iterator
 
 import torch
 

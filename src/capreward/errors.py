@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Sequence, get_args
+from typing import Any, Literal, get_args
+from collections.abc import Sequence
 
 
 class CaprewardError(Exception):
@@ -152,7 +153,7 @@ class SampleError(str):
         """The written text as a plain ``str``."""
         return str.__str__(self)
 
-    def renamed(self, index: int | None, item: str | None = None) -> "SampleError":
+    def renamed(self, index: int | None, item: str | None = None) -> SampleError:
         """The same failure for the same sample named elsewhere (a reward's ``completions[3]`` is the
         server's ``query[0]``).
 
@@ -165,7 +166,7 @@ class SampleError(str):
         """
         return replace(self, index=index, item=self.item if item is None else item)
 
-    def within(self, index: int | None, item: str, sep: str = ": ") -> "SampleError":
+    def within(self, index: int | None, item: str, sep: str = ": ") -> SampleError:
         """This error (of a part of a sample: one image of several, one scorer item) as the error of the
         whole sample.
 
@@ -181,7 +182,7 @@ class SampleError(str):
 
     @classmethod
     def of(cls, reason: Any, index: int | None = None, item: str = "", kind: str = "scorer",
-           sep: str = ": ") -> "SampleError | None":
+           sep: str = ": ") -> SampleError | None:
         """``reason`` as the error of the sample ``item`` at ``index``.
 
         Args:
@@ -203,7 +204,7 @@ class SampleError(str):
         return cls(index, kind, item, str(reason), sep)
 
     @classmethod
-    def naming(cls, index: int | None, kind: str, item: str, text: str) -> "SampleError":
+    def naming(cls, index: int | None, kind: str, item: str, text: str) -> SampleError:
         """The error whose whole ``text`` was written naming ``item`` first (``"completions[3] must be a
         str..."``, ``"references[2][0] is empty"``): the same text, with ``item`` as its item (so a
         consumer can rename it); a text that does not start with ``item`` keeps no item.
@@ -228,7 +229,7 @@ class SampleError(str):
 
     @classmethod
     def from_exception(cls, exc: BaseException, index: int | None = None, item: str = "",
-                       kind: str | None = None) -> "SampleError":
+                       kind: str | None = None) -> SampleError:
         """The error of a sample whose scoring raised ``exc``.
 
         Args:

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from typing import Any, Callable, Iterable
+from typing import Any
+from collections.abc import Callable, Iterable
 
 from .registry import UnknownOption
 

@@ -23,7 +23,8 @@ import os
 import threading
 import urllib.error
 import urllib.request
-from typing import Callable, Iterator, TypeVar
+from typing import TypeVar
+from collections.abc import Callable, Iterator
 
 from .errors import CaprewardError
 

@@ -11,7 +11,8 @@ its settings there too. An attribute not given reads the flag's default (the opt
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from . import registry
 

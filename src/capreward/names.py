@@ -14,7 +14,7 @@ in TRL, ``val/emscore/video/full_f`` in Lightning, ``eval_emscore/video/full_f``
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from . import registry
 from .registry import normalize

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 _enabled = False
 

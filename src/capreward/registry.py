@@ -41,7 +41,8 @@ import pkgutil
 import threading
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 from .errors import CaprewardError
 

@@ -14,7 +14,7 @@ Examples:
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 #: The separator the docs use between a name and its weight; ``:`` is accepted as well.
 WEIGHT_SEP = "="

@@ -95,7 +95,7 @@ class RewardOptions(FlagFields, SharedRewardOptions):
         return flag.adapters
 
     @classmethod
-    def from_env(cls, prefix: str = "CAPREWARD_") -> "RewardOptions":
+    def from_env(cls, prefix: str = "CAPREWARD_") -> RewardOptions:
         """Options from ``CAPREWARD_CLIP_MODEL``, ``CAPREWARD_FLEUR_MODEL``, ``CAPREWARD_DEVICE``,
         ``CAPREWARD_PRECISION``, ``CAPREWARD_DTYPE``, ``CAPREWARD_IDF``, ``CAPREWARD_FRAMES`` (0 = all),
         ``CAPREWARD_W``, ``CAPREWARD_COMPOSITE``, ``CAPREWARD_HARMONIC_MEAN``, ``CAPREWARD_JUDGE_URL``,

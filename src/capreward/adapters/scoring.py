@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from ..caption_budget import caption_problem
 from ..errors import SampleError, sample_failure, summarize

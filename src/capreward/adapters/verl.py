@@ -53,7 +53,8 @@ import logging
 import math
 import os
 import threading
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from capreward.adapters.factory import RewardOptions, build_reward
 from capreward.adapters.labels import Label, LabelError, parse_label, parse_references

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Hashable
+from typing import Any
+from collections.abc import Hashable
 
 
 class LRUCache:

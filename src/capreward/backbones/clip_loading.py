@@ -26,7 +26,8 @@ import contextlib
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 

@@ -32,7 +32,7 @@ caption cut to the context, EOS kept) and reports which captions were cut.
 from __future__ import annotations
 
 import re
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -111,7 +111,7 @@ def _pack(text: str, fits: Callable[[str], bool], level: int) -> list[str]:
             windows.extend(_pack(pieces[i], fits, level + 1))
             i += 1
             continue
-        k = _largest(lambda k: fits("".join(pieces[i : i + k]).strip()), len(pieces) - i)
+        k = _largest(lambda k, i=i: fits("".join(pieces[i : i + k]).strip()), len(pieces) - i)
         windows.append("".join(pieces[i : i + k]).strip())
         i += k
     return windows

@@ -32,7 +32,8 @@ import numbers
 import statistics
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 from transformers import TrainerCallback
 
@@ -78,7 +79,7 @@ def _is_async(func: Any) -> bool:
     whose ``__call__`` is one), as TRL decides it."""
     while isinstance(func, functools.partial):
         func = func.func
-    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(getattr(func, "__call__", None))
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(getattr(func, "__call__", None))  # noqa: B004 (a callable object's own __call__)
 
 
 def _mean(values: Sequence[float | None]) -> float:
@@ -371,7 +372,7 @@ class GoodhartCallback(TrainerCallback):
     def __init__(self, monitor: GoodhartMonitor):
         self.monitor = monitor
 
-    def install(self, trainer: Any) -> "GoodhartCallback":
+    def install(self, trainer: Any) -> GoodhartCallback:
         """Put this callback first in the trainer's callbacks (before the logging integrations, so they
         log its values).
 

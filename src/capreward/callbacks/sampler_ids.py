@@ -20,7 +20,7 @@ from typing import Any
 from torch.utils.data.distributed import DistributedSampler
 
 # batch sampler -> (sampler epoch, the index lists of its batches), recomputed when the epoch changes
-_BATCHES: "weakref.WeakKeyDictionary[Any, tuple[int, list[list[int]]]]" = weakref.WeakKeyDictionary()
+_BATCHES: weakref.WeakKeyDictionary[Any, tuple[int, list[list[int]]]] = weakref.WeakKeyDictionary()
 
 
 def loader_batch_ids(loader: Any, batch_idx: int) -> list[int] | None:

@@ -13,7 +13,8 @@ import logging
 import math
 import os
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 from ..names import SEP, sub_score
 from ..torchmetrics.summary import CaptionScores

@@ -40,7 +40,8 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 VIDEO_SUFFIXES = {".mp4", ".avi", ".mkv", ".webm", ".mov"}
 
@@ -466,7 +467,7 @@ def format_grpo(r: GRPOResult, rows: int = 16) -> str:
     for lo in range(0, n, size):
         hi = min(n, lo + size)
 
-        def mean(values):
+        def mean(values, lo=lo, hi=hi):
             part = values[lo:hi]
             return statistics.fmean(part) if part else math.nan
 

@@ -22,7 +22,8 @@ import functools
 import json
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from .. import registry
 from ..default_models import DEFAULT_LLAVA

@@ -26,7 +26,7 @@ import signal
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from ..jsonl import json_line, parse_json_text
 from ..text import printable
@@ -253,7 +253,7 @@ class ResultsWriter:
             os.close(self._fd)
             self._fd = -1
 
-    def __enter__(self) -> "ResultsWriter":
+    def __enter__(self) -> ResultsWriter:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -38,7 +38,8 @@ import dataclasses
 import logging
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from ..default_models import DEFAULT_CLIP
 from .. import registry

@@ -28,7 +28,8 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from ..names import SEP
 from .errors import JobError
@@ -272,7 +273,7 @@ def describe(value: Any) -> str:
     """A recorded setting for people, as one would write it on the command line; a local model as
     ``path (N bytes, modified <UTC time>)``."""
     if isinstance(value, dict) and "path" in value:
-        when = dt.datetime.fromtimestamp(value["mtime_ns"] / 1e9, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        when = dt.datetime.fromtimestamp(value["mtime_ns"] / 1e9, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         files = f"{value['files']} files, " if "files" in value else ""
         arch = f"{value['architecture']}/" if "architecture" in value else ""  # ARCH//abs/path
         return f"{arch}{value['path']} ({files}{value['bytes']} bytes, modified {when})"

@@ -10,7 +10,8 @@ same speed); when the room runs out it doubles.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer

@@ -24,7 +24,8 @@ from __future__ import annotations
 import re
 import unicodedata
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
 
 from ..caption_reading import is_invisible
 from ..caption_reading import strip_invisible as _strip_invisible
@@ -83,7 +84,7 @@ def fill_once(template: str, values: Mapping[str, str]) -> str:
     return pattern.sub(lambda m: values[m.group(0)], template)
 
 
-def fill_parts(template: str, values: Mapping[str, str]) -> list["str | Data"]:
+def fill_parts(template: str, values: Mapping[str, str]) -> list[str | Data]:
     """As :func:`fill_once`, but the result as parts: template text as ``str``, each inserted value as
     :class:`Data`."""
     keys = sorted(values, key=len, reverse=True)

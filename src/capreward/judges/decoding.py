@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
 
 import torch
 
@@ -69,7 +70,7 @@ class DecodeGraph:
     feeds ``tokens`` (N,) and leaves the next logits in ``state.logits``, the cache and positions moved
     on the device. Built by :meth:`capture`, which returns None when the step cannot be captured."""
 
-    def __init__(self, judge: "LocalJudge", state: "DecodeState"):
+    def __init__(self, judge: LocalJudge, state: DecodeState):
         self.judge, self.state = judge, state
         self.tokens = torch.zeros(state.batch_size, dtype=torch.long, device=state.logits.device)
         self.graph: Any = None
@@ -78,7 +79,7 @@ class DecodeGraph:
         self.judge._step_in_place(self.state, self.tokens, device_cursor=True)
 
     @classmethod
-    def capture(cls, judge: "LocalJudge", state: "DecodeState") -> "DecodeGraph | None":
+    def capture(cls, judge: LocalJudge, state: DecodeState) -> DecodeGraph | None:
         if state.logits.device.type != "cuda":
             return None
         self = cls(judge, state)
@@ -100,7 +101,7 @@ class DecodeGraph:
         self.state.cache.advance(1, device_side=False)  # the graph moved the cursor on the device
 
 
-def warm_and_capture(judge: "LocalJudge", state: "DecodeState", tokens: torch.Tensor) -> "DecodeGraph | None":
+def warm_and_capture(judge: LocalJudge, state: DecodeState, tokens: torch.Tensor) -> DecodeGraph | None:
     """Run the step for ``tokens`` eagerly on a side stream (a real step, and the warm-up torch asks for before
     a capture: kernels chosen, workspaces allocated), then capture the step for the next tokens. Returns the
     graph, or None when it cannot be captured (the step has run either way)."""
@@ -112,8 +113,8 @@ def warm_and_capture(judge: "LocalJudge", state: "DecodeState", tokens: torch.Te
     return DecodeGraph.capture(judge, state)
 
 
-def checked_replay(judge: "LocalJudge", graph: DecodeGraph, state: "DecodeState",
-                   tokens: torch.Tensor) -> "tuple[DecodeGraph | None, DecodeState]":
+def checked_replay(judge: LocalJudge, graph: DecodeGraph, state: DecodeState,
+                   tokens: torch.Tensor) -> tuple[DecodeGraph | None, DecodeState]:
     """The first replay of a judge's first graph, checked: the same step runs eagerly on a copy of the state
     and the logits must agree (to :data:`GRAPH_CHECK_TOLERANCE` of their scale); otherwise graphs are
     turned off for the judge and the eager copy carries on. Returns (the graph or None, the state after
@@ -134,8 +135,8 @@ def checked_replay(judge: "LocalJudge", graph: DecodeGraph, state: "DecodeState"
 
 @torch.inference_mode()
 def decode_loop(
-    judge: "LocalJudge",
-    state: "DecodeState",
+    judge: LocalJudge,
+    state: DecodeState,
     budgets: Sequence[int],
     *,
     keep_logits: bool = False,

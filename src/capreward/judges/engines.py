@@ -31,7 +31,8 @@ import logging
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 from PIL import Image
@@ -353,7 +354,7 @@ class EngineJudge(LocalChatJudge):
         answers = self.engine.run(runs)
         eos = judge.eos_token_ids
         tokens, finished, logprobs, top_ids, top_lps = [], [], [], [], []
-        for run, answer in zip(runs, answers):
+        for _run, answer in zip(runs, answers):
             ids = list(answer.token_ids)
             end = next((j for j, t in enumerate(ids) if t in eos), None)
             ids = ids if end is None else ids[:end]
@@ -414,7 +415,7 @@ class EngineJudge(LocalChatJudge):
         for r in range(len(requests)):
             p = table[r]
 
-            def end(node):
+            def end(node, p=p):
                 return max(0.0, 1.0 - float(p[at[node]].sum()))
 
             first = p[at[()]]

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import math
 import uuid
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import torch
 from PIL import Image

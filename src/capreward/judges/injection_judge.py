@@ -20,7 +20,8 @@ reason is logged): the patterns still apply.
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from ..metrics.logprobs import MalformedAnswer, listed_probabilities
 from .protocol import ChatRequest, JudgeBackend, user_turn

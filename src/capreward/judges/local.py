@@ -30,7 +30,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import torch
 from PIL import Image
@@ -657,7 +658,7 @@ class LocalJudge:
     # ---------------------------------------------------------------------------- differentiable pass
     def teacher_forcing_inputs(
         self, prompt_ids: Sequence[Sequence[int]], answers: Sequence[Sequence[int]], read_steps: Sequence[Sequence[int]]
-    ) -> "TeacherForcing":
+    ) -> TeacherForcing:
         """Left-padded inputs for one pass over prompt + answer that yields the logits of the answer's
         steps ``read_steps[n]`` (indices into ``answers[n]``; rows may read different numbers of steps,
         missing ones repeat the last prompt position)."""
@@ -685,7 +686,7 @@ class LocalJudge:
 
     def logits_at(
         self,
-        inputs: "TeacherForcing",
+        inputs: TeacherForcing,
         features: torch.Tensor | None,
         image_index: Sequence[int] | torch.Tensor,
         text_embeds: torch.Tensor | None = None,

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Iterator, Sequence
+from typing import Any
+from collections.abc import Iterator, Sequence
 
 import torch
 from transformers import AttentionInterface
@@ -93,7 +94,7 @@ class SharedPrefixLayer(DynamicLayer):
     the cache's device-side cursor. :meth:`update` returns the whole buffers (static shapes); which
     columns are real is the cache's ``valid`` mask."""
 
-    def __init__(self, cache: "SharedPrefixCache", prefix_keys: torch.Tensor | None, prefix_values: torch.Tensor | None):
+    def __init__(self, cache: SharedPrefixCache, prefix_keys: torch.Tensor | None, prefix_values: torch.Tensor | None):
         super().__init__()
         self.cache = cache
         self.prefix_keys, self.prefix_values = prefix_keys, prefix_values
@@ -262,7 +263,7 @@ class SharedPrefixCache(DynamicCache):
         self.length += count
 
     # ------------------------------------------------------------------------------- rows
-    def select_rows(self, rows: Sequence[int], spare: int) -> "SharedPrefixCache":
+    def select_rows(self, rows: Sequence[int], spare: int) -> SharedPrefixCache:
         """A new cache of the given rows (repeats allowed): their own buffers copied (only their used
         columns, plus ``spare``), the prefixes shared (not copied)."""
         index = torch.as_tensor(list(rows), dtype=torch.long, device=self.device)

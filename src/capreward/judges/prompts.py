@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from .caller_text import Data, render
 

@@ -25,7 +25,8 @@ import asyncio
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Iterator, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 
 from PIL import Image
 
@@ -411,7 +412,7 @@ def answer_limit(max_tokens: int | None) -> tuple[int, int]:
     return tokens, min(MAX_ANSWER_CHARS, MAX_TOKEN_CHARS * tokens)
 
 
-def answer_problem(response: "ChatResponse", max_tokens: int | None = None) -> str | None:
+def answer_problem(response: ChatResponse, max_tokens: int | None = None) -> str | None:
     """Why ``response`` is malformed, or None: its text or token count larger than ``max_tokens`` allows
     (:func:`answer_limit`), or a token, alternative or prompt log-probability that
     :func:`listed_probabilities` refuses. An answer with ``error`` set is not malformed (it has nothing

@@ -36,7 +36,8 @@ import logging
 import os
 from collections import OrderedDict
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from PIL import Image
 
@@ -633,7 +634,7 @@ class OpenAIJudge:
                     log.warning("%s: request %d attempt %d/%d: %s; asking again", self.model, index, attempt + 1,
                                 self.max_retries + 1, _mask(last, key))
                 continue
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 last = f"no answer within {self.request_deadline():g} s (every attempt and wait)"
             except openai.APITimeoutError:
                 last = f"timed out after {self.timeout:g} s, {attempts}"

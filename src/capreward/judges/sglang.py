@@ -36,7 +36,8 @@ generation prompt as written. Transport, retries, the byte bound on bodies and t
 from __future__ import annotations
 
 import uuid
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from .caller_text import control_token_strings, escape_special_tokens, fill_once
 from .prompts import IMAGE_PLACEHOLDER, render_chat_template

@@ -27,7 +27,8 @@ tree of one-token requests on a plain :class:`~capreward.judges.remote.OpenAIJud
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from .protocol import NextTokenAnswer, NextTokenQuery, assistant_turn
 from .remote import MalformedResponse, OpenAIJudge, to_messages

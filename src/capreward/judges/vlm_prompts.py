@@ -22,7 +22,7 @@ image ACCR rather than inventing a prompt.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from .caller_text import fill_once
 

@@ -9,7 +9,8 @@ tokenizer and asks for the same ids, so a remote exact score is the local one.
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 
 def digit_token_ids(tokenizer: Any) -> list[int]:

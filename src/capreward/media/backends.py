@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 

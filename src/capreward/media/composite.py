@@ -9,7 +9,8 @@ band stacked below the frame, the label's baseline-left corner at (10, 35) insid
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 import torch

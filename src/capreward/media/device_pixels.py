@@ -20,7 +20,8 @@ scores from the PIL path is measured like fp16's (docs/design/parity.md,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -60,7 +61,7 @@ class TensorPreprocess:
     std: tuple[float, ...]
 
     @classmethod
-    def from_transform(cls, transform: Any) -> "TensorPreprocess":
+    def from_transform(cls, transform: Any) -> TensorPreprocess:
         """The parameters of a torchvision ``Compose`` of ``Resize``, ``CenterCrop``, conversions and
         ``Normalize`` (CLIP's and open_clip's evaluation transform). Raises ValueError for any other step,
         naming it (the device path does exactly what the transform does, or nothing)."""

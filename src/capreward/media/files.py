@@ -21,7 +21,7 @@ import contextlib
 import os
 import stat
 from pathlib import Path, PurePosixPath
-from typing import Iterator
+from collections.abc import Iterator
 
 from ..errors import CaprewardError
 

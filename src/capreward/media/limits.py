@@ -41,7 +41,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass, replace
-from typing import Iterator
+from collections.abc import Iterator
 
 DEFAULT_MAX_PIXELS = 2**25
 DEFAULT_MAX_VIDEO_PIXELS = 2**28

@@ -15,7 +15,7 @@ Images carry the same information as the EXIF ``Orientation`` tag (0x0112, value
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -20,7 +20,8 @@ import contextlib
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 from ..errors import CaprewardError
 from .containers import CONTAINERS

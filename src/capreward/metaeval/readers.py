@@ -32,7 +32,7 @@ import json
 import logging
 from collections import defaultdict
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from ..jsonl import json_lines
 from .judgments import Judgments, JudgmentError, PairItem, RatedItem, as_rating, visual_aliases

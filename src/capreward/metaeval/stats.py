@@ -7,7 +7,7 @@ constant input); the protocols turn them into percent.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

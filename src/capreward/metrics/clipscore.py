@@ -3,7 +3,7 @@ Captioning", EMNLP 2021); PAC-S (Sarto et al., CVPR 2023) is the same math with 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -20,7 +20,7 @@ remove is a difference in the embeddings themselves: see the ``batch_size`` of
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -20,7 +20,7 @@ An answer that is not a number in [0, 1] has no score (a reason is given instead
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -13,7 +13,7 @@ Pure functions on strings, dicts and arrays (no model code), shared with VisCE²
 from __future__ import annotations
 
 import re
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 

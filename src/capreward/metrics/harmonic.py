@@ -11,7 +11,8 @@ released code's formula.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 if TYPE_CHECKING:  # the command line reads HARMONIC_MEANS for its help before torch is imported
     import torch

@@ -16,7 +16,8 @@ Pure functions on numbers and strings (no model code).
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 from ..errors import CaprewardError
 

@@ -30,7 +30,8 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from ..rewards.base import RewardFunction, RewardOutput
 from ..rewards.guards import LENGTH_RATIO, Guards

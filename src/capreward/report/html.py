@@ -29,7 +29,7 @@ import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 from PIL import Image
@@ -67,7 +67,7 @@ table.settings td { padding: 1px 8px; font-family: monospace; }
 .histograms rect.bar { fill: #3b6ea5; }
 .controls { margin: 1em 0; padding: 0.5em; background: #f3f3f3; border-radius: 6px; }
 .controls label { margin-right: 1.2em; }
-""" % THUMB_HEIGHT
+""" % THUMB_HEIGHT  # noqa: UP031 (CSS braces: no f-string)
 
 HIST_BINS = 10
 HIST_WIDTH, HIST_HEIGHT = 240, 90

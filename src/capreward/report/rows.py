@@ -106,7 +106,7 @@ def checked_rows(path: Path) -> list[dict]:
     if (companion := companion_problem(path)) is not None:
         raise ReportInputError(companion)
     rows, bad = [], []
-    for lineno, where, row in json_lines(Path(path), ReportInputError):
+    for _lineno, where, row in json_lines(Path(path), ReportInputError):
         problem = row_problem(row)
         if problem is not None:
             bad.append(f"{where}: {problem}")

@@ -17,7 +17,8 @@ import math
 import threading
 import warnings
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from ..caption_reading import read_caption
 from ..errors import NO_SCORE, SampleError, exception_kind, sample_failure, summarize
@@ -272,7 +273,7 @@ class RewardFunction:
         logger.error("%s", message)
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
-    def load_models(self) -> "RewardFunction":
+    def load_models(self) -> RewardFunction:
         """Load every model this reward uses now rather than on its first call (a server calls this before
         it reports ready, so a missing model fails at start-up). Returns self.
 
@@ -281,7 +282,7 @@ class RewardFunction:
         """
         return self
 
-    def as_async(self) -> "AsyncReward":
+    def as_async(self) -> AsyncReward:
         """This reward as an ``async`` callable (TRL gathers async reward functions concurrently).
 
         Returns:
@@ -492,7 +493,7 @@ class CaptionReward(RewardFunction):
         """The base's names, and ``injection`` (1/0 per sample) when the injection guard is on."""
         return (*super().metric_names(), *(("injection",) if self.injection_guard else ()))
 
-    def load_models(self) -> "CaptionReward":
+    def load_models(self) -> CaptionReward:
         self.scorer  # noqa: B018 - building the scorer loads its models
         return self
 
@@ -592,7 +593,7 @@ class CaptionReward(RewardFunction):
             groups.setdefault((s.kind, refs is not None), []).append(i)
         with self._lock:
             if groups:
-                self.scorer  # build outside the per-sample error handling: a bad config must raise
+                _ = self.scorer  # build outside the per-sample error handling: a bad config must raise
             for (kind, with_refs), rows in groups.items():
                 self._score_rows(inputs.samples, rows, kind, with_refs, values, reasons, metrics, n)
         _keep_lower(values, reasons, metrics, [(i, flag) for i, _, flag in extra], given, self.value_range())

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from ..caption_budget import caption_problem
 from ..errors import SampleError, common_kind, sample_failure
@@ -92,7 +93,7 @@ class CompositeReward(RewardFunction):
     def __init__(
         self,
         components: Sequence[tuple[Callable, float] | Callable],
-        guards: Guards | None = Guards(),
+        guards: Guards | None = Guards(),  # noqa: B008 (a frozen dataclass: one shared default is safe)
         on_none: str = "floor",
         name: str | None = None,
         log_subscores: bool = True,
@@ -121,7 +122,7 @@ class CompositeReward(RewardFunction):
                 func = func.reward  # the composite runs its parts in turn; wrap the composite instead
             if not callable(func):
                 raise TypeError(f"components[{k}] is not callable: {type(func).__name__}")
-            if inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(getattr(func, "__call__", None)):
+            if inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(getattr(func, "__call__", None)):  # noqa: B004
                 raise TypeError(f"components[{k}] is async; use sync components and CompositeReward(...).as_async()")
             base = _callable_name(func)
             weight = _check_weight(k, base, weight, allow_negative_weights)
@@ -155,7 +156,7 @@ class CompositeReward(RewardFunction):
             raise ValueError(f"verifier {verifier!r} cannot gate {unranged}: give their ranges as (func, weight, (lo, hi))")
         return k
 
-    def load_models(self) -> "CompositeReward":
+    def load_models(self) -> CompositeReward:
         for _, func, _ in self.components:
             if isinstance(func, RewardFunction):
                 func.load_models()

@@ -22,7 +22,8 @@ import numbers
 import re
 import unicodedata
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from ..caption_reading import as_decoded, as_read, is_invisible
 from ..judges.injection import injection_reason

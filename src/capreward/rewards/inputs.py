@@ -11,7 +11,8 @@ dataset column arrives as a list with one entry per completion. Completions are 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from ..caption_budget import caption_problem
 from ..errors import SampleError

@@ -19,7 +19,8 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from .. import registry
 from ..errors import SampleError
@@ -66,7 +67,7 @@ def _signature(cls: type) -> inspect.Signature:
     return reward_parameters(cls.metric)[0]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _call_options(scorer_class: type) -> frozenset[str]:
     """The keyword names of ``scorer_class.scores`` (reward options it reads per call)."""
     return frozenset(inspect.signature(scorer_class.scores).parameters)
@@ -175,7 +176,7 @@ class MetricReward(CaptionReward):
         return spec
 
     @classmethod
-    def class_for(cls, metric: str) -> Callable[..., "MetricReward"]:
+    def class_for(cls, metric: str) -> Callable[..., MetricReward]:
         """The reward class of ``metric``: its named class (``EMScoreReward``), else ``MetricReward``
         fixed to it (:func:`~capreward.explicit_options.class_for`).
 

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from ..errors import SampleError
 from .base import RewardFunction, RewardOutput

@@ -24,7 +24,7 @@ What a suspect segment covers (:func:`suspect_segments`), by what it forges:
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..caption_reading import read_caption
 from ..judges.injection import InjectionSpan, injection_spans

@@ -13,7 +13,8 @@ gives, since no score depends on the rest of its batch.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import torch
 

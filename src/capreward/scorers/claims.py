@@ -45,7 +45,8 @@ import math
 import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -673,7 +674,7 @@ class ClaimScorer:
             if is_blank(c):
                 errors[i] = SampleError(i, "input", "", "empty caption")
         split = self.split([c if errors[i] is None else "" for i, c in enumerate(candidates)])
-        for i, (claims, total) in enumerate(split):
+        for i, (_claims, total) in enumerate(split):
             if errors[i] is None and total == 0:
                 errors[i] = SampleError(i, "input", "", "the caption holds no claim")
 

@@ -12,7 +12,7 @@ alternatives on a server.
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..judges.caller_text import fill_once
 

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from ..registry import Deviation, JobFlag, MetricSpec, Option, RewardPolicy, register
 from .emscore_spec import HARMONIC_MEAN_FLAG

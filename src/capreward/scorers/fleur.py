@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import torch
 from PIL import Image
@@ -384,7 +385,7 @@ class FLEUR(FLEURScores):
         return [self.judge.decode(runs[i][1]) for i in range(n)]
 
     @classmethod
-    def for_explain(cls, settings: Any) -> "FLEUR":
+    def for_explain(cls, settings: Any) -> FLEUR:
         """The scorer ``capreward explain`` builds (``settings``: its options)."""
         return cls(model=settings.judge_model, device=settings.device, dtype=settings.dtype,
                    batch_size=settings.batch_size, explain_max_new_tokens=settings.max_new_tokens)

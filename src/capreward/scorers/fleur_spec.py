@@ -3,7 +3,8 @@ LLaVA) and :mod:`.fleur_remote` (an OpenAI-compatible server)."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from ..registry import Deviation, MetricSpec, Option, register
 

@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -381,7 +382,7 @@ class GVEval:
         return Scores(score=floats(res.score, n), sub_scores=subs, errors=list(res.error), result=res)
 
     @classmethod
-    def for_explain(cls, settings: Any) -> "GVEval":
+    def for_explain(cls, settings: Any) -> GVEval:
         """The scorer ``capreward explain`` builds (``settings``: its options): the local judge, in the
         combined mode with ``--references``, else reference-free."""
         from ..judges.local import LocalJudge

@@ -16,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
+from collections.abc import Iterable, Sequence
 
 from ..metrics.token_support import (GENERIC_WORDS, STOP_WORDS, SupportReport, conformal_threshold, content_mask,
                                      support_report)

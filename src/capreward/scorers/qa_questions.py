@@ -15,7 +15,8 @@ the reason.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from ..errors import CaprewardError
 from ..text import capped
@@ -79,7 +80,7 @@ class Question:
                 raise ValueError(f"options {LETTERS[first]} and {LETTERS[k]} are the same ({capped(option)})")
 
     @classmethod
-    def of(cls, item: Any, where: str = "question") -> "Question":
+    def of(cls, item: Any, where: str = "question") -> Question:
         """A :class:`Question` from itself or a mapping ``{"question", "options", "answer"}``.
 
         Args:

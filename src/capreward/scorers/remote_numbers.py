@@ -45,7 +45,8 @@ import logging
 import math
 import re
 from dataclasses import dataclass, replace
-from typing import Any, Hashable, Sequence
+from typing import Any
+from collections.abc import Hashable, Sequence
 
 import numpy as np
 

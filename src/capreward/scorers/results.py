@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Callable, Sequence, overload
+from typing import overload
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -22,11 +23,11 @@ class MatchScores:
     full_f: torch.Tensor
 
     @classmethod
-    def from_parts(cls, coarse: torch.Tensor, p: torch.Tensor, r: torch.Tensor, f: torch.Tensor) -> "MatchScores":
+    def from_parts(cls, coarse: torch.Tensor, p: torch.Tensor, r: torch.Tensor, f: torch.Tensor) -> MatchScores:
         return cls(coarse, p, r, f, (p + coarse) / 2, (r + coarse) / 2, (f + coarse) / 2)
 
     @classmethod
-    def average(cls, a: "MatchScores", b: "MatchScores") -> "MatchScores":
+    def average(cls, a: MatchScores, b: MatchScores) -> MatchScores:
         """EMScore(X, V, X*): fine and coarse parts averaged separately, then full recomputed."""
         return cls.from_parts(
             (a.coarse + b.coarse) / 2, (a.fine_p + b.fine_p) / 2, (a.fine_r + b.fine_r) / 2, (a.fine_f + b.fine_f) / 2

@@ -30,7 +30,8 @@ import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -217,7 +218,7 @@ class VisCE2:
         self.structured = bool(structured)
 
     @classmethod
-    def released(cls, backend: JudgeBackend, **kwargs: Any) -> "VisCE2":
+    def released(cls, backend: JudgeBackend, **kwargs: Any) -> VisCE2:
         """VisCE² with the release's generation settings (`RELEASE_SETTINGS`: sampled at
         temperature 0.2, 1024 new tokens per stage); scores then vary from call to call, as the release's
         do. Other options go in ``kwargs``."""

@@ -12,7 +12,8 @@ backend's answer, whichever backend it is.
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -37,7 +38,7 @@ def exact_distributions(
     probs: list[np.ndarray | None] = [None] * len(requests)
     reasons: list[str | None] = [None] * len(requests)
     todo, prefixes = [], []
-    for i, (request, response, marker) in enumerate(zip(requests, responses, markers)):
+    for i, (_request, response, marker) in enumerate(zip(requests, responses, markers)):
         ids = getattr(response, "token_ids", None)
         if not response.ok or ids is None:
             reasons[i] = response.error or "the local backend returned no token ids"

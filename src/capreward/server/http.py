@@ -84,7 +84,8 @@ import threading
 import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from ..errors import CaprewardError, SampleError, sample_failure
 from .batching import Busy, DynamicBatcher
@@ -418,7 +419,7 @@ class _DeadlineReader(io.RawIOBase):
     client that trickles a byte at a time cannot hold its connection past it. While the handler reads
     a request's line and headers, their bytes are counted against ``max_header_bytes``."""
 
-    def __init__(self, sock: socket.socket, handler: "_Handler"):
+    def __init__(self, sock: socket.socket, handler: _Handler):
         self.sock, self.handler = sock, handler
 
     def readable(self) -> bool:
@@ -443,7 +444,7 @@ class _DeadlineReader(io.RawIOBase):
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server: "RewardHTTPServer"
+    server: RewardHTTPServer
     protocol_version = "HTTP/1.1"
     # headers and body go out in two writes: with Nagle's algorithm and the client's delayed ACK
     # every keep-alive answer would wait ~40 ms
@@ -520,7 +521,7 @@ class _Handler(BaseHTTPRequestHandler):
         when the client hung up."""
         try:
             body = self.rfile.read(size)
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             self._send(408, {"error": f"the request did not arrive within {limits.read_timeout} s"}, close=True)
             return None
         if len(body) < size:

@@ -65,7 +65,8 @@ import urllib.request
 import uuid
 from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from capreward.errors import CaprewardError  # absolute: this file also runs as a script
 
@@ -760,7 +761,7 @@ class ChatServer:
             cmd += ["--fault", json.dumps(spec)]
         return cmd
 
-    def start(self, faults: Sequence[dict] | None = None, wait: bool = True) -> "ChatServer":
+    def start(self, faults: Sequence[dict] | None = None, wait: bool = True) -> ChatServer:
         """Start the process (with ``faults``, default the constructor's) and, with ``wait``, block until
         ``/health`` answers. Raises RuntimeError when it exits or does not answer in time."""
         if self.process is not None and self.process.poll() is None:
@@ -802,7 +803,7 @@ class ChatServer:
             except subprocess.TimeoutExpired:
                 self.kill()
 
-    def restart(self, faults: Sequence[dict] | None = None, wait: bool = True) -> "ChatServer":
+    def restart(self, faults: Sequence[dict] | None = None, wait: bool = True) -> ChatServer:
         """Kill and start again on the same port."""
         self.kill()
         return self.start(faults, wait)
@@ -829,7 +830,7 @@ class ChatServer:
         """The JSON bodies of the last 64 requests to a model route, oldest first."""
         return self.get("/requests", timeout=60.0)
 
-    def __enter__(self) -> "ChatServer":
+    def __enter__(self) -> ChatServer:
         if self.process is None or self.process.poll() is not None:
             self.start()
         return self

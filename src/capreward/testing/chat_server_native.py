@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 #: SGLang's default ``max_new_tokens``.
 SGLANG_MAX_NEW_TOKENS = 128

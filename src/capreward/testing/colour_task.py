@@ -20,7 +20,8 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 

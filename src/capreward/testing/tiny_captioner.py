@@ -9,7 +9,8 @@ single token of CLIP's BPE vocabulary, so the captioner's vocabulary maps onto C
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import torch
 

@@ -38,7 +38,8 @@ import hashlib
 import os
 import random
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 import torch

@@ -15,7 +15,7 @@ differs).
 from __future__ import annotations
 
 import tempfile
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

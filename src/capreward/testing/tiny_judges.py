@@ -4,7 +4,8 @@ metric's spec names no test model, so the table lives with the tiny models."""
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 #: metric -> ``"module:builder"`` of its tiny trained chat judge (``(model, processor)``).
 TINY_JUDGES = {"fleur": "tiny_llava:tiny_fleur_judge", "visce2": "tiny_vlm_judges:tiny_vlm_judge",

@@ -16,7 +16,8 @@ import hashlib
 import os
 import random
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 

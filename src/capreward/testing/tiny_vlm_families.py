@@ -23,7 +23,8 @@ need (any difference in positions, image tokens or cache shows up in the logits)
 from __future__ import annotations
 
 import string
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import torch
 

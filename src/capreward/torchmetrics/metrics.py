@@ -32,7 +32,8 @@ import logging
 import math
 import os
 from collections.abc import Mapping
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -70,7 +71,7 @@ class _Shared:
     def __init__(self, obj: Any):
         self.obj = obj
 
-    def __deepcopy__(self, memo: dict) -> "_Shared":
+    def __deepcopy__(self, memo: dict) -> _Shared:
         return self
 
 
@@ -280,7 +281,7 @@ class CaptionMetric(Metric):
         items = [visuals] if isinstance(visuals, (str, os.PathLike, Image.Image)) else visuals
         single_image = isinstance(visuals, (torch.Tensor, np.ndarray)) and visuals.ndim == 3
         if not single_image and isinstance(items, (list, tuple)):
-            for i, item in enumerate(items):
+            for item in items:
                 if isinstance(item, Image.Image):
                     what = "a PIL image"
                     break

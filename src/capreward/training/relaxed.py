@@ -28,7 +28,8 @@ BOS, PAD and UNK are excluded from sampling.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -95,7 +96,7 @@ class VocabularyBridge:
         self.allowed = allowed
 
     @classmethod
-    def from_tokenizers(cls, tokenizer: Any, backbone: Any, on_unmappable: str = "refuse") -> "VocabularyBridge":
+    def from_tokenizers(cls, tokenizer: Any, backbone: Any, on_unmappable: str = "refuse") -> VocabularyBridge:
         """The bridge from a ``transformers`` tokenizer to a :class:`~capreward.backbones.CLIPBackbone`.
 
         Args:
