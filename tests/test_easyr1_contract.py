@@ -1,7 +1,9 @@
-"""capreward's EasyR1 reward file inside EasyR1's own reward manager (EasyR1 v0.3.2, its newest release:
-``verl.workers.reward.{RewardConfig, BatchFunctionRewardManager, SequentialFunctionRewardManager}`` and
-``verl.protocol.DataProto``, loaded from tests/frameworks/easyr1 under the name ``easyr1_verl`` since
-EasyR1 is on no package index; see its PROVENANCE.md).
+"""capreward's EasyR1 reward file inside EasyR1's own reward manager, in two versions of EasyR1's code: its
+newest release, v0.3.2 (``verl.workers.reward.{RewardConfig, BatchFunctionRewardManager,
+SequentialFunctionRewardManager}``), and its main branch (``AutoRewardManager``, which takes the batch or
+sequential form from the file's ``REWARD_TYPE``), each with its ``verl.protocol.DataProto``, loaded from
+tests/frameworks/easyr1/<version> under a name of its own (``easyr1_v0_3_2_verl``, ``easyr1_main_verl``)
+since EasyR1 is on no package index and its package is named ``verl`` like veRL's (see PROVENANCE.md there).
 
 EasyR1's path: ``RewardConfig.post_init`` splits ``reward_function=FILE:compute_score``; the manager loads the
 file with ``importlib``, binds ``reward_function_kwargs``, decodes each response with the policy's tokenizer
@@ -35,19 +37,22 @@ from conftest import REPO
 
 pytestmark = pytest.mark.integration
 
-EASYR1 = REPO / "tests" / "frameworks" / "easyr1" / "verl"
-ALIAS = "easyr1_verl"
+FRAMEWORK = REPO / "tests" / "frameworks" / "easyr1"
+RELEASE, MAIN = "v0.3.2", "main"
 FILE = adapter.__file__
 
 
-def easyr1():
-    """EasyR1's ``verl.workers.reward`` and ``verl.protocol``, imported as ``easyr1_verl.*``."""
-    if ALIAS not in sys.modules:
-        spec = importlib.util.spec_from_file_location(ALIAS, EASYR1 / "__init__.py", submodule_search_locations=[str(EASYR1)])
+def easyr1(version: str = RELEASE):
+    """EasyR1's ``verl.workers.reward`` and ``verl.protocol`` of ``version``, imported as
+    ``easyr1_<version>_verl.*``."""
+    alias = f"easyr1_{version.replace('.', '_')}_verl"
+    if alias not in sys.modules:
+        root = FRAMEWORK / version / "verl"
+        spec = importlib.util.spec_from_file_location(alias, root / "__init__.py", submodule_search_locations=[str(root)])
         module = importlib.util.module_from_spec(spec)
-        sys.modules[ALIAS] = module
+        sys.modules[alias] = module
         spec.loader.exec_module(module)
-    return importlib.import_module(f"{ALIAS}.workers.reward"), importlib.import_module(f"{ALIAS}.protocol")
+    return importlib.import_module(f"{alias}.workers.reward"), importlib.import_module(f"{alias}.protocol")
 
 
 @pytest.fixture(scope="module")
@@ -74,9 +79,9 @@ SAMPLES = [  # (response, ground truth): references, none, a file outside the me
 ]
 
 
-def batch_of(tokenizer, samples):
+def batch_of(tokenizer, samples, version: str = RELEASE):
     """EasyR1's DataProto for ``samples``: right-padded response ids, their mask, the ground truths."""
-    _, protocol = easyr1()
+    _, protocol = easyr1(version)
     ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text, _ in samples]
     width = max(map(len, ids))
     responses = torch.full((len(ids), width), tokenizer.pad_token_id, dtype=torch.long)
@@ -89,18 +94,25 @@ def batch_of(tokenizer, samples):
 
 
 def manager(kind: str, tokenizer, **kwargs):
-    reward, _ = easyr1()
-    config = reward.RewardConfig(reward_type=kind, reward_function=f"{FILE}:compute_score", reward_function_kwargs=kwargs)
+    """EasyR1's reward manager for this file: the release's class for ``kind`` (``"batch"`` or
+    ``"sequential"``), or main's ``AutoRewardManager`` (``kind="main"``: the file's ``REWARD_TYPE``)."""
+    reward, _ = easyr1(MAIN if kind == "main" else RELEASE)
+    config = reward.RewardConfig(reward_function=f"{FILE}:compute_score", reward_function_kwargs=kwargs,
+                                 **({} if kind == "main" else {"reward_type": kind}))
     config.post_init()
     assert config.reward_function == FILE and config.reward_function_name == "compute_score"
+    if kind == "main":
+        made = reward.AutoRewardManager(config, tokenizer)
+        assert made.reward_type == adapter.REWARD_TYPE == "batch"  # read from the file
+        return made
     cls = reward.BatchFunctionRewardManager if kind == "batch" else reward.SequentialFunctionRewardManager
     return cls(config, tokenizer)
 
 
-@pytest.mark.parametrize("kind", ["batch", "sequential"])
+@pytest.mark.parametrize("kind", ["batch", "sequential", "main"])
 def test_a_mixed_batch_through_easyr1s_reward_manager(kind, tiny_clip_path, tokenizer, media):
     kwargs = {"reward": "clip_s", "clip_model": str(tiny_clip_path), "media_root": str(media), "subscores": "all"}
-    data, lengths = batch_of(tokenizer, SAMPLES)
+    data, lengths = batch_of(tokenizer, SAMPLES, MAIN if kind == "main" else RELEASE)
     scores, metrics = manager(kind, tokenizer, **kwargs).compute_reward(data)
     reward = CLIPScoreReward(model=str(tiny_clip_path))
     keys = {"overall", "unscored", *reward.metric_names()}
@@ -148,6 +160,6 @@ def test_every_metric_is_reachable_by_name_with_its_sub_scores(name, tiny_clip_p
     scores, metrics = rewarder.compute_reward(data)
     built = sys.modules["custom_reward_fn"].scorer_for(**kwargs).reward
     if name != "composite":
-        assert isinstance(built, registry.get(name).load_reward()), (name, type(built))
+        assert built.metric == registry.get(name).name, (name, type(built))
     assert set(metrics) == {"overall", "unscored", *built.metric_names()}
     assert metrics["unscored"] == [1.0, 1.0] and metrics["overall"] == [built.value_range()[0]] * 2

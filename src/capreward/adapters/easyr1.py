@@ -1,13 +1,15 @@
 """EasyR1 adapter: capreward's rewards as an EasyR1 reward function file.
 
-EasyR1 (hiyouga/EasyR1, v0.3.2; ``verl.workers.reward.FunctionRewardManager``) loads a Python file named by
+EasyR1 (hiyouga/EasyR1: its release v0.3.2, ``verl.workers.reward.{Batch,Sequential}FunctionRewardManager``,
+and its main branch, ``verl.workers.reward.AutoRewardManager``) loads a Python file named by
 ``worker.reward.reward_function=/path/to/file.py:compute_score`` (with ``importlib``, as a standalone
 module), binds ``worker.reward.reward_function_kwargs`` to the function, and calls it with the decoded
-responses: the batch form (``reward_type: batch``, the default; ``REWARD_TYPE = "batch"`` in this file
-for the releases that read it there) takes a list of ``{"response", "response_length",
-"ground_truth"}`` and returns one dict per response, the sequential form takes one dict and returns one.
-EasyR1 puts each result's ``"overall"`` on the response's last token and logs every key's mean as
-``reward/<key>``. Older releases call ``compute_score(predict_str, ground_truth)``; that form is taken too.
+responses: the batch form takes a list of ``{"response", "response_length", "ground_truth"}`` and returns
+one dict per response, the sequential form takes one dict and returns one. v0.3.2 picks the form from its
+config (``worker.reward.reward_type``, default ``batch``), main from the file's ``REWARD_TYPE``, which is
+``"batch"`` here. EasyR1 puts each result's ``"overall"`` on the response's last token and logs every
+key's mean as ``reward/<key>``. v0.3.0 calls ``compute_score(predict_str, ground_truth)``; that form
+is taken too.
 
 EasyR1 passes no image to the reward, so the ``ground_truth`` (the dataset's ``answer_key`` column) is a
 label naming the visual: a JSON object (or its text), ``{"image": "coco/123.jpg", "references": ["a dog
@@ -43,8 +45,8 @@ from capreward.adapters.labels import Label, parse_label
 from capreward.adapters.scoring import ScoredBatch
 from capreward.adapters.verl import VerlScorer
 
-#: Read by the EasyR1 releases that take the reward's type from the file (the others from their config,
-#: whose default is the same).
+#: Read by EasyR1's main branch (``AutoRewardManager``), which takes the reward's form from the file (v0.3.2
+#: from its config, whose default is the same).
 REWARD_NAME = "capreward"
 REWARD_TYPE = "batch"
 
