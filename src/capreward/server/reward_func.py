@@ -93,12 +93,19 @@ def reward_func(queries: Sequence[str], prompts: Sequence[str], labels: Sequence
         ValueError: a malformed call (the message names the item).
     """
     service, batcher = _current()
+    payload = {"query": _listed(queries), "prompts": None if prompts is None else _listed(prompts),
+               "labels": _listed(labels)}
     try:
-        captions, parsed = service.parse({"query": list(queries), "prompts": list(prompts), "labels": list(labels)})
+        captions, parsed = service.parse(payload)
     except RequestError as exc:
         logger.error("reward_func refused its call: %s", exc.message)
         raise ValueError(exc.message) from None
-    return service.respond(batcher.submit(captions, parsed))
+    return service.respond(batcher.submit(captions, parsed), payload)
+
+
+def _listed(value: Any) -> Any:
+    """A sequence as a list (a str or anything else is left for the request's checks to name)."""
+    return list(value) if isinstance(value, (list, tuple)) else value
 
 
 def reset() -> None:
