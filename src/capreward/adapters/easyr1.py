@@ -93,8 +93,20 @@ class EasyR1Scorer(VerlScorer):
         return [{"overall": row.pop("score"), **row} for row in super().rows(batch)]
 
     def __call__(self, reward_inputs: Any, ground_truth: Any = None, **kwargs: Any) -> Any:  # type: ignore[override]
-        """EasyR1's three forms: a list of reward inputs (batch) gives a list, one reward input
-        (sequential) gives one dict, and ``(predict_str, ground_truth)`` (older releases) gives one dict."""
+        """Score EasyR1's reward inputs, in any of its three forms.
+
+        Args:
+            reward_inputs: a list of ``{"response", "response_length", "ground_truth"}`` (the batch form),
+                one such dict (the sequential form), or the response text (v0.3.0's form, with
+                ``ground_truth``). A response that is not a str is unscored.
+            ground_truth: the label, in v0.3.0's two-argument form.
+            **kwargs: ignored (EasyR1 binds the reward function's keyword arguments to
+                :func:`compute_score`, which builds this scorer from them).
+
+        Returns:
+            A list of result dicts for a list, one result dict otherwise (``"overall"``, ``"unscored"``
+            and the sub-scores asked for).
+        """
         if isinstance(reward_inputs, str) or ground_truth is not None:  # (a response that is not a str is unscored)
             return self.score_batch([reward_inputs], [ground_truth])[0]
         if isinstance(reward_inputs, dict):
