@@ -39,7 +39,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from capreward.adapters.factory import RewardOptions, build_reward
 from capreward.server.batching import DynamicBatcher
