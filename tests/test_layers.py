@@ -37,8 +37,8 @@ FLOORS: list[tuple[str, ...]] = [
     # inputs that must be regular files; bounds on a JSON text; cross-process locks
     ("input_files", "json_limits", "locks"),
     # services and inputs: optional extras, devices, the hub, text files, media, the caption as read, the
-    # registry of metric facts, the cross-process locks
-    ("_extras", "devices", "hub", "jsonl", "locks", "media", "caption_reading", "registry"),
+    # registry of metric facts
+    ("_extras", "devices", "hub", "jsonl", "media", "caption_reading", "registry"),
     # models and pure math; the registry's names and the options it declares
     ("backbones", "metrics", "names", "metric_options", "explicit_options"),
     # the judges (chat models, prompts); what reads the registry's names for a command line

@@ -137,7 +137,7 @@ class VerlScorer:
             if reasons[i] is not None:
                 continue
             try:
-                labels[i] = sample_label(ground_truths[i], extra_infos[i], self.paths, where=f"sample {i}")
+                labels[i] = self.label(ground_truths[i], extra_infos[i], where=f"sample {i}")
             except LabelError as exc:
                 reasons[i] = SampleError(i, "input", "", str(exc))
             except Exception as exc:  # noqa: BLE001 - a hostile ground truth or extra_info costs its sample only
@@ -157,6 +157,10 @@ class VerlScorer:
             if (error := sample_failure(i, values[i], reasons[i])) is not None:
                 logger.warning("unscored sample %d gets %s: %s", i, self.fallback, error)
         return self._results(ScoredBatch(values, reasons, metrics))
+
+    def label(self, ground_truth: Any, extra_info: Any, where: str) -> Label:
+        """The :class:`Label` of one sample (veRL's: :func:`sample_label`); LabelError naming ``where``."""
+        return sample_label(ground_truth, extra_info, self.paths, where=where)
 
     def _results(self, batch: ScoredBatch) -> list[float | dict[str, float]]:
         return self.rows(batch) if self.return_dict else batch.filled(self.fallback)

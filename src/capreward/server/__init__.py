@@ -4,6 +4,8 @@
 - :mod:`capreward.server.batching`: dynamic batching across requests.
 - :mod:`capreward.server.connections`: which connections the server admits (per peer, reserve).
 - :mod:`capreward.server.ray_serve`: the server as Ray Serve replicas (``capreward[serve]``).
+- :mod:`capreward.server.reward_func`: OpenRLHF's in-process ``reward_func`` file (the server's answer
+  without HTTP).
 
 The server reads :mod:`capreward.adapters` (the label format, path confinement, JSON limits, the batch
 scorer); nothing there imports the server.
