@@ -28,7 +28,9 @@ def doc_blocks() -> list[tuple[str, str, str]]:
     out = []
     for page in sorted(DOCS.rglob("*.md")):
         rel = page.relative_to(DOCS).as_posix()
-        out += [(rel, heading, code) for heading, code in python_blocks(page.read_text(encoding="utf-8"))]
+        # a "# docs-script" block runs as pasted, in a subprocess: tests/test_docs_scripts.py
+        out += [(rel, heading, code) for heading, code in python_blocks(page.read_text(encoding="utf-8"))
+                if not code.startswith("# docs-script")]
     return out
 
 
