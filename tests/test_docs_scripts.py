@@ -134,6 +134,23 @@ def test_every_metric_pages_script_runs_as_pasted(tmp_path):
     check(run_script(driver, tmp_path), "the metric pages' scripts")
 
 
+def test_every_test_builder_a_page_uses_is_documented():
+    """Every name a docs-script or a metric page's script imports from ``capreward.testing`` (or its
+    modules) is on docs/api/testing.md: rendered (``::: ...name``) or in its table (``name(...)``)."""
+    import ast
+
+    page = (DOCS / "api" / "testing.md").read_text(encoding="utf-8")
+    codes = [code for _, _, code in all_scripts()] + list(metric_scripts().values())
+    used = set()
+    for code in codes:
+        for node in ast.walk(ast.parse(code)):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("capreward.testing"):
+                used |= {alias.name for alias in node.names}
+    assert {"trained_clip_path", "tiny_caption_policy", "tiny_vlm_judge"} <= used, used
+    missing = sorted(n for n in used if not re.search(rf"(^::: [\w.]+\.{n}$|`{n}\()", page, flags=re.M))
+    assert not missing, f"docs/api/testing.md does not document {missing}"
+
+
 def test_a_failing_script_fails_the_check(tmp_path):
     """The control: a script with an undefined name (the quick start's old ``NameError: video``) fails."""
     out = run_script(f"{MARK}\nprint(video)\n", tmp_path)
