@@ -26,6 +26,9 @@ OPENING = ["quickstart.md", "integrations/trl.md", "integrations/verl.md", "inte
            "integrations/lightning.md", "integrations/trainer.md", "integrations/ray.md", "integrations/scst.md"]
 #: Scripts that train or start a framework (seconds to a minute each on a busy 2-core machine).
 TIMEOUT = 600
+#: Pages whose script starts a cluster (Ray: a minute and more before its first actor runs, as
+#: tests/test_cli_score.py's Ray test, also slow).
+SLOW_PAGES = {"integrations/ray.md"}
 
 
 def fences(text: str) -> list[tuple[str, str]]:
@@ -71,7 +74,8 @@ def test_the_page_opens_with_a_complete_script(page):
     assert lang == "python" and code.startswith(MARK), f"{page}: its first code block is not a '{MARK}' block"
 
 
-@pytest.mark.parametrize("page,index,code", [pytest.param(p, i, c, id=f"{p}-{i}") for p, i, c in all_scripts()])
+@pytest.mark.parametrize("page,index,code", [
+    pytest.param(p, i, c, id=f"{p}-{i}", marks=[pytest.mark.slow] if p in SLOW_PAGES else []) for p, i, c in all_scripts()])
 def test_the_script_runs_as_pasted(page, index, code, tmp_path):
     check(run_script(code, tmp_path), f"{page} script {index}")
 
