@@ -27,8 +27,10 @@ OPENING = ["quickstart.md", "integrations/trl.md", "integrations/verl.md", "inte
 #: Scripts that train or start a framework (seconds to a minute each on a busy 2-core machine).
 TIMEOUT = 600
 #: Pages whose script starts a cluster (Ray: a minute and more before its first actor runs, as
-#: tests/test_cli_score.py's Ray test, also slow).
-SLOW_PAGES = {"integrations/ray.md"}
+#: tests/test_cli_score.py's Ray test, also slow) or trains (measured on the busy 2-core machine, load 7:
+#: TRL 208 s, Trainer 128 s, SCST 120 s; the fast lane's TRL, Trainer and SCST tests run the same paths).
+#: The others took 63-90 s each there.
+SLOW_PAGES = {"integrations/ray.md", "integrations/trl.md", "integrations/trainer.md", "integrations/scst.md"}
 
 
 def fences(text: str) -> list[tuple[str, str]]:
