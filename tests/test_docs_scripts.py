@@ -163,3 +163,15 @@ def test_a_failing_script_fails_the_check(tmp_path):
     assert out.returncode != 0 and "NameError" in out.stderr
     with pytest.raises(AssertionError, match="failed as pasted"):
         check(out, "control")
+
+
+def test_search_finds_option_names_with_dots_and_no_link_to_a_missing_repository():
+    """The site's search splits words at dots (so ``remote_url`` finds ``--reward.remote_url``) but not at
+    underscores; mkdocs.yml names no repository (the one it named does not exist)."""
+    import yaml
+
+    config = yaml.safe_load((REPO / "mkdocs.yml").read_text(encoding="utf-8"))
+    assert "repo_url" not in config and "edit_uri" not in config
+    search = next(p["search"] for p in config["plugins"] if isinstance(p, dict) and "search" in p)
+    words = [w for w in re.split(search["separator"], "--reward.remote_url http://host:5000/get_reward") if w]
+    assert "remote_url" in words and "reward" in words and "get_reward" in words, words
