@@ -10,15 +10,22 @@ drift from the registry. ``python scripts/docs_metric_pages.py NAME`` prints one
 
 from __future__ import annotations
 
+import ast
+import doctest
+import inspect
+import io
 import itertools
 import re
 import sys
+import tokenize
 from typing import Any
 
 #: The marker of docs/metrics/index.md that the table of metrics replaces.
 TABLE_MARKER = "<!-- metrics-table -->"
 #: The nav section the metric pages are listed under (mkdocs.yml).
 NAV_SECTION = "Metrics"
+#: The first line of a script that runs as pasted (tests/test_docs_scripts.py runs every one).
+SCRIPT_MARK = "# docs-script"
 #: The API reference page of each documented scorer module (links from a metric page to its scorer).
 API_PAGES = {"capreward.scorers.": "../api/scorers.md"}
 
@@ -80,6 +87,39 @@ def configurations(spec) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+def _comment(source: str) -> str:
+    """The comments of ``source`` (one line of code), joined."""
+    tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+    return "  ".join(t.string for t in tokens if t.type == tokenize.COMMENT)
+
+
+def example_script(spec) -> str:
+    """The ``Examples:`` doctest of ``spec``'s scorer class as a script that runs as pasted: each ``>>>``
+    statement as it is, an expression whose output the doctest shows printed, that output in a comment.
+    The doctest itself runs in tests/test_docs_examples.py, the script in tests/test_docs_scripts.py.
+
+    Raises:
+        ValueError: the scorer's docstring has no doctest.
+    """
+    from capreward import registry
+
+    scorer = registry.import_path(spec.scorer)
+    doc = inspect.getdoc(scorer) or ""
+    section = re.search(r"^Examples?:\n((?:[ \t]+.*\n|\n)*)", doc + "\n", flags=re.M)
+    examples = doctest.DocTestParser().get_examples(inspect.cleandoc(section.group(1))) if section else []
+    if not examples:
+        raise ValueError(f"{spec.scorer} has no 'Examples:' doctest for the page of {spec.name}")
+    lines = [f"{SCRIPT_MARK}: {spec.title} on the tiny offline models of capreward.testing"]
+    for example in examples:
+        source, want = example.source.rstrip("\n"), example.want.strip()
+        tree = ast.parse(source)
+        if want and len(tree.body) == 1 and isinstance(tree.body[0], ast.Expr):
+            why = _comment(source).lstrip("# ")
+            source = f"print({ast.unparse(tree.body[0].value)})  # {' '.join(want.split())}" + (f"  ({why})" if why else "")
+        lines.append(source)
+    return "\n".join(lines) + "\n"
+
+
 def metric_page(spec) -> str:
     """The markdown of ``spec``'s page."""
     lines = [f"# {spec.title}", "", spec.summary, ""]
@@ -102,6 +142,10 @@ def metric_page(spec) -> str:
         ("scorer", scorer),
     ]
     lines += ["| | |", "| --- | --- |", *(f"| {k} | {cell(v)} |" for k, v in rows), ""]
+    lines += ["## Example", "",
+              "Runs as pasted, offline: the tiny models of `capreward.testing` ([Test builders](../api/testing.md)) "
+              "stand in for real weights (a CLIP name such as `\"ViT-B-32/openai\"`, a judge folder or server).", "",
+              "```python", example_script(spec).rstrip("\n"), "```", ""]
     lines += ["## Sub-scores", "",
               f"What the scorer writes, per configuration. The headline score is `{spec.name}`; wherever a "
               f"sub-score `s` is logged its name is `{spec.name}/s` (`rewards/{spec.name}/s` in TRL, "

@@ -90,6 +90,7 @@ class Hallucination:
 
     Examples:
         >>> from capreward.backbones import CLIPBackbone
+        >>> from capreward.scorers.hallucination import Hallucination
         >>> from capreward.testing import tiny_clip_factory
         >>> import numpy as np
         >>> scorer = Hallucination(backbone=CLIPBackbone(tiny_clip_factory(seed=0)), frames=2)
