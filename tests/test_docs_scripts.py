@@ -21,8 +21,8 @@ from conftest import REPO
 
 DOCS = REPO / "docs"
 MARK = "# docs-script"
-#: The pages that must open with a script (EasyR1 and NeMo Gym join when their pages land).
-OPENING = ["quickstart.md", "integrations/trl.md", "integrations/verl.md", "integrations/openrlhf.md",
+#: The pages that must open with a script.
+OPENING = ["quickstart.md", "integrations/trl.md", "integrations/verl.md", "integrations/openrlhf.md", "integrations/easyr1.md",
            "integrations/lightning.md", "integrations/trainer.md", "integrations/ray.md", "integrations/scst.md"]
 #: Scripts that train or start a framework (seconds to a minute each on a busy 2-core machine).
 TIMEOUT = 600
@@ -106,7 +106,7 @@ def metric_scripts() -> dict[str, str]:
 
 def test_every_metric_page_shows_its_scorers_doctest_as_a_script_that_names_nothing_undefined(tmp_path):
     """Each metric page's script is its scorer's ``Examples:`` doctest (which tests/test_docs_examples.py
-    runs in the fast lane); as a script of its own it must import every name it uses (a doctest sees its
+    runs, so the code itself is run there, once); as a script of its own it must import every name it uses (a doctest sees its
     module's globals, a pasted script does not): ruff's undefined-name rule reads each one."""
     found = metric_scripts()
     assert len(found) >= 9
@@ -123,21 +123,6 @@ def test_every_metric_page_shows_its_scorers_doctest_as_a_script_that_names_noth
     out = subprocess.run([str(ruff), "check", "--no-cache", "--isolated", "--select", "F821", str(tmp_path)],
                          capture_output=True, text=True)
     assert out.returncode != 0 and "control.py" in out.stdout
-
-
-@pytest.mark.slow
-def test_every_metric_pages_script_runs_as_pasted(tmp_path):
-    """The same scripts run one after another in one interpreter, each in fresh globals (as a user pasting
-    them one by one: nothing one defines reaches the next). Slow: every tiny judge loads (and, on a cold
-    cache, trains)."""
-    found = metric_scripts()
-    for name, code in found.items():
-        (tmp_path / f"{name}.py").write_text(code, encoding="utf-8")
-    driver = ("import runpy\n"
-              f"for name in {list(found)!r}:\n"
-              "    print('-- running', name, flush=True)\n"
-              "    runpy.run_path(name + '.py', run_name='__main__')\n")
-    check(run_script(driver, tmp_path), "the metric pages' scripts")
 
 
 def test_every_test_builder_a_page_uses_is_documented():
