@@ -92,7 +92,7 @@ def test_a_composite_with_guards_never_reads_an_over_budget_caption(clip_reward,
 
 
 def test_a_metric_refuses_an_over_budget_caption_naming_it(tiny_clip_path, image):
-    from capreward.callbacks import CLIPScoreMetric
+    from capreward.torchmetrics import CLIPScoreMetric
 
     metric = CLIPScoreMetric(model=str(tiny_clip_path), visual="image")
     with pytest.raises(CaptionOverBudget, match=rf"candidates\[1\] has {len(OVER)} characters, {BUDGET_WORDS}"):

@@ -267,6 +267,8 @@ class MetricSpec:
             job writes with ``--alignment``.
         flagged_tokens: the sub-score holding the positions of the caption's tokens it flags (outlined by
             ``capreward report``), or None.
+        wraps: the scorer's first parameter when it reads another scorer (the hallucination penalty's
+            ``emscore``): a reward given that scorer as ``scorer=`` builds its own scorer around it; None.
         explanation: what ``capreward explain`` gives for it (its line in the command's help), for a
             scorer with an ``explain`` method; None: it explains nothing.
         sub_score_kinds: sub-score -> :data:`SUB_SCORE_KINDS` kind, for those that are not ``"score"``
@@ -311,6 +313,7 @@ class MetricSpec:
     row_inputs: tuple[str, ...] = ()
     writes_alignment: bool = False
     flagged_tokens: str | None = None
+    wraps: str | None = None
     explanation: str | None = None
     sub_score_kinds: Mapping[str, str] = field(default_factory=dict)
     value: Callable[[Mapping[str, Any]], str] | None = None

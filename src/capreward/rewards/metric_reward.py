@@ -145,6 +145,8 @@ class MetricReward(CaptionReward):
             if o.choices is not None and own[o.name] not in o.choices:
                 raise ValueError(f"{o.name} must be one of {o.choices}, got {own[o.name]!r}")
         common = {k: options.pop(k) for k in _COMMON_NAMES if k in options}
+        if spec.wraps is not None and common.get("scorer") is not None:
+            common["scorer"] = _wrapped(spec, common["scorer"], options)
         if policy.check is not None:
             policy.check({**own, **options})
         if common.get("scorer") is None and policy.implies is not None:
@@ -375,3 +377,17 @@ class MetricReward(CaptionReward):
 
 
 __all__ = ["MetricReward", "reward_parameters"]
+
+
+def _wrapped(spec: registry.MetricSpec, scorer: Any, options: dict[str, Any]) -> Any:
+    """``scorer`` as the metric's scorer: itself when it is one, else the metric's scorer built around it
+    (``spec.wraps``: ``HallucinationPenalty(scorer=EMScore(...))`` reads that EMScore's alignments), taking
+    the options of ``options`` its constructor names (popped)."""
+    import inspect
+
+    cls = spec.load()
+    if isinstance(scorer, cls):
+        return scorer
+    named = {p.name for p in inspect.signature(cls.__init__).parameters.values()
+             if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in ("self", spec.wraps)}
+    return cls(**{spec.wraps: scorer}, **{k: options.pop(k) for k in list(options) if k in named})

@@ -86,4 +86,5 @@ SPEC = register(MetricSpec(
                        option="threshold", type="float", record="float"),),
     writes_alignment=True,
     flagged_tokens="flagged",
+    wraps="emscore",
 ))
