@@ -281,8 +281,19 @@ def exception_kind(exc: BaseException, default: str | None = None) -> str:
 
 
 # ------------------------------------------------------------------------------ the per-sample policy
+@overload
+def sample_failure(index: int, value: None, reason: Any, item: str = "", kind: str = "scorer",
+                   non_finite: str = "non-finite value ({value})") -> SampleError: ...
+
+
+@overload
+def sample_failure(index: int, value: Any, reason: Any, item: str = "", kind: str = "scorer",
+                   non_finite: str = "non-finite value ({value})") -> SampleError | None: ...
+
+
 def sample_failure(index: int, value: Any, reason: Any, item: str = "", kind: str = "scorer",
                    non_finite: str = "non-finite value ({value})") -> SampleError | None:
+
     """The one rule of a failed sample, shared by rewards, metrics, jobs and the server: the sample at
     ``index`` failed when ``value`` is None or not a finite number; its error is ``reason`` (see
     :meth:`SampleError.of`; ``kind`` for a plain-text reason), or, for a non-finite value, kind
