@@ -293,7 +293,6 @@ def sample_failure(index: int, value: Any, reason: Any, item: str = "", kind: st
 
 def sample_failure(index: int, value: Any, reason: Any, item: str = "", kind: str = "scorer",
                    non_finite: str = "non-finite value ({value})") -> SampleError | None:
-
     """The one rule of a failed sample, shared by rewards, metrics, jobs and the server: the sample at
     ``index`` failed when ``value`` is None or not a finite number; its error is ``reason`` (see
     :meth:`SampleError.of`; ``kind`` for a plain-text reason), or, for a non-finite value, kind
@@ -342,7 +341,6 @@ def common_kind(reasons: Sequence[Any], default: str = "scorer") -> str:
     else ``default`` (plain-text reasons have none)."""
     kinds = {getattr(r, "kind", None) for r in reasons}
     return cast(str, kinds.pop()) if len(kinds) == 1 and None not in kinds else default
-
 
 
 def failures(values: Sequence[Any], reasons: Sequence[Any], kind: str = "scorer") -> list[SampleError]:

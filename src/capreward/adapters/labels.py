@@ -214,7 +214,6 @@ def parse_label(label: Any, where: str = "label", paths: MediaPaths | str | os.P
     if images:
         image = images[0]
     video = _path_value(label.get("video"), "video", where)
-
     if image is not None and video is not None:
         raise LabelError(f"{where} gives both an image and a video; give one")
     policy, error = _policy(paths), None
@@ -236,7 +235,6 @@ def parse_label(label: Any, where: str = "label", paths: MediaPaths | str | os.P
                    visual_id=None if visual_id is None else str(visual_id), error=error,
                    questions=parse_label_questions(label.get("questions"), where),
                    images=None if images_at is None else tuple(images_at))
-
     if not parsed.has_input:
         raise LabelError(f"{where} names no image, video, references or questions to score against")
     return parsed

@@ -87,7 +87,6 @@ def label_columns(labels: Sequence[Label], columns: Columns) -> dict[str, list[A
     }
     if any(several):
         out[columns.images] = [list(lab.images or ()) if many else None for lab, many in zip(labels, several)]
-
     if columns.visual_id is not None:
         out[columns.visual_id] = [lab.visual_id for lab in labels]
     return out

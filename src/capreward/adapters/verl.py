@@ -161,7 +161,6 @@ class VerlScorer:
     def _results(self, batch: ScoredBatch) -> list[float | dict[str, float]]:
         return list(self.rows(batch)) if self.return_dict else list(batch.filled(self.fallback))
 
-
     def rows(self, batch: ScoredBatch) -> list[dict[str, float]]:
         """Dict-mode results: ``{"score", "unscored", <each of subscores>}`` per sample (always these
         keys: veRL's reward loop takes the extra-info keys of a batch from its first sample)."""

@@ -115,7 +115,6 @@ def _pack(text: str, fits: Callable[[str], bool], level: int) -> list[str]:
             return fits("".join(pieces[start : start + k]).strip())
 
         k = _largest(fits_from, len(pieces) - i)
-
         windows.append("".join(pieces[i : i + k]).strip())
         i += k
     return windows

@@ -426,7 +426,6 @@ def base_fields(row: ManifestRow) -> dict:
     """The fields of ``row``'s result before any metric: id, caption, visual path, ``errors``,
     references (when given) and the manifest's other keys, as they are."""
     out: dict[str, Any] = {"id": row.id, "caption": row.caption, row.kind: row.visual, "errors": {}}
-
     if row.references is not None:
         out["references"] = row.references
     out[HASH_FIELD] = visual_digests(row)  # a resume refuses the row if its visual changes

@@ -299,7 +299,6 @@ class LocalChatJudge(SyncBackendMixin):
         alternatives."""
         assert out.logprobs is not None  # _generate_batch asks for them
         for r, i in enumerate(rows):
-
             request = requests[i]
             tokens = out.tokens[r]
             reason = "stop" if out.finished[r] else "length"
@@ -312,7 +311,6 @@ class LocalChatJudge(SyncBackendMixin):
                 before = context + tokens[max(0, j - 3) : j] if j < 3 else tokens[j - 3 : j]
                 ranked: list[tuple[str, float]] = []
                 if out.top_ids is not None and out.top_logprobs is not None and request.top_logprobs > 0:
-
                     for alt, lp in zip(out.top_ids[r][j][: request.top_logprobs], out.top_logprobs[r][j][: request.top_logprobs]):
                         ranked.append((self._piece(before, alt), lp))
                 top: dict[str, float] = {}
@@ -360,7 +358,6 @@ class LocalChatJudge(SyncBackendMixin):
             if found is None:
                 return None
             start = found
-
         at = next((j for j in range(start, len(ids)) if ids[j] in digits), None)
         return None if at is None else ids[:at]
 

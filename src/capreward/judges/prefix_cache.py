@@ -171,7 +171,6 @@ class SharedPrefixCache(DynamicCache):
         if prefix is not None and len(prefix) == 0:
             raise ValueError("an empty prefix list")
         layers: list[tuple[Any, Any]] = list(prefix) if prefix is not None else [(None, None)] * int(cast(int, num_layers))
-
         self.layers = [SharedPrefixLayer(self, k, v) for k, v in layers]
         self.layer_class_to_replicate = None
         self.device = torch.device(device)

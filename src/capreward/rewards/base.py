@@ -18,7 +18,6 @@ import threading
 import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
-
 from collections.abc import Callable, Sequence
 
 from ..caption_reading import read_caption
@@ -130,7 +129,6 @@ def _hinted(reason: str | None, hint: str) -> str | None:
 
 
 def _nanmean(values: Sequence[float]) -> float:
-
     finite = [v for v in values if v is not None and not math.isnan(v)]
     return sum(finite) / len(finite) if finite else float("nan")
 
@@ -693,7 +691,6 @@ class CaptionReward(RewardFunction):
             members[i].append(j)
         aggregates: dict[str, Callable[[list[Any]], Any]] = {"mean": lambda v: sum(v) / len(v), "min": min, "max": max}
         aggregate = aggregates[self.image_aggregation]
-
         for i, js in enumerate(members):
             per_image = [flat.values[j] for j in js]
             missing = [(k, flat.reasons[j]) for k, j in enumerate(js) if flat.values[j] is None]

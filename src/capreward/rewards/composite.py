@@ -5,7 +5,6 @@ from __future__ import annotations
 import inspect
 import math
 from typing import Any, cast
-
 from collections.abc import Callable, Sequence
 
 from ..caption_budget import caption_problem

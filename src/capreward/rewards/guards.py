@@ -465,7 +465,6 @@ class Guards:
             target = cast(float, value)  # a finite positive Real, checked
         return max(1, math.ceil(self.length_ratio * target))
 
-
     def terms(self, text: str, max_words: int | None = None, injection: bool = True) -> dict[str, float]:
         """The enabled weighted guard terms of one caption, e.g. ``{"repetition": -0.25, ...}``;
         ``max_words`` overrides the length limit (a sample's `max_words_for()`).

@@ -358,12 +358,10 @@ class MetricReward(CaptionReward):
         if plan["call"] is None:
             scorer_class: Any = type(scorer)  # a class is hashable (typeshed's type[Any] does not say so)
             call = _call_options(scorer_class)
-
             plan["call"] = {k: getattr(self, k) for k in self._own if k in call}
         kwargs.update(plan["call"])
         out: Scores = scorer.scores(captions, **kwargs)
         out.check(plan["declared"], cast(str, self.metric))  # set at construction
-
         self.last_result = out.result
         value, scale = plan["value"], plan["scale"]
         columns = out.values([value, *plan["numeric"]])

@@ -79,7 +79,6 @@ def _widened(alignments: Alignments, position: dict[int, int]) -> Callable[[int]
 
 
 def scatter(result: Any, keep: list[int], n: int) -> Any:
-
     """A copy of ``result`` (a dataclass of per-item tensors, nested dataclasses and lists, for the
     items ``keep``) with every per-item field widened to ``n`` items: NaN / None / False elsewhere."""
     values: dict[str, Any] = {}

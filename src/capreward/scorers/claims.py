@@ -208,7 +208,6 @@ class YesNoReader:
         for answer in answers:
             if not answer.ok:
                 out.append(YesNo(error=SampleError(None, kind_of(answer.error, "judge_unavailable"), "", cast(str, answer.error))))
-
                 continue
             p = answer.probabilities()
             out.append(YesNo(sum(p[: len(yes)]), sum(p[len(yes):])))
@@ -219,7 +218,7 @@ class YesNoReader:
         """Every request encoded in one pass and each distinct visual's features computed once; then the
         valid rows run ``batch_size`` at a time, each chunk's shared prefix once per visual. A judge in an
         in-process engine (:class:`~capreward.judges.engines.EngineJudge`) reads the same tokens there."""
-        backend: LocalChatJudge = self.backend  # type: ignore[assignment]
+        backend = cast(LocalChatJudge, self.backend)  # the exact reading runs on a local chat judge
         judge = backend.judge
         if self._ids is None:
             self._ids = (answer_token_ids(judge.tokenizer, "yes"), answer_token_ids(judge.tokenizer, "no"))
@@ -692,7 +691,6 @@ class ClaimScorer:
         # verify every distinct (visual, claim) of the group in one pass
         items: list[tuple[Any, Any, str | None, str]] = []
         for i in range(n):
-
             if errors[i] is None:
                 u = index[i]
                 for c in split[i][0]:

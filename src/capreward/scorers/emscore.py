@@ -378,7 +378,6 @@ class EMScore:
     def _alignments(self, cand: CandidateText, fine: FineMatch) -> Alignments:
         ids_list = cand.ids
         assert ids_list is not None  # alignments are built for text captions only
-
         best_target = fine.best_target.detach()
         best_similarity = fine.best_similarity.detach()
         weights = cand.weights.detach()

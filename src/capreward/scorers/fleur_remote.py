@@ -66,7 +66,6 @@ from ..judges.protocol import (
     NextTokenQuery,
     NextTokenScorer,
     TokenLogprob,
-
     answer_problem,
     assistant_turn,
     scores_next_tokens,
@@ -460,7 +459,7 @@ class RemoteFLEUR(FLEURScores):
         queries, where = [], []
         out: dict[int, str | None] = {}
         for i, j, s in steps:
-            tokens = responses[i].tokens  # type: ignore[union-attr]
+            tokens = cast(ChatResponse, responses[i]).tokens  # a pending step was read from its answer
             try:
                 ids = lead_digit_ids(backend.tokenizer, tokens[s].token[:-1])
             except ValueError as exc:
@@ -470,7 +469,6 @@ class RemoteFLEUR(FLEURScores):
             where.append((i, j))
         answers = backend.next_token_logprobs(queries) if queries else []
         for (i, j), answer in zip(where, answers):
-
             if not answer.ok:
                 out[i] = out.get(i) or f"judge request failed: {answer.error}"
                 continue

@@ -248,7 +248,6 @@ class Hallucination:
         alignments = self.alignments(captions, videos if videos is not None else images, kind, visual_ids)
         reports = [self.report_for(a) for a in alignments]
         subs: dict[str, list[Any]] = {"flagged": [list(r.flagged_index) for r in reports],
-
                 "content_tokens": [float(len(r.tokens)) for r in reports],
                 "unsupported_tokens": [float(sum(r.unsupported)) for r in reports]}
         extras = {"truncated": list(getattr(alignments, "truncated", [False] * len(reports))),

@@ -324,7 +324,6 @@ class QAUtility:
                 continue
             caption = read_caption(c).text
             for q in (per_sample[i] or [])[: self.max_questions]:
-
                 items.append((caption, q))
                 owner.append(i)
         values = self._probabilities(items)

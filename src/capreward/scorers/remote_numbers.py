@@ -484,7 +484,6 @@ def exact_trees(
             out.append(NumberRead(None, None, errors[i]))
             continue
         nodes = dict(zip(TREE_NODES, answers[span[0] : span[1]]))
-
         failed = next((a.error for a in nodes.values() if not a.ok), None)
         asked = sent.get(groups[i], 1)
         if failed is not None:

@@ -78,7 +78,6 @@ class Alignments(Sequence[TokenAlignment]):
             self._items[i] = self._build(i)
         return self._items[i]
 
-
     def __len__(self) -> int:
         return len(self._items)
 

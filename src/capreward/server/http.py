@@ -289,7 +289,6 @@ def parse_request(payload: Any, limits: ServerLimits, paths: MediaPaths | None =
         assert labels is not None  # n > 0 here (checked above)
         try:
             parsed.append(parse_label(labels[i], f"labels[{i}]", paths))
-
         except LabelError as exc:
             raise RequestError(400, str(exc)) from None
     return captions, parsed

@@ -809,7 +809,6 @@ class ChatServer:
         return self.start(faults, wait)
 
     def get(self, path: str, timeout: float = 5.0) -> Any:
-
         with urllib.request.urlopen(f"http://{self.host}:{self.port}{path}", timeout=timeout) as response:
             return json.loads(response.read())
 
@@ -830,7 +829,6 @@ class ChatServer:
     def requests(self) -> list[dict]:
         """The JSON bodies of the last 64 requests to a model route, oldest first."""
         return self.get("/requests", timeout=60.0)
-
 
     def __enter__(self) -> ChatServer:
         if self.process is None or self.process.poll() is not None:

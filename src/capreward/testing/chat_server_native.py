@@ -296,7 +296,6 @@ def sglang_generate(rows: Any, body: dict, decode_image: Any, error: type = BadR
             meta["output_token_logprobs"] = _triples([(float(r[t]), t) for r, t in zip(step_rows, chosen)], tok, with_text)
             in_rows: Any = None
             if start >= 0:
-
                 if start >= len(ids[k]):
                     raise error(f"logprob_start_len ({start}) is higher than the number of input tokens ({len(ids[k])})")
                 in_rows = rows.prompt_logp(ids[k], features, index[k])

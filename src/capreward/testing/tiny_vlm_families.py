@@ -327,7 +327,6 @@ def build_tiny_llava_next(seed: int = 0, tile: int = 16, patch_size: int = 4, on
     per_tile = (tile // patch_size) ** 2
     if onevision:
         special: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>", "<video>")
-
         tok = build_chatml_tokenizer(special, eos="<|im_end|>", pad="<|endoftext|>")
         image_processor = transformers.LlavaOnevisionImageProcessor(
             size={"height": tile, "width": tile}, image_grid_pinpoints=pinpoints)
