@@ -691,8 +691,7 @@ def embed_captions(
     for plan_key, (rows, counts, _) in plans.items():
         parts = [next(embedded) for _ in rows]
         tokens, pooled = combine_windows([t for t, _ in parts], [p for _, p in parts], counts)
-        combined[plan_key] = (tokens,
- pooled, torch.tensor([t for row in rows for t in row], dtype=torch.long))
+        combined[plan_key] = (tokens, pooled, torch.tensor([t for row in rows for t in row], dtype=torch.long))
     return CaptionEmbeddings(
         tokens=[combined[k][0] for k in keys],
         ids=[combined[k][2] for k in keys],

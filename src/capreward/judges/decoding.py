@@ -210,8 +210,7 @@ def decode_loop(
         if kept is not None:
             window[:, step - window_start].copy_(logits)
         nxt = logits.argmax(dim=-1)
-        logp: Any = torch.log_softmax(
-logits.float(), dim=-1) if (logprobs or k > 0) else None
+        logp: Any = torch.log_softmax(logits.float(), dim=-1) if (logprobs or k > 0) else None
         if sampled is not None:
             rows_sampled, temps_now = sampled[0].index_select(0, owner), sampled[1].index_select(0, owner)
             probs = torch.softmax(logits.float() / temps_now[:, None], dim=-1)

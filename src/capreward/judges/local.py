@@ -722,8 +722,7 @@ class LocalJudge:
         deepstack = self.deepstack_inputs(inputs.input_ids, row_features)
         if deepstack is not None:
             assert self.family is not None  # deepstack inputs come from a family
-            hidden = self.family.language_forward(
-embeds, inputs.attention_mask, position_ids, {"use_cache": False},
+            hidden = self.family.language_forward(embeds, inputs.attention_mask, position_ids, {"use_cache": False},
                                                   deepstack[0], deepstack[1]).last_hidden_state
         else:
             hidden = self.model.model(

@@ -393,8 +393,7 @@ class SyncBackendMixin:
     if TYPE_CHECKING:  # the backend's own
         def generate(self, requests: Sequence[ChatRequest]) -> list[ChatResponse]: ...
 
-    async def agenerate(
-self, requests: Sequence[ChatRequest]) -> list[ChatResponse]:
+    async def agenerate(self, requests: Sequence[ChatRequest]) -> list[ChatResponse]:
         return await asyncio.to_thread(self.generate, list(requests))
 
 
