@@ -17,18 +17,11 @@ def run(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", *args], cwd=cwd, capture_output=True, text=True, timeout=1800)
 
 
-#: mypy's whole-package pass is pending (issue #40 item 6: 282 findings in 65 files when the branches of
-#: that turn merged); until then the test fails, and strict=True makes it fail as soon as it passes, so this
-#: mark goes with that pass. ruff is clean.
-PENDING = pytest.mark.xfail(strict=True, reason="mypy's whole-package pass is pending (issue #40 item 6)")
-
-
 def test_ruff_finds_nothing_in_the_package():
     out = run("ruff", "check", "--no-cache", "src/capreward")
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]
 
 
-@PENDING
 @pytest.mark.slow
 def test_mypy_finds_nothing_in_the_package():
     """mypy's cache lives beside the trained fixtures (``$CAPREWARD_CACHE/mypy``), so a CI run on a fresh

@@ -58,6 +58,8 @@ import functools
 import re
 import unicodedata
 from collections import Counter
+from collections.abc import Sequence
+from typing import cast
 from dataclasses import dataclass
 from importlib import resources
 
@@ -306,7 +308,7 @@ def _word_reading(word: str, target: str | None) -> tuple[str, bool, str | None]
             and not any(c.isdigit() for c in word_read)):
         mapped = [_lookalike(c, target) if c.isalpha() else c for c in word_read]
         if all(m is not None for m in mapped):
-            return word_read, False, "".join(mapped)
+            return word_read, False, "".join(cast(list[str], mapped))
     return word_read, False, None
 
 
@@ -444,7 +446,7 @@ class Suspect:
 
 
 def _suspects(text: str, lookalikes: list[tuple[int, int, str]],
-              splits: list[tuple[int, int, str]] = ()) -> tuple[Suspect, ...]:
+              splits: Sequence[tuple[int, int, str]] = ()) -> tuple[Suspect, ...]:
     found: list[Suspect] = [Suspect(a, b, "lookalike", alt) for a, b, alt in lookalikes]
     found += [Suspect(a, b, "split", alt) for a, b, alt in splits]
     if text.isascii() and text.isalnum():

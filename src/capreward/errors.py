@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args, overload
 from collections.abc import Sequence
 
 
@@ -124,7 +124,8 @@ class SampleError(str):
         'query[0]: empty caption'
     """
 
-    index: int | None = field()  # field(): not str.index, which would read as the field's default
+    # field(): not str.index, which would read as the field's default; the field shadows str.index on purpose
+    index: int | None = field()  # type: ignore[assignment]
     kind: str = field()
     item: str = field()
     message: str = field()
@@ -179,6 +180,16 @@ class SampleError(str):
             A :class:`SampleError` of the same kind whose message is this error's text.
         """
         return SampleError(index, self.kind, item, self.text, sep)
+
+    @overload
+    @classmethod
+    def of(cls, reason: str, index: int | None = None, item: str = "", kind: str = "scorer",
+           sep: str = ": ") -> SampleError: ...
+
+    @overload
+    @classmethod
+    def of(cls, reason: Any, index: int | None = None, item: str = "", kind: str = "scorer",
+           sep: str = ": ") -> SampleError | None: ...
 
     @classmethod
     def of(cls, reason: Any, index: int | None = None, item: str = "", kind: str = "scorer",
@@ -270,6 +281,16 @@ def exception_kind(exc: BaseException, default: str | None = None) -> str:
 
 
 # ------------------------------------------------------------------------------ the per-sample policy
+@overload
+def sample_failure(index: int, value: None, reason: Any, item: str = "", kind: str = "scorer",
+                   non_finite: str = "non-finite value ({value})") -> SampleError: ...
+
+
+@overload
+def sample_failure(index: int, value: Any, reason: Any, item: str = "", kind: str = "scorer",
+                   non_finite: str = "non-finite value ({value})") -> SampleError | None: ...
+
+
 def sample_failure(index: int, value: Any, reason: Any, item: str = "", kind: str = "scorer",
                    non_finite: str = "non-finite value ({value})") -> SampleError | None:
     """The one rule of a failed sample, shared by rewards, metrics, jobs and the server: the sample at
@@ -319,7 +340,7 @@ def common_kind(reasons: Sequence[Any], default: str = "scorer") -> str:
     """The kind of an error made of several (a composite reward's parts): the kind they all share,
     else ``default`` (plain-text reasons have none)."""
     kinds = {getattr(r, "kind", None) for r in reasons}
-    return kinds.pop() if len(kinds) == 1 and None not in kinds else default
+    return cast(str, kinds.pop()) if len(kinds) == 1 and None not in kinds else default
 
 
 def failures(values: Sequence[Any], reasons: Sequence[Any], kind: str = "scorer") -> list[SampleError]:

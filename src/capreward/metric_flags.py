@@ -10,7 +10,7 @@ from . import registry
 from .text import capped
 
 
-def add_metric_flags(parser: argparse.ArgumentParser, flags) -> None:
+def add_metric_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, flags) -> None:
     """Add each :class:`~capreward.registry.JobFlag` of ``flags`` (``(spec, flag)`` pairs, e.g.
     :func:`capreward.registry.job_flags`) to ``parser``: its spellings, ``dest`` its name, its default
     (:meth:`~capreward.registry.MetricSpec.job_value`), a switch for ``type="flag"``."""

@@ -52,7 +52,7 @@ class FlagFields:
         return spec.job_value(flag, self.metric_options.get(name))
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name != "metric_options" and name not in self.__dataclass_fields__ and name in self._flags():  # type: ignore[attr-defined]
+        if name != "metric_options" and name not in self.__dataclass_fields__ and name in self._flags():
             self.metric_options[name] = value
         else:
             super().__setattr__(name, value)

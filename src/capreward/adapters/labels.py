@@ -217,21 +217,24 @@ def parse_label(label: Any, where: str = "label", paths: MediaPaths | str | os.P
     if image is not None and video is not None:
         raise LabelError(f"{where} gives both an image and a video; give one")
     policy, error = _policy(paths), None
+    image_at: str | ConfinedFile | None = image
+    images_at: list[str | ConfinedFile] | None = None if images is None else list(images)
+    video_at: str | ConfinedFile | None = video
     try:
         resolved = [policy.resolve(p) for p in images or ([image] if image is not None else [])]
-        image = resolved[0] if resolved else None
-        images = resolved if len(resolved) > 1 else None
-        video = None if video is None else policy.resolve(video)
+        image_at = resolved[0] if resolved else None
+        images_at = resolved if len(resolved) > 1 else None
+        video_at = None if video is None else policy.resolve(video)
     except PathRefused as exc:
-        error = f"{'image' if image is not None else 'video'}: {exc}"
-        images = None
+        error = f"{'image' if image_at is not None else 'video'}: {exc}"
+        images_at = None
     visual_id = label.get("visual_id")
     if visual_id is not None and not isinstance(visual_id, (str, int)):
         raise LabelError(f"{where}: visual_id must be a str, got {type(visual_id).__name__}")
-    parsed = Label(image=image, video=video, references=parse_references(label.get("references"), where),
+    parsed = Label(image=image_at, video=video_at, references=parse_references(label.get("references"), where),
                    visual_id=None if visual_id is None else str(visual_id), error=error,
                    questions=parse_label_questions(label.get("questions"), where),
-                   images=None if images is None else tuple(images))
+                   images=None if images_at is None else tuple(images_at))
     if not parsed.has_input:
         raise LabelError(f"{where} names no image, video, references or questions to score against")
     return parsed

@@ -86,7 +86,7 @@ def label_columns(labels: Sequence[Label], columns: Columns) -> dict[str, list[A
         columns.references: [lab.references for lab in labels],
     }
     if any(several):
-        out[columns.images] = [list(lab.images) if many else None for lab, many in zip(labels, several)]
+        out[columns.images] = [list(lab.images or ()) if many else None for lab, many in zip(labels, several)]
     if columns.visual_id is not None:
         out[columns.visual_id] = [lab.visual_id for lab in labels]
     return out

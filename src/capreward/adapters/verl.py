@@ -53,7 +53,7 @@ import logging
 import math
 import os
 import threading
-from typing import Any
+from typing import Any, cast
 from collections.abc import Sequence
 
 from capreward.adapters.factory import RewardOptions, build_reward
@@ -144,7 +144,7 @@ class VerlScorer:
                 reasons[i] = SampleError(i, "input", f"sample {i}",
                                          f"unusable ground_truth or extra_info ({type(exc).__name__}: {str(exc)[:200]})")
         ok = [i for i in range(n) if labels[i] is not None]
-        scored = score_labelled(self.reward, [solution_strs[i] for i in ok], [labels[i] for i in ok])
+        scored = score_labelled(self.reward, [solution_strs[i] for i in ok], [cast(Label, labels[i]) for i in ok])
         values: list[float | None] = [None] * n
         metrics: dict[str, list[float]] = {}
         for j, i in enumerate(ok):
@@ -163,7 +163,7 @@ class VerlScorer:
         return sample_label(ground_truth, extra_info, self.paths, where=where)
 
     def _results(self, batch: ScoredBatch) -> list[float | dict[str, float]]:
-        return self.rows(batch) if self.return_dict else batch.filled(self.fallback)
+        return list(self.rows(batch)) if self.return_dict else list(batch.filled(self.fallback))
 
     def rows(self, batch: ScoredBatch) -> list[dict[str, float]]:
         """Dict-mode results: ``{"score", "unscored", <each of subscores>}`` per sample (always these

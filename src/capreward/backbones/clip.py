@@ -15,7 +15,7 @@ import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
@@ -193,7 +193,7 @@ class CLIPBackbone:
 
     #: ``"pil"`` or ``"device"`` (:meth:`set_preprocessing`).
     preprocessing = "pil"
-    _tensor_preprocess = None
+    _tensor_preprocess: Any = None
 
     def set_preprocessing(self, preprocessing: str) -> None:
         """Preprocess frames and RGB images with the released PIL transform (``"pil"``) or as tensors on the
@@ -353,7 +353,7 @@ class CLIPBackbone:
         """Whether the text tower is open_clip's standard pre-norm block stack, which
         :meth:`_text_tower_packed` re-implements."""
         if self._packable_cache is None:
-            blocks = getattr(self.model.transformer, "resblocks", None)
+            blocks: Any = getattr(self.model.transformer, "resblocks", None)
             self._packable_cache = bool(blocks) and all(
                 type(b).__name__ == "ResidualAttentionBlock"
                 and type(b).__module__.startswith("open_clip")
@@ -551,12 +551,12 @@ class CLIPBackbone:
                 queue.add(pending_key, pool.submit(self.image_pixels, item, i), count=1)
             else:
                 queue.add(pending_key, self.image_pixels(item, i))
-        for key, chunk in queue.finish().items():
-            if key[0] != "uncached":
-                self.cache.put(key, chunk)
-            for i in pending[key]:
+        for done, chunk in queue.finish().items():
+            if cast(tuple, done)[0] != "uncached":
+                self.cache.put(done, chunk)
+            for i in pending[done]:
                 results[i] = chunk
-        return results  # type: ignore[return-value]
+        return results
 
 
 _POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}
@@ -597,7 +597,7 @@ class _EncodeQueue:
         single frames [3, H, W] (a future needs its frame ``count``)."""
         self.parts.setdefault(key, [])
         self.waiting.append((key, pixels))
-        self.count += pixels.shape[0] if count is None else count
+        self.count += cast(torch.Tensor, pixels).shape[0] if count is None else count
         if self.count >= self.batch:
             self._flush()
 
@@ -688,10 +688,10 @@ def embed_captions(
     flat = [row for key in plans for row in plans[key][0]]
     embedded = iter(backbone.embed_rows(flat, batch_size, dedup=dedup))
     combined: dict[Hashable, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-    for key, (rows, counts, _) in plans.items():
+    for plan_key, (rows, counts, _) in plans.items():
         parts = [next(embedded) for _ in rows]
         tokens, pooled = combine_windows([t for t, _ in parts], [p for _, p in parts], counts)
-        combined[key] = (tokens, pooled, torch.tensor([t for row in rows for t in row], dtype=torch.long))
+        combined[plan_key] = (tokens, pooled, torch.tensor([t for row in rows for t in row], dtype=torch.long))
     return CaptionEmbeddings(
         tokens=[combined[k][0] for k in keys],
         ids=[combined[k][2] for k in keys],

@@ -111,7 +111,10 @@ def _pack(text: str, fits: Callable[[str], bool], level: int) -> list[str]:
             windows.extend(_pack(pieces[i], fits, level + 1))
             i += 1
             continue
-        k = _largest(lambda k, i=i: fits("".join(pieces[i : i + k]).strip()), len(pieces) - i)
+        def fits_from(k: int, start: int = i) -> bool:
+            return fits("".join(pieces[start : start + k]).strip())
+
+        k = _largest(fits_from, len(pieces) - i)
         windows.append("".join(pieces[i : i + k]).strip())
         i += k
     return windows

@@ -20,7 +20,7 @@ Batches are padded on the left and only the new tokens are decoded. Anything els
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -97,9 +97,10 @@ class CaptionGenerator:
         return batch
 
     def _prompt(self, example: Mapping[str, Any], i: int) -> Any:
-        if self.prompt_key not in example:
-            raise KeyError(f"example {i} has no prompt {self.prompt_key!r}; keys: {sorted(example)}")
-        return example[self.prompt_key]
+        key = cast(str, self.prompt_key)  # prompts are read only with a prompt_key
+        if key not in example:
+            raise KeyError(f"example {i} has no prompt {key!r}; keys: {sorted(example)}")
+        return example[key]
 
     def _image_prompts(self, examples: Sequence[Mapping[str, Any]]) -> Mapping[str, torch.Tensor]:
         """The processor's inputs (ids, mask, pixel values …) for image prompts: each example's
@@ -110,7 +111,7 @@ class CaptionGenerator:
         for i, ex in enumerate(examples):
             if self.image_key not in ex:
                 raise KeyError(f"example {i} has no image {self.image_key!r}; keys: {sorted(ex)}")
-            given = ex[self.image_key]
+            given = ex[cast(str, self.image_key)]  # image prompts are built only with an image_key
             pictures = [load_image(p, index=i) for p in (given if isinstance(given, (list, tuple)) else [given])]
             messages = image_conversation(self._prompt(ex, i), len(pictures), f"example {i}")
             texts.append(self.processing_class.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))

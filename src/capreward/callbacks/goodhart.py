@@ -211,17 +211,21 @@ class GoodhartMonitor:
             except Exception as exc:  # noqa: BLE001 (the observer never breaks training)
                 monitor._failed("watch", exc)
 
+        watched: Callable[..., Any]
         if _is_async(reward):
-            async def watched(*args, **kwargs):
+            async def watched_async(*args, **kwargs):
                 values = await reward(*args, **kwargs)
                 observe(values, args, kwargs)
                 return values
+
+            watched = watched_async
         else:
-            def watched(*args, **kwargs):
+            def watched_sync(*args, **kwargs):
                 values = reward(*args, **kwargs)
                 observe(values, args, kwargs)
                 return values
 
+            watched = watched_sync
         watched.__name__ = getattr(reward, "__name__", type(reward).__name__)
         for attr in ("components", "guards"):
             if hasattr(reward, attr):

@@ -4,11 +4,12 @@ training loop (SCST and other RL loops written as a ``LightningModule``)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from .._extras import require
 from .goodhart import GoodhartMonitor
 
-Callback = require("callbacks", "lightning.pytorch", "pytorch_lightning", used_by="GoodhartLightningCallback").Callback
+Callback: Any = require("callbacks", "lightning.pytorch", "pytorch_lightning", used_by="GoodhartLightningCallback").Callback
 
 
 class GoodhartLightningCallback(Callback):

@@ -36,7 +36,7 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from .._extras import require
 from ..names import sub_score
@@ -56,7 +56,7 @@ from .tables import (
     write_table,
 )
 
-Callback = require("callbacks", "lightning.pytorch", "pytorch_lightning", used_by="CaptionScoreCallback").Callback
+Callback: Any = require("callbacks", "lightning.pytorch", "pytorch_lightning", used_by="CaptionScoreCallback").Callback
 
 logger = logging.getLogger(__name__)
 
@@ -341,7 +341,7 @@ class CaptionScoreCallback(Callback):
             return
         name = f"{_STAGES[stage]}-epoch={trainer.current_epoch:03d}-step={trainer.global_step}"
         if directory is not None:
-            path = write_table(rows, directory / f"{name}.{self.table}", self.table)
+            path = write_table(rows, directory / f"{name}.{self.table}", cast(str, self.table))  # a directory only with a table
             logger.info("caption scores written to %s", path)
         if self.examples > 0:
             best, worst = best_and_worst(rows, self.rank_by, self.examples)
@@ -355,7 +355,7 @@ def check_loggers(loggers: Sequence[Any], prefixes: Mapping[str, str]) -> None:
     for lg in loggers:
         uri = getattr(lg, "_tracking_uri", None)
         if type(lg).__name__ == "MLFlowLogger" and is_file_store(uri):
-            raise ValueError(file_store_refusal(uri, f"{prefixes['validate']}emscore", "CaptionScoreCallback"))
+            raise ValueError(file_store_refusal(cast(str, uri), f"{prefixes['validate']}emscore", "CaptionScoreCallback"))
 
 
 def first_samples(trainer, stage: str, dataloader_idx: int | None = None) -> list[tuple[str, Any]]:

@@ -34,6 +34,7 @@ def loader_batch_ids(loader: Any, batch_idx: int) -> list[int] | None:
     epoch = int(getattr(sampler, "epoch", 0))
     cached = _BATCHES.get(batch_sampler)
     if cached is None or cached[0] != epoch:
+        assert batch_sampler is not None  # it holds the sampler
         cached = (epoch, [[int(i) for i in batch] for batch in batch_sampler])
         _BATCHES[batch_sampler] = cached
     batches = cached[1]

@@ -189,8 +189,8 @@ def score_foils(clip_model: Any, clips: Sequence[Any], names: Sequence[str], fra
     return FoilScores(
         names=task.names, colours=task.colours, truth=task.truth, foils=task.foils, foil_colours=task.foil_colours,
         emscore=(em_t, em_f), clip_s=(cs_t, cs_f),
-        penalty=tuple([r.penalty for r in rs] for rs in reports),
-        flagged=tuple([list(r.flagged) for r in rs] for rs in reports),
+        penalty=([r.penalty for r in reports[0]], [r.penalty for r in reports[1]]),
+        flagged=([list(r.flagged) for r in reports[0]], [list(r.flagged) for r in reports[1]]),
         threshold=threshold,
     )
 
@@ -434,7 +434,7 @@ def run_grpo(clip_model: Any, steps: int, out: str, seed: int = 0, sft_steps: in
         twin.load_state_dict(start_weights)
         sft_colours(twin, processor, steps, seed + 1, label=weak_label)
         control_eval = caption_colours(twin, processor, held_out, EVAL_SAMPLES, seed)
-    levels = reference_levels(reward.reward, held_out, before) if levels else {}
+    level_values = reference_levels(reward.reward, held_out, before) if levels else {}
     rows = result["trajectory"]
     names = [k for k in rows[0] if k not in ("step", "total")] if rows else []
     return GRPOResult(
@@ -444,7 +444,7 @@ def run_grpo(clip_model: Any, steps: int, out: str, seed: int = 0, sft_steps: in
         words=reward.words,
         sft_loss=sft_loss,
         seconds=time.perf_counter() - start,
-        before=before, after=after, control=control_eval, levels=levels, start_state=start_weights,
+        before=before, after=after, control=control_eval, levels=level_values, start_state=start_weights,
     )
 
 

@@ -26,7 +26,7 @@ import sys
 
 def visual_paths(rows: list[dict]) -> list[str]:
     """The image/video paths of ``rows`` (every image of a row with several)."""
-    paths = []
+    paths: list[object] = []  # filtered to the non-empty strings below
     for r in rows:
         visual = r.get("image") or r.get("video")
         paths.extend(visual if isinstance(visual, list) else [visual])

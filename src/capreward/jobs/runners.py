@@ -38,7 +38,7 @@ import dataclasses
 import logging
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 from collections.abc import Callable
 
 from ..default_models import DEFAULT_CLIP
@@ -141,8 +141,8 @@ class ManifestScorer:
         when a metric on the shared CLIP is chosen)."""
         self.options = options
         self._runners: dict[str, Callable[[list[ManifestRow]], list[dict]]] = {}
-        self._judge = None  # the local LLaVA judge, loaded on first use (see local_judge)
-        self._chat = None  # the chat backend of the judge metrics (see chat_backend)
+        self._judge: Any = None  # the local LLaVA judge, loaded on first use (see local_judge)
+        self._chat: Any = None  # the chat backend of the judge metrics (see chat_backend)
         if backbone is None and set(registry.sharing("clip")) & set(options.metrics):
             from ..backbones.clip import CLIPBackbone
 
@@ -177,7 +177,7 @@ class ManifestScorer:
             if self.options.remote_judge:
                 from ..judges.remote import OpenAIJudge
 
-                model = {"model": self.options.judge_api_model} if self.options.judge_api_model else {}
+                model: dict[str, Any] = {"model": self.options.judge_api_model} if self.options.judge_api_model else {}
                 self._chat = OpenAIJudge(self.options.judge_base_url, api_key_env="OPENAI_API_KEY",
                                          top_logprobs_cap=self.options.judge_top_logprobs_cap, **model)
             else:
@@ -206,7 +206,7 @@ class ManifestScorer:
             return self.chat_backend()
         raise ValueError("qa_utility needs a text judge: --qa-model (a causal LM) or a judge server")
 
-    def call_options(self, spec, cls: type | None = None) -> dict[str, Any]:
+    def call_options(self, spec, cls: Any = None) -> dict[str, Any]:
         """The options ``spec``'s job flags set that its scorer takes per call of
         :meth:`~capreward.scorers.contract.Scorer.scores` rather than in its constructor (EMScore's and
         RefCLIP-S's ``harmonic_mean``: ``--harmonic-mean``)."""
@@ -323,6 +323,7 @@ def aggregate_images(metric: str, per_image: list[dict], row: ManifestRow, out: 
     top = [f for f in spec.all_fields() if any(f in r for r in per_image)]
     entries, error = [], None
     for k, r in enumerate(per_image):
+        assert row.paths is not None  # a row scored image by image names its images
         fields_ = {key: value for key, value in r.items() if key in top or key.startswith(sub_score(metric, ""))}
         err = (r.get("errors") or {}).get(metric)
         entries.append({"image": row.paths[k], **fields_, "error": None if err is None else str(err)})
@@ -424,7 +425,7 @@ def alignment_fields(a) -> dict:
 def base_fields(row: ManifestRow) -> dict:
     """The fields of ``row``'s result before any metric: id, caption, visual path, ``errors``,
     references (when given) and the manifest's other keys, as they are."""
-    out = {"id": row.id, "caption": row.caption, row.kind: row.visual, "errors": {}}
+    out: dict[str, Any] = {"id": row.id, "caption": row.caption, row.kind: row.visual, "errors": {}}
     if row.references is not None:
         out["references"] = row.references
     out[HASH_FIELD] = visual_digests(row)  # a resume refuses the row if its visual changes
@@ -494,7 +495,7 @@ def visual_error(row: ManifestRow, pos: int, error: str | None) -> SampleError |
     ``"media"`` or ``"refused"``): see :func:`media_row_error`; None for no error or another kind."""
     if getattr(error, "kind", None) not in ("media", "refused"):
         return None
-    return media_row_error(row, error)
+    return media_row_error(row, cast(SampleError, error))  # its kind says it is one
 
 
 def isolate_errors(run, rows: list[ManifestRow], metric: str) -> list[dict]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
@@ -91,7 +92,7 @@ def run_job(manifest: str | Path, out: str | Path, options: ScoreOptions, idf: s
         has_results = Path(out).is_file() and Path(out).stat().st_size > 0
         job_settings(out, options, has_results=has_results, accept_unrecorded=accept_unrecorded_settings)
         todo = unscored(rows, out, quarantine_bad_lines)
-        clip = []  # the CLIP backbone, loaded at most once: for the idf table and the local scorers
+        clip: list[Any] = []  # the CLIP backbone, loaded at most once: for the idf table and the local scorers
         idf_source = None
 
         def backbone():
@@ -125,7 +126,7 @@ def run_job(manifest: str | Path, out: str | Path, options: ScoreOptions, idf: s
         if csv is not None:
             order = {r.id: i for i, r in enumerate(rows)}
             write_csv(sorted(results, key=lambda r: order.get(r["id"], len(order))), csv)
-    summary = {
+    summary: dict[str, Any] = {
         "total": len(rows),
         "skipped": len(rows) - len(todo),
         "written": written,

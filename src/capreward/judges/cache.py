@@ -27,8 +27,8 @@ class GrowingLayer(DynamicLayer):
         super().__init__()
         self.reserve = max(1, int(reserve))
         self.length = 0
-        self._keys_buffer: torch.Tensor | None = None
-        self._values_buffer: torch.Tensor | None = None
+        self._keys_buffer: Any = None  # tensors once filled (torch is read as Any)
+        self._values_buffer: Any = None
 
     def _allocate(self, like: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
         shape = (*like.shape[:-2], capacity, like.shape[-1])

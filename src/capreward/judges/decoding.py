@@ -166,10 +166,10 @@ def decode_loop(
     done = torch.zeros(n, dtype=torch.bool, device=device)
     written = torch.zeros(n, dtype=torch.long, device=device)  # tokens written (end of sequence excluded)
     chosen_all = torch.full((n, total), -1, dtype=torch.long, device=device)  # -1: the row was done
-    chosen_logp = torch.zeros((n, total), dtype=torch.float32, device=device) if logprobs else None
+    chosen_logp: Any = torch.zeros((n, total), dtype=torch.float32, device=device) if logprobs else None
     k = int(top_logprobs)
-    top_ids = torch.zeros((n, total, k), dtype=torch.long, device=device) if k > 0 else None
-    top_logp = torch.zeros((n, total, k), dtype=torch.float32, device=device) if k > 0 else None
+    top_ids: Any = torch.zeros((n, total, k), dtype=torch.long, device=device) if k > 0 else None
+    top_logp: Any = torch.zeros((n, total, k), dtype=torch.float32, device=device) if k > 0 else None
     sampled = None
     if temperatures is not None:
         temps = torch.tensor([float(t) for t in temperatures], dtype=torch.float32, device=device)
@@ -179,7 +179,7 @@ def decode_loop(
             sampled = (temps > 0, temps.clamp(min=1e-6))
     keep_set = None if keep_tokens is None else {int(t) for t in keep_tokens}
     kept: list[dict[int, torch.Tensor]] | None = [{} for _ in range(n)] if keep_logits else None
-    window: torch.Tensor | None = None
+    window: Any = None  # the logits of the steps since the last sync, when logits are kept
     window_start = 0
     graph: DecodeGraph | None = None
     graph_steps = syncs = 0
@@ -210,7 +210,7 @@ def decode_loop(
         if kept is not None:
             window[:, step - window_start].copy_(logits)
         nxt = logits.argmax(dim=-1)
-        logp = torch.log_softmax(logits.float(), dim=-1) if (logprobs or k > 0) else None
+        logp: Any = torch.log_softmax(logits.float(), dim=-1) if (logprobs or k > 0) else None
         if sampled is not None:
             rows_sampled, temps_now = sampled[0].index_select(0, owner), sampled[1].index_select(0, owner)
             probs = torch.softmax(logits.float() / temps_now[:, None], dim=-1)

@@ -31,7 +31,7 @@ import logging
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from collections.abc import Sequence
 
 import numpy as np
@@ -114,7 +114,9 @@ class VLLMEngine:
 
     def __init__(self, llm: Any, sampling_params_class: Any = None):
         if sampling_params_class is None:
-            from vllm import SamplingParams as sampling_params_class  # noqa: N813 - the engine's own class
+            from vllm import SamplingParams
+
+            sampling_params_class = SamplingParams  # the engine's own class
         self.llm = llm
         self.sampling_params_class = sampling_params_class
         self.token_ids_field = "logprob_token_ids" in _fields(sampling_params_class)
@@ -336,7 +338,7 @@ class EngineJudge(LocalChatJudge):
             rows = list(range(start, min(len(requests), start + self.batch_size)))
             for i, response in zip(rows, self._engine_batch([requests[i] for i in rows], start)):
                 out[i] = response
-        return out
+        return cast(list[ChatResponse], out)  # every request is in one batch
 
     def _engine_batch(self, requests: list[ChatRequest], offset: int) -> list[ChatResponse]:
         judge = self.judge
@@ -385,7 +387,7 @@ class EngineJudge(LocalChatJudge):
         Raises:
             ValueError: a request that cannot be run (named).
         """
-        nodes = [[]]
+        nodes: list[list[Any]] = [[]]
         table = self._node_probabilities(requests, prefixes, nodes, list(token_ids))
         return table[:, 0, :]
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from typing import Any
+from typing import Any, cast
 from collections.abc import Sequence
 
 import torch
@@ -113,7 +113,7 @@ class JudgeFamily:
         """``image`` (RGB) at :attr:`image_size` (bicubic), what the processor is given."""
         image = image.convert("RGB")
         if image.size != self.image_size:
-            image = image.resize(self.image_size, Image.BICUBIC)
+            image = image.resize(cast(tuple[int, int], self.image_size), Image.Resampling.BICUBIC)
         return image
 
     def preprocess(self, images: Sequence[Image.Image], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -164,7 +164,7 @@ class Qwen2VLFamily(JudgeFamily):
     def __init__(self, model: Any, processor: Any, image_size: tuple[int, int] | int | None = None):
         self.merge = int(model.config.vision_config.spatial_merge_size)
         super().__init__(model, processor, image_size)
-        self.grid: torch.Tensor | None = None
+        self.grid: Any = None  # a tensor once a visual is preprocessed
         self.video = False  # whether the last preprocess was of videos
         self.time_interval: float = 1.0  # temporal position step per frame group (Qwen2.5-VL: seconds-based)
 
@@ -434,7 +434,7 @@ def judge_family(model: Any, processor: Any, image_size: tuple[int, int] | int |
     model built like it), whose path ``LocalJudge`` keeps as released. Raises ValueError for a known
     multimodal type that is not supported yet."""
     model_type = getattr(getattr(model, "config", None), "model_type", None)
-    name = FAMILIES.get(model_type)
+    name = FAMILIES.get(model_type) if model_type is not None else None
     if name is None:
         if model_type in UNSUPPORTED:
             raise ValueError(

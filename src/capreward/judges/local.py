@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Protocol, cast
 from collections.abc import Sequence
 
 import torch
@@ -81,6 +81,18 @@ def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
         if any(r[i] != t for r in rows):
             return i
     return n
+
+
+class _VideoFamily(Protocol):
+    """What a :class:`JudgeFamily` that takes videos (``takes_video``) adds."""
+
+    @property
+    def video_token_id(self) -> int: ...
+
+    @property
+    def video_placeholder(self) -> str: ...
+
+    def preprocess_videos(self, videos: Any, device: Any, dtype: Any) -> torch.Tensor: ...
 
 
 class LocalJudge:
@@ -192,7 +204,7 @@ class LocalJudge:
         """The placeholder tokens a prompt's one visual may use: the image token, and the video token of a
         family that takes videos (:meth:`preprocess_videos`)."""
         if self.family is not None and self.family.takes_video:
-            return [self.image_token_id, self.family.video_token_id]
+            return [self.image_token_id, cast(_VideoFamily, self.family).video_token_id]
         return [self.image_token_id]
 
     def _is_visual(self, ids: torch.Tensor) -> torch.Tensor:
@@ -255,7 +267,7 @@ class LocalJudge:
         family's video placeholder, `preprocess_videos()`) instead of an image."""
         if video:
             family = self._video_family()
-            return family.conversation_parts(turns, family.video_placeholder, kind="video")
+            return family.conversation_parts(turns, cast(_VideoFamily, family).video_placeholder, kind="video")
         if self.family is not None:
             return self.family.conversation_parts(turns, self.image_placeholder)
         return llava_v1_parts(turns, system=self.system, image_placeholder=self.image_placeholder)
@@ -344,7 +356,7 @@ class LocalJudge:
         come from :meth:`image_features` and fill the prompt's video placeholder
         (:meth:`conversation_parts` with ``video=True``). Until the next :meth:`preprocess`, prompts are
         positioned for this video grid. Raises ValueError for a family that takes no videos."""
-        return self._video_family().preprocess_videos(videos, self.device, self.dtype)
+        return cast(_VideoFamily, self._video_family()).preprocess_videos(videos, self.device, self.dtype)
 
     def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """Projected image features (U, n_image_tokens, hidden) for ``pixel_values`` (of the last
@@ -438,6 +450,7 @@ class LocalJudge:
 
     def _model_forward(self, embeds, attention_mask, position_ids, cache, logits_to_keep, deepstack, extra):
         if deepstack is not None:  # Qwen3-VL: the language model with its deepstack inputs, then the head
+            assert self.family is not None  # deepstack inputs come from a family
             out = self.family.language_forward(embeds, attention_mask, position_ids,
                                                {self._cache_keyword: cache, **extra}, deepstack[0], deepstack[1])
             hidden = out.last_hidden_state[:, -logits_to_keep:]
@@ -708,6 +721,7 @@ class LocalJudge:
             position_ids = self._positions(position_ids, starts)
         deepstack = self.deepstack_inputs(inputs.input_ids, row_features)
         if deepstack is not None:
+            assert self.family is not None  # deepstack inputs come from a family
             hidden = self.family.language_forward(embeds, inputs.attention_mask, position_ids, {"use_cache": False},
                                                   deepstack[0], deepstack[1]).last_hidden_state
         else:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from collections.abc import Sequence
 
 import numpy as np
@@ -38,7 +38,7 @@ class LocalChatResponse(ChatResponse):
     token_ids: tuple[int, ...] = ()
 
 
-def _row(offset: int | list[int], i: int) -> int:
+def _row(offset: int | Sequence[int], i: int) -> int:
     """The index in the caller's list of request ``i`` of a batch: ``offset + i`` for a batch of
     consecutive requests, ``offset[i]`` for one given by its indices (image and video requests batched
     apart)."""
@@ -154,6 +154,7 @@ class LocalChatJudge(SyncBackendMixin):
             messages.append({"role": turn.role, "content": parts if turn.images else key})
         tok = self.judge.tokenizer
         bos = tok.bos_token or ""
+        assert request.chat_template is not None  # render_parts calls this only for a request with one
         text = render_chat_template(request.chat_template, messages, bos_token=bos, eos_token=tok.eos_token or "")
         text = text.replace(IMAGE_PLACEHOLDER, self.judge.image_placeholder)
         text = text[len(bos) :] if bos and text.startswith(bos) else text
@@ -181,7 +182,11 @@ class LocalChatJudge(SyncBackendMixin):
         """The text side of :meth:`_prepare`: each request's prompt parts (None and an error when it does not
         fit the format), its distinct visuals (equal pixels once), each request's visual index, and whether
         the batch holds videos."""
-        images, image_keys, image_index, prompts, errors = [], {}, [], [], []
+        images: list[Any] = []
+        image_keys: dict[Any, int] = {}
+        image_index: list[int] = []
+        prompts: list[str | list[str | Data] | None] = []
+        errors: list[SampleError | None] = []
         kinds = {r.visual_kind == "video" for r in requests}
         if len(kinds) > 1:
             raise ValueError("one batch holds image and video requests: split them (LocalChatJudge.batches)")
@@ -196,6 +201,7 @@ class LocalChatJudge(SyncBackendMixin):
                 image_index.append(-1)
                 continue
             first = request.turns[0]
+            visual: Any
             if first.videos:
                 visual = tuple(frame.convert("RGB") for frame in first.videos[0])
                 key = visual_key(tuple(first.videos[0]))
@@ -253,7 +259,7 @@ class LocalChatJudge(SyncBackendMixin):
             offset = rows[0] if rows == list(range(rows[0], rows[0] + len(rows))) else rows
             for i, response in zip(rows, self._generate_batch([requests[i] for i in rows], offset)):
                 out[i] = response
-        return out
+        return cast(list[ChatResponse], out)  # every request is in one batch
 
     def batches(self, requests: Sequence[ChatRequest]) -> list[list[int]]:
         """Indices of ``requests`` in batches of at most ``batch_size`` that hold image requests only or
@@ -261,7 +267,7 @@ class LocalChatJudge(SyncBackendMixin):
         groups: dict[bool, list[int]] = {}
         for i, request in enumerate(requests):
             groups.setdefault(request.visual_kind == "video", []).append(i)
-        out = []
+        out: list[list[int]] = []
         for rows in sorted(groups.values()):
             out.extend(rows[s : s + self.batch_size] for s in range(0, len(rows), self.batch_size))
         return sorted(out)
@@ -291,6 +297,7 @@ class LocalChatJudge(SyncBackendMixin):
         """``responses`` with those of ``rows`` filled from the decoded ``out`` (row r of ``out`` is request
         ``rows[r]``): the answer cut at a stop string, each token's text piece, log-probability and top
         alternatives."""
+        assert out.logprobs is not None  # _generate_batch asks for them
         for r, i in enumerate(rows):
             request = requests[i]
             tokens = out.tokens[r]
@@ -303,7 +310,7 @@ class LocalChatJudge(SyncBackendMixin):
             for j, tok in enumerate(tokens):
                 before = context + tokens[max(0, j - 3) : j] if j < 3 else tokens[j - 3 : j]
                 ranked: list[tuple[str, float]] = []
-                if out.top_ids is not None and request.top_logprobs > 0:
+                if out.top_ids is not None and out.top_logprobs is not None and request.top_logprobs > 0:
                     for alt, lp in zip(out.top_ids[r][j][: request.top_logprobs], out.top_logprobs[r][j][: request.top_logprobs]):
                         ranked.append((self._piece(before, alt), lp))
                 top: dict[str, float] = {}
@@ -347,9 +354,10 @@ class LocalChatJudge(SyncBackendMixin):
         ids = [int(t) for t in token_ids]
         start = 0
         if marker is not None:
-            start = next((n for n in range(1, len(ids) + 1) if marker in self.judge.decode(ids[:n])), None)
-            if start is None:
+            found = next((n for n in range(1, len(ids) + 1) if marker in self.judge.decode(ids[:n])), None)
+            if found is None:
                 return None
+            start = found
         at = next((j for j in range(start, len(ids)) if ids[j] in digits), None)
         return None if at is None else ids[:at]
 

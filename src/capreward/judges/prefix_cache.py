@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any
+from typing import Any, cast
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -98,8 +98,8 @@ class SharedPrefixLayer(DynamicLayer):
         super().__init__()
         self.cache = cache
         self.prefix_keys, self.prefix_values = prefix_keys, prefix_values
-        self.keys_buffer: torch.Tensor | None = None
-        self.values_buffer: torch.Tensor | None = None
+        self.keys_buffer: Any = None  # a tensor once allocated (torch is read as Any)
+        self.values_buffer: Any = None
         self.is_initialized = True
         self.reads = 0  # forwards whose attention read this layer (checked by shared_attention)
 
@@ -170,7 +170,7 @@ class SharedPrefixCache(DynamicCache):
             raise ValueError("a cache without a prefix needs num_layers")
         if prefix is not None and len(prefix) == 0:
             raise ValueError("an empty prefix list")
-        layers = list(prefix) if prefix is not None else [(None, None)] * int(num_layers)
+        layers: list[tuple[Any, Any]] = list(prefix) if prefix is not None else [(None, None)] * int(cast(int, num_layers))
         self.layers = [SharedPrefixLayer(self, k, v) for k, v in layers]
         self.layer_class_to_replicate = None
         self.device = torch.device(device)

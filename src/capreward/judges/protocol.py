@@ -25,7 +25,7 @@ import asyncio
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 
 from PIL import Image
@@ -390,6 +390,9 @@ class SyncBackendMixin:
     """``agenerate`` for a backend whose work is synchronous (a local model): runs ``generate`` in a
     worker thread so an event loop stays responsive."""
 
+    if TYPE_CHECKING:  # the backend's own
+        def generate(self, requests: Sequence[ChatRequest]) -> list[ChatResponse]: ...
+
     async def agenerate(self, requests: Sequence[ChatRequest]) -> list[ChatResponse]:
         return await asyncio.to_thread(self.generate, list(requests))
 
@@ -526,7 +529,7 @@ class NextTokenAnswer:
         """
         if not self.ok:
             raise ValueError(f"no answer: {self.error}")
-        return [math.exp(lp) for lp in self.logprobs]  # type: ignore[union-attr]
+        return [math.exp(lp) for lp in cast(tuple[float, ...], self.logprobs)]  # ok: logprobs is set
 
 
 @runtime_checkable

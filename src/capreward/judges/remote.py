@@ -36,7 +36,7 @@ import logging
 import os
 from collections import OrderedDict
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 from collections.abc import Sequence
 
 from PIL import Image
@@ -44,6 +44,7 @@ from PIL import Image
 from ..errors import CaprewardError
 from .caller_text import escape_special_tokens
 from .protocol import (
+    FrozenMapping,
     ChatRequest,
     ChatResponse,
     ChatTurn,
@@ -102,7 +103,7 @@ def capped_http_client(max_bytes: int) -> Any:
     """
     import openai
 
-    hx = _http_module()
+    hx: Any = _http_module()
     limit = int(max_bytes)
 
     class CappedStream(hx.AsyncByteStream):
@@ -399,8 +400,8 @@ class OpenAIJudge:
         if send:
             await self._send(requests, send, results)
         for i in send:
-            if results[i] is not None and results[i].ok and self._deterministic(requests[i]):
-                self._cache_put(requests[i], results[i])
+            if (result := results[i]) is not None and result.ok and self._deterministic(requests[i]):
+                self._cache_put(requests[i], result)
         for i, j in copies:
             results[i] = results[j]
         return [r if r is not None else ChatResponse(text="", error="internal error: no result") for r in results]
@@ -589,7 +590,7 @@ class OpenAIJudge:
         if request.prefilled:  # continue the final assistant message (vLLM's fields; OpenAI has no prefill)
             extra.update(continue_final_message=True, add_generation_prompt=False)
         if request.structured_outputs is not None:  # vLLM >= 0.12 (the guided_* fields were removed)
-            extra["structured_outputs"] = request.structured_outputs.thaw()  # plain dicts and lists, as JSON
+            extra["structured_outputs"] = cast(FrozenMapping, request.structured_outputs).thaw()  # plain dicts and lists, as JSON
         if request.chat_template is not None:
             extra["chat_template"] = request.chat_template  # vLLM's extra field (OpenAI rejects it)
         if request.prompt_logprobs is not None:  # vLLM's extra field: every prompt token's log-probability

@@ -36,12 +36,12 @@ generation prompt as written. Transport, retries, the byte bound on bodies and t
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, cast
 from collections.abc import Sequence
 
 from .caller_text import control_token_strings, escape_special_tokens, fill_once
 from .prompts import IMAGE_PLACEHOLDER, render_chat_template
-from .protocol import MAX_ANSWER_TOKENS, ChatRequest, ChatResponse, NextTokenAnswer, NextTokenQuery, TokenLogprob, answer_problem
+from .protocol import MAX_ANSWER_TOKENS, ChatRequest, FrozenMapping, ChatResponse, NextTokenAnswer, NextTokenQuery, TokenLogprob, answer_problem
 from .remote import DEFAULT_API_MODEL, MalformedResponse, OpenAIJudge
 from .vocab import load_tokenizer, token_piece
 
@@ -141,7 +141,8 @@ class SGLangJudge(OpenAIJudge):
         if not template:
             raise ValueError("no chat template: the tokenizer has none; pass the served model's as chat_template=")
         marker = f"\ue000{uuid.uuid4().hex}:"
-        messages, texts = [], {}
+        messages: list[dict[str, Any]] = []
+        texts: dict[str, str] = {}
         if self.system:
             messages.append({"role": "system", "content": self.system})
         for k, turn in enumerate(turns):
@@ -153,8 +154,8 @@ class SGLangJudge(OpenAIJudge):
             texts[key] = self._escape(turn.text)
             if turn.images:
                 images = [{"type": "image"} for _ in turn.images]
-                text = [{"type": "text", "text": key}]
-                messages.append({"role": turn.role, "content": text + images if turn.text_first else images + text})
+                text_part = [{"type": "text", "text": key}]
+                messages.append({"role": turn.role, "content": text_part + images if turn.text_first else images + text_part})
             else:
                 messages.append({"role": turn.role, "content": key})
         tok = self.tokenizer
@@ -189,7 +190,7 @@ class SGLangJudge(OpenAIJudge):
             elif "json" in constraint:
                 import json
 
-                sampling["json_schema"] = json.dumps(constraint.thaw()["json"])
+                sampling["json_schema"] = json.dumps(cast(FrozenMapping, constraint).thaw()["json"])
             elif "choice" in constraint:
                 import re
 

@@ -136,7 +136,7 @@ class DecordReader:
         if first.shape != (1, size[1], size[0], 3):
             raise DecordMismatch(f"decord returned {tuple(first.shape)}")
 
-    def frames(self, indices: Sequence[int], chunk: int) -> Iterator[np.ndarray]:
+    def frames(self, indices: Sequence[int] | np.ndarray, chunk: int) -> Iterator[np.ndarray]:
         """uint8 (n, H, W, 3) arrays of the frames at ``indices`` (in their order), ``chunk`` at a time."""
         for start in range(0, len(indices), chunk):
             yield self._reader.get_batch(list(indices[start:start + chunk])).asnumpy()
@@ -162,7 +162,7 @@ class PyAVReader:
         with open_container(fd, container, max_pixels) as c:
             self.count = count_packets(c, c.streams[stream], max_frames)
 
-    def frames(self, indices: Sequence[int], chunk: int) -> Iterator[np.ndarray]:
+    def frames(self, indices: Sequence[int] | np.ndarray, chunk: int) -> Iterator[np.ndarray]:
         """uint8 (n, H, W, 3) arrays of the frames at ``indices`` (non-decreasing, repeats allowed),
         ``chunk`` at a time, decoded in one pass from the first frame."""
         from .probe import bound_decoder, open_container

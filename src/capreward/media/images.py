@@ -47,8 +47,8 @@ def describe(item: Any, index: int | None = None) -> str:
         return f"{prefix} ({item.path!r})"
     if isinstance(item, (np.ndarray, torch.Tensor)):
         return f"{prefix} ({type(item).__name__} of shape {tuple(item.shape)})"
-    if isinstance(item, Image.Image) and getattr(item, "filename", None):
-        return f"{prefix} ({type(item).__name__} {item.filename!r})"
+    if isinstance(item, Image.Image) and (filename := getattr(item, "filename", None)):
+        return f"{prefix} ({type(item).__name__} {filename!r})"
     return f"{prefix} ({type(item).__name__})"
 
 
@@ -194,7 +194,8 @@ def check_size(image: Image.Image, name: str, limits: MediaLimits | None = None)
         image.draft(image.mode, (width // s, height // s))
         decoded = image.size
     elif s and image.format == "JPEG2000":
-        image.reduce = s.bit_length() - 1  # the plugin decodes at 1 / 2**reduce and resizes at load
+        # the plugin decodes at 1 / 2**reduce and resizes at load; its attribute shadows Image.reduce()
+        image.reduce = s.bit_length() - 1  # type: ignore[method-assign,assignment]
         decoded = ((width + s // 2) // s, (height + s // 2) // s)
     if decoded[0] * decoded[1] > limits.max_pixels:
         raise MediaError(name, too_big)

@@ -215,6 +215,7 @@ def open_video_file(
             except ProbeError as exc:
                 raise MediaError(name, f"cannot decode video: {exc}") from None
 
+        reader: DecordReader | PyAVReader
         if chosen == "decord":
             try:
                 reader = DecordReader(source)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import posixpath
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 from ..errors import CaprewardError
 
@@ -127,7 +128,7 @@ def as_rating(value: object, where: str) -> float:
         if value is None:
             return math.nan
         try:
-            return float(value)  # numeric strings such as "3" in CSV-derived files
+            return float(cast(Any, value))  # numeric strings such as "3" in CSV-derived files
         except (TypeError, ValueError):
             raise JudgmentError(f"{where}: rating {value!r} is not a number") from None
     return float(value)

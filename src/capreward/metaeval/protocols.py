@@ -52,6 +52,8 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+from collections.abc import Callable
+from typing import cast
 
 from .elo import BOOTSTRAP_ROUNDS, CAPARENA_HUMAN_RANKING, elo_ranking, ranking_correlations
 from .judgments import Judgments, RatedItem
@@ -252,11 +254,11 @@ def _msvd(judgments: Judgments, index: ScoreIndex, stacked: bool) -> MetaEvalRes
     dims, metric_column = {}, {}
     for d in ACCR_DIMENSIONS:
         own = d in MSVD_PARTS and bool(rows) and all(d in index.parts.get(item.key, {}) for item, _ in rows)
-        metric = [index.parts[item.key][d] if own else index.get(item.key) for item, _ in rows]
+        metric = cast(list[float], [index.parts[item.key][d] if own else index.get(item.key) for item, _ in rows])  # matched: scored
         human = [a[d] for _, a in rows]
         dims[d] = {m: _statistic(m, metric, human) for m in ("tau_b", "tau_c")}
         metric_column[d] = f"score.{d}" if own else "score"
-    overall_metric = [index.get(item.key) for item, _ in rows]
+    overall_metric = cast(list[float], [index.get(item.key) for item, _ in rows])  # matched: scored
     details = {"protocol": "per-annotator" if stacked else "annotator-mean", "dimensions": dims,
                "metric_column": metric_column, "rows": len(rows)}
     return MetaEvalResult(judgments.benchmark, dict(dims["overall"]), len(matched), len(unmatched), unmatched, details,
@@ -277,7 +279,8 @@ def msvd_mean_protocol(judgments: Judgments, index: ScoreIndex) -> MetaEvalResul
 
 def pairwise_protocol(judgments: Judgments, index: ScoreIndex) -> MetaEvalResult:
     """Pascal-50S (per category and mean) and FOIL (one accuracy): strict wins over all pairs."""
-    preferred, other, category, unmatched, used = [], [], [], [], set()
+    preferred, other, category, unmatched = [], [], [], []
+    used: set[tuple] = set()
     n_unmatched = 0
     for pair in judgments.pairs:
         keys = (pair.key(pair.preferred), pair.key(1 - pair.preferred))
@@ -331,7 +334,8 @@ def caparena_protocol(judgments: Judgments, index: ScoreIndex, elo_rounds: int =
     agree_no_tie: dict[str, list[int]] = {}
     metric_battles: list[tuple[str, str, float]] = []
     human_battles: list[tuple[str, str, float]] = []
-    unmatched, used, skipped, n_unmatched = [], set(), 0, 0
+    unmatched, skipped, n_unmatched = [], 0, 0
+    used: set[tuple] = set()
     preferred, other, category = [], [], []
     for pair in judgments.pairs:
         if pair.sources is not None and "human" in pair.sources:
@@ -407,7 +411,7 @@ def _vatex(judgments: Judgments, index: ScoreIndex) -> MetaEvalResult:
 
 
 # benchmark -> {protocol name: function}; the first is the benchmark's default
-PROTOCOLS = {
+PROTOCOLS: dict[str, dict[str, Callable[[Judgments, ScoreIndex], MetaEvalResult]]] = {
     "flickr8k-expert": {"per-rating": rated_protocol, "per-candidate": flickr8k_per_candidate_protocol},
     "flickr8k-cf": {"per-rating": rated_protocol},
     "composite": {"per-rating": rated_protocol},

@@ -192,11 +192,11 @@ def read_vatex_eval(path: str | Path) -> Judgments:
         scores = obj.get("human_scores")
         if not (isinstance(scores, list) and scores):
             raise JudgmentError(f"{where}: 'human_scores' must be a list with one score per annotator")
-        vid = obj.get("video", obj.get("video_id"))
-        if vid is None:
+        video = obj.get("video", obj.get("video_id"))
+        if video is None:
             raise JudgmentError(f"{where}: needs 'video'")
         ratings = {f"annotator_{k + 1}": as_rating(v, where) for k, v in enumerate(scores)}
-        out.rated.append(RatedItem(visual_aliases(vid), _caption(obj, "caption", where), ratings, where))
+        out.rated.append(RatedItem(visual_aliases(video), _caption(obj, "caption", where), ratings, where))
     return out
 
 
@@ -215,7 +215,7 @@ def read_thumb(path: str | Path) -> Judgments:
     return out
 
 
-def coco_file_name(image_id: object, split: str = "val2014") -> str:
+def coco_file_name(image_id: int | str, split: str = "val2014") -> str:
     return f"COCO_{split}_{int(image_id):012d}.jpg"
 
 

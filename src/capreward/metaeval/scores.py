@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from ..names import sub_score
 from .judgments import JudgmentError, Judgments, normalize_caption, visual_aliases
@@ -187,7 +188,7 @@ def index_scores(rows: list[ScoreRow], judgments: Judgments, tolerance: float = 
             index.missing.setdefault(key, row.reason or "no score")
             continue
         if key in first:
-            prev = first[key].score
+            prev = cast(float, first[key].score)  # only scored rows are kept in first
             if abs(prev - row.score) > tolerance * max(1.0, abs(prev)):
                 raise JudgmentError(
                     f"{row.where}: score {row.score} for image {canonical!r} and caption {row.caption!r} "

@@ -21,12 +21,12 @@ def _scipy_stats():
 
 
 def _pair(x: Sequence[float], y: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    if x.shape != y.shape or x.ndim != 1:
-        raise ValueError(f"need two 1-D sequences of equal length, got shapes {x.shape} and {y.shape}")
-    if len(x) < 2:
-        raise ValueError(f"a correlation needs at least 2 points, got {len(x)}")
-    return x, y
+    xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if xs.shape != ys.shape or xs.ndim != 1:
+        raise ValueError(f"need two 1-D sequences of equal length, got shapes {xs.shape} and {ys.shape}")
+    if len(xs) < 2:
+        raise ValueError(f"a correlation needs at least 2 points, got {len(xs)}")
+    return xs, ys
 
 
 def kendall(x: Sequence[float], y: Sequence[float], variant: str = "c") -> float:
@@ -47,8 +47,8 @@ def kendall(x: Sequence[float], y: Sequence[float], variant: str = "c") -> float
     """
     if variant not in ("b", "c"):
         raise ValueError(f"variant must be 'b' or 'c', got {variant!r}")
-    x, y = _pair(x, y)
-    return float(_scipy_stats().kendalltau(x, y, variant=variant).statistic)
+    xs, ys = _pair(x, y)
+    return float(_scipy_stats().kendalltau(xs, ys, variant=variant).statistic)
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
@@ -61,8 +61,8 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float:
     Returns:
         The coefficient, in [-1, 1].
     """
-    x, y = _pair(x, y)
-    return float(_scipy_stats().spearmanr(x, y).statistic)
+    xs, ys = _pair(x, y)
+    return float(_scipy_stats().spearmanr(xs, ys).statistic)
 
 
 def pearson(x: Sequence[float], y: Sequence[float]) -> float:
@@ -75,8 +75,8 @@ def pearson(x: Sequence[float], y: Sequence[float]) -> float:
     Returns:
         The coefficient, in [-1, 1].
     """
-    x, y = _pair(x, y)
-    return float(_scipy_stats().pearsonr(x, y).statistic)
+    xs, ys = _pair(x, y)
+    return float(_scipy_stats().pearsonr(xs, ys).statistic)
 
 
 def pairwise_outcomes(preferred: Sequence[float | None], other: Sequence[float | None]) -> dict[str, int]:

@@ -115,7 +115,8 @@ def alternatives_after_marker(
     except MalformedAnswer as exc:
         return None, f"malformed answer: {exc}"
     if probs is None:
-        listed = tops[i + 1].keys() if isinstance(tops[i + 1], Mapping) else [t for t, _ in tops[i + 1]]
+        top = tops[i + 1]
+        listed = top.keys() if isinstance(top, Mapping) else [t for t, _ in top]
         shown = ", ".join(repr(t) for t in list(listed)[:5])
         return None, f"no alternative after {marker!r} is an integer 0..100 (got {shown})"
     return probs, None

@@ -43,6 +43,8 @@ def parse_visce2_answer(text: str) -> tuple[float, str | None]:
         return 0.0, f"no integer in the answer {text[:80]!r}; scored 0 as in the paper"
     value, start = found
     if value >= NUM_SCORES:
-        digits = _INTEGER.match(text, start).group(0)  # float() of the digits, as the release: inf, never an error
+        match = _INTEGER.match(text, start)
+        assert match is not None  # first_integer found one there
+        digits = match.group(0)  # float() of the digits, as the release: inf, never an error
         return float(digits), f"the first integer in the answer is {digits[:20]}, outside 0..100 (kept as the release does)"
     return float(value), None

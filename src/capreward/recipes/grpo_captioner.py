@@ -147,7 +147,7 @@ def build_rewards(args: argparse.Namespace) -> tuple[list[Any], list[float]]:
         chosen = {n for n, _ in args.reward_list}
         from capreward.testing.tiny_judges import tiny_judge_for
 
-        tiny = [tiny_judge_for(s.name) for s in registry.specs() if s.name in chosen and tiny_judge_for(s.name)]
+        tiny = [build for s in registry.specs() if s.name in chosen and (build := tiny_judge_for(s.name)) is not None]
         if tiny:
             judge = tiny[0]()
     funcs = [build_reward(name, args, clip, judge) for name, _ in args.reward_list]

@@ -146,7 +146,7 @@ def claim_verdicts(row: dict) -> list[ShownClaim] | None:
     value = row.get(FIELD, row.get("claims.claims"))
     if value is None or verdicts_problem(value) is not None:
         return None
-    caption = row.get("caption") if isinstance(row.get("caption"), str) else ""
+    caption = given if isinstance(given := row.get("caption"), str) else ""
     spans = _Spans(caption)
     out: list[ShownClaim] = []
     for item in value:
@@ -184,7 +184,7 @@ def claims_section(row: dict) -> str:
     claims = claim_verdicts(row)
     if not claims:
         return ""
-    caption = row.get("caption") if isinstance(row.get("caption"), str) else ""
+    caption = given if isinstance(given := row.get("caption"), str) else ""
     n_ok = sum(c.verdict == "verified" for c in claims)
     items = "".join(
         f'<li class="{c.css}">{html.escape(c.verdict)} <span class="p">'

@@ -277,7 +277,7 @@ def settings_section(settings: dict | None, metrics: list[str]) -> str:
 def thumbnail_uri(image: Image.Image) -> str:
     """A data URI of a JPEG thumbnail ``THUMB_HEIGHT`` pixels high."""
     scale = THUMB_HEIGHT / max(1, image.height)
-    thumb = image.resize((max(1, round(image.width * scale)), THUMB_HEIGHT), Image.BICUBIC)
+    thumb = image.resize((max(1, round(image.width * scale)), THUMB_HEIGHT), Image.Resampling.BICUBIC)
     buf = io.BytesIO()
     thumb.save(buf, format="JPEG", quality=80)
     return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()

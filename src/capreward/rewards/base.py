@@ -17,7 +17,7 @@ import math
 import threading
 import warnings
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 from collections.abc import Callable, Sequence
 
 from ..caption_reading import read_caption
@@ -119,6 +119,13 @@ def clip_to_range(out: RewardOutput, value_range: tuple[float, float] | None) ->
 
 #: Per-sample 1.0/0.0 indicators logged as a count per batch rather than a mean.
 COUNTED_METRICS = ("clipped", "injection", "truncated")
+
+
+def _hinted(reason: str | None, hint: str) -> str | None:
+    """A no-visual error with ``hint`` (which column to pass) added to its message; any other reason as it is."""
+    if isinstance(reason, SampleError) and reason.kind == "no_visual":
+        return dataclasses.replace(reason, message=reason.message + hint)
+    return reason
 
 
 def _nanmean(values: Sequence[float]) -> float:
@@ -537,8 +544,7 @@ class CaptionReward(RewardFunction):
         out = self.score_inputs(self._collect(prompts, completions, kwargs))
         hint = self._column_hint(kwargs)
         if hint:
-            out.reasons = [dataclasses.replace(r, message=r.message + hint) if getattr(r, "kind", None) == "no_visual"
-                           else r for r in out.reasons]
+            out.reasons = [_hinted(r, hint) for r in out.reasons]
         return out
 
     def _collect(self, prompts: Sequence[Any] | None, completions: Sequence[Any], kwargs: dict) -> RewardInputs:
@@ -582,7 +588,7 @@ class CaptionReward(RewardFunction):
             if s.error is not None:
                 continue
             if floored[i]:
-                values[i] = self.value_range()[0]  # the guard found a range (see _injection_guard)
+                values[i] = cast(tuple[float, float], self.value_range())[0]  # the guard found a range (see _injection_guard)
                 continue
             refs = s.references if self.use_references else None
             alone = refs is not None or any(v is not None for v in s.inputs.values())
@@ -647,7 +653,8 @@ class CaptionReward(RewardFunction):
         characters only) is an empty caption. With :attr:`as_given`, the inputs as they are."""
         if self.as_given:
             return inputs, []
-        samples, changes = [], []
+        samples: list[Sample] = []
+        changes: list[str | None] = []
         for i, s in enumerate(inputs.samples):
             if s.error is not None or not isinstance(s.caption, str):
                 samples.append(s)
@@ -682,7 +689,8 @@ class CaptionReward(RewardFunction):
         members: list[list[int]] = [[] for _ in range(n)]
         for j, i in enumerate(owner):
             members[i].append(j)
-        aggregate = {"mean": lambda v: sum(v) / len(v), "min": min, "max": max}[self.image_aggregation]
+        aggregates: dict[str, Callable[[list[Any]], Any]] = {"mean": lambda v: sum(v) / len(v), "min": min, "max": max}
+        aggregate = aggregates[self.image_aggregation]
         for i, js in enumerate(members):
             per_image = [flat.values[j] for j in js]
             missing = [(k, flat.reasons[j]) for k, j in enumerate(js) if flat.values[j] is None]

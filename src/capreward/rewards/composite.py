@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Any
+from typing import Any, cast
 from collections.abc import Callable, Sequence
 
 from ..caption_budget import caption_problem
@@ -195,7 +195,9 @@ class CompositeReward(RewardFunction):
         one (all True without a verifier)."""
         if self.verifier is None:
             return [True] * n
-        claims_key, false_key = _verdict_metrics(self.components[self.verifier][1])
+        keys = _verdict_metrics(self.components[self.verifier][1])
+        assert keys is not None  # the verifier's names were checked when it was chosen
+        claims_key, false_key = keys
         out = parts[self.verifier][2]
         claims = out.metrics.get(claims_key, [math.nan] * n)
         false = out.metrics.get(false_key, [math.nan] * n)
@@ -271,8 +273,9 @@ class CompositeReward(RewardFunction):
         for i in range(n):
             missing = [(k, label, out.reasons[i]) for k, (label, _, out) in enumerate(parts) if out.values[i] is None]
             # an unverified caption: every component but the verifier counts at the bottom of its range
-            valid = [(w, out.values[i] if verified[i] or k == self.verifier else _bottom(w, self.ranges[k]) / w)
-                     for k, (_, w, out) in enumerate(parts) if out.values[i] is not None]
+            valid: list[tuple[float, float]] = [
+                (w, cast(float, out.values[i]) if verified[i] or k == self.verifier else _bottom(w, self.ranges[k]) / w)
+                for k, (_, w, out) in enumerate(parts) if out.values[i] is not None]
             if missing and (self.on_none == "none" or not valid):
                 text = "; ".join(f"{label}: {why or 'no score'}" for _, label, why in missing)
                 reasons[i] = SampleError(i, common_kind([why for _, _, why in missing]), "", text)
@@ -288,11 +291,12 @@ class CompositeReward(RewardFunction):
             floor = scored + sum(_bottom(parts[k][1], self.ranges[k]) for k, _, _ in missing)
             if missing and self.on_none == "renormalize":
                 scale = total_weight / sum(abs(w) for w, _ in valid)
-                values[i] = min(scale * scored, floor)
+                total = min(scale * scored, floor)
             else:
-                values[i] = floor
-            if not math.isfinite(values[i]):  # huge weights can overflow; never pass ±inf on
-                values[i], reasons[i] = None, SampleError(i, "non_finite", "", f"the weighted sum is not finite ({values[i]})")
+                total = floor
+            values[i] = total
+            if not math.isfinite(total):  # huge weights can overflow; never pass ±inf on
+                values[i], reasons[i] = None, SampleError(i, "non_finite", "", f"the weighted sum is not finite ({total})")
 
         if self.guards is not None:
             for i, completion in enumerate(completions):
@@ -313,8 +317,8 @@ class CompositeReward(RewardFunction):
                     limit = None
                 for term, value in self.guards.terms(text, max_words=limit, injection=False).items():
                     metrics.setdefault(f"guard/{term}", [math.nan] * n)[i] = value
-                    if values[i] is not None:
-                        values[i] += value
+                    if (before := values[i]) is not None:
+                        values[i] = before + value
                 if self.guards.injection:
                     metrics.setdefault("guard/injection", [math.nan] * n)[i] = 0.0
         return RewardOutput(values, reasons, metrics)
@@ -342,9 +346,9 @@ def _keep_lower_of_stripped(out: RewardOutput, stripped: list[str | None], owner
     Truncates to ``n`` rows."""
     injection = out.metrics.setdefault("guard/injection", [0.0] * len(out.values))
     for i in range(n):
-        if stripped[i] is None or out.values[i] is None:
-            continue
         full = out.values[i]
+        if stripped[i] is None or full is None:
+            continue
         if stripped[i] == "":
             low = value_range[0] if value_range is not None else None
         else:
@@ -403,8 +407,9 @@ def _component_range(k: int, name: str, func: Any, given: Any) -> tuple[float, f
     return (lo, hi)
 
 
-def _bottom(weight: float, value_range: tuple[float, float]) -> float:
+def _bottom(weight: float, value_range: tuple[float, float] | None) -> float:
     """The least a component can contribute: ``w · lo`` (``w · hi`` for a negative weight)."""
+    assert value_range is not None  # callers floor only the components whose range was checked
     return min(weight * value_range[0], weight * value_range[1])
 
 

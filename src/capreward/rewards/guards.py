@@ -22,7 +22,7 @@ import numbers
 import re
 import unicodedata
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from collections.abc import Mapping
 
 from ..caption_reading import as_decoded, as_read, is_invisible
@@ -462,7 +462,7 @@ class Guards:
         else:
             if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{column}[{index}] must be a positive number of words, got {value!r}")
-            target = value
+            target = cast(float, value)  # a finite positive Real, checked
         return max(1, math.ceil(self.length_ratio * target))
 
     def terms(self, text: str, max_words: int | None = None, injection: bool = True) -> dict[str, float]:

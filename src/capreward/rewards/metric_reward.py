@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-from typing import Any
+from typing import Any, cast
 from collections.abc import Callable, Sequence
 
 from .. import registry
@@ -60,7 +60,7 @@ def reward_parameters(metric: str) -> tuple[inspect.Signature, frozenset[str] | 
     return signature, names
 
 
-def _signature(cls: type) -> inspect.Signature:
+def _signature(cls: Any) -> inspect.Signature:
     if cls.metric is None:
         return inspect.Signature([inspect.Parameter("metric", inspect.Parameter.POSITIONAL_ONLY), *_COMMON,
                                   inspect.Parameter("options", inspect.Parameter.VAR_KEYWORD)])
@@ -68,7 +68,7 @@ def _signature(cls: type) -> inspect.Signature:
 
 
 @functools.cache
-def _call_options(scorer_class: type) -> frozenset[str]:
+def _call_options(scorer_class: Any) -> frozenset[str]:
     """The keyword names of ``scorer_class.scores`` (reward options it reads per call)."""
     return frozenset(inspect.signature(scorer_class.scores).parameters)
 
@@ -134,7 +134,7 @@ class MetricReward(CaptionReward):
             raise TypeError("MetricReward() needs a metric name: MetricReward('emscore', ...)")
         if metric is not None and fixed is not None and registry.get(metric).name != registry.get(fixed).name:
             raise ValueError(f"{type(self).__name__} is the {fixed!r} reward; use MetricReward({metric!r}) for {metric!r}")
-        spec = registry.get(metric or fixed)
+        spec = registry.get(cast(str, metric or fixed))  # one of them is given (checked above)
         policy = spec.reward_policy
         owner = type(self).__name__ if fixed is not None else f"MetricReward({spec.name!r})"
         names = reward_parameters(spec.name)[1]
@@ -358,11 +358,12 @@ class MetricReward(CaptionReward):
         if visual_ids is not None:
             kwargs["visual_ids"] = visual_ids
         if plan["call"] is None:
-            call = _call_options(type(scorer))
+            scorer_class: Any = type(scorer)  # a class is hashable (typeshed's type[Any] does not say so)
+            call = _call_options(scorer_class)
             plan["call"] = {k: getattr(self, k) for k in self._own if k in call}
         kwargs.update(plan["call"])
         out: Scores = scorer.scores(captions, **kwargs)
-        out.check(plan["declared"], self.metric)
+        out.check(plan["declared"], cast(str, self.metric))  # set at construction
         self.last_result = out.result
         value, scale = plan["value"], plan["scale"]
         columns = out.values([value, *plan["numeric"]])

@@ -20,7 +20,7 @@ import torch
 
 from ..errors import SampleError, exception_kind
 from ..media import MediaError
-from .results import Alignments
+from .results import Alignments, TokenAlignment
 
 ERROR_MODES = ("raise", "nan")
 
@@ -62,7 +62,7 @@ def visual_problems(
     The embeddings land in the backbone's cache, so the batched call that follows reuses them."""
     if visuals is None:
         return []
-    out = []
+    out: list[SampleError | None] = []
     for i, visual in enumerate(visuals):
         try:
             embed([visual], None if ids is None else [ids[i]])
@@ -72,15 +72,20 @@ def visual_problems(
     return out
 
 
+def _widened(alignments: Alignments, position: dict[int, int]) -> Callable[[int], TokenAlignment | None]:
+    """The builder of item i of the widened alignments: item ``position[i]`` of ``alignments``, None for
+    an item not scored."""
+    return lambda i: alignments[position[i]] if i in position else None
+
+
 def scatter(result: Any, keep: list[int], n: int) -> Any:
     """A copy of ``result`` (a dataclass of per-item tensors, nested dataclasses and lists, for the
     items ``keep``) with every per-item field widened to ``n`` items: NaN / None / False elsewhere."""
-    values = {}
+    values: dict[str, Any] = {}
     for f in dataclasses.fields(result):
         v = getattr(result, f.name)
         if isinstance(v, Alignments) and len(v) == len(keep):
-            position = {i: j for j, i in enumerate(keep)}
-            values[f.name] = Alignments(n, lambda i, v=v, position=position: v[position[i]] if i in position else None)
+            values[f.name] = Alignments(n, _widened(v, {i: j for j, i in enumerate(keep)}))
         elif isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == len(keep):
             full = torch.full((n, *v.shape[1:]), float("nan"), dtype=v.dtype if v.is_floating_point() else torch.float32, device=v.device)
             full[torch.tensor(keep, dtype=torch.long, device=v.device)] = v.to(full.dtype)
@@ -89,7 +94,7 @@ def scatter(result: Any, keep: list[int], n: int) -> Any:
             values[f.name] = scatter(v, keep, n)
         elif isinstance(v, list) and len(v) == len(keep):
             fill = False if f.name == "truncated" else None
-            full_list = [fill] * n
+            full_list: list[Any] = [fill] * n
             for j, i in enumerate(keep):
                 full_list[i] = v[j]
             values[f.name] = full_list
@@ -120,7 +125,7 @@ def score_valid(
     problems: list[SampleError | None] = [SampleError.of(caption_problem(c), i, kind="input")
                                           for i, c in enumerate(candidates)]
     if references is not None:
-        problems = [p or ((why := references_problem(r)) and SampleError.naming(i, "input", "references", why))
+        problems = [p or (SampleError.naming(i, "input", "references", why) if (why := references_problem(r)) else None)
                     for i, (p, r) in enumerate(zip(problems, references))]
     if visuals is not None and embed is not None:
         problems = [p or v for p, v in zip(problems, visual_problems(visuals, ids, embed))]

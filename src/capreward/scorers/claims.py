@@ -45,7 +45,7 @@ import math
 import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from collections.abc import Sequence
 
 import numpy as np
@@ -55,7 +55,9 @@ from ..errors import SampleError, kind_of
 from ..judges.caller_text import is_blank
 from ..judges.injection import injection_reasons
 from ..judges.local_chat import LocalChatJudge
-from ..judges.protocol import ChatRequest, ChatResponse, JudgeBackend, NextTokenQuery, answer_problem, scores_next_tokens, user_turn
+from ..judges.protocol import (
+    ChatRequest, ChatResponse, JudgeBackend, NextTokenQuery, NextTokenScorer, answer_problem, scores_next_tokens, user_turn,
+)
 from ..media import media_key
 from ..metrics.logprobs import MalformedAnswer, listed_probabilities
 from ..media.keys import hash_bytes
@@ -122,7 +124,7 @@ def read_alternatives(response: ChatResponse) -> YesNo:
     if not response.tokens:
         return YesNo(error=SampleError(None, "judge_unreadable", "", "the backend returned no token log-probabilities"))
     first = response.tokens[0]
-    listed = first.ranked or tuple(first.top.items()) or ((first.token, first.logprob),)
+    listed: Sequence[tuple[str, float]] = first.ranked or tuple(first.top.items()) or ((first.token, first.logprob),)
     problem = answer_problem(response)
     try:
         if problem is not None:
@@ -195,16 +197,17 @@ class YesNoReader:
     def _read_next_tokens(self, requests: list[ChatRequest], groups: Sequence[Any] | None) -> list[YesNo]:
         """P(yes), P(no) of the first answer token from the backend's exact next-token scores: the summed
         probabilities of the tokens that read as "yes" and as "no" (the ids the local reading sums)."""
+        backend = cast(NextTokenScorer, self.backend)  # self.scores_next_tokens said so
         if self._ids is None:
-            self._ids = (answer_token_ids(self.backend.tokenizer, "yes"), answer_token_ids(self.backend.tokenizer, "no"))
+            self._ids = (answer_token_ids(backend.tokenizer, "yes"), answer_token_ids(backend.tokenizer, "no"))
         yes, no = self._ids
         ids = tuple(yes) + tuple(no)
         groups = list(groups) if groups is not None else [None] * len(requests)
-        answers = self.backend.next_token_logprobs([NextTokenQuery(r, "", ids, g) for r, g in zip(requests, groups)])
+        answers = backend.next_token_logprobs([NextTokenQuery(r, "", ids, g) for r, g in zip(requests, groups)])
         out = []
         for answer in answers:
             if not answer.ok:
-                out.append(YesNo(error=SampleError(None, kind_of(answer.error, "judge_unavailable"), "", answer.error)))
+                out.append(YesNo(error=SampleError(None, kind_of(answer.error, "judge_unavailable"), "", cast(str, answer.error))))
                 continue
             p = answer.probabilities()
             out.append(YesNo(sum(p[: len(yes)]), sum(p[len(yes):])))
@@ -215,7 +218,7 @@ class YesNoReader:
         """Every request encoded in one pass and each distinct visual's features computed once; then the
         valid rows run ``batch_size`` at a time, each chunk's shared prefix once per visual. A judge in an
         in-process engine (:class:`~capreward.judges.engines.EngineJudge`) reads the same tokens there."""
-        backend: LocalChatJudge = self.backend  # type: ignore[assignment]
+        backend = cast(LocalChatJudge, self.backend)  # the exact reading runs on a local chat judge
         judge = backend.judge
         if self._ids is None:
             self._ids = (answer_token_ids(judge.tokenizer, "yes"), answer_token_ids(judge.tokenizer, "no"))
@@ -567,7 +570,7 @@ class ClaimScorer:
         if todo:
             keys = sorted(todo, key=lambda k: id(todo[k][0]))
             requests = [
-                self.reader.request(verify_prompt(c) if kind == "verify" else coverage_prompt(cap, c), v)
+                self.reader.request(verify_prompt(c) if kind == "verify" else coverage_prompt(cast(str, cap), c), v)
                 for v, cap, c in (todo[k] for k in keys)
             ]
             self.judge_calls += len(requests)
@@ -670,22 +673,23 @@ class ClaimScorer:
                 vk = media_key(visuals[u], image_ids[i] if image_ids is not None else None)
                 keys[u] = vk
         errors: list[SampleError | None] = [None] * n
-        for i, c in enumerate(candidates):
-            if is_blank(c):
+        for i, caption in enumerate(candidates):
+            if is_blank(caption):
                 errors[i] = SampleError(i, "input", "", "empty caption")
-        split = self.split([c if errors[i] is None else "" for i, c in enumerate(candidates)])
+        split = self.split([caption if errors[i] is None else "" for i, caption in enumerate(candidates)])
         for i, (_claims, total) in enumerate(split):
             if errors[i] is None and total == 0:
                 errors[i] = SampleError(i, "input", "", "the caption holds no claim")
 
         def vkey(kind: str, u: int, *texts: str) -> Any:
             """The cache key (a hash) of a verdict; a tuple, never cached, for a visual without a key."""
-            if keys[u] is None:
+            key = keys[u]
+            if key is None:
                 return ("uncached", kind, u, *texts)
-            return self.cache.key(kind, self.backend.name, CLAIMS_PROMPT_VERSION, keys[u], *texts)
+            return self.cache.key(kind, self.backend.name, CLAIMS_PROMPT_VERSION, key, *texts)
 
         # verify every distinct (visual, claim) of the group in one pass
-        items = []
+        items: list[tuple[Any, Any, str | None, str]] = []
         for i in range(n):
             if errors[i] is None:
                 u = index[i]
@@ -716,7 +720,7 @@ class ClaimScorer:
             read_captions.append(read_caption(candidates[i]).text if errors[i] is None else "")
             if errors[i] is None and ref_claims[i]:
                 u = index[i]
-                for r in ref_claims[i]:
+                for r in ref_claims[i] or ():
                     key = vkey("cover", u, read_captions[i], r)
                     cover_items.append((key, visuals[u], read_captions[i], r))
         if self.coverage == "judge":
@@ -726,7 +730,7 @@ class ClaimScorer:
             for i in range(n):
                 if errors[i] is None and ref_claims[i]:
                     texts = [c.text for c in split[i][0]]
-                    for r in ref_claims[i]:
+                    for r in ref_claims[i] or ():
                         covered[vkey("cover", index[i], read_captions[i], r)] = (lexical_coverage(r, texts), None)
 
         score, precision, recall = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
@@ -753,7 +757,7 @@ class ClaimScorer:
             precision[i] = claim_precision(ps, total, self.claim_cost)
             if ref_claims[i]:
                 cs = []
-                for r in ref_claims[i]:
+                for r in ref_claims[i] or ():
                     p, why = covered[vkey("cover", u, read_captions[i], r)]
                     cover_out[i].append(CoverageVerdict(r, p, why))
                     cs.append(p)

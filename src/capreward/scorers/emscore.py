@@ -262,7 +262,7 @@ class EMScore:
                          harmonic_mean=harmonic_mean)
         subs = {f"{part}{SEP}{f.name}": getattr(scores, f.name).tolist() for part in ("video", "reference", "combined")
                 if (scores := getattr(res, part)) is not None for f in MATCH_FIELDS}
-        extras: dict[str, list] = {"truncated": [bool(t) for t in res.truncated]}
+        extras: dict[str, Any] = {"truncated": [bool(t) for t in res.truncated]}
         if res.alignment is not None:
             extras["alignment"] = res.alignment
         return Scores(score=res.score.tolist(), sub_scores=subs, extras=extras, result=res)
@@ -356,6 +356,7 @@ class EMScore:
         if video is not None and reference is not None:
             combined = MatchScores.average(video, reference)
         main = combined or video or reference
+        assert main is not None  # a video, references or both were given
         truncated = [False] * cand.tokens.shape[0]
         return EMScoreResult(main.full_f, video, reference, combined, alignment, truncated)
 
@@ -376,6 +377,7 @@ class EMScore:
 
     def _alignments(self, cand: CandidateText, fine: FineMatch) -> Alignments:
         ids_list = cand.ids
+        assert ids_list is not None  # alignments are built for text captions only
         best_target = fine.best_target.detach()
         best_similarity = fine.best_similarity.detach()
         weights = cand.weights.detach()

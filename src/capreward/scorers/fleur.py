@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from collections.abc import Sequence
 
 import torch
@@ -134,7 +134,7 @@ def judge_visuals(images: Sequence[Any] | None, videos: Sequence[Any] | None, n:
     """
     if (images is None) == (videos is None):
         raise ValueError("give exactly one of images= or videos=")
-    items = list(images if images is not None else videos)
+    items = list(cast(Sequence[Any], images if images is not None else videos))  # one of them (checked)
     what = "images" if images is not None else "videos"
     if len(items) != n:
         raise ValueError(f"got {len(items)} {what} for {n} candidates; give one per candidate")
@@ -480,6 +480,7 @@ class FLEUR(FLEURScores):
             readings[i] = reading
             error[i] = SampleError.of(reading.error, i, kind="judge_unreadable")
             if reading.ok:
+                assert logits is not None  # kept (keep_logits=True)
                 read = torch.stack([logits[t] for t in reading.steps])
                 probs[i, : len(reading.steps)] = digit_probabilities(read, self.digit_ids).float().cpu()
         return FLEURPlan(candidates, prompts, prompt_ids, visuals, image_index, tokens, raw, readings, error, probs)
@@ -492,7 +493,7 @@ class FLEUR(FLEURScores):
         if not rows:
             return None
         return self.judge.teacher_forcing_inputs(
-            [plan.prompt_ids[n] for n in rows],
+            [cast(list[int], plan.prompt_ids[n]) for n in rows],  # a scored row was run, so encoded
             [plan.tokens[n] for n in rows],
             [plan.readings[n].steps for n in rows],
         )

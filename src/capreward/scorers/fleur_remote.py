@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 from collections.abc import Sequence
 
 import torch
@@ -64,6 +64,7 @@ from ..judges.protocol import (
     ChatResponse,
     JudgeBackend,
     NextTokenQuery,
+    NextTokenScorer,
     TokenLogprob,
     answer_problem,
     assistant_turn,
@@ -316,12 +317,14 @@ class RemoteFLEUR(FLEURScores):
         n = len(responses)
         probs = torch.full((n, 2, 10), float("nan"), dtype=torch.float64)
         bound = torch.full((n,), float("nan"), dtype=torch.float64)
-        readings, errors, raw, exact = [], [], [], []
+        readings, raw, exact = [], [], []
+        errors: list[str | None] = []
         pending: list[tuple[int, int, int]] = []  # (sample, read step j, token index) to read exactly
         for i, response in enumerate(responses):
             reading, err = self._reading(response)
             if reading.ok:
-                weights = _WEIGHTS[reading.rule]
+                assert response is not None  # an answer was read
+                weights = _WEIGHTS[cast(str, reading.rule)]
                 try:
                     steps = [read_step(response.tokens[s], weights[j]) for j, s in enumerate(reading.steps)]
                 except ValueError as exc:
@@ -452,17 +455,19 @@ class RemoteFLEUR(FLEURScores):
         """
         from .remote_numbers import lead_digit_ids
 
-        queries, where, out = [], [], {}
+        backend = cast(NextTokenScorer, self.backend)  # the caller checked scores_next_tokens
+        queries, where = [], []
+        out: dict[int, str | None] = {}
         for i, j, s in steps:
-            tokens = responses[i].tokens  # type: ignore[union-attr]
+            tokens = cast(ChatResponse, responses[i]).tokens  # a pending step was read from its answer
             try:
-                ids = lead_digit_ids(self.backend.tokenizer, tokens[s].token[:-1])
+                ids = lead_digit_ids(backend.tokenizer, tokens[s].token[:-1])
             except ValueError as exc:
                 out[i] = f"the served tokenizer: {exc}"
                 continue
-            queries.append(NextTokenQuery(requests[i], "".join(t.token for t in tokens[:s]), tuple(ids), group=i))
+            queries.append(NextTokenQuery(cast(ChatRequest, requests[i]), "".join(t.token for t in tokens[:s]), tuple(ids), group=i))
             where.append((i, j))
-        answers = self.backend.next_token_logprobs(queries) if queries else []
+        answers = backend.next_token_logprobs(queries) if queries else []
         for (i, j), answer in zip(where, answers):
             if not answer.ok:
                 out[i] = out.get(i) or f"judge request failed: {answer.error}"
@@ -504,12 +509,15 @@ def _digit_of(token: str) -> int | None:
     return int(stripped) if len(stripped) == 1 and stripped in DIGITS and not token[:-1].strip() else None
 
 
-def _placed(n: int, sent: list[int], answers: Sequence[ChatResponse]) -> list[ChatResponse | None]:
+_T = TypeVar("_T")
+
+
+def _placed(n: int, sent: list[int], answers: Sequence[_T]) -> list[_T | None]:
     """One entry per candidate: the answer to each sent request at its candidate's position, None for
     the candidates not sent. Raises RuntimeError when the backend did not answer every request."""
     if len(answers) != len(sent):
         raise RuntimeError(f"the backend answered {len(answers)} of {len(sent)} requests")
-    responses: list[ChatResponse | None] = [None] * n
+    responses: list[_T | None] = [None] * n
     for position, answer in zip(sent, answers):
         responses[position] = answer
     return responses

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from collections.abc import Iterable, Sequence
 
 from ..metrics.token_support import (GENERIC_WORDS, STOP_WORDS, SupportReport, conformal_threshold, content_mask,
@@ -56,7 +56,7 @@ class HallucinationResult:
 
     penalty: list[float]
     reports: list[SupportReport]
-    alignments: list[TokenAlignment]
+    alignments: Sequence[TokenAlignment]
 
     @property
     def truncated(self) -> list[bool]:
@@ -154,7 +154,7 @@ class Hallucination:
 
     def alignments(
         self, captions: Sequence[str], visuals: Sequence[Any], kind: str = "video", ids: Sequence[str | None] | None = None
-    ) -> list[TokenAlignment]:
+    ) -> Sequence[TokenAlignment]:
         """EMScore's token→frame alignment of each caption with its visual (``kind`` "video" or "image"),
         with context-free similarities when ``context_free``."""
         if kind not in ("video", "image"):
@@ -165,11 +165,13 @@ class Hallucination:
             images=visuals if kind == "image" else None,
             video_ids=ids,
         )
+        alignment = result.alignment
+        assert alignment is not None  # EMScore aligns every text caption
         if not self.context_free:
-            return result.alignment
-        adjusted = Adjusted(self._context_free(list(result.alignment), visuals, kind, ids))
-        adjusted.truncated = list(getattr(result.alignment, "truncated", [False] * len(adjusted)))
-        adjusted.contextual = list(result.alignment)  # EMScore's own alignment, for writers that show it
+            return alignment
+        adjusted = Adjusted(self._context_free(list(alignment), visuals, kind, ids))
+        adjusted.truncated = list(getattr(alignment, "truncated", [False] * len(adjusted)))
+        adjusted.contextual = list(alignment)  # EMScore's own alignment, for writers that show it
         return adjusted
 
     def _context_free(
@@ -191,6 +193,7 @@ class Hallucination:
             images=[visuals[i] for _, i in order] if kind == "image" else None,
             video_ids=None if ids is None else [ids[i] for _, i in order],
         ).alignment
+        assert alone is not None  # EMScore aligns every text caption
         single: list[float] = []
         for k in range(len(order)):
             a = alone[k]
@@ -227,7 +230,7 @@ class Hallucination:
         if (videos is None) == (images is None):
             raise ValueError("give videos or images (one of them)")
         kind = "video" if videos is not None else "image"
-        alignments = self.alignments(captions, videos if videos is not None else images, kind, video_ids)
+        alignments = self.alignments(captions, cast(Sequence[Any], videos if videos is not None else images), kind, video_ids)
         reports = [self.report_for(a) for a in alignments]
         return HallucinationResult([r.penalty for r in reports], reports, alignments)
 
@@ -245,7 +248,7 @@ class Hallucination:
         kind = "video" if videos is not None else "image"
         alignments = self.alignments(captions, videos if videos is not None else images, kind, visual_ids)
         reports = [self.report_for(a) for a in alignments]
-        subs = {"flagged": [list(r.flagged_index) for r in reports],
+        subs: dict[str, list[Any]] = {"flagged": [list(r.flagged_index) for r in reports],
                 "content_tokens": [float(len(r.tokens)) for r in reports],
                 "unsupported_tokens": [float(sum(r.unsupported)) for r in reports]}
         extras = {"truncated": list(getattr(alignments, "truncated", [False] * len(reports))),

@@ -199,7 +199,7 @@ class QAUtility:
             probs = self.backend.next_token_probs(messages)
             n_max = max(len(q.options) for q in questions)
             letters = letter_token_ids(self.backend.tokenizer, n_max)
-            out = []
+            out: list[tuple[float, str | None]] = []
             for row, q in zip(probs, questions):
                 per = [float(row[letters[k]].sum()) for k in range(len(q.options))]
                 total = sum(per) if self.normalise else 1.0
@@ -264,7 +264,7 @@ class QAUtility:
         expected accuracy, ``n_questions`` and ``answers`` (P(correct option) per question)."""
         res = self.score(list(captions), questions=questions, images=images, videos=videos)
         n = len(res.error)
-        subs = {"n_questions": [int(c) for c in res.n_questions], "answers": [list(map(float, a)) for a in res.answers]}
+        subs: dict[str, list[Any]] = {"n_questions": [int(c) for c in res.n_questions], "answers": [list(map(float, a)) for a in res.answers]}
         return Scores(score=floats(res.score, n), sub_scores=subs, errors=list(res.error), result=res)
 
     def score(
@@ -323,7 +323,7 @@ class QAUtility:
                 errors[i] = errors[i] or SampleError(i, "input", "", "no questions for this sample")
                 continue
             caption = read_caption(c).text
-            for q in per_sample[i][: self.max_questions]:
+            for q in (per_sample[i] or [])[: self.max_questions]:
                 items.append((caption, q))
                 owner.append(i)
         values = self._probabilities(items)

@@ -45,7 +45,7 @@ import logging
 import math
 import re
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 from collections.abc import Hashable, Sequence
 
 import numpy as np
@@ -282,7 +282,7 @@ def digit_trees(
     errors: list[str | None] = [None] * n
     asked = [0] * n
 
-    def run(nodes: list[tuple[int, str | None]]) -> list[NodeRead | None]:
+    def run(nodes: Sequence[tuple[int, str | None]]) -> list[NodeRead | None]:
         """Ask each (sample, digits) node (digits None: the root, before the number's first token); None
         where the sample failed."""
         live = [(i, digits) for i, digits in nodes if errors[i] is None]
@@ -296,13 +296,14 @@ def digit_trees(
         for (i, digits), answer in zip(live, answers):
             asked[i] += 1
             alternatives, why = _alternatives(answer)
-            node = read_node(alternatives, sites[i].lead if digits is None else "") if why is None else None
+            node = read_node(cast(Sequence[tuple[str, float]], alternatives), sites[i].lead if digits is None else "") if why is None else None
             if node is not None and node.error is not None:
                 why = node.error
             if why is not None:
                 where = "at the number's first digit" if digits is None else f"after {sites[i].lead + digits!r}"
                 errors[i] = errors[i] or f"{where}: {why}"
                 continue
+            assert node is not None  # read when there was no reason not to
             out[(i, digits)] = node
         if getattr(backend, "prompt_logprobs", False):
             complete_nodes(out, texts_of)
@@ -342,7 +343,7 @@ def digit_trees(
             if errors[key[0]] is None:
                 out[key] = NodeRead(probs, 0.0)
 
-    ask_root = []
+    ask_root: list[tuple[int, str | None]] = []
     for i in range(n):  # the response's own alternatives when they list every digit, else a prefilled request
         root = read_node(roots[i], sites[i].lead)
         if root.error is not None:
@@ -360,7 +361,8 @@ def digit_trees(
             a = int(digits)
             second[i, a], end1[i, a] = node.probs, max(0.0, 1.0 - node.probs.sum())
             uncertain[i] += first[i, a] * node.unlisted
-    level2, pruned = [], []
+    level2: list[tuple[int, int, int]] = []
+    pruned: list[tuple[int, int, int]] = []
     for i in range(n):
         for a in range(1, 10):
             for b in range(10):
@@ -477,10 +479,11 @@ def exact_trees(
             sent[group] = sent.get(group, 0) + 1
     out = []
     for i in range(n):
-        if spans[i] is None:
+        span = spans[i]
+        if span is None:
             out.append(NumberRead(None, None, errors[i]))
             continue
-        nodes = dict(zip(TREE_NODES, answers[spans[i][0] : spans[i][1]]))
+        nodes = dict(zip(TREE_NODES, answers[span[0] : span[1]]))
         failed = next((a.error for a in nodes.values() if not a.ok), None)
         asked = sent.get(groups[i], 1)
         if failed is not None:

@@ -58,7 +58,7 @@ class Alignments(Sequence[TokenAlignment]):
     reads scores never pays for decoding tokens to text. (With ``errors="nan"``, unscored items read as
     None.) ``truncated[i]``: whether candidate i was cut to the text context (``long_captions="truncate"``)."""
 
-    def __init__(self, n: int, build: Callable[[int], TokenAlignment], truncated: Sequence[bool] | None = None):
+    def __init__(self, n: int, build: Callable[[int], TokenAlignment | None], truncated: Sequence[bool] | None = None):
         self._items: list[TokenAlignment | None] = [None] * n
         self._build = build
         self.truncated = list(truncated) if truncated is not None else [False] * n
@@ -76,7 +76,7 @@ class Alignments(Sequence[TokenAlignment]):
         i %= len(self)
         if self._items[i] is None:
             self._items[i] = self._build(i)
-        return self._items[i]  # type: ignore[return-value]
+        return self._items[i]
 
     def __len__(self) -> int:
         return len(self._items)

@@ -274,7 +274,7 @@ class VisCE2:
                 )
                 for k in missing
             ]
-            failed: dict[str, str] = {}
+            failed: dict[str, SampleError] = {}
             for key, response in zip(missing, self.backend.generate(requests)):
                 if response.ok:
                     if response.finish_reason == "length":
@@ -287,13 +287,13 @@ class VisCE2:
                     log.warning("VisCE² visual context failed: %s", response.error)
         else:
             failed = {}
-        for i, key in enumerate(keys):
-            if key is None:
+        for i, context_key in enumerate(keys):
+            if context_key is None:
                 continue
-            if key in failed:
-                errors[i] = failed[key].renamed(i)
+            if context_key in failed:
+                errors[i] = failed[context_key].renamed(i)
             else:
-                contexts[i] = found[key]
+                contexts[i] = found[context_key]
         row_images = [pil[k] if k is not None else None for k in keys]
         return contexts, errors, row_images
 

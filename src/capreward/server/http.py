@@ -84,7 +84,7 @@ import threading
 import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, cast
 from collections.abc import Sequence
 
 from ..errors import CaprewardError, SampleError, sample_failure
@@ -286,6 +286,7 @@ def parse_request(payload: Any, limits: ServerLimits, paths: MediaPaths | None =
         if prompt is not None and not isinstance(prompt, str):
             raise RequestError(400, f"prompts[{i}] must be a str, got {type(prompt).__name__}")
         captions.append(completion_of(queries[i], prompt, f"query[{i}]", prompt_tokens))
+        assert labels is not None  # n > 0 here (checked above)
         try:
             parsed.append(parse_label(labels[i], f"labels[{i}]", paths))
         except LabelError as exc:
@@ -575,6 +576,9 @@ class RewardHTTPServer(ThreadingHTTPServer):
         super().__init__(address, _Handler)
         self.service = service
         limits = service.limits
+        # ServerLimits.__post_init__ fills these
+        assert limits.max_connections_per_peer is not None and limits.reserved_connections is not None
+        assert limits.max_concurrent is not None
         self.slots = ConnectionSlots(limits.max_connections, limits.max_connections_per_peer,
                                      limits.reserved_connections)
         self.counters = {"header_timeouts": 0, "body_timeouts": 0, "headers_too_large": 0}
@@ -584,7 +588,7 @@ class RewardHTTPServer(ThreadingHTTPServer):
 
     @property
     def url(self) -> str:
-        host, port = self.server_address[:2]
+        host, port = cast(tuple[str, int], self.server_address[:2])  # an IPv4/IPv6 TCP address
         return f"http://{host}:{port}"
 
     def count(self, event: str) -> None:

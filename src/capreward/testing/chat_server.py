@@ -766,7 +766,7 @@ class ChatServer:
         ``/health`` answers. Raises RuntimeError when it exits or does not answer in time."""
         if self.process is not None and self.process.poll() is None:
             raise RuntimeError(f"the server on port {self.port} is already running")
-        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        out: Any = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         try:
             self.process = subprocess.Popen(self.command(faults), stdout=out, stderr=subprocess.STDOUT)
         finally:
@@ -808,7 +808,7 @@ class ChatServer:
         self.kill()
         return self.start(faults, wait)
 
-    def get(self, path: str, timeout: float = 5.0) -> dict:
+    def get(self, path: str, timeout: float = 5.0) -> Any:
         with urllib.request.urlopen(f"http://{self.host}:{self.port}{path}", timeout=timeout) as response:
             return json.loads(response.read())
 

@@ -53,7 +53,8 @@ class LlavaRows:
         """Ids of raw prompt texts (special-token strings parsed, BOS added: what SGLang's tokenizer
         does), each holding one image placeholder for its one image."""
         keys: dict[int, int] = {}
-        pixels, index = [], []
+        pixels: list[Any] = []
+        index: list[int] = []
         for n, item in enumerate(images):
             if len(item) != 1:
                 raise self.error(f"text[{n}]: this test server's LLaVA judge takes exactly one image per prompt, got {len(item)}")
@@ -94,7 +95,8 @@ class LlavaRows:
         ends it early."""
         import torch
 
-        chosen, rows = [], []
+        chosen: list[int] = []
+        rows: list[Any] = []
         with torch.inference_mode():
             state = self.judge.start([list(ids)], features, [image], reserve=max(1, steps))
             for _ in range(steps):
@@ -178,7 +180,8 @@ class TextRows:
     def greedy(self, ids: Sequence[int], features: Any, image: int, steps: int, stop: Any) -> tuple[list[int], list[Any]]:
         import torch
 
-        chosen, rows = [], []
+        chosen: list[int] = []
+        rows: list[Any] = []
         with torch.inference_mode():
             for _ in range(steps):
                 logp = torch.log_softmax(self._logits([list(ids) + chosen])[0, -1].double(), dim=-1)
@@ -228,7 +231,7 @@ def sglang_generate(rows: Any, body: dict, decode_image: Any, error: type = BadR
     n = len(texts)
     raw_images = body.get("image_data")
     if raw_images is None:
-        images_per = [[] for _ in range(n)]
+        images_per: list[list[Any]] = [[] for _ in range(n)]
     elif batch:
         if not isinstance(raw_images, list) or len(raw_images) != n:
             raise error(f"image_data must hold one entry per prompt ({n})")
@@ -281,7 +284,7 @@ def sglang_generate(rows: Any, body: dict, decode_image: Any, error: type = BadR
         text = tok.decode(chosen, skip_special_tokens=True)
         if hit:
             text = text[: text.index(hit[0])]
-            finish = {"type": "stop", "matched": hit[0]}
+            finish: dict[str, Any] = {"type": "stop", "matched": hit[0]}
         elif last in rows.eos:
             finish = {"type": "stop", "matched": last}
         else:
@@ -291,7 +294,7 @@ def sglang_generate(rows: Any, body: dict, decode_image: Any, error: type = BadR
                                 "e2e_latency": 0.0}
         if want_logprob[k]:
             meta["output_token_logprobs"] = _triples([(float(r[t]), t) for r, t in zip(step_rows, chosen)], tok, with_text)
-            in_rows = None
+            in_rows: Any = None
             if start >= 0:
                 if start >= len(ids[k]):
                     raise error(f"logprob_start_len ({start}) is higher than the number of input tokens ({len(ids[k])})")

@@ -346,7 +346,7 @@ def caption_colours(model: Any, processor: Any, rows: Sequence[dict[str, Any]], 
     images = [r["image"] for r in rows]
     was_training = model.training
     model.eval()
-    devices = [] if not torch.cuda.is_available() else None
+    devices: list[int] | None = [] if not torch.cuda.is_available() else None
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
@@ -401,7 +401,7 @@ def tiny_caption_policy(seed: int = 0, sft_steps: int = 80, labels: str = "weak"
     if labels not in labellers:
         raise ValueError(f"labels must be one of {sorted(labellers)}, got {labels!r}")
     model, processor = build_tiny_llava(TinyLlavaSpec(words=WORDS, seed=seed))
-    devices = [] if not torch.cuda.is_available() else None
+    devices: list[int] | None = [] if not torch.cuda.is_available() else None
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         sft_colours(model, processor, sft_steps, seed, label=labellers[labels])

@@ -59,7 +59,7 @@ def build_tiny_captioner(
     from transformers import GPT2Config, GPT2LMHeadModel, ViTConfig, ViTImageProcessor, ViTModel, VisionEncoderDecoderModel
 
     tokenizer = build_word_tokenizer(words)
-    devices = [] if not torch.cuda.is_available() else None
+    devices: list[int] | None = [] if not torch.cuda.is_available() else None
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         encoder = ViTModel(

@@ -11,11 +11,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 # Widths are multiples of 64 because OpenAI-format loading infers heads = width // 64.
-TINY_CLIP_CONFIG = {
+TINY_CLIP_CONFIG: dict[str, Any] = {
     "embed_dim": 32,
     "vision": {"image_size": 32, "patch_size": 8, "width": 64, "layers": 2},
     "text": {"context_length": 77, "vocab_size": 49408, "width": 64, "layers": 2},
@@ -39,7 +40,7 @@ def build_tiny_clip(seed: int = 0, config: dict | None = None) -> torch.nn.Modul
 
     cfg = config or TINY_CLIP_CONFIG
     v, t = cfg["vision"], cfg["text"]
-    devices = [] if not torch.cuda.is_available() else None
+    devices: list[int] | None = [] if not torch.cuda.is_available() else None
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         model = CLIP(

@@ -35,7 +35,7 @@ def build_tiny_custom_clip(kind: str = "siglip", seed: int = 0) -> torch.nn.Modu
                            no_causal_mask=True, proj_bias=True, pool_type="last", pad_id=1)
     else:
         text = CLIPTextCfg(context_length=77, vocab_size=49408, width=64, heads=2, layers=2)
-    devices = [] if not torch.cuda.is_available() else None
+    devices: list[int] | None = [] if not torch.cuda.is_available() else None
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         model = CustomTextCLIP(32, vision_cfg=CLIPVisionCfg(layers=2, width=64, patch_size=8, image_size=32, head_width=32),

@@ -93,7 +93,7 @@ def tiny_hf_clip(family: str = "clip", seed: int = 0) -> tuple[Any, Any]:
         raise ValueError(f"family must be one of {HF_FAMILIES}, got {family!r}")
     text = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2)
     vision = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, patch_size=8)
-    devices = [] if not torch.cuda.is_available() else None
+    devices: list[int] | None = [] if not torch.cuda.is_available() else None
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         if family == "clip":

@@ -261,7 +261,7 @@ def build_tiny_llava(
         vision_feature_select_strategy="default",
         projector_hidden_act="gelu",
     )
-    devices = [] if not torch.cuda.is_available() else None
+    devices: list[int] | None = [] if not torch.cuda.is_available() else None
     default_dtype = torch.get_default_dtype()
     with torch.random.fork_rng(devices=devices), torch.device(device):
         torch.manual_seed(spec.seed)
@@ -320,7 +320,7 @@ def train_tiny_judge(
     judge = LocalJudge((model, processor))
     n_image = int(model.config.image_seq_length)
     rng = random.Random(seed)
-    devices = [] if not torch.cuda.is_available() else None
+    devices: list[int] | None = [] if not torch.cuda.is_available() else None
     losses: list[float] = []
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a toy model's ops are too small to gain from threads; contention only hurts

@@ -140,6 +140,7 @@ def build_tiny_qwen2_vl(
     processor = processor_class(image_processor=image_processor, tokenizer=tok, video_processor=video_processor,
                                  chat_template=QWEN2_VL_CHAT_TEMPLATE if version != "3" else QWEN3_VL_CHAT_TEMPLATE)
     ids = {t: tok.convert_tokens_to_ids(t) for t in QWEN2_VL_SPECIAL}
+    vision: dict[str, Any]
     if version == "2":
         vision = dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=patch_size,
                       spatial_merge_size=2, temporal_patch_size=2, in_channels=3)
@@ -168,7 +169,7 @@ def build_tiny_qwen2_vl(
         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
     )
-    devices = [] if not torch.cuda.is_available() else None
+    devices: list[int] | None = [] if not torch.cuda.is_available() else None
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         model = model_class(config)
@@ -222,7 +223,7 @@ def build_tiny_idefics3(seed: int = 0, tile: int = 16, patch_size: int = 4, spli
                          pad_token_id=ids["<pad>"]),
         image_token_id=ids["<image>"], scale_factor=2,
     )
-    devices = [] if not torch.cuda.is_available() else None
+    devices: list[int] | None = [] if not torch.cuda.is_available() else None
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         model = Idefics3ForConditionalGeneration(config)
@@ -238,7 +239,7 @@ def build_tiny_idefics3(seed: int = 0, tile: int = 16, patch_size: int = 4, spli
 
 def _seeded(model_class: Any, config: Any, seed: int) -> Any:
     """``model_class(config)`` with weights drawn from ``seed`` (the caller's RNG untouched)."""
-    devices = [] if not torch.cuda.is_available() else None
+    devices: list[int] | None = [] if not torch.cuda.is_available() else None
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         return model_class(config)
@@ -325,7 +326,7 @@ def build_tiny_llava_next(seed: int = 0, tile: int = 16, patch_size: int = 4, on
     pinpoints = [[tile, 2 * tile], [2 * tile, tile], [2 * tile, 2 * tile]]
     per_tile = (tile // patch_size) ** 2
     if onevision:
-        special = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>", "<video>")
+        special: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>", "<video>")
         tok = build_chatml_tokenizer(special, eos="<|im_end|>", pad="<|endoftext|>")
         image_processor = transformers.LlavaOnevisionImageProcessor(
             size={"height": tile, "width": tile}, image_grid_pinpoints=pinpoints)

@@ -205,7 +205,7 @@ def train_colour_clip(
     Bit-for-bit deterministic on the CPU for a given recipe (seeded Python and torch RNGs)."""
     rng = random.Random(recipe.seed)
     colours = list(COLOURS)
-    devices = [] if not torch.cuda.is_available() else None
+    devices: list[int] | None = [] if not torch.cuda.is_available() else None
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # toy-sized ops: threads only add contention
     try:

@@ -31,8 +31,8 @@ import inspect
 import logging
 import math
 import os
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, cast
 from collections.abc import Sequence
 
 import numpy as np
@@ -234,7 +234,7 @@ class CaptionMetric(Metric):
         empty = [is_blank(c) if self.judge_text else not c.strip() for c in candidates]
         keep = [i for i in range(n) if not empty[i]]
         if keep:
-            pick = lambda xs: None if xs is None else [xs[i] for i in keep]  # noqa: E731
+            pick: Callable[[Any], Any] = lambda xs: None if xs is None else [xs[i] for i in keep]  # noqa: E731
             scored = self._score_rows([candidates[i] for i in keep], pick(visuals), pick(refs), pick(visual_ids),
                                       **{k: pick(v) for k, v in (inputs or {}).items()})
             rows[keep] = scored.to(torch.float32).cpu()
@@ -256,7 +256,7 @@ class CaptionMetric(Metric):
                 raise ValueError(f"{self.name}: visuals[{i}] is an empty list of images")
             flat.extend(items)
             owner.extend([i] * len(items))
-        pick = lambda xs: None if xs is None else [xs[i] for i in owner]  # noqa: E731
+        pick: Callable[[Any], Any] = lambda xs: None if xs is None else [xs[i] for i in owner]  # noqa: E731
         ids = pick(visual_ids)
         if ids is not None:  # a sample's cache key names its first image only
             ids = [ids[j] if j == 0 or owner[j - 1] != owner[j] else None for j in range(len(owner))]
@@ -444,7 +444,7 @@ class CaptionMetric(Metric):
             first = failed[0]
             logger.info(
                 "%s: %d of %d judge answers gave no score (left out of the mean); first: candidate %r: %s",
-                self.name, len(failed), len(candidates), candidates[first.index], first,
+                self.name, len(failed), len(candidates), candidates[cast(int, first.index)], first,
             )
 
     def _row_tensor(self, columns: dict[str, torch.Tensor], n: int) -> torch.Tensor:
@@ -548,7 +548,7 @@ def metric_parameters(metric: str) -> tuple[inspect.Signature, frozenset[str] | 
     return signature, (None if open_kwargs else frozenset(signature.parameters))
 
 
-def _metric_signature(cls: type) -> inspect.Signature | None:
+def _metric_signature(cls: Any) -> inspect.Signature | None:
     if cls.metric is None:
         return inspect.Signature([
             inspect.Parameter("metric", inspect.Parameter.POSITIONAL_ONLY),
@@ -572,7 +572,7 @@ class _OfTheMetric:
     def __init__(self, read: Any, fallback: Any):
         self.read, self.fallback = read, fallback
 
-    def __get__(self, obj: Any, cls: type) -> Any:
+    def __get__(self, obj: Any, cls: Any) -> Any:
         if cls.metric is None:
             return self.fallback
         from .. import registry
@@ -626,8 +626,8 @@ class RegisteredMetric(CaptionMetric):
     #: the class fixed to each metric that has one (filled as the classes are defined)
     named: dict[str, type] = {}
     __signature__ = ClassSignature(_metric_signature)
-    columns = _OfTheMetric(metric_columns, CaptionMetric.columns)  # type: ignore[assignment]
-    default_name = _OfTheMetric(lambda spec: spec.name, CaptionMetric.default_name)  # type: ignore[assignment]
+    columns = _OfTheMetric(metric_columns, CaptionMetric.columns)
+    default_name = _OfTheMetric(lambda spec: spec.name, CaptionMetric.default_name)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -693,7 +693,7 @@ class RegisteredMetric(CaptionMetric):
         """The metric's spec (:class:`~capreward.registry.MetricSpec`)."""
         from .. import registry
 
-        return registry.get(self.metric)
+        return registry.get(cast(str, self.metric))  # set on every instance
 
     @classmethod
     def class_for(cls, metric: str) -> Any:
@@ -726,12 +726,12 @@ class RegisteredMetric(CaptionMetric):
         return self.spec.config_of(self.scorer)
 
     @property
-    def plot_lower_bound(self) -> float:  # type: ignore[override]
+    def plot_lower_bound(self) -> float:
         """The bottom of the metric's range."""
         return self.spec.range_of(self._config())[0]
 
     @property
-    def plot_upper_bound(self) -> float:  # type: ignore[override]
+    def plot_upper_bound(self) -> float:
         """The top of the metric's range (CLIP-S: its ``w``)."""
         return self.spec.range_of(self._config())[1]
 

@@ -20,7 +20,7 @@ from .relaxed import DifferentiableRewardLoss
 from .scst import SelfCriticalStep, greedy_captions
 
 # lightning.pytorch, or the standalone pytorch_lightning package
-lp = require("callbacks", "lightning.pytorch", "pytorch_lightning", used_by="capreward.training.lightning")
+lp: Any = require("callbacks", "lightning.pytorch", "pytorch_lightning", used_by="capreward.training.lightning")
 
 
 class RewardCaptionerModule(lp.LightningModule):
