@@ -38,7 +38,7 @@ import json
 import os
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from capreward.adapters.factory import RewardOptions, build_reward
 from capreward.adapters.labels import Label, parse_label
@@ -114,7 +114,7 @@ class EasyR1Scorer(VerlScorer):
         inputs = list(reward_inputs)
         responses = [item.get("response") if isinstance(item, dict) else None for item in inputs]
         truths = [item.get("ground_truth") if isinstance(item, dict) else None for item in inputs]
-        return self.score_batch(responses, truths)
+        return self.score_batch(cast(list[str], responses), truths)  # a response that is not a str is unscored
 
 
 _OWN_KEYS = ("reward", "fallback", "subscores", "media_root")

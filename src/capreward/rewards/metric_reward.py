@@ -391,4 +391,4 @@ def _wrapped(spec: registry.MetricSpec, scorer: Any, options: dict[str, Any]) ->
         return scorer
     named = {p.name for p in inspect.signature(cls.__init__).parameters.values()
              if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in ("self", spec.wraps)}
-    return cls(**{spec.wraps: scorer}, **{k: options.pop(k) for k in list(options) if k in named})
+    return cls(**{str(spec.wraps): scorer}, **{k: options.pop(k) for k in list(options) if k in named})
