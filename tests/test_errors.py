@@ -51,6 +51,14 @@ BUILTIN_BASES = {
     "capreward.training.relaxed.UnsupportedVocabularyError": ValueError,
     "capreward.registry.UnknownMetric": (ValueError, KeyError),
     "capreward.registry.UnknownOption": TypeError,  # new: a constructor option no metric takes
+    "capreward.caption_budget.CaptionOverBudget": ValueError,  # a caption over the caption budget
+    "capreward.hub.NotAModel": OSError,  # a local folder that holds no model
+    "capreward.input_files.NotARegularFile": OSError,  # a FIFO, device or folder named as an input file
+    "capreward.judges.remote.ResponseTooLarge": Exception,  # a judge answer past max_response_bytes
+    "capreward.metrics.logprobs.MalformedAnswer": ValueError,  # non-finite or positive log-probabilities
+    "capreward.scorers.contract.ContractError": TypeError,  # a scorer writing other sub-scores than its spec's
+    "capreward.scorers.qa_questions.InvalidQuestions": ValueError,  # QA questions that fail the one check
+    "capreward.testing.chat_server_native.BadRequest": ValueError,
 }
 
 

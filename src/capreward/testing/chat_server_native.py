@@ -28,13 +28,15 @@ import uuid
 from typing import Any
 from collections.abc import Sequence
 
+from ..errors import CaprewardError
+
 #: SGLang's default ``max_new_tokens``.
 SGLANG_MAX_NEW_TOKENS = 128
 #: Rows per batched prefill.
 CHUNK = 16
 
 
-class BadRequest(ValueError):
+class BadRequest(CaprewardError, ValueError):
     """Raised to the server, which answers 400 (its own BadRequest is raised instead when it passes one)."""
 
 
