@@ -281,7 +281,7 @@ class CaptionMetric(Metric):
         items = [visuals] if isinstance(visuals, (str, os.PathLike, Image.Image)) else visuals
         single_image = isinstance(visuals, (torch.Tensor, np.ndarray)) and visuals.ndim == 3
         if not single_image and isinstance(items, (list, tuple)):
-            for item in items:
+            for i, item in enumerate(items):  # noqa: B007 (i names the item in the error below)
                 if isinstance(item, Image.Image):
                     what = "a PIL image"
                     break
