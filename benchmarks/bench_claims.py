@@ -60,8 +60,9 @@ VERBS = "sits stands runs holds wears walks lies rides leans waits".split()
 class OneRequestPerClaim(YesNoReader):
     """The baseline: every request read on its own (one judge call per claim)."""
 
-    def read(self, requests):
-        return [answer for request in requests for answer in YesNoReader.read(self, [request])]
+    def read(self, requests, groups=None):
+        groups = list(groups) if groups is not None else [None] * len(requests)
+        return [answer for request, group in zip(requests, groups) for answer in YesNoReader.read(self, [request], [group])]
 
 
 def make_captions(rng: random.Random, n: int) -> list[str]:

@@ -23,6 +23,7 @@ exist), so it also measures code without the defences.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import sys
@@ -219,7 +220,21 @@ class Target:
 
 
 class CountingScorer:
-    """A scorer that counts its ``score`` calls (everything else is forwarded)."""
+    """A scorer that counts its ``score`` and ``scores`` calls (everything else is forwarded). Its class
+    shows the wrapped scorer's ``scores`` signature, which a reward reads for the options it passes per
+    call."""
+
+    def __new__(cls, scorer: Any):
+        inner = type(scorer)
+        if not hasattr(inner, "scores"):
+            return object.__new__(cls)
+
+        def scores(self: Any, *args: Any, **kwargs: Any) -> Any:
+            self.__dict__["calls"] += 1
+            return self._scorer.scores(*args, **kwargs)
+
+        scores.__signature__ = inspect.signature(inner.scores)  # type: ignore[attr-defined]
+        return object.__new__(type(cls.__name__, (cls,), {"scores": scores}))
 
     def __init__(self, scorer: Any):
         self.__dict__["_scorer"] = scorer

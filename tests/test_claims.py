@@ -122,9 +122,12 @@ def test_a_claim_in_another_script_is_verified(backend, image):
     assert [[v.text for v in claims] for claims in r.claims] == [
         ["the background is red"], ["the background is red", "背景是蓝色的"], ["背景是红色的", "背景是蓝色的"]]
     assert all(v.p is not None and 0 <= v.p <= 1 for claims in r.claims for v in claims)  # every claim judged
-    # the mixed caption pays for its second claim what the judge says of it: the mean of its verdicts
+    # the mixed caption pays for its second claim what the judge says of it: each claim not verified
+    # (P(yes) < 0.5) costs claim_cost (1) times its doubt, counted by hand
     ps = [v.p for v in r.claims[1]]
-    assert r.precision[1].item() == pytest.approx(sum(ps) / 2, abs=1e-6)
+    doubt = sum(1 - p for p in ps if p < 0.5)
+    assert doubt > 0.5  # the judge rejects the Chinese claim
+    assert r.precision[1].item() == pytest.approx(1 - min(1.0, doubt), abs=1e-6)
     assert r.precision[1].item() < r.precision[0].item()
 
 
