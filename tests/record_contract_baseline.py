@@ -91,7 +91,9 @@ def key(options: dict, refs: bool | None) -> str:
     return json.dumps({"options": options, "references": refs}, sort_keys=True)
 
 
-def reward_runs(models: Models, metric: str, tmp: Path, labels: tuple[str, ...] = ("named", "generic")) -> dict:
+def reward_runs(models: Models, metric: str, tmp: Path, labels: tuple[str, ...] = ("named", "generic"),
+                restore: dict | None = None) -> dict:
+    """``restore``: options added to every variant (a later, deliberate change of behaviour undone)."""
     from capreward.rewards import MetricReward
 
     out: dict[str, Any] = {}
@@ -104,7 +106,7 @@ def reward_runs(models: Models, metric: str, tmp: Path, labels: tuple[str, ...] 
             if label not in labels:
                 continue
             try:
-                reward = build({**models.scorer_option(metric), **options})
+                reward = build({**models.scorer_option(metric), **(restore or {}), **options})
                 logged: dict = {}
                 extra: dict = {}
                 values = reward(None, case.captions, log_metric=logged.__setitem__, log_extra=extra.__setitem__,
@@ -117,7 +119,8 @@ def reward_runs(models: Models, metric: str, tmp: Path, labels: tuple[str, ...] 
     return out
 
 
-def metric_runs(models: Models, metric: str, tmp: Path) -> dict:
+def metric_runs(models: Models, metric: str, tmp: Path, restore: dict | None = None) -> dict:
+    """``restore``: as for :func:`reward_runs`."""
     from capreward.torchmetrics import RegisteredMetric
 
     out: dict[str, Any] = {}
@@ -132,7 +135,7 @@ def metric_runs(models: Models, metric: str, tmp: Path) -> dict:
             builders.insert(0, ("named", lambda o: named(**o)))
         for label, build in builders:
             try:
-                m = build({**models.scorer_option(metric), **options, "per_sample": True, "sub_scores": True})
+                m = build({**models.scorer_option(metric), **(restore or {}), **options, "per_sample": True, "sub_scores": True})
                 m.update(case.captions, case.images, case.references)
                 runs[label] = {"columns": list(m.columns), "name": m.name, "compute": plain(m.compute()),
                                "bounds": [float(m.plot_lower_bound), float(m.plot_upper_bound)]}
@@ -142,7 +145,9 @@ def metric_runs(models: Models, metric: str, tmp: Path) -> dict:
     return out
 
 
-def job_runs(models: Models, metric: str, tmp: Path) -> dict:
+def job_runs(models: Models, metric: str, tmp: Path, flags: dict | None = None, restore: dict | None = None) -> dict:
+    """``flags``: job flag values (``ScoreOptions`` fields); ``restore``: scorer options added to the
+    metric's scorer (a later, deliberate change of a default undone)."""
     from capreward.jobs.manifest import read_manifest
     from capreward.jobs.runners import ManifestScorer, ScoreOptions
 
@@ -153,6 +158,12 @@ def job_runs(models: Models, metric: str, tmp: Path) -> dict:
         def chat_backend(self):
             return models.claim if metric == "claims" else models.vlm
 
+        def scorer_for(self, spec):
+            scorer = super().scorer_for(spec)
+            for name, value in (restore or {}).items():
+                setattr(scorer, name, value)
+            return scorer
+
     out: dict[str, Any] = {}
     for refs in (True, False):
         case = cases(metric, tmp, refs)
@@ -161,7 +172,7 @@ def job_runs(models: Models, metric: str, tmp: Path) -> dict:
         try:
             options = ScoreOptions(metrics=[metric], clip_model=models.clip, batch_size=8,
                                    **({"pac_model": models.clip} if metric == "pac_s" else {}),
-                                   **({"qa_model": models.qa_dir} if metric == "qa_utility" else {}))
+                                   **({"qa_model": models.qa_dir} if metric == "qa_utility" else {}), **(flags or {}))
             job = TinyJob(options)
             rows = list(read_manifest(manifest))
             results = job.score_rows(rows)
