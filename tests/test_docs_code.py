@@ -20,7 +20,27 @@ DOCS = REPO / "docs"
 #: Pages whose blocks train or run a larger tiny model (the README's slow sections moved here).
 SLOW_PAGES = {"judges.md", "experiments.md"}
 #: Blocks (page, first line) that are not executed, with the reason.
-NOT_RUN: dict[tuple[str, str], str] = {}
+NOT_RUN: dict[tuple[str, str], str] = {
+    ("adding-a-metric.md", "from typing import Any, Mapping, Sequence"):
+        "a module of its own (its spec names its scorer by the module's import path, f'{__name__}:WordOverlap'); "
+        "the same metric is tests/toy_metric.py, which tests/test_new_metric.py and tests/test_metric_plugin.py "
+        "reach from every entry point",
+    ("adding-a-metric.md", "from capreward.rewards import reward_for"):
+        "uses the metric the block above registers (a module of its own); tests/test_new_metric.py makes these "
+        "calls on tests/toy_metric.py",
+    ("adding-a-metric.md", "from conformance import ConformanceCase, MetricConformance   # tests/conformance.py"):
+        "runs from the repository's tests/ folder (the conformance tester is not in the wheel); "
+        "tests/test_conformance.py runs it over every registered metric",
+    ("integrations/goodhart.md", "from capreward.callbacks import GoodhartCallback, GoodhartMonitor"):
+        "a sketch inside a TRL script (the trainer's other arguments elided); tests/test_goodhart.py runs the "
+        "monitor inside TRL's GRPOTrainer",
+    ("judges.md", "from capreward.judges import SGLangJudge, VLLMJudge"):
+        "needs an SGLang or vLLM server; tests/test_exact_remote_scores.py makes the same calls against the test "
+        "chat server speaking both protocols",
+    ("judges.md", "from vllm import LLM"):
+        "needs vLLM or SGLang installed (the GPU command's engines step runs it); tests/test_engine_judge.py runs "
+        "EngineJudge against faithful offline fakes of both engines",
+}
 
 
 def doc_blocks() -> list[tuple[str, str, str]]:
