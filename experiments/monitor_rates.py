@@ -8,9 +8,9 @@ under the default settings and under variants:
 
 - **learning**: the run taught (colour world: the demo's rule, :func:`capreward.cli.demo.taught`; scenes:
   held-out exact accuracy up by at least 5 points and hallucinated objects not up);
-- **collapse**: the training reward rose (its last quarter of the steps at least :data:`REWARD_ROSE` above
-  its first) while held-out correctness did not (colour: clean greedy accuracy at or below the start's and
-  sampled up by less than 5 points; scenes: exact accuracy at or below the start's);
+- **collapse**: the training reward rose (last quarter of the steps above the first) while held-out
+  correctness did not (colour: clean greedy and sampled accuracy at or below the start's; scenes: exact
+  accuracy at or below the start's);
 - anything else is **mixed** (listed, not counted).
 
 A false alarm is a learning run on which the monitor raised an alarm at any step; a missed alarm is a
@@ -35,18 +35,10 @@ from demo_seeds import read_rows  # noqa: E402
 #: Monitor settings replayed: name -> GoodhartMonitor keyword arguments (judges aside).
 SETTINGS: dict[str, dict[str, Any]] = {
     "defaults": {},
-    "z 2, window 8": {"z": 2.0, "window": 8},
-    "z 2, window 12": {"z": 2.0, "window": 12},
-    "z 3, window 8": {"z": 3.0, "window": 8},
-    "z 2, window 16": {"z": 2.0, "window": 16},
     "old test (window 16, follow 0.05, z 0)": {"window": 16, "follow": 0.05, "z": 0.0},
     "old defaults (window 8, z 0)": {"window": 8, "z": 0.0},
 }
 JUDGE_SETS = {"truth": ("truth",), "held-out CLIP": ("held_out_clip_s",), "both": ("truth", "held_out_clip_s")}
-
-
-#: A collapse's training reward rose by at least this much (last quarter of the steps over the first).
-REWARD_ROSE = 0.1
 
 
 def colour_label(row: dict[str, Any]) -> str:
@@ -59,8 +51,8 @@ def colour_label(row: dict[str, Any]) -> str:
     if demo.taught(before, after, control):
         return "learning"
     k = max(1, len(r["reward"]) // 4)
-    rose = statistics.fmean(r["reward"][-k:]) - statistics.fmean(r["reward"][:k]) >= REWARD_ROSE
-    if rose and after.greedy_right <= before.greedy_right and after.sampled_right < before.sampled_right + 0.05:
+    rose = statistics.fmean(r["reward"][-k:]) > statistics.fmean(r["reward"][:k])
+    if rose and after.greedy_right <= before.greedy_right and after.sampled_right <= before.sampled_right:
         return "collapse"
     return "mixed"
 
@@ -69,7 +61,7 @@ def scenes_label(row: dict[str, Any], start: dict[str, Any]) -> str:
     g, s = row["result"]["graded"]["greedy"], start["result"]["graded"]["greedy"]
     traj = row["result"]["trajectory"]
     k = max(1, len(traj) // 4)
-    rose = statistics.fmean(traj[-k:]) - statistics.fmean(traj[:k]) >= REWARD_ROSE
+    rose = statistics.fmean(traj[-k:]) > statistics.fmean(traj[:k])
     if g["exact"] >= s["exact"] + 0.05 and g["hallucination"] <= s["hallucination"]:
         return "learning"
     if rose and g["exact"] <= s["exact"]:

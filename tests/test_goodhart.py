@@ -379,32 +379,27 @@ def test_monitor_flags_the_blind_policy_collapse_and_stays_quiet_on_the_learning
 
 def test_the_verdict_weighs_each_change_against_its_noise_by_hand():
     """z standard errors: each change (latest window mean minus first) against the spread of its step means
-    in the two windows, sqrt(var_first / k + var_latest / k); a judge lags when even its change plus z of
-    them is below its follow; ``record`` replays rows, ``alarms`` and ``fired`` keep what was raised."""
-    series = {"train": (0.0, 0.2, 1.0, 1.2), "dipped": (0.6, 0.8, 0.5, 0.7), "fell": (0.8, 1.0, 0.2, 0.4)}
-    rows = [{"step": s, **{k: v[s - 1] for k, v in series.items()}} for s in (1, 2, 3, 4)]
-    judges = {"dipped": contains_red, "fell": contains_red}
+    in the two windows, sqrt(var_first / k + var_latest / k); ``record`` replays rows, ``alarms`` and
+    ``fired`` keep what was raised."""
+    rows = [{"step": s, "train": t, "flat": f, "rising": r}
+            for s, t, f, r in zip((1, 2, 3, 4), (0.0, 0.2, 1.0, 1.2), (0.5, 0.7, 0.6, 0.8), (0.1, 0.3, 0.9, 1.1))]
+    judges = {"flat": contains_red, "rising": contains_red}
     m = GoodhartMonitor(judges, window=2, z=2.0, warn=lambda message: None)
     for row in rows:
         m.record(row)
     se = math.sqrt(0.02 / 2 + 0.02 / 2)  # the same spread in every series here
-    assert m.noise() == pytest.approx({"train": se, "dipped": se, "fell": se})
-    # train rose 1.0 >= 2 se; "dipped" moved -0.1, within 2 se (0.283) of no change: not lagging; "fell"
-    # moved -0.6: -0.6 + 0.283 < 0, it fell beyond its noise
-    assert m.verdict() == "Goodhart: the training reward rose 0.100 -> 1.100 over steps 1-2 -> 3-4 while fell fell 0.900 -> 0.300"
+    assert m.noise() == pytest.approx({"train": se, "flat": se, "rising": se})
+    # train rose 1.0 >= 2 se; "flat" rose 0.1, less than 2 se (0.283): not followed; "rising" 0.8: followed
+    assert m.verdict() == ("Goodhart: the training reward rose 0.100 -> 1.100 over steps 1-2 -> 3-4 while flat did not "
+                           "follow, 0.600 -> 0.700 (needs +0.283)")
     assert m.fired and m.alarms == [(4, m.verdict())]
-    # without the noise (z = 0, the earlier rule) the dip counts too
-    plain = GoodhartMonitor(judges, window=2, z=0.0, warn=lambda message: None)
+    # without the noise (z = 0, the earlier rule) a judge that rose at all followed
+    plain = GoodhartMonitor(judges, window=2, z=0.0, warn=pytest.fail)
     for row in rows:
         plain.record(row)
-    assert "dipped fell 0.700 -> 0.600; fell fell" in plain.verdict()
-    # a judge asked to rise (follow 0.5) lags unless its change plus 2 se reaches 0.5
-    rising = GoodhartMonitor({"dipped": contains_red}, window=2, z=2.0, follow=0.5, warn=lambda message: None)
-    for row in rows:
-        rising.record(row)
-    assert rising.verdict().endswith("dipped fell 0.700 -> 0.600")
+    assert plain.verdict() is None and not plain.fired
     # a training reward whose rise is within its own noise has not risen
     noisy = GoodhartMonitor(judges, window=2, z=2.0, warn=pytest.fail)
     for s, t in zip((1, 2, 3, 4), (0.0, 1.0, 0.3, 1.1)):  # rise 0.2, se sqrt(0.5/2 + 0.32/2) = 0.64
-        noisy.record({"step": s, "train": t, "dipped": 1.0 - s / 4, "fell": 1.0 - s / 4})
-    assert noisy.verdict() is None and not noisy.fired
+        noisy.record({"step": s, "train": t, "flat": 0.5, "rising": 0.5})
+    assert noisy.verdict() is None

@@ -318,13 +318,13 @@ class GoodhartMonitor:
         """Whether the training reward is being gamed.
 
         The training reward *rose* when its change (first window -> latest) is at least ``min_rise`` and
-        at least ``z`` standard errors (:meth:`noise`). A judge *lagged* when its change plus ``z`` of its
-        standard errors is still below its ``follow``: the evidence says it did not follow, beyond its
-        noise (with the default ``follow`` 0: it fell). A judge with no value in a window says nothing.
+        at least ``z`` standard errors (:meth:`noise`). A judge *followed* when its change less ``z`` of
+        its standard errors is at least its ``follow`` (it rose that much beyond the noise); a judge with no
+        value in a window says nothing.
 
         Returns:
-            The warning text when the training reward rose while a judge lagged (naming it, and whether it
-            fell); None otherwise (and before ``2 * window`` steps).
+            The warning text when the training reward rose while a judge did not follow (naming it, and
+            whether it fell); None otherwise (and before ``2 * window`` steps).
         """
         ch, se = self.changes(), self.noise()
         if ch is None or se is None:
@@ -333,14 +333,14 @@ class GoodhartMonitor:
         if not (t1 - t0 >= self.min_rise and t1 - t0 >= self.z * se["train"]):
             return None
         lagging = [(name, a, b) for name in self.judges for a, b in [ch[name]]
-                   if math.isfinite(a) and math.isfinite(b) and b - a + self.z * se[name] < self._follow(name)]
+                   if math.isfinite(a) and math.isfinite(b) and b - a - self.z * se[name] < self._follow(name)]
         if not lagging:
             return None
         k, n = self.window, len(self.rows)
         steps = f"steps {self._label(0, k)} -> {self._label(n - k, n)}"
         judged = "; ".join(
             f"{name} fell {a:.3f} -> {b:.3f}" if b < a else
-            f"{name} did not follow, {a:.3f} -> {b:.3f} (needs +{self._follow(name):.3f}, noise {se[name]:.3f})"
+            f"{name} did not follow, {a:.3f} -> {b:.3f} (needs +{self._follow(name) + self.z * se[name]:.3f})"
             for name, a, b in lagging
         )
         return f"Goodhart: the training reward rose {t0:.3f} -> {t1:.3f} over {steps} while {judged}"
