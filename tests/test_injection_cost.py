@@ -77,7 +77,7 @@ def test_the_plausible_captions_keep_what_they_say():
 @pytest.fixture(scope="module")
 def fleur():
     from capreward.scorers.fleur import FLEUR
-    from capreward.testing.susceptible_judge import red_image, susceptible_judge
+    from susceptible_judge import red_image, susceptible_judge
 
     return FLEUR(susceptible_judge(), max_new_tokens=16), red_image()
 
