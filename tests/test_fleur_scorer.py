@@ -232,13 +232,13 @@ def test_a_recipe_for_a_new_answer_format_trains_caches_and_decodes(tmp_path, mo
         words=("What", "final", "score", "The"),
     )  # fmt: skip
     recipe = JudgeRecipe("final-score", generators=((final_score_example, 1.0),), spec=spec, steps=60, batch_size=8, lr=1e-2)
-    from capreward.testing import tiny_llava
+    from capreward.testing import cache, tiny_llava
 
     base = tmp_path / "tiny_llava"
     stale, recent, other = base / "final-score-0123456789abcdef", base / "final-score-fedcba9876543210", base / "final-0123456789abcdef"
     for d in (stale, recent, other):
         d.mkdir(parents=True)
-    old = time.time() - (tiny_llava.STALE_AFTER_DAYS + 1) * 86400
+    old = time.time() - (cache.STALE_AFTER_DAYS + 1) * 86400
     os.utime(stale, (old, old))
     os.utime(other, (old, old))
     path = tiny_judge_dir(recipe, cache_dir=tmp_path)
