@@ -63,4 +63,5 @@ def test_the_judge_rewards_pay_a_mixed_word_no_more_than_without_it_and_say_why(
     # the mixed word may hide a marker: from it to the end is dropped, "a blue ball" is what is paid
     assert values == pytest.approx([0.9, 0.1, 0.1])
     assert len(scorer.asked) == 1 and scorer.asked[0][-1] == "a blue ball"
-    assert extra["fleur/injection"][1].startswith("mixed-script word 'US\u13acR'")
+    # the reading maps the Cherokee look-alike (UTS #39): the word reads "USER:", a role marker
+    assert extra["fleur/injection"][1] == "role marker 'USER:'"

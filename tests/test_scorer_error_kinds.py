@@ -98,7 +98,8 @@ def test_qa_utility_errors_are_typed(answer, kind, text):
     r = QAUtility(ScriptedBackend(answer)).score(["A red square.", "", "A red square."],
                                                  questions=[[question], [question], []])
     assert kinds(r.error) == [kind, "input", "input"]
-    assert r.error == [text, "empty caption", "no questions for this sample"]
+    assert r.error == [text, "empty caption",
+                       "questions[2]: questions is an empty list (leave it out to have the judge write them)"]
 
 
 def test_a_reward_keeps_the_scorers_kind(picture):

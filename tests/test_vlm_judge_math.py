@@ -103,7 +103,8 @@ def test_alternatives_distribution_strip_merges_spaced_tokens():
 
 
 def test_alternatives_distribution_none_when_no_score():
-    assert alternatives_distribution({"eighty": -0.1, "101": -1.0, "-5": -2.0}) is None
+    # no listed alternative is a score from 0 to 100 (a well-formed list: its probabilities sum to at most 1)
+    assert alternatives_distribution({"eighty": math.log(0.5), "101": math.log(0.3), "-5": math.log(0.1)}) is None
     assert alternatives_distribution({}) is None
 
 
