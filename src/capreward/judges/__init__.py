@@ -26,7 +26,6 @@ from ..default_models import DEFAULT_LLAVA
 from .loading import JudgeLoadError, load_llava, resolve_device, resolve_dtype
 from .local import DecodeState, GreedyOutput, LocalJudge, TeacherForcing, common_prefix_length
 from .local_chat import LocalChatJudge
-from .engines import EngineJudge
 from .local_text import LocalTextJudge
 from .protocol import (
     ChatRequest,
@@ -62,3 +61,13 @@ __all__ = ["ChatRequest", "ChatResponse", "ChatTurn", "EngineJudge", "JudgeBacke
            "LocalJudge", "LocalTextJudge", "MalformedAnswer", "NextTokenAnswer", "NextTokenQuery", "NextTokenScorer",
            "OpenAIJudge", "SGLangJudge", "TokenLogprob", "VLLMJudge", "answer_problem", "assistant_turn", "system_turn",
            "user_turn"]
+
+
+def __getattr__(name: str):
+    """``EngineJudge`` (vLLM's or SGLang's engine in process) is loaded on first use: importing the judges
+    loads no engine module."""
+    if name == "EngineJudge":
+        from .engines import EngineJudge
+
+        return EngineJudge
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
