@@ -123,7 +123,7 @@ def test_score_and_explain_reach_the_installed_metric(plugin_env, media):
 
 
 def test_serve_reaches_the_installed_metric(plugin_env, media, monkeypatch):
-    from capreward.adapters.openrlhf import post_json
+    from capreward.server.http import post_json
     from serve_process import Server
 
     monkeypatch.setenv("PYTHONPATH", plugin_env["PYTHONPATH"])

@@ -127,6 +127,11 @@ class Hallucination:
         self.context_free = bool(context_free)
         self.idf_weighting = idf_weighting
 
+    @property
+    def backbone(self) -> Any:
+        """The CLIP its EMScore reads (shared with the other CLIP metrics of a composite or a job)."""
+        return self.emscore.backbone
+
     def uses_idf(self) -> bool:
         return self.emscore.idf_table is not None
 
