@@ -175,7 +175,10 @@ def build_objective(args: argparse.Namespace, backbone: CLIPBackbone, tokenizer:
     components: list[tuple[Any, float]] = [(main, 1.0)]
     if args.hallucination > 0:
         penalty = HallucinationPenalty(backbone=backbone)
-        penalty.calibrate([c["captions"][1] for c in calibration], [c["image"] for c in calibration], kind="image")
+        # a nominal 5 % false-flag rate needs 19 known-good captions; with fewer, the lowest rate they hold
+        rate = max(0.05, 1.0 / (len(calibration) + 1))
+        penalty.calibrate([c["captions"][1] for c in calibration], [c["image"] for c in calibration], kind="image",
+                          quantile=rate)
         components.append((penalty, args.hallucination))
     # repetition and dangling-word guards; captioners trained without final periods are not penalised for it
     guards = Guards(require_punctuation=False, length=0.0) if getattr(args, "guards", False) else None
