@@ -54,7 +54,7 @@ EOF
 )"
   echo "[matrix] $end: $versions"
   set +e
-  "$venv/bin/python" -m pytest -q -p no:cacheprovider -m "integration and not slow" tests > "$venv/pytest.log" 2>&1
+  "$venv/bin/python" -m pytest -q -p no:cacheprovider --durations=25 -m "integration and not slow" tests > "$venv/pytest.log" 2>&1
   rc=$?
   set -e
   tail -n 25 "$venv/pytest.log" | grep -v "^\s*$" | sed "s/^/[matrix] $end | /" | tail -n 12

@@ -95,36 +95,79 @@ def import_script(path: Path, name: str):
 # ------------------------------------------------------------------------------ the version matrix, early
 #: The test whose oldest end starts in the background as soon as the session has collected it.
 MATRIX_TEST = "test_version_matrix.py::test_integration_tests_pass_at_the_oldest_and_newest_versions"
-#: end -> (the running ``scripts/version_matrix.sh END`` process, its output file), for that test to read.
-MATRIX_RUNS: dict = {}
+#: What the background run left for the test: its pid, log, exit-status file and the run's id.
+MATRIX_STATE = REPO / ".matrix" / "oldest-background.json"
+
+
+def run_id(config) -> str:
+    """One id per test run, the same in every pytest-xdist worker (their ``testrunuid``)."""
+    workerinput = getattr(config, "workerinput", None)
+    return workerinput["testrunuid"] if workerinput else config._capreward_run_id
+
+
+def pytest_configure(config) -> None:
+    """The controller (or the only process) names the run; with pytest-xdist the workers get the name."""
+    import uuid
+
+    if getattr(config, "workerinput", None) is None:
+        config._capreward_run_id = getattr(config.option, "testrunuid", None) or uuid.uuid4().hex
+        if hasattr(config.option, "testrunuid"):
+            config.option.testrunuid = config._capreward_run_id
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    """The version matrix's test runs last: it waits for the background run, which by then has had the
+    whole suite's time."""
+    items.sort(key=lambda item: item.nodeid.endswith(MATRIX_TEST))
 
 
 def pytest_collection_finish(session) -> None:
     """When the session will run the version matrix, its oldest end (a pip install of every lower bound,
     the integration tests there and the trained fixtures that environment needs, which no other test
     shares) starts now in the background, at a lower CPU priority, so that it runs beside the rest of the
-    suite rather than after it; the test waits for it and checks its result as before."""
+    suite rather than after it; the test (in whichever worker runs it) waits for its exit status."""
+    import json
     import subprocess
 
     if session.config.option.collectonly or not (REPO / ".venv" / "bin" / "python").exists():
         return
+    if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":  # one worker starts it
+        return
     if not any(item.nodeid.endswith(MATRIX_TEST) for item in session.items):
         return
     log = REPO / ".matrix" / "oldest-background.log"
+    status = REPO / ".matrix" / "oldest-background.rc"
     log.parent.mkdir(exist_ok=True)
-    with open(log, "wb") as out:
-        process = subprocess.Popen(["nice", "-n", "10", "bash", str(REPO / "scripts" / "version_matrix.sh"), "oldest"],
-                                   cwd=REPO, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True)
-    MATRIX_RUNS["oldest"] = (process, log)
+    status.unlink(missing_ok=True)
+    script = f'nice -n 10 bash "$1" oldest > "$2" 2>&1; echo $? > "$3.part" && mv "$3.part" "$3"'
+    process = subprocess.Popen(["bash", "-c", script, "matrix", str(REPO / "scripts" / "version_matrix.sh"), str(log),
+                                str(status)], cwd=REPO, stdin=subprocess.DEVNULL, start_new_session=True)
+    MATRIX_STATE.write_text(json.dumps({"pid": process.pid, "log": str(log), "status": str(status),
+                                        "run": run_id(session.config)}))
+
+
+def matrix_background(config) -> dict | None:
+    """This run's background matrix run (see :func:`pytest_collection_finish`), else None."""
+    import json
+
+    try:
+        state = json.loads(MATRIX_STATE.read_text())
+    except (OSError, ValueError):
+        return None
+    return state if state.get("run") == run_id(config) else None
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
-    """A background end still running when the session ends (the matrix test was not reached) is stopped."""
+    """A background end still running when the run ends (the matrix test was not reached) is stopped, by
+    the controller (or the only process), after every worker has finished."""
     import signal
 
-    for process, _ in MATRIX_RUNS.values():
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(timeout=60)
-    MATRIX_RUNS.clear()
+    if getattr(session.config, "workerinput", None) is not None:
+        return
+    state = matrix_background(session.config)
+    if state is None or Path(state["status"]).exists():
+        return
+    try:
+        os.killpg(state["pid"], signal.SIGTERM)
+    except ProcessLookupError:
+        pass

@@ -39,6 +39,7 @@ from conftest import random_video, write_mp4
 from media_files import declaring_frames, ffconcat_list, hls_playlist, ts_segment, write_rotated
 from fixtures_llava import one_torch_thread, tiny_judge, tiny_judge_path, vlm_judge  # noqa: F401
 from serve_process import Server
+import cli_process
 
 MEMORY_BOUND = 400 * 2**20  # bytes a bad item may add to a process's peak RSS (a bomb would add GBs)
 GOOD_CAPTIONS = ["a red ball", "a green box"]  # captions the tiny judges were trained on
@@ -797,9 +798,8 @@ def test_cli_refuses_a_manifest_row_without_a_string_caption(root, clip_path, tm
     manifest = tmp_path / "m.jsonl"
     manifest.write_text(json.dumps({"caption": "a red square", "image": str(root / "good0.png")}) + "\n"
                         + json.dumps({"caption": None, "image": str(root / "good0.png")}) + "\n")
-    proc = subprocess.run([sys.executable, "-m", "capreward.cli.main", "score", str(manifest), "--out",
-                           str(tmp_path / "o.jsonl"), "--clip-model", clip_path, "--no-progress"],
-                          capture_output=True, text=True, timeout=600)
+    proc = cli_process.run(["score", manifest, "--out", tmp_path / "o.jsonl", "--clip-model", clip_path, "--no-progress"],
+                           timeout=600)
     assert proc.returncode != 0 and "m.jsonl:2" in proc.stderr and "caption" in proc.stderr
 
 

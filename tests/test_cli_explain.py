@@ -9,7 +9,6 @@ import os
 import random
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from fixtures_llava import colour_images, fleur, one_torch_thread, tiny_judge, t
 
 from capreward.cli.main import main
 from capreward.jobs.settings_file import record_path
+import cli_process
 
 REPO = Path(__file__).resolve().parents[1]
 MAX_NEW = 12
@@ -29,8 +29,7 @@ def explain_args(manifest: Path, out: Path, judge: Path, *extra: str) -> list[st
 
 def explain_cli(manifest: Path, out: Path, judge: Path, *extra: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "capreward.cli.main", *explain_args(manifest, out, judge, *extra)],
-                          capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
+    return cli_process.run(explain_args(manifest, out, judge, *extra), timeout=600, cwd=REPO, env=env)
 
 
 def files_of(out: Path) -> dict[str, bytes]:
@@ -169,10 +168,9 @@ def test_explain_gveval_reasons(tmp_path):
     manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "g.jsonl"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "capreward.cli.main", "explain", str(manifest), "--out", str(out),
-                           "--metric", "gveval", "--judge-model", str(judge_dir), "--device", "cpu", "--dtype", "float32",
-                           "--max-new-tokens", "120", "--no-progress"], capture_output=True, text=True, timeout=600,
-                          cwd=REPO, env=env)
+    proc = cli_process.run(["explain", manifest, "--out", out, "--metric", "gveval", "--judge-model", judge_dir, "--device",
+                            "cpu", "--dtype", "float32", "--max-new-tokens", "120", "--no-progress"], timeout=600,
+                           cwd=REPO, env=env)
     assert proc.returncode == 0, proc.stderr
     got = read_rows(out)
     expected = GVEval(LocalChatJudge(tiny_vlm_judge(), batch_size=8), max_tokens=120).score(

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from capreward.media import DEFAULT_MAX_PIXELS, DEFAULT_MAX_VIDEO_PIXELS, get_me
 
 from conftest import random_video, write_mp4
 from serve_process import Server
+import cli_process
 
 H, W = 40, 56  # the big image and video frames: 2,240 pixels
 LIMIT = 1000  # refuses them, lets the 24x24 image through
@@ -30,8 +30,7 @@ def cli(*args, env=None) -> subprocess.CompletedProcess:
     env = dict(os.environ if env is None else env)
     for var in ("CAPREWARD_MAX_PIXELS", "CAPREWARD_MAX_VIDEO_PIXELS"):
         env.pop(var, None)
-    return subprocess.run([sys.executable, "-m", "capreward.cli.main", *map(str, args)], capture_output=True,
-                          text=True, timeout=600, env=env)
+    return cli_process.run(args, timeout=600, env=env)
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +16,7 @@ from capreward import EMScore
 from capreward.jobs.results_file import read_results, recover
 
 from conftest import random_video, write_mp4
+import cli_process
 
 CAPTIONS = ["a man is cooking", "a dog runs in a park", "two people dance", "a red car at night", "someone is talking"]
 
@@ -51,8 +50,7 @@ def make_manifest(path: Path, media, n_rows: int, bad_row: int | None = None) ->
 
 
 def cli(*args, **kwargs):
-    return subprocess.run([sys.executable, "-m", "capreward.cli.main", *map(str, args)], capture_output=True,
-                          text=True, timeout=600, **kwargs)
+    return cli_process.run(args, timeout=600, **kwargs)
 
 
 def by_id(rows):

@@ -7,9 +7,6 @@ direct scorer calls on each image."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,13 +17,13 @@ from capreward.jobs.manifest import ManifestError, read_manifest
 from capreward.jobs.results_file import read_results
 
 from conftest import random_video
+import cli_process
 
 REFS = ["a person", "a dog runs"]
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "-m", "capreward.cli.main", *map(str, args)], capture_output=True,
-                          text=True, timeout=600)
+    return cli_process.run(args, timeout=600)
 
 
 @pytest.fixture(scope="module")

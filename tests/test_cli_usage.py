@@ -17,14 +17,14 @@ import pytest
 
 import capreward
 from capreward.cli.main import build_parser
+import cli_process
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
     full_env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", **(env or {}))
-    return subprocess.run([sys.executable, "-m", "capreward.cli.main", *map(str, args)], capture_output=True,
-                          text=True, timeout=300, env=full_env, cwd=cwd or REPO)
+    return cli_process.run(args, timeout=300, env=full_env, cwd=cwd or REPO)
 
 
 def subcommand_parsers() -> dict[str, argparse.ArgumentParser]:

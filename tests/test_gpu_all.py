@@ -167,3 +167,23 @@ def test_cpu_dry_run_of_the_gpu_command_writes_every_steps_figures_and_the_summa
     assert "importable" in figures["engines"]["engines"]
     summary = (out / "summary.txt").read_text()
     assert all(s.name in summary for s in gpu_all.STEPS)
+
+
+def test_the_cpu_dry_run_runs_a_command_once_and_a_gpu_run_runs_every_step(runner, monkeypatch):
+    gpu_all, out = runner
+    py = sys.executable
+    counter = out.parent / "runs.txt"
+
+    def writes(ctx, path):
+        return [py, "-c", f"import json; open({str(counter)!r}, 'a').write('x'); json.dump({{'x': 1}}, open({path!r}, 'w'))"]
+
+    monkeypatch.setattr(gpu_all, "STEPS", [gpu_all.Step("a", "w", 20, 20, writes), gpu_all.Step("b", "w", 20, 20, writes)])
+    assert gpu_all.main() == 0
+    rows = read_rows(out)
+    assert [(r["step"], r["status"], r["figures"]) for r in rows] == [("a", "ok", {"x": 1}), ("b", "ok", {"x": 1})]
+    assert rows[1]["same_command_as"] == "a" and "same_command_as" not in rows[0] and counter.read_text() == "x"
+    ctx = gpu_all.Context(device="cuda", gpu=True, work=out)
+    b32, l14 = (gpu_all.command_key(s, ctx) for s in gpu_all.STEPS[:2])
+    assert b32 == l14  # the stand-in steps' commands do not depend on the arch; the real ones do:
+    real = {s.name: s for s in import_script(BENCH / "gpu_all.py", "gpu_all_keys").STEPS}
+    assert gpu_all.command_key(real["emscore_b32"], ctx) != gpu_all.command_key(real["emscore_l14"], ctx)

@@ -16,14 +16,14 @@ import pytest
 from capreward.input_files import NotARegularFile, file_kind, open_regular, read_regular_bytes
 
 from conftest import write_job_media
+import cli_process
 
 #: A hang shows as this many seconds without an answer (the runs themselves take a few seconds).
 HANG = 240
 
 
 def cli(*args, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "capreward.cli.main", *map(str, args)], capture_output=True,
-                          text=True, timeout=HANG, cwd=cwd)
+    return cli_process.run(args, timeout=HANG, cwd=cwd)
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ from capreward.locks import holder_path, read_holder, try_holding
 from capreward.jobs.results_file import read_results
 
 from conftest import write_job_media
+import cli_process
 
 
 @pytest.fixture(scope="module")
@@ -130,8 +131,7 @@ def test_a_second_writer_is_refused_and_a_killed_holder_does_not_block(tmp_path,
     out = tmp_path / "out.jsonl"
     holder = lock_holder(out)
     try:
-        proc = subprocess.run([sys.executable, "-m", "capreward.cli.main", *score(manifest, out, tiny_clip_path)],
-                              capture_output=True, text=True, timeout=600)
+        proc = cli_process.run(score(manifest, out, tiny_clip_path), timeout=600)
         assert proc.returncode == 2
         [line] = proc.stderr.strip().splitlines()
         assert str(out) in line and f"PID {holder.pid}" in line
@@ -153,9 +153,8 @@ def test_explain_takes_the_same_writer_lock(tmp_path, media):
     out = tmp_path / "why.jsonl"
     holder = lock_holder(out)
     try:
-        proc = subprocess.run([sys.executable, "-m", "capreward.cli.main", "explain", str(manifest), "--out", str(out),
-                               "--metric", "fleur", "--judge-model", str(tmp_path / "unused"), "--no-progress"],
-                              capture_output=True, text=True, timeout=600)
+        proc = cli_process.run(["explain", manifest, "--out", out, "--metric", "fleur", "--judge-model",
+                                tmp_path / "unused", "--no-progress"], timeout=600)
         assert proc.returncode == 2
         [line] = proc.stderr.strip().splitlines()
         assert str(out) in line and f"PID {holder.pid}" in line  # refused before any model is loaded

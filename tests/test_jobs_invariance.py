@@ -15,7 +15,6 @@ import json
 import os
 import random
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,6 +27,7 @@ from capreward.locks import read_holder
 from capreward.jobs.results_file import KILL_AFTER_BATCH_ENV, read_results
 
 from conftest import random_video, sample_clips, write_mp4
+import cli_process
 
 METRICS = "emscore,clip-s,hallucination"
 
@@ -154,8 +154,7 @@ def run_cli(args: list[str], kill_after: str | None = None) -> subprocess.Comple
     env.pop(KILL_AFTER_BATCH_ENV, None)
     if kill_after is not None:
         env[KILL_AFTER_BATCH_ENV] = kill_after
-    return subprocess.run([sys.executable, "-m", "capreward.cli.main", *args], capture_output=True, text=True,
-                          timeout=600, env=env)
+    return cli_process.run(args, timeout=600, env=env)
 
 
 def complete_lines(path: Path) -> int:

@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ from capreward.jobs.settings_file import model_identity, record_path, scoring_se
 from capreward.testing import save_tiny_clip_openai
 
 from conftest import write_job_media
+import cli_process
 
 METRICS = "emscore,hallucination"
 
@@ -53,8 +53,7 @@ def cli(args: list[str], kill_after: str | None = None, **env) -> subprocess.Com
     environ = {k: v for k, v in os.environ.items() if k != KILL_AFTER_BATCH_ENV}
     if kill_after is not None:
         environ[KILL_AFTER_BATCH_ENV] = kill_after
-    return subprocess.run([sys.executable, "-m", "capreward.cli.main", *args], capture_output=True, text=True,
-                          timeout=600, env={**environ, **env})
+    return cli_process.run(args, timeout=600, env={**environ, **env})
 
 
 def by_id(path: Path) -> dict[str, dict]:

@@ -9,8 +9,6 @@ import json
 import math
 import pickle
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +28,7 @@ from capreward.metaeval import (
     read_scores,
     visual_aliases,
 )
+import cli_process
 
 REPO = Path(__file__).resolve().parents[1]
 HJ = REPO.parent / "shared" / "data" / "human_judgments"
@@ -474,8 +473,7 @@ needs_shared = pytest.mark.skipif(not HJ.is_dir(), reason="shared human judgment
 
 
 def cli(*args, timeout=240):
-    return subprocess.run([sys.executable, "-m", "capreward.cli.main", "meta-eval", *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    return cli_process.run(["meta-eval", *args], timeout=timeout, cwd=REPO)
 
 
 def flickr_scores(tmp_path: Path, noise: float | None, drop: int = 0) -> tuple[Path, int]:

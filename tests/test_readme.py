@@ -176,7 +176,7 @@ def test_ci_runs_the_readme_commands_exactly_and_in_order():
     commands = re.findall(r"```bash\n(bash scripts/bootstrap\.sh.*?)\n```", text)
     assert commands[:2] == [
         "bash scripts/bootstrap.sh && .venv/bin/capreward demo",
-        "bash scripts/bootstrap.sh --test && .venv/bin/python -m pytest -q",
+        "bash scripts/bootstrap.sh --test && .venv/bin/python -m pytest -q -n 2",
     ]
     ci = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if line.startswith("bash ")]
     assert ci == commands[:2]

@@ -9,7 +9,6 @@ import random
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +17,7 @@ import pytest
 from capreward.jobs.results_file import read_results
 
 from conftest import random_video, write_mp4
+import cli_process
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -25,8 +25,7 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "-m", "capreward.cli.main", *map(str, args)], capture_output=True,
-                          text=True, timeout=300)
+    return cli_process.run(args, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -69,15 +68,13 @@ def test_report_finds_the_media_as_score_did_from_another_working_directory(tmp_
     data.mkdir(parents=True)
     write_mp4(data / "clip.mp4", random_video(5, frames=6))
     (data / "m.jsonl").write_text(json.dumps({"id": "a", "caption": "a man is cooking", "video": "clip.mp4"}) + "\n")
-    proc = subprocess.run([sys.executable, "-m", "capreward.cli.main", "score", "data/m.jsonl", "--out", "scores.jsonl",
-                           "--metrics", "clip-s", "--clip-model", str(tiny_clip_path), "--frames", "2", "--no-progress"],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path / "work")
+    proc = cli_process.run(["score", "data/m.jsonl", "--out", "scores.jsonl", "--metrics", "clip-s", "--clip-model",
+                            tiny_clip_path, "--frames", "2", "--no-progress"], timeout=300, cwd=tmp_path / "work")
     assert proc.returncode == 0, proc.stderr
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    proc = subprocess.run([sys.executable, "-m", "capreward.cli.main", "report", "../work/scores.jsonl", "--out",
-                           "r.html", "--frames", "2", "--no-progress"], capture_output=True, text=True, timeout=300,
-                          cwd=elsewhere)
+    proc = cli_process.run(["report", "../work/scores.jsonl", "--out", "r.html", "--frames", "2", "--no-progress"],
+                           timeout=300, cwd=elsewhere)
     assert proc.returncode == 0 and "not found" not in proc.stderr, proc.stderr
     text = (elsewhere / "r.html").read_text()
     assert "cannot show the visual" not in text and text.count('<img class="frame') == 2

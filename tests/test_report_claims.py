@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
 from html.parser import HTMLParser
 
 import pytest
@@ -18,14 +16,14 @@ from capreward.judges import LocalChatJudge
 from capreward.report.claims_view import claim_verdicts, claims_section, marked_caption
 from capreward.scorers.claims import ClaimScorer
 from capreward.testing.tiny_claim_judge import claim_image, tiny_claim_judge, tiny_claim_judge_dir
+import cli_process
 
 CAPTIONS = ["the background is red. there is a green patch.", "the background is red. a blue ball.",
             "a photo. the background is red."]
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "-m", "capreward.cli.main", *map(str, args)], capture_output=True,
-                          text=True, timeout=900)
+    return cli_process.run(args, timeout=900)
 
 
 class Marks(HTMLParser):

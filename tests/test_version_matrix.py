@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MATRIX_RUNS, REPO
+from conftest import REPO, matrix_background
 
 sys.path.insert(0, str(REPO / "scripts"))
 import matrix_requirements  # noqa: E402
@@ -46,21 +46,26 @@ def newest_missing_from_venv() -> str:
     return "\n".join(line for line in run.stdout.splitlines() if line.startswith("Would install"))
 
 
-def matrix_end(end: str) -> tuple[int, str]:
+def matrix_end(end: str, config) -> tuple[int, str]:
     """``(exit status, output)`` of ``scripts/version_matrix.sh END``: the run conftest.py started in the
     background when the session collected this test (waited for here), else a run started now."""
-    started = MATRIX_RUNS.pop(end, None)
+    import time
+
+    started = matrix_background(config) if end == "oldest" else None
     if started is None:
         run = subprocess.run(["bash", str(REPO / "scripts" / "version_matrix.sh"), end], cwd=REPO,
                              capture_output=True, text=True, timeout=2400)
         return run.returncode, run.stdout + run.stderr
-    process, log = started
-    status = process.wait(timeout=2400)
-    return status, log.read_text(encoding="utf-8", errors="replace")
+    status = Path(started["status"])
+    deadline = time.monotonic() + 2400
+    while not status.exists():
+        assert time.monotonic() < deadline, "the background matrix run did not end in 40 minutes"
+        time.sleep(5)
+    return int(status.read_text().strip() or 1), Path(started["log"]).read_text(encoding="utf-8", errors="replace")
 
 
 @pytest.mark.slow
-def test_integration_tests_pass_at_the_oldest_and_newest_versions():
+def test_integration_tests_pass_at_the_oldest_and_newest_versions(request):
     """The oldest end runs in its own environment (started when the session collected this test: see
     conftest.py). The newest end is the bootstrap's .venv itself when pip finds nothing newer to install
     there (a fresh bootstrap resolves the newest allowed versions, and the suite runs the integration tests
@@ -71,7 +76,7 @@ def test_integration_tests_pass_at_the_oldest_and_newest_versions():
     ends = ["oldest"] if not upgrades else ["oldest", "newest"]
     print(f"newest end: {'the suite in .venv (pip would install nothing newer)' if not upgrades else upgrades}")
     for end in ends:
-        status, out = matrix_end(end)
+        status, out = matrix_end(end, request.config)
         print(out)
         assert status == 0, out[-6000:]
         assert re.search(rf"\[matrix\] {end}: passed in \d+ s \(\d+ passed", out), out[-6000:]
