@@ -32,7 +32,9 @@ PACKAGE = REPO / "src" / "capreward"
 
 #: The floors, lowest first; a part may import the parts of the floors below its own.
 FLOORS: list[tuple[str, ...]] = [
-    # ground: no capreward import (the package's own __init__ holds the version and lazy public names)
+    # ground: no capreward import (the packages' names served on first use, from their _LAZY tables)
+    ("lazy_exports",),
+    # the package's own __init__ (the version and lazy public names), the error model, text, status bars
     ("capreward", "errors", "text", "progress", "default_models", "bounded_cache"),
     # inputs that must be regular files; bounds on a JSON text; cross-process locks
     ("input_files", "json_limits", "locks"),

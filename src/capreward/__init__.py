@@ -6,7 +6,7 @@ dependency only matters for the scorer that needs it.
 
 from __future__ import annotations
 
-import importlib
+from .lazy_exports import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -42,12 +42,4 @@ _LAZY = {
 __all__ = sorted(["CLIPBackbone", "CLIPScore", "CaprewardError", "ClaimScorer", "EMScore", "FLEUR", "GVEval", "Hallucination",
                   "MediaError", "PACScore", "QAUtility", "RemoteFLEUR", "SampleError", "Scorer", "Scores", "VisCE2"])
 
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'capreward' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(list(globals()) + list(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -32,11 +32,11 @@ a veRL worker or a Ray actor picks it up without code); ``capreward score`` and 
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass, replace
 from collections.abc import Iterator, Sequence
 
 from .errors import CaprewardError
+from .media.limits import check_positive_ints, whole_numbers_from_env
 
 DEFAULT_MAX_CHARS = 16 * 1024
 DEFAULT_MAX_CLAIMS = 256
@@ -82,10 +82,7 @@ class CaptionBudget:
     max_claims: int = DEFAULT_MAX_CLAIMS
 
     def __post_init__(self) -> None:
-        for field, _ in _FIELDS:
-            value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{field} must be a positive int, got {value!r}")
+        check_positive_ints(self, _FIELDS)
 
     def problem(self, caption: str) -> str | None:
         """Why ``caption`` is over the budget, or None.
@@ -113,15 +110,7 @@ class CaptionBudget:
 
 
 def _from_env() -> CaptionBudget:
-    values = {}
-    for field, var in _FIELDS:
-        raw = (os.environ.get(var) or "").strip()
-        if raw:
-            try:
-                values[field] = int(raw.replace("_", ""))
-            except ValueError:
-                raise ValueError(f"{var} must be a whole number, got {raw[:40]!r}") from None
-    return CaptionBudget(**values)
+    return CaptionBudget(**whole_numbers_from_env(_FIELDS))
 
 
 _budget = _from_env()

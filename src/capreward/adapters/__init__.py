@@ -17,7 +17,7 @@ model code.
 
 from __future__ import annotations
 
-import importlib
+from ..lazy_exports import lazy_exports
 
 _LAZY = {
     "RewardOptions": "capreward.adapters.factory",
@@ -38,12 +38,4 @@ _LAZY = {
 #: the batch scorer and :func:`reward_names`.
 __all__ = ["EasyR1Scorer", "MediaPaths", "RewardOptions", "build_reward", "make_compute_score"]
 
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(list(globals()) + list(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -18,7 +18,7 @@ so that using one integration never imports the other framework.
 
 from __future__ import annotations
 
-import importlib
+from ..lazy_exports import lazy_exports
 
 _LAZY = {
     "CaptionScoreCallback": "capreward.callbacks.lightning",
@@ -34,12 +34,4 @@ _LAZY = {
 __all__ = ["CaptionEvalCallback", "CaptionScoreCallback", "GoodhartCallback", "GoodhartLightningCallback",
            "GoodhartMonitor", "GoodhartWarning", "sample_ids"]
 
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'capreward.callbacks' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(list(globals()) + list(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

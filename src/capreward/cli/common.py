@@ -126,8 +126,12 @@ def add_caption_budget_options(parser: argparse.ArgumentParser) -> None:
                         help="distinct claims one caption may hold (the rule splitter's count); more: not read")
 
 
-def add_resume_options(parser: argparse.ArgumentParser) -> None:
-    """``--quarantine-bad-lines`` of the commands that append to a resumable results file."""
+def add_resume_options(parser: argparse.ArgumentParser, output: str = "a results file") -> None:
+    """``--accept-unrecorded-settings`` and ``--quarantine-bad-lines`` of the commands that append to a
+    resumable results file (``output``: how the help names it)."""
+    parser.add_argument("--accept-unrecorded-settings", action="store_true",
+                        help=f"resume {output} that has rows but no <out>.settings.json (written before settings "
+                             "were recorded), recording this run's settings as theirs: only if they are the same")
     parser.add_argument("--quarantine-bad-lines", action="store_true",
                         help="on resume, move lines of --out that are not result rows (invalid JSON or UTF-8, no "
                              "id) to <out>.quarantine and go on; without it such a line stops the run with the file "

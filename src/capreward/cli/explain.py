@@ -230,9 +230,5 @@ def add_parser(subparsers) -> None:
     p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"], help="default: float16 on GPU, float32 on CPU")
     p.add_argument("--batch-size", type=whole_number(1), default=8, help="rows judged at once")
     p.add_argument("--max-new-tokens", type=whole_number(1), default=512, help="length budget of an explanation")
-    p.add_argument("--accept-unrecorded-settings", action="store_true",
-                   help="resume an output that has rows but no <out>.settings.json (written before settings were "
-                        "recorded), recording this run's settings as theirs: only if they are the same")
-    add_resume_options(p)
-    p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    add_resume_options(p, "an output")  # --no-progress: added to every command by capreward.cli.main
     p.set_defaults(func=run)

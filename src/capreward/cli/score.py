@@ -145,9 +145,5 @@ def add_parser(subparsers) -> None:
     p.add_argument("--alignment", action="store_true",
                    help="store the token -> frame alignment of "
                         f"{'/'.join(s.name for s in registry.specs() if s.writes_alignment)} (for reports)")
-    p.add_argument("--accept-unrecorded-settings", action="store_true",
-                   help="resume a results file that has rows but no <out>.settings.json (written before settings "
-                        "were recorded), recording this run's settings as theirs: only if they are the same")
-    add_resume_options(p)
-    p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    add_resume_options(p)  # --no-progress: added to every command by capreward.cli.main
     p.set_defaults(func=run)

@@ -15,8 +15,8 @@ contract between them, kept stable:
   :class:`EngineJudge` (the same judge inside vLLM's or SGLang's offline engine, exact too),
   :class:`OpenAIJudge` (any OpenAI-compatible server), :class:`SGLangJudge` (SGLang's ``/generate``) and
   :class:`VLLMJudge` (vLLM), all speaking :class:`JudgeBackend`; the last two also score chosen next
-  tokens exactly (:class:`NextTokenScorer`), one request per caption; :class:`LocalTextJudge`, a
-  text-only causal LM (the QA-utility reward's answerer);
+  tokens exactly (:class:`NextTokenScorer`), one request per caption (:class:`NextTokenServerJudge`);
+  :class:`LocalTextJudge`, a text-only causal LM (the QA-utility reward's answerer);
 - ``teacher_forcing_inputs(...)`` + ``logits_at(inputs, features, image_index, text_embeds=None)``: one
   differentiable pass returning the logits at chosen answer steps.
 """
@@ -42,7 +42,7 @@ from .protocol import (
     system_turn,
     user_turn,
 )
-from .remote import OpenAIJudge
+from .remote import NextTokenServerJudge, OpenAIJudge
 from .sglang import SGLangJudge
 from .vllm import VLLMJudge
 from .prompts import (
@@ -59,8 +59,8 @@ from .prompts import (
 #: ``GreedyOutput``, ``TeacherForcing``, the prompts, ``load_llava``...) still import from here.
 __all__ = ["ChatRequest", "ChatResponse", "ChatTurn", "EngineJudge", "JudgeBackend", "JudgeLoadError", "LocalChatJudge",
            "LocalJudge", "LocalTextJudge", "MalformedAnswer", "NextTokenAnswer", "NextTokenQuery", "NextTokenScorer",
-           "OpenAIJudge", "SGLangJudge", "TokenLogprob", "VLLMJudge", "answer_problem", "assistant_turn", "system_turn",
-           "user_turn"]
+           "NextTokenServerJudge", "OpenAIJudge", "SGLangJudge", "TokenLogprob", "VLLMJudge", "answer_problem",
+           "assistant_turn", "system_turn", "user_turn"]
 
 
 def __getattr__(name: str):

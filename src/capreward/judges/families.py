@@ -119,6 +119,20 @@ class JudgeFamily:
     def preprocess(self, images: Sequence[Image.Image], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         raise NotImplementedError
 
+    # ---------------------------------------------------------------------------------------- video
+    @property
+    def video_placeholder(self) -> str:
+        """What the template writes for a video (a family that :attr:`takes_video`): the processor's."""
+        return self.processor.video_token
+
+    def resized_clips(self, videos: Sequence[Sequence[Image.Image]]) -> list[list[Image.Image]]:
+        """Each video's frames at :attr:`image_size` (:meth:`resize`); the videos must hold as many frames
+        each (a ValueError names the counts)."""
+        clips = [[self.resize(frame) for frame in frames] for frames in videos]
+        if len({len(c) for c in clips}) != 1:
+            raise ValueError(f"videos of different frame counts {sorted({len(c) for c in clips})}: pass the same number")
+        return clips
+
     def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
@@ -172,10 +186,6 @@ class Qwen2VLFamily(JudgeFamily):
     def video_token_id(self) -> int:
         return int(self.model.config.video_token_id)
 
-    @property
-    def video_placeholder(self) -> str:
-        return self.processor.video_token
-
     def preprocess_videos(self, videos: Sequence[Sequence[Image.Image]], device: torch.device,
                           dtype: torch.dtype) -> torch.Tensor:
         """``pixel_values_videos`` of videos (lists of frames, the same number each, resized to
@@ -183,9 +193,7 @@ class Qwen2VLFamily(JudgeFamily):
         ``temporal_patch_size``) and, for Qwen2.5-VL, the seconds per frame group that space the temporal
         positions (``tokens_per_second`` of them per second; the processor's frame rate for frames without
         metadata)."""
-        clips = [[self.resize(frame) for frame in frames] for frames in videos]
-        if len({len(c) for c in clips}) != 1:
-            raise ValueError(f"videos of different frame counts {sorted({len(c) for c in clips})}: pass the same number")
+        clips = self.resized_clips(videos)
         out = self.processor(text=[self.video_placeholder] * len(clips), videos=clips, return_tensors="pt")
         grid = out["video_grid_thw"]
         if not bool((grid == grid[0]).all()):
@@ -399,10 +407,6 @@ class LlavaOnevisionFamily(LlavaNextFamily):
     def video_token_id(self) -> int:
         return int(self.model.config.video_token_index)
 
-    @property
-    def video_placeholder(self) -> str:
-        return self.processor.video_token
-
     def preprocess(self, images: Sequence[Image.Image], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         self.video = False
         return super().preprocess(images, device, dtype)
@@ -411,9 +415,7 @@ class LlavaOnevisionFamily(LlavaNextFamily):
                           dtype: torch.dtype) -> torch.Tensor:
         """``pixel_values_videos`` (U, frames, 3, H, W) of videos (lists of frames, the same number each,
         resized to :attr:`image_size`) through the processor's video processor."""
-        clips = [[self.resize(frame) for frame in frames] for frames in videos]
-        if len({len(c) for c in clips}) != 1:
-            raise ValueError(f"videos of different frame counts {sorted({len(c) for c in clips})}: pass the same number")
+        clips = self.resized_clips(videos)
         out = self.processor.video_processor(videos=clips, return_tensors="pt")
         self.video = True
         return out["pixel_values_videos"].to(device=device, dtype=dtype)

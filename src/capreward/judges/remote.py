@@ -36,8 +36,8 @@ import logging
 import os
 from collections import OrderedDict
 from dataclasses import replace
-from typing import Any, cast
-from collections.abc import Sequence
+from typing import Any, TypeVar, cast
+from collections.abc import Callable, Coroutine, Sequence
 
 from PIL import Image
 
@@ -57,6 +57,7 @@ from .protocol import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: OpenAI's and vLLM's (default ``max_logprobs``) limit on ``top_logprobs``.
 TOP_LOGPROBS_CAP = 20
@@ -150,6 +151,30 @@ def image_data_uri(image: Image.Image) -> str:
     buffer = io.BytesIO()
     image.convert("RGB").save(buffer, format="PNG")
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def image_encoder() -> Callable[[Image.Image], str]:
+    """:func:`image_data_uri` for one call's requests: each distinct image (by its pixels) encoded once."""
+    uris: dict[Any, str] = {}
+
+    def encode(image: Image.Image) -> str:
+        k = visual_key(image)
+        if k not in uris:
+            uris[k] = image_data_uri(image)
+        return uris[k]
+
+    return encode
+
+
+def run_blocking(coroutine: Coroutine[Any, Any, T]) -> T:
+    """``coroutine`` run to its end from synchronous code: on a new event loop, or, when this thread
+    already runs one (a notebook, an async trainer), on a fresh loop in a worker thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
 
 
 def to_messages(turns: Sequence[ChatTurn], system: str | None = None, encode=image_data_uri) -> list[dict]:
@@ -352,13 +377,7 @@ class OpenAIJudge:
             One :class:`~capreward.judges.protocol.ChatResponse` per request, ``result[i]`` for
             ``requests[i]``; a request that cannot be answered has ``error`` set (the call does not raise).
         """
-        requests = list(requests)
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return asyncio.run(self.agenerate(requests))
-        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-            return pool.submit(asyncio.run, self.agenerate(requests)).result()
+        return run_blocking(self.agenerate(list(requests)))
 
     async def agenerate(self, requests: Sequence[ChatRequest]) -> list[ChatResponse]:
         """Answer every request concurrently (at most ``max_concurrency`` in flight).
@@ -410,13 +429,7 @@ class OpenAIJudge:
         """Send ``requests[i]`` for each i in ``send`` concurrently, answers into ``results[i]``."""
         key = self._api_key()
         semaphore = asyncio.Semaphore(self.max_concurrency)
-        uris: dict[Any, str] = {}  # one PNG encoding per distinct image (by its pixels) in this call
-
-        def encode(image: Image.Image) -> str:
-            k = visual_key(image)
-            if k not in uris:
-                uris[k] = image_data_uri(image)
-            return uris[k]
+        encode = image_encoder()
 
         async with self._client(key) as client:
 
@@ -444,13 +457,7 @@ class OpenAIJudge:
     def _next_tokens(self, queries: Sequence[NextTokenQuery]) -> list[NextTokenAnswer]:
         """:meth:`_anext_tokens`, from synchronous code (inside a running event loop, on a fresh loop in a
         worker thread)."""
-        queries = list(queries)
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return asyncio.run(self._anext_tokens(queries))
-        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-            return pool.submit(asyncio.run, self._anext_tokens(queries)).result()
+        return run_blocking(self._anext_tokens(list(queries)))
 
     def next_token_chunks(self, queries: Sequence[NextTokenQuery]) -> list[list[int]]:
         """The requests ``queries`` go out in, as lists of query indices: one per group
@@ -491,13 +498,7 @@ class OpenAIJudge:
         chunks = self.next_token_chunks(queries)
         key = self._api_key()
         semaphore = asyncio.Semaphore(self.max_concurrency)
-        uris: dict[Any, str] = {}
-
-        def encode(image: Image.Image) -> str:
-            k = visual_key(image)
-            if k not in uris:
-                uris[k] = image_data_uri(image)
-            return uris[k]
+        encode = image_encoder()
 
         async with self._client(key) as client:
 
@@ -657,6 +658,44 @@ class OpenAIJudge:
         error = _mask(error, key)
         log.error("%s: %s", self.model, error)
         return ChatResponse(text="", error=error)
+
+
+class NextTokenServerJudge(OpenAIJudge):
+    """An :class:`OpenAIJudge` whose server also scores chosen next tokens exactly
+    (:class:`~capreward.judges.protocol.NextTokenScorer`): each group of queries in one request, in the
+    protocol of the subclass (its ``_next_token_body`` and ``_next_token_maps``; its ``_batch_key`` says
+    what one request's prompts must share). The subclasses: :class:`~capreward.judges.sglang.SGLangJudge`
+    and :class:`~capreward.judges.vllm.VLLMJudge`; their own arguments are documented there.
+
+    Examples:
+        >>> from capreward.judges import NextTokenServerJudge, SGLangJudge, VLLMJudge
+        >>> issubclass(SGLangJudge, NextTokenServerJudge), issubclass(VLLMJudge, NextTokenServerJudge)
+        (True, True)
+    """
+
+    def next_token_logprobs(self, queries: Sequence[NextTokenQuery]) -> list[NextTokenAnswer]:
+        """The exact log-probability of each query's tokens as the next token: one request per group of
+        queries (see the server's module docstring).
+
+        Args:
+            queries: what to score.
+
+        Returns:
+            One :class:`~capreward.judges.protocol.NextTokenAnswer` per query, in order (``error`` set
+            where its request failed after the retries or the reply was malformed).
+        """
+        return self._next_tokens(queries)
+
+    async def anext_token_logprobs(self, queries: Sequence[NextTokenQuery]) -> list[NextTokenAnswer]:
+        """:meth:`next_token_logprobs`, awaitable.
+
+        Args:
+            queries: what to score.
+
+        Returns:
+            One answer per query, in order.
+        """
+        return await self._anext_tokens(queries)
 
 
 def _short(text: str, limit: int = 200) -> str:

@@ -41,12 +41,12 @@ from collections.abc import Sequence
 
 from .caller_text import control_token_strings, escape_special_tokens, fill_once
 from .prompts import IMAGE_PLACEHOLDER, render_chat_template
-from .protocol import MAX_ANSWER_TOKENS, ChatRequest, FrozenMapping, ChatResponse, NextTokenAnswer, NextTokenQuery, TokenLogprob, answer_problem
-from .remote import DEFAULT_API_MODEL, MalformedResponse, OpenAIJudge
+from .protocol import MAX_ANSWER_TOKENS, ChatRequest, FrozenMapping, ChatResponse, NextTokenQuery, TokenLogprob, answer_problem
+from .remote import DEFAULT_API_MODEL, MalformedResponse, NextTokenServerJudge
 from .vocab import load_tokenizer, token_piece
 
 
-class SGLangJudge(OpenAIJudge):
+class SGLangJudge(NextTokenServerJudge):
     """A `JudgeBackend` on an SGLang server's native ``/generate``, that also scores chosen next tokens
     exactly (:class:`~capreward.judges.protocol.NextTokenScorer`).
 
@@ -276,31 +276,6 @@ class SGLangJudge(OpenAIJudge):
         return ChatResponse(text=text, tokens=tuple(tokens), finish_reason="length" if kind == "length" else "stop")
 
     # ------------------------------------------------------------------------ next-token scoring
-    def next_token_logprobs(self, queries: Sequence[NextTokenQuery]) -> list[NextTokenAnswer]:
-        """The exact log-probability of each query's tokens as the next token: one ``/generate`` request
-        per group of queries (every prompt of the group in it, ``max_new_tokens`` 1, the asked ids in
-        ``token_ids_logprob``; see the module docstring).
-
-        Args:
-            queries: what to score.
-
-        Returns:
-            One :class:`~capreward.judges.protocol.NextTokenAnswer` per query, in order (``error`` set
-            where its request failed after the retries or the reply was malformed).
-        """
-        return self._next_tokens(queries)
-
-    async def anext_token_logprobs(self, queries: Sequence[NextTokenQuery]) -> list[NextTokenAnswer]:
-        """:meth:`next_token_logprobs`, awaitable.
-
-        Args:
-            queries: what to score.
-
-        Returns:
-            One answer per query, in order.
-        """
-        return await self._anext_tokens(queries)
-
     def _batch_key(self, query: NextTokenQuery) -> Any:
         return any(turn.images for turn in query.request.turns)  # image_data for all prompts or none
 

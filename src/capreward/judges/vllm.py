@@ -30,14 +30,14 @@ import re
 from typing import Any
 from collections.abc import Sequence
 
-from .protocol import NextTokenAnswer, NextTokenQuery, assistant_turn
-from .remote import MalformedResponse, OpenAIJudge, to_messages
+from .protocol import NextTokenQuery, assistant_turn
+from .remote import MalformedResponse, NextTokenServerJudge, to_messages
 from .vocab import load_tokenizer
 
 _TOKEN_ID = re.compile(r"token_id:(\d+)")
 
 
-class VLLMJudge(OpenAIJudge):
+class VLLMJudge(NextTokenServerJudge):
     """A `JudgeBackend` on a vLLM server that also scores chosen next tokens exactly
     (:class:`~capreward.judges.protocol.NextTokenScorer`).
 
@@ -72,30 +72,6 @@ class VLLMJudge(OpenAIJudge):
 
     def __repr__(self) -> str:
         return f"VLLMJudge(base_url={self.base_url!r}, model={self.model!r}, max_concurrency={self.max_concurrency})"
-
-    def next_token_logprobs(self, queries: Sequence[NextTokenQuery]) -> list[NextTokenAnswer]:
-        """The exact log-probability of each query's tokens as the next token: one
-        ``/chat/completions/batch`` request per group of queries (see the module docstring).
-
-        Args:
-            queries: what to score.
-
-        Returns:
-            One :class:`~capreward.judges.protocol.NextTokenAnswer` per query, in order (``error`` set
-            where its request failed after the retries or the reply was malformed).
-        """
-        return self._next_tokens(queries)
-
-    async def anext_token_logprobs(self, queries: Sequence[NextTokenQuery]) -> list[NextTokenAnswer]:
-        """:meth:`next_token_logprobs`, awaitable.
-
-        Args:
-            queries: what to score.
-
-        Returns:
-            One answer per query, in order.
-        """
-        return await self._anext_tokens(queries)
 
     def _batch_key(self, query: NextTokenQuery) -> Any:
         # one request's conversations share the prefill flags and the template

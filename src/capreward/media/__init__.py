@@ -6,7 +6,7 @@ decoder and no torch.
 
 from __future__ import annotations
 
-import importlib
+from ..lazy_exports import lazy_exports
 
 _LAZY = {
     "BACKENDS": "capreward.media.backends",
@@ -49,12 +49,4 @@ _LAZY = {
 __all__ = ["MediaError", "MediaLimits", "MediaRefused", "get_media_limits", "get_video_backend", "load_image",
            "load_video", "media_limits", "set_media_limits", "set_video_backend", "video_backend"]
 
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(list(globals()) + list(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -41,7 +41,8 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass, replace
-from collections.abc import Iterator
+from typing import Any
+from collections.abc import Iterator, Sequence
 
 DEFAULT_MAX_PIXELS = 2**25
 DEFAULT_MAX_VIDEO_PIXELS = 2**28
@@ -85,22 +86,35 @@ class MediaLimits:
     max_model_pixels: int = DEFAULT_MAX_MODEL_PIXELS
 
     def __post_init__(self) -> None:
-        for field, _ in _FIELDS:
-            value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{field} must be a positive int, got {value!r}")
+        check_positive_ints(self, _FIELDS)
 
 
-def _from_env() -> MediaLimits:
+def check_positive_ints(settings: Any, fields: Sequence[tuple[str, str]]) -> None:
+    """Raise ValueError naming the first of ``fields`` (``(field, environment variable)`` pairs) whose
+    value on ``settings`` (a dataclass of limits) is not a positive int."""
+    for field, _ in fields:
+        value = getattr(settings, field)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{field} must be a positive int, got {value!r}")
+
+
+def whole_numbers_from_env(fields: Sequence[tuple[str, str]]) -> dict[str, int]:
+    """``{field: value}`` of the environment variables of ``fields`` (``(field, variable)`` pairs) that are
+    set and not blank, read as whole numbers (``_`` separators allowed); ValueError naming a variable that
+    is not one."""
     values = {}
-    for field, var in _FIELDS:
-        raw = os.environ.get(var)
+    for field, var in fields:
+        raw = (os.environ.get(var) or "").strip()
         if raw:
             try:
                 values[field] = int(raw.replace("_", ""))
             except ValueError:
-                raise ValueError(f"{var} must be an integer number of pixels, got {raw!r}") from None
-    return MediaLimits(**values)
+                raise ValueError(f"{var} must be a whole number, got {raw[:40]!r}") from None
+    return values
+
+
+def _from_env() -> MediaLimits:
+    return MediaLimits(**whole_numbers_from_env(_FIELDS))
 
 
 _limits = _from_env()

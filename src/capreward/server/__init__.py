@@ -15,7 +15,7 @@ Names are imported on first use, so ``import capreward.server`` stays cheap.
 
 from __future__ import annotations
 
-import importlib
+from ..lazy_exports import lazy_exports
 
 _LAZY = {"DynamicBatcher": "capreward.server.batching", "RewardHTTPServer": "capreward.server.http",
          "RewardService": "capreward.server.http", "ServerLimits": "capreward.server.http",
@@ -25,8 +25,4 @@ _LAZY = {"DynamicBatcher": "capreward.server.batching", "RewardHTTPServer": "cap
 #: ``RewardService`` still import from here.
 __all__ = ["ServerLimits", "make_server"]
 
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

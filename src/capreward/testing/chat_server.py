@@ -479,6 +479,12 @@ def make_handler(backend: Any, model: str, faults: Faults, api_key: str | None =
             self.end_headers()
             self.wfile.write(body)
 
+        def _send_answer(self, payload: Any) -> None:
+            """A request answered: counted in ``stats["answered"]``, ``payload`` sent with status 200."""
+            with faults.lock:
+                faults.stats["answered"] += 1
+            self._send(200, payload)
+
         def _send_chunked(self, status: int, body: bytes, chunk: int = 1 << 16) -> None:
             """Answer with ``Transfer-Encoding: chunked`` (no Content-Length: a client learns the size only
             by reading)."""
@@ -596,9 +602,7 @@ def make_handler(backend: Any, model: str, faults: Faults, api_key: str | None =
             rows = self._native()
             with backend.lock:
                 answer = sglang_generate(rows, body, decode_image, BadRequest)
-            with faults.lock:
-                faults.stats["answered"] += 1
-            self._send(200, answer)
+            self._send_answer(answer)
 
         def _batch(self, body: dict) -> None:
             """vLLM's ``/v1/chat/completions/batch`` (:func:`~capreward.testing.chat_server_native.vllm_batch`)."""
@@ -622,9 +626,7 @@ def make_handler(backend: Any, model: str, faults: Faults, api_key: str | None =
                 requests.append(ChatRequest(turns=tuple(ChatTurn(t["role"], t["text"], tuple(t["images"])) for t in turns)))
             with backend.lock:
                 answer = vllm_batch(rows, requests, body, model, max_logprobs, BadRequest)
-            with faults.lock:
-                faults.stats["answered"] += 1
-            self._send(200, answer)
+            self._send_answer(answer)
 
         def _chat(self, body: dict) -> None:
             if not self._admitted("chat"):
@@ -653,9 +655,7 @@ def make_handler(backend: Any, model: str, faults: Faults, api_key: str | None =
                 raise BadRequest("prompt_logprobs must be a non-negative integer")
             answer = backend.answer(turns, None if max_tokens is None else int(max_tokens), top, stop, chat_template,
                                     continue_final, prompt_logprobs)
-            with faults.lock:
-                faults.stats["answered"] += 1
-            self._send(200, completion_body(model, answer, logprobs))
+            self._send_answer(completion_body(model, answer, logprobs))
 
     return Handler
 

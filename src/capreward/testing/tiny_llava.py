@@ -96,20 +96,19 @@ PROMPT_WORDS: tuple[str, ...] = tuple(
 )
 
 
-def build_tiny_tokenizer(words: Sequence[str] = PROMPT_WORDS) -> Any:
-    """A LLaMA-style fast tokenizer built in memory (no files, no downloads).
+def unigram_tokenizer(first: Sequence[str], words: Sequence[str], prepend_scheme: str) -> Any:
+    """The ``tokenizers`` Unigram model of the tiny tokenizers (no decoder, post-processor or added tokens
+    yet): ``first`` (id 0 is the unknown token), the 256 byte-fallback tokens ``<0x00>``..``<0xFF>``, ``▁``
+    and the printable ASCII characters, then ``▁word`` and ``word`` for each of ``words``; split on the
+    space marker ``▁`` (added in front of the text as ``prepend_scheme`` says) and between digits, so
+    every digit is a token of its own.
 
-    Vocabulary: ``<unk>``, ``<s>``, ``</s>`` (ids 0-2), the 256 byte-fallback tokens ``<0x00>``..``<0xFF>``,
-    ``▁`` and the printable ASCII characters, then ``▁word`` and ``word`` for each of ``words``; added
-    special tokens ``<image>`` and ``<pad>`` follow. No piece joins a digit to anything, so digits are
-    single tokens and a number after a space starts with a lone ``▁`` (LLaMA's behaviour). Returns a
-    ``PreTrainedTokenizerFast`` that adds ``<s>`` in front, pads on the left and, like LLaMA's, returns
-    no ``token_type_ids`` (trl 1.0's GRPOTrainer passes whatever the processor returns to ``generate``).
+    Raises:
+        ValueError: a word holding a digit (digits stay single tokens).
     """
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, models, pre_tokenizers
 
-    vocab: list[tuple[str, float]] = [(t, 0.0) for t in SPECIAL_TOKENS]
+    vocab: list[tuple[str, float]] = [(t, 0.0) for t in first]
     vocab += [(f"<0x{i:02X}>", 0.0) for i in range(256)]
     seen = {t for t, _ in vocab}
     for piece in ["▁"] + list(string.ascii_letters + string.digits + string.punctuation):
@@ -126,10 +125,27 @@ def build_tiny_tokenizer(words: Sequence[str] = PROMPT_WORDS) -> Any:
     tok = Tokenizer(models.Unigram(vocab, unk_id=0, byte_fallback=True))
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=True),
+            pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=prepend_scheme, split=True),
             pre_tokenizers.Digits(individual_digits=True),
         ]
     )
+    return tok
+
+
+def build_tiny_tokenizer(words: Sequence[str] = PROMPT_WORDS) -> Any:
+    """A LLaMA-style fast tokenizer built in memory (no files, no downloads).
+
+    Vocabulary: ``<unk>``, ``<s>``, ``</s>`` (ids 0-2), the 256 byte-fallback tokens ``<0x00>``..``<0xFF>``,
+    ``▁`` and the printable ASCII characters, then ``▁word`` and ``word`` for each of ``words``; added
+    special tokens ``<image>`` and ``<pad>`` follow. No piece joins a digit to anything, so digits are
+    single tokens and a number after a space starts with a lone ``▁`` (LLaMA's behaviour). Returns a
+    ``PreTrainedTokenizerFast`` that adds ``<s>`` in front, pads on the left and, like LLaMA's, returns
+    no ``token_type_ids`` (trl 1.0's GRPOTrainer passes whatever the processor returns to ``generate``).
+    """
+    from tokenizers import AddedToken, decoders, processors
+    from transformers import PreTrainedTokenizerFast
+
+    tok = unigram_tokenizer(SPECIAL_TOKENS, words, prepend_scheme="first")
     tok.decoder = decoders.Sequence(
         [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
     )

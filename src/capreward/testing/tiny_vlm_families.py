@@ -22,14 +22,13 @@ need (any difference in positions, image tokens or cache shows up in the logits)
 
 from __future__ import annotations
 
-import string
 from typing import Any
 from collections.abc import Sequence
 
 import torch
 
 from ..judges.vlm_prompts import prompt_words
-from .tiny_llava import PROMPT_WORDS, FLEUR_TASK_WORDS
+from .tiny_llava import PROMPT_WORDS, FLEUR_TASK_WORDS, unigram_tokenizer
 
 #: Qwen2-VL's released chat template (Qwen/Qwen2-VL-*-Instruct chat_template.json).
 QWEN2_VL_CHAT_TEMPLATE = (
@@ -71,30 +70,10 @@ def build_chatml_tokenizer(special: Sequence[str], words: Sequence[str] = JUDGE_
     (added, special), then the printable ASCII characters, a space-marker ``Ġ`` piece per word and the
     words. Digits are always single tokens (as Qwen2's tokenizer splits numbers). Returns a
     ``PreTrainedTokenizerFast`` padding on the left."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, decoders
     from transformers import PreTrainedTokenizerFast
 
-    vocab: list[tuple[str, float]] = [("<unk>", 0.0)]
-    vocab += [(f"<0x{i:02X}>", 0.0) for i in range(256)]
-    seen = {t for t, _ in vocab}
-    for piece in ["▁"] + list(string.ascii_letters + string.digits + string.punctuation):
-        if piece not in seen:
-            vocab.append((piece, -10.0))
-            seen.add(piece)
-    for word in words:
-        if any(c.isdigit() for c in word):
-            raise ValueError(f"word tokens must not contain digits: {word!r}")
-        for piece in ("▁" + word, word):
-            if len(piece) > 1 and piece not in seen:
-                vocab.append((piece, -1.0))
-                seen.add(piece)
-    tok = Tokenizer(models.Unigram(vocab, unk_id=0, byte_fallback=True))
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never", split=True),
-            pre_tokenizers.Digits(individual_digits=True),
-        ]
-    )
+    tok = unigram_tokenizer(("<unk>",), words, prepend_scheme="never")
     tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
     tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in special])
     return PreTrainedTokenizerFast(
@@ -106,6 +85,28 @@ def build_chatml_tokenizer(special: Sequence[str], words: Sequence[str] = JUDGE_
         model_max_length=4096,
         model_input_names=["input_ids", "attention_mask"],
     )
+
+
+def _seeded(model_class: Any, config: Any, seed: int) -> Any:
+    """``model_class(config)`` with weights drawn from ``seed`` (the caller's RNG untouched)."""
+    devices: list[int] | None = [] if not torch.cuda.is_available() else None
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        return model_class(config)
+
+
+def _finish(model: Any, tok: Any, eos: Sequence[str], pad: str, answer_bias: float | None) -> Any:
+    """Scale the digit, "$" and first end-of-turn output rows by ``answer_bias`` (see
+    :func:`build_tiny_qwen2_vl`) and set the generation config's end, pad and (no) BOS tokens."""
+    eos_ids = [tok.convert_tokens_to_ids(t) for t in eos]
+    if answer_bias is not None:
+        rows = [tok.convert_tokens_to_ids(str(d)) for d in range(10)] + [tok.convert_tokens_to_ids("$"), eos_ids[0]]
+        with torch.no_grad():
+            model.get_output_embeddings().weight[rows] *= float(answer_bias)
+    model.generation_config.eos_token_id = eos_ids if len(eos_ids) > 1 else eos_ids[0]
+    model.generation_config.pad_token_id = tok.convert_tokens_to_ids(pad)
+    model.generation_config.bos_token_id = None
+    return model.float().eval()
 
 
 def build_tiny_qwen2_vl(
@@ -169,18 +170,8 @@ def build_tiny_qwen2_vl(
         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
     )
-    devices: list[int] | None = [] if not torch.cuda.is_available() else None
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
-        model = model_class(config)
-    if answer_bias is not None:
-        rows = [tok.convert_tokens_to_ids(str(d)) for d in range(10)] + [tok.convert_tokens_to_ids("$"), ids["<|im_end|>"]]
-        with torch.no_grad():
-            model.lm_head.weight[rows] *= float(answer_bias)
-    model.generation_config.eos_token_id = [ids["<|im_end|>"], ids["<|endoftext|>"]]
-    model.generation_config.pad_token_id = ids["<|endoftext|>"]
-    model.generation_config.bos_token_id = None
-    return model.float().eval(), processor
+    model = _seeded(model_class, config, seed)
+    return _finish(model, tok, ["<|im_end|>", "<|endoftext|>"], "<|endoftext|>", answer_bias), processor
 
 
 #: Idefics3's and SmolVLM's released chat template (transformers' Idefics3 processor tests, SmolVLM).
@@ -204,59 +195,7 @@ def build_tiny_idefics3(seed: int = 0, tile: int = 16, patch_size: int = 4, spli
     per tile), a 2-layer LLaMA of width 64; the image processor splits an image of ``splits * tile``
     pixels a side into ``splits``² tiles plus the global image (Idefics3's image splitting).
     ``answer_bias`` as in :func:`build_tiny_qwen2_vl`."""
-    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3ImageProcessor, Idefics3Processor
-
-    tok = build_chatml_tokenizer(IDEFICS3_SPECIAL, eos="<end_of_utterance>", pad="<pad>")
-    image_seq_len = (tile // patch_size) ** 2 // 4
-    image_processor = Idefics3ImageProcessor(
-        do_image_splitting=True, max_image_size={"longest_edge": tile}, size={"longest_edge": splits * tile}
-    )
-    processor = Idefics3Processor(image_processor=image_processor, tokenizer=tok, image_seq_len=image_seq_len,
-                                  chat_template=IDEFICS3_CHAT_TEMPLATE)
-    ids = {t: tok.convert_tokens_to_ids(t) for t in IDEFICS3_SPECIAL}
-    config = Idefics3Config(
-        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                           image_size=tile, patch_size=patch_size),
-        text_config=dict(model_type="llama", vocab_size=len(tok), hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=4096, bos_token_id=None, eos_token_id=ids["<end_of_utterance>"],
-                         pad_token_id=ids["<pad>"]),
-        image_token_id=ids["<image>"], scale_factor=2,
-    )
-    devices: list[int] | None = [] if not torch.cuda.is_available() else None
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
-        model = Idefics3ForConditionalGeneration(config)
-    if answer_bias is not None:
-        rows = [tok.convert_tokens_to_ids(str(d)) for d in range(10)] + [tok.convert_tokens_to_ids("$"), ids["<end_of_utterance>"]]
-        with torch.no_grad():
-            model.lm_head.weight[rows] *= float(answer_bias)
-    model.generation_config.eos_token_id = ids["<end_of_utterance>"]
-    model.generation_config.pad_token_id = ids["<pad>"]
-    model.generation_config.bos_token_id = None
-    return model.float().eval(), processor
-
-
-def _seeded(model_class: Any, config: Any, seed: int) -> Any:
-    """``model_class(config)`` with weights drawn from ``seed`` (the caller's RNG untouched)."""
-    devices: list[int] | None = [] if not torch.cuda.is_available() else None
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
-        return model_class(config)
-
-
-def _finish(model: Any, tok: Any, eos: Sequence[str], pad: str, answer_bias: float | None) -> Any:
-    """Scale the digit, "$" and first end-of-turn output rows by ``answer_bias`` (see
-    :func:`build_tiny_qwen2_vl`) and set the generation config's end, pad and (no) BOS tokens."""
-    eos_ids = [tok.convert_tokens_to_ids(t) for t in eos]
-    if answer_bias is not None:
-        rows = [tok.convert_tokens_to_ids(str(d)) for d in range(10)] + [tok.convert_tokens_to_ids("$"), eos_ids[0]]
-        with torch.no_grad():
-            model.get_output_embeddings().weight[rows] *= float(answer_bias)
-    model.generation_config.eos_token_id = eos_ids if len(eos_ids) > 1 else eos_ids[0]
-    model.generation_config.pad_token_id = tok.convert_tokens_to_ids(pad)
-    model.generation_config.bos_token_id = None
-    return model.float().eval()
+    return _build_idefics3_like("Idefics3", IDEFICS3_SPECIAL, seed, tile, patch_size, splits, answer_bias)
 
 
 SMOLVLM_SPECIAL = IDEFICS3_SPECIAL + ("<video>",)
@@ -268,19 +207,28 @@ def build_tiny_smolvlm(seed: int = 0, tile: int = 16, patch_size: int = 4, split
     ``tile`` pixels, ``splits``² tiles plus the global image, pixel shuffle by 2) with SmolVLM's own
     classes: ``SmolVLMImageProcessor``, ``SmolVLMVideoProcessor`` and the processor (which needs the
     ``num2words`` package). Nothing is downloaded."""
-    from transformers import (SmolVLMConfig, SmolVLMForConditionalGeneration, SmolVLMImageProcessor,
-                              SmolVLMProcessor, SmolVLMVideoProcessor)
+    return _build_idefics3_like("SmolVLM", SMOLVLM_SPECIAL, seed, tile, patch_size, splits, answer_bias)
 
-    tok = build_chatml_tokenizer(SMOLVLM_SPECIAL, eos="<end_of_utterance>", pad="<pad>")
-    image_seq_len = (tile // patch_size) ** 2 // 4
-    image_processor = SmolVLMImageProcessor(
+
+def _build_idefics3_like(prefix: str, special: Sequence[str], seed: int, tile: int, patch_size: int, splits: int,
+                         answer_bias: float | None) -> tuple[Any, Any]:
+    """The tiny ``Idefics3`` or ``SmolVLM`` (``prefix``) model and processor of the builders above; SmolVLM's
+    processor also takes its video processor."""
+    import transformers
+
+    tok = build_chatml_tokenizer(special, eos="<end_of_utterance>", pad="<pad>")
+    image_processor = getattr(transformers, f"{prefix}ImageProcessor")(
         do_image_splitting=True, max_image_size={"longest_edge": tile}, size={"longest_edge": splits * tile}
     )
-    video_processor = SmolVLMVideoProcessor(max_image_size={"longest_edge": tile}, size={"longest_edge": splits * tile})
-    processor = SmolVLMProcessor(image_processor=image_processor, tokenizer=tok, video_processor=video_processor,
-                                 image_seq_len=image_seq_len, chat_template=IDEFICS3_CHAT_TEMPLATE)
-    ids = {t: tok.convert_tokens_to_ids(t) for t in SMOLVLM_SPECIAL}
-    config = SmolVLMConfig(
+    videos = {}
+    if prefix == "SmolVLM":
+        videos["video_processor"] = transformers.SmolVLMVideoProcessor(
+            max_image_size={"longest_edge": tile}, size={"longest_edge": splits * tile})
+    processor = getattr(transformers, f"{prefix}Processor")(
+        image_processor=image_processor, tokenizer=tok, **videos, image_seq_len=(tile // patch_size) ** 2 // 4,
+        chat_template=IDEFICS3_CHAT_TEMPLATE)
+    ids = {t: tok.convert_tokens_to_ids(t) for t in special}
+    config = getattr(transformers, f"{prefix}Config")(
         vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                            image_size=tile, patch_size=patch_size),
         text_config=dict(model_type="llama", vocab_size=len(tok), hidden_size=64, intermediate_size=128,
@@ -289,7 +237,7 @@ def build_tiny_smolvlm(seed: int = 0, tile: int = 16, patch_size: int = 4, split
                          pad_token_id=ids["<pad>"]),
         image_token_id=ids["<image>"], scale_factor=2,
     )
-    model = _seeded(SmolVLMForConditionalGeneration, config, seed)
+    model = _seeded(getattr(transformers, f"{prefix}ForConditionalGeneration"), config, seed)
     return _finish(model, tok, ["<end_of_utterance>"], "<pad>", answer_bias), processor
 
 

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from .cache import cache_root
 from .tiny_clip import TINY_CLIP_CONFIG, build_tiny_clip, openai_state_dict
 
 TRAINED_CLIP_VERSION = "2"
@@ -252,11 +253,6 @@ def train_colour_clip(
 
 
 # ---------------------------------------------------------------------------------------------- cache
-def _cache_root() -> Path:
-    # same location as capreward.testing.tiny_llava.cache_root
-    return Path(os.environ.get("CAPREWARD_CACHE") or Path.home() / ".cache" / "capreward")
-
-
 def trained_clip_path(
     recipe: ColourClipRecipe = COLOUR_RECIPE,
     cache_dir: str | os.PathLike | None = None,
@@ -279,7 +275,7 @@ def trained_clip_path(
     the recipe and the final training loss. Each key (recipe, this module, torch version) has its own
     file and none is ever deleted, so environments with other versions keep theirs.
     """
-    root = Path(cache_dir) if cache_dir is not None else _cache_root()
+    root = Path(cache_dir) if cache_dir is not None else cache_root()
     target = root / "trained_clip" / f"{recipe.name}-{recipe.key()}.pt"
     if target.is_file() and not rebuild:
         return target

@@ -15,7 +15,7 @@ are imported on first use (torchmetrics is the ``callbacks`` extra).
 
 from __future__ import annotations
 
-import importlib
+from ..lazy_exports import lazy_exports
 
 _LAZY = {
     "CaptionMetric": "capreward.torchmetrics.metrics",
@@ -53,7 +53,4 @@ def metric_for(name: str, *args, **options):
     return metrics.RegisteredMetric.class_for(name)(*args, **options)
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
