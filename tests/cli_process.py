@@ -8,10 +8,11 @@ own descriptors, directory, environment, exit code and signals, but forked from 
 (``cli_zygote.py``, one a test process) that imported those libraries once. capreward is imported afresh
 in every child.
 
-A call goes to a plain subprocess instead when the zygote cannot reproduce a fresh interpreter: an
-environment that differs from the session's in a variable the libraries read at import time (only
-:data:`RUNTIME_ENV` may differ), or
-``CAPREWARD_TEST_PLAIN_CLI=1``. Tests of start-up itself (what the CLI imports, how long ``--help``
+A zygote serves children whose environment equals its own but for :data:`RUNTIME_ENV` (variables read
+when used, not when a library is imported). An environment that differs elsewhere (a test's
+``HF_HUB_OFFLINE``, or a variable an earlier test left set) gets a plain subprocess the first time and its
+own zygote from the second (at most :data:`MAX_ZYGOTES`); ``CAPREWARD_TEST_PLAIN_CLI=1`` makes every call
+plain. Tests of start-up itself (what the CLI imports, how long ``--help``
 takes), of peak memory and of signals sent from outside use plain subprocesses.
 """
 
@@ -28,6 +29,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+from collections import Counter, OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -41,23 +43,19 @@ RUNTIME_ENV = re.compile(r"^(CAPREWARD_\w*|PYTEST_\w*|OMP_NUM_THREADS|MKL_NUM_TH
 
 
 class _Zygote:
-    def __init__(self) -> None:
+    def __init__(self, env: dict[str, str]) -> None:
         self.folder = tempfile.mkdtemp(prefix="capreward-zygote-")
         self.path = os.path.join(self.folder, "socket")
-        env = dict(BASE_ENV)
-        self.env = dict(env)
-        env.pop("OMP_NUM_THREADS", None)  # the zygote learns torch's default thread count
-        env.pop("MKL_NUM_THREADS", None)
+        self.key = import_time_env(env)
+        start = dict(env)
+        start.pop("OMP_NUM_THREADS", None)  # the zygote learns torch's default thread count
+        start.pop("MKL_NUM_THREADS", None)
         self.process = subprocess.Popen([sys.executable, str(HERE / "cli_zygote.py"), self.path], stdout=subprocess.PIPE,
-                                        stdin=subprocess.DEVNULL, env=env, cwd=HERE, start_new_session=True)
+                                        stdin=subprocess.DEVNULL, env=start, cwd=HERE, start_new_session=True)
         line = self.process.stdout.readline() if self.process.stdout else b""
         if line.strip() != b"ready":
             self.process.kill()
             raise RuntimeError(f"the CLI zygote did not start (said {line!r})")
-
-    def accepts(self, env: dict[str, str]) -> bool:
-        keys = set(env) | set(self.env)
-        return all(env.get(k) == self.env.get(k) for k in keys if not RUNTIME_ENV.match(k))
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -70,17 +68,38 @@ class _Zygote:
                 pass
 
 
-_zygote: _Zygote | None = None
+def import_time_env(env: dict[str, str]) -> tuple:
+    """The part of an environment a zygote must share with a child: every variable but :data:`RUNTIME_ENV`."""
+    return tuple(sorted((k, v) for k, v in env.items() if not RUNTIME_ENV.match(k)))
 
 
-def _get_zygote() -> _Zygote | None:
-    global _zygote
+#: at most this many zygotes a process (one per environment seen twice; the least recently used goes)
+MAX_ZYGOTES = 3
+_zygotes: OrderedDict[tuple, _Zygote] = OrderedDict()
+_seen: Counter = Counter()
+#: how the last :func:`run` ran its child: "zygote" or "plain" (for the tests of this module)
+last_run = ""
+
+
+def _zygote_for(env: dict[str, str]) -> _Zygote | None:
+    """The zygote for ``env``: the session's own environment gets one at once; another (a test's variable,
+    or one an earlier test left set) gets one the second time it is seen, a plain subprocess before."""
     if os.environ.get("CAPREWARD_TEST_PLAIN_CLI") == "1":
         return None
-    if _zygote is None or _zygote.process.poll() is not None:
-        _zygote = _Zygote()
-        atexit.register(_zygote.close)
-    return _zygote
+    key = import_time_env(env)
+    zygote = _zygotes.get(key)
+    if zygote is not None and zygote.process.poll() is None:
+        _zygotes.move_to_end(key)
+        return zygote
+    _seen[key] += 1
+    if key != import_time_env(BASE_ENV) and _seen[key] < 2:
+        return None
+    zygote = _Zygote(env)
+    _zygotes[key] = zygote
+    atexit.register(zygote.close)
+    while len(_zygotes) > MAX_ZYGOTES:
+        _zygotes.popitem(last=False)[1].close()
+    return zygote
 
 
 def _text(data: bytes) -> str:
@@ -122,8 +141,10 @@ def run(args: list[Any] | tuple[Any, ...], *, env: dict[str, str] | None = None,
     argv = [str(a) for a in args]
     environ = dict(os.environ if env is None else env)
     directory = os.fspath(cwd) if cwd is not None else os.getcwd()
-    zygote = _get_zygote()
-    if zygote is None or not zygote.accepts(environ):
+    global last_run
+    zygote = _zygote_for(environ)
+    last_run = "plain" if zygote is None else "zygote"
+    if zygote is None:
         return subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=text, env=environ,
                               cwd=directory, timeout=timeout, input=input, stdin=None if input is not None else subprocess.DEVNULL)
     with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr, \

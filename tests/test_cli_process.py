@@ -65,13 +65,20 @@ def test_a_timeout_kills_the_child(probe):
         cli_process.run(["0"], env=env, cwd=probe, module="probe_module", timeout=20)
 
 
-def test_an_environment_a_library_reads_at_import_gets_a_plain_process(probe):
-    zygote = cli_process._get_zygote()
-    assert zygote is not None and zygote.accepts(dict(os.environ, CAPREWARD_X="1", OMP_NUM_THREADS="7"))
-    assert not zygote.accepts(dict(os.environ, HF_HUB_OFFLINE="0" if os.environ.get("HF_HUB_OFFLINE") == "1" else "1"))
+def test_an_environment_a_library_reads_at_import_gets_a_plain_process_then_its_own_zygote(probe):
+    base = cli_process.import_time_env(dict(os.environ))
+    assert cli_process.import_time_env(dict(os.environ, CAPREWARD_X="1", OMP_NUM_THREADS="7")) == base
     env = dict(os.environ, PYTHONIOENCODING="latin-1", CAPREWARD_PROBE="on")
-    forked = cli_process.run(["0"], env=env, cwd=probe, module="probe_module", timeout=300)
-    assert (forked.returncode, forked.stdout) == (0, plain(["0"], env, probe).stdout)
+    assert cli_process.import_time_env(env) != base
+    fresh = plain(["0"], env, probe).stdout
+    runs = []
+    for _ in range(3):  # the first call is plain, the later ones come from a zygote started in that environment
+        forked = cli_process.run(["0"], env=env, cwd=probe, module="probe_module", timeout=300)
+        runs.append(cli_process.last_run)
+        assert (forked.returncode, forked.stdout) == (0, fresh)
+    assert runs == ["plain", "zygote", "zygote"]
+    cli_process.run(["0"], env=dict(os.environ, CAPREWARD_PROBE="on"), cwd=probe, module="probe_module", timeout=300)
+    assert cli_process.last_run == "zygote"  # the session's own environment keeps its zygote
 
 
 def test_the_cli_itself(tmp_path):
