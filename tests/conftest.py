@@ -122,7 +122,8 @@ def pytest_collection_modifyitems(session, config, items) -> None:
 
 
 def pytest_collection_finish(session) -> None:
-    """When the session will run the version matrix, its oldest end (a pip install of every lower bound,
+    """A run of most of the suite starts the fixture trainers (:func:`start_fixture_trainers`). When the
+    session will run the version matrix, its oldest end (a pip install of every lower bound,
     the integration tests there and the trained fixtures that environment needs, which no other test
     shares) starts now in the background, at a lower CPU priority, so that it runs beside the rest of the
     suite rather than after it; the test (in whichever worker runs it) waits for its exit status."""
@@ -131,19 +132,49 @@ def pytest_collection_finish(session) -> None:
 
     if session.config.option.collectonly or not (REPO / ".venv" / "bin" / "python").exists():
         return
-    if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":  # one worker starts it
+    if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":  # one worker starts them
         return
+    if len(session.items) >= PREFETCH_FROM and not os.environ.get("CAPREWARD_TEST_NO_PREFETCH"):
+        start_fixture_trainers(session)
     if not any(item.nodeid.endswith(MATRIX_TEST) for item in session.items):
         return
     log = REPO / ".matrix" / "oldest-background.log"
     status = REPO / ".matrix" / "oldest-background.rc"
     log.parent.mkdir(exist_ok=True)
     status.unlink(missing_ok=True)
-    script = f'nice -n 10 bash "$1" oldest > "$2" 2>&1; echo $? > "$3.part" && mv "$3.part" "$3"'
+    script = 'nice -n 10 bash "$1" oldest > "$2" 2>&1; echo $? > "$3.part" && mv "$3.part" "$3"'
     process = subprocess.Popen(["bash", "-c", script, "matrix", str(REPO / "scripts" / "version_matrix.sh"), str(log),
                                 str(status)], cwd=REPO, stdin=subprocess.DEVNULL, start_new_session=True)
     MATRIX_STATE.write_text(json.dumps({"pid": process.pid, "log": str(log), "status": str(status),
                                         "run": run_id(session.config)}))
+
+
+#: a run that collects at least this many tests trains the fixtures ahead (tests/train_fixtures.py)
+PREFETCH_FROM = 1000
+
+
+def fixtures_state(config) -> Path:
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / f"capreward-fixtures-{run_id(config)}.json"
+
+
+def start_fixture_trainers(session) -> None:
+    """Two background processes train the trained fixtures (tests/train_fixtures.py) while the workers
+    run the tests that need none: a worker reaching a fixture still training then waits on a process that
+    is using the CPU, rather than one worker idling while the other trains. Output: .matrix/fixtures-*.log."""
+    import json
+    import subprocess
+
+    logs = REPO / ".matrix"
+    logs.mkdir(exist_ok=True)
+    pids = []
+    for group in ("a", "b"):
+        with open(logs / f"fixtures-{group}.log", "wb") as out:
+            pids.append(subprocess.Popen([sys.executable, str(REPO / "tests" / "train_fixtures.py"), group], cwd=REPO,
+                                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True).pid)
+    fixtures_state(session.config).write_text(json.dumps({"pids": pids}))
 
 
 def matrix_background(config) -> dict | None:
@@ -157,6 +188,24 @@ def matrix_background(config) -> dict | None:
     return state if state.get("run") == run_id(config) else None
 
 
+def stop_fixture_trainers(config) -> None:
+    """Stops the fixture trainers a run started (a run that ended before they did)."""
+    import json
+    import signal
+
+    state = fixtures_state(config)
+    try:
+        pids = json.loads(state.read_text())["pids"]
+    except (OSError, ValueError, KeyError):
+        return
+    for pid in pids:
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+    state.unlink(missing_ok=True)
+
+
 def pytest_sessionfinish(session, exitstatus) -> None:
     """A background end still running when the run ends (the matrix test was not reached) is stopped, by
     the controller (or the only process), after every worker has finished."""
@@ -164,6 +213,7 @@ def pytest_sessionfinish(session, exitstatus) -> None:
 
     if getattr(session.config, "workerinput", None) is not None:
         return
+    stop_fixture_trainers(session.config)
     state = matrix_background(session.config)
     if state is None or Path(state["status"]).exists():
         return

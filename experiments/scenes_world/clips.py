@@ -50,7 +50,8 @@ import torch.nn.functional as F
 from . import world
 
 from capreward.testing.tiny_clip import build_tiny_clip, openai_state_dict
-from capreward.testing.trained_clip import CLIPS_PREFIX, _cache_root, _lr_factor, _multi_positive_ce, text_token_embeddings
+from capreward.testing.cache import cache_root
+from capreward.testing.trained_clip import CLIPS_PREFIX, _lr_factor, _multi_positive_ce, text_token_embeddings
 
 SCENE_CLIP_VERSION = "1"
 
@@ -280,7 +281,7 @@ def scene_clip_path(
     ``model=``); trained and written atomically on the first call, then reused (as
     :func:`~capreward.testing.trained_clip.trained_clip_path` does for the colour CLIP). A ``.json``
     beside it records the recipe and the final training loss."""
-    root = Path(cache_dir) if cache_dir is not None else _cache_root()
+    root = Path(cache_dir) if cache_dir is not None else cache_root()
     target = root / "trained_clip" / f"{recipe.name}-{recipe.key()}.pt"
     if target.is_file() and not rebuild:
         return target

@@ -37,9 +37,9 @@ def shared_clip_path(recipe: Any, log: Any = None) -> str:
     from capreward.testing.cache import locked
 
     from .clips import scene_clip_path
-    from capreward.testing.trained_clip import _cache_root
+    from capreward.testing.cache import cache_root
 
-    folder = Path(_cache_root()) / "trained_clip"
+    folder = Path(cache_root()) / "trained_clip"
     folder.mkdir(parents=True, exist_ok=True)
     with locked(folder / f".{recipe.name}-{recipe.key()}.pt.lock", what=f"training the scenes CLIP {recipe.name}"):
         return str(scene_clip_path(recipe, log=log))

@@ -14,7 +14,8 @@ never stops a writer, and ids read back equal the manifest's.
 
 Fault injection for tests: with ``CAPREWARD_JOBS_KILL_AFTER_BATCH=k`` in the environment the process
 SIGKILLs itself right after writing its k-th batch; ``k+torn`` first writes half of batch k+1's text
-(a torn line). Tests use it to kill a real job at an exact point, independent of timing.
+(a torn line); ``k+int`` sends itself SIGINT (a Ctrl-C) instead. Tests use it to stop a real job at an
+exact point, independent of timing.
 """
 
 from __future__ import annotations
@@ -196,13 +197,14 @@ def recover_scan(path: str | Path, quarantine: bool = False) -> Scan:
 KILL_AFTER_BATCH_ENV = "CAPREWARD_JOBS_KILL_AFTER_BATCH"
 
 
-def kill_point() -> tuple[int, bool] | None:
-    """(k, torn) from ``$CAPREWARD_JOBS_KILL_AFTER_BATCH`` ("k" or "k+torn"), or None when unset."""
+def kill_point() -> tuple[int, str] | None:
+    """(k, how) from ``$CAPREWARD_JOBS_KILL_AFTER_BATCH`` ("k", "k+torn" or "k+int"; how is "kill",
+    "torn" or "int"), or None when unset."""
     value = os.environ.get(KILL_AFTER_BATCH_ENV)
     if not value:
         return None
-    k, _, torn = value.partition("+")
-    return int(k), torn == "torn"
+    k, _, how = value.partition("+")
+    return int(k), how if how in ("torn", "int") else "kill"
 
 
 class ResultsWriter:
@@ -222,14 +224,14 @@ class ResultsWriter:
 
     def write(self, rows: Iterable[dict]) -> None:
         data = "".join(json_line(r) + "\n" for r in rows).encode("utf-8")
-        if self._kill is not None and self._kill[1] and self._batches == self._kill[0]:
+        if self._kill is not None and self._kill[1] == "torn" and self._batches == self._kill[0]:
             os.write(self._fd, data[: len(data) // 2])
             os.fsync(self._fd)
             os.kill(os.getpid(), signal.SIGKILL)
         self._durable(data)
         self._batches += 1
-        if self._kill is not None and not self._kill[1] and self._batches == self._kill[0]:
-            os.kill(os.getpid(), signal.SIGKILL)
+        if self._kill is not None and self._kill[1] != "torn" and self._batches == self._kill[0]:
+            os.kill(os.getpid(), signal.SIGINT if self._kill[1] == "int" else signal.SIGKILL)
 
     def _durable(self, data: bytes) -> None:
         start = os.fstat(self._fd).st_size
