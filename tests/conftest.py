@@ -113,6 +113,11 @@ def pytest_configure(config) -> None:
         config._capreward_run_id = getattr(config.option, "testrunuid", None) or uuid.uuid4().hex
         if hasattr(config.option, "testrunuid"):
             config.option.testrunuid = config._capreward_run_id
+        # ``-n N`` alone sends each file whole to one worker (module-scoped fixtures built once); an explicit
+        # ``--dist`` wins. (Not in addopts: a pytest without xdist, as on the GPU image, would refuse it.)
+        explicit = any(a == "--dist" or a.startswith("--dist=") for a in config.invocation_params.args)
+        if getattr(config.option, "dist", None) == "load" and not explicit:
+            config.option.dist = "loadfile"
 
 
 def pytest_collection_modifyitems(session, config, items) -> None:
