@@ -53,6 +53,16 @@ print(", ".join(out))
 EOF
 )"
   echo "[matrix] $end: $versions"
+  # started by the suite (tests/conftest.py): its tests wait for the suite's fixture trainers, whose judges
+  # they read (one cache key for every transformers version), rather than train the same judges themselves
+  for pid in ${CAPREWARD_MATRIX_AFTER_PIDS:-}; do
+    waited=$(date +%s)
+    while state="$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" && [ -n "$state" ] && [ "$state" != Z ] \
+          && [ $(( $(date +%s) - waited )) -lt 3600 ]; do
+      sleep 5
+    done
+    echo "[matrix] $end: waited $(( $(date +%s) - waited )) s for the fixture trainer $pid"
+  done
   set +e
   "$venv/bin/python" -m pytest -q -p no:cacheprovider --durations=25 -m "integration and not slow" tests > "$venv/pytest.log" 2>&1
   rc=$?

@@ -128,10 +128,10 @@ def pytest_collection_modifyitems(session, config, items) -> None:
 
 def pytest_collection_finish(session) -> None:
     """A run of most of the suite starts the fixture trainers (:func:`start_fixture_trainers`). When the
-    session will run the version matrix, its oldest end (a pip install of every lower bound,
-    the integration tests there and the trained fixtures that environment needs, which no other test
-    shares) starts now in the background, at a lower CPU priority, so that it runs beside the rest of the
-    suite rather than after it; the test (in whichever worker runs it) waits for its exit status."""
+    session will run the version matrix, its oldest end (a pip install of every lower bound, then the
+    integration tests there, once the fixture trainers are done: they read the judges the trainers wrote)
+    starts now in the background, at a lower CPU priority, so that it runs beside the rest of the suite
+    rather than after it; the test (in whichever worker runs it) waits for its exit status."""
     import json
     import subprocess
 
@@ -139,8 +139,9 @@ def pytest_collection_finish(session) -> None:
         return
     if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":  # one worker starts them
         return
+    trainers: list[int] = []
     if len(session.items) >= PREFETCH_FROM and not os.environ.get("CAPREWARD_TEST_NO_PREFETCH"):
-        start_fixture_trainers(session)
+        trainers = start_fixture_trainers(session)
     if not any(item.nodeid.endswith(MATRIX_TEST) for item in session.items):
         return
     log = REPO / ".matrix" / "oldest-background.log"
@@ -148,8 +149,11 @@ def pytest_collection_finish(session) -> None:
     log.parent.mkdir(exist_ok=True)
     status.unlink(missing_ok=True)
     script = 'nice -n 10 bash "$1" oldest > "$2" 2>&1; echo $? > "$3.part" && mv "$3.part" "$3"'
+    # its tests start once the trainers are done: they read the judges the trainers write (one cache, one
+    # layout for every transformers version) rather than train their own
+    env = {**os.environ, "CAPREWARD_MATRIX_AFTER_PIDS": " ".join(map(str, trainers))}
     process = subprocess.Popen(["bash", "-c", script, "matrix", str(REPO / "scripts" / "version_matrix.sh"), str(log),
-                                str(status)], cwd=REPO, stdin=subprocess.DEVNULL, start_new_session=True)
+                                str(status)], cwd=REPO, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
     MATRIX_STATE.write_text(json.dumps({"pid": process.pid, "log": str(log), "status": str(status),
                                         "run": run_id(session.config)}))
 
@@ -164,10 +168,11 @@ def fixtures_state(config) -> Path:
     return Path(tempfile.gettempdir()) / f"capreward-fixtures-{run_id(config)}.json"
 
 
-def start_fixture_trainers(session) -> None:
+def start_fixture_trainers(session) -> list[int]:
     """Two background processes train the trained fixtures (tests/train_fixtures.py) while the workers
     run the tests that need none: a worker reaching a fixture still training then waits on a process that
-    is using the CPU, rather than one worker idling while the other trains. Output: .matrix/fixtures-*.log."""
+    is using the CPU, rather than one worker idling while the other trains. Output: .matrix/fixtures-*.log.
+    Returns their process ids."""
     import json
     import subprocess
 
@@ -180,6 +185,7 @@ def start_fixture_trainers(session) -> None:
                                          stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True).pid)
     fixtures_state(session.config).write_text(json.dumps({"pids": pids}))
+    return pids
 
 
 def matrix_background(config) -> dict | None:

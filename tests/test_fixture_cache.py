@@ -21,7 +21,7 @@ QUICK = replace(with_spec(FLEUR_RECIPE, text_layers=1, vision_layers=1), name="q
 
 
 def test_a_judge_of_another_key_is_kept_when_recently_used(tmp_path):
-    """Two keys of one recipe (as two venvs with other transformers versions would have): building the
+    """Two keys of one recipe (as two venvs with other torch versions would have): building the
     second leaves the first in place, so neither environment retrains."""
     first = tiny_judge_dir(QUICK, cache_dir=tmp_path)
     other = replace(QUICK, seed=1)  # another key, same recipe name

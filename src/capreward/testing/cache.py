@@ -8,9 +8,11 @@ of :mod:`capreward.locks`) every minute, and gives up after :func:`lock_timeout`
 (``$CAPREWARD_CACHE_LOCK_TIMEOUT``, default 3600) with an error naming the holder, rather than hanging a
 test run without a word. The locks are ``filelock``'s, so the cache works on Windows too.
 
-Each version key has its own directory: environments with other torch/transformers versions keep their
+Each version key has its own directory: environments with other torch versions keep their
 fixtures side by side, and a key's directory is deleted only when unused for :data:`STALE_AFTER_DAYS`
-days and not being built (:func:`remove_stale_versions`).
+days and not being built (:func:`remove_stale_versions`). No key holds the transformers version: a
+judge is written in a layout every supported version reads (:mod:`capreward.testing.portable`), so the
+version matrix's oldest end reads the judges the suite trained.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from collections.abc import Iterator
 from ..locks import holding, try_holding
 
 #: A cached fixture of another key is deleted once unused for this many days (another environment, with
-#: other torch/transformers versions, may still use it: two venvs on one machine must not keep deleting
+#: another torch version, may still use it: two venvs on one machine must not keep deleting
 #: and retraining each other's fixtures).
 STALE_AFTER_DAYS = 30
 USED_MARKER = ".last_used"

@@ -48,6 +48,7 @@ from PIL import Image
 
 from ..media import composite as composite_module
 from .cache import cache_root, install_directory, locked, mark_used, remove_stale_versions
+from .portable import PORTABLE_LAYOUT, save_portable
 from ..judges.prompts import (
     FLEUR_EXPLAIN_PROMPT,
     FLEUR_PROMPT,
@@ -600,10 +601,9 @@ class JudgeRecipe:
         return mixture(self.generators)
 
     def key(self) -> str:
-        """A hash of the recipe, of the generators' and this module's source and of the torch and
-        transformers versions."""
-        import transformers
-
+        """A hash of the recipe, of the generators' and this module's source, of the torch version and of
+        the on-disk layout (not of the transformers version: the directory is written in a layout every
+        supported version reads, :mod:`capreward.testing.portable`, so the version matrix shares it)."""
         payload = {
             "recipe": {
                 "name": self.name,
@@ -620,7 +620,7 @@ class JudgeRecipe:
             # videos reach the judges as G-VEval composites: a new layout means new training images
             "composite": _source_hash(Path(composite_module.__file__)),
             "torch": torch.__version__,
-            "transformers": transformers.__version__,
+            "layout": PORTABLE_LAYOUT,
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -695,7 +695,7 @@ def tiny_judge_dir(
     lock and train once; the result is written to a temporary directory and renamed into place (a rebuild
     swaps it with the old one atomically, so a reader never finds the directory missing).
 
-    Each key has its own directory, so environments with other torch/transformers versions (other keys)
+    Each key has its own directory, so environments with other torch versions (other keys)
     keep their own judges side by side: other keys of the recipe are deleted only when unused for
     :data:`~capreward.testing.cache.STALE_AFTER_DAYS` days and not being built (see :func:`~capreward.testing.cache.remove_stale_versions`)."""
     root = Path(cache_dir) if cache_dir is not None else cache_root()
@@ -727,8 +727,7 @@ def _train_into(recipe: JudgeRecipe, target: Path, log: Callable[[str], None] | 
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         tmp.chmod(0o755)  # mkdtemp makes it private; the cache is shared like any other cache entry
-        model.save_pretrained(tmp)
-        processor.save_pretrained(tmp)
+        save_portable(model, processor, tmp)
         record = {"recipe": recipe.name, "key": recipe.key(), "final_loss": float(np.mean(losses[-20:]))}
         (tmp / "capreward_recipe.json").write_text(json.dumps(record, indent=2))
         install_directory(tmp, target)

@@ -24,6 +24,7 @@ import torch
 from ..scorers.claims_prompts import LETTERS, prompt_words, qa_prompt
 from .tiny_claim_judge import COLOURS, NOUNS, background_claim, claim_caption, empty_claim
 from .cache import cache_root, install_directory, locked
+from .portable import PORTABLE_LAYOUT, save_portable
 from .tiny_llava import build_tiny_tokenizer
 
 QUESTION = "What colour is the image?"
@@ -110,9 +111,8 @@ def _train(model: Any, tokenizer: Any, steps: int, log: Callable[[str], None] | 
 
 def tiny_qa_judge_dir(cache_dir: str | os.PathLike | None = None, log: Callable[[str], None] | None = None) -> Path:
     """Directory of the trained QA judge (``save_pretrained`` model and tokenizer), trained on first use."""
-    import transformers
-
-    key = hashlib.sha256(f"{_SOURCE_HASH}|{torch.__version__}|{transformers.__version__}|{STEPS}".encode()).hexdigest()[:16]
+    # no transformers version in the key: the directory is written in a layout every supported version reads
+    key = hashlib.sha256(f"{_SOURCE_HASH}|{torch.__version__}|layout{PORTABLE_LAYOUT}|{STEPS}".encode()).hexdigest()[:16]
     root = Path(cache_dir) if cache_dir is not None else cache_root()
     target = root / "tiny_text" / f"qa-{key}"
     if (target / "config.json").exists():
@@ -125,8 +125,7 @@ def tiny_qa_judge_dir(cache_dir: str | os.PathLike | None = None, log: Callable[
             model, tokenizer = _build()
             _train(model, tokenizer, STEPS, log)
             tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
-            model.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
+            save_portable(model, tokenizer, tmp)
             install_directory(tmp, target)
     return target
 
