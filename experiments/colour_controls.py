@@ -11,7 +11,10 @@ labels) and from it, each for the demo's budget (80 optimiser steps of 16 images
   each step samples 4 captions for each of 16 of GRPO's training images from the current policy (GRPO's
   group), keeps the one the same reward ranks first and takes one supervised step on the kept captions.
 
-The supervised arms use the demo's SFT learning rate (3e-3, AdamW). Every arm is graded on the same 32
+The supervised arms use AdamW: the labeller arm at the demo's SFT learning rate (3e-3), best-of-n at
+GRPO's (:data:`capreward.cli.demo.DEMO_SETTINGS`, 1e-3), since it too trains on the policy's own samples
+(at 3e-3 it drifted out of the task's form, "red image", "a yellow", then to empty captions, on 8 of 10
+seeds). Every arm is graded on the same 32
 held-out images, greedy and 4 samples each, counting clean captions only
 (:func:`capreward.testing.colour_task.right_colour`). One JSON line per seed goes to ``--out`` as soon as
 it ends (a rerun skips the seeds already there with unchanged inputs)::
@@ -100,6 +103,7 @@ def run_seed(clip: Any, seed: int, steps: int, sft_steps: int, grpo_row: dict[st
 
     model, processor = start_policy(seed, sft_steps)
     log = best_of_n_distillation(model, processor, PROMPT, train_rows, reward, steps, seed, k=4, images_per_step=16,
+                                 lr=demo.DEMO_SETTINGS.lr,
                                  max_new_tokens=demo.DEMO_SETTINGS.max_completion_length, columns=("colour",))
     evals["best_of_n"] = caption_colours(model, processor, held_out, demo.EVAL_SAMPLES, seed)
     return {"evals": {k: dataclasses.asdict(v) for k, v in evals.items()},

@@ -96,15 +96,18 @@ def best_of_n_distillation(model: Any, processor: Any, prompt: str, rows: Sequen
     """Rejection-sampling fine-tuning: each step draws ``images_per_step`` rows of ``rows`` (with their
     ``image`` and the dataset ``columns`` the reward reads), samples ``k`` captions per image from the
     current policy at temperature 1 (GRPO's group: the same samples GRPO would score), scores them with
-    ``reward`` (TRL's contract, called by keyword; None ranks last), keeps each image's top caption (first
-    on ties) and takes one supervised step on the kept captions.
+    ``reward`` (TRL's contract, called by keyword), keeps each image's top caption (first on ties) and
+    takes one supervised step on the kept captions. An unscored caption (None) is never kept: an image
+    whose ``k`` captions are all unscored is left out of the step, and a step with no image left is skipped
+    (its loss NaN), as GRPO learns nothing from a group without a score.
 
     Returns:
-        Per step: ``reward`` (mean over all samples), ``kept`` (mean reward of the kept captions), ``loss``.
+        Per step: ``reward`` (mean over the scored samples), ``kept`` (mean reward of the kept captions),
+        ``loss``, ``kept_images`` (how many images the step trained on).
     """
     rng = random.Random(f"best-of-n-{seed}")
     sup = Supervisor(model, processor, prompt, lr)
-    log: dict[str, list[float]] = {"reward": [], "kept": [], "loss": []}
+    log: dict[str, list[float]] = {"reward": [], "kept": [], "loss": [], "kept_images": []}
     for step in range(steps):
         batch = [rng.choice(rows) for _ in range(images_per_step)]
         images = [r["image"] for r in batch]
@@ -114,9 +117,11 @@ def best_of_n_distillation(model: Any, processor: Any, prompt: str, rows: Sequen
         kwargs = {c: [r[c] for r in batch for _ in range(k)] for c in columns}
         values = reward(prompts=[prompt] * len(flat), completions=flat, image=[im for im in images for _ in range(k)], **kwargs)
         values = [float("-inf") if v is None else float(v) for v in values]
-        kept = [max(range(i * k, (i + 1) * k), key=lambda j: (values[j], -j)) for i in range(len(batch))]
+        best = [max(range(i * k, (i + 1) * k), key=lambda j: (values[j], -j)) for i in range(len(batch))]
+        kept = [(i, j) for i, j in enumerate(best) if values[j] != float("-inf")]
         finite = [v for v in values if v != float("-inf")]
-        log["reward"].append(sum(finite) / max(1, len(finite)))
-        log["kept"].append(sum(values[j] for j in kept) / len(kept))
-        log["loss"].append(sup.step(images, [flat[j] for j in kept]))
+        log["reward"].append(sum(finite) / len(finite) if finite else float("nan"))
+        log["kept"].append(sum(values[j] for _, j in kept) / len(kept) if kept else float("nan"))
+        log["kept_images"].append(len(kept))
+        log["loss"].append(sup.step([images[i] for i, _ in kept], [flat[j] for _, j in kept]) if kept else float("nan"))
     return log

@@ -121,9 +121,23 @@ def pytest_configure(config) -> None:
 
 
 def pytest_collection_modifyitems(session, config, items) -> None:
-    """The version matrix's test runs last: it waits for the background run, which by then has had the
-    whole suite's time."""
-    items.sort(key=lambda item: item.nodeid.endswith(MATRIX_TEST))
+    """Files run in the order their trained fixtures become ready (``train_fixtures.file_tier``: those that
+    need none first), and the version matrix's test last: it waits for the background run, which by then
+    has had the whole suite's time. (Every xdist worker sorts alike: the order depends on the files only.)"""
+    from train_fixtures import file_tier
+
+    tiers: dict[Path, int] = {}
+
+    def tier(item) -> int:
+        path = Path(str(item.fspath))
+        if path not in tiers:
+            tiers[path] = file_tier(path) if path.name.startswith("test_") else 0
+        return tiers[path]
+
+    # its whole file last: pytest-xdist's --dist loadfile runs a file's tests together where the file first appears
+    matrix_file = MATRIX_TEST.split("::")[0]
+    items.sort(key=lambda item: (item.nodeid.split("::")[0].endswith(matrix_file), item.nodeid.endswith(MATRIX_TEST),
+                                 tier(item)))
 
 
 def pytest_collection_finish(session) -> None:

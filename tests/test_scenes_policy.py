@@ -92,3 +92,30 @@ def test_best_of_n_distillation_keeps_the_top_caption_and_steps_on_it(monkeypatc
     assert len(log["reward"]) == len(log["kept"]) == len(log["loss"]) == 2
     assert all(k >= r for k, r in zip(log["kept"], log["reward"]))
     assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())  # it trained
+
+
+def test_best_of_n_distillation_never_keeps_an_unscored_caption(monkeypatch):
+    """An image whose captions are all unscored is left out of its step; a step with none scored is skipped."""
+    import math
+
+    import policy_arms
+
+    from capreward.testing.colour_task import PROMPT, WORDS, colour_rows
+    from capreward.testing import TinyLlavaSpec, build_tiny_llava
+
+    model, processor = build_tiny_llava(TinyLlavaSpec(words=WORDS, seed=0))
+    stepped = []
+    monkeypatch.setattr(policy_arms.Supervisor, "step", lambda self, images, captions: stepped.append(len(captions)) or 0.5)
+    calls = []
+
+    def reward(prompts=None, completions=None, image=None, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:  # first step: the second image's four captions unscored
+            return [None if 4 <= i < 8 else 1.0 for i in range(len(completions))]
+        return [None] * len(completions)  # second step: nothing scored
+
+    log = policy_arms.best_of_n_distillation(model, processor, PROMPT, colour_rows(4, 0), reward, steps=2, seed=0, k=4,
+                                             images_per_step=3, max_new_tokens=4)
+    assert stepped == [2]  # one step, on the two images with a scored caption
+    assert log["kept_images"] == [2, 0] and log["loss"][0] == 0.5 and math.isnan(log["loss"][1])
+    assert log["reward"][0] == 1.0 and math.isnan(log["reward"][1])

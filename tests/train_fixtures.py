@@ -7,6 +7,7 @@ is the same; one that fails here is trained again (and fails visibly) in its tes
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 import traceback
@@ -74,9 +75,30 @@ def scenes_b() -> None:
     shared_clip_path(MODEL_B)
 
 
-#: two halves of about equal CPU (minutes on an idle core: vlm 10, claims 4.5, scenes 3 each, fleur 1.3),
-#: each in the order the suite's files first need them
-GROUPS = {"a": [fleur, vlm, grader], "b": [colours, claims, qa, susceptible, scenes_a, scenes_b]}
+#: two halves of about equal CPU (minutes on an idle core: vlm 10, claims 4.5, scenes 3 each, fleur 1.3), the
+#: longest first, each in the order of :data:`TIERS`
+GROUPS = {"a": [vlm, grader], "b": [fleur, colours, claims, qa, susceptible, scenes_a, scenes_b]}
+
+#: The suite runs its test files in the order their trained fixtures become ready (conftest.py sorts them by
+#: :func:`file_tier`): first the files that need none, then those whose source names a fixture of tier 1
+#: (trained first), 2, 3 (the VLM judge, the grader, the susceptible judge, the scenes CLIPs: trained last).
+#: So a pytest-xdist worker runs tests while the trainers train, rather than wait on a lock.
+TIERS = (
+    (3, re.compile(r"vlm_judge|tiny_vlm|grader_judge|susceptible|red_team|scenes_world|shared_clip_path|tiny_judges"
+                   r"|judges_by_name")),
+    (2, re.compile(r"claim_judge|qa_judge|qa_backend|tiny_claim")),
+    (1, re.compile(r"fleur|trained_clip|TrainedClip|tiny_judge")),
+)
+#: files that run the docs' or docstrings' examples, which use every fixture
+LAST_FILES = {"test_public_api.py", "test_docs_code.py", "test_docs_scripts.py", "test_docs_examples.py"}
+
+
+def file_tier(path: Path) -> int:
+    """0 for a test file that needs no trained fixture, else the tier of the last-trained one it names."""
+    if path.name in LAST_FILES:
+        return 3
+    text = path.read_text(encoding="utf-8", errors="replace")
+    return next((tier for tier, pattern in TIERS if pattern.search(text)), 0)
 
 
 def main(argv: list[str]) -> int:
