@@ -106,10 +106,14 @@ def run_id(config) -> str:
 
 
 def pytest_configure(config) -> None:
-    """The controller (or the only process) names the run; with pytest-xdist the workers get the name."""
+    """The controller (or the only process) fills the fixture cache from the repository's trained judges
+    (tests/train_fixtures.py) and names the run; with pytest-xdist the workers get the name."""
     import uuid
 
     if getattr(config, "workerinput", None) is None:
+        from train_fixtures import seed_cache
+
+        seed_cache()  # the trained judges the repository keeps, into the cache where missing (before any worker)
         config._capreward_run_id = getattr(config.option, "testrunuid", None) or uuid.uuid4().hex
         if hasattr(config.option, "testrunuid"):
             config.option.testrunuid = config._capreward_run_id

@@ -1,9 +1,17 @@
 """Trains the suite's trained fixtures ahead of the tests that need them: ``python tests/train_fixtures.py
-GROUP`` (``a`` or ``b``, two halves of similar size, or ``all``). conftest.py starts both halves in the
+GROUP`` (``a`` or ``b``, two halves of similar size, or ``all``; ``store``: see below). conftest.py starts both halves in the
 background when a run collects most of the suite, so that a pytest-xdist worker reaching a test whose
 fixture is still training waits for a trainer that is using the CPU, not for the other worker. Each
 fixture is the cached, locked one the tests ask for (``$CAPREWARD_CACHE``): training it here or in a test
-is the same; one that fails here is trained again (and fails visibly) in its test."""
+is the same; one that fails here is trained again (and fails visibly) in its test.
+
+The trained judges (six directories of about a megabyte) are also kept in the repository, under
+``tests/data/trained``: conftest.py copies them into an empty cache before a run (:func:`seed_cache`), so a
+fresh machine (CI) reads them instead of training them (about half an hour of CPU on a busy 2-core
+machine). They are used only where their key is the one the current code computes (the recipe, its
+sources, the torch version): a change to a judge's training trains it again, and
+tests/test_stored_fixtures.py fails until ``python tests/train_fixtures.py store`` has stored the new one.
+The CLIPs (6.5 MB each) are not stored: they train in a minute or a few."""
 
 from __future__ import annotations
 
@@ -17,28 +25,28 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "experiments")]
 
 
-def vlm() -> None:
+def vlm() -> Path:
     from capreward.testing.tiny_vlm_judges import tiny_vlm_judge_dir
 
-    tiny_vlm_judge_dir()
+    return tiny_vlm_judge_dir()
 
 
-def fleur() -> None:
+def fleur() -> Path:
     from capreward.testing.tiny_llava import tiny_judge_dir
 
-    tiny_judge_dir()
+    return tiny_judge_dir()
 
 
-def claims() -> None:
+def claims() -> Path:
     from capreward.testing.tiny_claim_judge import tiny_claim_judge_dir
 
-    tiny_claim_judge_dir()
+    return tiny_claim_judge_dir()
 
 
-def qa() -> None:
+def qa() -> Path:
     from capreward.testing.tiny_qa_judge import tiny_qa_judge_dir
 
-    tiny_qa_judge_dir()
+    return tiny_qa_judge_dir()
 
 
 def colours() -> None:
@@ -47,18 +55,18 @@ def colours() -> None:
     trained_clip_path()
 
 
-def grader() -> None:
+def grader() -> Path:
     from grader_judge import GRADER_RECIPE
 
     from capreward.testing.tiny_llava import tiny_judge_dir
 
-    tiny_judge_dir(GRADER_RECIPE)
+    return tiny_judge_dir(GRADER_RECIPE)
 
 
-def susceptible() -> None:
+def susceptible() -> Path:
     from susceptible_judge import susceptible_judge_dir
 
-    susceptible_judge_dir()
+    return susceptible_judge_dir()
 
 
 def scenes_a() -> None:
@@ -101,10 +109,112 @@ def file_tier(path: Path) -> int:
     return next((tier for tier, pattern in TIERS if pattern.search(text)), 0)
 
 
+#: where the repository keeps the trained judges, in the cache's layout (``tiny_llava/<name>-<key>``, ...)
+STORE = HERE / "data" / "trained"
+#: the fixtures kept there
+STORED = (fleur, vlm, claims, qa, grader, susceptible)
+
+
+def judge_names() -> list[str]:
+    """The cache paths (``tiny_llava/<name>-<key>``, ``tiny_text/qa-<key>``) of the judges in :data:`STORED`,
+    as the current code and torch version key them (nothing is trained)."""
+    from grader_judge import GRADER_RECIPE
+    from susceptible_judge import SUSCEPTIBLE_RECIPE
+
+    from capreward.testing.tiny_claim_judge import CLAIM_RECIPE
+    from capreward.testing.tiny_llava import FLEUR_RECIPE
+    from capreward.testing.tiny_qa_judge import qa_judge_name
+    from capreward.testing.tiny_vlm_judges import VLM_RECIPE
+
+    recipes = (FLEUR_RECIPE, VLM_RECIPE, CLAIM_RECIPE, GRADER_RECIPE, SUSCEPTIBLE_RECIPE)
+    return [f"tiny_llava/{r.name}-{r.key()}" for r in recipes] + [qa_judge_name()]
+
+
+def stored_names(store: Path = STORE) -> list[str]:
+    """The cache paths of the judges the repository keeps."""
+    return sorted(f"{kind.name}/{d.name}" for kind in store.iterdir() if kind.is_dir()
+                  for d in kind.iterdir() if (d / "config.json").exists()) if store.is_dir() else []
+
+
+def tests_cache_root() -> Path:
+    """:func:`capreward.testing.cache.cache_root`, without importing ``capreward.testing`` (seconds of torch
+    and transformers imports) where nothing is missing (tests/test_stored_fixtures.py checks they agree)."""
+    import os
+
+    return Path(os.environ.get("CAPREWARD_CACHE") or Path.home() / ".cache" / "capreward")
+
+
+def seed_cache(root: Path | None = None, store: Path = STORE) -> list[str]:
+    """Copy every judge the repository keeps into the fixture cache ``root`` (None: the cache the tests
+    use) where it is missing, under the cache's lock and by an atomic rename, as training would put it.
+
+    Returns:
+        The cache paths copied."""
+    root = root if root is not None else tests_cache_root()
+    missing = [name for name in stored_names(store) if not (root / name / "config.json").exists()]
+    if not missing:
+        return []
+    import shutil
+    import tempfile
+
+    from capreward.testing.cache import install_directory, locked
+
+    copied = []
+    for name in missing:
+        target = root / name
+        if (target / "config.json").exists():
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with locked(target.parent / f".{target.name}.lock", what=f"copying the stored {target.name}"):
+            if (target / "config.json").exists():
+                continue
+            tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+            try:
+                tmp.rmdir()
+                shutil.copytree(store / name, tmp)
+                install_directory(tmp, target)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            copied.append(name)
+    return copied
+
+
+def store(store_dir: Path = STORE) -> list[str]:
+    """Train (or find in the cache) every judge of :data:`STORED` and keep exactly those in ``store_dir``;
+    returns their cache paths."""
+    import shutil
+
+    from capreward.testing.cache import USED_MARKER
+
+    kept = []
+    for train in STORED:
+        directory = train()
+        name = f"{directory.parent.name}/{directory.name}"
+        if not (store_dir / name / "config.json").exists():
+            shutil.copytree(directory, store_dir / name, ignore=shutil.ignore_patterns(USED_MARKER))
+        kept.append(name)
+    for old in set(stored_names(store_dir)) - set(kept):
+        shutil.rmtree(store_dir / old)
+    (store_dir / "torch_version.txt").write_text(torch_version() + "\n")
+    return kept
+
+
+def torch_version() -> str:
+    """The torch version the judges' keys hold (``torch.__version__``)."""
+    import torch
+
+    return str(torch.__version__)
+
+
 def main(argv: list[str]) -> int:
     import torch
 
     torch.set_num_threads(1)
+    if argv[1:] == ["store"]:
+        for name in store():
+            print(f"stored {STORE / name}")
+        return 0
     names = GROUPS["a"] + GROUPS["b"] if argv[1:] == ["all"] else GROUPS[argv[1]]
     failed = 0
     for train in names:

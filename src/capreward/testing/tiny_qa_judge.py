@@ -109,12 +109,18 @@ def _train(model: Any, tokenizer: Any, steps: int, log: Callable[[str], None] | 
         model.requires_grad_(False)
 
 
+def qa_judge_name() -> str:
+    """Where the trained QA judge lives under the cache root: ``tiny_text/qa-<key>``, the key a hash of this
+    module's source, the torch version, the on-disk layout and the steps (no transformers version: the
+    directory is written in a layout every supported version reads, :mod:`capreward.testing.portable`)."""
+    key = hashlib.sha256(f"{_SOURCE_HASH}|{torch.__version__}|layout{PORTABLE_LAYOUT}|{STEPS}".encode()).hexdigest()[:16]
+    return f"tiny_text/qa-{key}"
+
+
 def tiny_qa_judge_dir(cache_dir: str | os.PathLike | None = None, log: Callable[[str], None] | None = None) -> Path:
     """Directory of the trained QA judge (``save_pretrained`` model and tokenizer), trained on first use."""
-    # no transformers version in the key: the directory is written in a layout every supported version reads
-    key = hashlib.sha256(f"{_SOURCE_HASH}|{torch.__version__}|layout{PORTABLE_LAYOUT}|{STEPS}".encode()).hexdigest()[:16]
     root = Path(cache_dir) if cache_dir is not None else cache_root()
-    target = root / "tiny_text" / f"qa-{key}"
+    target = root / qa_judge_name()
     if (target / "config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
