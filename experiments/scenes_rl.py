@@ -11,7 +11,7 @@ colours and shapes wrong, objects missing or added), then, from that same start 
 - ``wrong_image``: the same GRPO with the composite scored against another scene's image of the batch
   (:class:`scenes_world.policy.WrongImage`): the control arm, same samples and scale, no information;
 - ``best_of_n``: rejection-sampling fine-tuning under the composite on A (4 samples per scene, the top one
-  kept, one supervised step: :func:`policy_arms.best_of_n_distillation`);
+  kept, one supervised step at GRPO's learning rate: :func:`policy_arms.best_of_n_distillation`);
 - ``partial``: the negative control, GRPO under the composite on A-partial (a reward model trained on
   partial captions, which does not charge omitted objects).
 
@@ -114,7 +114,8 @@ def run_arm(setup: Setup, arm: str) -> dict[str, Any]:
         model, processor = setup.start()
         reward = EmptyIsWorst(setup.composite["A"])
         out["log"] = best_of_n_distillation(model, processor, policy.PROMPT, setup.train_rows, reward, args.steps, seed,
-                                            k=4, images_per_step=16, max_new_tokens=policy.MAX_TOKENS)
+                                            k=4, images_per_step=16, max_new_tokens=policy.MAX_TOKENS,
+                                            lr=demo.DEMO_SETTINGS.lr)  # GRPO's rate: at 3e-3 it collapsed
     else:
         model, processor = setup.start()
         reward = EmptyIsWorst(setup.composite["A-partial" if arm == "partial" else "A"])
