@@ -125,18 +125,19 @@ def pytest_configure(config) -> None:
 
 
 def pytest_collection_modifyitems(session, config, items) -> None:
-    """Files run in the order their trained fixtures become ready (``train_fixtures.file_tier``: those that
-    need none first), and the version matrix's test last: it waits for the background run, which by then
+    """Files run in the order their trained fixtures become ready, long files first within a tier
+    (``train_fixtures.run_order``: those that need none first), and the version matrix's test last: it waits for the background run, which by then
     has had the whole suite's time. (Every xdist worker sorts alike: the order depends on the files only.)"""
-    from train_fixtures import file_tier
+    from train_fixtures import judges_ready, run_order
 
-    tiers: dict[Path, int] = {}
+    judges = judges_ready()
+    orders: dict[Path, tuple[int, int]] = {}
 
-    def tier(item) -> int:
+    def tier(item) -> tuple[int, int]:
         path = Path(str(item.fspath))
-        if path not in tiers:
-            tiers[path] = file_tier(path) if path.name.startswith("test_") else 0
-        return tiers[path]
+        if path not in orders:
+            orders[path] = run_order(path, judges) if path.name.startswith("test_") else (0, 0)
+        return orders[path]
 
     # its whole file last: pytest-xdist's --dist loadfile runs a file's tests together where the file first appears
     matrix_file = MATRIX_TEST.split("::")[0]
