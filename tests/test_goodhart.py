@@ -334,8 +334,7 @@ def _grpo_with_monitor(tmp_path, start: str, steps: int):
         return held_clip_s(prompts, completions, image=image)
 
     messages = []
-    monitor = GoodhartMonitor({"truth": truth, "held_out_clip_s": held_out}, window=16, follow={"truth": 0.05},
-                              warn=messages.append)
+    monitor = GoodhartMonitor({"truth": truth, "held_out_clip_s": held_out}, warn=messages.append)  # the defaults
     torch.manual_seed(0)
     model, processor = build_tiny_llava(TinyLlavaSpec(words=WORDS, seed=0))
     if start == "blind":
@@ -354,16 +353,14 @@ def _grpo_with_monitor(tmp_path, start: str, steps: int):
 
 @pytest.mark.slow
 @pytest.mark.integration
-@pytest.mark.xfail(strict=False, reason="issue #42 item 6, open: with the reward contract's rewards (#41) the "
-                   "monitor's defaults false-alarm on this learning run at step 39 (truth 0.489 -> 0.520 against a "
-                   "follow of 0.05); the noise-aware lag rule that would quiet it is not finished")
 def test_monitor_flags_the_blind_policy_collapse_and_stays_quiet_on_the_learning_run(tmp_path):
     """Demonstrated on the demo's task: from an image-blind start GRPO raises the composite reward while the
     share of captions naming the right colour stays level (the best image-blind policy); the monitor flags
     it, naming ground truth (the second CLIP's CLIP-S is no help here: over 80 steps it rose with the training
     reward, 0.75 -> 0.86, since the same blind captions pay on both CLIPs). From the weakly supervised start it
-    stays quiet. Windows of 16 steps: with 10, the sampled right-colour share is noisy enough that the learning
-    run was flagged once at step 20 (truth +0.041 against the reward's +0.089) although it rose 0.475 -> 0.625."""
+    stays quiet. The monitor's defaults (window 8, follow 0, z 0), as measured on 24 recorded runs
+    (docs/integrations/goodhart.md: no false alarm on 9 learning runs, none missed on 8 collapses with
+    ground truth); the earlier settings (window 16, follow 0.05 for truth) false-alarmed on this learning run."""
     from fixtures_llava import one_torch_thread  # noqa: F401
 
     torch.set_num_threads(1)
