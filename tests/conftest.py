@@ -122,6 +122,9 @@ def pytest_configure(config) -> None:
         explicit = any(a == "--dist" or a.startswith("--dist=") for a in config.invocation_params.args)
         if getattr(config.option, "dist", None) == "load" and not explicit:
             config.option.dist = "loadfile"
+        # files go out in collection order (pytest_collection_modifyitems), not most tests first
+        if not any(a.endswith("loadscope-reorder") for a in config.invocation_params.args):
+            config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(session, config, items) -> None:
