@@ -129,8 +129,9 @@ def pytest_configure(config) -> None:
 
 def pytest_collection_modifyitems(session, config, items) -> None:
     """Files run in the order their trained fixtures become ready, long files first within a tier
-    (``train_fixtures.run_order``: those that need none first), and the version matrix's test last: it waits for the background run, which by then
-    has had the whole suite's time. (Every xdist worker sorts alike: the order depends on the files only.)"""
+    (``train_fixtures.run_order``: those that need none first), and the version matrix's test last: it
+    waits for the background run, which by then has had the whole suite's time. (Every xdist worker sorts
+    alike: the order depends on the files only.)"""
     from train_fixtures import judges_ready, run_order
 
     judges = judges_ready()

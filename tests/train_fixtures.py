@@ -112,9 +112,7 @@ LONG_FILES = ("test_bad_inputs.py", "test_docs_scripts.py", "test_red_team.py", 
 
 def judges_ready(root: Path | None = None) -> bool:
     """Whether every judge the repository keeps is in the fixture cache (copied or trained)."""
-    root = root if root is not None else tests_cache_root()
-    names = stored_names()
-    return bool(names) and all((root / name / "config.json").exists() for name in names)
+    return bool(stored_names()) and not missing_judges(root)
 
 
 def file_tier(path: Path, judges: bool = False) -> int:
@@ -168,6 +166,13 @@ def tests_cache_root() -> Path:
     return Path(os.environ.get("CAPREWARD_CACHE") or Path.home() / ".cache" / "capreward")
 
 
+def missing_judges(root: Path | None = None, store: Path = STORE) -> list[str]:
+    """The cache paths of the judges the repository keeps that the fixture cache ``root`` (None: the cache
+    the tests use) lacks."""
+    root = root if root is not None else tests_cache_root()
+    return [name for name in stored_names(store) if not (root / name / "config.json").exists()]
+
+
 def seed_cache(root: Path | None = None, store: Path = STORE) -> list[str]:
     """Copy every judge the repository keeps into the fixture cache ``root`` (None: the cache the tests
     use) where it is missing, under the cache's lock and by an atomic rename, as training would put it.
@@ -175,7 +180,7 @@ def seed_cache(root: Path | None = None, store: Path = STORE) -> list[str]:
     Returns:
         The cache paths copied."""
     root = root if root is not None else tests_cache_root()
-    missing = [name for name in stored_names(store) if not (root / name / "config.json").exists()]
+    missing = missing_judges(root, store)
     if not missing:
         return []
     import shutil
@@ -186,8 +191,6 @@ def seed_cache(root: Path | None = None, store: Path = STORE) -> list[str]:
     copied = []
     for name in missing:
         target = root / name
-        if (target / "config.json").exists():
-            continue
         target.parent.mkdir(parents=True, exist_ok=True)
         with locked(target.parent / f".{target.name}.lock", what=f"copying the stored {target.name}"):
             if (target / "config.json").exists():
@@ -220,15 +223,10 @@ def store(store_dir: Path = STORE) -> list[str]:
         kept.append(name)
     for old in set(stored_names(store_dir)) - set(kept):
         shutil.rmtree(store_dir / old)
-    (store_dir / "torch_version.txt").write_text(torch_version() + "\n")
-    return kept
-
-
-def torch_version() -> str:
-    """The torch version the judges' keys hold (``torch.__version__``)."""
     import torch
 
-    return str(torch.__version__)
+    (store_dir / "torch_version.txt").write_text(f"{torch.__version__}\n")  # the version the judges' keys hold
+    return kept
 
 
 def main(argv: list[str]) -> int:
