@@ -2,9 +2,9 @@
 with the dense configuration and the control arm, held-out evaluation, best-of-n) whose trajectory holds
 both logged parts of the claim reward.
 
-Direction is not asserted here: in the full run (docs/claims.md) both ground-truth parts rise under the
-dense arm, but the control arm moves about as much at 40 steps, so the direction of the GRPO arms is
-reported there, not pinned."""
+Direction is not asserted here: in the full run (docs/claims.md, 5 seeds x 160 steps) the dense arm is not
+separated from the wrong-image control (both fall into an image-blind run-on colour list on some seeds),
+so the direction of the GRPO arms is reported there, not pinned."""
 
 from __future__ import annotations
 
@@ -47,6 +47,38 @@ def test_sft_captions_hallucinate_only_absent_colours(experiment):
         assert g["true_precision"] == 0.0 and g["true_coverage"] == 0.0, caption
         caption = experiment.sft_caption("red", "green", rng, right=1.0)
         assert experiment.ground_truth(caption, "red", "green")["bound_precision"] == 1.0, caption
+
+
+def test_separation_is_the_mean_difference_in_sd_units(experiment):
+    def run(dense, control):
+        return {"arms": {"dense": {"after": {"true_precision": dense}}, "control": {"after": {"true_precision": control}}}}
+
+    out = experiment.separation([run(0.5, 0.1), run(0.7, 0.1), run(0.6, 0.4)], keys=("true_precision",))
+    sep = out["true_precision"]
+    assert sep["difference"] == pytest.approx(0.4)
+    assert sep["sd_paired"] == pytest.approx(0.2)  # differences 0.4, 0.6, 0.2
+    assert sep["z_paired"] == pytest.approx(2.0)
+    assert sep["sd_pooled"] == pytest.approx(math.sqrt((0.01 + 0.03) / 2))  # variances 0.01 and 0.03
+    assert sep["z_pooled"] == pytest.approx(0.4 / math.sqrt(0.02))
+    one = experiment.separation([run(0.5, 0.1)], keys=("true_precision",))["true_precision"]
+    assert math.isnan(one["z_paired"]) and math.isnan(one["z_pooled"])
+
+
+def test_verified_coverage_credits_only_claims_the_judge_verifies(experiment):
+    """The library's lexical recall credits a rejected run-on colour list with both facts; the
+    experiment's variant (``--verified-coverage``) does not, and leaves honest captions as they were."""
+    from capreward.judges import LocalChatJudge
+    from capreward.scorers.claims import ClaimScorer
+    from capreward.testing.tiny_claim_judge import claim_image, inventory_answer, tiny_claim_judge
+
+    judge = LocalChatJudge(tiny_claim_judge(), batch_size=8)
+    image, refs = claim_image("red", "green"), [inventory_answer("red", "green")]
+    captions = ["the background is red. there is a green patch.", "the background is blue red green patch green"]
+    shipped = ClaimScorer(judge, coverage="lexical").score(captions, [image] * 2, references=[refs] * 2)
+    verified = experiment.verified_coverage_scorer(judge).score(captions, [image] * 2, references=[refs] * 2)
+    assert list(shipped.precision) == list(verified.precision) == pytest.approx([1.0, 0.0], abs=1e-4)
+    assert list(shipped.recall) == [1.0, 1.0]  # the rejected run-on list covers both facts lexically
+    assert list(verified.recall) == [1.0, 0.0]
 
 
 @pytest.mark.integration
