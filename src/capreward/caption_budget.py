@@ -32,11 +32,11 @@ a veRL worker or a Ray actor picks it up without code); ``capreward score`` and 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from collections.abc import Iterator, Sequence
 
 from .errors import CaprewardError
-from .media.limits import check_positive_ints, whole_numbers_from_env
+from .media.limits import ProcessWide, check_positive_ints
 
 DEFAULT_MAX_CHARS = 16 * 1024
 DEFAULT_MAX_CLAIMS = 256
@@ -109,11 +109,7 @@ class CaptionBudget:
         return None
 
 
-def _from_env() -> CaptionBudget:
-    return CaptionBudget(**whole_numbers_from_env(_FIELDS))
-
-
-_budget = _from_env()
+_budget: ProcessWide[CaptionBudget] = ProcessWide(CaptionBudget, _FIELDS)
 
 
 def get_caption_budget() -> CaptionBudget:
@@ -123,7 +119,7 @@ def get_caption_budget() -> CaptionBudget:
         The process-wide :class:`CaptionBudget` (from ``CAPREWARD_MAX_CAPTION_CHARS`` /
         ``CAPREWARD_MAX_CAPTION_CLAIMS``, or as :func:`set_caption_budget` left it).
     """
-    return _budget
+    return _budget.current
 
 
 def set_caption_budget(max_chars: int | None = None, max_claims: int | None = None) -> CaptionBudget:
@@ -139,11 +135,7 @@ def set_caption_budget(max_chars: int | None = None, max_claims: int | None = No
     Raises:
         ValueError: a bound that is not a positive int.
     """
-    global _budget
-    previous = _budget
-    changes = {k: v for k, v in (("max_chars", max_chars), ("max_claims", max_claims)) if v is not None}
-    _budget = replace(_budget, **changes)
-    return previous
+    return _budget.set(max_chars=max_chars, max_claims=max_claims)
 
 
 @contextlib.contextmanager
@@ -157,12 +149,8 @@ def caption_budget(max_chars: int | None = None, max_claims: int | None = None) 
     Yields:
         The :class:`CaptionBudget` in force inside the block.
     """
-    global _budget
-    previous = set_caption_budget(max_chars, max_claims)
-    try:
-        yield _budget
-    finally:
-        _budget = previous
+    with _budget.within(max_chars=max_chars, max_claims=max_claims) as budget:
+        yield budget
 
 
 def caption_problem(caption: str) -> str | None:
@@ -174,7 +162,7 @@ def caption_problem(caption: str) -> str | None:
     Returns:
         The reason, or None.
     """
-    return _budget.problem(caption)
+    return _budget.current.problem(caption)
 
 
 def check_captions(captions: Sequence[str], what: str = "captions") -> None:

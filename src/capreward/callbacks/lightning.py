@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any, cast
 
 from .._extras import require
-from ..names import sub_score
 from ..torchmetrics.distributed import gather_objects
 from ..torchmetrics.metrics import CaptionMetric, named_metrics
 from ..torchmetrics.sources import Source, as_captions, as_ids, as_references, per_sample, per_visual, read
@@ -51,6 +50,7 @@ from .tables import (
     best_and_worst,
     example_columns,
     examples_markdown,
+    logged_means,
     merge_records,
     score_table,
     write_table,
@@ -307,12 +307,7 @@ class CaptionScoreCallback(Callback):
         self._active = False
         prefix = self.prefixes[stage]
         scores: dict[str, CaptionScores] = {name: m.summary() for name, m in self.metrics.items()}
-        logged: dict[str, float] = {}
-        for name, s in scores.items():
-            means = s.means()
-            logged[f"{prefix}{name}"] = means.pop("score")
-            if self.log_sub_scores:
-                logged.update({sub_score(f"{prefix}{name}", k): v for k, v in means.items()})
+        logged = logged_means(scores, prefix, self.log_sub_scores)
         for key, value in logged.items():
             # Values are already identical on every process (synced by torchmetrics): a max-reduce keeps
             # them exact and tells Lightning they are synced.

@@ -60,6 +60,18 @@ def score_table(records: Sequence[dict], scores: Mapping[str, CaptionScores], su
     return rows
 
 
+def logged_means(scores: Mapping[str, CaptionScores], prefix: str, sub_scores: bool) -> dict[str, float]:
+    """What a callback logs of ``scores``: each metric's mean headline as ``<prefix><metric>`` and, with
+    ``sub_scores``, each sub-score's mean under :func:`~capreward.names.sub_score` of that key."""
+    logged: dict[str, float] = {}
+    for name, s in scores.items():
+        means = s.means()
+        logged[f"{prefix}{name}"] = means.pop("score")
+        if sub_scores:
+            logged.update({sub_score(f"{prefix}{name}", k): v for k, v in means.items()})
+    return logged
+
+
 def best_and_worst(rows: Sequence[dict], key: str, k: int) -> tuple[list[dict], list[dict]]:
     """The ``k`` rows with the highest and the lowest ``key`` (NaN values skipped), best first / worst first."""
     valid = [r for r in rows if isinstance(r.get(key), float) and not math.isnan(r[key])]

@@ -30,13 +30,12 @@ import torch
 from transformers import TrainerCallback
 
 from .._extras import require
-from ..names import sub_score
 from ..torchmetrics.metrics import CaptionMetric, named_metrics
 from ..torchmetrics.sources import Source, as_captions, as_references, read
 from ..torchmetrics.summary import CaptionScores
 from .generation import CaptionGenerator, has_image_blocks, is_image_processor
 from .loggers import file_store_refusal, is_file_store
-from .tables import TABLE_FORMATS, best_and_worst, examples_markdown, merge_records, score_table, write_table
+from .tables import TABLE_FORMATS, best_and_worst, examples_markdown, logged_means, merge_records, score_table, write_table
 
 logger = logging.getLogger(__name__)
 
@@ -256,12 +255,7 @@ class CaptionEvalCallback(TrainerCallback):
         rows = score_table(merge_records([gathered], by_id=True), scores)
         self.last_table = rows
 
-        logs: dict[str, float] = {}
-        for name, s in scores.items():
-            means = s.means()
-            logs[f"{self.prefix}{name}"] = means.pop("score")
-            if self.log_sub_scores:
-                logs.update({sub_score(f"{self.prefix}{name}", k): v for k, v in means.items()})
+        logs = logged_means(scores, self.prefix, self.log_sub_scores)
         logs = {k: float(v) for k, v in logs.items() if not math.isnan(v)}  # JSON loggers reject NaN
         trainer.log(dict(logs))  # Trainer.log adds "epoch" to the dict it gets
         step = trainer.state.global_step

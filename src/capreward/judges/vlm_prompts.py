@@ -96,7 +96,54 @@ def visce2_prompt(caption: str, context: str, variant: str = "visce_2") -> str:
     return fill_once(template, {"[task]": task, "[cand]": f"Candidate:\n{caption}", "[context]": f"{label}\n{context}"})
 
 
-_IMG_REF_FREE = """You will be given one sentence of visual caption generated from one image.
+#: The parts the released prompts share word for word: the templates below are the release's files,
+#: assembled from these (``{{...}}`` is the release's placeholder syntax, kept literally).
+_KEEP_REFERENCES = """Please make sure you read and understand these reference captions carefully. Please keep these references open while reviewing, and refer to them as needed."""
+
+#: Response format of the image ref-free/ref-only and video ref-free prompts.
+_SCORE_FORMAT = """Response Format:
+
+You should first give detailed reason for your score, and ending with sentence like this:
+The final score is ${{score}}$.
+
+Note that the score should be an integer from 0 to 100, and should be wrapped in the dollar signs ($)."""
+
+#: The same, as the image combined and video ref-only/combined prompts word it ("a detailed reason", "in
+#: dollar signs").
+_SCORE_FORMAT_EDITED = """Response Format:
+
+You should first give a detailed reason for your score, ending with a sentence like this:
+The final score is ${{score}}$.
+
+Note that the score should be an integer from 0 to 100, and should be wrapped in dollar signs ($)."""
+
+#: The ref-only prompts' criteria (the image prompt's line ends in a space, the video one's does not).
+_REF_ONLY_CRITERIA = """Evaluation Criteria:
+
+Score is from 0 to 100 - selection of important content from the references. The generated caption should include the important information in the references. Annotators were instructed to penalize captions which contained redundancies and excess information."""
+
+
+def _assess_and_assign(content: str) -> str:
+    """The last two evaluation steps of the ref-free and ref-only prompts; ``content``: "visual" or "video"."""
+    return f"""3. Assess how well the generated caption covers the main points of the {content} content, and how much irrelevant or redundant information it contains.
+4. Assign an integer score from 0 to 100, please remember it."""
+
+
+def _ref_only_steps(content: str) -> str:
+    """The ref-only prompts' evaluation steps; ``content``: "visual" (image) or "video"."""
+    return f"""1. Read the reference captions carefully.
+2. Compare the generated caption to the reference captions and identify the main points of the {content} content.
+{_assess_and_assign(content)}"""
+
+
+#: The inputs of the video ref-only and combined prompts (ACCR included).
+_VID_INPUTS = """Reference Captions:
+{{Reference}}
+
+Generated Caption:
+{{Caption}}"""
+
+_IMG_REF_FREE = f"""You will be given one sentence of visual caption generated from one image.
 
 Your task is to rate the generated caption on one metric.
 
@@ -108,54 +155,38 @@ Evaluation Steps:
 
 1. Carefully observe the image provided.
 2. Identify the main points of the visual content in the image.
-3. Assess how well the generated caption covers the main points of the visual content, and how much irrelevant or redundant information it contains.
-4. Assign an integer score from 0 to 100, please remember it.
+{_assess_and_assign("visual")}
 
 Generated captions:
-{{Caption}}
+{{{{Caption}}}}
 
-Response Format:
+{_SCORE_FORMAT}"""
 
-You should first give detailed reason for your score, and ending with sentence like this:
-The final score is ${{score}}$.
-
-Note that the score should be an integer from 0 to 100, and should be wrapped in the dollar signs ($)."""
-
-_IMG_REF_ONLY = """You will be given one sentence of visual caption generated from one image. 
+_IMG_REF_ONLY = f"""You will be given one sentence of visual caption generated from one image. 
 
 Your task is to rate the generated caption on one metric
 
-Please make sure you read and understand these reference captions carefully. Please keep these references open while reviewing, and refer to them as needed. 
+{_KEEP_REFERENCES} 
 
-Evaluation Criteria:
-
-Score is from 0 to 100 - selection of important content from the references. The generated caption should include the important information in the references. Annotators were instructed to penalize captions which contained redundancies and excess information. 
+{_REF_ONLY_CRITERIA} 
 
 Evaluation Steps:
 
-1. Read the reference captions carefully.
-2. Compare the generated caption to the reference captions and identify the main points of the visual content.
-3. Assess how well the generated caption covers the main points of the visual content, and how much irrelevant or redundant information it contains.
-4. Assign an integer score from 0 to 100, please remember it.
+{_ref_only_steps("visual")}
 
 Reference captions:
-{{Reference}}
+{{{{Reference}}}}
 
 Generated captions:
-{{Caption}}
+{{{{Caption}}}}
 
-Response Format:
+{_SCORE_FORMAT} """
 
-You should first give detailed reason for your score, and ending with sentence like this:
-The final score is ${{score}}$.
-
-Note that the score should be an integer from 0 to 100, and should be wrapped in the dollar signs ($). """
-
-_IMG_COMBINED = """You will be given one sentence of visual caption generated from one image.
+_IMG_COMBINED = f"""You will be given one sentence of visual caption generated from one image.
 
 Your task is to rate the generated caption on one metric.
 
-Please make sure you read and understand these reference captions carefully. Please keep these references open while reviewing, and refer to them as needed.
+{_KEEP_REFERENCES}
 
 Evaluation Criteria:
 
@@ -170,21 +201,16 @@ Evaluation Steps:
 5. Assign an integer score from 0 to 100, considering both the alignment with the image and the inclusion of key points from the references. Please remember the score.
 
 Reference captions:
-{{Reference}}
+{{{{Reference}}}}
 
 Image is attached
 
 Generated captions:
-{{Caption}}
+{{{{Caption}}}}
 
-Response Format:
+{_SCORE_FORMAT_EDITED}"""
 
-You should first give a detailed reason for your score, ending with a sentence like this:
-The final score is ${{score}}$.
-
-Note that the score should be an integer from 0 to 100, and should be wrapped in dollar signs ($)."""
-
-_VID_REF_FREE = """You will be given one sentence of visual caption generated from a complete video. For evaluation purposes, you are provided with a single image that contains three concatenated frames from the video. These frames are meant to represent key moments from the video but do not encompass the entire content.
+_VID_REF_FREE = f"""You will be given one sentence of visual caption generated from a complete video. For evaluation purposes, you are provided with a single image that contains three concatenated frames from the video. These frames are meant to represent key moments from the video but do not encompass the entire content.
 
 Your task is to rate the generated caption on one metric.
 
@@ -196,54 +222,34 @@ Evaluation Steps:
 
 1. Carefully examine the provided image, noting that it includes three distinct frames labeled as Frame 1, Frame 2, and Frame 3.
 2. Identify the main points of the visual content across these key frames.
-3. Assess how well the generated caption covers the main points of the visual content, and how much irrelevant or redundant information it contains.
-4. Assign an integer score from 0 to 100, please remember it.
+{_assess_and_assign("visual")}
 
 Generated Caption:
-{{Caption}}
+{{{{Caption}}}}
 
-Response Format:
+{_SCORE_FORMAT}"""
 
-You should first give detailed reason for your score, and ending with sentence like this:
-The final score is ${{score}}$.
-
-Note that the score should be an integer from 0 to 100, and should be wrapped in the dollar signs ($)."""
-
-_VID_REF_ONLY = """You will be given a caption generated from a complete video. For evaluation purposes, you are provided with reference captions that describe specific frames or the overall video content.
+_VID_REF_ONLY = f"""You will be given a caption generated from a complete video. For evaluation purposes, you are provided with reference captions that describe specific frames or the overall video content.
 
 Your task is to rate the generated caption on one metric.
 
-Please make sure you read and understand these reference captions carefully. Please keep these references open while reviewing, and refer to them as needed.
+{_KEEP_REFERENCES}
 
-Evaluation Criteria:
-
-Score is from 0 to 100 - selection of important content from the references. The generated caption should include the important information in the references. Annotators were instructed to penalize captions which contained redundancies and excess information.
+{_REF_ONLY_CRITERIA}
 
 Evaluation Steps:
 
-1. Read the reference captions carefully.
-2. Compare the generated caption to the reference captions and identify the main points of the video content.
-3. Assess how well the generated caption covers the main points of the video content, and how much irrelevant or redundant information it contains.
-4. Assign an integer score from 0 to 100, please remember it.
+{_ref_only_steps("video")}
 
-Reference Captions:
-{{Reference}}
+{_VID_INPUTS}
 
-Generated Caption:
-{{Caption}}
+{_SCORE_FORMAT_EDITED}"""
 
-Response Format:
-
-You should first give a detailed reason for your score, ending with a sentence like this:
-The final score is ${{score}}$.
-
-Note that the score should be an integer from 0 to 100, and should be wrapped in dollar signs ($)."""
-
-_VID_COMBINED = """You will be given a caption generated from a complete video. For evaluation purposes, you are provided with a single image that combines three key frames from the video. Additionally, reference captions that describe these specific frames or the overall video content are also provided.
+_VID_COMBINED = f"""You will be given a caption generated from a complete video. For evaluation purposes, you are provided with a single image that combines three key frames from the video. Additionally, reference captions that describe these specific frames or the overall video content are also provided.
 
 Your task is to rate the generated caption on one metric.
 
-Please make sure you read and understand these reference captions carefully. Please keep these references open while reviewing, and refer to them as needed.
+{_KEEP_REFERENCES}
 
 Evaluation Criteria:
 
@@ -258,19 +264,14 @@ Evaluation Steps:
 5. Assign an integer score from 0 to 100, considering both the alignment with the video content (as shown in the key frames) and the inclusion of key points from the references. Please remember the score.
 
 Reference Captions:
-{{Reference}}
+{{{{Reference}}}}
 
 Video Frames are attached.
 
 Generated Caption:
-{{Caption}}
+{{{{Caption}}}}
 
-Response Format:
-
-You should first give a detailed reason for your score, ending with a sentence like this:
-The final score is ${{score}}$.
-
-Note that the score should be an integer from 0 to 100, and should be wrapped in dollar signs ($)."""
+{_SCORE_FORMAT_EDITED}"""
 
 _ACCR_DIMENSIONS = """Evaluation Dimensions:
 
@@ -342,11 +343,7 @@ Evaluation Steps:
 5. Check for the inclusion of irrelevant details or the omission of significant elements.
 6. {_ACCR_ASSIGN}
 
-Reference Captions:
-{{{{Reference}}}}
-
-Generated Caption:
-{{{{Caption}}}}
+{_VID_INPUTS}
 
 {_ACCR_FORMAT}"""
 
@@ -373,11 +370,7 @@ Evaluation Steps:
     3. Check for the inclusion of irrelevant details or the omission of significant elements indicated by either the reference captions or the video frames.
 5. {_ACCR_ASSIGN}
 
-Reference Captions:
-{{{{Reference}}}}
-
-Generated Caption:
-{{{{Caption}}}}
+{_VID_INPUTS}
 
 {_ACCR_FORMAT}"""
 

@@ -41,8 +41,8 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass, replace
-from typing import Any
-from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from collections.abc import Callable, Iterator, Sequence
 
 DEFAULT_MAX_PIXELS = 2**25
 DEFAULT_MAX_VIDEO_PIXELS = 2**28
@@ -113,11 +113,38 @@ def whole_numbers_from_env(fields: Sequence[tuple[str, str]]) -> dict[str, int]:
     return values
 
 
-def _from_env() -> MediaLimits:
-    return MediaLimits(**whole_numbers_from_env(_FIELDS))
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+_S = TypeVar("_S", bound="DataclassInstance")
 
 
-_limits = _from_env()
+class ProcessWide(Generic[_S]):
+    """One process-wide settings dataclass (:class:`MediaLimits`, the caption budget): built at import from
+    the environment variables of ``fields`` (:func:`whole_numbers_from_env`), changed by :meth:`set`, and
+    for a block by :meth:`within`. ``current`` is the settings in force."""
+
+    def __init__(self, settings_type: Callable[..., _S], fields: Sequence[tuple[str, str]]):
+        self.current: _S = settings_type(**whole_numbers_from_env(fields))
+
+    def set(self, **changes: int | None) -> _S:
+        """Replace the fields of ``changes`` that are not None (the dataclass validates them; nothing changes
+        when it refuses one). Returns the previous settings."""
+        previous = self.current
+        self.current = replace(self.current, **{k: v for k, v in changes.items() if v is not None})
+        return previous
+
+    @contextlib.contextmanager
+    def within(self, **changes: int | None) -> Iterator[_S]:
+        """``with setting.within(...):`` the settings changed as by :meth:`set` inside the block, restored after it."""
+        previous = self.set(**changes)
+        try:
+            yield self.current
+        finally:
+            self.current = previous
+
+
+_limits: ProcessWide[MediaLimits] = ProcessWide(MediaLimits, _FIELDS)
 
 
 def get_media_limits() -> MediaLimits:
@@ -127,7 +154,7 @@ def get_media_limits() -> MediaLimits:
         The process-wide :class:`MediaLimits` (from the ``CAPREWARD_MAX_*`` environment variables, or
         as :func:`set_media_limits` left them).
     """
-    return _limits
+    return _limits.current
 
 
 def set_media_limits(max_pixels: int | None = None, max_video_pixels: int | None = None,
@@ -148,13 +175,8 @@ def set_media_limits(max_pixels: int | None = None, max_video_pixels: int | None
     Raises:
         ValueError: a limit that is not a positive int.
     """
-    global _limits
-    previous = _limits
-    changes = {k: v for k, v in (("max_pixels", max_pixels), ("max_video_pixels", max_video_pixels),
-                                 ("max_video_frames", max_video_frames), ("max_model_pixels", max_model_pixels))
-               if v is not None}
-    _limits = replace(_limits, **changes)
-    return previous
+    return _limits.set(max_pixels=max_pixels, max_video_pixels=max_video_pixels, max_video_frames=max_video_frames,
+                       max_model_pixels=max_model_pixels)
 
 
 @contextlib.contextmanager
@@ -173,9 +195,6 @@ def media_limits(max_pixels: int | None = None, max_video_pixels: int | None = N
     Yields:
         The :class:`MediaLimits` in force inside the block.
     """
-    global _limits
-    previous = set_media_limits(max_pixels, max_video_pixels, max_video_frames, max_model_pixels)
-    try:
-        yield _limits
-    finally:
-        _limits = previous
+    with _limits.within(max_pixels=max_pixels, max_video_pixels=max_video_pixels, max_video_frames=max_video_frames,
+                        max_model_pixels=max_model_pixels) as limits:
+        yield limits

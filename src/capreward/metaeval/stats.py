@@ -20,13 +20,15 @@ def _scipy_stats():
     return require("metaeval", "scipy.stats", used_by="meta-evaluation correlations (capreward meta-eval)")
 
 
-def _pair(x: Sequence[float], y: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+def _correlation(test: str, x: Sequence[float], y: Sequence[float], **options: str) -> float:
+    """``scipy.stats.<test>(x, y, **options)``'s coefficient as a float, once ``x`` and ``y`` are checked to be
+    two 1-D sequences of equal length with at least 2 points (ValueError otherwise)."""
     xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if xs.shape != ys.shape or xs.ndim != 1:
         raise ValueError(f"need two 1-D sequences of equal length, got shapes {xs.shape} and {ys.shape}")
     if len(xs) < 2:
         raise ValueError(f"a correlation needs at least 2 points, got {len(xs)}")
-    return xs, ys
+    return float(getattr(_scipy_stats(), test)(xs, ys, **options).statistic)
 
 
 def kendall(x: Sequence[float], y: Sequence[float], variant: str = "c") -> float:
@@ -47,8 +49,7 @@ def kendall(x: Sequence[float], y: Sequence[float], variant: str = "c") -> float
     """
     if variant not in ("b", "c"):
         raise ValueError(f"variant must be 'b' or 'c', got {variant!r}")
-    xs, ys = _pair(x, y)
-    return float(_scipy_stats().kendalltau(xs, ys, variant=variant).statistic)
+    return _correlation("kendalltau", x, y, variant=variant)
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
@@ -61,8 +62,7 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float:
     Returns:
         The coefficient, in [-1, 1].
     """
-    xs, ys = _pair(x, y)
-    return float(_scipy_stats().spearmanr(xs, ys).statistic)
+    return _correlation("spearmanr", x, y)
 
 
 def pearson(x: Sequence[float], y: Sequence[float]) -> float:
@@ -75,8 +75,7 @@ def pearson(x: Sequence[float], y: Sequence[float]) -> float:
     Returns:
         The coefficient, in [-1, 1].
     """
-    xs, ys = _pair(x, y)
-    return float(_scipy_stats().pearsonr(xs, ys).statistic)
+    return _correlation("pearsonr", x, y)
 
 
 def pairwise_outcomes(preferred: Sequence[float | None], other: Sequence[float | None]) -> dict[str, int]:

@@ -182,6 +182,19 @@ class FLEURScores:
         """The contract (:class:`~capreward.scorers.contract.Scores`; see :func:`fleur_scores`)."""
         return fleur_scores(self.score(list(captions), images, references, videos=videos))  # type: ignore[attr-defined]
 
+    def _first_turns(self, candidates: list[str], images: Sequence[Any] | None, references: Any,
+                     scores: Sequence[float] | torch.Tensor | None, videos: Sequence[Any] | None) -> list[str]:
+        """The judge's first answer in each explanation conversation (``explain``): ``str(float(score))`` of
+        ``scores`` (ValueError unless one per candidate), or without them of the scores computed first, a
+        sample without a score keeping its raw answer."""
+        if scores is None:
+            result = self.score(candidates, images, references, videos=videos)  # type: ignore[attr-defined]
+            return [r if math.isnan(s) else str(s) for s, r in zip(result.score.tolist(), result.raw)]
+        values = scores.tolist() if isinstance(scores, torch.Tensor) else list(scores)
+        if len(values) != len(candidates):
+            raise ValueError(f"got {len(values)} scores for {len(candidates)} candidates")
+        return [str(float(s)) for s in values]
+
 
 class FLEUR(FLEURScores):
     """FLEUR / RefFLEUR scorer on a local LLaVA judge.
@@ -363,14 +376,7 @@ class FLEUR(FLEURScores):
                 raise ValueError(f"candidates[{i}] is an empty caption; there is nothing to explain")
         refs = check_references(references, n)
         visuals, image_index = judge_visuals(images, videos, n)
-        if scores is None:
-            result = self.score(candidates, images, references, videos=videos)
-            first = [r if math.isnan(s) else str(s) for s, r in zip(result.score.tolist(), result.raw)]
-        else:
-            values = scores.tolist() if isinstance(scores, torch.Tensor) else list(scores)
-            if len(values) != n:
-                raise ValueError(f"got {len(values)} scores for {n} candidates")
-            first = [str(float(s)) for s in values]
+        first = self._first_turns(candidates, images, references, scores, videos)
         prompts = []
         for i, c in enumerate(candidates):
             message = fleur_prompt(c, refs[i] if refs is not None else None)

@@ -46,7 +46,6 @@ Faithfulness to the release (``Yebin46/FLEUR``), which runs LLaVA-1.5 itself:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 from collections.abc import Sequence
@@ -415,14 +414,7 @@ class RemoteFLEUR(FLEURScores):
         Returns:
             One response per candidate (its ``error`` set where the request failed)."""
         candidates, refs, visuals = self._inputs(candidates, images, references, videos)
-        if scores is None:
-            result = self.score(candidates, images, references, videos=videos)
-            first = [r if math.isnan(s) else str(s) for s, r in zip(result.score.tolist(), result.raw)]
-        else:
-            values = scores.tolist() if isinstance(scores, torch.Tensor) else list(scores)
-            if len(values) != len(candidates):
-                raise ValueError(f"got {len(values)} scores for {len(candidates)} candidates")
-            first = [str(float(s)) for s in values]
+        first = self._first_turns(candidates, images, references, scores, videos)
         requests = [
             ChatRequest(
                 turns=(
