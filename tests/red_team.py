@@ -284,10 +284,11 @@ def _reward_target(name: str, path: str, make_reward: Callable, scorer: Any, ima
     return Target(name, path, "reward", run)
 
 
-def targets(local_judge: Any, backend: Any, *, path: str, image: Any) -> list[Target]:
+def targets(local_judge: Any, backend: Any, *, path: str, image: Any, gveval_backend: Any = None) -> list[Target]:
     """The scorer and reward targets on one judge: ``local_judge`` is the ``(model, processor)`` pair of
     the local path (None for the remote path), ``backend`` a chat backend (a
-    :class:`~capreward.judges.LocalChatJudge` or an :class:`~capreward.judges.OpenAIJudge`)."""
+    :class:`~capreward.judges.LocalChatJudge` or an :class:`~capreward.judges.OpenAIJudge`);
+    ``gveval_backend`` the G-VEval targets' backend (default ``backend``)."""
     from capreward.rewards import FLEURReward, GVEvalReward, VisCE2Reward
     from capreward.scorers.gveval import GVEval
     from capreward.scorers.visce2 import VisCE2
@@ -305,7 +306,7 @@ def targets(local_judge: Any, backend: Any, *, path: str, image: Any) -> list[Ta
     visce2 = VisCE2(backend, max_tokens=16, context_max_tokens=16)
     # remote G-VEval likewise: any bound accepted (tolerance 100 points) where the 20 listed alternatives miss digits
     remote_tolerance = {} if local_judge is not None else {"tolerance": 100.0}
-    gvevals = {mode: GVEval(backend, mode, max_tokens=24, requery=0, **remote_tolerance)
+    gvevals = {mode: GVEval(gveval_backend or backend, mode, max_tokens=24, requery=0, **remote_tolerance)
                for mode in ("ref-free", "ref-only", "combined")}
     refs = [list(REFERENCES)]
 
@@ -395,7 +396,7 @@ def run_red_team(attacks: Sequence[Attack] = ATTACKS, paths: Sequence[str] = ("l
     import torch
     from susceptible_judge import red_image, susceptible_judge, susceptible_judge_dir
 
-    from capreward.judges import LocalChatJudge, OpenAIJudge
+    from capreward.judges import LocalChatJudge, OpenAIJudge, VLLMJudge
     from capreward.testing.chat_server import ChatServer
 
     image = red_image()
@@ -409,8 +410,13 @@ def run_red_team(attacks: Sequence[Attack] = ATTACKS, paths: Sequence[str] = ("l
                 verdicts += _timed(target, attacks, log)
         if "remote" in paths:
             with ChatServer("local", judge_dir=susceptible_judge_dir(), model="susceptible") as server:
-                backend = OpenAIJudge(server.base_url, model="susceptible", max_concurrency=4, timeout=120, max_retries=1)
-                for target in targets(None, backend, path="remote", image=image):
+                options = dict(max_concurrency=4, timeout=120, max_retries=1)
+                backend = OpenAIJudge(server.base_url, model="susceptible", **options)
+                # G-VEval's digit trees as vLLM's batched next-token requests (an OpenAIJudge reads each
+                # branch in a request of its own: minutes a mode on the one-request-at-a-time test server);
+                # its answers still come from the chat endpoint, which parses special tokens like vLLM
+                exact = VLLMJudge(server.base_url, "susceptible", susceptible_judge_dir(), **options)
+                for target in targets(None, backend, path="remote", image=image, gveval_backend=exact):
                     verdicts += _timed(target, attacks, log)
     finally:
         torch.set_num_threads(threads)
