@@ -36,27 +36,25 @@ control in units of the per-seed (paired) and pooled standard deviations::
 
     python experiments/dense_claims.py                      # seeds 0 1, 40 steps, arms dense + control
     python experiments/dense_claims.py --seeds 0 1 2 3 4 --steps 160 --json out.json   # docs/claims.md
-    python experiments/dense_claims.py --arms dense control precision --verified-coverage
+    python experiments/dense_claims.py --arms dense control precision
 
-``--verified-coverage``: the claim rewards' recall credits a reference fact only as stated by a claim the
-judge verified (:func:`verified_coverage_scorer`, an experiment-side variant; the library's recall
-credits any claim). Runs on one torch thread; trains the claim judge on first use (cached under
+The claim rewards are the library's (recall credits a reference fact only as stated by a claim the judge
+verified). Runs on one torch thread; trains the claim judge on first use (cached under
 $CAPREWARD_CACHE).
 
-Measured (seeds 0-4, 160 GRPO steps, otherwise the defaults; the claim reward count-priced,
-``claim_cost=1``: one false claim takes the whole precision side; 2 shared CPU cores, 1,250 s; figures
-and what they mean in docs/claims.md): the dense arm is **not** separated from the wrong-image control.
-After GRPO, truth precision dense 0.335 +- 0.353 vs control 0.173 +- 0.223 (+0.33 paired sd, +0.55
-pooled sd), coverage 0.605 +- 0.276 vs 0.588 +- 0.357 (+0.03 / +0.06 sd), from 0.477 and 0.316 after SFT.
-On 3 of 5 seeds in each arm GRPO ends on one run-on claim listing colours: the judge rejects it
-(precision 0 for the whole group, which normalize_then_sum then ignores), but the lexical recall credits
-it with both facts whatever the image, so the control reaches it too. With ``--verified-coverage``
-(828 s) no seed collapses; truth precision 0.592 +- 0.183 vs 0.355 +- 0.096 (+0.91 paired, +1.63 pooled
-sd), bound precision +1.26 / +1.98 sd, coverage 0.315 vs 0.258 (+0.39 / +0.56 sd, not above the SFT
-0.316): still under 2 sd. Best-of-8 by the claim F-score moves both ground-truth parts up (precision
-0.525 -> 0.994, coverage 0.350 -> 0.644). With the first judge (one-colour claims only), before
-``claim_cost=1``, seed 1 found run-on colour lists read by their last colour (truth precision 0.539
--> 0.125).
+Measured (seeds 0-4, 160 GRPO steps, otherwise the defaults: the library's claim reward, precision
+count-priced with ``claim_cost=1``, recall from the verified claims only; 2 shared CPU cores, 1,298 s;
+figures and what they mean in docs/claims.md): no seed collapses into an image-blind caption, but the
+dense arm is **not** separated from the wrong-image control by 2 sd. After GRPO, truth precision dense
+0.592 +- 0.183 vs control 0.355 +- 0.096 (+0.91 paired sd, +1.63 pooled sd), bound precision +1.26 /
++1.98 sd, coverage 0.315 +- 0.099 vs 0.258 +- 0.105 (+0.39 / +0.56 sd, not above the SFT 0.316).
+Best-of-8 by the claim F-score moves both ground-truth parts up (precision 0.525 -> 0.994, coverage
+0.350 -> 0.644). History: with recall from all claims (measured at c251efa), on 3 of 5 seeds in
+each arm GRPO ended on one run-on claim listing colours: the judge rejects it, but the lexical recall
+credited it with both facts whatever the image, so the control reached it too (truth precision dense
+0.335 vs control 0.173, coverage 0.605 vs 0.588: +0.33 / +0.03 paired sd). With the first judge
+(one-colour claims only), before ``claim_cost=1``, seed 1 found run-on colour lists read by their last
+colour (truth precision 0.539 -> 0.125).
 """
 
 from __future__ import annotations
@@ -235,50 +233,17 @@ def best_of_n(model: Any, processor: Any, scorer: Any, rows: Sequence[dict[str, 
 
 
 # ------------------------------------------------------------------------------------------- GRPO
-def verified_coverage_scorer(backend: Any) -> Any:
-    """A :class:`~capreward.scorers.claims.ClaimScorer` (``coverage="lexical"``) whose recall credits a
-    reference fact only as stated by a claim the judge *verified* (P(yes) >= 0.5); the library's recall
-    credits any claim of the caption, false ones included. Precision is the library's, unchanged. An
-    experiment-side variant (``--verified-coverage``), to test what the shipped recall lets through."""
-    import math
-
-    from capreward.scorers.claims import ClaimScorer, CoverageVerdict, f_beta
-    from capreward.scorers.claims_split import lexical_coverage
-
-    class VerifiedCoverageScorer(ClaimScorer):
-        def score(self, candidates: Any, images: Any = None, **kwargs: Any) -> Any:
-            res = super().score(candidates, images, **kwargs)
-            for i, covers in enumerate(res.coverage):
-                if not covers or math.isnan(res.recall[i]):
-                    continue
-                verified = [c.text for c in res.claims[i] if c.verified]
-                res.coverage[i] = [CoverageVerdict(v.claim, lexical_coverage(v.claim, verified)) for v in covers]
-                res.recall[i] = sum(v.p for v in res.coverage[i]) / len(covers)
-                res.score[i] = f_beta(res.precision[i], res.recall[i], self.beta)
-            return res
-
-    return VerifiedCoverageScorer(backend, coverage="lexical")
-
-
-def arm_rewards(arm: str, backend: Any, verified_coverage: bool = False) -> tuple[list[Any], list[float]]:
+def arm_rewards(arm: str, backend: Any) -> tuple[list[Any], list[float]]:
     """The TRL rewards of an arm (claims rewards floored at 0 for unscorable captions: an empty caption
-    is never worth more than a scored one). ``verified_coverage``: the claim rewards on
-    :func:`verified_coverage_scorer` (recall from verified claims only), the rest as the recipe."""
+    is never worth more than a scored one)."""
     from capreward.recipes.dense import LengthGuardReward, dense_rewards
     from capreward.rewards.claims import ClaimsReward
     from capreward.rewards.guards import Guards
     from capreward.scorers.claims import ClaimScorer
     from capreward.testing.colour_task import EmptyIsWorst
 
-    if verified_coverage and arm != "control":
-        funcs, weights = dense_rewards(backend, coverage="lexical")
-        scorer = verified_coverage_scorer(backend)
-        funcs = [ClaimsReward(scorer=scorer, part="precision", name="claims_precision"),
-                 ClaimsReward(scorer=scorer, part="recall", name="claims_recall"), funcs[2]]
-        if arm == "precision":
-            funcs, weights = [funcs[0], funcs[2]], [weights[0], weights[2]]
-    elif arm == "control":
-        scorer = verified_coverage_scorer(backend) if verified_coverage else ClaimScorer(backend, coverage="lexical")
+    if arm == "control":
+        scorer = ClaimScorer(backend, coverage="lexical")
         columns = {"image_column": "other_image", "references_column": "other_references"}
         funcs = [ClaimsReward(scorer=scorer, part="precision", name="claims_precision", **columns),
                  ClaimsReward(scorer=scorer, part="recall", name="claims_recall", **columns),
@@ -299,7 +264,7 @@ def run_grpo(arm: str, model: Any, processor: Any, backend: Any, rows: Sequence[
     from capreward.recipes import grpo_captioner as recipe
     from capreward.recipes.dense import aggregation_args
 
-    funcs, weights = arm_rewards(arm, backend, args.verified_coverage)
+    funcs, weights = arm_rewards(arm, backend)
     grpo_args = recipe.parse_args([
         "--tiny", "--quiet", "--out", str(Path(args.out) / f"{arm}-seed{seed}"), "--seed", str(seed),
         "--steps", str(args.steps), "--lr", str(args.lr), "--lr-scheduler", "cosine",
@@ -410,8 +375,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-images", type=int, default=16)
     p.add_argument("--eval-samples", type=int, default=8, help="captions sampled per held-out image")
     p.add_argument("--best-of", type=int, default=8, help="n of the best-of-n check (0: skip)")
-    p.add_argument("--verified-coverage", action="store_true",
-                   help="claims_recall credits only claims the judge verified (experiment-side variant)")
     p.add_argument("--judge-dir", default=None, help="a trained claim judge directory (default: the tiny one)")
     p.add_argument("--out", default="runs/dense-claims")
     p.add_argument("--json", default=None, help="also write the results here")

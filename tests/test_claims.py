@@ -15,7 +15,8 @@ from capreward.judges.protocol import SyncBackendMixin
 from capreward.rewards.claims import ClaimsReward
 from capreward.scorers.claims import ClaimScorer, answer_token_ids
 from capreward.scorers.claims_prompts import verify_prompt
-from capreward.testing.tiny_claim_judge import claim_image, tiny_claim_judge, tiny_claim_judge_dir
+from capreward.scorers.claims_split import lexical_coverage
+from capreward.testing.tiny_claim_judge import claim_image, inventory_answer, tiny_claim_judge, tiny_claim_judge_dir
 from fixtures_llava import one_torch_thread  # noqa: F401
 
 COMPLETE = "the background is red. there is a green patch."
@@ -81,6 +82,25 @@ def test_a_missing_reference_claim_lowers_recall_and_the_score(backend, image):
     assert r.precision[1] == r.precision[0] == 1.0  # both claims of each caption verified
     assert r.score[1] < r.score[0]
     print("precision", r.precision.tolist(), "recall", r.recall.tolist(), "F1", r.score.tolist())
+
+
+@pytest.mark.parametrize("coverage", ["lexical", "judge"])
+def test_a_rejected_run_on_colour_list_covers_no_reference_fact(backend, image, coverage):
+    """The dense GRPO run's hack (docs/claims.md): one run-on "claim" listing every colour names both
+    reference facts' words, so recall from all claims credited it with both (1.0) against any image. The
+    tiny judge rejects it; recall reads only verified claims: 0, and F 0. The honest caption keeps its
+    full recall (lexical; the tiny judge's coverage question is untrained, so judge-read recall is only
+    checked at 0, where no coverage question is asked)."""
+    refs = [inventory_answer("red", "green")]
+    lists = ["the background is blue red green patch green", "the background is yellow is red patch green patch"]
+    s = scorer(backend, coverage=coverage)
+    r = s.score([COMPLETE, *lists], images=[image] * 3, references=[refs] * 3)
+    assert all(not v.verified for caption in r.claims[1:] for v in caption)
+    assert r.recall[1:].tolist() == [0.0, 0.0] and r.score[1:].tolist() == [0.0, 0.0]
+    assert r.precision[1:] == pytest.approx([0.0, 0.0], abs=1e-4)
+    if coverage == "lexical":
+        assert r.recall[0] == 1.0 and r.precision[0] == 1.0
+        assert lexical_coverage("there is a green patch", [v.text for v in r.claims[1]]) == 1.0  # what all-claims recall paid
 
 
 def test_the_inventory_gives_recall_without_references(backend, image):

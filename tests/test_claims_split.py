@@ -184,6 +184,43 @@ def test_precision_recall_and_f1_by_hand_on_a_scripted_judge():
     assert [v.claim for v in r.coverage[0]] == ["the background is red", "there is a green patch"]
 
 
+def test_recall_reads_only_the_verified_claims_by_hand():
+    """One verified claim (red, P(yes) 0.9) and one rejected claim (blue, 0.2), both stating a reference
+    fact: only the verified one covers. Judge-read coverage: the judge reads "the background is red." (the
+    verified claims), so the red fact gets 0.8 and the blue fact 0.1 (its colour is not in what it reads;
+    read against the whole caption it got 0.8): recall (0.8 + 0.1) / 2 = 0.45; precision 1 - (1 - 0.2) =
+    0.2; F1 = 2 x 0.2 x 0.45 / 0.65 = 0.18 / 0.65. Lexical: {background, red} matched by the verified claim
+    (1), {blue, patch} by no verified claim (0): recall 0.5, F1 = 2 x 0.2 x 0.5 / 0.7."""
+    image = _image()
+    caption = "the background is red. there is a blue patch."
+    refs = [["the background is red. there is a blue patch."]]
+    oracle = Oracle()
+    r = ClaimScorer(oracle).score([caption], images=[image], references=refs)
+    assert [round(v.p, 6) for v in r.claims[0]] == [0.9, 0.2]
+    assert r.precision[0] == pytest.approx(0.2)
+    assert [v.p for v in r.coverage[0]] == pytest.approx([0.8, 0.1])
+    assert r.recall[0] == pytest.approx(0.45) and r.score[0] == pytest.approx(0.18 / 0.65)
+    read = [q.turns[0].text.split("Description: ")[1].split("\nFact: ")[0] for q in oracle.requests if "Fact:" in q.turns[0].text]
+    assert read == ["the background is red.", "the background is red."]  # the rejected claim is never read
+    lexical = ClaimScorer(Oracle(), coverage="lexical").score([caption], images=[image], references=refs)
+    assert [v.p for v in lexical.coverage[0]] == [1.0, 0.0]
+    assert lexical.recall[0] == 0.5 and lexical.score[0] == pytest.approx(0.2 / 0.7)
+
+
+@pytest.mark.parametrize("coverage", ["judge", "lexical"])
+def test_a_caption_with_no_verified_claim_has_recall_zero(coverage):
+    """Every claim rejected: nothing is stated, recall 0 (a number, not NaN), F 0, and no coverage question
+    is asked; an unscorable caption stays unscored."""
+    oracle = Oracle()
+    s = ClaimScorer(oracle, coverage=coverage)
+    r = s.score(["there is a blue patch.", ""], images=[_image()] * 2,
+                references=[["there is a blue patch."]] * 2)
+    assert r.recall[0] == 0.0 and r.score[0] == 0.0 and r.precision[0] == pytest.approx(0.2)
+    assert [v.p for v in r.coverage[0]] == [0.0] and r.error[0] is None
+    assert s.judge_calls == 1 and not any("Fact:" in q.turns[0].text for q in oracle.requests)  # one verification
+    assert math.isnan(r.recall[1]) and r.error[1] == "empty caption"
+
+
 def test_each_distinct_question_is_asked_once_and_cached():
     oracle = Oracle()
     s = ClaimScorer(oracle, coverage="lexical")

@@ -64,23 +64,6 @@ def test_separation_is_the_mean_difference_in_sd_units(experiment):
     assert math.isnan(one["z_paired"]) and math.isnan(one["z_pooled"])
 
 
-def test_verified_coverage_credits_only_claims_the_judge_verifies(experiment):
-    """The library's lexical recall credits a rejected run-on colour list with both facts; the
-    experiment's variant (``--verified-coverage``) does not, and leaves honest captions as they were."""
-    from capreward.judges import LocalChatJudge
-    from capreward.scorers.claims import ClaimScorer
-    from capreward.testing.tiny_claim_judge import claim_image, inventory_answer, tiny_claim_judge
-
-    judge = LocalChatJudge(tiny_claim_judge(), batch_size=8)
-    image, refs = claim_image("red", "green"), [inventory_answer("red", "green")]
-    captions = ["the background is red. there is a green patch.", "the background is blue red green patch green"]
-    shipped = ClaimScorer(judge, coverage="lexical").score(captions, [image] * 2, references=[refs] * 2)
-    verified = experiment.verified_coverage_scorer(judge).score(captions, [image] * 2, references=[refs] * 2)
-    assert list(shipped.precision) == list(verified.precision) == pytest.approx([1.0, 0.0], abs=1e-4)
-    assert list(shipped.recall) == [1.0, 1.0]  # the rejected run-on list covers both facts lexically
-    assert list(verified.recall) == [1.0, 0.0]
-
-
 @pytest.mark.integration
 @pytest.mark.slow  # SFT then GRPO: run once in the suite, not at both ends of the version matrix (TRL's
 # GRPO with the claim rewards is there already: test_claims_entry_points.py)

@@ -1,9 +1,9 @@
 """The claim-level reward (:class:`~capreward.scorers.claims.ClaimScorer`) as a caption reward.
 
 Images or videos (videos are judged on the three-frame composite). The value is the scorer's F-beta of
-claim precision and reference-claim recall (precision alone when a sample has no references and the
-inventory is off), in [0, 1]; both parts and the claim count are logged as sub-scores
-(``precision``, ``recall``, ``n_claims``). The injection guard is on by default, as for the other judge
+claim precision and reference-claim recall (the reference claims stated by the claims the judge
+verifies; precision alone when a sample has no references and the inventory is off), in [0, 1]; both
+parts and the claim count are logged as sub-scores (``precision``, ``recall``, ``n_claims``). The injection guard is on by default, as for the other judge
 rewards. Per-claim verdicts with their caption spans are logged at DEBUG and kept on
 :attr:`ClaimsReward.last_result` for a report's flag view.
 """

@@ -15,18 +15,21 @@ with one judge and one question per unit:
   :data:`~capreward.scorers.claims_prompts.VERIFY_TEMPLATE`, read at the first answer token (exact from
   the logits on a local judge; from the listed log-probabilities on a server);
 - **cover**: each reference claim (split from the references, or from the judge's own inventory of the
-  visual with ``inventory=True``): the probability of "yes" to
-  :data:`~capreward.scorers.claims_prompts.COVERAGE_TEMPLATE` given the caption;
-- precision = mean verification probability over the caption's claims, recall = mean coverage
-  probability over the reference claims, score = F-beta of the two (``beta``; precision alone when
-  there is no reference claim).
+  visual with ``inventory=True``) against what the caption's **verified** claims state (a claim the judge
+  rejects conveys no fact): the probability of "yes" to
+  :data:`~capreward.scorers.claims_prompts.COVERAGE_TEMPLATE` given those claims as one description
+  (``coverage="judge"``), or the share of its content words stated by the best-matching verified claim
+  (``coverage="lexical"``); 0 when no claim is verified;
+- precision = 1 - the priced doubt of the claims not verified (:func:`claim_precision`), recall = mean
+  coverage over the reference claims, score = F-beta of the two (``beta``; precision alone when there is
+  no reference claim).
 
 Where it differs from DCScore and FaithScore: the units come from a rule-based splitter by default
 (theirs are written by GPT-4; a judge splitter is an option), verdicts are probabilities rather than
 sampled yes/no answers (so the reward is smooth and deterministic), recall is asked per reference unit
-against the whole caption (DCScore asks GPT-4 to match unit lists), and the scorer counts claims past
-``max_claims`` as unverified (so a caption cannot hide claims past the bound; raise the bound for dense
-captions). CCCaption's completeness/correctness split is the same pair: ``recall`` / ``precision``.
+against the caption's verified claims only (DCScore asks GPT-4 to match unit lists), and the scorer
+counts claims past ``max_claims`` as unverified (so a caption cannot hide claims past the bound; raise
+the bound for dense captions). CCCaption's completeness/correctness split is the same pair: ``recall`` / ``precision``.
 
 Batched over a GRPO group: the distinct (visual, claim) pairs of all captions are verified in one
 batched pass on a local judge: one visual prefix (system text, image, question up to the claim) is run
@@ -301,7 +304,8 @@ class ClaimsResult:
       long caption dilutes a false claim, and restating true claims raises it).
     - ``false_claims``: (N,) the caption's claims the judge does not verify (P(yes) < 0.5), claims past
       ``max_claims`` included (they count as unverified); NaN where the sample has no score.
-    - ``recall``: (N,) mean coverage probability over the reference claims; NaN without any.
+    - ``recall``: (N,) mean coverage over the reference claims, each read against the caption's verified
+      claims only (:func:`verified_claims`; 0 when none is verified); NaN without any reference claim.
     - ``n_claims``: (N,) distinct claims in the caption (before the bound).
     - ``claims`` / ``coverage``: per sample, the :class:`ClaimVerdict` s (spans for a flag view) and the
       :class:`CoverageVerdict` s.
@@ -359,6 +363,30 @@ def claim_precision(ps: Sequence[float], total: int, claim_cost: float | None) -
         return sum(ps) / total
     doubt = sum(1.0 - p for p in ps if p < 0.5) + (total - len(ps))
     return 1.0 - min(1.0, claim_cost * doubt)
+
+
+def verified_claims(verdicts: Sequence[ClaimVerdict]) -> list[str]:
+    """The texts of the claims the judge verified (P(yes) >= 0.5, :attr:`ClaimVerdict.verified`): what the
+    caption conveys for the recall side. A claim the judge rejects states no reference fact (a careful
+    reader does not learn a fact from a false statement), and claims past ``max_claims`` have no verdict.
+
+    Examples:
+        >>> verified_claims([ClaimVerdict("the background is red", 0, 21, 0.99),
+        ...                  ClaimVerdict("the background is yellow is red patch green patch", 23, 72, 0.0)])
+        ['the background is red']
+    """
+    return [v.text for v in verdicts if v.verified]
+
+
+def verified_description(claims: Sequence[str]) -> str:
+    """The verified claims written as one description, one sentence each: what the judge reads for
+    judge-read coverage (``coverage="judge"``) in place of the caption.
+
+    Examples:
+        >>> verified_description(["the background is red", "there is a green patch"])
+        'the background is red. there is a green patch.'
+    """
+    return "".join(f"{c}. " for c in claims).rstrip()
 
 
 def f_beta(precision: float, recall: float, beta: float) -> float:
@@ -425,9 +453,12 @@ class ClaimScorer:
         splitter: ``"rules"`` (default, :func:`~capreward.scorers.claims_split.split_claims`) or
             ``"judge"`` (the judge rewrites the caption as facts; spans are found in the caption when
             the fact is written in it, else -1).
-        coverage: how a reference claim's coverage is read: ``"judge"`` (default: the judge's P(yes) to
-            :data:`~capreward.scorers.claims_prompts.COVERAGE_TEMPLATE`) or ``"lexical"`` (no judge call:
-            the share of its content words stated by the best-matching claim of the caption,
+        coverage: how a reference claim's coverage is read, in either case from the caption's verified
+            claims only (P(yes) >= 0.5; a claim the judge rejects states no reference fact, and a caption
+            with no verified claim has recall 0): ``"judge"`` (default: the judge's P(yes) to
+            :data:`~capreward.scorers.claims_prompts.COVERAGE_TEMPLATE`, the description being the
+            verified claims, :func:`verified_description`) or ``"lexical"`` (no judge call: the share of
+            its content words stated by the best-matching verified claim,
             :func:`~capreward.scorers.claims_split.lexical_coverage`, CAPTURE's exact-match stage).
         normalise: P(yes) normalised over yes+no (default) or the raw P(yes) (VQAScore's reading).
         claim_cost: the precision side's price of each claim the judge does not verify (P(yes) < 0.5),
@@ -712,27 +743,8 @@ class ClaimScorer:
                         errors[i] = SampleError.of(why, i)
                     else:
                         ref_claims[i] = facts
-        cover_items = []
-        read_captions = []
-        from ..caption_reading import read_caption
 
-        for i in range(n):
-            read_captions.append(read_caption(candidates[i]).text if errors[i] is None else "")
-            if errors[i] is None and ref_claims[i]:
-                u = index[i]
-                for r in ref_claims[i] or ():
-                    key = vkey("cover", u, read_captions[i], r)
-                    cover_items.append((key, visuals[u], read_captions[i], r))
-        if self.coverage == "judge":
-            covered = self._ask("cover", cover_items)
-        else:
-            covered = {}
-            for i in range(n):
-                if errors[i] is None and ref_claims[i]:
-                    texts = [c.text for c in split[i][0]]
-                    for r in ref_claims[i] or ():
-                        covered[vkey("cover", index[i], read_captions[i], r)] = (lexical_coverage(r, texts), None)
-
+        # the precision side, from the verdicts
         score, precision, recall = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
         false_claims = np.full(n, np.nan)
         n_claims = np.zeros(n, dtype=np.int64)
@@ -743,36 +755,67 @@ class ClaimScorer:
             n_claims[i] = total
             if errors[i] is not None:
                 continue
-            u = index[i]
-            ps = []
             for c in claims:
-                p, why = verdicts[vkey("verify", u, c.text)]
+                p, why = verdicts[vkey("verify", index[i], c.text)]
                 claim_out[i].append(ClaimVerdict(c.text, c.start, c.end, p, why, c.read))
-                ps.append(p)
             failed = next((v.error for v in claim_out[i] if math.isnan(v.p)), None)
             if failed is not None:
                 errors[i] = SampleError(i, kind_of(failed, "judge_unreadable"), "", f"claim not verified: {failed}")
                 continue
+            ps = [v.p for v in claim_out[i]]
             false_claims[i] = sum(p < 0.5 for p in ps) + (total - len(ps))  # claims past max_claims: unverified
             precision[i] = claim_precision(ps, total, self.claim_cost)
-            if ref_claims[i]:
-                cs = []
-                for r in ref_claims[i] or ():
-                    p, why = covered[vkey("cover", u, read_captions[i], r)]
-                    cover_out[i].append(CoverageVerdict(r, p, why))
-                    cs.append(p)
-                failed = next((v.error for v in cover_out[i] if math.isnan(v.p)), None)
-                if failed is not None:
-                    errors[i] = SampleError(i, kind_of(failed, "judge_unreadable"), "",
-                                            f"reference claim not checked: {failed}")
-                    precision[i] = math.nan
-                    continue
-                recall[i] = sum(cs) / len(cs)
-                score[i] = f_beta(precision[i], recall[i], self.beta)
-            else:
+
+        # the recall side: each reference claim read against what the caption's verified claims state
+        stated = [verified_claims(claim_out[i]) for i in range(n)]
+        covered = self._coverage(index, visuals, vkey, ref_claims, stated, errors)
+        for i in range(n):
+            if errors[i] is not None:
+                continue
+            if not ref_claims[i]:
                 score[i] = precision[i]
+                continue
+            for r in ref_claims[i] or ():
+                p, why = covered[i, r]
+                cover_out[i].append(CoverageVerdict(r, p, why))
+            failed = next((v.error for v in cover_out[i] if math.isnan(v.p)), None)
+            if failed is not None:
+                errors[i] = SampleError(i, kind_of(failed, "judge_unreadable"), "", f"reference claim not checked: {failed}")
+                precision[i] = math.nan
+                continue
+            recall[i] = sum(v.p for v in cover_out[i]) / len(cover_out[i])
+            score[i] = f_beta(precision[i], recall[i], self.beta)
         for i, e in enumerate(errors):
             if e is not None:
                 log.info("claims sample %d: %s", i, e)
         return ClaimsResult(score, precision, recall, n_claims, claim_out, cover_out, errors, injection_reasons(candidates),
                             false_claims)
+
+    def _coverage(self, index: Sequence[int], visuals: Sequence[Any], vkey: Any, ref_claims: Sequence[list[str] | None],
+                  stated: Sequence[list[str]], errors: Sequence[SampleError | None]) -> dict[tuple[int, str], tuple[float, str | None]]:
+        """``{(sample, reference claim): (p, error)}``: how far the sample's verified claims ``stated[i]``
+        state each of its reference claims. ``coverage="lexical"``: the best-matching verified claim's
+        share of the reference claim's content words; ``"judge"``: the judge's P(yes) that the verified
+        claims, written as one description (:func:`verified_description`), state it. No verified claim:
+        0 for every reference claim, no judge call."""
+        out: dict[tuple[int, str], tuple[float, str | None]] = {}
+        asked: list[tuple[int, str, Any]] = []
+        items: list[tuple[Any, Any, str | None, str]] = []
+        for i in range(len(errors)):
+            if errors[i] is not None or not ref_claims[i]:
+                continue
+            for r in ref_claims[i] or ():
+                if not stated[i]:
+                    out[i, r] = (0.0, None)
+                elif self.coverage == "lexical":
+                    out[i, r] = (lexical_coverage(r, stated[i]), None)
+                else:
+                    description = verified_description(stated[i])
+                    key = vkey("cover", index[i], description, r)
+                    asked.append((i, r, key))
+                    items.append((key, visuals[index[i]], description, r))
+        if items:
+            found = self._ask("cover", items)
+            for i, r, key in asked:
+                out[i, r] = found[key]
+        return out

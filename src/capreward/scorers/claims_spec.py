@@ -14,7 +14,8 @@ PARTS = ("f", "precision", "recall")
 def sub_scores(config: Mapping[str, Any]) -> tuple[str, ...]:
     """``precision`` (1 - claim_cost x the doubt of the claims not verified; with ``claim_cost=None`` the mean
     verification probability), ``n_claims``, ``false_claims`` (the claims not verified), ``claims``
-    (per-claim verdicts with spans); ``recall`` with references or ``inventory=True``."""
+    (per-claim verdicts with spans); ``recall`` (the reference claims stated by the verified claims) with
+    references or ``inventory=True``."""
     recall = bool(config.get("references")) or bool(config.get("inventory"))
     return ("precision",) + (("recall",) if recall else ()) + ("n_claims", "false_claims", "claims")
 
@@ -49,8 +50,9 @@ SPEC = register(MetricSpec(
         Option("max_reference_claims", 32, "reference claims checked per sample"),
         Option("inventory", False, "without references, use the judge's own inventory of the visual for recall"),
         Option("splitter", "rules", "'rules' (deterministic splitter) or 'judge' (the judge lists the facts)"),
-        Option("coverage", "judge", "'judge' (P(yes) that the caption states a reference claim) or 'lexical' "
-                                    "(content words matched, no judge call)"),
+        Option("coverage", "judge", "'judge' (P(yes) that the caption's verified claims state a reference claim) "
+                                    "or 'lexical' (content words matched against the verified claims, no judge "
+                                    "call); a rejected claim covers nothing"),
         Option("normalise", True, "P(yes) normalised over yes+no (False: raw P(yes), VQAScore's reading)"),
         Option("claim_cost", 1.0, "precision = 1 - min(1, claim_cost * doubt of the claims not verified), whatever "
                                   "the length; None: the mean P(yes) over the claims (an average a long caption dilutes)"),
@@ -59,8 +61,9 @@ SPEC = register(MetricSpec(
         Deviation("claims come from a rule-based splitter, where DCScore and FaithScore have GPT-4 write them",
                   "splitter='judge'"),
         Deviation("verdicts are the judge's probability of yes, not a sampled yes/no answer", None),
-        Deviation("recall asks the judge per reference claim whether the caption states it; DCScore matches "
-                  "unit lists with GPT-4", None),
+        Deviation("recall asks the judge per reference claim whether the caption's verified claims state it "
+                  "(a claim the judge rejects covers no reference fact); DCScore matches unit lists with GPT-4",
+                  None),
     ),
     position=80,
     sub_score_kinds={"n_claims": "number", "false_claims": "number", "claims": "data"},
