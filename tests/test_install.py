@@ -227,6 +227,18 @@ def test_core_install_runs_the_foil_table_from_an_empty_folder(core_venv, fresh_
     assert list(folder.iterdir()) == []  # nothing written where it was run
 
 
+def test_the_docs_extra_alone_builds_the_site_strictly(core_venv, dists, tmp_path):
+    """The README's docs recipe (``pip install 'capreward[docs]'``, then ``mkdocs build --strict``) in the
+    core install with the docs extra and nothing else (runs after the core-only tests, before the demo
+    extra joins the venv). The docs extra once lacked torchmetrics, which the metric pages' hook imports."""
+    run([str(core_venv / "bin" / "pip"), "install", "-q", "-c", str(REPO / "scripts" / "constraints.txt"),
+         f"{dists['wheel']}[docs]"])
+    site = tmp_path / "site"
+    run([str(core_venv / "bin" / "python"), "-m", "mkdocs", "build", "--strict", "-d", str(site)], cwd=REPO,
+        env=venv_env(tmp_path / "cache"))
+    assert (site / "index.html").is_file() and (site / "metrics").is_dir()
+
+
 def test_demo_extra_install_runs_the_demo_from_an_empty_folder(core_venv, dists, fresh_cache, tmp_path):
     run([str(core_venv / "bin" / "pip"), "install", "-q", "-c", str(REPO / "scripts" / "constraints.txt"),
          f"{dists['wheel']}[demo]"])

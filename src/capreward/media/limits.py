@@ -41,7 +41,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 from collections.abc import Callable, Iterator, Sequence
 
 DEFAULT_MAX_PIXELS = 2**25
@@ -113,10 +113,7 @@ def whole_numbers_from_env(fields: Sequence[tuple[str, str]]) -> dict[str, int]:
     return values
 
 
-if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
-
-_S = TypeVar("_S", bound="DataclassInstance")
+_S = TypeVar("_S")  # a frozen dataclass of whole-number settings
 
 
 class ProcessWide(Generic[_S]):
@@ -131,7 +128,7 @@ class ProcessWide(Generic[_S]):
         """Replace the fields of ``changes`` that are not None (the dataclass validates them; nothing changes
         when it refuses one). Returns the previous settings."""
         previous = self.current
-        self.current = replace(self.current, **{k: v for k, v in changes.items() if v is not None})
+        self.current = replace(cast(Any, self.current), **{k: v for k, v in changes.items() if v is not None})
         return previous
 
     @contextlib.contextmanager
