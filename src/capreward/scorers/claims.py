@@ -599,7 +599,12 @@ class ClaimScorer:
             else:
                 todo[key] = (visual, caption, claim)
         if todo:
-            keys = sorted(todo, key=lambda k: id(todo[k][0]))
+            # grouped by visual in the order each visual first comes (not by id(): an address order would
+            # change the batches, and so the padding and the last bits, from one process to the next)
+            first: dict[int, int] = {}
+            for k in todo:
+                first.setdefault(id(todo[k][0]), len(first))
+            keys = sorted(todo, key=lambda k: first[id(todo[k][0])])
             requests = [
                 self.reader.request(verify_prompt(c) if kind == "verify" else coverage_prompt(cast(str, cap), c), v)
                 for v, cap, c in (todo[k] for k in keys)
