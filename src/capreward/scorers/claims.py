@@ -809,13 +809,13 @@ class ClaimScorer:
         for i in range(len(errors)):
             if errors[i] is not None or not ref_claims[i]:
                 continue
+            description = verified_description(stated[i])  # what the judge reads for every reference claim
             for r in ref_claims[i] or ():
                 if not stated[i]:
                     out[i, r] = (0.0, None)
                 elif self.coverage == "lexical":
                     out[i, r] = (lexical_coverage(r, stated[i]), None)
                 else:
-                    description = verified_description(stated[i])
                     key = vkey("cover", index[i], description, r)
                     asked.append((i, r, key))
                     items.append((key, visuals[index[i]], description, r))
