@@ -13,7 +13,8 @@ when used, not when a library is imported). An environment that differs elsewher
 ``HF_HUB_OFFLINE``, or a variable an earlier test left set) gets a plain subprocess the first time and its
 own zygote from the second (at most :data:`MAX_ZYGOTES`); ``CAPREWARD_TEST_PLAIN_CLI=1`` makes every call
 plain. Tests of start-up itself (what the CLI imports, how long ``--help``
-takes), of peak memory and of signals sent from outside use plain subprocesses.
+takes) and of signals sent from outside use plain subprocesses. Either way the result carries the
+child's peak resident set size (``peak_rss``), so a test of peak memory compares children of one kind.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 from collections import Counter, OrderedDict
 from pathlib import Path
 from typing import Any
@@ -133,7 +135,9 @@ def run(args: list[Any] | tuple[Any, ...], *, env: dict[str, str] | None = None,
         module: the module run as ``__main__``.
 
     Returns:
-        A :class:`subprocess.CompletedProcess`, as ``subprocess.run(..., capture_output=True)`` gives.
+        A :class:`subprocess.CompletedProcess`, as ``subprocess.run(..., capture_output=True)`` gives, with
+        ``peak_rss``: the child's peak resident set size in bytes (``wait4``'s ``ru_maxrss``; a forked
+        child counts the zygote's pages it inherited, a plain one its own imports).
 
     Raises:
         subprocess.TimeoutExpired: the child outlived ``timeout`` (it is killed first).
@@ -144,14 +148,18 @@ def run(args: list[Any] | tuple[Any, ...], *, env: dict[str, str] | None = None,
     global last_run
     zygote = _zygote_for(environ)
     last_run = "plain" if zygote is None else "zygote"
-    if zygote is None:
-        return subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=text, env=environ,
-                              cwd=directory, timeout=timeout, input=input, stdin=None if input is not None else subprocess.DEVNULL)
+    command = [sys.executable, "-m", module, *argv]
     with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr, \
             socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         if input is not None:
             stdin.write(input.encode())
             stdin.seek(0)
+        if zygote is None:
+            returncode, peak = _plain(command, stdin, stdout, stderr, environ, directory, timeout)
+            stdout.seek(0)
+            stderr.seek(0)
+            out, err = stdout.read(), stderr.read()
+            return _completed(command, returncode, out, err, text, peak)
         conn.connect(zygote.path)
         body = json.dumps({"module": module, "argv": argv, "cwd": directory, "env": environ}).encode()
         socket.send_fds(conn, [struct.pack("!I", len(body))], [stdin.fileno(), stdout.fileno(), stderr.fileno()])
@@ -160,17 +168,51 @@ def run(args: list[Any] | tuple[Any, ...], *, env: dict[str, str] | None = None,
         pid = _read_line(conn, buffer)["pid"]
         conn.settimeout(timeout)
         try:
-            returncode = _read_line(conn, buffer)["returncode"]
+            ended = _read_line(conn, buffer)
         except socket.timeout:
             os.kill(pid, signal.SIGKILL)
             conn.settimeout(None)
             _read_line(conn, buffer)
             stdout.seek(0)
             stderr.seek(0)
-            raise subprocess.TimeoutExpired([sys.executable, "-m", module, *argv], timeout or 0,  # noqa: B904
-                                            output=stdout.read(), stderr=stderr.read())
+            raise subprocess.TimeoutExpired(command, timeout or 0, output=stdout.read(), stderr=stderr.read())  # noqa: B904
         stdout.seek(0)
         stderr.seek(0)
         out, err = stdout.read(), stderr.read()
+    return _completed(command, ended["returncode"], out, err, text, ended["maxrss_kb"] * 1024)
+
+
+def _plain(command: list[str], stdin: Any, stdout: Any, stderr: Any, env: dict[str, str], cwd: str,
+           timeout: float | None) -> tuple[int, int]:
+    """Runs ``command`` as a plain subprocess; its exit code and peak RSS in bytes (``wait4``).
+
+    Raises:
+        subprocess.TimeoutExpired: it outlived ``timeout`` (it is killed first)."""
+    proc = subprocess.Popen(command, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd)
+    killed = threading.Event()
+
+    def kill() -> None:
+        killed.set()
+        proc.kill()
+
+    timer = threading.Timer(timeout, kill) if timeout is not None else None
+    if timer is not None:
+        timer.start()
+    try:
+        _, status, usage = os.wait4(proc.pid, 0)
+    finally:
+        if timer is not None:
+            timer.cancel()
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+    if killed.is_set():
+        stdout.seek(0)
+        stderr.seek(0)
+        raise subprocess.TimeoutExpired(command, timeout or 0, output=stdout.read(), stderr=stderr.read())
+    return proc.returncode, usage.ru_maxrss * 1024
+
+
+def _completed(command: list[str], returncode: int, out: bytes, err: bytes, text: bool, peak: int) -> subprocess.CompletedProcess:
     decode = _text if text else (lambda b: b)
-    return subprocess.CompletedProcess([sys.executable, "-m", module, *argv], returncode, decode(out), decode(err))
+    done = subprocess.CompletedProcess(command, returncode, decode(out), decode(err))
+    done.peak_rss = peak  # type: ignore[attr-defined]
+    return done

@@ -8,7 +8,9 @@ itself is imported afresh in each child, so module-level reads of the environmen
 
 Protocol (one connection a request): the client sends a 4-byte length, a JSON request (module, argv, cwd,
 env) and the three descriptors; the zygote answers one JSON line with the child's pid and, when the child
-ends, one line with its exit code (negative: the signal that ended it, as :mod:`subprocess` reports it).
+ends, one line with its exit code (negative: the signal that ended it, as :mod:`subprocess` reports it)
+and its peak resident set size (``maxrss_kb``, from ``wait4``; it counts the pages inherited from the
+zygote, as a plain interpreter's counts its own imports).
 
 Usage: python cli_zygote.py SOCKET_PATH (prints "ready" on stdout once it listens).
 """
@@ -111,9 +113,10 @@ def _become(request: dict, fds: list[int], import_output: bytes, default_threads
 
 
 def _reap(pid: int, conn: socket.socket) -> None:
-    _, status = os.waitpid(pid, 0)
+    _, status, usage = os.wait4(pid, 0)
+    answer = {"returncode": os.waitstatus_to_exitcode(status), "maxrss_kb": usage.ru_maxrss}
     try:
-        conn.sendall((json.dumps({"returncode": os.waitstatus_to_exitcode(status)}) + "\n").encode())
+        conn.sendall((json.dumps(answer) + "\n").encode())
     finally:
         conn.close()
 

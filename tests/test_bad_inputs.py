@@ -563,22 +563,13 @@ def _cli_rows(root: Path, clip_path: str, tmp: Path, rows: list[dict]) -> tuple[
     manifest = tmp / "manifest.jsonl"
     manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp / "scores.jsonl"
-    code = (
-        "import resource, runpy, sys\n"
-        "sys.argv = ['capreward'] + sys.argv[1:]\n"
-        "try:\n    runpy.run_module('capreward.cli.main', run_name='__main__')\n"
-        "finally:\n    print('PEAK_RSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", code, "score", str(manifest), "--out", str(out), "--metrics", "clip-s",
-         "--clip-model", clip_path, "--batch-size", "8", "--no-progress"],
-        capture_output=True, text=True, timeout=600,
-    )
+    # a child of the CLI zygote: its own process (peak RSS from wait4), without paying the imports again
+    proc = cli_process.run(["score", manifest, "--out", out, "--metrics", "clip-s", "--clip-model", clip_path,
+                            "--batch-size", "8", "--no-progress"], timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    peak = int(re.search(r"PEAK_RSS (\d+)", proc.stderr).group(1)) * 1024
     from capreward.jobs.results_file import read_results
 
-    return {r["id"]: r for r in read_results(out)}, peak
+    return {r["id"]: r for r in read_results(out)}, proc.peak_rss
 
 
 def _cli_value(row: dict) -> tuple[float | None, str | None]:
@@ -626,7 +617,7 @@ def _subprocess_run(entry: str, root: Path, clip_path: str, tmp_factory, server_
         def run(captions, visuals, kind):
             rows = [{"id": f"r{i}", "caption": c, kind: v} for i, (c, v) in enumerate(zip(captions, visuals))]
             by_id, peak = _cli_rows(root, clip_path, tmp_factory.mktemp("cli"), rows)
-            run.peaks.append(peak)
+            run.peaks.append((cli_process.last_run, peak))  # a zygote's child or a plain process
             return [_cli_value(by_id[f"r{i}"]) for i in range(len(rows))]
         run.peaks = []
         return run
@@ -803,13 +794,17 @@ def test_cli_refuses_a_manifest_row_without_a_string_caption(root, clip_path, tm
     assert proc.returncode != 0 and "m.jsonl:2" in proc.stderr and "caption" in proc.stderr
 
 
-def test_cli_bad_rows_cost_no_memory(request, root, results):
-    """The CLI's peak RSS with every bad file in its manifest stays within the bound of a clean run."""
+def test_cli_bad_rows_cost_no_memory(request, root):
+    """The CLI's peak RSS with every bad file in its manifest stays within the bound of a clean run (two
+    children of one kind: the first run in an environment may be a plain process, the next a zygote's)."""
     run = runner("capreward score", request)
-    results.get(("capreward score", "batch", "image"), lambda: _isolating_batch("capreward score", run, root, "image"))
-    clean = run(GOOD_CAPTIONS, good_visuals(root, "image"), "image")
-    assert all(v is not None for v, _ in clean)
-    bad_peak, clean_peak = run.peaks[0], run.peaks[-1]
+    for _ in range(2):
+        _isolating_batch("capreward score", run, root, "image")
+        clean = run(GOOD_CAPTIONS, good_visuals(root, "image"), "image")
+        (bad_kind, bad_peak), (clean_kind, clean_peak) = run.peaks[-2:]
+        if bad_kind == clean_kind:
+            break
+    assert bad_kind == clean_kind and all(v is not None for v, _ in clean)
     assert bad_peak <= clean_peak + MEMORY_BOUND, f"{bad_peak / 2**20:.0f} MB vs {clean_peak / 2**20:.0f} MB clean"
 
 
