@@ -409,7 +409,9 @@ def run_red_team(attacks: Sequence[Attack] = ATTACKS, paths: Sequence[str] = ("l
             for target in targets(judge, LocalChatJudge(judge, batch_size=16), path="local", image=image):
                 verdicts += _timed(target, attacks, log)
         if "remote" in paths:
-            with ChatServer("local", judge_dir=susceptible_judge_dir(), model="susceptible") as server:
+            # memo: the reward targets send again the requests their scorer targets sent (same captions,
+            # same bodies); the greedy float32 server answers those from its first answers
+            with ChatServer("local", judge_dir=susceptible_judge_dir(), model="susceptible", memo=True) as server:
                 options = dict(max_concurrency=4, timeout=120, max_retries=1)
                 backend = OpenAIJudge(server.base_url, model="susceptible", **options)
                 # G-VEval's digit trees as vLLM's batched next-token requests (an OpenAIJudge reads each

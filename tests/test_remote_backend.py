@@ -308,3 +308,41 @@ def test_structured_outputs_keep_a_request_hashable_and_reach_the_server_as_plai
     assert_echoed(fast_judge(echo).generate([a]), 1)
     sent = echo.requests()[-1]
     assert sent["structured_outputs"] == {"json": {**schema, "required": ["score"]}}
+
+
+# ------------------------------------------------------------------------------------- the memo
+def test_a_memo_server_answers_a_repeated_body_as_it_did_and_never_past_a_fault_or_a_key(tmp_path):
+    """``ChatServer(memo=True)`` (the red team's: its reward targets send again what their scorer targets
+    sent): the second identical body is answered from the first answer (counted as a request and as a memo
+    hit), another body by the backend; while a fault is pending the body meets the fault, not the memo; and
+    a memo server never answers in place of an API-key check (it refuses to start with a key)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    def post(server, body):
+        request = urllib.request.Request(server.base_url + "/chat/completions", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"}, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, json.load(response)
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.load(exc)
+
+    body = {"model": ECHO, "messages": [{"role": "user", "content": "a red square"}], "max_tokens": 8,
+            "temperature": 0.0, "logprobs": True, "top_logprobs": 2}
+    other = dict(body, messages=[{"role": "user", "content": "a blue circle"}])
+    with ChatServer("echo", model=ECHO, memo=True, log_path=tmp_path / "server.log") as server:
+        first = post(server, body)
+        assert first[0] == 200 and first[1]["choices"][0]["message"]["content"] == "echo: a red square"
+        assert server.stats()["memo_hits"] == 0
+        assert post(server, body) == first
+        assert post(server, other)[1]["choices"][0]["message"]["content"] == "echo: a blue circle"
+        stats = server.stats()
+        assert (stats["memo_hits"], stats["chat_requests"], stats["answered"]) == (1, 3, 3)
+        server.control(status=500, count=1)
+        assert post(server, body)[0] == 500  # the fault, not the remembered answer
+        assert post(server, body) == first and server.stats()["memo_hits"] == 2
+    with pytest.raises(RuntimeError, match="exited"):
+        ChatServer("echo", model=ECHO, memo=True, api_key="k", log_path=tmp_path / "keyed.log").start()
+    assert "not with --api-key" in (tmp_path / "keyed.log").read_text()

@@ -29,7 +29,8 @@ WIDE = 1000
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("vlm-server") / "server.log"
-    with ChatServer("local", judge_dir=tiny_vlm_judge_dir(), model="tiny-vlm", log_path=log, max_logprobs=WIDE) as s:
+    with ChatServer("local", judge_dir=tiny_vlm_judge_dir(), model="tiny-vlm", log_path=log, max_logprobs=WIDE,
+                    memo=True) as s:
         yield s
 
 

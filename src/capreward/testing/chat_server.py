@@ -412,7 +412,7 @@ class Faults:
         self.rng = random.Random(0)
         self.in_flight = 0
         self.stats = {"chat_requests": 0, "batch_requests": 0, "generate_requests": 0, "generate_batches": 0,
-                      "answered": 0, "faults": 0, "max_in_flight": 0}
+                      "answered": 0, "faults": 0, "max_in_flight": 0, "memo_hits": 0}
         self.bodies: deque[Any] = deque(maxlen=64)  # the last chat request bodies, for GET /requests
 
     def add(self, spec: dict) -> None:
@@ -460,10 +460,36 @@ class Faults:
             self.in_flight -= 1
 
 
+class Memo:
+    """Answers already given, by route and request body: a deterministic backend (greedy, float32) answers
+    the same body the same way, so a suite that sends the same requests again (a reward re-reading the
+    captions its scorer read) is answered without the model. Bounded: the oldest answer goes first."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self.lock = threading.Lock()
+        self.answers: dict[str, Any] = {}
+
+    @staticmethod
+    def key(path: str, body: Any) -> str:
+        return path + "\n" + json.dumps(body, sort_keys=True)
+
+    def get(self, key: str) -> Any:
+        with self.lock:
+            return self.answers.get(key)
+
+    def put(self, key: str, payload: Any) -> None:
+        with self.lock:
+            if len(self.answers) >= self.size:
+                del self.answers[next(iter(self.answers))]
+            self.answers[key] = payload
+
+
 def make_handler(backend: Any, model: str, faults: Faults, api_key: str | None = None, quiet: bool = True,
-                 max_logprobs: int = MAX_TOP_LOGPROBS):
+                 max_logprobs: int = MAX_TOP_LOGPROBS, memo: Memo | None = None):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        memo_key: str | None = None  # the request's key in ``memo`` while it is answered by the model
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
             if not quiet:
@@ -483,6 +509,8 @@ def make_handler(backend: Any, model: str, faults: Faults, api_key: str | None =
             """A request answered: counted in ``stats["answered"]``, ``payload`` sent with status 200."""
             with faults.lock:
                 faults.stats["answered"] += 1
+            if memo is not None and self.memo_key is not None:
+                memo.put(self.memo_key, payload)
             self._send(200, payload)
 
         def _send_chunked(self, status: int, body: bytes, chunk: int = 1 << 16) -> None:
@@ -559,11 +587,21 @@ def make_handler(backend: Any, model: str, faults: Faults, api_key: str | None =
                 elif self.path in ROUTES:
                     with faults.lock:
                         faults.bodies.append(body)
+                        fresh = not faults.queue and not faults.latency and not faults.jitter
+                    self.memo_key = Memo.key(self.path, body) if memo is not None and fresh else None
+                    known = None if self.memo_key is None else memo.get(self.memo_key)  # type: ignore[union-attr]
+                    if known is not None:
+                        with faults.lock:
+                            faults.stats["memo_hits"] += 1
+                            faults.stats[ROUTES[self.path] + "_requests"] += 1
+                        self.memo_key = None
+                        return self._send_answer(known)
                     faults.enter()
                     try:
                         getattr(self, "_" + ROUTES[self.path])(body)
                     finally:
                         faults.leave()
+                        self.memo_key = None
                 else:
                     self._error(404, f"no route {self.path}", "NotFoundError")
             except BadRequest as exc:
@@ -670,9 +708,10 @@ class _Server(ThreadingHTTPServer):
 
 
 def serve(port: int, backend: Any, model: str, faults: Faults, host: str = "127.0.0.1", api_key: str | None = None,
-          max_logprobs: int = MAX_TOP_LOGPROBS) -> None:
-    """Serve until SIGTERM/SIGINT."""
-    server = _Server((host, port), make_handler(backend, model, faults, api_key, max_logprobs=max_logprobs))
+          max_logprobs: int = MAX_TOP_LOGPROBS, memo: bool = False) -> None:
+    """Serve until SIGTERM/SIGINT (``memo``: answer a repeated request body from :class:`Memo`)."""
+    handler = make_handler(backend, model, faults, api_key, max_logprobs=max_logprobs, memo=Memo() if memo else None)
+    server = _Server((host, port), handler)
     # A test server holds nothing worth a slow interpreter shutdown (torch can take seconds): exit now.
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     try:
@@ -692,7 +731,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--max-logprobs", type=int, default=MAX_TOP_LOGPROBS,
                         help="the most top_logprobs a request may ask (vLLM's --max-logprobs, default 20)")
     parser.add_argument("--fault", action="append", default=[], help="a fault spec as JSON (see POST /control)")
+    parser.add_argument("--memo", action="store_true",
+                        help="answer a repeated request body (same route) with the answer it got, without the model")
     args = parser.parse_args(argv)
+    if args.memo and args.api_key is not None:
+        parser.error("--memo answers without checking a key: not with --api-key")
     if args.backend in ("local", "text"):
         if not args.judge_dir:
             parser.error(f"--backend {args.backend} needs --judge-dir")
@@ -702,7 +745,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     faults = Faults()
     for spec in args.fault:
         faults.add(json.loads(spec))
-    serve(args.port, backend, args.model or backend.name, faults, args.host, args.api_key, args.max_logprobs)
+    serve(args.port, backend, args.model or backend.name, faults, args.host, args.api_key, args.max_logprobs, args.memo)
 
 
 # ------------------------------------------------------------------------------ test-side control
@@ -718,7 +761,9 @@ class ChatServer:
 
     ``backend``: ``"echo"`` or ``"local"`` (then ``judge_dir``). ``port``: None picks a free one (kept
     across restarts). ``faults``: fault specs the process starts with. ``log_path``: where its
-    stdout/stderr go (default: discarded). Use as a context manager; ``base_url`` is what
+    stdout/stderr go (default: discarded). ``memo``: answer a repeated request body from the answers
+    already given (a deterministic backend's answer to the same body; not with ``api_key``, nor while
+    faults or latency are set). Use as a context manager; ``base_url`` is what
     :class:`~capreward.judges.remote.OpenAIJudge` takes.
     """
 
@@ -734,8 +779,10 @@ class ChatServer:
         start_timeout: float = 120.0,
         api_key: str | None = None,
         max_logprobs: int = MAX_TOP_LOGPROBS,
+        memo: bool = False,
     ):
         self.api_key = api_key
+        self.memo = memo
         self.max_logprobs = int(max_logprobs)
         self.backend, self.judge_dir, self.model = backend, judge_dir, model
         self.host = "127.0.0.1"
@@ -757,6 +804,8 @@ class ChatServer:
         if self.api_key is not None:
             cmd += ["--api-key", self.api_key]
         cmd += ["--max-logprobs", str(self.max_logprobs)]
+        if self.memo:
+            cmd.append("--memo")
         for spec in self.faults if faults is None else faults:
             cmd += ["--fault", json.dumps(spec)]
         return cmd
