@@ -71,7 +71,8 @@ from typing import Any, Sequence
 
 import torch
 
-PROMPT = "Describe the image"
+from capreward.testing.colour_task import PROMPT, prompt_text, sft_answers
+
 ARMS = ("dense", "control", "precision")
 METRICS = ("judge_precision", "judge_recall", "judge_f", "true_precision", "bound_precision", "true_coverage",
            "claims", "words", "empty")
@@ -127,35 +128,11 @@ def sft_caption(background: str, patch: str, rng: random.Random, right: float) -
     return ". ".join(claims) + "."
 
 
-def prompt_text(processor: Any) -> str:
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT}]}]
-    return processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-
-
 def sft(model: Any, processor: Any, rows: Sequence[dict[str, Any]], steps: int, seed: int, right: float,
         batch_size: int = 16, lr: float = 3e-3) -> float:
     """Supervised fine-tuning on :func:`sft_caption` targets. Returns the final loss (eval mode after)."""
-    rng = random.Random(seed)
-    prompt = prompt_text(processor)
-    n_prompt = processor(images=[rows[0]["image"]], text=[prompt], return_tensors="pt")["input_ids"].shape[1]
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    loss = torch.tensor(float("nan"))
-    for _ in range(steps):
-        batch = [rng.choice(rows) for _ in range(batch_size)]
-        texts = [f"{prompt} {sft_caption(b['background'], b['patch'], rng, right)}</s>" for b in batch]
-        enc = processor(images=[b["image"] for b in batch], text=texts, return_tensors="pt", padding=True)
-        labels = enc["input_ids"].clone()
-        width = labels.shape[1]
-        for i, n in enumerate(enc["attention_mask"].sum(1).tolist()):  # left padding: a row ends at the last column
-            labels[i, : width - (n - n_prompt)] = -100  # padding and prompt: only the answer is learned
-        out = model(**enc, labels=labels)
-        optimizer.zero_grad(set_to_none=True)
-        out.loss.backward()
-        optimizer.step()
-        loss = out.loss.detach()
-    model.eval()
-    return float(loss)
+    return sft_answers(model, processor, rows, lambda b, rng: sft_caption(b["background"], b["patch"], rng, right),
+                       steps, seed, batch_size, lr)
 
 
 # ----------------------------------------------------------------------------------- ground truth

@@ -33,25 +33,22 @@ Examples:
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
 import random
-import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from . import world
 
-from capreward.testing.tiny_clip import build_tiny_clip, openai_state_dict
-from capreward.testing.cache import cache_root
-from capreward.testing.trained_clip import CLIPS_PREFIX, _lr_factor, _multi_positive_ce, text_token_embeddings
+from capreward.testing.tiny_clip import build_tiny_clip
+from capreward.testing.trained_clip import (CLIPS_PREFIX, _lr_factor, _multi_positive_ce, cached_clip_path, fp16_rounded,
+                                            optimiser_step, padded_ids, recipe_key, seeded_single_thread,
+                                            text_token_embeddings)
 
 SCENE_CLIP_VERSION = "1"
 
@@ -86,14 +83,8 @@ class SceneClipRecipe:
 
     def key(self) -> str:
         """A hash of the recipe, this module's and the world's source, the config and the torch version."""
-        payload = {
-            "recipe": asdict(self),
-            "version": SCENE_CLIP_VERSION,
-            "source": hashlib.sha256(Path(__file__).read_bytes() + Path(world.__file__).read_bytes()).hexdigest(),
-            "config": SCENE_CLIP_CONFIG,
-            "torch": torch.__version__.split("+")[0],
-        }
-        return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        return recipe_key(self, SCENE_CLIP_VERSION, Path(__file__).read_bytes() + Path(world.__file__).read_bytes(),
+                          SCENE_CLIP_CONFIG)
 
 
 #: The reward model.
@@ -173,10 +164,8 @@ def encode_scene_captions(tokenizer, captions: Sequence[str]) -> tuple[torch.Ten
         ids.append(tokenizer.eot_token_id)
         rows.append(ids)
         where.append(found)
-    out = torch.zeros(len(rows), max(len(r) for r in rows), dtype=torch.long)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = torch.tensor(r)
-    return out, torch.tensor([len(r) for r in rows]), where
+    ids, lengths = padded_ids(rows)
+    return ids, lengths, where
 
 
 def _has(scene: world.Scene, word: str) -> bool:
@@ -189,86 +178,72 @@ def train_scene_clip(recipe: SceneClipRecipe = MODEL_A, log: Callable[[str], Non
     """Train a tiny CLIP on the scenes world; returns (model in eval mode, per-step losses). Deterministic
     on the CPU for a given recipe. Runs on one torch thread (restored afterwards)."""
     rng = random.Random(f"scene-clip-{recipe.seed}")
-    devices = [] if not torch.cuda.is_available() else None
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     words = [*world.SCENE_COLOURS, *world.SHAPES, *world.PLURALS]
-    try:
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(recipe.seed)
-            model = build_tiny_clip(recipe.seed, SCENE_CLIP_CONFIG).train()
-            model.logit_scale.requires_grad_(False).fill_(math.log(recipe.logit_scale))
-            # the 49k-row token table stays at its (distinct, random) initialisation: training it costs
-            # most of a step and the grammar uses a few dozen tokens
-            model.token_embedding.weight.requires_grad_(False)
-            preprocess, tokenizer = _preprocess(), _tokenizer()
-            pool = scene_stream(recipe.data, recipe.pool_size)
-            pixels = torch.stack([preprocess(r["image"]) for r in pool])
-            # which attribute word each pool scene has ([pool, words]), for the token-level loss
-            column = {w: j for j, w in enumerate(words)}
-            has_word = torch.tensor([[_has(r["scene"], w) for w in words] for r in pool], dtype=torch.float32)
-            word_ids, word_len, word_where = encode_scene_captions(tokenizer, words)
-            opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=recipe.lr, weight_decay=recipe.weight_decay)
-            sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_factor(recipe.steps))
-            scale = recipe.logit_scale
-            losses: list[float] = []
-            for step in range(recipe.steps):
-                idx = rng.sample(range(recipe.pool_size), recipe.batch_size)
-                scenes = [pool[i]["scene"] for i in idx]
-                truths, negatives = [], []
-                for scene in scenes:
-                    prefix = CLIPS_PREFIX if rng.random() < 0.5 else ""
-                    mentions = world.true_mentions(scene, rng)
-                    if recipe.partial and len(mentions) > 1 and rng.random() < recipe.partial:
-                        mentions = mentions[: rng.randint(1, len(mentions) - 1)]  # already shuffled
-                    truths.append(prefix + world.write_caption(mentions))
-                    for kind in rng.sample(world.NEGATIVE_KINDS, recipe.negatives):
-                        neg = world.hard_negative(scene, kind, rng)
-                        if neg is not None:
-                            negatives.append(prefix + neg)
-                captions = truths + negatives
-                ids, lengths, where = encode_scene_captions(tokenizer, captions)
-                images = F.normalize(model.encode_image(pixels[idx]), dim=-1)
-                tokens = text_token_embeddings(model, ids)
-                text = tokens[torch.arange(len(captions)), lengths - 1]
-                keys = [_scene_key(s) for s in scenes]
-                caption_keys = [content_key(c) for c in captions]
-                if recipe.partial:  # a caption is true of every scene holding the groups it names
-                    positive = torch.tensor([[set(ck) <= set(k) for ck in caption_keys] for k in keys])
-                else:
-                    positive = torch.tensor([[k == ck for ck in caption_keys] for k in keys])
-                logits = scale * images @ text.T  # [B, B + negatives]
-                i2t = _multi_positive_ce(logits, positive)
-                t2i = _multi_positive_ce(logits[:, : len(truths)].T, positive[:, : len(truths)].T)
-                # token level: attribute words in the true captions, and each word alone
-                rows, row_words = [], []
-                for c, found in enumerate(where[: len(truths)]):
-                    for pos, word in found:
-                        rows.append(tokens[c, pos])
-                        row_words.append(word)
-                alone = text_token_embeddings(model, word_ids)
-                for w, found in enumerate(word_where):
-                    rows.append(alone[w, found[0][0]])
-                    row_words.append(found[0][1])
-                has = has_word[idx][:, [column[w] for w in row_words]].T
-                # a binary loss, not a contrastive one: the penalty thresholds the similarity itself, so a
-                # word must be above 0 on every image that has it and below on every image that has not
-                token_logits = scale * torch.stack(rows) @ images.T
-                token_loss = F.binary_cross_entropy_with_logits(token_logits, has)
-                loss = (i2t + t2i) / 2 + recipe.token_loss_weight * token_loss
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                sched.step()
-                losses.append(loss.item())
-                if log is not None and (step % 100 == 0 or step == recipe.steps - 1):
-                    log(f"{recipe.name} step {step}: loss {losses[-1]:.3f} (i2t {i2t.item():.3f}, t2i {t2i.item():.3f}, token {token_loss.item():.3f})")
-    finally:
-        torch.set_num_threads(threads)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(p.half().float())  # fp16 precision, so the OpenAI-format file reloads losslessly
-    return model.eval(), losses
+    with seeded_single_thread(recipe.seed):
+        model = build_tiny_clip(recipe.seed, SCENE_CLIP_CONFIG).train()
+        model.logit_scale.requires_grad_(False).fill_(math.log(recipe.logit_scale))
+        # the 49k-row token table stays at its (distinct, random) initialisation: training it costs
+        # most of a step and the grammar uses a few dozen tokens
+        model.token_embedding.weight.requires_grad_(False)
+        preprocess, tokenizer = _preprocess(), _tokenizer()
+        pool = scene_stream(recipe.data, recipe.pool_size)
+        pixels = torch.stack([preprocess(r["image"]) for r in pool])
+        # which attribute word each pool scene has ([pool, words]), for the token-level loss
+        column = {w: j for j, w in enumerate(words)}
+        has_word = torch.tensor([[_has(r["scene"], w) for w in words] for r in pool], dtype=torch.float32)
+        word_ids, word_len, word_where = encode_scene_captions(tokenizer, words)
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=recipe.lr, weight_decay=recipe.weight_decay)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_factor(recipe.steps))
+        scale = recipe.logit_scale
+        losses: list[float] = []
+        for step in range(recipe.steps):
+            idx = rng.sample(range(recipe.pool_size), recipe.batch_size)
+            scenes = [pool[i]["scene"] for i in idx]
+            truths, negatives = [], []
+            for scene in scenes:
+                prefix = CLIPS_PREFIX if rng.random() < 0.5 else ""
+                mentions = world.true_mentions(scene, rng)
+                if recipe.partial and len(mentions) > 1 and rng.random() < recipe.partial:
+                    mentions = mentions[: rng.randint(1, len(mentions) - 1)]  # already shuffled
+                truths.append(prefix + world.write_caption(mentions))
+                for kind in rng.sample(world.NEGATIVE_KINDS, recipe.negatives):
+                    neg = world.hard_negative(scene, kind, rng)
+                    if neg is not None:
+                        negatives.append(prefix + neg)
+            captions = truths + negatives
+            ids, lengths, where = encode_scene_captions(tokenizer, captions)
+            images = F.normalize(model.encode_image(pixels[idx]), dim=-1)
+            tokens = text_token_embeddings(model, ids)
+            text = tokens[torch.arange(len(captions)), lengths - 1]
+            keys = [_scene_key(s) for s in scenes]
+            caption_keys = [content_key(c) for c in captions]
+            if recipe.partial:  # a caption is true of every scene holding the groups it names
+                positive = torch.tensor([[set(ck) <= set(k) for ck in caption_keys] for k in keys])
+            else:
+                positive = torch.tensor([[k == ck for ck in caption_keys] for k in keys])
+            logits = scale * images @ text.T  # [B, B + negatives]
+            i2t = _multi_positive_ce(logits, positive)
+            t2i = _multi_positive_ce(logits[:, : len(truths)].T, positive[:, : len(truths)].T)
+            # token level: attribute words in the true captions, and each word alone
+            rows, row_words = [], []
+            for c, found in enumerate(where[: len(truths)]):
+                for pos, word in found:
+                    rows.append(tokens[c, pos])
+                    row_words.append(word)
+            alone = text_token_embeddings(model, word_ids)
+            for w, found in enumerate(word_where):
+                rows.append(alone[w, found[0][0]])
+                row_words.append(found[0][1])
+            has = has_word[idx][:, [column[w] for w in row_words]].T
+            # a binary loss, not a contrastive one: the penalty thresholds the similarity itself, so a
+            # word must be above 0 on every image that has it and below on every image that has not
+            token_logits = scale * torch.stack(rows) @ images.T
+            token_loss = F.binary_cross_entropy_with_logits(token_logits, has)
+            loss = (i2t + t2i) / 2 + recipe.token_loss_weight * token_loss
+            losses.append(optimiser_step(opt, sched, loss))
+            if log is not None and (step % 100 == 0 or step == recipe.steps - 1):
+                log(f"{recipe.name} step {step}: loss {losses[-1]:.3f} (i2t {i2t.item():.3f}, t2i {t2i.item():.3f}, token {token_loss.item():.3f})")
+    return fp16_rounded(model), losses
 
 
 def scene_clip_path(
@@ -281,22 +256,4 @@ def scene_clip_path(
     ``model=``); trained and written atomically on the first call, then reused (as
     :func:`~capreward.testing.trained_clip.trained_clip_path` does for the colour CLIP). A ``.json``
     beside it records the recipe and the final training loss."""
-    root = Path(cache_dir) if cache_dir is not None else cache_root()
-    target = root / "trained_clip" / f"{recipe.name}-{recipe.key()}.pt"
-    if target.is_file() and not rebuild:
-        return target
-    model, losses = train_scene_clip(recipe, log=log)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    record = json.dumps({"recipe": asdict(recipe), "final_loss": float(np.mean(losses[-50:]))}, indent=2)
-    for path, write in ((target.with_suffix(".json"), lambda tmp: Path(tmp).write_text(record)),
-                        (target, lambda tmp: torch.save(openai_state_dict(model), tmp))):
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=target.parent)
-        os.close(fd)
-        try:
-            write(tmp)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    return target
-
+    return cached_clip_path(recipe, lambda: train_scene_clip(recipe, log=log), cache_dir, rebuild, loss_steps=50)

@@ -23,6 +23,8 @@ from typing import Any, Sequence
 
 from . import world
 
+from capreward.testing.colour_task import WrappedReward
+
 PROMPT = "Describe the image"
 #: Words of the policy's vocabulary: the grammar's, and the prompt's.
 WORDS: tuple[str, ...] = (*world.scene_vocabulary(), "Describe", "the", "image")
@@ -129,7 +131,7 @@ def grpo_dataset(rows: Sequence[dict[str, Any]]) -> Any:
                                "scene_id": r["scene_id"]} for r in rows])
 
 
-class WrongImage:
+class WrongImage(WrappedReward):
     """A TRL reward: ``reward`` scored against the image of the *next* scene of the batch (by
     ``scene_id``, cyclically), so its value says nothing about the image captioned; same scale, same
     samples, same optimiser as the reward arm. Keeps the wrapped reward's ``__name__``, ``components``
@@ -139,14 +141,6 @@ class WrongImage:
         self.reward = reward
         self.__name__ = getattr(reward, "__name__", "reward")
 
-    @property
-    def components(self):
-        return getattr(self.reward, "components", ())
-
-    @property
-    def guards(self):
-        return getattr(self.reward, "guards", None)
-
     def __call__(self, prompts=None, completions=None, completion_ids=None, image=None, scene_id=None, **kwargs):
         order = list(dict.fromkeys(scene_id))
         first = {s: image[scene_id.index(s)] for s in order}
@@ -155,7 +149,7 @@ class WrongImage:
                            image=[other[s] for s in scene_id], scene_id=scene_id, **kwargs)
 
 
-class SceneTally:
+class SceneTally(WrappedReward):
     """A TRL reward wrapper recording, per call (one GRPO step), the ground-truth grade of the sampled
     captions (:func:`~scenes_world.world.mean_judgement` of each against its scene, read from the
     ``scene_id`` column and ``rows``)."""
@@ -164,14 +158,6 @@ class SceneTally:
         self.reward, self.rows = reward, {r["scene_id"]: r["scene"] for r in rows}
         self.__name__ = getattr(reward, "__name__", "reward")
         self.steps: list[dict[str, float]] = []
-
-    @property
-    def components(self):
-        return getattr(self.reward, "components", ())
-
-    @property
-    def guards(self):
-        return getattr(self.reward, "guards", None)
 
     def __call__(self, prompts=None, completions=None, completion_ids=None, scene_id=None, **kwargs):
         from capreward.rewards import completion_text

@@ -246,8 +246,7 @@ class CaptionScoreCallback(Callback):
         if self.score_test:
             self._start(trainer, pl_module)
 
-    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._update(outputs, batch, dataloader_idx, trainer, batch_idx)
+    on_test_batch_end = on_validation_batch_end  # a test batch is collected as a validation batch
 
     def on_test_epoch_end(self, trainer, pl_module) -> None:
         self._finish(trainer, pl_module, "test")

@@ -122,6 +122,26 @@ def alternatives_after_marker(
     return probs, None
 
 
+def score_token_distribution(
+    top: Mapping[str, float] | Sequence[tuple[str, float]],
+) -> tuple[np.ndarray | None, str | None]:
+    """The renormalised score distribution at a number's token found without a marker: its alternatives
+    compared after stripping whitespace (:func:`alternatives_distribution` with ``strip``).
+
+    Args:
+        top: the token's alternatives (empty: none reported).
+
+    Returns:
+        ``(probs (101,) or None, reason or None)``; the reason says why there is no distribution (no
+        alternative is a score, alternatives that are no distribution's).
+    """
+    try:
+        probs = alternatives_distribution(top, strip=True) if top else None
+    except MalformedAnswer as exc:
+        return None, f"malformed answer: {exc}"
+    return probs, None if probs is not None else "no alternative of the score token is an integer 0..100"
+
+
 def expected_score(probs: np.ndarray) -> float:
     """Σ n·p(n) / Σ p(n) for a (101,) array of (possibly unnormalised) probabilities of 0..100.
 

@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 from collections.abc import Mapping
 
 from ..registry import Deviation, JobFlag, MetricSpec, Option, RewardPolicy, register
-from .emscore_spec import HARMONIC_MEAN_FLAG
-
-#: How RefCLIP-S is formed (:mod:`capreward.metrics.harmonic`).
-HARMONIC_MEANS = ("sign-safe", "released")
+from ..metrics.harmonic import HARMONIC_MEANS
+from .emscore_spec import HARMONIC_MEAN_FLAG, TEXT_OPTIONS
 
 
 def sub_scores(config: Mapping[str, Any]) -> tuple[str, ...]:
@@ -67,8 +66,7 @@ def _options(w: float, model: Any) -> tuple[Option, ...]:
         Option("model", model, "the CLIP (CLIP-S) or the PAC-S checkpoint (PAC-S)"),
         Option("w", w, "the scale of the clipped cosine"),
         Option("frames", 10, "frames averaged per video (None: all)"),
-        Option("batch_size", 64, "captions per text-encoder batch"),
-        Option("long_captions", "windows", "'windows' reads a long caption whole; 'truncate' cuts it to the context"),
+        *TEXT_OPTIONS,
         Option("harmonic_mean", "released", "how RefCLIP-S is formed: 'released' or 'sign-safe' (the rewards' default)"),
     )
 
@@ -108,7 +106,9 @@ CLIP_S = register(MetricSpec(
     job_flags=(HARMONIC_MEAN_FLAG,),
 ))
 
-PAC_S = register(MetricSpec(
+#: PAC-S: CLIP-S with its own checkpoint and w = 2.0 (and its own names, citation and reward check).
+PAC_S = register(replace(
+    CLIP_S,
     name="pac_s",
     aliases=("pacscore", "pac_score"),
     title="PAC-S",
@@ -117,20 +117,11 @@ PAC_S = register(MetricSpec(
           "CVPR 2023",
     released_code="https://github.com/aimagelab/pacscore",
     scorer="capreward.scorers.clipscore:PACScore",
-    sub_scores=sub_scores,
     value_range=(0.0, 2.0),
-    higher_is_better=True,
-    visuals=("image", "video"),
-    references="optional",
     shares=None,  # its own checkpoint: no backbone to share with the other CLIP metrics
-    uses_idf=False,
-    backbone="clip",
     options=_options(2.0, None),
-    deviations=_DEVIATIONS,
     result_fields={"ref": "ref_pac_s"},
     position=20,
-    value=value,
-    range_for=value_range,
     reward_policy=_reward("pac_s"),
     job_flags=(JobFlag("pac_model", ("--pac-model",), "PAC-S checkpoint path (for pac-s)", option="model", record="clip_model",
                        hint="pass --pac-model PATH (the PAC-S checkpoint, e.g. clip_ViT-B-32.pth)"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 from collections.abc import Mapping
 
+from ..metrics.harmonic import HARMONIC_MEANS
 from ..registry import Deviation, JobFlag, MetricSpec, Option, RewardPolicy, register
 
 #: ``capreward score --harmonic-mean``: how the job forms EMScore's F and RefCLIP-S / RefPAC-S. Sign-safe by
@@ -15,12 +16,18 @@ HARMONIC_MEAN_FLAG = JobFlag(
     "harmonic_mean", ("--harmonic-mean",),
     "how EMScore's F and RefCLIP-S/RefPAC-S are formed: sign-safe (2ab/(a+b) when both parts are positive, else the "
     "smaller part: inside [-1, 1], as the rewards) or released (the papers' 2ab/(a+b), which leaves the range "
-    "when the parts have opposite signs)", option="harmonic_mean", default="sign-safe", choices=("sign-safe", "released"))
+    "when the parts have opposite signs)", option="harmonic_mean", default="sign-safe", choices=HARMONIC_MEANS)
 
 #: The components of each part (video, reference, combined), as :class:`~capreward.scorers.results.MatchScores`.
 MATCH_FIELDS = ("coarse", "fine_p", "fine_r", "fine_f", "full_p", "full_r", "full_f")
-#: How an F is formed from P and R (:mod:`capreward.metrics.harmonic`).
-HARMONIC_MEANS = ("sign-safe", "released")
+#: How the CLIP metrics (CLIP-S, PAC-S, EMScore) read captions: the text encoder's batch, and a caption longer
+#: than CLIP's context.
+TEXT_OPTIONS = (
+    Option("batch_size", 64, "captions per text-encoder batch"),
+    Option("long_captions", "windows", "'windows' reads a long caption whole; 'truncate' cuts it to the context"),
+)
+#: Frames sampled per video by EMScore's matching (and the hallucination penalty, which reads it).
+FRAMES_OPTION = Option("frames", 10, "frames sampled per video (None: all)")
 
 
 def parts(config: Mapping[str, Any]) -> tuple[str, ...]:
@@ -82,9 +89,8 @@ SPEC = register(MetricSpec(
         Option("idf", False, "False (every token weight 1), a corpus of captions, a dict token id -> weight, "
                              "or 'batch' (the released default; makes a score depend on its batch)"),
         Option("idf_default", None, "the weight of ids a dict idf lacks"),
-        Option("frames", 10, "frames sampled per video (None: all)"),
-        Option("batch_size", 64, "captions per text-encoder batch"),
-        Option("long_captions", "windows", "'windows' reads a long caption whole; 'truncate' cuts it to the context"),
+        FRAMES_OPTION,
+        *TEXT_OPTIONS,
         Option("harmonic_mean", "released", "how F is formed: 'released' 2PR/(P+R) or 'sign-safe' "
                                             "(the rewards' default)"),
     ),

@@ -8,6 +8,10 @@ from collections.abc import Mapping
 
 from ..registry import Deviation, MetricSpec, Option, register
 
+#: The kinds of a judge's answer sub-scores (FLEUR, G-VEval): ``raw``, the answer's text, and ``parsed``, the
+#: number read from it.
+ANSWER_KINDS = {"raw": "data", "parsed": "number"}
+
 
 def sub_scores(config: Mapping[str, Any]) -> tuple[str, ...]:
     """``raw``: the judge's greedy answer (text); ``parsed``: that answer read as a number (the paper's
@@ -50,7 +54,7 @@ SPEC = register(MetricSpec(
     unscored_kind="judge_unreadable",
     remote_scorer="capreward.scorers.fleur_remote:RemoteFLEUR",
     position=30,
-    sub_score_kinds={"raw": "data", "parsed": "number"},
+    sub_score_kinds=ANSWER_KINDS,
     explanation='FLEUR, or RefFLEUR with --references: the score, then the follow-up question "Why? Tell me the '
                 'reason."',
 ))

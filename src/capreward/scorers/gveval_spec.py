@@ -6,11 +6,17 @@ from typing import Any
 from collections.abc import Mapping
 
 from ..registry import Deviation, JobFlag, MetricSpec, Option, RewardPolicy, register
+from .fleur_spec import ANSWER_KINDS
 
 #: The four ACCR dimensions, in the released prompts' order.
 ACCR = ("accuracy", "completeness", "conciseness", "relevance")
 #: The modes: what the judge is shown besides the caption.
 MODES = ("ref-free", "ref-only", "combined")
+#: The options G-VEval and VisCE² share: the exact digit tree of a 0..100 score read from a server, and a
+#: reward's scale of that score.
+TREE_TOP_LOGPROBS_OPTION = Option("tree_top_logprobs", 20, "alternatives each node of the exact digit tree asks a "
+                                  "server for (at least 10)")
+SCALE_OPTION = Option("scale", 0.01, "the reward is the 0..100 score times this (0.01: rewards in [0, 1])")
 
 
 def sub_scores(config: Mapping[str, Any]) -> tuple[str, ...]:
@@ -55,7 +61,7 @@ SPEC = register(MetricSpec(
     options=(
         Option("mode", "ref-free", "'ref-free', 'ref-only' (needs references) or 'combined' (needs references)"),
         Option("accr", False, "the four ACCR dimensions (videos only)"),
-        Option("tree_top_logprobs", 20, "alternatives each node of the exact digit tree asks a server for (at least 10)"),
+        TREE_TOP_LOGPROBS_OPTION,
         Option("expected", True, "the expected score from the token distribution (False: the written number)"),
         Option("temperature", 0.0, "0 decodes greedily (the release: 1)"),
         Option("top_logprobs", 5, "alternatives asked of a server (the release: 5)"),
@@ -79,10 +85,10 @@ SPEC = register(MetricSpec(
     needs_visual=needs_visual,
     unscored_kind="judge_unreadable",
     position=60,
-    sub_score_kinds={"raw": "data", "parsed": "number"},
+    sub_score_kinds=ANSWER_KINDS,
     explanation="G-VEval: the judge writes its reasoning before the score; that reasoning is the explanation",
     reward_policy=RewardPolicy(
-        options=(Option("scale", 0.01, "the reward is the 0..100 score times this (0.01: rewards in [0, 1])"),),
+        options=(SCALE_OPTION,),
         scale="scale",
     ),
     job_flags=(

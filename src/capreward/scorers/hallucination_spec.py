@@ -6,6 +6,7 @@ from typing import Any
 from collections.abc import Mapping
 
 from ..registry import JobFlag, MetricSpec, Option, RewardPolicy, register
+from .emscore_spec import FRAMES_OPTION
 
 
 def sub_scores(config: Mapping[str, Any]) -> tuple[str, ...]:
@@ -74,7 +75,7 @@ SPEC = register(MetricSpec(
         Option("claim_cost", 0.5, "the price of each unsupported content word: -min(1, claim_cost * n); None: "
                "the weighted fraction of content words (an average a long caption dilutes)"),
         Option("context_free", True, "also judge each content word encoded alone and keep the lower similarity"),
-        Option("frames", 10, "frames sampled per video (None: all)"),
+        FRAMES_OPTION,
     ),
     deviations=(),
     position=40,

@@ -60,7 +60,8 @@ from ..judges.protocol import (
     scores_next_tokens,
 )
 from ..judges.vocab import digit_token_ids
-from ..metrics.gveval import NUM_SCORES, alternatives_after_marker, alternatives_distribution, digit_tree_distribution
+from ..metrics.gveval import (NUM_SCORES, alternatives_after_marker, digit_tree_distribution,
+                              score_token_distribution)
 from ..metrics.logprobs import MalformedAnswer, checked_logprob, listed_probabilities
 
 log = logging.getLogger(__name__)
@@ -545,11 +546,7 @@ def remote_distributions(
             if marker is not None:
                 p, why = alternatives_after_marker([t.token for t in response.tokens], tops, marker)
             else:
-                try:
-                    p = alternatives_distribution(tops[site.index], strip=True) if tops[site.index] else None
-                    why = None if p is not None else "no alternative of the score token is an integer 0..100"
-                except MalformedAnswer as exc:
-                    p, why = None, f"malformed answer: {exc}"
+                p, why = score_token_distribution(tops[site.index])
             reads[i] = NumberRead(p, "alternatives" if p is not None else None, why)
         else:
             token = response.tokens[site.index]

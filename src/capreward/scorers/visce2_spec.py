@@ -6,6 +6,7 @@ from typing import Any
 from collections.abc import Mapping
 
 from ..registry import Deviation, MetricSpec, Option, RewardPolicy, register
+from .gveval_spec import SCALE_OPTION, TREE_TOP_LOGPROBS_OPTION
 
 
 def sub_scores(config: Mapping[str, Any]) -> tuple[str, ...]:
@@ -45,7 +46,7 @@ SPEC = register(MetricSpec(
     judge_backend=True,
     options=(
         Option("expected", False, "also compute the expected score from the token distribution"),
-        Option("tree_top_logprobs", 20, "alternatives each node of the exact digit tree asks a server for (at least 10)"),
+        TREE_TOP_LOGPROBS_OPTION,
         Option("temperature", 0.0, "0 decodes greedily (the release samples at 0.2: VisCE2.released)"),
         Option("prompt", "visce_2", "the rating prompt variant: 'visce_2' (the released head's) or 'visce'"),
         Option("context_max_tokens", 1024, "generation budget of the visual context"),
@@ -61,7 +62,7 @@ SPEC = register(MetricSpec(
     sub_score_kinds={"raw": "data", "context": "data", "parsed": "number"},
     value=value,
     reward_policy=RewardPolicy(
-        options=(Option("scale", 0.01, "the reward is the 0..100 score times this (0.01: rewards in [0, 1])"),
+        options=(SCALE_OPTION,
                  Option("use_expected", False, "the reward is the expected score (needs expected=True, set by default)")),
         scale="scale",
         implies=implies,

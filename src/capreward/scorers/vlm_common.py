@@ -18,8 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..judges.protocol import ChatRequest, ChatResponse, answer_problem
-from ..metrics.gveval import alternatives_after_marker, alternatives_distribution
-from ..metrics.logprobs import MalformedAnswer
+from ..metrics.gveval import alternatives_after_marker, score_token_distribution
 from .remote_numbers import DEFAULT_TOLERANCE, TREE_TOP_LOGPROBS, remote_distributions
 
 log = logging.getLogger(__name__)
@@ -90,11 +89,7 @@ def alternative_distributions(
             if at is None:
                 p, why = None, "no number in the answer"
             else:
-                try:
-                    p = alternatives_distribution(tops[at], strip=True) if tops[at] else None
-                    why = None if p is not None else "no alternative of the score token is an integer 0..100"
-                except MalformedAnswer as exc:
-                    p, why = None, f"malformed answer: {exc}"
+                p, why = score_token_distribution(tops[at])
         probs.append(p)
         reasons.append(why)
     return probs, reasons

@@ -21,7 +21,7 @@ import random
 import re
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -202,23 +202,53 @@ def sft_colours(
     (:func:`random_label`, :func:`weak_label` or :func:`true_label`), ``batch_size`` images of a pool of
     64 per step (AdamW, constant ``lr``). Returns the final loss; leaves the model in eval mode.
     Deterministic for ``seed``."""
+    return sft_answers(model, processor, colour_rows(64, seed + 1000), lambda b, rng: f"a {label(b['colour'], rng)} image",
+                       steps, seed, batch_size, lr)
+
+
+def sft_answers(
+    model: Any,
+    processor: Any,
+    rows: Sequence[dict[str, Any]],
+    answer: Callable[[dict[str, Any], random.Random], str],
+    steps: int,
+    seed: int,
+    batch_size: int = 16,
+    lr: float = 3e-3,
+) -> float:
+    """Supervised fine-tuning of a policy on its prompt (:func:`prompt_text`) followed by
+    ``answer(row, rng)``: ``batch_size`` rows drawn from ``rows`` per step (AdamW, constant ``lr``), only the
+    answers learned. Deterministic for ``seed``.
+
+    Args:
+        model: the policy (a LLaVA-style VLM).
+        processor: its processor (left padding).
+        rows: the training rows, each with an ``"image"``.
+        answer: the target answer of a row (the end of sequence is appended).
+        steps: optimiser steps.
+        seed: seeds the draws of rows and what ``answer`` draws.
+        batch_size: rows per step.
+        lr: the learning rate.
+
+    Returns:
+        The final loss; the model is left in eval mode.
+    """
     import torch
 
     rng = random.Random(seed)
     prompt = prompt_text(processor)
-    pool = colour_rows(64, seed + 1000)
-    n_prompt = processor(images=[pool[0]["image"]], text=[prompt], return_tensors="pt")["input_ids"].shape[1]
+    n_prompt = processor(images=[rows[0]["image"]], text=[prompt], return_tensors="pt")["input_ids"].shape[1]
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     loss = torch.tensor(float("nan"))
     for _ in range(steps):
-        batch = [rng.choice(pool) for _ in range(batch_size)]
-        texts = [f"{prompt} a {label(b['colour'], rng)} image</s>" for b in batch]
+        batch = [rng.choice(rows) for _ in range(batch_size)]
+        texts = [f"{prompt} {answer(b, rng)}</s>" for b in batch]
         enc = processor(images=[b["image"] for b in batch], text=texts, return_tensors="pt", padding=True)
         labels = enc["input_ids"].clone()
-        # left padding: every prompt ends at the same column, so the answer starts at -(answer length)
-        answer_len = enc["input_ids"].shape[1] - n_prompt
-        labels[:, :-answer_len] = -100
+        width = labels.shape[1]
+        for i, n in enumerate(enc["attention_mask"].sum(1).tolist()):  # left padding: a row ends at the last column
+            labels[i, : width - (n - n_prompt)] = -100  # padding and prompt: only the answer is learned
         out = model(**enc, labels=labels)
         optimizer.zero_grad(set_to_none=True)
         out.loss.backward()

@@ -31,9 +31,11 @@ import math
 import os
 import random
 import tempfile
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from collections.abc import Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -83,14 +85,29 @@ class ColourClipRecipe:
 
     def key(self) -> str:
         """A hash of the recipe, this module's source, the tiny CLIP config and the torch version."""
-        payload = {
-            "recipe": asdict(self),
-            "version": TRAINED_CLIP_VERSION,
-            "source": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
-            "config": TINY_CLIP_CONFIG,
-            "torch": torch.__version__.split("+")[0],
-        }
-        return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        return recipe_key(self, TRAINED_CLIP_VERSION, Path(__file__).read_bytes(), TINY_CLIP_CONFIG)
+
+
+def recipe_key(recipe: Any, version: str, source: bytes, config: Mapping[str, Any]) -> str:
+    """The cache key of a trained CLIP: 16 hex digits of a hash of what determines its weights.
+
+    Args:
+        recipe: the training recipe (a dataclass).
+        version: the training code's version string.
+        source: the bytes of the training code's source files.
+        config: the CLIP's architecture config.
+
+    Returns:
+        The key.
+    """
+    payload = {
+        "recipe": asdict(recipe),
+        "version": version,
+        "source": hashlib.sha256(source).hexdigest(),
+        "config": config,
+        "torch": torch.__version__.split("+")[0],
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 COLOUR_RECIPE = ColourClipRecipe()
@@ -183,10 +200,23 @@ def encode_captions(tokenizer, captions: Sequence[str]) -> tuple[torch.Tensor, t
         ids.append(tokenizer.eot_token_id)
         rows.append(ids)
         positions.append(where)
+    ids, lengths = padded_ids(rows)
+    return ids, lengths, positions
+
+
+def padded_ids(rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token id rows as one zero-padded tensor.
+
+    Args:
+        rows: the token ids of each caption.
+
+    Returns:
+        The ids [B, L] (zero padded on the right) and the lengths [B].
+    """
     out = torch.zeros(len(rows), max(len(r) for r in rows), dtype=torch.long)
     for i, r in enumerate(rows):
         out[i, : len(r)] = torch.tensor(r)
-    return out, torch.tensor([len(r) for r in rows]), positions
+    return out, torch.tensor([len(r) for r in rows])
 
 
 def _multi_positive_ce(logits: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
@@ -199,6 +229,63 @@ def _lr_factor(steps: int) -> Callable[[int], float]:
     return lambda s: (s + 1) / warmup if s < warmup else 0.5 * (1 + math.cos(math.pi * (s - warmup) / max(1, steps - warmup)))
 
 
+@contextmanager
+def seeded_single_thread(seed: int) -> Iterator[None]:
+    """Run the block on one torch thread (toy-sized ops: threads only add contention) with the torch RNGs
+    seeded with ``seed`` and restored afterwards, as are the thread count and the CPU RNG's state (the
+    CUDA RNGs are forked too where CUDA is available).
+
+    Args:
+        seed: the torch seed of the block.
+
+    Yields:
+        Nothing.
+    """
+    devices: list[int] | None = [] if not torch.cuda.is_available() else None
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def optimiser_step(opt: torch.optim.Optimizer, sched: Any, loss: torch.Tensor) -> float:
+    """One optimiser step on ``loss`` (gradients cleared first), then one scheduler step.
+
+    Args:
+        opt: the optimiser.
+        sched: its learning-rate scheduler.
+        loss: the step's loss.
+
+    Returns:
+        The loss as a float.
+    """
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    sched.step()
+    return loss.item()
+
+
+def fp16_rounded(model: torch.nn.Module) -> torch.nn.Module:
+    """Round the weights to fp16 precision as :func:`~capreward.testing.tiny_clip.build_tiny_clip` does, so
+    the OpenAI-format file reloads losslessly.
+
+    Args:
+        model: the trained CLIP (changed in place).
+
+    Returns:
+        The model, in eval mode.
+    """
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.half().float())
+    return model.eval()
+
+
 def train_colour_clip(
     recipe: ColourClipRecipe = COLOUR_RECIPE, log: Callable[[str], None] | None = None
 ) -> tuple[torch.nn.Module, list[float]]:
@@ -206,50 +293,35 @@ def train_colour_clip(
     Bit-for-bit deterministic on the CPU for a given recipe (seeded Python and torch RNGs)."""
     rng = random.Random(recipe.seed)
     colours = list(COLOURS)
-    devices: list[int] | None = [] if not torch.cuda.is_available() else None
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # toy-sized ops: threads only add contention
-    try:
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(recipe.seed)
-            model = build_tiny_clip(recipe.seed).train()
-            # A fixed, modest logit scale: the loss then only falls when matching pairs reach a high
-            # cosine and others a low one, so CLIP-S (which clips cosines at 0) ranks colours too.
-            model.logit_scale.requires_grad_(False).fill_(math.log(recipe.logit_scale))
-            preprocess, tokenizer = _preprocess(), _tokenizer()
-            pool_colours = [colours[i % len(colours)] for i in range(recipe.pool_size)]
-            pixels = torch.stack([preprocess(colour_image(c, rng)) for c in pool_colours])
-            opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=recipe.lr, weight_decay=recipe.weight_decay)
-            sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_factor(recipe.steps))
-            losses: list[float] = []
-            for step in range(recipe.steps):
-                idx = rng.sample(range(recipe.pool_size), recipe.batch_size)
-                batch = [pool_colours[i] for i in idx]
-                ids, lengths, where = encode_captions(tokenizer, [_training_caption(c, rng) for c in batch])
-                images = F.normalize(model.encode_image(pixels[idx]), dim=-1)
-                tokens = text_token_embeddings(model, ids)
-                rows = torch.arange(len(batch))
-                scale = recipe.logit_scale
-                same = torch.tensor([[a == b for b in batch] for a in batch])
-                logits = scale * tokens[rows, lengths - 1] @ images.T
-                clip_loss = (_multi_positive_ce(logits, same) + _multi_positive_ce(logits.T, same)) / 2
-                word_logits = scale * tokens[rows, torch.tensor(where)] @ images.T
-                token_loss = _multi_positive_ce(word_logits, same)
-                loss = clip_loss + recipe.token_loss_weight * token_loss
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                sched.step()
-                losses.append(loss.item())
-                if log is not None and (step % 50 == 0 or step == recipe.steps - 1):
-                    log(f"step {step}: loss {losses[-1]:.3f} (clip {clip_loss.item():.3f}, token {token_loss.item():.3f})")
-    finally:
-        torch.set_num_threads(threads)
-    # round to fp16 precision as build_tiny_clip does, so the OpenAI-format file reloads losslessly
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(p.half().float())
-    return model.eval(), losses
+    with seeded_single_thread(recipe.seed):
+        model = build_tiny_clip(recipe.seed).train()
+        # A fixed, modest logit scale: the loss then only falls when matching pairs reach a high
+        # cosine and others a low one, so CLIP-S (which clips cosines at 0) ranks colours too.
+        model.logit_scale.requires_grad_(False).fill_(math.log(recipe.logit_scale))
+        preprocess, tokenizer = _preprocess(), _tokenizer()
+        pool_colours = [colours[i % len(colours)] for i in range(recipe.pool_size)]
+        pixels = torch.stack([preprocess(colour_image(c, rng)) for c in pool_colours])
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=recipe.lr, weight_decay=recipe.weight_decay)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_factor(recipe.steps))
+        losses: list[float] = []
+        for step in range(recipe.steps):
+            idx = rng.sample(range(recipe.pool_size), recipe.batch_size)
+            batch = [pool_colours[i] for i in idx]
+            ids, lengths, where = encode_captions(tokenizer, [_training_caption(c, rng) for c in batch])
+            images = F.normalize(model.encode_image(pixels[idx]), dim=-1)
+            tokens = text_token_embeddings(model, ids)
+            rows = torch.arange(len(batch))
+            scale = recipe.logit_scale
+            same = torch.tensor([[a == b for b in batch] for a in batch])
+            logits = scale * tokens[rows, lengths - 1] @ images.T
+            clip_loss = (_multi_positive_ce(logits, same) + _multi_positive_ce(logits.T, same)) / 2
+            word_logits = scale * tokens[rows, torch.tensor(where)] @ images.T
+            token_loss = _multi_positive_ce(word_logits, same)
+            loss = clip_loss + recipe.token_loss_weight * token_loss
+            losses.append(optimiser_step(opt, sched, loss))
+            if log is not None and (step % 50 == 0 or step == recipe.steps - 1):
+                log(f"step {step}: loss {losses[-1]:.3f} (clip {clip_loss.item():.3f}, token {token_loss.item():.3f})")
+    return fp16_rounded(model), losses
 
 
 # ---------------------------------------------------------------------------------------------- cache
@@ -275,13 +347,38 @@ def trained_clip_path(
     the recipe and the final training loss. Each key (recipe, this module, torch version) has its own
     file and none is ever deleted, so environments with other versions keep theirs.
     """
+    return cached_clip_path(recipe, lambda: train_colour_clip(recipe, log=log), cache_dir, rebuild)
+
+
+def cached_clip_path(
+    recipe: Any,
+    train: Callable[[], tuple[torch.nn.Module, list[float]]],
+    cache_dir: str | os.PathLike | None = None,
+    rebuild: bool = False,
+    loss_steps: int = 20,
+) -> Path:
+    """Path of a trained CLIP's OpenAI-format ``.pt`` state dict in the cache (``trained_clip/<name>-<key>.pt``),
+    trained by ``train`` and written on the first call (atomically: a temporary file renamed into place, so
+    concurrent callers never read a partial file), then reused; a ``.json`` beside it records the recipe
+    and the final training loss.
+
+    Args:
+        recipe: the training recipe (a dataclass with ``name`` and ``key()``).
+        train: trains the CLIP: ``() -> (model, per-step losses)``.
+        cache_dir: where trained fixtures are cached (None: ``$CAPREWARD_CACHE``, default ``~/.cache/capreward``).
+        rebuild: train again even if cached.
+        loss_steps: the final loss recorded is the mean of this many last steps' losses.
+
+    Returns:
+        The ``.pt`` path.
+    """
     root = Path(cache_dir) if cache_dir is not None else cache_root()
     target = root / "trained_clip" / f"{recipe.name}-{recipe.key()}.pt"
     if target.is_file() and not rebuild:
         return target
-    model, losses = train_colour_clip(recipe, log=log)
+    model, losses = train()
     target.parent.mkdir(parents=True, exist_ok=True)
-    record = json.dumps({"recipe": asdict(recipe), "final_loss": float(np.mean(losses[-20:]))}, indent=2)
+    record = json.dumps({"recipe": asdict(recipe), "final_loss": float(np.mean(losses[-loss_steps:]))}, indent=2)
     for path, write in ((target.with_suffix(".json"), lambda tmp: Path(tmp).write_text(record)),
                         (target, lambda tmp: torch.save(openai_state_dict(model), tmp))):
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=target.parent)
