@@ -15,6 +15,9 @@ Run it through ``benchmarks/gpu_all.sh`` (which installs the carried wheels firs
   deadline is :data:`SET_BUDGETS`' own.
 - ``CAPREWARD_BENCH_LIMIT_SCALE``: a factor on every step's own limit (default 1; a busy CPU needs more).
 - ``CAPREWARD_BENCH_PYTEST_ARGS``: extra arguments of the parity-test step (e.g. ``-k clip`` to narrow it).
+- ``CAPREWARD_BENCH_LAUNCH``: a command put before every step's ``python script ...`` (the CPU dry run of
+  tests/test_gpu_all.py: ``python tests/zygote_exec.py``, which runs each step as a child of the test
+  zygote instead of a fresh interpreter); each step is still its own process under its own limit.
 
 Each line of ``results.jsonl`` is ``{"step", "status" (ok / failed / timeout / skipped), "wall_s",
 "limit_s", "command", "figures" (the step's own JSON), "error" (the tail of its output when not ok)}``.
@@ -122,9 +125,9 @@ def emscore_cmd(arch: str, gpu_sized: bool):
         if ctx.gpu:
             size = (["--videos", "16", "--captions", "32", "--frames", "32", "--repeats", "1", "--no-fp64"] if gpu_sized
                     else ["--repeats", "1"])
-        else:
+        else:  # the CPU dry run's GPU-sized steps run today's small sizes: one command serves both
             size = ["--videos", "2", "--captions", "2", "--frames", "3", "--references", "1", "--height", "32",
-                    "--width", "40", "--repeats", "1"] + (["--no-fp64"] if gpu_sized else [])
+                    "--width", "40", "--repeats", "1"]
         return py(ctx, "bench_emscore.py", "--model", ctx.clip(arch), "--device", ctx.device, "--precision",
                   ctx.precision("fp16"), "--threads", ctx.threads, "--compare-fp32", *size, "--json-out", out)
     return cmd
@@ -135,7 +138,7 @@ def emscore_device_cmd(arch: str, gpu_sized: bool):
     other EMScore steps'); the deviation from the PIL path is measured in the step."""
     def cmd(ctx, out):
         argv = emscore_cmd(arch, gpu_sized)(ctx, out)
-        argv = [a for a in argv if a != "--compare-fp32"]
+        argv = [a for a in argv if a not in ("--compare-fp32", "--no-fp64")]
         return argv[:-2] + ["--preprocessing", "device", "--no-fp64", *argv[-2:]]
     return cmd
 
@@ -299,6 +302,7 @@ def run_step(step: Step, ctx: Context, limit: float, log) -> dict:
         return {"status": "failed", "wall_s": 0.0, "command": None, "error": f"{type(exc).__name__}: {exc}"}
     log.write(f"\n===== {step.name}: {shlex.join(argv)} (limit {limit:.0f} s)\n")
     log.flush()
+    argv = shlex.split(os.environ.get("CAPREWARD_BENCH_LAUNCH", "")) + argv
     env = dict(os.environ, PYTHONUNBUFFERED="1", **step.env)
     start = time.perf_counter()
     with tempfile.TemporaryFile("w+") as tail:

@@ -122,7 +122,7 @@ def _read_line(conn: socket.socket, buffer: bytearray) -> dict:
 
 def run(args: list[Any] | tuple[Any, ...], *, env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None,
         timeout: float | None = None, input: str | None = None, text: bool = True,
-        module: str = MODULE) -> subprocess.CompletedProcess:
+        module: str = MODULE, script: str | os.PathLike | None = None) -> subprocess.CompletedProcess:
     """Runs ``python -m MODULE ARGS`` as a child process with stdout and stderr captured.
 
     Args:
@@ -133,6 +133,7 @@ def run(args: list[Any] | tuple[Any, ...], *, env: dict[str, str] | None = None,
         input: text for its stdin (None: an empty stdin).
         text: decode stdout and stderr as ``subprocess.run(text=True)`` does (else bytes).
         module: the module run as ``__main__``.
+        script: a script file to run instead (``python SCRIPT ARGS``; its folder first on ``sys.path``).
 
     Returns:
         A :class:`subprocess.CompletedProcess`, as ``subprocess.run(..., capture_output=True)`` gives, with
@@ -148,7 +149,7 @@ def run(args: list[Any] | tuple[Any, ...], *, env: dict[str, str] | None = None,
     global last_run
     zygote = _zygote_for(environ)
     last_run = "plain" if zygote is None else "zygote"
-    command = [sys.executable, "-m", module, *argv]
+    command = [sys.executable, os.fspath(script), *argv] if script is not None else [sys.executable, "-m", module, *argv]
     with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr, \
             socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         if input is not None:
@@ -161,7 +162,8 @@ def run(args: list[Any] | tuple[Any, ...], *, env: dict[str, str] | None = None,
             out, err = stdout.read(), stderr.read()
             return _completed(command, returncode, out, err, text, peak)
         conn.connect(zygote.path)
-        body = json.dumps({"module": module, "argv": argv, "cwd": directory, "env": environ}).encode()
+        body = json.dumps({"module": module, "script": None if script is None else os.fspath(script), "argv": argv,
+                           "cwd": directory, "env": environ}).encode()
         socket.send_fds(conn, [struct.pack("!I", len(body))], [stdin.fileno(), stdout.fileno(), stderr.fileno()])
         conn.sendall(body)
         buffer = bytearray()
@@ -216,3 +218,92 @@ def _completed(command: list[str], returncode: int, out: bytes, err: bytes, text
     done = subprocess.CompletedProcess(command, returncode, decode(out), decode(err))
     done.peak_rss = peak  # type: ignore[attr-defined]
     return done
+
+
+class Child:
+    """A zygote's child started by :func:`start`, with the parts of :class:`subprocess.Popen` the tests use:
+    ``pid``, ``stderr`` (the read end of its stderr pipe), ``args``, ``returncode``, :meth:`poll`,
+    :meth:`wait`, :meth:`send_signal`, :meth:`terminate` and :meth:`kill`; ``peak_rss`` once it ended."""
+
+    def __init__(self, args: list[str], conn: socket.socket, pid: int, stderr: Any, buffer: bytearray) -> None:
+        self.args, self.pid, self.stderr = args, pid, stderr
+        self.returncode: int | None = None
+        self.peak_rss: int | None = None
+        self._conn, self._buffer = conn, buffer
+        self._ended = threading.Event()
+        threading.Thread(target=self._await_end, daemon=True).start()
+
+    def _await_end(self) -> None:
+        try:
+            ended = _read_line(self._conn, self._buffer)
+        except (ConnectionError, OSError, ValueError):  # the zygote itself is gone: so is its child
+            ended = {"returncode": -signal.SIGKILL, "maxrss_kb": 0}
+        self.peak_rss = ended["maxrss_kb"] * 1024
+        self.returncode = ended["returncode"]
+        self._conn.close()
+        self._ended.set()
+
+    def poll(self) -> int | None:
+        return self.returncode if self._ended.is_set() else None
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._ended.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        return self.returncode  # type: ignore[return-value]
+
+    def send_signal(self, sig: int) -> None:
+        if not self._ended.is_set():
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def start(args: list[Any] | tuple[Any, ...], *, module: str = MODULE) -> subprocess.Popen | Child:
+    """Starts ``python -m MODULE ARGS`` in the background (a long-running server), stdin and stdout on
+    ``/dev/null`` and stderr on a text pipe (``.stderr``), in this process's environment and directory.
+
+    Args:
+        args: the command-line arguments (``str()`` of each).
+        module: the module run as ``__main__``.
+
+    Returns:
+        A :class:`Child` of the zygote, or a plain :class:`subprocess.Popen` where :func:`run` would run a
+        plain process.
+    """
+    argv = [str(a) for a in args]
+    command = [sys.executable, "-m", module, *argv]
+    environ = dict(os.environ)
+    zygote = _zygote_for(environ)
+    global last_run
+    last_run = "plain" if zygote is None else "zygote"
+    if zygote is None:
+        return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True)
+    read_end, write_end = os.pipe()
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with open(os.devnull, "rb") as stdin, open(os.devnull, "wb") as stdout:
+            conn.connect(zygote.path)
+            body = json.dumps({"module": module, "argv": argv, "cwd": os.getcwd(), "env": environ}).encode()
+            socket.send_fds(conn, [struct.pack("!I", len(body))], [stdin.fileno(), stdout.fileno(), write_end])
+            conn.sendall(body)
+    except BaseException:
+        conn.close()
+        os.close(read_end)
+        raise
+    finally:
+        os.close(write_end)
+    buffer = bytearray()
+    pid = _read_line(conn, buffer)["pid"]
+    return Child(command, conn, pid, os.fdopen(read_end, "r", encoding=locale.getpreferredencoding(False)), buffer)
+
+
+def zygote_socket() -> str | None:
+    """The socket of this process's zygote for its own environment (started if need be), for a launcher
+    (``zygote_exec.py``) a test hands to another program; None where :func:`run` would run a plain process."""
+    zygote = _zygote_for(dict(os.environ))
+    return None if zygote is None else zygote.path

@@ -1,13 +1,13 @@
 """The zygote behind :mod:`cli_process`: a Python process that imported the heavy third-party libraries
 once (torch, torchvision, transformers, open_clip, PIL, numpy: about ten CPU-seconds an interpreter) and
 ran no torch operation, so forking it is safe (no OpenMP pool exists yet). For each request on its Unix
-socket it forks a child that becomes ``python -m MODULE ARGS`` would: the caller's stdin/stdout/stderr
+socket it forks a child that becomes what ``python -m MODULE ARGS`` (or ``python SCRIPT ARGS``) would: the caller's stdin/stdout/stderr
 (passed as file descriptors), working directory, environment, thread count and ``sys.path[0]``, then the
 module run as ``__main__``, its exit code or fatal signal, and the interpreter's exit handlers. capreward
 itself is imported afresh in each child, so module-level reads of the environment see the caller's.
 
-Protocol (one connection a request): the client sends a 4-byte length, a JSON request (module, argv, cwd,
-env) and the three descriptors; the zygote answers one JSON line with the child's pid and, when the child
+Protocol (one connection a request): the client sends a 4-byte length, a JSON request (module or script,
+argv, cwd, env) and the three descriptors; the zygote answers one JSON line with the child's pid and, when the child
 ends, one line with its exit code (negative: the signal that ended it, as :mod:`subprocess` reports it)
 and its peak resident set size (``maxrss_kb``, from ``wait4``; it counts the pages inherited from the
 zygote, as a plain interpreter's counts its own imports).
@@ -83,13 +83,25 @@ def _become(request: dict, fds: list[int], import_output: bytes, default_threads
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        watched = request.get("watch")
+        if watched:  # a launcher (zygote_exec.py) stands for this child: it and its children go with it
+            os.setsid()
+            threading.Thread(target=_follow, args=(int(watched),), daemon=True).start()
         threads = request["env"].get("OMP_NUM_THREADS", "")
         torch.set_num_threads(int(threads) if threads.isdigit() and int(threads) > 0 else default_threads)
-        sys.path[0] = os.getcwd()  # what ``python -m`` puts first
-        sys.argv = ["-m", *request["argv"]]
+        script = request.get("script")
+        if script:  # ``python SCRIPT ARGS``: the script's folder first on the path
+            sys.path[0] = os.path.dirname(os.path.abspath(script))
+            sys.argv = [script, *request["argv"]]
+        else:
+            sys.path[0] = os.getcwd()  # what ``python -m`` puts first
+            sys.argv = ["-m", *request["argv"]]
         os.write(2, import_output)
         try:
-            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+            if script:
+                runpy.run_path(script, run_name="__main__")
+            else:
+                runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
             code = 0
         except SystemExit as exc:
             code = _exit_code(exc)
@@ -110,6 +122,19 @@ def _become(request: dict, fds: list[int], import_output: bytes, default_threads
                 pass
     finally:
         os._exit(code)
+
+
+def _follow(pid: int) -> None:
+    """In a child started for a launcher: when the launcher process ``pid`` is gone (killed at a time
+    limit), kill this child's process group (it, and the processes it started)."""
+    import time
+
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            os.killpg(os.getpid(), signal.SIGKILL)
+        time.sleep(0.5)
 
 
 def _reap(pid: int, conn: socket.socket) -> None:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 
+import cli_process
 from capreward.server.http import post_json
 
 
@@ -50,8 +51,13 @@ class Server:
     ``command``: the server command (default :func:`serve_command`)."""
 
     def __init__(self, args: list[str], timeout: float = 180.0, command: list[str] | None = None):
-        cmd = [*(command or serve_command()), "--host", "127.0.0.1", "--port", "0", *args]
-        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+        flags = ["--host", "127.0.0.1", "--port", "0", *args]
+        if command is None and not os.environ.get("CAPREWARD_TEST_SERVE_COMMAND"):
+            # a child of the test zygote (cli_process): its own process, without paying the imports again
+            self.proc: subprocess.Popen | cli_process.Child = cli_process.start(["serve", *flags])
+        else:
+            self.proc = subprocess.Popen([*(command or serve_command()), *flags], stderr=subprocess.PIPE,
+                                         stdout=subprocess.DEVNULL, text=True)
         self.lines: list[str] = []
         ready = threading.Event()
         self.url = None

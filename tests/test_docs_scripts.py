@@ -1,7 +1,8 @@
 """The docs' scripts run as pasted: every integration page and the quick start open with a complete
 script (a ```python block whose first line is a ``# docs-script`` comment), and each metric page shows its
-scorer's example as one. Each script is written to a file and run with a fresh ``python`` in a subprocess,
-in an empty folder, with nothing but the tree's ``src`` on ``PYTHONPATH`` and the hub offline: no
+scorer's example as one. Each script is written to a file and run as ``python script.py`` in a process of
+its own (a child of the test zygote, :mod:`cli_process`: the heavy libraries imported once, capreward
+and the script's own imports afresh), in an empty folder, with nothing but the tree's ``src`` on ``PYTHONPATH`` and the hub offline: no
 substitution, no prepared namespace (tests/test_docs_code.py runs the pages' other blocks its way and
 leaves these to this file). The scripts use the tiny models of ``capreward.testing`` (built in seconds,
 trained ones cached in ``$CAPREWARD_CACHE``).
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+import cli_process
 from conftest import REPO
 
 DOCS = REPO / "docs"
@@ -59,8 +61,7 @@ def run_script(code: str, folder: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}
     env.update(PYTHONPATH=str(REPO / "src"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore::DeprecationWarning")
-    return subprocess.run([sys.executable, str(script)], cwd=folder, capture_output=True, text=True, env=env,
-                          timeout=TIMEOUT)
+    return cli_process.run([], script=script, cwd=folder, env=env, timeout=TIMEOUT)
 
 
 def check(out: subprocess.CompletedProcess, label: str) -> None:

@@ -2,7 +2,8 @@
 
 A video's frames are refused before decoding when frames x the encoder's input pixels exceed the frame
 budget ``max_model_pixels``, and the frames within it are decoded, preprocessed and encoded a chunk at a
-time. Peak RSS is measured in fresh processes (``ru_maxrss`` / ``VmHWM``) on a long synthetic video
+time. Peak RSS is measured in processes of their own (``ru_maxrss`` / ``VmHWM``; the CLI's two runs as
+children of one kind, :mod:`cli_process`) on a long synthetic video
 (1,000 frames of 32x32: 3 MB decoded) scored with ``frames=None`` (``--frames 0``) by a tiny CLIP with
 a 224-px input (random weights, OpenAI format, loaded as any checkpoint), at every entry point: the
 Python API, ``capreward score`` and the reward server. Before this change the whole video's preprocessed
@@ -22,6 +23,7 @@ import pytest
 
 from capreward.media import MediaError, media_limits
 
+import cli_process
 from conftest import random_video, write_mp4
 from serve_process import Server
 
@@ -117,26 +119,26 @@ def test_api_peak_rss_on_a_long_video(videos, clip224):
     assert growth < GROWTH_BOUND, f"+{growth / 2**20:.0f} MB"
 
 
-def _cli_peak(videos, clip_path: Path, video: Path, tmp: Path) -> int:
+def _cli_peak(videos, clip_path: Path, video: Path, tmp: Path) -> tuple[str, int]:
+    """How the CLI ran (a zygote's child or a plain process) and its peak RSS in bytes."""
     manifest = tmp / f"{video.stem}.jsonl"
     manifest.write_text(json.dumps({"id": "v", "caption": CAPTION, "video": str(video)}) + "\n")
-    code = ("import resource, runpy, sys\n"
-            "sys.argv = ['capreward'] + sys.argv[1:]\n"
-            "try:\n    runpy.run_module('capreward.cli.main', run_name='__main__')\n"
-            "finally:\n    print('PEAK_RSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n")
     out = tmp / f"{video.stem}.scores.jsonl"
-    proc = subprocess.run([sys.executable, "-c", code, "score", str(manifest), "--out", str(out), "--metrics",
-                           "emscore", "--clip-model", str(clip_path), "--frames", "0", "--no-progress"],
-                          capture_output=True, text=True, timeout=900)
+    out.unlink(missing_ok=True)
+    proc = cli_process.run(["score", manifest, "--out", out, "--metrics", "emscore", "--clip-model", clip_path,
+                            "--frames", "0", "--no-progress"], timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     row = json.loads(out.read_text().splitlines()[0])
     assert not row.get("errors") and np.isfinite(row["emscore"]), row
-    return int(re.search(r"PEAK_RSS (\d+)", proc.stderr).group(1)) * 1024
+    return cli_process.last_run, proc.peak_rss
 
 
 def test_cli_frames_0_peak_rss_on_a_long_video(videos, clip224, tmp_path):
-    short = _cli_peak(videos, clip224, videos["short"], tmp_path)
-    long = _cli_peak(videos, clip224, videos["long"], tmp_path)
+    for _ in range(2):  # two runs of one kind: the first in an environment may be plain, the next a zygote's
+        (short_kind, short), (long_kind, long) = (_cli_peak(videos, clip224, videos[v], tmp_path) for v in ("short", "long"))
+        if short_kind == long_kind:
+            break
+    assert short_kind == long_kind
     print(f"capreward score --frames 0, {LONG_FRAMES} frames: peak RSS {long / 2**20:.0f} MB "
           f"(12 frames: {short / 2**20:.0f} MB)")
     assert long - short < GROWTH_BOUND, f"+{(long - short) / 2**20:.0f} MB"

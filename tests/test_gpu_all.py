@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import cli_process
 from conftest import import_script
 
-REPO = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
 BENCH = REPO / "benchmarks"
 
 # what the device image lacks and no step but the GRPO one needs (benchmarks/README.md)
@@ -137,11 +140,14 @@ def test_the_issue44_set_names_real_steps_and_fits_its_deadline():
 @pytest.mark.slow
 def test_cpu_dry_run_of_the_gpu_command_writes_every_steps_figures_and_the_summary(tmp_path):
     """The one command, CAPREWARD_BENCH_DEVICE=cpu: every step at small sizes (the parity step narrowed to one
-    test). Minutes on a busy 2-core machine."""
+    test), each a child of the test zygote (``CAPREWARD_BENCH_LAUNCH``). Minutes on a busy 2-core machine."""
     env = dict(os.environ, OUT=str(tmp_path / "out"), CAPREWARD_BENCH_DEVICE="cpu", PYTHON=sys.executable,
                CAPREWARD_BENCH_PYTEST_ARGS="-k test_clip_s_matches_open_clip_encoders", CAPREWARD_BENCH_BUDGET_S="3600",
                CAPREWARD_BENCH_LIMIT_SCALE="4")  # a shared 2-core machine: the steps' limits are sized for a GPU host
     env.pop("CAPREWARD_BENCH_STEPS", None)
+    socket_path = cli_process.zygote_socket()
+    if socket_path is not None:  # each step a child of the test zygote: the heavy imports paid once
+        env.update(CAPREWARD_TEST_ZYGOTE=socket_path, CAPREWARD_BENCH_LAUNCH=shlex.join([sys.executable, str(HERE / "zygote_exec.py")]))
     proc = subprocess.run(["bash", str(BENCH / "gpu_all.sh")], capture_output=True, text=True, env=env, cwd=REPO)
     out = tmp_path / "out"
     rows = read_rows(out)
