@@ -142,6 +142,8 @@ def _reap(pid: int, conn: socket.socket) -> None:
     answer = {"returncode": os.waitstatus_to_exitcode(status), "maxrss_kb": usage.ru_maxrss}
     try:
         conn.sendall((json.dumps(answer) + "\n").encode())
+    except OSError:  # the caller is gone (a launcher killed at a time limit): nobody to tell
+        pass
     finally:
         conn.close()
 

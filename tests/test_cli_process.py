@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -86,3 +89,79 @@ def test_the_cli_itself(tmp_path):
     fresh = subprocess.run([sys.executable, "-m", "capreward.cli.main", "--version"], capture_output=True, text=True,
                            cwd=tmp_path, timeout=300)
     assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr) and forked.stdout
+
+
+def test_a_script_runs_as_python_script_would_and_both_kinds_report_the_peak_rss(probe, monkeypatch):
+    """``run(script=...)`` is ``python SCRIPT ARGS`` (the script's folder first on the path, ``__main__``);
+    plain and forked children both report their peak RSS, which counts what the child allocates."""
+    script = probe / "probe_module.py"
+    env = dict(os.environ, CAPREWARD_PROBE="on")
+    forked = cli_process.run(["3", "x y"], env=env, cwd=probe.parent, script=script, input="in", timeout=300)
+    fresh = subprocess.run([sys.executable, str(script), "3", "x y"], capture_output=True, text=True, env=env,
+                           cwd=probe.parent, input="in", timeout=300)
+    assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+    assert json.loads(forked.stdout)["path0"] == str(probe) and json.loads(forked.stdout)["cwd"] == str(probe.parent)
+    grow = probe / "grow.py"
+    grow.write_text("import sys\nblock = bytearray(int(sys.argv[1]) << 20)\nblock[::4096] = b'x' * len(block[::4096])\n")
+    peaks = {}
+    for plain_only in ("1", "0"):
+        monkeypatch.setenv("CAPREWARD_TEST_PLAIN_CLI", plain_only)
+        for mb in (0, 300):
+            done = cli_process.run([mb], cwd=probe, script=grow, timeout=300)
+            assert done.returncode == 0, done.stderr
+            peaks[cli_process.last_run, mb] = done.peak_rss
+    for kind in ("plain", "zygote"):
+        assert peaks[kind, 300] - peaks[kind, 0] > 200 * 2**20, peaks  # 300 MiB touched, less what the start freed
+
+
+def test_a_started_child_streams_stderr_and_ends_by_a_signal_as_popen_does(probe):
+    """``start`` (a server's child): its stderr readable while it runs, ``poll`` None until it ends,
+    ``terminate`` ends it with -SIGTERM, and its peak RSS is known once it ended."""
+    (probe / "waits.py").write_text("import sys, time\nprint('ready', file=sys.stderr, flush=True)\ntime.sleep(120)\n")
+    cwd = os.getcwd()
+    os.chdir(probe)
+    try:
+        child = cli_process.start([], module="waits")
+    finally:
+        os.chdir(cwd)
+    assert cli_process.last_run == "zygote" and isinstance(child, cli_process.Child)
+    lines = iter(child.stderr)
+    assert any(line.strip() == "ready" for line in lines)
+    assert child.poll() is None
+    child.terminate()
+    assert child.wait(timeout=60) == -signal.SIGTERM and child.peak_rss > 0
+
+
+def test_the_launcher_runs_a_script_in_the_zygote_and_its_death_takes_the_child_along(probe, tmp_path):
+    """tests/zygote_exec.py (the GPU command's dry-run launcher): the child's exit code is the launcher's;
+    when the launcher is killed (a step's time limit), the child and what it started die too."""
+    launcher = [sys.executable, str(Path(__file__).with_name("zygote_exec.py")), sys.executable]
+    env = dict(os.environ, CAPREWARD_TEST_ZYGOTE=cli_process.zygote_socket(), CAPREWARD_PROBE="on")
+    done = subprocess.run([*launcher, str(probe / "probe_module.py"), "5"], capture_output=True, text=True, env=env,
+                          cwd=probe, timeout=300)
+    assert done.returncode == 5 and json.loads(done.stdout)["argv"] == ["5"] and "to stderr" in done.stderr
+    pids = tmp_path / "pids.txt"
+    (probe / "family.py").write_text(
+        "import os, subprocess, sys, time\n"
+        "grandchild = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+        f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{grandchild.pid}}')\n"
+        "time.sleep(300)\n")
+    proc = subprocess.Popen([*launcher, str(probe / "family.py")], env=env, cwd=probe, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not (pids.exists() and len(pids.read_text().split()) == 2) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    family = [int(p) for p in pids.read_text().split()]
+    os.killpg(proc.pid, signal.SIGKILL)  # what gpu_all does at a step's limit
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while any(_alive(p) for p in family) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in family), family
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
