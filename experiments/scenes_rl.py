@@ -67,7 +67,8 @@ class Setup:
         self.paths = {name: evaluation.shared_clip_path(recipe, log=log)
                       for name, recipe in (("A", clips.MODEL_A), ("B", clips.MODEL_B), ("A-partial", clips.MODEL_A_PARTIAL))}
         calibration = clips.scene_stream(clips.MODEL_A.data, args.calibration)
-        self.composite = {name: evaluation.composite_reward(self.paths[name], calibration)[0] for name in ("A", "A-partial")}
+        self.composite = {name: evaluation.composite_reward(self.paths[name], calibration, penalty_weight=args.penalty_weight)[0]
+                          for name in ("A", "A-partial")}
         self.held_out_reward = CLIPScoreReward(model=self.paths["B"], device="cpu")
         self.held_out = clips.scene_stream(clips.HELD_OUT, args.scenes)
         self.train_rows = policy.grpo_rows(args.train_scenes)
@@ -96,6 +97,17 @@ class Setup:
         return {"truth": policy.truth_judge(self.train_rows), "held_out_clip_s": held_out_clip_s}
 
 
+def grpo_settings(args: argparse.Namespace) -> Any:
+    """The GRPO arms' optimiser settings: the demo's, with this experiment's flags."""
+    from scenes_world import policy
+
+    from capreward.cli import demo
+
+    return dataclasses.replace(demo.DEMO_SETTINGS, max_completion_length=policy.MAX_TOKENS, lr=args.lr, scheduler=args.scheduler,
+                               warmup=args.warmup, beta=args.beta, lora_r=args.lora_r, num_generations=args.generations,
+                               batch_size=args.images_per_step * args.generations)
+
+
 def run_arm(setup: Setup, arm: str) -> dict[str, Any]:
     from policy_arms import best_of_n_distillation
     from scenes_world import policy
@@ -114,8 +126,8 @@ def run_arm(setup: Setup, arm: str) -> dict[str, Any]:
         model, processor = setup.start()
         reward = EmptyIsWorst(setup.composite["A"])
         out["log"] = best_of_n_distillation(model, processor, policy.PROMPT, setup.train_rows, reward, args.steps, seed,
-                                            k=4, images_per_step=16, max_new_tokens=policy.MAX_TOKENS,
-                                            lr=demo.DEMO_SETTINGS.lr)  # GRPO's rate: at 3e-3 it collapsed
+                                            k=args.generations, images_per_step=args.images_per_step,
+                                            max_new_tokens=policy.MAX_TOKENS, lr=args.lr)  # GRPO's rate: at 3e-3 it collapsed
     else:
         model, processor = setup.start()
         reward = EmptyIsWorst(setup.composite["A-partial" if arm == "partial" else "A"])
@@ -123,10 +135,11 @@ def run_arm(setup: Setup, arm: str) -> dict[str, Any]:
             reward = policy.WrongImage(reward)
         monitor = GoodhartMonitor(setup.judges(), warn=lambda message: None)
         tally = policy.SceneTally(monitor.watch(reward), setup.train_rows)
-        settings = dataclasses.replace(demo.DEMO_SETTINGS, max_completion_length=policy.MAX_TOKENS)
+        settings = grpo_settings(args)
         recipe = demo.load_recipe()
         with tempfile.TemporaryDirectory(prefix="scenes-rl-") as folder:
-            result = recipe.train(recipe.parse_args(settings.recipe_argv(folder, seed, args.steps)), reward_funcs=[tally],
+            argv = settings.recipe_argv(folder, seed, args.steps) + ["--temperature", repr(args.temperature)]
+            result = recipe.train(recipe.parse_args(argv), reward_funcs=[tally],
                                   model_and_processor=(model, processor), dataset=policy.grpo_dataset(setup.train_rows),
                                   save=False, callbacks=[GoodhartCallback(monitor)])
         model = result["trainer"].model
@@ -158,11 +171,13 @@ def table(rows: list[dict[str, Any]]) -> str:
             cells = " | ".join(f"{m[k][0]:.3f} +- {m[k][1]:.3f}" if k in ("held_out", "words") else f"{m[k][0]:.1%} +- {m[k][1]:.1%}"
                                for k in METRICS)
             lines.append(f"| {arm} | {m['exact'][2]} | {cells} |")
-        if "grpo" in s and "wrong_image" in s:
+        for other in ("wrong_image", "start"):
+            if "grpo" not in s or other not in s:
+                continue
             for metric in ("exact", "hallucination"):
-                (a, sa, _), (c, sc, _) = s["grpo"][metric], s["wrong_image"][metric]
+                (a, sa, _), (c, sc, _) = s["grpo"][metric], s[other][metric]
                 sd = max(sa, sc)
-                lines.append(f"grpo vs wrong_image, {metric}: {a:.1%} vs {c:.1%}, difference {a - c:+.1%} = "
+                lines.append(f"grpo vs {other}, {metric}: {a:.1%} vs {c:.1%}, difference {a - c:+.1%} = "
                              f"{(a - c) / sd if sd else float('inf'):+.1f} x the larger sd")
     return "\n".join(lines)
 
@@ -171,16 +186,26 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", default="0-2")
     p.add_argument("--arms", default=",".join(ARMS))
-    p.add_argument("--steps", type=int, default=60, help="optimiser steps of every arm")
+    p.add_argument("--steps", type=int, default=150, help="optimiser steps of every arm (60 before issue #42 item 4's second run)")
     p.add_argument("--sft-steps", type=int, default=400, help="supervised steps of the start")
     p.add_argument("--scenes", type=int, default=100, help="held-out scenes")
     p.add_argument("--train-scenes", type=int, default=64, help="GRPO's training scenes")
     p.add_argument("--calibration", type=int, default=200, help="true captions of A's stream the penalty is calibrated on")
+    g = p.add_argument_group("optimiser (every arm; GRPO's flags, best-of-n reads --lr, --generations, --images-per-step)")
+    g.add_argument("--lr", type=float, default=1e-3, help="learning rate")
+    g.add_argument("--scheduler", default="cosine", help="learning-rate schedule (transformers' name)")
+    g.add_argument("--warmup", type=float, default=0.1, help="share of the steps warming the rate up")
+    g.add_argument("--beta", type=float, default=0.3, help="KL coefficient to the start policy (the demo's 0.04 before the second run)")
+    g.add_argument("--lora-r", type=int, default=0, help="LoRA rank (0: full fine-tuning)")
+    g.add_argument("--generations", type=int, default=4, help="captions sampled per scene (GRPO's group)")
+    g.add_argument("--images-per-step", type=int, default=16, help="scenes per optimiser step")
+    g.add_argument("--temperature", type=float, default=1.0, help="GRPO's sampling temperature")
+    g.add_argument("--penalty-weight", type=float, default=1.0, help="the hallucination penalty's weight in the composite")
     p.add_argument("--out", default="runs/scenes_rl.jsonl")
-    p.add_argument("--table", default=None, help="print the table of this file and stop")
+    p.add_argument("--table", nargs="+", default=None, help="print the table of these files (seeds run apart) and stop")
     args = p.parse_args(argv)
     if args.table:
-        print(table(read_rows(Path(args.table))))
+        print(table([r for f in args.table for r in read_rows(Path(f))]))
         return 0
     import torch
 
