@@ -1,28 +1,39 @@
 """Experiment: RL in the scenes world, graded by the generator's ground truth and by a held-out CLIP.
 
-Per seed, the scenes captioner (:mod:`scenes_world.policy`: a tiny LLaVA) is first taught by a noisy
-annotator (supervised steps on :func:`~scenes_world.world.sample_caption` captions: counts, bindings,
-colours and shapes wrong, objects missing or added), then, from that same start and for the same budget
-(``--steps`` optimiser steps of 16 scenes x 4 captions), each arm trains:
+Per seed, the scenes captioner (:mod:`scenes_world.policy`: a tiny LLaVA whose image tower starts from the
+scenes-policy CLIP) is first given ``--sft-steps`` supervised steps on the scenes' *true* captions
+(:func:`scenes_world.policy.supervised_start` with its default, no annotator errors: its mistakes are its
+own, mostly shapes), then, from that same start and for the same budget (``--steps`` optimiser steps of
+``--images-per-step`` scenes x ``--generations`` captions, the same optimiser flags), each arm trains:
 
-- ``grpo``: GRPO (TRL, through ``capreward.recipes.grpo_captioner``, the demo's optimiser settings) under the
-  composite on reward model A (CLIP-S + the hallucination penalty behind the guards;
-  :func:`scenes_world.evaluation.composite_reward`);
+- ``grpo``: GRPO (TRL, through ``capreward.recipes.grpo_captioner``: the demo's settings with this
+  experiment's flags, :func:`grpo_settings`) under the composite on reward model A (CLIP-S + the
+  hallucination penalty behind the guards; :func:`scenes_world.evaluation.composite_reward`);
 - ``wrong_image``: the same GRPO with the composite scored against another scene's image of the batch
   (:class:`scenes_world.policy.WrongImage`): the control arm, same samples and scale, no information;
-- ``best_of_n``: rejection-sampling fine-tuning under the composite on A (4 samples per scene, the top one
-  kept, one supervised step at GRPO's learning rate: :func:`policy_arms.best_of_n_distillation`);
+- ``best_of_n``: rejection-sampling fine-tuning under the composite on A (``--generations`` samples per
+  scene, the top one kept, one supervised step at ``--lr``: :func:`policy_arms.best_of_n_distillation`);
 - ``partial``: the negative control, GRPO under the composite on A-partial (a reward model trained on
   partial captions, which does not charge omitted objects).
 
 Every GRPO arm is watched by the Goodhart monitor (:class:`capreward.callbacks.GoodhartMonitor`) with two
 held-out judges: ground truth (exact caption of the scene) and CLIP-S under model B; its per-step rows are
-kept. Each arm is graded on held-out scenes (greedy and 4 samples each) by the ground truth (exact, per
-slot, hallucinated and omitted objects) and by CLIP-S under B. One JSON line per (seed, arm) is appended
-to ``--out`` as it ends; a rerun skips those already there with unchanged inputs::
+kept, and so is the ground truth's grade of every step's samples (``truth_steps``). Each arm is graded on
+held-out scenes (greedy and 4 samples each) by the ground truth (exact, per slot, hallucinated and omitted
+objects) and by CLIP-S under B. One JSON line per (seed, arm) is appended to ``--out`` as it ends; a rerun
+skips those already there with unchanged inputs. Seeds run side by side in separate files::
 
-    python experiments/scenes_rl.py --seeds 0-2 --out runs/scenes_rl.jsonl
-    python experiments/scenes_rl.py --table runs/scenes_rl.jsonl
+    for s in 0 1 2; do python experiments/scenes_rl.py --seeds $s --out runs/scenes_rl-$s.jsonl & done; wait
+    python experiments/scenes_rl.py --table runs/scenes_rl-*.jsonl
+
+Defaults (issue #42 item 4, second run): 150 steps, KL coefficient ``--beta 0.3``; otherwise the demo's
+settings (lr 1e-3 cosine, 10 % warm-up, full fine-tuning, 16 scenes x 4 captions, temperature 1, penalty
+weight 1). The first run's settings: ``--steps 60 --beta 0.04``. Measured (``docs/scenes.md``): under A,
+GRPO learns colours and counts and CLIP-S under B rises, but neither exact accuracy nor hallucinated
+objects move: both hinge on shapes, which neither the policy nor A sees (best-of-16 of the start's own
+samples under A leaves shapes at 25 %). With the demo's ``beta`` 0.04 the control collapses to empty
+captions (the empty-caption floor, -1, is above what the composite gives captions of the wrong image),
+which hallucinate nothing; at 0.3 it keeps writing.
 """
 
 from __future__ import annotations
