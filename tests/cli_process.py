@@ -14,7 +14,8 @@ when used, not when a library is imported). An environment that differs elsewher
 own zygote from the second (at most :data:`MAX_ZYGOTES`); ``CAPREWARD_TEST_PLAIN_CLI=1`` makes every call
 plain. Tests of start-up itself (what the CLI imports, how long ``--help``
 takes) and of signals sent from outside use plain subprocesses. Either way the result carries the
-child's peak resident set size (``peak_rss``), so a test of peak memory compares children of one kind.
+child's peak resident set size (``peak_rss``); a plain child's counts this process's pages it held before
+its exec (Linux), so a test of peak memory compares forked children.
 """
 
 from __future__ import annotations
@@ -138,7 +139,8 @@ def run(args: list[Any] | tuple[Any, ...], *, env: dict[str, str] | None = None,
     Returns:
         A :class:`subprocess.CompletedProcess`, as ``subprocess.run(..., capture_output=True)`` gives, with
         ``peak_rss``: the child's peak resident set size in bytes (``wait4``'s ``ru_maxrss``; a forked
-        child counts the zygote's pages it inherited, a plain one its own imports).
+        child counts the zygote's pages it inherited, a plain one the pages of this process it held between
+        fork and exec: compare forked children).
 
     Raises:
         subprocess.TimeoutExpired: the child outlived ``timeout`` (it is killed first).

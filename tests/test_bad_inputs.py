@@ -795,16 +795,19 @@ def test_cli_refuses_a_manifest_row_without_a_string_caption(root, clip_path, tm
 
 
 def test_cli_bad_rows_cost_no_memory(request, root):
-    """The CLI's peak RSS with every bad file in its manifest stays within the bound of a clean run (two
-    children of one kind: the first run in an environment may be a plain process, the next a zygote's)."""
+    """The CLI's peak RSS with every bad file in its manifest stays within the bound of a clean run: two
+    children of the zygote (the first run in an environment may be a plain process, whose ``wait4`` peak
+    counts the test process's own pages before its exec, so it would show nothing)."""
     run = runner("capreward score", request)
     for _ in range(2):
         _isolating_batch("capreward score", run, root, "image")
         clean = run(GOOD_CAPTIONS, good_visuals(root, "image"), "image")
         (bad_kind, bad_peak), (clean_kind, clean_peak) = run.peaks[-2:]
-        if bad_kind == clean_kind:
+        if bad_kind == clean_kind == "zygote":
             break
-    assert bad_kind == clean_kind and all(v is not None for v, _ in clean)
+    if "plain" in (bad_kind, clean_kind):
+        pytest.skip("CAPREWARD_TEST_PLAIN_CLI=1: a plain child's peak RSS counts this process's pages")
+    assert all(v is not None for v, _ in clean)
     assert bad_peak <= clean_peak + MEMORY_BOUND, f"{bad_peak / 2**20:.0f} MB vs {clean_peak / 2**20:.0f} MB clean"
 
 

@@ -93,7 +93,10 @@ def test_the_cli_itself(tmp_path):
 
 def test_a_script_runs_as_python_script_would_and_both_kinds_report_the_peak_rss(probe, monkeypatch):
     """``run(script=...)`` is ``python SCRIPT ARGS`` (the script's folder first on the path, ``__main__``);
-    plain and forked children both report their peak RSS, which counts what the child allocates."""
+    plain and forked children both report their peak RSS. A forked child's counts what it allocates above
+    the zygote's pages; a plain child's (Linux ``wait4``) also counts the test process's pages it held
+    between fork and exec, so in a large test process it shows nothing of the child: memory tests compare
+    forked children."""
     script = probe / "probe_module.py"
     env = dict(os.environ, CAPREWARD_PROBE="on")
     forked = cli_process.run(["3", "x y"], env=env, cwd=probe.parent, script=script, input="in", timeout=300)
@@ -110,8 +113,8 @@ def test_a_script_runs_as_python_script_would_and_both_kinds_report_the_peak_rss
             done = cli_process.run([mb], cwd=probe, script=grow, timeout=300)
             assert done.returncode == 0, done.stderr
             peaks[cli_process.last_run, mb] = done.peak_rss
-    for kind in ("plain", "zygote"):
-        assert peaks[kind, 300] - peaks[kind, 0] > 200 * 2**20, peaks  # 300 MiB touched, less what the start freed
+    assert peaks["zygote", 300] - peaks["zygote", 0] > 200 * 2**20, peaks  # 300 MiB touched, less what the start freed
+    assert peaks["plain", 300] >= peaks["plain", 0] > 0, peaks
 
 
 def test_a_started_child_streams_stderr_and_ends_by_a_signal_as_popen_does(probe):

@@ -3,7 +3,7 @@
 A video's frames are refused before decoding when frames x the encoder's input pixels exceed the frame
 budget ``max_model_pixels``, and the frames within it are decoded, preprocessed and encoded a chunk at a
 time. Peak RSS is measured in processes of their own (``ru_maxrss`` / ``VmHWM``; the CLI's two runs as
-children of one kind, :mod:`cli_process`) on a long synthetic video
+children of the test zygote, :mod:`cli_process`) on a long synthetic video
 (1,000 frames of 32x32: 3 MB decoded) scored with ``frames=None`` (``--frames 0``) by a tiny CLIP with
 a 224-px input (random weights, OpenAI format, loaded as any checkpoint), at every entry point: the
 Python API, ``capreward score`` and the reward server. Before this change the whole video's preprocessed
@@ -134,11 +134,13 @@ def _cli_peak(videos, clip_path: Path, video: Path, tmp: Path) -> tuple[str, int
 
 
 def test_cli_frames_0_peak_rss_on_a_long_video(videos, clip224, tmp_path):
-    for _ in range(2):  # two runs of one kind: the first in an environment may be plain, the next a zygote's
+    for _ in range(2):  # two zygote children: the first run in an environment may be plain, whose wait4 peak
+        # counts this process's own pages before its exec and would show nothing
         (short_kind, short), (long_kind, long) = (_cli_peak(videos, clip224, videos[v], tmp_path) for v in ("short", "long"))
-        if short_kind == long_kind:
+        if short_kind == long_kind == "zygote":
             break
-    assert short_kind == long_kind
+    if "plain" in (short_kind, long_kind):
+        pytest.skip("CAPREWARD_TEST_PLAIN_CLI=1: a plain child's peak RSS counts this process's pages")
     print(f"capreward score --frames 0, {LONG_FRAMES} frames: peak RSS {long / 2**20:.0f} MB "
           f"(12 frames: {short / 2**20:.0f} MB)")
     assert long - short < GROWTH_BOUND, f"+{(long - short) / 2**20:.0f} MB"
