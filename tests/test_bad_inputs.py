@@ -814,13 +814,16 @@ def test_cli_bad_rows_cost_no_memory(request, root):
 def test_media_loader_bounds_memory_in_a_fresh_process(root):
     """Bombs and huge files in a fresh interpreter: its peak RSS must stay within the bound of its RSS
     after imports (decoding the 30000x30000 bomb would need 0.9-2.7 GB, the 8000x6000 PNG 0.2-0.6 GB)."""
+    # VmHWM (kB), not ru_maxrss: after fork and exec, ru_maxrss starts at the pages this large pytest
+    # process had, so the child's growth below that would read as zero
     code = (
-        "import resource, sys\n"
+        "import re, sys\n"
         "from capreward.media import load_image, load_video, MediaError\n"
-        "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "def peak():\n    return int(re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read()).group(1))\n"
+        "base = peak()\n"
         "for path in sys.argv[1:]:\n"
         "    try:\n        load_image(path)\n    except MediaError as exc:\n        print('refused', exc)\n"
-        "print('GROWTH', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base)\n"
+        "print('GROWTH', peak() - base)\n"
     )
     paths = [str(root / "bomb.png"), str(root / "huge.png")]
     proc = subprocess.run([sys.executable, "-c", code, *paths], capture_output=True, text=True, timeout=600)

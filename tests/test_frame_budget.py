@@ -2,7 +2,7 @@
 
 A video's frames are refused before decoding when frames x the encoder's input pixels exceed the frame
 budget ``max_model_pixels``, and the frames within it are decoded, preprocessed and encoded a chunk at a
-time. Peak RSS is measured in processes of their own (``ru_maxrss`` / ``VmHWM``; the CLI's two runs as
+time. Peak RSS is measured in processes of their own (``VmHWM``; the CLI's two runs as
 children of the test zygote, :mod:`cli_process`) on a long synthetic video
 (1,000 frames of 32x32: 3 MB decoded) scored with ``frames=None`` (``--frames 0``) by a tiny CLIP with
 a 224-px input (random weights, OpenAI format, loaded as any checkpoint), at every entry point: the
@@ -91,13 +91,15 @@ def test_chunked_encoding_gives_the_same_embeddings(videos):
 
 
 # ---------------------------------------------------------------------------- peak RSS, fresh processes
+# VmHWM, not ru_maxrss: after fork and exec, ru_maxrss starts at the pages the parent (a large pytest
+# worker) had, so a child's growth below that reads as zero; VmHWM is the new program's own peak
 API_CODE = """
-import resource, sys
+import re, sys
 from capreward.backbones import CLIPBackbone
 from capreward.scorers.emscore import EMScore
 em = EMScore(model=sys.argv[1], frames=None)
 def peak():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024
 em.score(["a red and green image."], videos=[sys.argv[2]])  # warm: model, decoders, allocator
 before = peak()
 result = em.score(["a red and green image."], videos=[sys.argv[3]])
