@@ -15,7 +15,10 @@ For a metric and a small case on its (tiny) model it checks:
 - **generic == named**: the class named for the metric, when there is one (``EMScoreReward``,
   ``FLEURMetric``), gives what the generic class gives, with the same signature;
 - **pickling**: a reward pickles and gives the same values after (when its options pickle: a reward on an
-  in-memory model cannot).
+  in-memory model cannot);
+- **random streams**: a reward that loads its model on its first call (options naming a model, as a
+  pickled reward rebuilds it) leaves torch's random generator as it was, so that attaching a reward, a
+  judge or a monitor to a trainer does not change the trainer's later samples.
 
 tests/test_conformance.py runs it over every registered metric on its tiny model. A metric added by a
 plugin is checked the same way: build a :class:`ConformanceCase` on its model and call
@@ -277,6 +280,24 @@ class MetricConformance:
         assert type(copy) is MetricReward and copy._scorer is None, f"{self._where()}the scorer travelled with the reward"
         assert _runs_same(self._reward_run(copy), before), f"{self._where()}a pickled reward scores differently"
 
+    def check_random_streams(self) -> None:
+        """A reward's first call, which builds its scorer and loads its model, draws nothing from torch's
+        global generator (the loaded layers were initialised before their weights were read); skipped
+        when the options do not pickle (an in-memory model is built already)."""
+        import torch
+
+        from capreward.rewards import MetricReward
+
+        try:
+            pickle.dumps(self.case.options)
+        except Exception:  # noqa: BLE001 - an in-memory model: nothing is loaded on the first call
+            return
+        reward = MetricReward(self.spec.name, **self.case.options)
+        state = torch.get_rng_state()
+        self._reward_run(reward)
+        assert reward._scorer is not None and torch.equal(state, torch.get_rng_state()), \
+            f"{self._where()}loading the reward's model moved torch's random generator"
+
     def check_all(self) -> list[str]:
         """Run every check; returns the names of the checks run (AssertionError on the first that fails).
 
@@ -286,7 +307,8 @@ class MetricConformance:
         checks: list[tuple[str, Callable[[], None]]] = [
             ("declared sub-scores", self.check_declared), ("range and direction", self.check_range_and_direction),
             ("batch and order", self.check_batch_and_order), ("reward, Metric and job", self.check_reward_metric_job),
-            ("named and generic", self.check_named_equals_generic), ("pickling", self.check_pickling)]
+            ("named and generic", self.check_named_equals_generic), ("pickling", self.check_pickling),
+            ("random streams", self.check_random_streams)]
         for _, check in checks:
             check()
         return [name for name, _ in checks]

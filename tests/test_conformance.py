@@ -1,6 +1,7 @@
 """Every registered metric keeps the one contract (tests/conformance.py): declared sub-scores ==
 written, range and direction as declared, batch and order invariance, reward == Metric == job fields for
-the same inputs, the named classes == the generic ones, pickling. Each runs on its tiny model (the tiny
+the same inputs, the named classes == the generic ones, pickling, a first call that loads a model leaves torch's random
+generator as it was. Each runs on its tiny model (the tiny
 models are built once per session: tests/contract_cases.py); a metric registered without a tiny case fails
 here, asking for one.
 
@@ -42,4 +43,4 @@ def test_the_metric_keeps_the_contract(name, models, tmp_path_factory):
         name, case.captions, case.images, case.references, case.inputs, models.scorer_option(name),
         ordered=name not in ("visce2", "gveval")))  # the tiny VLM judge reads the image's colour only
     assert conformance.check_all() == ["declared sub-scores", "range and direction", "batch and order",
-                                       "reward, Metric and job", "named and generic", "pickling"]
+                                       "reward, Metric and job", "named and generic", "pickling", "random streams"]

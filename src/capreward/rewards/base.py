@@ -25,6 +25,7 @@ from ..errors import NO_SCORE, SampleError, exception_kind, sample_failure, summ
 from ..judges.caller_text import is_blank
 from ..judges.injection import injection_reason
 from ..media import MediaError, describe, media_key
+from ..random_state import keeps_random_state
 from .inputs import Columns, RewardInputs, Sample, collect_inputs
 
 logger = logging.getLogger(__name__)
@@ -490,10 +491,12 @@ class CaptionReward(RewardFunction):
 
     @property
     def scorer(self) -> Any:
-        """The scorer, built on first access."""
+        """The scorer, built on first access (torch's random streams are left as they were: building
+        a model inside a training step must not change the trainer's later samples)."""
         with self._lock:
             if self._scorer is None:
-                self._scorer = self._build()
+                with keeps_random_state():
+                    self._scorer = self._build()
             return self._scorer
 
     def metric_names(self) -> tuple[str, ...]:
