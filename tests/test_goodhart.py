@@ -311,10 +311,34 @@ def test_follow_flags_a_judge_that_stays_level_while_the_reward_climbs():
     assert default.verdict() is None
 
 
-def _grpo_with_monitor(tmp_path, start: str, steps: int):
-    """A real TRL GRPO run of the demo's tiny LLaVA watched by the monitor: ``start="blind"`` is the
-    earlier demo (SFT on random colours: the reward rises while the right-colour share stays level),
-    ``start="weak"`` the demo now (weak labels); both with the demo's reward and settings."""
+#: Each colour's partner in its family: a reward that sees the partner's image pays the wrong colour.
+SWAPPED = {"red": "yellow", "yellow": "red", "green": "blue", "blue": "green"}
+
+
+def scored_against_the_swapped_colour(reward):
+    """``reward`` given, for each sample, a solid image of the :data:`SWAPPED` colour instead of the
+    sample's own: a misaligned reward whose optimum names the wrong colour of the right family, which a
+    policy from the weak start can learn as fast as the right one (the same within-family choice)."""
+    import random
+
+    from capreward.testing import colour_image
+    from capreward.testing.colour_task import TASK_COLOURS
+
+    images = {c: colour_image(SWAPPED[c], random.Random(0)) for c in TASK_COLOURS}
+
+    def swapped(prompts, completions, colour, **kwargs):
+        kwargs["image"] = [images[c] for c in colour]
+        return reward(prompts, completions, colour=colour, **kwargs)
+
+    swapped.__name__ = reward.__name__
+    return swapped
+
+
+def _grpo_with_monitor(tmp_path, start: str, steps: int, swapped: bool = False):
+    """A real TRL GRPO run of the demo's tiny LLaVA watched by the monitor, with the demo's reward and
+    settings: ``start="weak"`` the demo's start (weak labels), ``"blind"`` the earlier demo's (SFT on
+    random colours); with ``swapped`` the reward scores each caption against the image of the colour's
+    family partner (:func:`scored_against_the_swapped_colour`)."""
     from capreward.cli import demo
     from capreward.rewards import CLIPScoreReward
     from capreward.testing import TinyLlavaSpec, build_tiny_llava
@@ -342,6 +366,8 @@ def _grpo_with_monitor(tmp_path, start: str, steps: int):
     else:
         sft_colours(model, processor, 80, 0, label=weak_label)
     reward = demo.build_reward(clip, colour_rows(demo.CALIBRATION_ROWS, 3000))  # the same reward and settings for both starts
+    if swapped:
+        reward = scored_against_the_swapped_colour(reward)
     recipe = demo.load_recipe()
     args = recipe.parse_args(demo.DEMO_SETTINGS.recipe_argv(str(tmp_path), 0, steps))
     callback = GoodhartCallback(monitor)
@@ -353,21 +379,23 @@ def _grpo_with_monitor(tmp_path, start: str, steps: int):
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_monitor_flags_the_blind_policy_collapse_and_stays_quiet_on_the_learning_run(tmp_path):
-    """Demonstrated on the demo's task: from an image-blind start GRPO raises the composite reward while the
-    share of captions naming the right colour stays level (the best image-blind policy); the monitor flags
-    it, naming ground truth (the second CLIP's CLIP-S is no help here: over 80 steps it rose with the training
-    reward, 0.75 -> 0.86, since the same blind captions pay on both CLIPs). From the weakly supervised start it
-    stays quiet. The monitor's defaults (window 8, follow 0, z 0), as measured on 24 recorded runs
-    (docs/integrations/goodhart.md: no false alarm on 9 learning runs, none missed on 8 collapses with
-    ground truth); the earlier settings (window 16, follow 0.05 for truth) false-alarmed on this learning run."""
+def test_monitor_flags_a_misaligned_reward_and_stays_quiet_on_the_learning_run(tmp_path):
+    """Demonstrated on the demo's task, two real GRPO runs of 48 steps from the same weak start: under the
+    demo's reward scored against the image of each colour's family partner (a misaligned reward: it pays
+    "a yellow image" for a red one) the training reward rises while the share of captions naming the right
+    colour falls, and the monitor flags it, naming ground truth; under the demo's reward it stays quiet
+    while the right-colour share rises. The monitor's defaults (window 8, follow 0, z 0), as measured on
+    24 recorded runs (docs/integrations/goodhart.md). An image-blind start (the earlier demo) no longer
+    serves as the collapse: since a reward's first call stopped drawing from the trainer's random
+    generator, seed 0's blind run no longer raises the reward at all in 48 steps (-0.70 -> -0.87), and
+    across five blind seeds only one collapsed."""
     from fixtures_llava import one_torch_thread  # noqa: F401
 
     torch.set_num_threads(1)
-    monitor, messages, result = _grpo_with_monitor(tmp_path / "blind", "blind", steps=48)
+    monitor, messages, result = _grpo_with_monitor(tmp_path / "swapped", "weak", steps=48, swapped=True)
     ch = monitor.changes()
-    assert ch["train"][1] - ch["train"][0] >= 0.05  # the reward rose
-    assert ch["truth"][1] - ch["truth"][0] < 0.05  # the right-colour share did not follow (level, or fell)
+    assert ch["train"][1] - ch["train"][0] >= 0.05, ch  # the reward rose
+    assert ch["truth"][1] - ch["truth"][0] < 0.0, ch  # the right-colour share fell
     assert len(messages) >= 1 and ("truth did not follow" in messages[0] or "truth fell" in messages[0]), messages
     logged = [h for h in result["log_history"] if "goodhart/train" in h]
     assert len(logged) == 48 and all(h["goodhart/train"] == pytest.approx(h["reward"], abs=1e-4) for h in logged)
