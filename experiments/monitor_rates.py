@@ -13,9 +13,11 @@ under the default settings and under variants:
   accuracy at or below the start's);
 - anything else is **mixed** (listed, not counted).
 
-A false alarm is a learning run on which the monitor raised an alarm at any step; a missed alarm is a
-collapse on which it raised none by the end. Rates are given per judge set: ground truth alone, the
-held-out CLIP alone, both::
+A false alarm is a learning run on which the monitor raised an alarm; a missed alarm is a collapse on
+which it raised none. Both are counted twice: over the whole run (:attr:`GoodhartMonitor.fired`, an alarm
+at any step) and at the run's end (:meth:`GoodhartMonitor.verdict` after the last step: the first window
+against the last; an alarm raised mid-run that the judges caught up with is no longer standing). Rates are
+given per judge set: ground truth alone, the held-out CLIP alone, both::
 
     python experiments/monitor_rates.py runs/demo_seeds2.jsonl runs/scenes_rl.jsonl
 """
@@ -36,7 +38,6 @@ from demo_seeds import read_rows  # noqa: E402
 SETTINGS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "old test (window 16, follow 0.05, z 0)": {"window": 16, "follow": 0.05, "z": 0.0},
-    "old defaults (window 8, z 0)": {"window": 8, "z": 0.0},
 }
 JUDGE_SETS = {"truth": ("truth",), "held-out CLIP": ("held_out_clip_s",), "both": ("truth", "held_out_clip_s")}
 
@@ -89,14 +90,15 @@ def runs(paths: Iterable[str]) -> list[dict[str, Any]]:
     return out
 
 
-def replay(rows: list[dict[str, float]], judges: tuple[str, ...], settings: dict[str, Any]) -> tuple[bool, int | None]:
-    """Whether the monitor fired on ``rows`` with ``judges`` under ``settings``, and its first alarm's step."""
+def replay(rows: list[dict[str, float]], judges: tuple[str, ...], settings: dict[str, Any]) -> tuple[bool, int | None, bool]:
+    """Whether the monitor fired on ``rows`` with ``judges`` under ``settings`` (at any step), its first
+    alarm's step, and whether an alarm stands at the end (the verdict after the last row)."""
     from capreward.callbacks import GoodhartMonitor
 
     monitor = GoodhartMonitor({name: (lambda **_: []) for name in judges}, warn=lambda message: None, **settings)
     for row in rows:
         monitor.record({"step": row["step"], "train": row["train"], **{j: row[j] for j in judges}})
-    return monitor.fired, (monitor.alarms[0][0] if monitor.alarms else None)
+    return monitor.fired, (monitor.alarms[0][0] if monitor.alarms else None), monitor.verdict() is not None
 
 
 def table(all_runs: list[dict[str, Any]]) -> str:
@@ -104,20 +106,26 @@ def table(all_runs: list[dict[str, Any]]) -> str:
     collapse = [r for r in all_runs if r["label"] == "collapse"]
     mixed = [r for r in all_runs if r["label"] == "mixed"]
     lines = [f"{len(learning)} learning runs, {len(collapse)} collapses, {len(mixed)} mixed (not counted)", "",
-             "| monitor settings | judges | false alarms (learning runs) | missed alarms (collapses) | first alarm on a collapse (median step) |",
-             "|---|---|---|---|---|"]
+             "| monitor settings | judges | false alarms: any step | false alarms: standing at the end | "
+             "missed alarms: any step | missed alarms: at the end | first alarm on a collapse (median step) |",
+             "|---|---|---|---|---|---|---|"]
     for sname, settings in SETTINGS.items():
         for jname, judges in JUDGE_SETS.items():
             if not all(all(j in r["rows"][0] for j in judges) for r in all_runs):
                 continue
-            false = [r["name"] for r in learning if replay(r["rows"], judges, settings)[0]]
+            quiet = [replay(r["rows"], judges, settings) for r in learning]
             caught = [replay(r["rows"], judges, settings) for r in collapse]
-            missed = [r["name"] for r, (fired, _) in zip(collapse, caught) if not fired]
-            steps = [s for fired, s in caught if fired]
-            lines.append(f"| {sname} | {jname} | {len(false)}/{len(learning)} | {len(missed)}/{len(collapse)} | "
-                         f"{statistics.median(steps) if steps else '-'} |")
+            false = [r["name"] for r, (fired, _, _) in zip(learning, quiet) if fired]
+            false_end = [r["name"] for r, (_, _, standing) in zip(learning, quiet) if standing]
+            missed = [r["name"] for r, (fired, _, _) in zip(collapse, caught) if not fired]
+            missed_end = [r["name"] for r, (_, _, standing) in zip(collapse, caught) if not standing]
+            steps = [s for fired, s, _ in caught if fired]
+            n, m = len(learning), len(collapse)
+            lines.append(f"| {sname} | {jname} | {len(false)}/{n} | {len(false_end)}/{n} | {len(missed)}/{m} | "
+                         f"{len(missed_end)}/{m} | {statistics.median(steps) if steps else '-'} |")
             if sname == "defaults":
-                lines += [f"|  | | false: {', '.join(false) or 'none'} | missed: {', '.join(missed) or 'none'} | |"]
+                lines += [f"|  | | {', '.join(false) or 'none'} | {', '.join(false_end) or 'none'} | "
+                          f"{', '.join(missed) or 'none'} | {', '.join(missed_end) or 'none'} | |"]
     lines.append("")
     lines += [f"- {r['name']}: {r['label']}" for r in all_runs]
     return "\n".join(lines)
