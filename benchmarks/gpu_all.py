@@ -70,9 +70,13 @@ class Context:
         """The tiny CLIP saved once as an OpenAI-format file: the CPU dry run's stand-in for every shape."""
         path = self.work / "tiny_clip.pt"
         if not path.exists():
-            from capreward.testing import save_tiny_clip_openai
+            launch = shlex.split(os.environ.get("CAPREWARD_BENCH_LAUNCH", ""))
+            if launch:  # through the steps' launcher (the test zygote): no torch import in this process
+                subprocess.run([*launch, self.python, str(HERE / "tiny_clip_file.py"), str(path)], cwd=REPO, check=True)
+            else:
+                from capreward.testing import save_tiny_clip_openai
 
-            save_tiny_clip_openai(path, seed=0)
+                save_tiny_clip_openai(path, seed=0)
         return str(path)
 
     def clip(self, arch: str) -> str:
@@ -360,12 +364,14 @@ def summary_table(rows: list[dict], ctx: Context, total: float) -> str:
 
 
 def main() -> int:
-    import torch
-
     out_dir = Path(os.environ.get("OUT") or REPO / "gpu_out")
     out_dir.mkdir(parents=True, exist_ok=True)
-    device = os.environ.get("CAPREWARD_BENCH_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
-    gpu = torch.device(device).type == "cuda"
+    device = os.environ.get("CAPREWARD_BENCH_DEVICE")
+    if not device:  # torch is imported only to find the device (the steps are processes of their own)
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    gpu = device.split(":")[0] == "cuda"
     named = os.environ.get("CAPREWARD_BENCH_SET") or ""
     if named and named not in SETS:
         print(f"unknown set {named!r}; known: {sorted(SETS)}", file=sys.stderr)

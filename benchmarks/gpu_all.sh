@@ -10,7 +10,8 @@ PY=${PYTHON:-python3}
 export OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 SITE=${CAPREWARD_BENCH_SITE:-/tmp/capreward-site}
-if ! "$PY" -c "import open_clip, ftfy, trl, datasets" 2>/dev/null; then
+# found, not imported (importing them is seconds of CPU): the wheels are for a machine that lacks them
+if ! "$PY" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(n) is None for n in ('open_clip', 'ftfy', 'trl', 'datasets')))" 2>/dev/null; then
   if ls .whl/*.whl >/dev/null 2>&1; then
     echo "installing the carried wheels into $SITE: $(ls .whl | tr '\n' ' ')"
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \

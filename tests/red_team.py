@@ -403,15 +403,20 @@ def run_red_team(attacks: Sequence[Attack] = ATTACKS, paths: Sequence[str] = ("l
     verdicts: list[Verdict] = []
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    server = None
+    if "remote" in paths:
+        # memo: the reward targets send again the requests their scorer targets sent (same captions,
+        # same bodies); the greedy float32 server answers those from its first answers. Started now: its
+        # imports and judge load run while the local path is attacked (waited for when the remote path starts)
+        server = ChatServer("local", judge_dir=susceptible_judge_dir(), model="susceptible", memo=True).start(wait=False)
     try:
         if "local" in paths:
             judge = susceptible_judge()
             for target in targets(judge, LocalChatJudge(judge, batch_size=16), path="local", image=image):
                 verdicts += _timed(target, attacks, log)
-        if "remote" in paths:
-            # memo: the reward targets send again the requests their scorer targets sent (same captions,
-            # same bodies); the greedy float32 server answers those from its first answers
-            with ChatServer("local", judge_dir=susceptible_judge_dir(), model="susceptible", memo=True) as server:
+        if server is not None:
+            server.wait_ready()
+            with server:
                 options = dict(max_concurrency=4, timeout=120, max_retries=1)
                 backend = OpenAIJudge(server.base_url, model="susceptible", **options)
                 # G-VEval's digit trees as vLLM's batched next-token requests (an OpenAIJudge reads each
@@ -421,6 +426,8 @@ def run_red_team(attacks: Sequence[Attack] = ATTACKS, paths: Sequence[str] = ("l
                 for target in targets(None, backend, path="remote", image=image, gveval_backend=exact):
                     verdicts += _timed(target, attacks, log)
     finally:
+        if server is not None:
+            server.stop()
         torch.set_num_threads(threads)
     return verdicts
 

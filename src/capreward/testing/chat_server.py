@@ -233,8 +233,10 @@ def decode_image(url: str) -> Any:
         raise BadRequest(f"image_url does not decode as an image: {exc}") from exc
 
 
-def parse_messages(messages: Any, with_images: bool) -> list[dict]:
-    """``[{role, text, images}]`` from OpenAI ``messages`` (string content or text/image_url parts)."""
+def parse_messages(messages: Any, with_images: bool, decoded: dict[str, Any] | None = None) -> list[dict]:
+    """``[{role, text, images}]`` from OpenAI ``messages`` (string content or text/image_url parts);
+    ``decoded``: images already decoded by URL, filled here (the conversations of one batched request,
+    a digit tree's 102, carry the same image: decoded once)."""
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty list")
     turns = []
@@ -253,7 +255,15 @@ def parse_messages(messages: Any, with_images: bool) -> list[dict]:
                 elif kind == "image_url":
                     url = part.get("image_url", {})
                     url = url.get("url") if isinstance(url, dict) else url
-                    images.append(decode_image(str(url)) if with_images else str(url))
+                    url = str(url)
+                    if not with_images:
+                        images.append(url)
+                    elif decoded is None:
+                        images.append(decode_image(url))
+                    else:
+                        if url not in decoded:
+                            decoded[url] = decode_image(url)
+                        images.append(decoded[url])
                 else:
                     raise BadRequest(f"messages[{i}].content[{j}] has unsupported type {kind!r}")
         else:
@@ -658,8 +668,9 @@ def make_handler(backend: Any, model: str, faults: Faults, api_key: str | None =
             if body.get("chat_template") is not None:
                 raise BadRequest("this test server's batch route renders with its own template only")
             requests = []
+            decoded: dict[str, Any] = {}  # one image of many conversations decoded once
             for conversation in conversations:
-                turns = parse_messages(conversation, with_images=True)
+                turns = parse_messages(conversation, with_images=True, decoded=decoded)
                 prefill_mode(body, turns)
                 requests.append(ChatRequest(turns=tuple(ChatTurn(t["role"], t["text"], tuple(t["images"])) for t in turns)))
             with backend.lock:

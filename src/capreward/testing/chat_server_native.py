@@ -32,8 +32,11 @@ from ..errors import CaprewardError
 
 #: SGLang's default ``max_new_tokens``.
 SGLANG_MAX_NEW_TOKENS = 128
-#: Rows per batched prefill.
+#: Rows per batched prefill of the text judge (its rows share no prefix: each runs whole).
 CHUNK = 16
+#: Rows per batched prefill of the LLaVA judge, whose rows share their prompt's prefix (run once per
+#: chunk): one chunk holds a digit tree (102 prefilled conversations), so its prompt runs once, not seven times.
+PREFIX_CHUNK = 128
 
 
 class BadRequest(CaprewardError, ValueError):
@@ -87,8 +90,8 @@ class LlavaRows:
 
         rows = []
         with torch.inference_mode():
-            for s in range(0, len(ids), CHUNK):
-                state = self.judge.start(list(ids[s : s + CHUNK]), features, list(index[s : s + CHUNK]), reserve=1)
+            for s in range(0, len(ids), PREFIX_CHUNK):
+                state = self.judge.start(list(ids[s : s + PREFIX_CHUNK]), features, list(index[s : s + PREFIX_CHUNK]), reserve=1)
                 rows.append(torch.log_softmax(state.logits.double().cpu(), dim=-1))
         return torch.cat(rows)
 
