@@ -38,9 +38,9 @@ FLOORS: list[tuple[str, ...]] = [
     ("capreward", "errors", "text", "progress", "default_models", "bounded_cache"),
     # inputs that must be regular files; bounds on a JSON text; cross-process locks
     ("input_files", "json_limits", "locks"),
-    # services and inputs: optional extras, devices, the hub, text files, media, the caption as read, the
-    # registry of metric facts
-    ("_extras", "devices", "hub", "jsonl", "media", "caption_reading", "registry"),
+    # services and inputs: optional extras, devices, torch's random streams kept across a model load, the
+    # hub, text files, media, the caption as read, the registry of metric facts
+    ("_extras", "devices", "random_state", "hub", "jsonl", "media", "caption_reading", "registry"),
     # models and pure math; the registry's names and the options it declares
     ("backbones", "metrics", "names", "metric_options", "explicit_options"),
     # the judges (chat models, prompts); what reads the registry's names for a command line

@@ -26,7 +26,7 @@ from conftest import REPO
 API = REPO / "docs" / "api"
 
 #: The packages (and the public modules) whose ``__all__`` is public API.
-PACKAGES = ("capreward", "capreward.caption_reading", "capreward.caption_budget", "capreward.adapters", "capreward.backbones", "capreward.callbacks",
+PACKAGES = ("capreward", "capreward.caption_reading", "capreward.caption_budget", "capreward.random_state", "capreward.adapters", "capreward.backbones", "capreward.callbacks",
             "capreward.judges", "capreward.media", "capreward.metaeval", "capreward.registry", "capreward.report", "capreward.rewards", "capreward.server",
             "capreward.testing", "capreward.torchmetrics", "capreward.training")
 

@@ -36,3 +36,6 @@ def keeps_random_state() -> Iterator[None]:
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
     with torch.random.fork_rng(devices=devices):
         yield
+
+
+__all__ = ["keeps_random_state"]
