@@ -18,7 +18,8 @@ import torch
 @contextmanager
 def keeps_random_state() -> Iterator[None]:
     """Run the block, then put torch's CPU generator (and every CUDA generator, once CUDA is initialised)
-    back as they were before it.
+    back as they were before it. The generators are process-wide: a thread that draws from them while the
+    block runs has its draws undone too (a trainer waits for its rewards, so none does).
 
     Yields:
         None.
