@@ -334,16 +334,14 @@ def scored_against_the_swapped_colour(reward):
     return swapped
 
 
-def _grpo_with_monitor(tmp_path, start: str, steps: int, swapped: bool = False):
-    """A real TRL GRPO run of the demo's tiny LLaVA watched by the monitor, with the demo's reward and
-    settings: ``start="weak"`` the demo's start (weak labels), ``"blind"`` the earlier demo's (SFT on
-    random colours); with ``swapped`` the reward scores each caption against the image of the colour's
-    family partner (:func:`scored_against_the_swapped_colour`)."""
+def _grpo_with_monitor(tmp_path, steps: int, swapped: bool = False):
+    """A real TRL GRPO run of the demo's tiny LLaVA watched by the monitor, from the demo's start (weak
+    labels), with the demo's reward and settings; with ``swapped`` the reward scores each caption against
+    the image of the colour's family partner (:func:`scored_against_the_swapped_colour`)."""
     from capreward.cli import demo
     from capreward.rewards import CLIPScoreReward
     from capreward.testing import TinyLlavaSpec, build_tiny_llava
-    from capreward.testing.colour_task import (WORDS, colour_rows, grpo_dataset, right_colour, sft_colours,
-                                               sft_random_colours, weak_label)
+    from capreward.testing.colour_task import WORDS, colour_rows, grpo_dataset, right_colour, sft_colours, weak_label
     from capreward.testing.trained_clip import ColourClipRecipe, TrainedClipFactory, trained_clip_path
 
     clip = TrainedClipFactory()
@@ -361,11 +359,8 @@ def _grpo_with_monitor(tmp_path, start: str, steps: int, swapped: bool = False):
     monitor = GoodhartMonitor({"truth": truth, "held_out_clip_s": held_out}, warn=messages.append)  # the defaults
     torch.manual_seed(0)
     model, processor = build_tiny_llava(TinyLlavaSpec(words=WORDS, seed=0))
-    if start == "blind":
-        sft_random_colours(model, processor, 80, 0)
-    else:
-        sft_colours(model, processor, 80, 0, label=weak_label)
-    reward = demo.build_reward(clip, colour_rows(demo.CALIBRATION_ROWS, 3000))  # the same reward and settings for both starts
+    sft_colours(model, processor, 80, 0, label=weak_label)
+    reward = demo.build_reward(clip, colour_rows(demo.CALIBRATION_ROWS, 3000))  # the same reward and settings for both runs
     if swapped:
         reward = scored_against_the_swapped_colour(reward)
     recipe = demo.load_recipe()
@@ -392,7 +387,7 @@ def test_monitor_flags_a_misaligned_reward_and_stays_quiet_on_the_learning_run(t
     from fixtures_llava import one_torch_thread  # noqa: F401
 
     torch.set_num_threads(1)
-    monitor, messages, result = _grpo_with_monitor(tmp_path / "swapped", "weak", steps=48, swapped=True)
+    monitor, messages, result = _grpo_with_monitor(tmp_path / "swapped", steps=48, swapped=True)
     ch = monitor.changes()
     assert ch["train"][1] - ch["train"][0] >= 0.05, ch  # the reward rose
     assert ch["truth"][1] - ch["truth"][0] < 0.0, ch  # the right-colour share fell
@@ -400,7 +395,7 @@ def test_monitor_flags_a_misaligned_reward_and_stays_quiet_on_the_learning_run(t
     logged = [h for h in result["log_history"] if "goodhart/train" in h]
     assert len(logged) == 48 and all(h["goodhart/train"] == pytest.approx(h["reward"], abs=1e-4) for h in logged)
 
-    monitor, messages, _ = _grpo_with_monitor(tmp_path / "weak", "weak", steps=48)
+    monitor, messages, _ = _grpo_with_monitor(tmp_path / "weak", steps=48)
     ch = monitor.changes()
     assert ch["truth"][1] - ch["truth"][0] >= 0.05 and messages == [], (ch, messages)
 
